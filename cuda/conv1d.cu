@@ -1,0 +1,99 @@
+// Depthwise causal conv1d (kernel K=4) + SiLU over packed segments, each segment starting
+// from its parent's window (the last K-1 inputs before it).
+//
+// x:          [T, C] bf16, row stride x_stride (elements): the qkv part of a wider projection
+// weight:     [C, K] bf16
+// window:     [N, K-1, C] bf16 (parent windows; zeros where a segment starts a prompt)
+// cu_seqlens: [N+1] int32
+// out:        [T, C] bf16 contiguous = silu(conv)
+// new_window: [N, K-1, C] bf16 = the last K-1 inputs of each segment (parent rows when short)
+//
+// One thread handles 8 channels (one 16-byte load per row). Rows T..T+N*(K-1)-1 of the grid
+// build the new windows, so one launch does both jobs.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#define CONV_K 4
+#define VEC 8
+
+struct __align__(16) bf16x8 { __nv_bfloat162 h[4]; };
+
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float* f) {
+    bf16x8 v = *reinterpret_cast<const bf16x8*>(p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float2 t = __bfloat1622float2(v.h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+
+__device__ __forceinline__ void store8(__nv_bfloat16* p, const float* f) {
+    bf16x8 v;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v.h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    *reinterpret_cast<bf16x8*>(p) = v;
+}
+
+// Segment index of a packed row: N is small (<= a few dozen), a linear scan is cheap.
+__device__ __forceinline__ int segment_of(const int* cu_seqlens, int n_seg, int t) {
+    int s = 0;
+    while (s + 1 < n_seg && cu_seqlens[s + 1] <= t) ++s;
+    return s;
+}
+
+// Input row `rel` (relative to the segment start, may be negative) of segment s.
+__device__ __forceinline__ void input_row(const __nv_bfloat16* x, long x_stride,
+                                          const __nv_bfloat16* window, int C, int s, int start,
+                                          int rel, int c, float* f) {
+    if (rel >= 0) {
+        load8(x + (long)(start + rel) * x_stride + c, f);
+    } else {
+        load8(window + ((long)s * (CONV_K - 1) + (CONV_K - 1 + rel)) * C + c, f);
+    }
+}
+
+extern "C" __global__ void causal_conv1d_packed(
+    const __nv_bfloat16* __restrict__ x, long x_stride, const __nv_bfloat16* __restrict__ weight,
+    const __nv_bfloat16* __restrict__ window, const int* __restrict__ cu_seqlens, int n_seg,
+    int T, int C, __nv_bfloat16* __restrict__ out, __nv_bfloat16* __restrict__ new_window) {
+    const int c = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    const int row = blockIdx.y;
+    if (c >= C) return;
+    if (row < T) {
+        const int s = segment_of(cu_seqlens, n_seg, row);
+        const int start = cu_seqlens[s];
+        const int rel = row - start;
+        float w[VEC][CONV_K];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+            // weight rows are only K*2 = 8 bytes: scalar loads, they stay in L1/L2.
+#pragma unroll
+            for (int k = 0; k < CONV_K; ++k) w[i][k] = __bfloat162float(weight[(long)(c + i) * CONV_K + k]);
+        }
+        float acc[VEC];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
+#pragma unroll
+        for (int k = 0; k < CONV_K; ++k) {
+            // tap k multiplies input row rel - (K-1) + k
+            float f[VEC];
+            input_row(x, x_stride, window, C, s, start, rel - (CONV_K - 1) + k, c, f);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w[i][k], f[i], acc[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[i] = acc[i] / (1.f + __expf(-acc[i]));
+        store8(out + (long)row * C + c, acc);
+    } else {
+        const int r = row - T;
+        const int s = r / (CONV_K - 1);
+        const int m = r % (CONV_K - 1);
+        if (s >= n_seg) return;
+        const int start = cu_seqlens[s];
+        const int len = cu_seqlens[s + 1] - start;
+        float f[VEC];
+        input_row(x, x_stride, window, C, s, start, len - (CONV_K - 1) + m, c, f);
+        store8(new_window + ((long)s * (CONV_K - 1) + m) * C + c, f);
+    }
+}

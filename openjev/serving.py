@@ -1,0 +1,91 @@
+"""What both gRPC servers share: health, reflection, message-size limits, graceful SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from openjev import logs
+
+log = logs.get("openjev.serving")
+
+# 64 MiB: a request of 65,536 candidates' token ids fits; anything larger is refused by gRPC
+# itself with RESOURCE_EXHAUSTED before it reaches a servicer.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+@dataclass
+class Server:
+    grpc_server: grpc.Server
+    health: health.HealthServicer
+    port: int
+    service_names: tuple[str, ...]
+
+    def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", *self.service_names):
+            self.health.set(name, status)
+
+
+def build_server(
+    listen: str,
+    register: Callable[[grpc.Server], None],
+    service_names: Iterable[str],
+    *,
+    max_workers: int = 32,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    interceptors: Iterable[grpc.ServerInterceptor] = (),
+) -> Server:
+    """A started server that reports NOT_SERVING until the caller says otherwise."""
+    names = tuple(service_names)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
+        options=channel_options(max_message_bytes),
+        interceptors=list(interceptors),
+    )
+    register(server)
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise SystemExit(f"cannot listen on {listen}")
+    server.start()
+    result = Server(server, health_servicer, port, names)
+    result.set_serving(False)
+    return result
+
+
+def serve_until_signal(server: Server, *, grace_seconds: float, on_stop: Callable[[], None] = lambda: None) -> None:
+    """Block until SIGTERM/SIGINT; then go NOT_SERVING, refuse new RPCs, let in-flight ones
+    finish within the grace period, and return."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    log.info("shutdown", grace_seconds=grace_seconds)
+    server.set_serving(False)
+    server.grpc_server.stop(grace_seconds).wait()
+    on_stop()
+    log.info("stopped")

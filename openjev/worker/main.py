@@ -1,0 +1,100 @@
+"""`openjev-worker`: load a checkpoint, warm it, serve openjev.worker.v1 over gRPC."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from openjev import abi, config, logs, serving
+from openjev.export import ExportError, load_export_meta
+from openjev.tokenizer import PromptTokenizer
+from openjev.worker import backends
+from openjev.worker.admission import AdmissionQueue
+from openjev.worker.engine import Engine, QuestionWork
+from openjev.worker.planner.cost import default_cost_model
+from openjev.worker.planner.plan import PackLimits
+from openjev.worker.service import WorkerIdentity, WorkerServicer
+from openjev.worker.v1 import worker_pb2, worker_pb2_grpc
+
+log = logs.get("openjev.worker")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="openjev-worker",
+        description="Serve an Open-Jev export on one device (the internal worker ABI). "
+        "Every flag also reads OPENJEV_<FLAG> from the environment.",
+    )
+    p.add_argument("--model", required=True, type=Path, help="Open-Jev export directory")
+    p.add_argument("--listen", default="127.0.0.1:50052", help="HOST:PORT (port 0 picks one)")
+    p.add_argument("--backend", default="auto", choices=("auto", "cuda", "torch"))
+    p.add_argument("--synthetic", default=None, help="27b|9b|small: seeded random weights of that "
+                   "shape on the GPU instead of the export's (the export still gives tokenizer and metadata)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --synthetic weights")
+    p.add_argument("--prefix-policy", default="auto", choices=abi.POLICIES,
+                   help="policy for requests that name none")
+    p.add_argument("--queue-capacity", type=int, default=64, help="requests that may wait")
+    p.add_argument("--max-launch-sequences", type=int, default=16)
+    p.add_argument("--max-launch-tokens", type=int, default=4096)
+    p.add_argument("--max-questions", type=int, default=4096)
+    p.add_argument("--max-candidates", type=int, default=65536)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads of the torch backend")
+    p.add_argument("--grace-seconds", type=float, default=10.0, help="drain time on SIGTERM")
+    p.add_argument("--port-file", type=Path, default=None,
+                   help="write the bound port here once serving (for --listen HOST:0)")
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def warm_up(engine: Engine, temperature: float) -> None:
+    """One tiny request through the whole path, so the first real request pays no load cost
+    (lazy kernels, allocator growth, graph capture)."""
+    engine.execute([QuestionWork("choice", ((1, 2, 3, 4), (1, 2, 3, 5)))], temperature=temperature, policy="shared")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = config.parse_with_env(parser(), argv)
+    logs.configure(args.log_level)
+    config.log_config("openjev.worker", args)
+    try:
+        meta = load_export_meta(args.model)
+    except ExportError as error:
+        raise SystemExit(f"openjev-worker: {error}")
+    backend = backends.resolve_backend(args.backend)
+    runner = backends.build_runner(backend, args.model, synthetic=args.synthetic, seed=args.seed, threads=args.threads)
+    tokenizer = PromptTokenizer.from_export(args.model)
+    limits = PackLimits(max_sequences=args.max_launch_sequences, max_tokens=args.max_launch_tokens)
+    engine = Engine(runner, pack_limits=limits, cost_model=default_cost_model(backend), default_policy=args.prefix_policy)
+    identity = WorkerIdentity(
+        model_id=meta.model_id,
+        alias=meta.alias,
+        checkpoint_revision=meta.checkpoint_revision + (f"+synthetic-{args.synthetic}-seed{args.seed}" if args.synthetic else ""),
+        temperature=meta.temperature,
+        max_length=meta.max_length,
+        vocab_size=runner.config.vocab_size,
+        tokenizer_fingerprint=tokenizer.fingerprint,
+        backend=backend,
+        default_policy=args.prefix_policy,
+        max_questions=args.max_questions,
+        max_candidates=args.max_candidates,
+        max_batch_candidates=16,
+        max_launch_sequences=args.max_launch_sequences,
+        max_launch_tokens=args.max_launch_tokens,
+        queue_capacity=args.queue_capacity,
+    )
+    queue = AdmissionQueue(args.queue_capacity)
+    servicer = WorkerServicer(engine, identity, queue)
+    name = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
+    server = serving.build_server(
+        args.listen, lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s), [name]
+    )
+    warm_up(engine, meta.temperature)
+    server.set_serving(True)
+    if args.port_file:
+        args.port_file.write_text(str(server.port))
+    log.info("serving", port=server.port, backend=backend, model_id=meta.model_id)
+    serving.serve_until_signal(server, grace_seconds=args.grace_seconds, on_stop=queue.close)
+
+
+if __name__ == "__main__":
+    main()
