@@ -1,0 +1,45 @@
+# The README's first two commands: `make run` and `make test`. Everything else is a helper.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DEMO := .openjev/demo-model
+PROTOS := protos/openjev/v1/decision.proto protos/openjev/worker/v1/worker.proto
+
+.PHONY: run test venv test-deps demo-model protos docs bench soak gpu-test clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+test-deps: $(VENV)/.installed-test
+
+demo-model: $(VENV)/.installed
+	$(PY) -m openjev.demo_model --out $(DEMO)
+
+# Start a worker and a frontend on loopback, answer the contract example, stop both.
+run: demo-model
+	$(PY) -m openjev.demo_run --model $(DEMO) --request examples/contract_example.json
+
+# Generated code is never edited by hand: this regenerates it (tests check it is current).
+protos: $(VENV)/.installed-test
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+
+docs: $(VENV)/.installed-test
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+
+test: $(VENV)/.installed-test demo-model
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+	$(VENV)/bin/pytest -q
+
+gpu-test:
+	PYTHONPATH=. python3 -m pytest -q -m gpu tests
+
+clean:
+	rm -rf $(VENV) .openjev site
