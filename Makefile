@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 DEMO := .openjev/demo-model
 PROTOS := protos/openjev/v1/decision.proto protos/openjev/worker/v1/worker.proto
 
-.PHONY: run test venv test-deps demo-model protos docs bench soak gpu-test clean
+.PHONY: run test venv test-deps demo-model protos docs bench soak gpu-test clean proto-check proto-release
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,7 +34,7 @@ protos: $(VENV)/.installed-test
 docs: $(VENV)/.installed-test
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
-test: $(VENV)/.installed-test demo-model
+test: $(VENV)/.installed-test demo-model proto-check
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 	$(VENV)/bin/pytest -q
 
@@ -43,3 +43,17 @@ gpu-test:
 
 clean:
 	rm -rf $(VENV) .openjev site
+
+# buf (lint + breaking-change check against the released schema image), from the npm registry.
+BUF := .tools/node_modules/.bin/buf
+$(BUF):
+	npm install --prefix .tools --no-save --silent --no-audit --no-fund @bufbuild/buf@1.75.0
+
+proto-check: $(BUF)
+	$(BUF) lint
+	$(BUF) breaking --against protos/released.binpb
+
+# At a release: the current schema becomes the baseline that later changes are checked against.
+proto-release: $(BUF)
+	$(BUF) build -o protos/released.binpb
+	$(PY) tests/test_protos.py

@@ -67,11 +67,13 @@ def build_tree(candidates: Sequence[Sequence[Sequence[int]]], policy: str) -> li
         return compressed_trie(prompts, block_tokens=GDN_CHUNK_TOKENS)
     if policy == "default":
         nodes: list[TreeNode] = []
-        for q in range(len(candidates)):
+        start = 0
+        for question in candidates:
             offset = len(nodes)
-            for node in common_prefix_star([p for p in prompts if p[0].question == q]):
+            for node in common_prefix_star(prompts[start : start + len(question)]):
                 parent = None if node.parent is None else node.parent + offset
                 nodes.append(TreeNode(parent, node.start_position, node.token_ids, node.readers))
+            start += len(question)
         return nodes
     raise ValueError(f"no tree for policy {policy!r}")
 
@@ -80,18 +82,23 @@ def _plan_tree(candidates, executed_policy: str, policy: str, limits: PackLimits
     segments = split_into_segments(build_tree(candidates, executed_policy), limits.max_tokens)
     launches = pack_launches(segments, limits)
 
-    # Per segment, the readers at or below it (children come after parents: walk backwards).
-    readers_below: list[list[Reader]] = [list(s.readers) for s in segments]
+    # Per segment: how many candidates read at or below it, and the lowest and highest question
+    # among them (children come after parents, so one backward walk fills them).
+    num_readers = [len(s.readers) for s in segments]
+    lowest = [min((r.question for r in s.readers), default=len(candidates)) for s in segments]
+    highest = [max((r.question for r in s.readers), default=-1) for s in segments]
     for s in reversed(segments):
         if s.parent is not None:
-            readers_below[s.parent].extend(readers_below[s.index])
+            num_readers[s.parent] += num_readers[s.index]
+            lowest[s.parent] = min(lowest[s.parent], lowest[s.index])
+            highest[s.parent] = max(highest[s.parent], highest[s.index])
 
-    num_saved_tokens = sum((len(r) - 1) * s.num_tokens for s, r in zip(segments, readers_below))
+    num_saved_tokens = sum((g - 1) * s.num_tokens for s, g in zip(segments, num_readers))
     num_computed_tokens = sum(s.num_tokens for s in segments)
     num_submitted_tokens = sum(len(tokens) for q in candidates for tokens in q)
     assert num_submitted_tokens == num_computed_tokens + num_saved_tokens, "tree lost tokens"
 
-    shared_across = any(len({r.question for r in below}) > 1 for below in readers_below)
+    shared_across = any(lo < hi for lo, hi in zip(lowest, highest))
     scope: Scope
     if shared_across:
         scope = "across_questions"

@@ -1,0 +1,234 @@
+"""Launch wrappers for the CUDA kernels in `cuda/*.cu`.
+
+Each `.cu` file is compiled once per process through `cupy.RawModule` (sm_90, C++17). Tensors
+cross from torch by DLPack (no copies) and every launch goes on torch's current stream, so the
+wrappers compose with cuBLAS products issued by torch and can be captured in a torch CUDA graph.
+Inputs are torch CUDA tensors; outputs are allocated here unless passed in.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import torch
+
+CUDA_DIR = Path(__file__).resolve().parents[3] / "cuda"
+_OPTIONS = ("-arch=sm_90", "-std=c++17")
+CONV_K = 4
+GDN_DIM = 128  # linear key/value head dim the GDN kernels are written for
+ATTN_HEAD_DIM = 256  # full-attention head dim the attention/rope kernels are written for
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name: str):
+    import cupy
+
+    return cupy.RawModule(code=(CUDA_DIR / f"{name}.cu").read_text(), options=_OPTIONS)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(module: str, name: str, dynamic_smem: int = 0):
+    kernel = _module(module).get_function(name)
+    if dynamic_smem > 48 * 1024:
+        kernel.max_dynamic_shared_size_bytes = dynamic_smem
+    return kernel
+
+
+@functools.lru_cache(maxsize=64)
+def _stream(ptr: int):
+    import cupy
+
+    return cupy.cuda.ExternalStream(ptr)
+
+
+def _cp(t: torch.Tensor):
+    """Zero-copy CuPy view of a torch CUDA tensor (DLPack)."""
+    import cupy
+
+    return cupy.from_dlpack(t.detach())
+
+
+def _launch(module: str, name: str, grid, block, args, dynamic_smem: int = 0) -> None:
+    import numpy as np
+
+    conv = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            conv.append(_cp(a))
+        elif isinstance(a, bool):
+            conv.append(np.int32(int(a)))
+        elif isinstance(a, int):
+            conv.append(np.int32(a))
+        elif isinstance(a, float):
+            conv.append(np.float32(a))
+        else:
+            conv.append(a)  # already a numpy scalar of the right width (np.int64 strides)
+    kernel = _kernel(module, name, dynamic_smem)
+    with _stream(torch.cuda.current_stream().cuda_stream):
+        kernel(tuple(grid), tuple(block), tuple(conv), shared_mem=dynamic_smem)
+
+
+def _i64(x: int):
+    import numpy as np
+
+    return np.int64(x)
+
+
+def causal_conv1d(x, weight, window, cu_seqlens):
+    """Depthwise causal conv (K=4) + SiLU over packed segments.
+
+    x: [T, C] bf16 (row stride may exceed C: a column slice of the fused projection)
+    weight: [C, 4] bf16; window: [N, 3, C] bf16 parent windows; cu_seqlens: [N+1] int32.
+    Returns (out [T, C] bf16, new_window [N, 3, C] bf16).
+    """
+    T, C = x.shape
+    N = cu_seqlens.numel() - 1
+    assert x.stride(1) == 1 and C % 8 == 0 and weight.is_contiguous() and window.is_contiguous()
+    out = torch.empty(T, C, dtype=torch.bfloat16, device=x.device)
+    new_window = torch.empty(N, CONV_K - 1, C, dtype=torch.bfloat16, device=x.device)
+    threads = 128
+    grid = ((C // 8 + threads - 1) // threads, T + N * (CONV_K - 1))
+    _launch("conv1d", "causal_conv1d_packed", grid, (threads,),
+            (x, _i64(x.stride(0)), weight, window, cu_seqlens, N, T, C, out, new_window))
+    return out, new_window
+
+
+def gdn_prepare(conv_out, a, b, A_log, dt_bias, num_k_heads):
+    """conv_out: [T, >= 2*Hk*128] bf16 (q then k columns); a, b: [T, H] bf16 (row-strided views);
+    A_log, dt_bias: [H] fp32. Returns qn, kn [T, Hk, 128] fp32 (L2-normed, q times 128^-0.5),
+    g, beta [T, H] fp32."""
+    T = conv_out.shape[0]
+    H = a.shape[1]
+    assert a.stride(0) == b.stride(0) and a.stride(1) == 1 and b.stride(1) == 1
+    dev = conv_out.device
+    qn = torch.empty(T, num_k_heads, GDN_DIM, dtype=torch.float32, device=dev)
+    kn = torch.empty_like(qn)
+    g = torch.empty(T, H, dtype=torch.float32, device=dev)
+    beta = torch.empty_like(g)
+    if T:
+        _launch("gated_delta", "gdn_prepare", (T,), (256,),
+                (conv_out, _i64(conv_out.stride(0)), a, b, _i64(a.stride(0)), A_log, dt_bias, H,
+                 num_k_heads, qn, kn, g, beta))
+    return qn, kn, g, beta
+
+
+def gdn_recurrent(qn, kn, v, g, beta, cu_seqlens, init_state=None, parts: int = 8):
+    """Gated delta rule over packed segments.
+
+    qn, kn: [T, Hk, 128] fp32; v: [T, H, 128] bf16 view (token stride free, inner contiguous);
+    g, beta: [T, H] fp32; cu_seqlens: [N+1] int32; init_state: [N, H, 128, 128] fp32 or None.
+    Returns (o [T, H, 128] bf16, final_state [N, H, 128, 128] fp32).
+    """
+    T, H = g.shape
+    Hk = qn.shape[1]
+    N = cu_seqlens.numel() - 1
+    assert v.stride(2) == 1 and v.stride(1) == GDN_DIM and H % Hk == 0
+    dev = g.device
+    out = torch.empty(T, H, GDN_DIM, dtype=torch.bfloat16, device=dev)
+    final = torch.empty(N, H, GDN_DIM, GDN_DIM, dtype=torch.float32, device=dev)
+    has_init = init_state is not None
+    init = init_state.contiguous() if has_init else final  # never read when has_init == 0
+    _launch("gated_delta", f"gdn_recurrent_p{parts}", (GDN_DIM // 32, H, N), (32 * parts,),
+            (qn, kn, v, _i64(v.stride(0)), g, beta, cu_seqlens, H, Hk, init, has_init, out, final))
+    return out, final
+
+
+def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None):
+    """Causal GQA attention over packed segments whose keys are rows of shared K/V pools.
+
+    q: [Tq, Hq, 256] bf16; k_pool, v_pool: [P, Hkv, 256] bf16; kv_rows: [cu_k[-1]] int32;
+    cu_q, cu_k: [N+1] int32 (segment n: T_n queries, S_n >= T_n keys, own keys last);
+    gate: [Tq, Hq, 256] bf16 view or None (output times sigmoid(gate)).
+    Returns [Tq, Hq, 256] bf16.
+    """
+    Tq, Hq, D = q.shape
+    Hkv = k_pool.shape[1]
+    N = cu_q.numel() - 1
+    assert D == ATTN_HEAD_DIM and q.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous()
+    out = torch.empty_like(q)
+    if gate is None:
+        gate_t, st, sh, has_gate = q, 0, 0, False
+    else:
+        assert gate.stride(2) == 1
+        gate_t, st, sh, has_gate = gate, gate.stride(0), gate.stride(1), True
+    smem = 3 * 64 * D * 2
+    grid = ((max_q_len + 63) // 64, Hq, N)
+    _launch("tree_attention", "tree_attention_fwd", grid, (128,),
+            (q, k_pool, v_pool, kv_rows, cu_q, cu_k, Hq, Hkv, 1.0 / math.sqrt(D), gate_t,
+             _i64(st), _i64(sh), has_gate, out), dynamic_smem=smem)
+    return out
+
+
+def add_rms_norm(residual, weight, eps, x_add=None, row_idx=None):
+    """residual: [T, D] bf16 (updated in place to residual + x_add when no row_idx);
+    x_add: [T, D] bf16 or None; row_idx: [R] int32 or None; weight: [D] bf16.
+    Returns (normed [R, D] bf16, residual_rows [R, D] bf16) with R = T without row_idx."""
+    T, D = residual.shape
+    assert D % 8 == 0 and D <= 8192 and residual.is_contiguous()
+    R = T if row_idx is None else row_idx.numel()
+    out = torch.empty(R, D, dtype=torch.bfloat16, device=residual.device)
+    res_out = residual if row_idx is None else torch.empty_like(out)
+    if R:
+        _launch("fused_ops", "add_rms_norm", (R,), (256,),
+                (x_add if x_add is not None else residual, x_add is not None, residual,
+                 row_idx if row_idx is not None else _dummy_idx(residual.device),
+                 row_idx is not None, weight, float(eps), D, res_out, out))
+    return out, res_out
+
+
+@functools.lru_cache(maxsize=8)
+def _dummy_idx(device):
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def gated_rms_norm(x, z, weight, eps):
+    """x: [T, H, 128] bf16; z: [T, H*128] bf16 view (row stride free); weight: [128] bf16.
+    Returns [T, H*128] bf16 = rmsnorm(x) * weight * silu(z)."""
+    T, H, Dv = x.shape
+    assert Dv == GDN_DIM and x.is_contiguous() and z.stride(1) == 1
+    out = torch.empty(T, H * Dv, dtype=torch.bfloat16, device=x.device)
+    jobs = T * H
+    if jobs:
+        _launch("fused_ops", "gated_rms_norm", ((jobs + 7) // 8,), (256,),
+                (x, z, _i64(z.stride(0)), weight, float(eps), T, H, out))
+    return out
+
+
+def qk_norm_rope(src, weight, positions, rotary_dim, theta, eps, dst=None, dst_row0=0):
+    """src: [T, H, 256] bf16 view (inner dim contiguous); weight: [256] bf16; positions: [T] int32.
+    Writes rows dst_row0 .. dst_row0+T-1 of dst ([*, H, 256] bf16, new if None); returns dst."""
+    T, H, D = src.shape
+    assert D == ATTN_HEAD_DIM and src.stride(2) == 1 and rotary_dim % 16 == 0
+    if dst is None:
+        dst = torch.empty(T, H, D, dtype=torch.bfloat16, device=src.device)
+    assert dst.is_contiguous() and dst.shape[1] == H
+    jobs = T * H
+    if jobs:
+        _launch("fused_ops", "qk_norm_rope", ((jobs + 7) // 8,), (256,),
+                (src, _i64(src.stride(0)), _i64(src.stride(1)), weight, positions, rotary_dim,
+                 float(theta), float(eps), T, H, dst, _i64(dst_row0)))
+    return dst
+
+
+def silu_mul(gate_up):
+    """gate_up: [T, 2I] bf16 -> [T, I] bf16 = silu(gate) * up."""
+    T, I2 = gate_up.shape
+    inter = I2 // 2
+    assert gate_up.is_contiguous() and inter % 8 == 0
+    out = torch.empty(T, inter, dtype=torch.bfloat16, device=gate_up.device)
+    vecs = T * inter // 8
+    if vecs:
+        _launch("fused_ops", "silu_mul", ((vecs + 255) // 256,), (256,), (gate_up, T, inter, out))
+    return out
+
+
+def gather_rows(src, idx):
+    """src: [*, D] bf16 contiguous; idx: [R] int32 -> [R, D] bf16."""
+    D = src.shape[1]
+    R = idx.numel()
+    out = torch.empty(R, D, dtype=torch.bfloat16, device=src.device)
+    if R:
+        _launch("fused_ops", "gather_rows", ((D // 8 + 127) // 128, R), (128,), (src, idx, R, D, out))
+    return out
