@@ -80,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(256) add_rms_norm(
     }
 }
 
-// Gated RMSNorm of the GDN output: out = x * rsqrt(mean_Dv(x^2) + eps) * w * silu(z).
+// Gated RMSNorm of the GDN output: out = bf16(x * rsqrt(mean_Dv(x^2) + eps)) * w * silu(z).
 // x: [T, H, 128] bf16; z: [T, H*128] bf16 view with row stride z_stride; w: [128] bf16
 // out: [T, H*128] bf16.  One warp per (token, head), 4 elements a lane.
 extern "C" __global__ void gated_rms_norm(const __nv_bfloat16* __restrict__ x,
@@ -104,9 +104,11 @@ extern "C" __global__ void gated_rms_norm(const __nv_bfloat16* __restrict__ x,
     float2 z0 = __bfloat1622float2(zp[0]), z1 = __bfloat1622float2(zp[1]);
     float2 w0 = __bfloat1622float2(wp[0]), w1 = __bfloat1622float2(wp[1]);
     auto silu = [](float a) { return a / (1.f + __expf(-a)); };
+    // the normed value is rounded to bf16 before the weight, as the model's norm returns x.dtype
+    auto nr = [rinv](float a) { return __bfloat162float(__float2bfloat16(a * rinv)); };
     __nv_bfloat162* op = reinterpret_cast<__nv_bfloat162*>(out + job * 128 + d);
-    op[0] = __floats2bfloat162_rn(x0.x * rinv * w0.x * silu(z0.x), x0.y * rinv * w0.y * silu(z0.y));
-    op[1] = __floats2bfloat162_rn(x1.x * rinv * w1.x * silu(z1.x), x1.y * rinv * w1.y * silu(z1.y));
+    op[0] = __floats2bfloat162_rn(nr(x0.x) * w0.x * silu(z0.x), nr(x0.y) * w0.y * silu(z0.y));
+    op[1] = __floats2bfloat162_rn(nr(x1.x) * w1.x * silu(z1.x), nr(x1.y) * w1.y * silu(z1.y));
 }
 
 // Per-head RMSNorm (1 + w) then HF rotate-half rotary on the first rotary_dim dims, head dim 256.

@@ -53,20 +53,22 @@ def _cp(t: torch.Tensor):
 def _launch(module: str, name: str, grid, block, args, dynamic_smem: int = 0) -> None:
     import numpy as np
 
-    conv = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            conv.append(_cp(a))
-        elif isinstance(a, bool):
-            conv.append(np.int32(int(a)))
-        elif isinstance(a, int):
-            conv.append(np.int32(a))
-        elif isinstance(a, float):
-            conv.append(np.float32(a))
-        else:
-            conv.append(a)  # already a numpy scalar of the right width (np.int64 strides)
     kernel = _kernel(module, name, dynamic_smem)
+    # Convert inside the stream context: DLPack then hands tensors over on torch's own stream,
+    # so no cross-stream event is recorded (which would also break CUDA graph capture).
     with _stream(torch.cuda.current_stream().cuda_stream):
+        conv = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                conv.append(_cp(a))
+            elif isinstance(a, bool):
+                conv.append(np.int32(int(a)))
+            elif isinstance(a, int):
+                conv.append(np.int32(a))
+            elif isinstance(a, float):
+                conv.append(np.float32(a))
+            else:
+                conv.append(a)  # already a numpy scalar of the right width (np.int64 strides)
         kernel(tuple(grid), tuple(block), tuple(conv), shared_mem=dynamic_smem)
 
 
@@ -76,7 +78,15 @@ def _i64(x: int):
     return np.int64(x)
 
 
-def causal_conv1d(x, weight, window, cu_seqlens):
+def _out(given, shape, dtype, device):
+    """The caller's output buffer (tests pass NaN-poisoned ones) or a new one."""
+    if given is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    assert tuple(given.shape) == tuple(shape) and given.dtype == dtype and given.is_contiguous()
+    return given
+
+
+def causal_conv1d(x, weight, window, cu_seqlens, out=None, new_window=None):
     """Depthwise causal conv (K=4) + SiLU over packed segments.
 
     x: [T, C] bf16 (row stride may exceed C: a column slice of the fused projection)
@@ -86,8 +96,8 @@ def causal_conv1d(x, weight, window, cu_seqlens):
     T, C = x.shape
     N = cu_seqlens.numel() - 1
     assert x.stride(1) == 1 and C % 8 == 0 and weight.is_contiguous() and window.is_contiguous()
-    out = torch.empty(T, C, dtype=torch.bfloat16, device=x.device)
-    new_window = torch.empty(N, CONV_K - 1, C, dtype=torch.bfloat16, device=x.device)
+    out = _out(out, (T, C), torch.bfloat16, x.device)
+    new_window = _out(new_window, (N, CONV_K - 1, C), torch.bfloat16, x.device)
     threads = 128
     grid = ((C // 8 + threads - 1) // threads, T + N * (CONV_K - 1))
     _launch("conv1d", "causal_conv1d_packed", grid, (threads,),
@@ -95,7 +105,7 @@ def causal_conv1d(x, weight, window, cu_seqlens):
     return out, new_window
 
 
-def gdn_prepare(conv_out, a, b, A_log, dt_bias, num_k_heads):
+def gdn_prepare(conv_out, a, b, A_log, dt_bias, num_k_heads, out=None):
     """conv_out: [T, >= 2*Hk*128] bf16 (q then k columns); a, b: [T, H] bf16 (row-strided views);
     A_log, dt_bias: [H] fp32. Returns qn, kn [T, Hk, 128] fp32 (L2-normed, q times 128^-0.5),
     g, beta [T, H] fp32."""
@@ -103,10 +113,11 @@ def gdn_prepare(conv_out, a, b, A_log, dt_bias, num_k_heads):
     H = a.shape[1]
     assert a.stride(0) == b.stride(0) and a.stride(1) == 1 and b.stride(1) == 1
     dev = conv_out.device
-    qn = torch.empty(T, num_k_heads, GDN_DIM, dtype=torch.float32, device=dev)
-    kn = torch.empty_like(qn)
-    g = torch.empty(T, H, dtype=torch.float32, device=dev)
-    beta = torch.empty_like(g)
+    given = out if out is not None else (None,) * 4
+    qn = _out(given[0], (T, num_k_heads, GDN_DIM), torch.float32, dev)
+    kn = _out(given[1], (T, num_k_heads, GDN_DIM), torch.float32, dev)
+    g = _out(given[2], (T, H), torch.float32, dev)
+    beta = _out(given[3], (T, H), torch.float32, dev)
     if T:
         _launch("gated_delta", "gdn_prepare", (T,), (256,),
                 (conv_out, _i64(conv_out.stride(0)), a, b, _i64(a.stride(0)), A_log, dt_bias, H,
@@ -114,7 +125,7 @@ def gdn_prepare(conv_out, a, b, A_log, dt_bias, num_k_heads):
     return qn, kn, g, beta
 
 
-def gdn_recurrent(qn, kn, v, g, beta, cu_seqlens, init_state=None, parts: int = 8):
+def gdn_recurrent(qn, kn, v, g, beta, cu_seqlens, init_state=None, parts: int = 8, out=None, final=None):
     """Gated delta rule over packed segments.
 
     qn, kn: [T, Hk, 128] fp32; v: [T, H, 128] bf16 view (token stride free, inner contiguous);
@@ -126,8 +137,8 @@ def gdn_recurrent(qn, kn, v, g, beta, cu_seqlens, init_state=None, parts: int = 
     N = cu_seqlens.numel() - 1
     assert v.stride(2) == 1 and v.stride(1) == GDN_DIM and H % Hk == 0
     dev = g.device
-    out = torch.empty(T, H, GDN_DIM, dtype=torch.bfloat16, device=dev)
-    final = torch.empty(N, H, GDN_DIM, GDN_DIM, dtype=torch.float32, device=dev)
+    out = _out(out, (T, H, GDN_DIM), torch.bfloat16, dev)
+    final = _out(final, (N, H, GDN_DIM, GDN_DIM), torch.float32, dev)
     has_init = init_state is not None
     init = init_state.contiguous() if has_init else final  # never read when has_init == 0
     _launch("gated_delta", f"gdn_recurrent_p{parts}", (GDN_DIM // 32, H, N), (32 * parts,),
@@ -135,7 +146,7 @@ def gdn_recurrent(qn, kn, v, g, beta, cu_seqlens, init_state=None, parts: int = 
     return out, final
 
 
-def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None):
+def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None, out=None):
     """Causal GQA attention over packed segments whose keys are rows of shared K/V pools.
 
     q: [Tq, Hq, 256] bf16; k_pool, v_pool: [P, Hkv, 256] bf16; kv_rows: [cu_k[-1]] int32;
@@ -147,7 +158,7 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None)
     Hkv = k_pool.shape[1]
     N = cu_q.numel() - 1
     assert D == ATTN_HEAD_DIM and q.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous()
-    out = torch.empty_like(q)
+    out = _out(out, q.shape, torch.bfloat16, q.device)
     if gate is None:
         gate_t, st, sh, has_gate = q, 0, 0, False
     else:
@@ -161,14 +172,14 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None)
     return out
 
 
-def add_rms_norm(residual, weight, eps, x_add=None, row_idx=None):
+def add_rms_norm(residual, weight, eps, x_add=None, row_idx=None, out=None):
     """residual: [T, D] bf16 (updated in place to residual + x_add when no row_idx);
     x_add: [T, D] bf16 or None; row_idx: [R] int32 or None; weight: [D] bf16.
     Returns (normed [R, D] bf16, residual_rows [R, D] bf16) with R = T without row_idx."""
     T, D = residual.shape
     assert D % 8 == 0 and D <= 8192 and residual.is_contiguous()
     R = T if row_idx is None else row_idx.numel()
-    out = torch.empty(R, D, dtype=torch.bfloat16, device=residual.device)
+    out = _out(out, (R, D), torch.bfloat16, residual.device)
     res_out = residual if row_idx is None else torch.empty_like(out)
     if R:
         _launch("fused_ops", "add_rms_norm", (R,), (256,),
@@ -183,12 +194,12 @@ def _dummy_idx(device):
     return torch.zeros(1, dtype=torch.int32, device=device)
 
 
-def gated_rms_norm(x, z, weight, eps):
+def gated_rms_norm(x, z, weight, eps, out=None):
     """x: [T, H, 128] bf16; z: [T, H*128] bf16 view (row stride free); weight: [128] bf16.
     Returns [T, H*128] bf16 = rmsnorm(x) * weight * silu(z)."""
     T, H, Dv = x.shape
     assert Dv == GDN_DIM and x.is_contiguous() and z.stride(1) == 1
-    out = torch.empty(T, H * Dv, dtype=torch.bfloat16, device=x.device)
+    out = _out(out, (T, H * Dv), torch.bfloat16, x.device)
     jobs = T * H
     if jobs:
         _launch("fused_ops", "gated_rms_norm", ((jobs + 7) // 8,), (256,),
@@ -212,23 +223,23 @@ def qk_norm_rope(src, weight, positions, rotary_dim, theta, eps, dst=None, dst_r
     return dst
 
 
-def silu_mul(gate_up):
+def silu_mul(gate_up, out=None):
     """gate_up: [T, 2I] bf16 -> [T, I] bf16 = silu(gate) * up."""
     T, I2 = gate_up.shape
     inter = I2 // 2
     assert gate_up.is_contiguous() and inter % 8 == 0
-    out = torch.empty(T, inter, dtype=torch.bfloat16, device=gate_up.device)
+    out = _out(out, (T, inter), torch.bfloat16, gate_up.device)
     vecs = T * inter // 8
     if vecs:
         _launch("fused_ops", "silu_mul", ((vecs + 255) // 256,), (256,), (gate_up, T, inter, out))
     return out
 
 
-def gather_rows(src, idx):
+def gather_rows(src, idx, out=None):
     """src: [*, D] bf16 contiguous; idx: [R] int32 -> [R, D] bf16."""
     D = src.shape[1]
     R = idx.numel()
-    out = torch.empty(R, D, dtype=torch.bfloat16, device=src.device)
+    out = _out(out, (R, D), torch.bfloat16, src.device)
     if R:
         _launch("fused_ops", "gather_rows", ((D // 8 + 127) // 128, R), (128,), (src, idx, R, D, out))
     return out

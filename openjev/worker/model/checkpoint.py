@@ -129,7 +129,8 @@ def load_tensors(directory: str | Path, config: ModelConfig, dtype: torch.dtype)
     shapes = expected_shapes(config)
     for name in shapes:
         if prefix + name not in index:
-            raise ExportError(f"*.safetensors: missing tensor {prefix + name} in {directory}")
+            files = ", ".join(sorted({path.name for path in index.values()}))
+            raise ExportError(f"{files}: missing tensor {prefix + name} (needed by config.json)")
     tensors: dict[str, Tensor] = {}
     by_file: dict[Path, list[str]] = {}
     for name in shapes:

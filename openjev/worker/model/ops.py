@@ -141,11 +141,12 @@ def gated_delta_rule(
     return out.transpose(0, 1).to(v.dtype), s
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, q_offset: int) -> Tensor:
+def attention(q: Tensor, k: Tensor, v: Tensor, q_offset: int, block_rows: int = 512) -> Tensor:
     """Causal GQA attention of a segment's queries over its ancestors' keys and its own.
     q: [T, Hq, D]; k, v: [S, Hkv, D] with S = q_offset + T (ancestors first). Query i sees
     keys 0..q_offset+i. Query head h reads kv head h // (Hq / Hkv). Scale D^-0.5.
-    Returns [T, Hq, D] in q.dtype (softmax in fp32)."""
+    Returns [T, Hq, D] in q.dtype (softmax in fp32). Queries go block_rows at a time so the score
+    matrix stays [Hq, block_rows, S] even for 16k-token prompts."""
     seq_len, num_q_heads, head_dim = q.shape
     num_keys, num_kv_heads = k.shape[0], k.shape[1]
     if num_keys != q_offset + seq_len:
@@ -153,12 +154,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offset: int) -> Tensor:
     group = num_q_heads // num_kv_heads
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("thd,shd->hts", q, k) * head_dim**-0.5
-    key_pos = torch.arange(num_keys, device=q.device)
-    query_pos = torch.arange(seq_len, device=q.device) + q_offset
-    scores = scores.masked_fill(key_pos[None, None, :] > query_pos[None, :, None], float("-inf"))
-    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    return torch.einsum("hts,shd->thd", weights, v)
+    out = torch.empty_like(q)
+    for first in range(0, seq_len, block_rows):
+        last = min(first + block_rows, seq_len)
+        visible = q_offset + last  # keys beyond the block's last query are masked for every row
+        scores = torch.einsum("thd,shd->hts", q[first:last], k[:visible]) * head_dim**-0.5
+        query_pos = torch.arange(first, last, device=q.device) + q_offset
+        key_pos = torch.arange(visible, device=q.device)
+        scores = scores.masked_fill(key_pos[None, None, :] > query_pos[None, :, None], float("-inf"))
+        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        out[first:last] = torch.einsum("hts,shd->thd", weights, v[:visible])
+    return out
 
 
 def head_score(hidden: Tensor, weight: Tensor, bias: float) -> float:

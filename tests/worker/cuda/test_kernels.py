@@ -1,0 +1,198 @@
+"""Every CUDA kernel against its packed PyTorch reference, on fresh random inputs per check,
+outputs NaN-poisoned before each run, relative error per packed segment. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+BF16_TOL = 1e-2  # bf16 operands / bf16 outputs
+FP32_TOL = 1e-4  # fp32 state math (recurrent vs chunked order of summation)
+
+
+@pytest.fixture(scope="module")
+def K():
+    pytest.importorskip("cupy")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from openjev.worker.cuda import kernels
+
+    return kernels
+
+
+@pytest.fixture(scope="module")
+def ref():
+    from openjev.worker.cuda import reference
+
+    return reference
+
+
+DEV = "cuda"
+
+
+def rel(out, ref):
+    out, ref = out.double().cpu(), ref.double().cpu()
+    assert not torch.isnan(out).any(), "NaN (unwritten or bad) output"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEV)
+
+
+def cu_of(lengths):
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return torch.tensor(cu, dtype=torch.int32, device=DEV)
+
+
+def per_segment(out, expected, cu, tol, what):
+    cu = cu.tolist()
+    for n in range(len(cu) - 1):
+        err = rel(out[cu[n] : cu[n + 1]], expected[cu[n] : cu[n + 1]])
+        assert err < tol, f"{what}: segment {n} rel err {err:.3e} >= {tol}"
+
+
+LENGTHS = [1, 3, 64, 65, 130, 17]
+
+
+@pytest.mark.parametrize("trial", range(2))
+def test_causal_conv1d(K, ref, trial):
+    C = 10240  # the 27B conv channels (q, k: 16*128 each; v: 48*128)
+    cu = cu_of(LENGTHS)
+    T, N = int(cu[-1]), len(LENGTHS)
+    fused = torch.randn(T, C + 512, device=DEV).bfloat16()  # conv input is a column slice
+    x = fused[:, :C]
+    w = (torch.randn(C, 4, device=DEV) * 0.5).bfloat16()
+    win = torch.randn(N, 3, C, device=DEV).bfloat16()
+    out, nw = poisoned((T, C), torch.bfloat16), poisoned((N, 3, C), torch.bfloat16)
+    K.causal_conv1d(x, w, win, cu, out=out, new_window=nw)
+    e_out, e_win = ref.causal_conv1d_packed(x.cpu(), w.cpu(), win.cpu(), cu.cpu())
+    per_segment(out, e_out, cu, BF16_TOL, "conv out")
+    assert torch.equal(nw.cpu(), e_win), "new windows are exact copies of inputs"
+
+
+def test_gdn_prepare(K, ref):
+    T, Hk, H = 300, 16, 48
+    conv = torch.randn(T, 2 * Hk * 128 + H * 128, device=DEV).bfloat16()
+    ab = torch.randn(T, 2 * H + 7, device=DEV).bfloat16()
+    a, b = ab[:, :H], ab[:, H : 2 * H]
+    a_log = torch.log(torch.rand(H, device=DEV) * 15 + 1)
+    dt_bias = torch.randn(H, device=DEV)
+    outs = tuple(poisoned(s, torch.float32) for s in [(T, Hk, 128), (T, Hk, 128), (T, H), (T, H)])
+    got = K.gdn_prepare(conv, a, b, a_log, dt_bias, Hk, out=outs)
+    exp = ref.gdn_prepare(conv.cpu(), a.cpu(), b.cpu(), a_log.cpu(), dt_bias.cpu(), Hk)
+    for name, o, e in zip(("qn", "kn", "g", "beta"), got, exp):
+        assert rel(o, e) < FP32_TOL, name
+
+
+def gdn_inputs(lengths, H=48, Hk=16):
+    cu = cu_of(lengths)
+    T, N = int(cu[-1]), len(lengths)
+    qn = torch.nn.functional.normalize(torch.randn(T, Hk, 128, device=DEV), dim=-1) * 128**-0.5
+    kn = torch.nn.functional.normalize(torch.randn(T, Hk, 128, device=DEV), dim=-1)
+    conv = torch.randn(T, 2 * Hk * 128 + H * 128, device=DEV).bfloat16()
+    v = conv[:, 2 * Hk * 128 :].unflatten(1, (H, 128))  # the kernel reads v out of the conv output
+    g = -torch.rand(T, H, device=DEV) * 0.5 - 0.01
+    beta = torch.rand(T, H, device=DEV)
+    init = torch.randn(N, H, 128, 128, device=DEV) * 0.1
+    return cu, qn, kn, v, g, beta, init
+
+
+@pytest.mark.parametrize("parts", [4, 8])
+@pytest.mark.parametrize("with_init", [True, False])
+def test_gdn_recurrent(K, ref, parts, with_init):
+    cu, qn, kn, v, g, beta, init = gdn_inputs(LENGTHS)
+    init = init if with_init else None
+    T, N, H = qn.shape[0], len(LENGTHS), v.shape[1]
+    out, fin = poisoned((T, H, 128), torch.bfloat16), poisoned((N, H, 128, 128), torch.float32)
+    K.gdn_recurrent(qn, kn, v, g, beta, cu, init, parts=parts, out=out, final=fin)
+    e_out, e_fin = ref.gdn_packed(
+        qn.cpu(), kn.cpu(), v.cpu(), g.cpu(), beta.cpu(), cu.cpu(), None if init is None else init.cpu()
+    )
+    per_segment(out, e_out, cu, BF16_TOL, "gdn o")
+    for n in range(N):
+        assert rel(fin[n], e_fin[n]) < FP32_TOL, f"final state {n}"
+
+
+def tree_inputs(q_lens, prefix_lens, Hq=24, Hkv=4, D=256):
+    """A pool holding some older rows (ancestors, shuffled) and then this launch's own rows."""
+    old = max(prefix_lens) + 50
+    Tq = sum(q_lens)
+    k_pool = torch.randn(old + Tq, Hkv, D, device=DEV).bfloat16()
+    v_pool = torch.randn(old + Tq, Hkv, D, device=DEV).bfloat16()
+    ancestors = torch.randperm(old)
+    rows, own = [], old
+    for t, p in zip(q_lens, prefix_lens, strict=True):
+        rows += ancestors[:p].tolist() + list(range(own, own + t))
+        own += t
+    kv_rows = torch.tensor(rows, dtype=torch.int32, device=DEV)
+    q = torch.randn(Tq, Hq, D, device=DEV).bfloat16()
+    qg = torch.randn(Tq, Hq, 2 * D, device=DEV).bfloat16()  # [query | gate] per head
+    return q, k_pool, v_pool, kv_rows, cu_of(q_lens), cu_of([t + p for t, p in zip(q_lens, prefix_lens)]), qg[..., D:]
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_tree_attention(K, ref, gated):
+    q_lens, prefix_lens = [130, 1, 64, 7, 200], [0, 300, 77, 129, 5]
+    q, kp, vp, rows, cu_q, cu_k, gate = tree_inputs(q_lens, prefix_lens)
+    gate = gate if gated else None
+    out = poisoned(q.shape, torch.bfloat16)
+    K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate, out=out)
+    exp = ref.tree_attention(q.cpu(), kp.cpu(), vp.cpu(), rows.cpu(), cu_q.cpu(), cu_k.cpu(),
+                             None if gate is None else gate.cpu())
+    per_segment(out, exp, cu_q, BF16_TOL, "attention")
+
+
+def test_add_rms_norm(K, ref):
+    T, D = 77, 5120
+    w = (torch.randn(D, device=DEV) * 0.1).bfloat16()
+    for use_add, use_idx in [(True, False), (False, False), (True, True)]:
+        res = torch.randn(T, D, device=DEV).bfloat16()
+        add = torch.randn(T, D, device=DEV).bfloat16() if use_add else None
+        idx = torch.tensor([76, 0, 5], dtype=torch.int32, device=DEV) if use_idx else None
+        exp_n, exp_r = ref.add_rms_norm(res.cpu(), w.cpu(), 1e-6, None if add is None else add.cpu(),
+                                        None if idx is None else idx.cpu())
+        R = T if idx is None else 3
+        out = poisoned((R, D), torch.bfloat16)
+        normed, res_rows = K.add_rms_norm(res, w, 1e-6, x_add=add, row_idx=idx, out=out)
+        assert rel(normed, exp_n) < BF16_TOL
+        assert torch.equal(res_rows.cpu(), exp_r), "residual rows are the bf16 sums"
+
+
+def test_gated_rms_norm(K, ref):
+    T, H = 99, 48
+    x = torch.randn(T, H, 128, device=DEV).bfloat16()
+    zz = torch.randn(T, H * 128 + 64, device=DEV).bfloat16()
+    z = zz[:, : H * 128]
+    w = (1 + 0.1 * torch.randn(128, device=DEV)).bfloat16()
+    out = poisoned((T, H * 128), torch.bfloat16)
+    K.gated_rms_norm(x, z, w, 1e-6, out=out)
+    assert rel(out, ref.gated_rms_norm(x.cpu(), z.cpu(), w.cpu(), 1e-6)) < BF16_TOL
+
+
+def test_qk_norm_rope(K, ref):
+    T, H = 50, 24
+    qg = torch.randn(T, H, 512, device=DEV).bfloat16()
+    src = qg[..., :256]  # the query half of q_proj's [query | gate] heads
+    w = (torch.randn(256, device=DEV) * 0.1).bfloat16()
+    pos = torch.randint(0, 16384, (T,), dtype=torch.int32, device=DEV)
+    dst = poisoned((T + 5, H, 256), torch.bfloat16)
+    K.qk_norm_rope(src, w, pos, 64, 1e7, 1e-6, dst=dst, dst_row0=5)
+    exp = ref.qk_norm_rope(src.cpu(), w.cpu(), pos.cpu(), 64, 1e7, 1e-6)
+    assert rel(dst[5:], exp) < BF16_TOL
+
+
+def test_silu_mul_and_gather(K, ref):
+    T, inter = 33, 17408
+    gu = torch.randn(T, 2 * inter, device=DEV).bfloat16()
+    out = poisoned((T, inter), torch.bfloat16)
+    K.silu_mul(gu, out=out)
+    assert rel(out, ref.silu_mul(gu.cpu())) < BF16_TOL
+    src = torch.randn(T, 5120, device=DEV).bfloat16()
+    idx = torch.tensor([3, 32, 0, 3], dtype=torch.int32, device=DEV)
+    got = K.gather_rows(src, idx, out=poisoned((4, 5120), torch.bfloat16))
+    assert torch.equal(got, src[idx.long()])
