@@ -132,10 +132,12 @@ def decode_request_json(text: str | bytes) -> Any:
         )
     except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
         raise ContractError(errors.INVALID_JSON) from None
-    # Only escapes can produce a lone surrogate, and only deep text can nest deeply: walk the
-    # decoded value only when the text could hold either.
-    if _SURROGATE_ESCAPE.search(text) or text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+    # The decoder already refused every other non-JSON value. Only an escape can produce a lone
+    # surrogate, and only text with enough brackets can nest too deeply: look further only then.
+    if _SURROGATE_ESCAPE.search(text):
         check_json_value(value)
+    elif text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(value):
+        raise ContractError(errors.INVALID_JSON)
     return value
 
 
@@ -160,29 +162,61 @@ def check_json_value(value: Any) -> None:
     """Raise "request body must be valid JSON" unless `value` is what strict JSON decodes to:
     dicts with str keys, lists, str without lone surrogates, int, finite float, bool, None,
     nested at most MAX_JSON_DEPTH containers deep."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            if not item.isascii() and _SURROGATE.search(item):
+    level = [value]  # breadth first: `level` holds the values at one depth, 1 to MAX_JSON_DEPTH
+    for _ in range(MAX_JSON_DEPTH):
+        strings: list = []
+        containers: list = []
+        for item in level:
+            if isinstance(item, dict):
+                strings.extend(item)
+                children = item.values()
+            elif isinstance(item, list):
+                children = item
+            else:
+                children = (item,)
+            for child in children:
+                kind = type(child)
+                if kind is str:
+                    strings.append(child)
+                elif kind is dict or kind is list:
+                    containers.append(child)
+                elif kind is float:
+                    if not math.isfinite(child):
+                        raise ContractError(errors.INVALID_JSON)
+                elif not (child is None or kind is int or kind is bool):
+                    _check_other(child, strings, containers)
+        for text in strings:
+            if not isinstance(text, str) or (not text.isascii() and _SURROGATE.search(text)):
                 raise ContractError(errors.INVALID_JSON)
-        elif isinstance(item, dict):
-            if depth >= MAX_JSON_DEPTH:
-                raise ContractError(errors.INVALID_JSON)
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    raise ContractError(errors.INVALID_JSON)
-                stack.append((key, depth))
-                stack.append((child, depth + 1))
-        elif isinstance(item, list):
-            if depth >= MAX_JSON_DEPTH:
-                raise ContractError(errors.INVALID_JSON)
-            stack.extend((child, depth + 1) for child in item)
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                raise ContractError(errors.INVALID_JSON)
-        elif item is not None and not isinstance(item, int):  # bool is an int
+        if not containers:
+            return
+        level = containers
+    raise ContractError(errors.INVALID_JSON)  # nested deeper than MAX_JSON_DEPTH
+
+
+def _check_other(child: Any, strings: list, containers: list) -> None:
+    """Subclasses of the JSON types (OrderedDict, an int enum, ...) are fine; nothing else is."""
+    if isinstance(child, str):
+        strings.append(child)
+    elif isinstance(child, (dict, list)):
+        containers.append(child)
+    elif isinstance(child, float):
+        if not math.isfinite(child):
             raise ContractError(errors.INVALID_JSON)
+    elif not isinstance(child, int):
+        raise ContractError(errors.INVALID_JSON)
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether decoded JSON nests more than MAX_JSON_DEPTH containers (containers only)."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    for _ in range(MAX_JSON_DEPTH):
+        if not level:
+            return False
+        level = [child for item in level
+                 for child in (item.values() if type(item) is dict else item)
+                 if type(child) is dict or type(child) is list]
+    return bool(level)
 
 
 def _compile(

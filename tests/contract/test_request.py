@@ -329,7 +329,8 @@ def test_noul_criteria(criteria):
 
 def test_noul_criteria_null_means_none():
     with_null = parse(one({"type": "noul", "instructions": "x", "criteria": None}))
-    assert with_null.questions[0].prompts == parse(one({"type": "noul", "instructions": "x"})).questions[0].prompts
+    without = parse(one({"type": "noul", "instructions": "x"}))
+    assert with_null.questions[0].prompts == without.questions[0].prompts
 
 
 @pytest.mark.parametrize("kind", ["missing", None, "generation", "Choice", "boolean", 1, ["noul"]])
@@ -410,3 +411,15 @@ def test_invalid_json_wins_over_everything():
     with pytest.raises(ContractError) as caught:
         parse_request_json('{"model": "other", "state": NaN}', accepted_models=ACCEPTED)
     assert caught.value.message == errors.INVALID_JSON
+
+
+def test_subclasses_of_json_types_are_accepted():
+    from collections import OrderedDict
+    from enum import IntEnum
+
+    class Level(IntEnum):
+        LOW = 1
+
+    request = parse(OrderedDict(state=OrderedDict(b=Level.LOW, a=[True, None, 2.5]),
+                                questions={"q": NOUL}))
+    assert request.questions[0].prompts[0].startswith('Context:\n{"a": [true, null, 2.5], "b": 1}\n')
