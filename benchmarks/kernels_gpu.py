@@ -77,17 +77,21 @@ def time_op(fn) -> tuple[float, str]:
 
 
 def ceilings() -> tuple[float, float]:
-    n = 1 << 30  # 2 GiB of bf16 each way
-    src = torch.randn(n, device=DEV, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    ms = time_graph(lambda: dst.copy_(src), reps=10)
-    copy_bw = 2 * src.numel() * 2 / (ms * 1e-3)
-    del src, dst
+    """(device copy bytes/s counting read + write, bf16 GEMM FLOP/s), the GEMM first so the
+    clocks are up before the copy is timed."""
     m = 8192
     a = torch.randn(m, m, device=DEV, dtype=torch.bfloat16)
     b = torch.randn(m, m, device=DEV, dtype=torch.bfloat16)
-    ms = time_graph(lambda: a @ b, reps=10)
-    return copy_bw, 2 * m**3 / (ms * 1e-3)
+    for _ in range(20):
+        a @ b
+    ms = time_graph(lambda: a @ b, reps=20)
+    mma_rate = 2 * m**3 / (ms * 1e-3)
+    del a, b
+    n = 1 << 31  # 4 GiB of bf16 each way
+    src = torch.randn(n // 2, device=DEV).view(torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = min(time_eager(lambda: dst.copy_(src), reps=20), time_graph(lambda: dst.copy_(src), reps=20))
+    return 2 * src.numel() * 2 / (ms * 1e-3), mma_rate
 
 
 def cases(T: int):
@@ -105,14 +109,14 @@ def cases(T: int):
     a_log, dt = torch.rand(H, device=DEV), torch.randn(H, device=DEV)
     prep = lambda: K.gdn_prepare(conv, ab[:, :H], ab[:, H:], a_log, dt, HK)  # noqa: E731
     out.append(("gdn_prepare", prep, T * (2 * HK * DKV * 2 + 2 * H * 2 + 2 * HK * DKV * 4 + 2 * H * 4), 0, "bw"))
-    qn, kn, g, beta = prep()
+    qn, kn, g, beta, kq = prep()
     v = conv[:, 2 * HK * DKV :].unflatten(1, (H, DKV))
     init = torch.randn(1, H, DKV, DKV, device=DEV) * 0.1
-    gdn_bytes = T * (2 * HK * DKV * 4 + H * DKV * 2 * 2 + 2 * H * 4) + 2 * H * DKV * DKV * 4
-    gdn_flops = T * H * DKV * DKV * 6  # S^T k, decay+update, S^T q
-    for parts in (4, 8):
-        fn = lambda p=parts: K.gdn_recurrent(qn, kn, v, g, beta, cu, init, parts=p)  # noqa: E731
-        out.append((f"gdn_recurrent_p{parts}", fn, gdn_bytes, gdn_flops, "fp32"))
+    gdn_bytes = T * (2 * HK * DKV * 4 + HK * 4 + H * DKV * 2 * 2 + 2 * H * 4) + 2 * H * DKV * DKV * 4
+    gdn_flops = T * H * DKV * DKV * 7  # S^T k, S^T q (FMA = 2), decay+update (3)
+    for variant in K.GDN_VARIANTS:
+        fn = lambda vr=variant: K.gdn_recurrent(qn, kn, kq, v, g, beta, cu, init, variant=vr)  # noqa: E731
+        out.append((f"gdn_recurrent_{variant}", fn, gdn_bytes, gdn_flops, "fp32"))
     q, kv, gate = r(T, HQ, HD), r(2, T, HKV, HD), r(T, HQ, 2 * HD)[..., HD:]
     rows = torch.arange(T, dtype=torch.int32, device=DEV)
     att = lambda: K.tree_attention(q, kv[0], kv[1], rows, cu, cu, T, gate=gate)  # noqa: E731
@@ -129,7 +133,8 @@ def cases(T: int):
     qg = r(T, HQ, 2 * HD)
     pos = torch.arange(T, dtype=torch.int32, device=DEV)
     wq = r(HD) * 0.1
-    rope = lambda: K.qk_norm_rope(qg[..., :HD], wq, pos, 64, 1e7, 1e-6)  # noqa: E731
+    cos, sin = K.rotary_table(pos, 64, 1e7)
+    rope = lambda: K.qk_norm_rope(qg[..., :HD], wq, cos, sin, 1e-6)  # noqa: E731
     out.append(("qk_norm_rope(q)", rope, 2 * T * HQ * HD * 2, 0, "bw"))
     gu = r(min(T, 4096), 2 * INTER)
     out.append(("silu_mul", lambda: K.silu_mul(gu), 3 * gu.shape[0] * INTER * 2, 0, "bw"))
@@ -149,8 +154,8 @@ def gdn_layer_graph(T: int) -> float:
         conv, _ = K.causal_conv1d(proj[:, :CONV_C], w, win, cu)
         z = proj[:, CONV_C : CONV_C + H * DKV]
         ab = proj[:, CONV_C + H * DKV :]
-        qn, kn, g, beta = K.gdn_prepare(conv, ab[:, :H], ab[:, H:], a_log, dt, HK)
-        o, _ = K.gdn_recurrent(qn, kn, conv[:, 2 * HK * DKV :].unflatten(1, (H, DKV)), g, beta, cu, init)
+        qn, kn, g, beta, kq = K.gdn_prepare(conv, ab[:, :H], ab[:, H:], a_log, dt, HK)
+        o, _ = K.gdn_recurrent(qn, kn, kq, conv[:, 2 * HK * DKV :].unflatten(1, (H, DKV)), g, beta, cu, init)
         return K.gated_rms_norm(o, z, nw, 1e-6)
 
     return time_graph(core)

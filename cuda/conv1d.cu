@@ -8,10 +8,9 @@
 // out:        [T, C] bf16 contiguous = silu(conv)
 // new_window: [N, K-1, C] bf16 = the last K-1 inputs of each segment (parent rows when short)
 //
-// One thread handles 8 channels (one 16-byte load per row). Rows T..T+N*(K-1)-1 of the grid
-// build the new windows, so one launch does both jobs.
+// One thread handles 8 channels (16-byte loads) of ROWS output rows. Grid rows past the output
+// row groups build the new windows, so one launch does both jobs.
 #include <cuda_bf16.h>
-#include <stdint.h>
 
 #define CONV_K 4
 #define VEC 8
@@ -53,40 +52,63 @@ __device__ __forceinline__ void input_row(const __nv_bfloat16* x, long x_stride,
     }
 }
 
+#define ROWS 4  // output rows per thread: the 7 input rows they need are loaded once
+
 extern "C" __global__ void causal_conv1d_packed(
     const __nv_bfloat16* __restrict__ x, long x_stride, const __nv_bfloat16* __restrict__ weight,
     const __nv_bfloat16* __restrict__ window, const int* __restrict__ cu_seqlens, int n_seg,
     int T, int C, __nv_bfloat16* __restrict__ out, __nv_bfloat16* __restrict__ new_window) {
     const int c = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
-    const int row = blockIdx.y;
     if (c >= C) return;
-    if (row < T) {
-        const int s = segment_of(cu_seqlens, n_seg, row);
-        const int start = cu_seqlens[s];
-        const int rel = row - start;
+    const int row_groups = (T + ROWS - 1) / ROWS;
+    if ((int)blockIdx.y < row_groups) {
+        const int r0 = blockIdx.y * ROWS;
+        // 8 channels x 4 taps = 64 contiguous bytes of weight: four 16-byte loads
         float w[VEC][CONV_K];
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-            // weight rows are only K*2 = 8 bytes: scalar loads, they stay in L1/L2.
+        for (int q = 0; q < 4; ++q) {
+            float f[8];
+            load8(weight + (long)c * CONV_K + q * 8, f);
 #pragma unroll
-            for (int k = 0; k < CONV_K; ++k) w[i][k] = __bfloat162float(weight[(long)(c + i) * CONV_K + k]);
+            for (int e = 0; e < 8; ++e) w[(q * 8 + e) / CONV_K][(q * 8 + e) % CONV_K] = f[e];
         }
-        float acc[VEC];
+        // packed input rows r0-3 .. r0+ROWS-1 (clamped reads; rows of other segments are
+        // replaced by window rows below)
+        float in[ROWS + CONV_K - 1][VEC];
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
-#pragma unroll
-        for (int k = 0; k < CONV_K; ++k) {
-            // tap k multiplies input row rel - (K-1) + k
-            float f[VEC];
-            input_row(x, x_stride, window, C, s, start, rel - (CONV_K - 1) + k, c, f);
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w[i][k], f[i], acc[i]);
+        for (int j = 0; j < ROWS + CONV_K - 1; ++j) {
+            const int p = r0 - (CONV_K - 1) + j;
+            if (p >= 0 && p < T) load8(x + (long)p * x_stride + c, in[j]);
         }
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) acc[i] = acc[i] / (1.f + __expf(-acc[i]));
-        store8(out + (long)row * C + c, acc);
+        for (int u = 0; u < ROWS; ++u) {
+            const int row = r0 + u;
+            if (row >= T) break;
+            const int s = segment_of(cu_seqlens, n_seg, row);
+            const int rel = row - cu_seqlens[s];
+            float acc[VEC];
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
+#pragma unroll
+            for (int k = 0; k < CONV_K; ++k) {
+                // tap k multiplies input row rel - (K-1) + k
+                const int tap_rel = rel - (CONV_K - 1) + k;
+                float f[VEC];
+                if (tap_rel >= 0) {
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) f[i] = in[u + k][i];
+                } else {
+                    load8(window + ((long)s * (CONV_K - 1) + (CONV_K - 1 + tap_rel)) * C + c, f);
+                }
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w[i][k], f[i], acc[i]);
+            }
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) acc[i] = acc[i] / (1.f + __expf(-acc[i]));
+            store8(out + (long)row * C + c, acc);
+        }
     } else {
-        const int r = row - T;
+        const int r = blockIdx.y - row_groups;
         const int s = r / (CONV_K - 1);
         const int m = r % (CONV_K - 1);
         if (s >= n_seg) return;

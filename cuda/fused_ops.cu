@@ -1,6 +1,5 @@
 // Small fused element-wise / row ops of the Qwen3.5 layer stack. All math in fp32, bf16 I/O.
 #include <cuda_bf16.h>
-#include <stdint.h>
 
 struct __align__(16) bf16x8 { __nv_bfloat162 h[4]; };
 
@@ -113,14 +112,16 @@ extern "C" __global__ void gated_rms_norm(const __nv_bfloat16* __restrict__ x,
 
 // Per-head RMSNorm (1 + w) then HF rotate-half rotary on the first rotary_dim dims, head dim 256.
 // src: [T, H, 256] bf16 view (strides src_st, src_sh elements): q from q_proj's [query|gate]
-// w: [256] bf16; positions: [T] int32
+// w: [256] bf16; cos_t, sin_t: [T, rotary_dim/2] fp32 (one table per launch, shared by every
+// layer's q and k: built once by torch exactly as transformers builds it)
 // dst: rows dst_row0 + t of a [*, H, 256] bf16 buffer (a K pool, or a contiguous q)
 // One warp per (token, head): lane holds dims 8*lane .. 8*lane+7, so rotary partners
 // (d, d + rotary_dim/2) sit rotary_dim/16 lanes apart. Needs rotary_dim % 16 == 0, <= 256.
 extern "C" __global__ void qk_norm_rope(const __nv_bfloat16* __restrict__ src, long src_st,
                                         long src_sh, const __nv_bfloat16* __restrict__ w,
-                                        const int* __restrict__ positions, int rotary_dim,
-                                        float theta, float eps, int T, int H,
+                                        const float* __restrict__ cos_t,
+                                        const float* __restrict__ sin_t, int rotary_dim,
+                                        float eps, int T, int H,
                                         __nv_bfloat16* __restrict__ dst, long dst_row0) {
     const long job = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -146,17 +147,13 @@ extern "C" __global__ void qk_norm_rope(const __nv_bfloat16* __restrict__ src, l
     const bool lower = lane < lane_off;
     const bool rot = lane < 2 * lane_off;
     const int partner = lower ? lane + lane_off : (rot ? lane - lane_off : lane);
-    const float pos = (float)positions[t];
     float y[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
         const float other = __shfl_sync(0xffffffffu, x[e], partner);
         if (rot) {
             const int j = (lane * 8 + e) % half;
-            // inv_freq_j = theta^(-2j / rotary_dim) in fp32, as transformers computes it
-            const float inv_freq = 1.f / powf(theta, (float)(2 * j) / (float)rotary_dim);
-            float sn, cs;
-            sincosf(pos * inv_freq, &sn, &cs);
+            const float cs = cos_t[t * half + j], sn = sin_t[t * half + j];
             y[e] = lower ? x[e] * cs - other * sn : x[e] * cs + other * sn;
         } else {
             y[e] = x[e];

@@ -16,41 +16,46 @@
 // Flash-attention-2 structure on mma.sync m16n8k16 (bf16 -> fp32), ldmatrix from XOR-swizzled
 // shared memory (512-byte rows would otherwise put a ldmatrix's 8 rows in one bank group).
 #include <cuda_bf16.h>
-#include <stdint.h>
+
+// NVRTC has no <stdint.h>, nor INFINITY from <math.h>
+typedef unsigned int u32;
+#define NEG_INF __int_as_float(0xff800000)
 
 #define HD 256
 #define BM 64
 #define BN 64
 #define CHUNKS (HD * 2 / 16)  // 16-byte chunks per row
 
-__device__ __forceinline__ uint32_t swz(int row, int chunk) {
-    return (uint32_t)(row * (HD * 2) + ((chunk ^ (row & 7)) << 4));
+__device__ __forceinline__ u32 swz(int row, int chunk) {
+    return (u32)(row * (HD * 2) + ((chunk ^ (row & 7)) << 4));
 }
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+__device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
 }
-__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+__device__ __forceinline__ void ldsm_x4_t(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
 }
-__device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
+                                         u32 b0, u32 b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
+    return *reinterpret_cast<u32*>(&v);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 2) tree_attention_fwd(
@@ -60,9 +65,9 @@ extern "C" __global__ void __launch_bounds__(128, 2) tree_attention_fwd(
     const __nv_bfloat16* __restrict__ gate, long gate_st, long gate_sh, int has_gate,
     __nv_bfloat16* __restrict__ out) {
     extern __shared__ __align__(128) unsigned char smem[];
-    const uint32_t sQ = (uint32_t)__cvta_generic_to_shared(smem);
-    const uint32_t sK = sQ + BM * HD * 2;
-    const uint32_t sV = sK + BN * HD * 2;
+    const u32 sQ = (u32)__cvta_generic_to_shared(smem);
+    const u32 sK = sQ + BM * HD * 2;
+    const u32 sV = sK + BN * HD * 2;
 
     const int n = blockIdx.z, h = blockIdx.y;
     const int hkv = h / (Hq / Hkv);
@@ -87,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) tree_attention_fwd(
     float o[HD / 8][4];
 #pragma unroll
     for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    float m_r[2] = {NEG_INF, NEG_INF}, l_r[2] = {0.f, 0.f};
     const int g = lane >> 2, t4 = lane & 3;
     const int row_a = i0 + warp * 16 + g;  // this thread's two query rows: row_a, row_a + 8
 
@@ -96,15 +101,19 @@ extern "C" __global__ void __launch_bounds__(128, 2) tree_attention_fwd(
     for (int kt = 0; kt < n_tiles; ++kt) {
         const int j0 = kt * BN;
         __syncthreads();  // every warp is done with the previous K/V tile
-        for (int idx = tid; idx < BN * CHUNKS; idx += 128) {
-            const int r = idx / CHUNKS, c = idx % CHUNKS;
-            const bool ok = j0 + r < Sn;
-            const long prow = ok ? (long)kv_rows[k0 + j0 + r] : 0;
-            const long off = (prow * Hkv + hkv) * HD + c * 8;
-            cp_async16(sK + swz(r, c), k_pool + off, ok ? 16 : 0);
-            cp_async16(sV + swz(r, c), v_pool + off, ok ? 16 : 0);
+        // K and V as two copy groups: S = Q K^T starts once K has landed, while V still streams
+        for (int pass = 0; pass < 2; ++pass) {
+            const __nv_bfloat16* pool = pass ? v_pool : k_pool;
+            const u32 base = pass ? sV : sK;
+            for (int idx = tid; idx < BN * CHUNKS; idx += 128) {
+                const int r = idx / CHUNKS, c = idx % CHUNKS;
+                const bool ok = j0 + r < Sn;
+                const long prow = ok ? (long)kv_rows[k0 + j0 + r] : 0;
+                cp_async16(base + swz(r, c), pool + (prow * Hkv + hkv) * HD + c * 8, ok ? 16 : 0);
+            }
+            cp_async_commit();
         }
-        cp_async_wait_all();
+        cp_async_wait<1>();  // Q (first tile) and K are in
         __syncthreads();
 
         // S = Q K^T for this warp's 16 rows x 64 keys
@@ -113,11 +122,11 @@ extern "C" __global__ void __launch_bounds__(128, 2) tree_attention_fwd(
         for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk) {
-            uint32_t a0, a1, a2, a3;
+            u32 a0, a1, a2, a3;
             ldsm_x4(sQ + swz(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), a0, a1, a2, a3);
 #pragma unroll
             for (int p = 0; p < BN / 16; ++p) {
-                uint32_t b0, b1, b2, b3;
+                u32 b0, b1, b2, b3;
                 ldsm_x4(sK + swz(16 * p + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)),
                         b0, b1, b2, b3);
                 mma16816(s[2 * p], a0, a1, a2, a3, b0, b1);
@@ -127,7 +136,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) tree_attention_fwd(
 
         // mask (causal within the segment's logical keys, and the tile's tail), online softmax
         const bool need_mask = j0 + BN - 1 > q_offset + i0 || j0 + BN > Sn;
-        float mx[2] = {-INFINITY, -INFINITY};
+        float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
         for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
@@ -136,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) tree_attention_fwd(
                 if (need_mask) {
                     const int j = j0 + nt * 8 + 2 * t4 + (e & 1);
                     const int i = row_a + ((e >> 1) << 3);
-                    if (j > q_offset + i || j >= Sn) val = -INFINITY;
+                    if (j > q_offset + i || j >= Sn) val = NEG_INF;
                 }
                 s[nt][e] = val;
                 mx[e >> 1] = fmaxf(mx[e >> 1], val);
@@ -169,16 +178,18 @@ extern "C" __global__ void __launch_bounds__(128, 2) tree_attention_fwd(
             o[i][2] *= alpha[1]; o[i][3] *= alpha[1];
         }
 
+        cp_async_wait<0>();  // V is in
+        __syncthreads();
         // O += P V: P's accumulator layout is the A-operand layout, 16 keys per k-step
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ++ks) {
-            const uint32_t a0 = pack_bf16(s[2 * ks][0], s[2 * ks][1]);
-            const uint32_t a1 = pack_bf16(s[2 * ks][2], s[2 * ks][3]);
-            const uint32_t a2 = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-            const uint32_t a3 = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+            const u32 a0 = pack_bf16(s[2 * ks][0], s[2 * ks][1]);
+            const u32 a1 = pack_bf16(s[2 * ks][2], s[2 * ks][3]);
+            const u32 a2 = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+            const u32 a3 = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
 #pragma unroll
             for (int dp = 0; dp < HD / 16; ++dp) {
-                uint32_t b0, b1, b2, b3;
+                u32 b0, b1, b2, b3;
                 ldsm_x4_t(sV + swz(16 * ks + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * dp + (lane >> 4)),
                           b0, b1, b2, b3);
                 mma16816(o[2 * dp], a0, a1, a2, a3, b0, b1);

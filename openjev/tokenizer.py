@@ -124,10 +124,12 @@ def build_tokenizer_json() -> bytes:
 
 
 def tokenizer_fingerprint(tokenizer_json: bytes, chat_prefix: str, chat_suffix: str) -> str:
-    """sha256 hex of tokenizer.json bytes + chat prefix + chat suffix (UTF-8), concatenated."""
-    digest = hashlib.sha256(tokenizer_json)
-    digest.update(chat_prefix.encode("utf-8"))
-    digest.update(chat_suffix.encode("utf-8"))
+    """sha256 hex of tokenizer.json bytes, chat prefix and chat suffix (UTF-8), each preceded by
+    its length so that moving text between prefix and suffix changes the fingerprint."""
+    digest = hashlib.sha256()
+    for part in (tokenizer_json, chat_prefix.encode("utf-8"), chat_suffix.encode("utf-8")):
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
     return digest.hexdigest()
 
 

@@ -23,7 +23,8 @@ def req(**overrides):
 CASES = [
     ("model", req(model="some-other-model"), "requested model is not loaded"),
     ("no state", {"questions": {"q": CHOICE}}, "request requires state"),
-    ("null state", req(state=None), "request requires state"),
+    # As the reference: only a missing state "requires" one; a present null has the wrong type.
+    ("null state", req(state=None), "state must be text, a JSON object, or an array"),
     ("state number", req(state=3), "state must be text, a JSON object, or an array"),
     ("questions list", req(questions=[CHOICE]), "questions must be an object"),
     ("questions empty", req(questions={}), "questions must be nonempty and within the server question limit"),

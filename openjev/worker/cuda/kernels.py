@@ -25,7 +25,15 @@ ATTN_HEAD_DIM = 256  # full-attention head dim the attention/rope kernels are wr
 def _module(name: str):
     import cupy
 
-    return cupy.RawModule(code=(CUDA_DIR / f"{name}.cu").read_text(), options=_OPTIONS)
+    code = (CUDA_DIR / f"{name}.cu").read_text()
+    try:
+        module = cupy.RawModule(code=code, options=_OPTIONS)
+        module.compile()  # compile now, so a failure is seen here rather than at first launch
+    except cupy.cuda.compiler.CompileException:
+        # NVRTC without the toolkit headers: the image's nvcc compiles the same source
+        module = cupy.RawModule(code=code, options=_OPTIONS, backend="nvcc")
+        module.compile()
+    return module
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,7 +55,11 @@ def _cp(t: torch.Tensor):
     """Zero-copy CuPy view of a torch CUDA tensor (DLPack)."""
     import cupy
 
-    return cupy.from_dlpack(t.detach())
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        # kernels only take the pointer; CuPy may not know bf16, int16 has the same layout
+        t = t.view(torch.int16)
+    return cupy.from_dlpack(t)
 
 
 def _launch(module: str, name: str, grid, block, args, dynamic_smem: int = 0) -> None:
@@ -99,7 +111,7 @@ def causal_conv1d(x, weight, window, cu_seqlens, out=None, new_window=None):
     out = _out(out, (T, C), torch.bfloat16, x.device)
     new_window = _out(new_window, (N, CONV_K - 1, C), torch.bfloat16, x.device)
     threads = 128
-    grid = ((C // 8 + threads - 1) // threads, T + N * (CONV_K - 1))
+    grid = ((C // 8 + threads - 1) // threads, (T + 3) // 4 + N * (CONV_K - 1))  # 4 rows a thread
     _launch("conv1d", "causal_conv1d_packed", grid, (threads,),
             (x, _i64(x.stride(0)), weight, window, cu_seqlens, N, T, C, out, new_window))
     return out, new_window
@@ -108,41 +120,48 @@ def causal_conv1d(x, weight, window, cu_seqlens, out=None, new_window=None):
 def gdn_prepare(conv_out, a, b, A_log, dt_bias, num_k_heads, out=None):
     """conv_out: [T, >= 2*Hk*128] bf16 (q then k columns); a, b: [T, H] bf16 (row-strided views);
     A_log, dt_bias: [H] fp32. Returns qn, kn [T, Hk, 128] fp32 (L2-normed, q times 128^-0.5),
-    g, beta [T, H] fp32."""
+    g, beta [T, H] fp32, kq [T, Hk] fp32 = qn . kn."""
     T = conv_out.shape[0]
     H = a.shape[1]
     assert a.stride(0) == b.stride(0) and a.stride(1) == 1 and b.stride(1) == 1
     dev = conv_out.device
-    given = out if out is not None else (None,) * 4
+    given = out if out is not None else (None,) * 5
     qn = _out(given[0], (T, num_k_heads, GDN_DIM), torch.float32, dev)
     kn = _out(given[1], (T, num_k_heads, GDN_DIM), torch.float32, dev)
     g = _out(given[2], (T, H), torch.float32, dev)
     beta = _out(given[3], (T, H), torch.float32, dev)
+    kq = _out(given[4], (T, num_k_heads), torch.float32, dev)
     if T:
         _launch("gated_delta", "gdn_prepare", (T,), (256,),
                 (conv_out, _i64(conv_out.stride(0)), a, b, _i64(a.stride(0)), A_log, dt_bias, H,
-                 num_k_heads, qn, kn, g, beta))
-    return qn, kn, g, beta
+                 num_k_heads, qn, kn, g, beta, kq))
+    return qn, kn, g, beta, kq
 
 
-def gdn_recurrent(qn, kn, v, g, beta, cu_seqlens, init_state=None, parts: int = 8, out=None, final=None):
+GDN_VARIANTS = {"p4c16": (4, 16), "p4c32": (4, 32), "p8c16": (8, 16)}  # threads/column, columns/block
+
+
+def gdn_recurrent(qn, kn, kq, v, g, beta, cu_seqlens, init_state=None, variant: str = "p4c16", out=None,
+                  final=None):
     """Gated delta rule over packed segments.
 
-    qn, kn: [T, Hk, 128] fp32; v: [T, H, 128] bf16 view (token stride free, inner contiguous);
-    g, beta: [T, H] fp32; cu_seqlens: [N+1] int32; init_state: [N, H, 128, 128] fp32 or None.
+    qn, kn: [T, Hk, 128] fp32; kq: [T, Hk] fp32 (qn . kn); v: [T, H, 128] bf16 view (token stride
+    free, inner contiguous); g, beta: [T, H] fp32; cu_seqlens: [N+1] int32;
+    init_state: [N, H, 128, 128] fp32 or None (zeros).
     Returns (o [T, H, 128] bf16, final_state [N, H, 128, 128] fp32).
     """
     T, H = g.shape
     Hk = qn.shape[1]
     N = cu_seqlens.numel() - 1
     assert v.stride(2) == 1 and v.stride(1) == GDN_DIM and H % Hk == 0
+    parts, cols = GDN_VARIANTS[variant]
     dev = g.device
     out = _out(out, (T, H, GDN_DIM), torch.bfloat16, dev)
     final = _out(final, (N, H, GDN_DIM, GDN_DIM), torch.float32, dev)
     has_init = init_state is not None
     init = init_state.contiguous() if has_init else final  # never read when has_init == 0
-    _launch("gated_delta", f"gdn_recurrent_p{parts}", (GDN_DIM // 32, H, N), (32 * parts,),
-            (qn, kn, v, _i64(v.stride(0)), g, beta, cu_seqlens, H, Hk, init, has_init, out, final))
+    _launch("gated_delta", f"gdn_recurrent_{variant}", (GDN_DIM // cols, H, N), (cols * parts,),
+            (qn, kn, kq, v, _i64(v.stride(0)), g, beta, cu_seqlens, H, Hk, init, has_init, out, final))
     return out, final
 
 
@@ -207,19 +226,30 @@ def gated_rms_norm(x, z, weight, eps, out=None):
     return out
 
 
-def qk_norm_rope(src, weight, positions, rotary_dim, theta, eps, dst=None, dst_row0=0):
-    """src: [T, H, 256] bf16 view (inner dim contiguous); weight: [256] bf16; positions: [T] int32.
-    Writes rows dst_row0 .. dst_row0+T-1 of dst ([*, H, 256] bf16, new if None); returns dst."""
+def rotary_table(positions, rotary_dim, theta):
+    """cos, sin: [T, rotary_dim/2] fp32 for positions [T] (int), built in fp32 the way
+    transformers builds them (inv_freq = 1 / theta^(2j/rotary_dim); angle = position * inv_freq)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=positions.device) / rotary_dim))
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    return angles.cos().contiguous(), angles.sin().contiguous()
+
+
+def qk_norm_rope(src, weight, cos, sin, eps, dst=None, dst_row0=0):
+    """src: [T, H, 256] bf16 view (inner dim contiguous); weight: [256] bf16;
+    cos, sin: [T, rotary_dim/2] fp32 (rotary_table). Per-head RMSNorm (1 + w), then rotate-half
+    rotary on the first rotary_dim dims. Writes rows dst_row0 .. dst_row0+T-1 of dst
+    ([*, H, 256] bf16, new if None); returns dst."""
     T, H, D = src.shape
-    assert D == ATTN_HEAD_DIM and src.stride(2) == 1 and rotary_dim % 16 == 0
+    rotary_dim = 2 * cos.shape[1]
+    assert D == ATTN_HEAD_DIM and src.stride(2) == 1 and rotary_dim % 16 == 0 and cos.shape[0] == T
     if dst is None:
         dst = torch.empty(T, H, D, dtype=torch.bfloat16, device=src.device)
     assert dst.is_contiguous() and dst.shape[1] == H
     jobs = T * H
     if jobs:
         _launch("fused_ops", "qk_norm_rope", ((jobs + 7) // 8,), (256,),
-                (src, _i64(src.stride(0)), _i64(src.stride(1)), weight, positions, rotary_dim,
-                 float(theta), float(eps), T, H, dst, _i64(dst_row0)))
+                (src, _i64(src.stride(0)), _i64(src.stride(1)), weight, cos, sin, rotary_dim,
+                 float(eps), T, H, dst, _i64(dst_row0)))
     return dst
 
 

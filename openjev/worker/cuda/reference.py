@@ -31,13 +31,14 @@ def causal_conv1d_packed(x: Tensor, weight: Tensor, window: Tensor, cu_seqlens: 
 
 def gdn_prepare(conv_out: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, num_k_heads: int, dk: int = 128):
     """conv_out: [T, >= 2*Hk*dk] (q then k columns); a, b: [T, H]; a_log, dt_bias: [H] fp32.
-    Returns qn, kn [T, Hk, dk] fp32 (L2-normed; q times dk^-0.5), g, beta [T, H] fp32."""
+    Returns qn, kn [T, Hk, dk] fp32 (L2-normed; q times dk^-0.5), g, beta [T, H] fp32,
+    kq [T, Hk] fp32 = qn . kn."""
     T = conv_out.shape[0]
     key_dim = num_k_heads * dk
     q = ops.l2_normalize(conv_out[:, :key_dim].float().reshape(T, num_k_heads, dk)) * dk**-0.5
     k = ops.l2_normalize(conv_out[:, key_dim : 2 * key_dim].float().reshape(T, num_k_heads, dk))
     g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    return q, k, g, torch.sigmoid(b.float())
+    return q, k, g, torch.sigmoid(b.float()), (q * k).sum(-1)
 
 
 def gdn_packed(qn, kn, v, g, beta, cu_seqlens, init_state=None):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -125,6 +126,7 @@ class CudaRunner:
         parents = [run.parent_state for run in runs]
         keep = [run.keep_state for run in runs]
         n, eps = len(runs), c.rms_norm_eps
+        rope = K.rotary_table(positions, c.rotary_dim, c.rope_theta)  # one table for every layer
         residual = self.embed.index_select(0, ids)
         h, _ = K.add_rms_norm(residual, self.layers[0].input_norm, eps)
         per_layer = []
@@ -133,7 +135,7 @@ class CudaRunner:
             if layer.kind == LINEAR_ATTENTION:
                 mixed, st = self._gdn(layer, index, h, cu, parents, keep)
             elif layer.kind == FULL_ATTENTION:
-                mixed, st = self._attention(layer, index, h, positions, cu_host, parents, keep)
+                mixed, st = self._attention(layer, index, h, rope, cu_host, parents, keep)
             else:
                 raise ValueError(f"layer {index}: unknown layer type {layer.kind!r}")
             per_layer.append(st)
@@ -176,20 +178,21 @@ class CudaRunner:
             ])
         conv, new_windows = K.causal_conv1d(x, layer.conv_weight, windows, cu)
         z, b, a = proj[:, C : C + vd], proj[:, C + vd : C + vd + hv], proj[:, C + vd + hv :]
-        qn, kn, g, beta = K.gdn_prepare(conv, a, b, layer.a_log, layer.dt_bias, c.linear_num_key_heads)
+        qn, kn, g, beta, kq = K.gdn_prepare(conv, a, b, layer.a_log, layer.dt_bias, c.linear_num_key_heads)
         v = conv[:, 2 * c.linear_key_dim :].unflatten(1, (hv, 128))
-        o, final = K.gdn_recurrent(qn, kn, v, g, beta, cu, init)
+        o, final = K.gdn_recurrent(qn, kn, kq, v, g, beta, cu, init)
         out = F.linear(K.gated_rms_norm(o, z, layer.norm_weight, c.rms_norm_eps), layer.w_out)
         # per-segment clones so a kept state does not pin the whole launch's buffers
         return out, [(new_windows[i].clone(), final[i].clone()) if keep[i] else None for i in range(len(parents))]
 
-    def _attention(self, layer: FusedLayer, index: int, h, positions, cu_host, parents, keep):
+    def _attention(self, layer: FusedLayer, index: int, h, rope, cu_host, parents, keep):
         c = self.config
         hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         proj = F.linear(h, layer.w_in)  # [T, Hq*2*hd + 2*Hkv*hd]
         qd, kvd = 2 * hq * hd, hkv * hd
         qg = proj[:, :qd].unflatten(1, (hq, 2 * hd))
-        q = K.qk_norm_rope(qg[..., :hd], layer.q_norm, positions, c.rotary_dim, c.rope_theta, c.rms_norm_eps)
+        cos, sin = rope
+        q = K.qk_norm_rope(qg[..., :hd], layer.q_norm, cos, sin, c.rms_norm_eps)
         # the pool: every distinct ancestor's rows once, then this launch's own rows
         chunks, offsets = [], {}
         lineages = [[] if p is None else p.kv.lineage() for p in parents]
@@ -205,20 +208,19 @@ class CudaRunner:
         if chunks:
             torch.cat([k for k, _ in chunks], out=k_pool[:base])
             torch.cat([v for _, v in chunks], out=v_pool[:base])
-        K.qk_norm_rope(proj[:, qd : qd + kvd].unflatten(1, (hkv, hd)), layer.k_norm, positions, c.rotary_dim,
-                       c.rope_theta, c.rms_norm_eps, dst=k_pool, dst_row0=base)
+        K.qk_norm_rope(proj[:, qd : qd + kvd].unflatten(1, (hkv, hd)), layer.k_norm, cos, sin, c.rms_norm_eps,
+                       dst=k_pool, dst_row0=base)
         v_pool[base:].copy_(proj[:, qd + kvd :].unflatten(1, (hkv, hd)))
-        rows, cu_k = [], [0]
+        # logical key j of segment i -> pool row: its ancestors' ranges root first, then its own
+        ranges = []
         for i, lineage in enumerate(lineages):
-            for node in lineage:
-                start = offsets[id(node)]
-                rows.extend(range(start, start + node.kv[index][0].shape[0]))
-            rows.extend(range(base + cu_host[i], base + cu_host[i + 1]))
-            cu_k.append(len(rows))
-        as_i32 = lambda xs: torch.tensor(xs, dtype=torch.int32).to(self.device, non_blocking=True)  # noqa: E731
+            ranges.append([(offsets[id(node)], node.kv[index][0].shape[0]) for node in lineage]
+                          + [(base + cu_host[i], cu_host[i + 1] - cu_host[i])])
+        rows = np.concatenate([np.arange(start, start + length, dtype=np.int32) for r in ranges for start, length in r])
+        cu_k = np.concatenate([[0], np.cumsum([sum(length for _, length in r) for r in ranges])]).astype(np.int32)
+        as_i32 = lambda xs: torch.as_tensor(np.asarray(xs, dtype=np.int32)).to(self.device)  # noqa: E731
         max_q = max(cu_host[i + 1] - cu_host[i] for i in range(len(parents)))
-        cu_q = as_i32(cu_host)
-        o = K.tree_attention(q, k_pool, v_pool, as_i32(rows), cu_q, as_i32(cu_k), max_q, gate=qg[..., hd:])
+        o = K.tree_attention(q, k_pool, v_pool, as_i32(rows), as_i32(cu_host), as_i32(cu_k), max_q, gate=qg[..., hd:])
         out = F.linear(o.flatten(1), layer.w_out)
         own = [(k_pool[base + cu_host[i] : base + cu_host[i + 1]].clone(),
                 v_pool[base + cu_host[i] : base + cu_host[i + 1]].clone()) if keep[i] else None

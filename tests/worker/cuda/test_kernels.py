@@ -82,10 +82,10 @@ def test_gdn_prepare(K, ref):
     a, b = ab[:, :H], ab[:, H : 2 * H]
     a_log = torch.log(torch.rand(H, device=DEV) * 15 + 1)
     dt_bias = torch.randn(H, device=DEV)
-    outs = tuple(poisoned(s, torch.float32) for s in [(T, Hk, 128), (T, Hk, 128), (T, H), (T, H)])
+    outs = tuple(poisoned(s, torch.float32) for s in [(T, Hk, 128), (T, Hk, 128), (T, H), (T, H), (T, Hk)])
     got = K.gdn_prepare(conv, a, b, a_log, dt_bias, Hk, out=outs)
     exp = ref.gdn_prepare(conv.cpu(), a.cpu(), b.cpu(), a_log.cpu(), dt_bias.cpu(), Hk)
-    for name, o, e in zip(("qn", "kn", "g", "beta"), got, exp):
+    for name, o, e in zip(("qn", "kn", "g", "beta", "kq"), got, exp, strict=True):
         assert rel(o, e) < FP32_TOL, name
 
 
@@ -99,17 +99,18 @@ def gdn_inputs(lengths, H=48, Hk=16):
     g = -torch.rand(T, H, device=DEV) * 0.5 - 0.01
     beta = torch.rand(T, H, device=DEV)
     init = torch.randn(N, H, 128, 128, device=DEV) * 0.1
-    return cu, qn, kn, v, g, beta, init
+    kq = (qn * kn).sum(-1)
+    return cu, qn, kn, kq, v, g, beta, init
 
 
-@pytest.mark.parametrize("parts", [4, 8])
+@pytest.mark.parametrize("variant", ["p4c16", "p4c32", "p8c16"])
 @pytest.mark.parametrize("with_init", [True, False])
-def test_gdn_recurrent(K, ref, parts, with_init):
-    cu, qn, kn, v, g, beta, init = gdn_inputs(LENGTHS)
+def test_gdn_recurrent(K, ref, variant, with_init):
+    cu, qn, kn, kq, v, g, beta, init = gdn_inputs(LENGTHS)
     init = init if with_init else None
     T, N, H = qn.shape[0], len(LENGTHS), v.shape[1]
     out, fin = poisoned((T, H, 128), torch.bfloat16), poisoned((N, H, 128, 128), torch.float32)
-    K.gdn_recurrent(qn, kn, v, g, beta, cu, init, parts=parts, out=out, final=fin)
+    K.gdn_recurrent(qn, kn, kq, v, g, beta, cu, init, variant=variant, out=out, final=fin)
     e_out, e_fin = ref.gdn_packed(
         qn.cpu(), kn.cpu(), v.cpu(), g.cpu(), beta.cpu(), cu.cpu(), None if init is None else init.cpu()
     )
@@ -181,7 +182,8 @@ def test_qk_norm_rope(K, ref):
     w = (torch.randn(256, device=DEV) * 0.1).bfloat16()
     pos = torch.randint(0, 16384, (T,), dtype=torch.int32, device=DEV)
     dst = poisoned((T + 5, H, 256), torch.bfloat16)
-    K.qk_norm_rope(src, w, pos, 64, 1e7, 1e-6, dst=dst, dst_row0=5)
+    cos, sin = K.rotary_table(pos, 64, 1e7)
+    K.qk_norm_rope(src, w, cos, sin, 1e-6, dst=dst, dst_row0=5)
     exp = ref.qk_norm_rope(src.cpu(), w.cpu(), pos.cpu(), 64, 1e7, 1e-6)
     assert rel(dst[5:], exp) < BF16_TOL
 
