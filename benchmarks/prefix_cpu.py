@@ -150,7 +150,7 @@ def main() -> None:
     tokenizer = PromptTokenizer.from_export(model_dir)
     engine = Engine(runner, cost_model=CPU_COST_MODEL)
     cases = [
-        ("3 candidates, long shared state", to_work(tokenizer, long_state_request(2050))),
+        ("3 candidates, long shared state", to_work(tokenizer, long_state_request(2950))),
         ("contract example (3/1/3)", to_work(tokenizer, CONTRACT_EXAMPLE)),
         ("8 questions over one state", to_work(tokenizer, multi_question_request(700, 8))),
     ]

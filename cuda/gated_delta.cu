@@ -79,13 +79,15 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 // init_state: [N, H, DK, DV] fp32 (ignored when has_init == 0)
 // out:        [T, H, DV] bf16
 // final_state:[N, H, DK, DV] fp32
-// grid (DV / NCOLS, H, N), block NCOLS * PARTS threads.
+// grid (DV / NCOLS, H, N), block NCOLS / CC * PARTS threads.
 //
 // Per token, with S the state before it: kv = S^T k and sq = S^T q are independent sums over
-// the same registers (two interleaved chains, one shuffle round for both); then
+// the same registers (interleaved chains, one shuffle round for both); then
 //   delta = beta (v - e^g kv),  o = e^g sq + (q.k) delta,  S <- e^g S + k delta^T,
-// so o needs no second pass over the updated state.
-template <int PARTS, int NCOLS>
+// so o needs no second pass over the updated state. A thread holds R = DK/PARTS rows of CC
+// columns: every thread must read its R entries of k and q from shared memory each token, so
+// CC > 1 divides that traffic (the limiter of the CC = 1 form, measured 2026-11-29) by CC.
+template <int PARTS, int NCOLS, int CC>
 __device__ __forceinline__ void gdn_recurrent(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
     const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
@@ -94,7 +96,7 @@ __device__ __forceinline__ void gdn_recurrent(
     float* __restrict__ final_state) {
     constexpr int R = DK / PARTS;       // state rows per thread
     constexpr int RP = R + 4;           // padded: the PARTS row groups start in different banks
-    constexpr int NT = NCOLS * PARTS;
+    constexpr int NT = NCOLS / CC * PARTS;
     __shared__ __align__(16) float k_s[CT][PARTS * RP];
     __shared__ __align__(16) float q_s[CT][PARTS * RP];
     __shared__ float v_s[CT][NCOLS];
@@ -102,17 +104,19 @@ __device__ __forceinline__ void gdn_recurrent(
     __shared__ float g_s[CT], b_s[CT], kq_s[CT];
 
     const int tid = threadIdx.x;
-    const int col = tid / PARTS, part = tid % PARTS;
+    const int cg = (tid / PARTS) * CC, part = tid % PARTS;  // first column (in the block), rows
     const int col0 = blockIdx.x * NCOLS;
     const int h = blockIdx.y, n = blockIdx.z;
     const int hk = h / (H / Hk);
     const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
     const long state_base = ((long)n * H + h) * DK * DV;
 
-    float S[R];
+    float S[R][CC];
 #pragma unroll
     for (int i = 0; i < R; ++i)
-        S[i] = has_init ? init_state[state_base + (long)(part * R + i) * DV + col0 + col] : 0.f;
+#pragma unroll
+        for (int c = 0; c < CC; ++c)
+            S[i][c] = has_init ? init_state[state_base + (long)(part * R + i) * DV + col0 + cg + c] : 0.f;
 
     for (int cs = start; cs < end; cs += CT) {
         const int cnt = min(CT, end - cs);
@@ -146,27 +150,42 @@ __device__ __forceinline__ void gdn_recurrent(
         for (int t = 0; t < CT; ++t) {
             const float eg = g_s[t];
             float kr[R];
-            float a0 = 0.f, a1 = 0.f, c0 = 0.f, c1 = 0.f;
+            float a[CC][2], b[CC][2];
+#pragma unroll
+            for (int c = 0; c < CC; ++c) a[c][0] = a[c][1] = b[c][0] = b[c][1] = 0.f;
 #pragma unroll
             for (int i = 0; i < R; i += 4) {
                 const float4 k4 = *reinterpret_cast<const float4*>(&k_s[t][part * RP + i]);
                 const float4 q4 = *reinterpret_cast<const float4*>(&q_s[t][part * RP + i]);
                 kr[i] = k4.x; kr[i + 1] = k4.y; kr[i + 2] = k4.z; kr[i + 3] = k4.w;
-                a0 = fmaf(S[i], k4.x, a0); a1 = fmaf(S[i + 1], k4.y, a1);
-                c0 = fmaf(S[i], q4.x, c0); c1 = fmaf(S[i + 1], q4.y, c1);
-                a0 = fmaf(S[i + 2], k4.z, a0); a1 = fmaf(S[i + 3], k4.w, a1);
-                c0 = fmaf(S[i + 2], q4.z, c0); c1 = fmaf(S[i + 3], q4.w, c1);
+#pragma unroll
+                for (int c = 0; c < CC; ++c) {
+                    a[c][0] = fmaf(S[i][c], k4.x, a[c][0]); a[c][1] = fmaf(S[i + 1][c], k4.y, a[c][1]);
+                    b[c][0] = fmaf(S[i][c], q4.x, b[c][0]); b[c][1] = fmaf(S[i + 1][c], q4.y, b[c][1]);
+                    a[c][0] = fmaf(S[i + 2][c], k4.z, a[c][0]); a[c][1] = fmaf(S[i + 3][c], k4.w, a[c][1]);
+                    b[c][0] = fmaf(S[i + 2][c], q4.z, b[c][0]); b[c][1] = fmaf(S[i + 3][c], q4.w, b[c][1]);
+                }
             }
-            float kv = a0 + a1, sq = c0 + c1;
+            float kv[CC], sq[CC], delta[CC];
+#pragma unroll
+            for (int c = 0; c < CC; ++c) { kv[c] = a[c][0] + a[c][1]; sq[c] = b[c][0] + b[c][1]; }
 #pragma unroll
             for (int o = 1; o < PARTS; o <<= 1) {
-                kv += __shfl_xor_sync(0xffffffffu, kv, o);
-                sq += __shfl_xor_sync(0xffffffffu, sq, o);
-            }
-            const float delta = b_s[t] * (v_s[t][col] - eg * kv);
-            if (part == 0) o_s[t][col] = fmaf(eg, sq, kq_s[t] * delta);
 #pragma unroll
-            for (int i = 0; i < R; ++i) S[i] = fmaf(S[i], eg, kr[i] * delta);
+                for (int c = 0; c < CC; ++c) {
+                    kv[c] += __shfl_xor_sync(0xffffffffu, kv[c], o);
+                    sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], o);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < CC; ++c) {
+                delta[c] = b_s[t] * (v_s[t][cg + c] - eg * kv[c]);
+                if (part == 0) o_s[t][cg + c] = fmaf(eg, sq[c], kq_s[t] * delta[c]);
+            }
+#pragma unroll
+            for (int i = 0; i < R; ++i)
+#pragma unroll
+                for (int c = 0; c < CC; ++c) S[i][c] = fmaf(S[i][c], eg, kr[i] * delta[c]);
         }
         __syncthreads();
         for (int idx = tid; idx < cnt * NCOLS; idx += NT) {
@@ -176,7 +195,9 @@ __device__ __forceinline__ void gdn_recurrent(
     }
 #pragma unroll
     for (int i = 0; i < R; ++i)
-        final_state[state_base + (long)(part * R + i) * DV + col0 + col] = S[i];
+#pragma unroll
+        for (int c = 0; c < CC; ++c)
+            final_state[state_base + (long)(part * R + i) * DV + col0 + cg + c] = S[i][c];
 }
 
 #define GDN_ARGS                                                                               \
@@ -186,15 +207,14 @@ __device__ __forceinline__ void gdn_recurrent(
         const float *__restrict__ init_state, int has_init, __nv_bfloat16 *__restrict__ out,  \
         float *__restrict__ final_state
 #define GDN_PASS qn, kn, kq, v, v_stride, g, beta, cu_seqlens, H, Hk, init_state, has_init, out, final_state
+#define GDN_VARIANT(name, P, NC, CC)                                                         \
+    extern "C" __global__ void __launch_bounds__(NC / CC * P) name(GDN_ARGS) {              \
+        gdn_recurrent<P, NC, CC>(GDN_PASS);                                                  \
+    }
 
-// Variants: PARTS threads per value column, NCOLS columns per block (more, smaller blocks
-// spread one segment's 48 heads more evenly over the 132 SMs).
-extern "C" __global__ void __launch_bounds__(16 * 4) gdn_recurrent_p4c16(GDN_ARGS) {
-    gdn_recurrent<4, 16>(GDN_PASS);
-}
-extern "C" __global__ void __launch_bounds__(32 * 4) gdn_recurrent_p4c32(GDN_ARGS) {
-    gdn_recurrent<4, 32>(GDN_PASS);
-}
-extern "C" __global__ void __launch_bounds__(16 * 8) gdn_recurrent_p8c16(GDN_ARGS) {
-    gdn_recurrent<8, 16>(GDN_PASS);
-}
+// p{threads per column group}c{columns per block}x{columns per thread}
+GDN_VARIANT(gdn_recurrent_p4c16x1, 4, 16, 1)
+GDN_VARIANT(gdn_recurrent_p4c32x2, 4, 32, 2)
+GDN_VARIANT(gdn_recurrent_p8c32x2, 8, 32, 2)
+GDN_VARIANT(gdn_recurrent_p8c32x4, 8, 32, 4)
+GDN_VARIANT(gdn_recurrent_p16c32x4, 16, 32, 4)

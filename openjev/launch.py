@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +17,11 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+# The entry modules, as the images in deploy/ run them too (tests/deploy checks they agree).
+WORKER_MODULE = "openjev.worker.main"
+FRONTEND_MODULE = "openjev.frontend.main"
 
 
 class LaunchError(RuntimeError):
@@ -84,6 +90,13 @@ def start(name: str, module: str, args: list[str], *, workdir: Path, timeout_sec
     return Process(name, popen, port, log_path)
 
 
+def free_port() -> int:
+    """A loopback port free now (for a server that must come back on the same address)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_serving(address: str, timeout_seconds: float = 60.0, service: str = "") -> None:
     deadline = time.monotonic() + timeout_seconds
     with grpc.insecure_channel(address) as channel:
@@ -111,13 +124,13 @@ class Pair:
 
 
 def start_worker(model: Path, workdir: Path, extra_args: list[str] = (), name: str = "worker") -> Process:
-    worker = start(name, "openjev.worker.main", ["--model", str(model), *extra_args], workdir=workdir)
+    worker = start(name, WORKER_MODULE, ["--model", str(model), *extra_args], workdir=workdir)
     wait_serving(worker.address)
     return worker
 
 
 def start_frontend(model: Path, worker_target: str, workdir: Path, extra_args: list[str] = ()) -> Process:
-    frontend = start("frontend", "openjev.frontend.main",
+    frontend = start("frontend", FRONTEND_MODULE,
                      ["--model", str(model), "--worker", worker_target, *extra_args], workdir=workdir)
     return frontend
 

@@ -46,6 +46,9 @@ frontend_input_tokens = Counter(
 frontend_saved_tokens = Counter(
     "openjev_frontend_saved_tokens", "Prefix tokens whose computation workers skipped, for answered requests",
     registry=frontend_registry)
+frontend_request_candidates = Histogram(
+    "openjev_frontend_request_candidates", "Candidates per answered request", buckets=CANDIDATE_BUCKETS,
+    registry=frontend_registry)
 frontend_worker_up = Gauge(
     "openjev_frontend_worker_up", "1 while the frontend sees this worker reachable, compatible and SERVING",
     ["worker"], registry=frontend_registry)
@@ -67,9 +70,6 @@ worker_computed_tokens = Counter(
     "openjev_worker_computed_tokens", "Tokens the model actually computed", registry=worker_registry)
 worker_saved_tokens = Counter(
     "openjev_worker_saved_tokens", "Prefix tokens whose computation was skipped", registry=worker_registry)
-worker_request_candidates = Histogram(
-    "openjev_worker_request_candidates", "Candidates per executed request", buckets=CANDIDATE_BUCKETS,
-    registry=worker_registry)
 worker_launches = Counter(
     "openjev_worker_launches", "Model launches (packed batches) run", registry=worker_registry)
 worker_launch_sequences = Histogram(
@@ -99,6 +99,7 @@ class FrontendObserver(Observer):
     def on_response(self, info: RequestInfo, message) -> None:
         frontend_input_tokens.inc(message.usage.input_tokens)
         frontend_saved_tokens.inc(message.metadata.prefix_cache.saved_tokens)
+        frontend_request_candidates.observe(message.metadata.candidate_sequences)
 
     def on_end(self, info: RequestInfo, outcome: str, seconds: float) -> None:
         frontend_in_flight_requests.dec()

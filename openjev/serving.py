@@ -53,12 +53,19 @@ def build_server(
     max_workers: int = 32,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     interceptors: Iterable[grpc.ServerInterceptor] = (),
+    max_connection_age_seconds: float = 0.0,
 ) -> Server:
-    """A started server that reports NOT_SERVING until the caller says otherwise."""
+    """A started server that reports NOT_SERVING until the caller says otherwise.
+    max_connection_age_seconds > 0: clients are asked to reconnect that often (in-flight calls
+    finish first), so a DNS-named group of workers is re-resolved and new ones get traffic."""
     names = tuple(service_names)
+    options = channel_options(max_message_bytes)
+    if max_connection_age_seconds > 0:
+        options += [("grpc.max_connection_age_ms", int(max_connection_age_seconds * 1000)),
+                    ("grpc.max_connection_age_grace_ms", 2**31 - 1)]
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
-        options=channel_options(max_message_bytes),
+        options=options,
         interceptors=list(interceptors),
     )
     register(server)

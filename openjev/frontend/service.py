@@ -8,7 +8,7 @@ import uuid
 
 import grpc
 
-from openjev import abi, logs
+from openjev import abi, interceptors, logs
 from openjev.contract.answers import answer_from_probabilities
 from openjev.contract.errors import ContractError
 from openjev.contract.request import DecisionRequest, parse_request_json
@@ -105,6 +105,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         except ContractError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message)
         fields.update(kinds=sorted({q.kind for q in decision.questions}), candidates=decision.num_candidates)
+        interceptors.note_kinds(fields["kinds"])
         policy = abi.policy_from_enum(request.prefix_policy) or decision.prefix_policy
         link_state = self.link.state
         if link_state.problem is not None:

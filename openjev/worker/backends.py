@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from openjev.export import load_export_meta
-
 
 def cuda_available() -> bool:
     try:
@@ -16,12 +14,17 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+BACKENDS = ("auto", "cuda", "torch", "transformers")
+
+
 def resolve_backend(requested: str) -> str:
+    """auto: CUDA when a GPU is present, else torch. `transformers` is the benchmark's baseline
+    arm (full prompts only), never chosen by auto."""
     if requested == "auto":
         return "cuda" if cuda_available() else "torch"
     if requested == "cuda" and not cuda_available():
         raise SystemExit("--backend cuda: no CUDA GPU with CuPy is available")
-    if requested not in ("cuda", "torch"):
+    if requested not in BACKENDS:
         raise SystemExit(f"unknown backend {requested!r}")
     return requested
 
@@ -31,12 +34,25 @@ def build_runner(backend: str, model_dir: Path, *, synthetic: str | None, seed: 
     weights are seeded random ones of the named shape instead of the export's."""
     if backend == "torch":
         if synthetic is not None:
-            raise SystemExit("--synthetic needs the CUDA backend")
+            raise SystemExit("--synthetic needs a GPU (--backend cuda or transformers)")
         from openjev.worker.model.runner import TorchRunner
 
         return TorchRunner(model_dir, num_threads=threads)
+    if backend == "transformers" and synthetic is None:
+        import torch
+
+        from openjev.worker.hf_runner import TransformersRunner
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return TransformersRunner.from_export(model_dir, device=device,
+                                              dtype=torch.bfloat16 if device == "cuda" else torch.float32)
     from openjev.worker.cuda.runner import CudaRunner
 
-    if synthetic is not None:
-        return CudaRunner.synthetic(synthetic, seed=seed, meta=load_export_meta(model_dir))
-    return CudaRunner.from_export(model_dir)
+    runner = CudaRunner.synthetic(synthetic, seed=seed) if synthetic else CudaRunner.from_export(model_dir)
+    if backend == "transformers":
+        # Same seed, same weights: transformers gets views of the CUDA runner's tensors.
+        from openjev.worker.hf_runner import TransformersRunner
+
+        return TransformersRunner(runner.config, runner.reference_weights(), runner.head_weight.float().tolist(),
+                                  runner.head_bias, device=runner.device)
+    return runner

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from openjev import abi, config, logs, serving
+from openjev import abi, config, interceptors, logs, metrics, serving
 from openjev.export import ExportError, load_export_meta
 from openjev.tokenizer import PromptTokenizer
 from openjev.worker import backends
@@ -27,7 +27,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", required=True, type=Path, help="Open-Jev export directory")
     p.add_argument("--listen", default="127.0.0.1:50052", help="HOST:PORT (port 0 picks one)")
-    p.add_argument("--backend", default="auto", choices=("auto", "cuda", "torch"))
+    p.add_argument("--backend", default="auto", choices=backends.BACKENDS,
+                   help="auto: cuda when a GPU is present, else torch; transformers: the benchmark baseline (policy off)")
     p.add_argument("--synthetic", default=None, help="27b|9b|small: seeded random weights of that "
                    "shape on the GPU instead of the export's (the export still gives tokenizer and metadata)")
     p.add_argument("--seed", type=int, default=0, help="seed of --synthetic weights")
@@ -42,14 +43,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--grace-seconds", type=float, default=10.0, help="drain time on SIGTERM")
     p.add_argument("--port-file", type=Path, default=None,
                    help="write the bound port here once serving (for --listen HOST:0)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus metrics at http://LISTEN_HOST:PORT/metrics (0: off)")
+    p.add_argument("--max-connection-age-seconds", type=float, default=0.0,
+                   help="ask frontends to reconnect this often, so that they re-resolve a DNS name "
+                   "and spread over workers added since (0: never)")
     p.add_argument("--log-level", default="info")
     return p
 
 
-def warm_up(engine: Engine, temperature: float) -> None:
+def warm_up(engine: Engine, temperature: float, policy: str) -> None:
     """One tiny request through the whole path, so the first real request pays no load cost
     (lazy kernels, allocator growth, graph capture)."""
-    engine.execute([QuestionWork("choice", ((1, 2, 3, 4), (1, 2, 3, 5)))], temperature=temperature, policy="shared")
+    engine.execute([QuestionWork("choice", ((1, 2, 3, 4), (1, 2, 3, 5)))], temperature=temperature, policy=policy)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,7 +70,12 @@ def main(argv: list[str] | None = None) -> None:
     runner = backends.build_runner(backend, args.model, synthetic=args.synthetic, seed=args.seed, threads=args.threads)
     tokenizer = PromptTokenizer.from_export(args.model)
     limits = PackLimits(max_sequences=args.max_launch_sequences, max_tokens=args.max_launch_tokens)
-    engine = Engine(runner, pack_limits=limits, cost_model=default_cost_model(backend), default_policy=args.prefix_policy)
+    forced_policy = None
+    if backend == "transformers":
+        forced_policy = args.prefix_policy = "off"  # it cannot start from a parent's state
+    cost_model = default_cost_model("cuda" if backend == "cuda" else "torch")
+    engine = Engine(metrics.CountingRunner(runner), pack_limits=limits, cost_model=cost_model,
+                    default_policy=args.prefix_policy)
     identity = WorkerIdentity(
         model_id=meta.model_id,
         alias=meta.alias,
@@ -83,12 +94,16 @@ def main(argv: list[str] | None = None) -> None:
         queue_capacity=args.queue_capacity,
     )
     queue = AdmissionQueue(args.queue_capacity)
-    servicer = WorkerServicer(engine, identity, queue)
+    metrics.worker_queue_depth.set_function(lambda: queue.depth)
+    servicer = WorkerServicer(engine, identity, queue, forced_policy=forced_policy)
     name = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
     server = serving.build_server(
-        args.listen, lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s), [name]
+        args.listen, lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s), [name],
+        interceptors=[interceptors.RequestInterceptor({f"/{name}/Execute": metrics.WorkerObserver()}, make_ids=False)],
+        max_connection_age_seconds=args.max_connection_age_seconds,
     )
-    warm_up(engine, meta.temperature)
+    metrics.serve(metrics.worker_registry, args.listen, args.metrics_port)
+    warm_up(engine, meta.temperature, forced_policy or "shared")
     server.set_serving(True)
     if args.port_file:
         args.port_file.write_text(str(server.port))

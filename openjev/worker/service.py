@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from openjev import abi, logs
+from openjev import abi, interceptors, logs
 from openjev.v1 import decision_pb2 as api
 from openjev.worker.admission import Abandoned, AdmissionQueue, QueueFull
 from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork
@@ -109,10 +109,12 @@ def _responses(result: ExecutionResult, queue_seconds: float):
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, engine: Engine, identity: WorkerIdentity, queue: AdmissionQueue):
+    def __init__(self, engine: Engine, identity: WorkerIdentity, queue: AdmissionQueue,
+                 *, forced_policy: str | None = None):
         self.engine = engine
         self.identity = identity
         self.queue = queue
+        self.forced_policy = forced_policy  # the transformers arm runs every request with `off`
 
     def Describe(self, request, context):
         i = self.identity
@@ -149,12 +151,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             log.info("execute", status="DISCARDED", reason="stream ended without commit", **fields)
             return
         header, work = collected
-        policy = abi.policy_from_enum(header.prefix_policy)
+        policy = self.forced_policy or abi.policy_from_enum(header.prefix_policy)
         fields.update(
             questions=len(work),
             candidates=sum(len(q.candidates) for q in work),
             kinds=sorted({q.kind for q in work}),
         )
+        interceptors.note_kinds(fields["kinds"])
+        # Response headers now mark the request as accepted: the frontend's channel retries an
+        # UNAVAILABLE Execute on another worker only before them, so one this worker was about
+        # to run (queued or executing) fails UNAVAILABLE if it dies, never runs twice silently.
+        log.debug("execute_accepted", **fields)
+        context.send_initial_metadata(())
 
         def execute() -> ExecutionResult:
             return self.engine.execute(

@@ -138,10 +138,15 @@ def gdn_prepare(conv_out, a, b, A_log, dt_bias, num_k_heads, out=None):
     return qn, kn, g, beta, kq
 
 
-GDN_VARIANTS = {"p4c16": (4, 16), "p4c32": (4, 32), "p8c16": (8, 16)}  # threads/column, columns/block
+# name -> (threads per column group, columns per block, columns per thread)
+GDN_VARIANTS = {
+    "p4c16x1": (4, 16, 1), "p4c32x2": (4, 32, 2), "p8c32x2": (8, 32, 2), "p8c32x4": (8, 32, 4),
+    "p16c32x4": (16, 32, 4),
+}
+GDN_DEFAULT = "p8c32x2"
 
 
-def gdn_recurrent(qn, kn, kq, v, g, beta, cu_seqlens, init_state=None, variant: str = "p4c16", out=None,
+def gdn_recurrent(qn, kn, kq, v, g, beta, cu_seqlens, init_state=None, variant: str = GDN_DEFAULT, out=None,
                   final=None):
     """Gated delta rule over packed segments.
 
@@ -154,13 +159,13 @@ def gdn_recurrent(qn, kn, kq, v, g, beta, cu_seqlens, init_state=None, variant: 
     Hk = qn.shape[1]
     N = cu_seqlens.numel() - 1
     assert v.stride(2) == 1 and v.stride(1) == GDN_DIM and H % Hk == 0
-    parts, cols = GDN_VARIANTS[variant]
+    parts, cols, per_thread = GDN_VARIANTS[variant]
     dev = g.device
     out = _out(out, (T, H, GDN_DIM), torch.bfloat16, dev)
     final = _out(final, (N, H, GDN_DIM, GDN_DIM), torch.float32, dev)
     has_init = init_state is not None
     init = init_state.contiguous() if has_init else final  # never read when has_init == 0
-    _launch("gated_delta", f"gdn_recurrent_{variant}", (GDN_DIM // cols, H, N), (cols * parts,),
+    _launch("gated_delta", f"gdn_recurrent_{variant}", (GDN_DIM // cols, H, N), (cols // per_thread * parts,),
             (qn, kn, kq, v, _i64(v.stride(0)), g, beta, cu_seqlens, H, Hk, init, has_init, out, final))
     return out, final
 

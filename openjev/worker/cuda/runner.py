@@ -32,6 +32,7 @@ class KvNode:
     (keys, values) [t, Hkv, 256] bf16."""
 
     parent: "KvNode | None"
+    num_rows: int
     kv: dict[int, tuple[torch.Tensor, torch.Tensor]]
 
     def lineage(self) -> list["KvNode"]:
@@ -98,7 +99,9 @@ class CudaRunner:
             for run, state in zip(runs, states, strict=True)
         ]
 
-    def _pack(self, runs: Sequence[SegmentRun]):
+    def _pack(self, runs: Sequence[SegmentRun]) -> "_Launch":
+        """Every host-derived index of a launch, moved to the device once, so `_forward` does
+        device work only (and can be captured in a CUDA graph)."""
         ids, positions, cu, heads = [], [], [0], []
         for run in runs:
             parent = run.parent_state
@@ -115,19 +118,53 @@ class CudaRunner:
                 heads.append(len(ids) - 1)
         if max(ids) >= self.config.vocab_size or min(ids) < 0:
             raise ValueError("token id outside the vocabulary")
+        # attention pool layout (the same for every attention layer): each distinct ancestor
+        # node's rows once, then this launch's own rows; logical key j of segment i -> pool row
+        parents = [run.parent_state for run in runs]
+        lineages = [[] if p is None else p.kv.lineage() for p in parents]
+        nodes, offsets = [], {}
+        for lineage in lineages:
+            for node in lineage:
+                if id(node) not in offsets:
+                    offsets[id(node)] = sum(nd.num_rows for nd in nodes)
+                    nodes.append(node)
+        base = sum(nd.num_rows for nd in nodes)
+        ranges = [[(offsets[id(nd)], nd.num_rows) for nd in lineage] + [(base + cu[i], cu[i + 1] - cu[i])]
+                  for i, lineage in enumerate(lineages)]
+        rows = np.concatenate([np.arange(a, a + n, dtype=np.int32) for r in ranges for a, n in r])
+        cu_k = np.cumsum([0] + [sum(n for _, n in r) for r in ranges])
         dev = self.device
-        as_i32 = lambda xs: torch.tensor(xs, dtype=torch.int32).to(dev, non_blocking=True)  # noqa: E731
-        return as_i32(ids), as_i32(positions), as_i32(cu), cu, as_i32(heads), len(heads)
+        as_i32 = lambda xs: torch.as_tensor(np.asarray(xs, dtype=np.int32)).to(dev)  # noqa: E731
+        pos = as_i32(positions)
+        return _Launch(
+            ids=as_i32(ids), cu=as_i32(cu), cu_host=cu, head_idx=as_i32(heads), n_heads=len(heads),
+            rope=K.rotary_table(pos, self.config.rotary_dim, self.config.rope_theta),
+            parents=parents, keep=[run.keep_state for run in runs], nodes=nodes, base=base,
+            kv_rows=as_i32(rows), cu_k=as_i32(cu_k), max_q=max(b - a for a, b in zip(cu[:-1], cu[1:])),
+        )
 
     def final_hidden(self, runs: Sequence[SegmentRun]):
         """Final-normed hidden rows [R, D] bf16 of the reading runs (in order) and each run's state."""
-        c = self.config
-        ids, positions, cu, cu_host, head_idx, n_heads = self._pack(runs)
-        parents = [run.parent_state for run in runs]
-        keep = [run.keep_state for run in runs]
-        n, eps = len(runs), c.rms_norm_eps
-        rope = K.rotary_table(positions, c.rotary_dim, c.rope_theta)  # one table for every layer
-        residual = self.embed.index_select(0, ids)
+        launch = self._pack(runs)
+        hidden, per_layer = self._forward(launch)
+        states = []
+        for i, run in enumerate(runs):
+            if not run.keep_state:
+                states.append(None)
+                continue
+            gdn = {j: st[i] for j, st in enumerate(per_layer) if self.layers[j].kind == LINEAR_ATTENTION}
+            kv = {j: st[i] for j, st in enumerate(per_layer) if self.layers[j].kind == FULL_ATTENTION}
+            parent_kv = None if run.parent_state is None else run.parent_state.kv
+            node = KvNode(parent_kv, len(run.token_ids), kv)
+            states.append(CudaSegmentState(run.start_position + len(run.token_ids), gdn, node))
+        return hidden, states
+
+    def _forward(self, launch: "_Launch"):
+        """Device work only: (hidden [R, D] bf16, per layer the per-segment states)."""
+        c, eps = self.config, self.config.rms_norm_eps
+        cu, head_idx, n_heads = launch.cu, launch.head_idx, launch.n_heads
+        parents, keep = launch.parents, launch.keep
+        residual = self.embed.index_select(0, launch.ids)
         h, _ = K.add_rms_norm(residual, self.layers[0].input_norm, eps)
         per_layer = []
         last = len(self.layers) - 1
@@ -135,7 +172,7 @@ class CudaRunner:
             if layer.kind == LINEAR_ATTENTION:
                 mixed, st = self._gdn(layer, index, h, cu, parents, keep)
             elif layer.kind == FULL_ATTENTION:
-                mixed, st = self._attention(layer, index, h, rope, cu_host, parents, keep)
+                mixed, st = self._attention(layer, index, h, launch)
             else:
                 raise ValueError(f"layer {index}: unknown layer type {layer.kind!r}")
             per_layer.append(st)
@@ -149,17 +186,7 @@ class CudaRunner:
             mlp = F.linear(K.silu_mul(F.linear(hn, layer.w_gate_up)), layer.w_down)
             next_norm = self.final_norm if index == last else self.layers[index + 1].input_norm
             h, _ = K.add_rms_norm(residual, next_norm, eps, x_add=mlp)
-        hidden = h if n_heads else residual
-        states = []
-        for i, run in enumerate(runs):
-            if not run.keep_state:
-                states.append(None)
-                continue
-            gdn = {j: st[i] for j, st in enumerate(per_layer) if self.layers[j].kind == LINEAR_ATTENTION}
-            kv = {j: st[i] for j, st in enumerate(per_layer) if self.layers[j].kind == FULL_ATTENTION}
-            parent_kv = None if run.parent_state is None else run.parent_state.kv
-            states.append(CudaSegmentState(run.start_position + len(run.token_ids), gdn, KvNode(parent_kv, kv)))
-        return hidden, states
+        return (h if n_heads else residual), per_layer
 
     def _gdn(self, layer: FusedLayer, index: int, h, cu, parents, keep):
         c = self.config
@@ -185,44 +212,49 @@ class CudaRunner:
         # per-segment clones so a kept state does not pin the whole launch's buffers
         return out, [(new_windows[i].clone(), final[i].clone()) if keep[i] else None for i in range(len(parents))]
 
-    def _attention(self, layer: FusedLayer, index: int, h, rope, cu_host, parents, keep):
+    def _attention(self, layer: FusedLayer, index: int, h, launch: "_Launch"):
         c = self.config
         hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         proj = F.linear(h, layer.w_in)  # [T, Hq*2*hd + 2*Hkv*hd]
         qd, kvd = 2 * hq * hd, hkv * hd
         qg = proj[:, :qd].unflatten(1, (hq, 2 * hd))
-        cos, sin = rope
+        cos, sin = launch.rope
         q = K.qk_norm_rope(qg[..., :hd], layer.q_norm, cos, sin, c.rms_norm_eps)
-        # the pool: every distinct ancestor's rows once, then this launch's own rows
-        chunks, offsets = [], {}
-        lineages = [[] if p is None else p.kv.lineage() for p in parents]
-        for lineage in lineages:
-            for node in lineage:
-                if id(node) not in offsets:
-                    offsets[id(node)] = sum(ch.shape[0] for ch, _ in chunks)
-                    chunks.append(node.kv[index])
-        base = sum(ch.shape[0] for ch, _ in chunks)
-        T = h.shape[0]
+        base, T, cu_host = launch.base, h.shape[0], launch.cu_host
         k_pool = torch.empty(base + T, hkv, hd, dtype=torch.bfloat16, device=self.device)
         v_pool = torch.empty_like(k_pool)
-        if chunks:
-            torch.cat([k for k, _ in chunks], out=k_pool[:base])
-            torch.cat([v for _, v in chunks], out=v_pool[:base])
+        if launch.nodes:
+            torch.cat([nd.kv[index][0] for nd in launch.nodes], out=k_pool[:base])
+            torch.cat([nd.kv[index][1] for nd in launch.nodes], out=v_pool[:base])
         K.qk_norm_rope(proj[:, qd : qd + kvd].unflatten(1, (hkv, hd)), layer.k_norm, cos, sin, c.rms_norm_eps,
                        dst=k_pool, dst_row0=base)
         v_pool[base:].copy_(proj[:, qd + kvd :].unflatten(1, (hkv, hd)))
-        # logical key j of segment i -> pool row: its ancestors' ranges root first, then its own
-        ranges = []
-        for i, lineage in enumerate(lineages):
-            ranges.append([(offsets[id(node)], node.kv[index][0].shape[0]) for node in lineage]
-                          + [(base + cu_host[i], cu_host[i + 1] - cu_host[i])])
-        rows = np.concatenate([np.arange(start, start + length, dtype=np.int32) for r in ranges for start, length in r])
-        cu_k = np.concatenate([[0], np.cumsum([sum(length for _, length in r) for r in ranges])]).astype(np.int32)
-        as_i32 = lambda xs: torch.as_tensor(np.asarray(xs, dtype=np.int32)).to(self.device)  # noqa: E731
-        max_q = max(cu_host[i + 1] - cu_host[i] for i in range(len(parents)))
-        o = K.tree_attention(q, k_pool, v_pool, as_i32(rows), as_i32(cu_host), as_i32(cu_k), max_q, gate=qg[..., hd:])
+        o = K.tree_attention(q, k_pool, v_pool, launch.kv_rows, launch.cu, launch.cu_k, launch.max_q,
+                             gate=qg[..., hd:])
         out = F.linear(o.flatten(1), layer.w_out)
         own = [(k_pool[base + cu_host[i] : base + cu_host[i + 1]].clone(),
-                v_pool[base + cu_host[i] : base + cu_host[i + 1]].clone()) if keep[i] else None
-               for i in range(len(parents))]
+                v_pool[base + cu_host[i] : base + cu_host[i + 1]].clone()) if launch.keep[i] else None
+               for i in range(len(launch.parents))]
         return out, own
+
+
+@dataclass
+class _Launch:
+    """A launch's device-side indices. ids: [T] int32; cu: [N+1] int32 (cu_host: the same as
+    ints); head_idx: [R] int32 rows the head reads; rope: (cos, sin) [T, rotary_dim/2] fp32;
+    nodes: distinct ancestor KvNodes in pool order, `base` rows in all; kv_rows: [sum S_n] int32
+    pool row of each segment's logical keys; cu_k: [N+1] int32; max_q: longest segment."""
+
+    ids: torch.Tensor
+    cu: torch.Tensor
+    cu_host: list[int]
+    head_idx: torch.Tensor
+    n_heads: int
+    rope: tuple[torch.Tensor, torch.Tensor]
+    parents: list
+    keep: list[bool]
+    nodes: list[KvNode]
+    base: int
+    kv_rows: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int

@@ -42,13 +42,14 @@ def num_attention_pairs(plan: Plan) -> int:
     )
 
 
-# CPU: the PyTorch fp32 runner on the embedded demo model, 2 cores (CI's shape). Fitted by
-# least squares to benchmarks/prefix_cpu.py --fit timings (docs/prefix-reuse.md has the table):
-# a launch's fixed cost is Python and per-layer op dispatch, tokens are cheap matmuls.
+# CPU: the PyTorch fp32 runner on the embedded demo model, 2 threads (CI's shape). Fitted by
+# weighted least squares to single-launch timings over 1-16 sequences x 8-2048 tokens x 0-3072
+# tokens of context (benchmarks/prefix_cpu.py --fit, 2026-11-29): a launch's fixed cost is Python
+# and per-layer op dispatch; the attention term is large because the CPU path materializes scores.
 CPU_COST_MODEL = CostModel(
-    seconds_per_launch=4.0e-3,
-    seconds_per_token=2.0e-5,
-    seconds_per_attention_pair=2.0e-9,
+    seconds_per_launch=4.3e-3,
+    seconds_per_token=8.3e-5,
+    seconds_per_attention_pair=2.9e-8,
 )
 
 # GPU: the 27B shape on one H200 (DESIGN §5). Launch = the weight read, ~54 GB at ~4.3 TB/s
