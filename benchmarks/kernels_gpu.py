@@ -205,8 +205,14 @@ def runner_capacity(shape: str = "27b") -> list[dict]:
     timed("1 x 16384 (4 x 4096 chained)", chained, repeat=1)
     prefix = runner.run_launch([SegmentRun(toks(2048), 0, None, True, False)])[0].state
     tails = [toks(24) for _ in range(33)]
-    timed("33 x 24-token tails on a 2048 prefix",
-          lambda: runner.run_launch([SegmentRun(t, 2048, prefix, False, True) for t in tails]))
+    tail_runs = [SegmentRun(t, 2048, prefix, False, True) for t in tails]
+    timed("33 x 24-token tails on a 2048 prefix", lambda: runner.run_launch(tail_runs))
+    # the same launches' device work replayed from a CUDA graph (no host launch overhead)
+    for name, runs in (("1 x 512 tokens", [SegmentRun(p512, 0, None, False, True)]), ("33 tails", tail_runs)):
+        launch = runner._pack(runs)
+        torch.cuda.reset_peak_memory_stats()
+        ms = _safe(time_graph, lambda lc=launch: runner._forward(lc))
+        rows.append(dict(case=f"{name}: forward as CUDA graph", s=ms / 1e3, peak_gb=torch.cuda.max_memory_allocated() / 1e9))
     return rows
 
 

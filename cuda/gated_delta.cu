@@ -218,3 +218,7 @@ GDN_VARIANT(gdn_recurrent_p4c32x2, 4, 32, 2)
 GDN_VARIANT(gdn_recurrent_p8c32x2, 8, 32, 2)
 GDN_VARIANT(gdn_recurrent_p8c32x4, 8, 32, 4)
 GDN_VARIANT(gdn_recurrent_p16c32x4, 16, 32, 4)
+// Not yet timed (added after the 2026-11-29 runs): the timings say a warp's own instruction
+// count per token sets the pace (more columns per thread was slower, not faster), so fewer
+// rows per thread should be faster: 8 rows, 1 column, 64 warps per head.
+GDN_VARIANT(gdn_recurrent_p16c16x1, 16, 16, 1)

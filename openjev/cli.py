@@ -2,6 +2,7 @@
 
   openjev decide REQUEST.json [--addr HOST:PORT] [--policy P]   print the contract response JSON
   openjev tokenize REQUEST.json --model DIR                      print token ids per question and candidate
+  openjev bench --model DIR --out DIR [...]                      the benchmark (openjev/bench/main.py)
 Errors print the gRPC status and message and exit non-zero.
 """
 
@@ -69,6 +70,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("request", help="request JSON file ('-' for stdin)")
     t.add_argument("--model", required=True, type=Path, help="Open-Jev export directory")
     t.set_defaults(func=cmd_tokenize)
+    b = sub.add_parser("bench", help="run the benchmark (see `openjev bench --help`)", add_help=False)
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(func=lambda a: __import__("openjev.bench.main", fromlist=["main"]).main(a.rest) or 0)
     return p
 
 

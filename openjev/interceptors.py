@@ -5,6 +5,7 @@ the interceptor
 - takes `x-request-id` from the caller's metadata, or makes one (the frontend, where requests
   enter), and shows it to the servicer as if the caller had sent it, so the servicer's own
   `invocation_metadata()` and everything it passes on to the worker carry the same id;
+- shows a call without a deadline as `time_remaining() is None`, so it is passed on as none;
 - binds the id into structlog's context, so every log line of that RPC carries it;
 - tells an `Observer` when the RPC starts, each response message it sends, and how it ended
   (status code name, seconds), which is where `openjev.metrics` records its series.
@@ -22,6 +23,7 @@ import grpc
 import structlog
 
 REQUEST_ID_KEY = "x-request-id"
+_NO_DEADLINE_SECONDS = 10 * 365 * 24 * 3600.0
 
 
 @dataclass
@@ -67,6 +69,12 @@ class _IdContext:
 
     def invocation_metadata(self):
         return self._metadata
+
+    def time_remaining(self):
+        """None when the caller set no deadline. gRPC reports that as about 2**63 seconds,
+        which passed on as a timeout overflows into a deadline already past."""
+        remaining = self._context.time_remaining()
+        return None if remaining is None or remaining > _NO_DEADLINE_SECONDS else remaining
 
     def __getattr__(self, name):
         return getattr(self._context, name)

@@ -28,6 +28,44 @@ def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[st
     ]
 
 
+class ParseRequests(grpc.ServerInterceptor):
+    """Request bytes that are not the method's message (garbage, a string field that is not
+    UTF-8) are the caller's fault: INVALID_ARGUMENT naming the message, where gRPC itself would
+    answer INTERNAL ("Exception deserializing request!"). Parsing moves into the handler."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        parse = handler.request_deserializer
+
+        def parsed(raw, context):
+            try:
+                return parse(raw)
+            except Exception as error:  # DecodeError, UnicodeDecodeError, ...
+                log.warning("malformed_request", method=handler_call_details.method, reason=repr(error))
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"malformed request message for {handler_call_details.method}")
+
+        if handler.request_streaming:
+            behavior = handler.stream_stream or handler.stream_unary
+
+            def run(raw_iterator, context):
+                return behavior((parsed(raw, context) for raw in raw_iterator), context)
+        else:
+            behavior = handler.unary_unary or handler.unary_stream
+
+            def run(raw, context):
+                return behavior(parsed(raw, context), context)
+
+        factory = {(False, False): grpc.unary_unary_rpc_method_handler,
+                   (False, True): grpc.unary_stream_rpc_method_handler,
+                   (True, False): grpc.stream_unary_rpc_method_handler,
+                   (True, True): grpc.stream_stream_rpc_method_handler}[
+            (handler.request_streaming, handler.response_streaming)]
+        return factory(run, request_deserializer=None, response_serializer=handler.response_serializer)
+
+
 @dataclass
 class Server:
     grpc_server: grpc.Server
@@ -66,7 +104,7 @@ def build_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
         options=options,
-        interceptors=list(interceptors),
+        interceptors=[*interceptors, ParseRequests()],
     )
     register(server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)

@@ -109,6 +109,9 @@ def _fit_state(rng: random.Random, questions: dict, low: int, high: int,
         lo, hi = (mid, hi) if longest_tokens(build(mid)) <= target else (lo, mid)
     request = build(lo)
     n = longest_tokens(request)
+    if n < low:  # one more sentence overshoots the target but may still land inside the group
+        request = build(lo + 1)
+        n = longest_tokens(request)
     if not low <= n <= high:
         raise ValueError(f"could not fit a request into {low}-{high} tokens (got {n})")
     return request
@@ -139,7 +142,7 @@ def jevbench_cases(longest_tokens: Callable[[dict], int], seed: int = 0) -> list
         for group, (low, high), n_requests in zip(GROUP_NAMES, GROUPS, COUNTS[kind]):
             for _ in range(n_requests):
                 questions = {"q": _question(rng, kind, counts[kind][index])}
-                request = _fit_state(rng, questions, max(low, 40), high, longest_tokens)
+                request = _fit_state(rng, questions, low, high, longest_tokens)
                 cases.append(Case(f"{kind}-{group}-{index}", kind, group, request))
                 index += 1
     return cases

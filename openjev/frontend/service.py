@@ -10,7 +10,7 @@ import grpc
 
 from openjev import abi, interceptors, logs
 from openjev.contract.answers import answer_from_probabilities
-from openjev.contract.errors import ContractError
+from openjev.contract.errors import PREFIX_POLICY, ContractError
 from openjev.contract.request import DecisionRequest, parse_request_json
 from openjev.export import ExportMeta
 from openjev.frontend.batches import iter_candidate_batches
@@ -106,7 +106,10 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message)
         fields.update(kinds=sorted({q.kind for q in decision.questions}), candidates=decision.num_candidates)
         interceptors.note_kinds(fields["kinds"])
-        policy = abi.policy_from_enum(request.prefix_policy) or decision.prefix_policy
+        try:
+            policy = abi.policy_from_enum(request.prefix_policy) or decision.prefix_policy
+        except KeyError:  # an enum value this build does not know (proto3 enums are open)
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, PREFIX_POLICY)
         link_state = self.link.state
         if link_state.problem is not None:
             raise Refused(link_state.status, link_state.problem)

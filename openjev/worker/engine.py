@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -111,6 +112,19 @@ class Engine:
         )
 
     def _run(self, plan: Plan, should_stop: Callable[[], bool]) -> list[list[float]]:
+        try:
+            return self._walk(plan, should_stop)
+        except BaseException as error:
+            # A cancelled or failed request frees its states now: the exception's traceback
+            # (kept by whoever handles it) would otherwise keep the walk's locals alive.
+            seen: set[int] = set()
+            while error is not None and id(error) not in seen:
+                seen.add(id(error))
+                traceback.clear_frames(error.__traceback__)
+                error = error.__cause__ or error.__context__
+            raise
+
+    def _walk(self, plan: Plan, should_stop: Callable[[], bool]) -> list[list[float]]:
         segments = plan.segments
         scores: list[list[float | None]] = [[None] * n for n in plan.num_candidates_per_question]
         children_left = [0] * len(segments)

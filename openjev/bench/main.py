@@ -1,0 +1,162 @@
+"""`openjev bench`: the JevBench-shaped workload through the frontend, arms side by side.
+
+  python -m openjev.bench.main --model .openjev/demo-model --out docs/benchmarks/cpu-demo --subset 24
+  (on a GPU) ... --worker-args "--synthetic 27b" --arms off,auto,shared,transformers
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from openjev import launch
+from openjev.bench import harness, report, workload
+
+POLICY_ARMS = {"off": "off", "auto": "auto", "shared": "shared", "default": "default", "fixed": "fixed"}
+
+
+def longest_tokens_fn(model: Path):
+    from openjev.contract.request import parse_request
+    from openjev.export import load_export_meta
+    from openjev.tokenizer import PromptTokenizer
+
+    meta = load_export_meta(model)
+    tokenizer = PromptTokenizer.from_export(model)
+
+    def candidates(request: dict) -> list[list[list[int]]]:
+        decision = parse_request(request, accepted_models=meta.accepted_model_names)
+        return [tokenizer.encode(list(q.prompts)) for q in decision.questions]
+
+    return meta, candidates, lambda request: max(len(ids) for q in candidates(request) for ids in q)
+
+
+def stratified(cases: list[workload.Case], per_group: int) -> list[workload.Case]:
+    seen: dict[str, int] = {}
+    chosen = []
+    for case in cases:
+        key = report.group_of(case)
+        if seen.get(key, 0) < per_group:
+            chosen.append(case)
+            seen[key] = seen.get(key, 0) + 1
+    return chosen
+
+
+def model_config(model: Path, worker_args: list[str]):
+    if "--synthetic" in worker_args:
+        from openjev.worker.cuda.synthetic import shape_config
+
+        return shape_config(worker_args[worker_args.index("--synthetic") + 1])
+    from openjev.worker.model.config import load_model_config
+
+    return load_model_config(model)
+
+
+def peak_memory_bytes(log_text: str) -> int | None:
+    for line in reversed(log_text.splitlines()):
+        if '"peak_memory"' in line:
+            return json.loads(line).get("device_bytes")
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="openjev bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="export directory (tokenizer, metadata; weights unless --synthetic)")
+    p.add_argument("--workload", type=Path, default=None, help="contract-JSON workload (JSONL); generated when absent")
+    p.add_argument("--out", type=Path, required=True, help="results folder (report.md, results.json, latency.png)")
+    p.add_argument("--arms", default="off,auto,shared", help="comma list of policies of our worker, plus 'transformers'")
+    p.add_argument("--blocks", type=int, default=3)
+    p.add_argument("--per-group", type=int, default=0, help="at most this many cases per kind x group (0: all)")
+    p.add_argument("--worker-args", default="", help="extra flags for the workers, e.g. '--synthetic 27b'")
+    p.add_argument("--sweep", default="1,4,16", help="concurrency levels of the auto arm ('' to skip)")
+    p.add_argument("--sweep-seconds", type=float, default=20.0)
+    p.add_argument("--timeout", type=float, default=600.0)
+    args = p.parse_args(argv)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta, candidates_of, longest = longest_tokens_fn(args.model)
+    if args.workload and args.workload.exists():
+        cases = workload.read_jsonl(args.workload)
+    else:
+        cases = (workload.jevbench_cases(longest) + workload.multi_question_cases(longest)
+                 + workload.capacity_cases(longest, meta.max_length))
+        workload.write_jsonl(cases, args.out / "workload.jsonl")
+    if args.per_group:
+        cases = stratified(cases, args.per_group)
+    print(f"{len(cases)} cases", file=sys.stderr)
+
+    worker_args = shlex.split(args.worker_args)
+    arm_names = args.arms.split(",")
+    workdir = Path(tempfile.mkdtemp(prefix="openjev-bench-"))
+    pairs, arms = [], []
+    try:
+        ours = launch.start_pair(args.model, workdir / "ours", worker_args=worker_args)
+        pairs.append(ours)
+        arms += [harness.Arm(f"ours-{name}", ours.frontend.address, POLICY_ARMS[name]) for name in arm_names if name in POLICY_ARMS]
+        if "transformers" in arm_names:
+            hf = launch.start_pair(args.model, workdir / "transformers", worker_args=worker_args + ["--backend", "transformers"])
+            pairs.append(hf)
+            arms.append(harness.Arm("transformers", hf.frontend.address, None))
+        results = harness.run_blocks(arms, cases, blocks=args.blocks, timeout=args.timeout,
+                                     progress=lambda m: print(m, file=sys.stderr))
+        auto = next((a for a in arms if a.name == "ours-auto"), arms[0])
+        if args.sweep:
+            for row in harness.concurrency_sweep(auto, cases, [int(x) for x in args.sweep.split(",")],
+                                                 seconds_per_level=args.sweep_seconds, timeout=args.timeout):
+                results.sweep.append({"arm": auto.name, **row})
+    finally:
+        for pair in pairs:
+            pair.stop()
+    peak = [peak_memory_bytes(pair.worker.log_text()) for pair in pairs]
+
+    from openjev.worker.planner.plan import PackLimits
+    from openjev.worker.planner.policy import plan_request
+
+    tokens = {}
+    for case in cases:
+        ids = candidates_of(case.request)
+        tokens[case.name] = (sum(len(t) for q in ids for t in q), plan_request(ids, "shared", PackLimits()).num_computed_tokens)
+    floors = ceilings = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from openjev.bench import roofline
+
+            ceilings = roofline.measure_ceilings()
+            config = model_config(args.model, worker_args)
+            floors = {name: roofline.floor_seconds(config, t[1], ceilings) for name, t in tokens.items()}
+    except ImportError:
+        pass
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    card = ceilings.device if ceilings else f"CPU ({platform.processor() or platform.machine()})"
+    header = "\n".join([
+        f"# Benchmark {datetime.date.today().isoformat()}", "",
+        f"- command: `python -m openjev.bench.main {' '.join(shlex.quote(a) for a in (argv or sys.argv[1:]))}`",
+        f"- card: {card}; commit {commit or 'unknown'}; worker flags: `{args.worker_args or '(none)'}`",
+        f"- {len(cases)} cases, {args.blocks} timed blocks after one warm-up traversal; concurrency 1 per arm, "
+        "one persistent client per arm, arms interleaved per case in a shuffled order",
+        (f"- ceilings measured in this run: copy {ceilings.copy_bytes_per_second / 1e12:.2f} TB/s, "
+         f"bf16 GEMM {ceilings.matmul_flops_per_second / 1e12:.0f} TFLOP/s" if ceilings else "- no GPU: no roofline floor"),
+        "- peak device memory per worker: " + ", ".join(
+            f"{pair.worker.name}@{i}: " + (f"{b / 2**30:.1f} GiB" if b else "n/a") for i, (pair, b) in enumerate(zip(pairs, peak))),
+    ])
+    text = report.render(results, cases, [a.name for a in arms], reference_arm=auto.name, floors=floors,
+                         tokens=tokens, header=header)
+    (args.out / "report.md").write_text(text)
+    (args.out / "results.json").write_text(json.dumps({
+        "samples": [s.__dict__ for s in results.samples], "sweep": results.sweep, "tokens": tokens,
+        "floors": floors, "peak_memory_bytes": peak}, indent=0))
+    report.plot(results, cases, [a.name for a in arms], args.out / "latency.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""No container engine runs here, so deploy/ is checked by reading it: the compose file and the
+Kubernetes manifests parse, and every entry point, flag, environment variable and port they name
+is one the servers really have; the images run the same entry modules the tests start; and the
+health-check command they use works against a real server."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from openjev import launch
+from openjev.config import env_name
+from openjev.frontend.main import parser as frontend_parser
+from openjev.frontend.worker_targets import parse_worker_targets
+from openjev.worker.main import parser as worker_parser
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+PARSERS = {launch.WORKER_MODULE: worker_parser(), launch.FRONTEND_MODULE: frontend_parser()}
+ENTRY = {"worker": launch.WORKER_MODULE, "frontend": launch.FRONTEND_MODULE}
+
+
+def flags(module: str) -> set[str]:
+    return {o for a in PARSERS[module]._actions for o in a.option_strings if o.startswith("--")}
+
+
+def env_vars(module: str) -> set[str]:
+    return {env_name(a.dest) for a in PARSERS[module]._actions if a.option_strings and a.dest != "help"}
+
+
+def check_args(module: str, args: list[str]) -> None:
+    """The flags exist, and the arguments parse (required ones supplied by OPENJEV_MODEL)."""
+    for arg in args:
+        if arg.startswith("--"):
+            assert arg.split("=")[0] in flags(module), f"{module} has no flag {arg}"
+    PARSERS[module].parse_args(["--model", "/models/open-jev", *args])
+
+
+def dockerfile(name: str) -> dict:
+    text = re.sub(r"\\\n\s*", " ", (DEPLOY / f"{name}.Dockerfile").read_text())  # join continued lines
+    instructions = {}
+    for match in re.finditer(r"^(ENTRYPOINT|CMD|USER|EXPOSE|HEALTHCHECK)\s+(.*)$", text, re.M):
+        instructions.setdefault(match.group(1), match.group(2).strip())
+    env = dict(re.findall(r"(OPENJEV_[A-Z_]+)=(\S+)", text))
+    return {"text": text, "env": env, **instructions}
+
+
+@pytest.mark.parametrize("name", ["worker", "frontend"])
+def test_images_run_the_tested_entry_points_as_non_root(name):
+    image = dockerfile(name)
+    assert json.loads(image["ENTRYPOINT"]) == ["python", "-m", ENTRY[name]]
+    assert image["USER"].split(":")[0] not in ("0", "root")
+    assert set(image["env"]) <= env_vars(ENTRY[name])
+    listen_port = image["env"]["OPENJEV_LISTEN"].rsplit(":", 1)[1]
+    assert set(image["EXPOSE"].split()) == {listen_port, image["env"]["OPENJEV_METRICS_PORT"]}
+    health = image["HEALTHCHECK"].split("CMD", 1)[1]
+    assert json.loads(health.strip()) == ["python", "-m", "openjev.healthcheck", f"127.0.0.1:{listen_port}"]
+
+
+def compose() -> dict:
+    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+
+
+def test_compose_brings_up_worker_then_frontend_healthy():
+    services = compose()["services"]
+    for frontend, worker in (("frontend", "worker"), ("frontend-cpu", "worker-cpu")):
+        f, w = services[frontend], services[worker]
+        assert f["depends_on"] == {worker: {"condition": "service_healthy"}}
+        assert set(f["profiles"]) == set(w["profiles"])
+        for service, module in ((f, launch.FRONTEND_MODULE), (w, launch.WORKER_MODULE)):
+            assert set(service["environment"]) <= env_vars(module)
+            listen_port = service["environment"]["OPENJEV_LISTEN"].rsplit(":", 1)[1]
+            assert service["healthcheck"]["test"] == ["CMD", "python", "-m", "openjev.healthcheck", f"127.0.0.1:{listen_port}"]
+            assert service["build"]["dockerfile"] in ("deploy/worker.Dockerfile", "deploy/frontend.Dockerfile")
+            assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).exists()
+            assert any(v.endswith(":/models/open-jev:ro") for v in service["volumes"]), "model mount read-only"
+        # The frontend reaches every worker under the name they share.
+        target = parse_worker_targets(f["environment"]["OPENJEV_WORKER"])
+        assert target.traffic_target.startswith("dns:///")
+        assert target.name in w["networks"]["default"]["aliases"]
+        assert str(target.port) == w["environment"]["OPENJEV_LISTEN"].rsplit(":", 1)[1]
+
+
+def test_compose_gpu_reservation_and_cpu_demo_profile():
+    services = compose()["services"]
+    devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"
+    assert "deploy" not in services["worker-cpu"]
+    assert services["worker-cpu"]["environment"]["OPENJEV_BACKEND"] in worker_parser()._option_string_actions["--backend"].choices
+    builder = services["demo-model"]
+    assert builder["entrypoint"] == ["python", "-m", "openjev.demo_model"]
+    assert services["worker-cpu"]["depends_on"] == {"demo-model": {"condition": "service_completed_successfully"}}
+    assert (DEPLOY / ".env").read_text().count("COMPOSE_PROFILES=gpu") == 1
+    extra = yaml.safe_load((DEPLOY / "docker-compose.gpus.yml").read_text())["services"]
+    assert all(s["extends"]["service"] == "worker" for s in extra.values())
+
+
+def k8s_documents() -> list[dict]:
+    docs = []
+    for name in yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())["resources"]:
+        docs += [d for d in yaml.safe_load_all((DEPLOY / "k8s" / name).read_text()) if d]
+    return docs
+
+
+def test_kubernetes_manifests():
+    docs = k8s_documents()
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    worker = by_kind[("StatefulSet", "openjev-worker")]["spec"]["template"]["spec"]["containers"][0]
+    frontend = by_kind[("Deployment", "openjev-frontend")]["spec"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    check_args(launch.WORKER_MODULE, worker["args"][2:])
+    check_args(launch.FRONTEND_MODULE, frontend["args"][2:])
+    for container in (worker, frontend):
+        args = dict(zip(container["args"][::2], container["args"][1::2]))
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert args["--listen"] == f"0.0.0.0:{ports['grpc']}"
+        assert int(args["--metrics-port"]) == ports["metrics"]
+        assert container["readinessProbe"]["grpc"]["port"] == ports["grpc"]
+        assert all(m["readOnly"] for m in container["volumeMounts"] if m["mountPath"] == "/models/open-jev")
+    service = by_kind[("Service", "openjev-worker")]["spec"]
+    assert service["clusterIP"] == "None"  # headless: DNS answers every ready worker
+    target = parse_worker_targets(dict(zip(frontend["args"][::2], frontend["args"][1::2]))["--worker"])
+    assert target.name == "openjev-worker" and target.port == service["ports"][0]["port"]
+
+
+def test_compose_commands_parse():
+    """Every flag-bearing command in compose parses with the server's own parser."""
+    services = compose()["services"]
+    for name in ("worker", "worker-cpu", "frontend", "frontend-cpu"):
+        command = services[name].get("command", [])
+        check_args(ENTRY[name.split("-")[0]], shlex.split(command) if isinstance(command, str) else command)
+
+
+def test_healthcheck_command_against_real_servers(pair):
+    """The exact command the images' health checks run: 0 when SERVING, 1 when not."""
+    for address in (pair.worker.address, pair.frontend.address):
+        ok = subprocess.run([sys.executable, "-m", "openjev.healthcheck", address], capture_output=True,
+                            text=True, timeout=60)
+        assert (ok.returncode, ok.stdout.strip()) == (0, "SERVING"), ok.stderr
+    down = subprocess.run([sys.executable, "-m", "openjev.healthcheck", f"127.0.0.1:{launch.free_port()}",
+                           "--timeout", "0.5"], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 1
