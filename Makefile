@@ -38,6 +38,16 @@ test: $(VENV)/.installed-test demo-model proto-check
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 	$(VENV)/bin/pytest -q
 
+# The benchmark on this machine (CPU, demo model); on a GPU see docs/benchmarks/index.md.
+bench: demo-model $(VENV)/.installed-test
+	$(PY) -m openjev.bench.main --model $(DEMO) --workload docs/benchmarks/workload.jsonl \
+		--out docs/benchmarks/cpu-demo --per-group 2 --blocks 2 --arms off,auto,shared,transformers \
+		--sweep 1,4 --sweep-seconds 10
+
+# N clients against a worker + frontend on loopback for a bounded time (docs/reliability.md).
+soak: demo-model
+	$(PY) -m openjev.soak --model $(DEMO) --clients 8 --duration 60
+
 gpu-test:
 	PYTHONPATH=. python3 -m pytest -q -m gpu tests
 

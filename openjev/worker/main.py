@@ -69,10 +69,11 @@ def main(argv: list[str] | None = None) -> None:
     backend = backends.resolve_backend(args.backend)
     runner = backends.build_runner(backend, args.model, synthetic=args.synthetic, seed=args.seed, threads=args.threads)
     tokenizer = PromptTokenizer.from_export(args.model)
-    limits = PackLimits(max_sequences=args.max_launch_sequences, max_tokens=args.max_launch_tokens)
     forced_policy = None
     if backend == "transformers":
         forced_policy = args.prefix_policy = "off"  # it cannot start from a parent's state
+        args.max_launch_tokens = max(args.max_launch_tokens, meta.max_length)  # whole prompts, no chunks
+    limits = PackLimits(max_sequences=args.max_launch_sequences, max_tokens=args.max_launch_tokens)
     cost_model = default_cost_model("cuda" if backend == "cuda" else "torch")
     engine = Engine(metrics.CountingRunner(runner), pack_limits=limits, cost_model=cost_model,
                     default_policy=args.prefix_policy)

@@ -40,7 +40,8 @@ def test_worker_killed_mid_request_is_unavailable_and_frontend_recovers(demo_mod
         launch.wait_serving(frontend.address)
         with Client(frontend.address) as client:
             before = comparable(client.decide(SMALL, timeout=60))
-            future = client.stub.Decide.future(api.DecideRequest(request_json=json.dumps(LONG)), timeout=60)
+            future = client.stub.Decide.future(  # policy off: ~8 s of work, no shared prefix
+                api.DecideRequest(request_json=json.dumps(LONG), prefix_policy=api.PREFIX_POLICY_OFF), timeout=60)
             time.sleep(1.0)
             worker.kill()
             killed_at = time.monotonic()

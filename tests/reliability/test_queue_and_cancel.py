@@ -135,12 +135,13 @@ def test_cancelled_requests_do_not_grow_worker_memory(busy_pair, stub):
         future.cancel()
         worker_line(busy_pair.worker, request_id)
 
-    cancel_one()
+    for _ in range(2):  # allocator growth from first use
+        cancel_one()
     before = rss_bytes(busy_pair.worker.popen.pid)
-    for _ in range(3):
+    for _ in range(4):
         cancel_one()
     after = rss_bytes(busy_pair.worker.popen.pid)
-    assert after - before < 48 * 2**20, (before, after)
+    assert after - before < 64 * 2**20, (before, after)
 
 
 def test_cancelled_or_failed_request_frees_its_states(demo_model):

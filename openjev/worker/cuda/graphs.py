@@ -2,8 +2,9 @@
 
 A launch's many small kernels cost more in host launch overhead than on the GPU at short
 lengths; replaying a captured graph costs one launch. Inputs are padded by the caller to a shape
-bucket (`bucket`), copied into the graph's static input buffers, and the graph is replayed; the
-least recently used graph is dropped once `capacity` graphs are held (each pins its memory pool).
+bucket (`bucket`, `fine_bucket`), written into the graph's static input buffers, and the graph is
+replayed; the least recently used graph is dropped once `capacity` graphs are held (each pins its
+memory pool and static buffers).
 """
 
 from __future__ import annotations
@@ -21,6 +22,16 @@ def bucket(n: int, smallest: int = 16) -> int:
     while size < n:
         size *= 2
     return size
+
+
+def fine_bucket(n: int, smallest: int = 16, steps: int = 8) -> int:
+    """n rounded up to a multiple of max(smallest, 2^floor(log2 n) / steps): `steps` sizes per
+    octave, so at most 1/steps of a launch is padding (powers of two would pad 792 tokens to
+    1,024 and make GEMM-bound launches slower than eager ones)."""
+    if n <= smallest:
+        return smallest
+    step = max(smallest, (1 << (n.bit_length() - 1)) // steps)
+    return -(-n // step) * step
 
 
 @dataclass
@@ -47,36 +58,50 @@ class GraphCache:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._entries
 
-    def _capture(self, fn: Callable[..., Any], inputs: dict[str, torch.Tensor]) -> _Entry:
-        static = {name: t.clone() for name, t in inputs.items()}
+    def get(self, key: Hashable) -> _Entry | None:
+        """The entry for key (now the most recently used), or None."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def capture(self, key: Hashable, fn: Callable[..., Any], static: dict[str, torch.Tensor]) -> _Entry:
+        """Capture fn(**static) under key; `static` become the graph's input buffers as they are
+        (the caller writes later inputs into entry.inputs in place). Evicts the least recently
+        used entry beyond capacity. Raises whatever the capture raised; nothing is cached then."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             fn(**static)  # warm-up outside capture: module loads, cuBLAS workspaces, allocator
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: CUDA calls of other threads (servers, metrics) must not invalidate it
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             outputs = fn(**static)
         self.num_captures += 1
-        return _Entry(graph, static, outputs)
+        entry = _Entry(graph, static, outputs)
+        self._entries[key] = entry
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+        return entry
 
-    def run(self, key: Hashable, fn: Callable[..., Any], inputs: dict[str, torch.Tensor]) -> Any:
-        """Replay the graph for key (capturing it first if needed) on these inputs, which must
-        match the shapes/dtypes it was captured with. Returns the graph's static outputs: they are
-        overwritten by the next replay of the same key, so copy what must outlive it."""
-        entry = self._entries.get(key)
-        if entry is None:
-            entry = self._capture(fn, inputs)
-            self._entries[key] = entry
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
-        else:
-            self._entries.move_to_end(key)
-            for name, t in inputs.items():
-                entry.inputs[name].copy_(t)
+    def replay(self, entry: _Entry) -> Any:
+        """Replay on the current stream; returns the static outputs (overwritten by the next
+        replay of the same entry, so copy what must outlive it)."""
         entry.graph.replay()
         self.num_replays += 1
         return entry.outputs
+
+    def run(self, key: Hashable, fn: Callable[..., Any], inputs: dict[str, torch.Tensor]) -> Any:
+        """Replay the graph for key (capturing it first if needed) on these inputs, which must
+        match the shapes/dtypes it was captured with. Returns the graph's static outputs."""
+        entry = self.get(key)
+        if entry is None:
+            entry = self.capture(key, fn, {name: t.clone() for name, t in inputs.items()})
+        else:
+            for name, t in inputs.items():
+                entry.inputs[name].copy_(t)
+        return self.replay(entry)
 
     def clear(self) -> None:
         self._entries.clear()
