@@ -29,9 +29,11 @@ def resolve_backend(requested: str) -> str:
     return requested
 
 
-def build_runner(backend: str, model_dir: Path, *, synthetic: str | None, seed: int, threads: int | None):
+def build_runner(backend: str, model_dir: Path, *, synthetic: str | None, seed: int, threads: int | None,
+                 graph_cache_size: int = 8):
     """The export directory always provides metadata and the tokenizer; with `synthetic` the
-    weights are seeded random ones of the named shape instead of the export's."""
+    weights are seeded random ones of the named shape instead of the export's. graph_cache_size:
+    CUDA graphs the cuda backend keeps (0: eager launches)."""
     if backend == "torch":
         if synthetic is not None:
             raise SystemExit("--synthetic needs a GPU (--backend cuda or transformers)")
@@ -48,7 +50,9 @@ def build_runner(backend: str, model_dir: Path, *, synthetic: str | None, seed: 
                                               dtype=torch.bfloat16 if device == "cuda" else torch.float32)
     from openjev.worker.cuda.runner import CudaRunner
 
-    runner = CudaRunner.synthetic(synthetic, seed=seed) if synthetic else CudaRunner.from_export(model_dir)
+    graphs = graph_cache_size if backend == "cuda" else 0  # transformers only borrows its weights
+    runner = (CudaRunner.synthetic(synthetic, seed=seed, graph_cache_size=graphs) if synthetic
+              else CudaRunner.from_export(model_dir, graph_cache_size=graphs))
     if backend == "transformers":
         # Same seed, same weights: transformers gets views of the CUDA runner's tensors.
         from openjev.worker.hf_runner import TransformersRunner

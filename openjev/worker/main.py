@@ -40,6 +40,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-questions", type=int, default=4096)
     p.add_argument("--max-candidates", type=int, default=65536)
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the torch backend")
+    p.add_argument("--graph-cache-size", type=int, default=8,
+                   help="CUDA graphs the cuda backend keeps, one per launch shape bucket (0: eager launches)")
     p.add_argument("--grace-seconds", type=float, default=10.0, help="drain time on SIGTERM")
     p.add_argument("--port-file", type=Path, default=None,
                    help="write the bound port here once serving (for --listen HOST:0)")
@@ -67,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     except ExportError as error:
         raise SystemExit(f"openjev-worker: {error}")
     backend = backends.resolve_backend(args.backend)
-    runner = backends.build_runner(backend, args.model, synthetic=args.synthetic, seed=args.seed, threads=args.threads)
+    runner = backends.build_runner(backend, args.model, synthetic=args.synthetic, seed=args.seed, threads=args.threads,
+                                   graph_cache_size=args.graph_cache_size)
     tokenizer = PromptTokenizer.from_export(args.model)
     forced_policy = None
     if backend == "transformers":

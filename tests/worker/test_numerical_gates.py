@@ -86,14 +86,11 @@ def corpus() -> list[tuple[str, dict]]:
     add("long-choice3", 1700, ["choice"], 3)
     add("long-multi3", 1400, ["choice", "noul", "score"])
     add("long-score2", 1200, ["score"], 2)
-    out.append(("contract-example", json.load(open_contract_example())))
+    out.append(("contract-example", CONTRACT_EXAMPLE))
     return out
 
 
-def open_contract_example():
-    import io
-
-    return io.StringIO(json.dumps({
+CONTRACT_EXAMPLE = {
         "state": "A customer says: I was charged twice for one order. The service is working normally. There is no sign of unauthorized access.",
         "questions": {
             "route": {"type": "choice", "instructions": "Which team should handle this issue?", "criteria": {
@@ -104,7 +101,7 @@ def open_contract_example():
             "urgency": {"type": "score", "instructions": "Assess the urgency using only the given evidence.", "criteria": [
                 "Routine: no service disruption or active security compromise is reported.",
                 "Urgent: an ongoing service disruption is reported.",
-                "Critical: active unauthorized access is reported."]}}}))
+                "Critical: active unauthorized access is reported."]}}}
 
 
 @pytest.fixture(scope="module")
@@ -128,14 +125,20 @@ def runner(demo_model):
 
 
 @pytest.fixture(scope="module")
-def results(work, runner) -> dict[str, list[ExecutionResult]]:
-    """Every policy over the whole corpus, once. A failure is recorded, and fails the gate."""
+def results(work, runner):
+    """policy -> every request's ExecutionResult, computed on first use and kept for the module
+    (each policy's run falls inside the test that first needs it, not in one long setup)."""
     engine = Engine(runner, cost_model=CPU_COST_MODEL)
-    out = {}
-    for policy in ("off", "default", "shared", "fixed", "auto"):
-        out[policy] = [engine.execute(questions, temperature=runner.meta.temperature, policy=policy)
-                       for _, questions in work]
-    return out
+    cache: dict[str, list[ExecutionResult]] = {}
+
+    def of(policy: str) -> list[ExecutionResult]:
+        if policy not in cache:
+            # Any exception here fails the gate: "zero failures".
+            cache[policy] = [engine.execute(questions, temperature=runner.meta.temperature, policy=policy)
+                             for _, questions in work]
+        return cache[policy]
+
+    return of
 
 
 def test_corpus_covers_the_shapes(work):
@@ -146,6 +149,9 @@ def test_corpus_covers_the_shapes(work):
     assert {len(q.candidates) for _, qs in work for q in qs} >= {1, 2, 10, 17, 33}
     longest = max(len(c) for _, qs in work for q in qs for c in q.candidates)
     assert 2000 <= longest <= 4096
+    # The reference tokenizes the contract example to these lengths (shared fixtures).
+    contract = dict(work)["contract-example"]
+    assert [[len(c) for c in q.candidates] for q in contract] == [[80, 76, 77], [66], [82, 80, 78]]
 
 
 def argmax(values):
@@ -160,7 +166,7 @@ def expected_score(probabilities):
 def test_policy_matches_off(work, results, policy):
     max_dp = max_dscore = max_dhead = 0.0
     choice_changes, noul_flips = [], []
-    for (name, questions), got, off in zip(work, results[policy], results["off"]):
+    for (name, questions), got, off in zip(work, results(policy), results("off")):
         assert got.num_submitted_tokens == off.num_submitted_tokens
         for q, question in enumerate(questions):
             p, p_off = got.probabilities[q], off.probabilities[q]
@@ -180,12 +186,12 @@ def test_policy_matches_off(work, results, policy):
 
 def test_sharing_actually_happened(results):
     """The gates mean nothing if no policy shared: check each did what it claims."""
-    saved = {p: sum(r.num_saved_tokens for r in rs) for p, rs in results.items()}
+    saved = {p: sum(r.num_saved_tokens for r in results(p)) for p in ("off", "default", "shared", "fixed")}
     assert saved["off"] == 0
     assert 0 < saved["default"] < saved["shared"]
     assert 0 < saved["fixed"] < saved["shared"]
-    assert any(r.scope == "across_questions" for r in results["shared"])
-    assert {r.executed_policy for r in results["auto"]} <= {"shared", "default"}
+    assert any(r.scope == "across_questions" for r in results("shared"))
+    assert {r.executed_policy for r in results("auto")} == {"shared", "default"}
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +219,7 @@ def test_oracle_agrees(work, results, runner, oracle, policy):
     worst_score = worst_p = 0.0
     for name in ORACLE_SUBSET:
         index = names.index(name)
-        got = results[policy][index]
+        got = results(policy)[index]
         for q, question in enumerate(work[index][1]):
             scores = []
             for tokens in question.candidates:

@@ -51,6 +51,7 @@ class GraphCache:
         self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
         self.num_captures = 0
         self.num_replays = 0
+        self._side: torch.cuda.Stream | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -69,7 +70,9 @@ class GraphCache:
         """Capture fn(**static) under key; `static` become the graph's input buffers as they are
         (the caller writes later inputs into entry.inputs in place). Evicts the least recently
         used entry beyond capacity. Raises whatever the capture raised; nothing is cached then."""
-        side = torch.cuda.Stream()
+        if self._side is None:  # one side stream: blocks its warm-ups free stay reusable by the next
+            self._side = torch.cuda.Stream()
+        side = self._side
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             fn(**static)  # warm-up outside capture: module loads, cuBLAS workspaces, allocator

@@ -1,0 +1,172 @@
+"""CudaRunner launches replayed from CUDA graphs against the same runner's eager launches (same
+weights, same inputs), per segment: hidden head rows and every kept state. Both run the same
+kernels; padded shapes may pick other cuBLAS kernels, hence a bf16 tolerance rather than
+equality. Buckets and shapes are checked without a GPU."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+TOL = 2e-2  # bf16 activations through 8 layers, other GEMM kernels for the padded row count
+
+
+def _metric(name: str) -> float | None:
+    try:
+        from openjev import metrics
+    except ImportError:
+        return None
+    return getattr(metrics, name)._value.get()
+
+
+@pytest.fixture(scope="module")
+def eager():
+    pytest.importorskip("cupy")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from openjev.worker.cuda.runner import CudaRunner
+
+    return CudaRunner.synthetic("small", seed=3, num_layers=8, graph_cache_size=0)
+
+
+def twin(runner, size: int):
+    """A runner on the same weights with a graph cache of `size`."""
+    from openjev.worker.cuda.runner import CudaRunner
+
+    return CudaRunner(runner.config, runner.embed, runner.layers, runner.final_norm, runner.head_weight,
+                      runner.head_bias, graph_cache_size=size)
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    assert not torch.isnan(a).any()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def assert_close(got, expected, what: str) -> None:
+    """got, expected: final_hidden results (hidden [R, D], states)."""
+    (hg, sg), (he, se) = got, expected
+    assert hg.shape == he.shape, what
+    for r in range(he.shape[0]):
+        assert rel(hg[r], he[r]) < TOL, (what, "head row", r)
+    for i, (a, b) in enumerate(zip(sg, se, strict=True)):
+        assert (a is None) == (b is None), (what, i)
+        if a is None:
+            continue
+        assert a.num_tokens == b.num_tokens and a.kv.num_rows == b.kv.num_rows
+        for j in b.gdn:
+            assert a.gdn[j][0].shape == b.gdn[j][0].shape and a.gdn[j][1].shape == b.gdn[j][1].shape
+            assert rel(a.gdn[j][0], b.gdn[j][0]) < TOL, (what, i, j, "conv window")
+            assert rel(a.gdn[j][1], b.gdn[j][1]) < TOL, (what, i, j, "recurrent state")
+        for j in b.kv.kv:
+            for t, u in zip(a.kv.kv[j], b.kv.kv[j], strict=True):
+                assert t.shape == u.shape and rel(t, u) < TOL, (what, i, j, "keys/values")
+
+
+def both(graph, eager, runs_of):
+    """runs_of(runner) -> runs; the two runners' final_hidden results."""
+    return graph.final_hidden(runs_of(graph)), eager.final_hidden(runs_of(eager))
+
+
+def tokens(rng, vocab, n):
+    return [rng.randrange(vocab) for _ in range(n)]
+
+
+@pytest.mark.gpu
+def test_replays_match_eager_with_changed_inputs(eager):
+    from openjev.worker.runner_api import SegmentRun
+
+    graph, rng, vocab = twin(eager, 4), random.Random(0), eager.config.vocab_size
+    hits0, misses0 = _metric("graph_cache_hits"), _metric("graph_cache_misses")
+    for rep in range(3):  # 60 tokens in 3 segments every time: one bucket, fresh tokens each time
+        prompts = [tokens(rng, vocab, n) for n in (40 + rep, 3, 17 - rep)]
+        runs = [SegmentRun(p, 0, None, keep_state=i == 0, read_head=True) for i, p in enumerate(prompts)]
+        got, expected = graph.final_hidden(runs), eager.final_hidden(runs)
+        assert_close(got, expected, f"rep {rep}")
+    assert (graph.graphs.hits, graph.graphs.misses, graph.graphs.failures) == (2, 1, 0)
+    if hits0 is not None:
+        assert _metric("graph_cache_hits") - hits0 == 2 and _metric("graph_cache_misses") - misses0 == 1
+
+
+@pytest.mark.gpu
+def test_eviction_recaptures(eager):
+    from openjev.worker.runner_api import SegmentRun
+
+    graph, rng, vocab = twin(eager, 1), random.Random(1), eager.config.vocab_size
+    for rep in range(4):  # two shapes alternating through a cache of one: every launch recaptures
+        lengths = (30,) if rep % 2 == 0 else (100, 9)
+        runs = [SegmentRun(tokens(rng, vocab, n), 0, None, False, True) for n in lengths]
+        assert_close(graph.final_hidden(runs), eager.final_hidden(runs), f"rep {rep}")
+        assert len(graph.graphs.cache) == 1
+    assert graph.graphs.cache.num_captures == 4 and graph.graphs.misses == 4 and graph.graphs.failures == 0
+
+
+@pytest.mark.gpu
+def test_tree_launches_through_graphs(eager):
+    """root -> 3 children (2 kept) -> grandchildren from 2 parents + a fresh prompt, twice (the
+    second pass replays); the parents' states are never written by a launch."""
+    from openjev.worker.runner_api import SegmentRun
+
+    graph, rng, vocab = twin(eager, 8), random.Random(2), eager.config.vocab_size
+    for rep in range(2):
+        root, tails = tokens(rng, vocab, 70), [tokens(rng, vocab, n) for n in (12, 1, 33)]
+        grand, fresh = [tokens(rng, vocab, n) for n in (5, 2, 8)], tokens(rng, vocab, 21)
+        g0, e0 = both(graph, eager, lambda r: [SegmentRun(root, 0, None, True, False)])
+        assert_close(g0, e0, f"root {rep}")
+        snapshot = [t.clone() for pair in g0[1][0].gdn.values() for t in pair]
+        states = {id(graph): g0[1][0], id(eager): e0[1][0]}
+        g1, e1 = both(graph, eager, lambda r: [
+            SegmentRun(t, 70, states[id(r)], keep_state=i != 1, read_head=True) for i, t in enumerate(tails)])
+        assert_close(g1, e1, f"children {rep}")
+        after = [t for pair in g0[1][0].gdn.values() for t in pair]
+        assert all(torch.equal(a, b) for a, b in zip(snapshot, after)), "a launch wrote its parent's state"
+        kids = {id(graph): g1[1], id(eager): e1[1]}
+        g2, e2 = both(graph, eager, lambda r: [
+            SegmentRun(grand[0], 82, kids[id(r)][0], True, True),
+            SegmentRun(grand[1], 103, kids[id(r)][2], False, True),
+            SegmentRun(fresh, 0, None, False, True),
+            SegmentRun(grand[2], 82, kids[id(r)][0], False, True),
+        ])
+        assert_close(g2, e2, f"grandchildren {rep}")
+        # a graph launch from an eager launch's state, and the other way round
+        t = tokens(rng, vocab, 4)
+        cross = graph.final_hidden([SegmentRun(t, 70, e0[1][0], False, True)])
+        assert_close(cross, eager.final_hidden([SegmentRun(t, 70, g0[1][0], False, True)]), "cross")
+    assert graph.graphs.hits >= 4 and graph.graphs.failures == 0
+
+
+@pytest.mark.gpu
+def test_scores_and_capture_failure_fallback(eager, monkeypatch):
+    from openjev.worker.runner_api import SegmentRun
+
+    graph, rng, vocab = twin(eager, 2), random.Random(3), eager.config.vocab_size
+    runs = [SegmentRun(tokens(rng, vocab, n), 0, None, False, True) for n in (50, 7)]
+    for a, b in zip(graph.run_launch(runs), eager.run_launch(runs), strict=True):
+        assert abs(a.head_score - b.head_score) <= TOL * max(1.0, abs(b.head_score))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted capture failure")
+
+    monkeypatch.setattr(graph.graphs.cache, "capture", broken)
+    failures0 = graph.graphs.failures
+    for _ in range(2):  # the second launch of the failed shape is not captured again
+        runs = [SegmentRun(tokens(rng, vocab, 200), 0, None, True, True)]
+        assert_close(graph.final_hidden(runs), eager.final_hidden(runs), "fallback")
+    assert graph.graphs.failures == failures0 + 1
+
+
+def test_buckets_and_shapes():
+    from openjev.worker.cuda.graph_launch import shape_of
+    from openjev.worker.cuda.graphs import fine_bucket
+    from openjev.worker.cuda.launch import plan_launch
+    from openjev.worker.runner_api import SegmentRun
+
+    assert [fine_bucket(n) for n in (1, 16, 17, 100, 512, 513, 792, 2048, 2049)] == [
+        16, 16, 32, 112, 512, 576, 832, 2048, 2304]
+    plan = plan_launch([SegmentRun([1] * 24, 0, None, False, True) for _ in range(33)], 100)
+    shape = shape_of(plan)
+    assert (shape.tokens, shape.segments, shape.max_q, shape.base, shape.parents, shape.kept) == (832, 40, 64, 0, 0, 0)
+    plan = plan_launch([SegmentRun([1] * 512, 0, None, True, True)], 100)
+    assert shape_of(plan) == shape_of(plan_launch([SegmentRun([2] * 500, 0, None, True, False)], 100))
