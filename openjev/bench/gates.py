@@ -65,12 +65,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", default="16k", help="comma list of case groups to leave out")
+    p.add_argument("--limit", type=int, default=None, help="at most this many requests")
     p.add_argument("--oracle-cases", type=int, default=40, help="cases compared with transformers")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
     meta, candidates_of, _ = longest_tokens_fn(args.model)
-    cases = [c for c in workload.read_jsonl(args.workload) if c.group not in args.skip.split(",")]
+    cases = [c for c in workload.read_jsonl(args.workload) if c.group not in args.skip.split(",")][: args.limit]
     runner, oracle = build_runners(args)
     engine = Engine(runner, cost_model=default_cost_model(args.backend))
     oracle_engine = Engine(oracle, cost_model=default_cost_model("torch"))
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> None:
                   "cases": 0}
     submitted = 0
     for index, case in enumerate(cases):
+        if index % 25 == 0:
+            print(f"gates: {index}/{len(cases)} requests", file=sys.stderr, flush=True)
         ids = candidates_of(case.request)
         kinds = [q["type"] for q in case.request["questions"].values()]
         work = [QuestionWork(kind, tuple(tuple(t) for t in q)) for kind, q in zip(kinds, ids)]

