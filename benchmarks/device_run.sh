@@ -11,9 +11,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
   .whl/flash_linear_attention-*.whl || true
 export PYTHONPATH=.:/tmp/site
 # flash-linear-attention only where it imports cleanly here (transformers then uses its kernels).
-if PYTHONPATH=$PYTHONPATH:/tmp/fla python3 -c "import fla.ops.gated_delta_rule" 2>$OUT/fla-import.txt; then
+if PYTHONPATH=$PYTHONPATH:/tmp/fla python3 -c "import fla.ops.gated_delta_rule" 2>/tmp/fla-import.txt; then
   export PYTHONPATH=$PYTHONPATH:/tmp/fla; echo "fla: yes" | tee -a $OUT/env.txt
-else echo "fla: no ($(tail -1 $OUT/fla-import.txt))" | tee -a $OUT/env.txt; fi
+else echo "fla: no ($(tail -1 /tmp/fla-import.txt))" | tee -a $OUT/env.txt; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $OUT/env.txt
 python3 -c "import torch, cupy, transformers; print('torch', torch.__version__, 'cupy', cupy.__version__, 'transformers', transformers.__version__)" | tee -a $OUT/env.txt
 python3 -m openjev.demo_model --out .openjev/demo-model >/dev/null || exit 1
@@ -22,7 +22,7 @@ for step in "$@"; do
   case $step in
     tests) python3 -m pytest -q -m gpu tests/worker/cuda 2>&1 | tail -5 | tee $OUT/gpu-tests.txt ;;
     gates) python3 -m openjev.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
-             --synthetic 27b --layers 8 --oracle-cases 40 --out $OUT/gpu-gates.md 2>$OUT/gates.log | tail -12 ;;
+             --synthetic 27b --layers 8 --oracle-cases 40 --limit 150 --out $OUT/gpu-gates.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
     bench-subset) python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-subset \
              --worker-args "--synthetic 27b" --arms off,auto,shared,transformers --per-group 3 --blocks 2 \
              --sweep "" --timeout 120 2>$OUT/bench-subset.log | head -20 ;;
