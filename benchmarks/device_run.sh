@@ -22,10 +22,10 @@ for step in "$@"; do
   case $step in
     tests) python3 -m pytest -q -m gpu tests/worker/cuda 2>&1 | tail -5 | tee $OUT/gpu-tests.txt ;;
     gates) python3 -m openjev.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
-             --synthetic 27b --layers 8 --oracle-cases 40 --limit 150 --out $OUT/gpu-gates.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
+             --synthetic 27b --layers 8 --oracle-cases 20 --limit 100 --out $OUT/gpu-gates.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
     bench-subset) python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-subset \
-             --worker-args "--synthetic 27b" --arms off,auto,shared,transformers --per-group 3 --blocks 2 \
-             --sweep "" --timeout 120 2>$OUT/bench-subset.log | head -20 ;;
+             --worker-args "--synthetic 27b --graph-cache-size 0" --arms off,auto,shared,transformers --per-group 3 \
+             --blocks 2 --sweep 1,4 --sweep-seconds 8 --timeout 120 2>$OUT/bench-subset.log | head -20 ;;
     bench-full) python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-full \
              --worker-args "--synthetic 27b" --arms off,auto,shared --blocks 2 --sweep 1,4,16 --sweep-seconds 10 \
              --timeout 120 2>$OUT/bench-full.log | head -20 ;;

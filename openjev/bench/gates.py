@@ -27,11 +27,15 @@ def expected_score(p: list[float]) -> float:
 
 def compare(kinds: list[str], base: list[list[float]], other: list[list[float]]) -> dict[str, float]:
     """Differences between two answers to one request (per-question probability lists)."""
-    out = {"max_dp": 0.0, "max_dscore": 0.0, "choice_changes": 0, "noul_flips": 0}
+    out = {"max_dp": 0.0, "max_dscore": 0.0, "choice_changes": 0, "decisive_choice_changes": 0, "noul_flips": 0}
     for kind, p, q in zip(kinds, base, other):
         out["max_dp"] = max(out["max_dp"], max(abs(a - b) for a, b in zip(p, q)))
         if kind == "choice" and p.index(max(p)) != q.index(max(q)):
             out["choice_changes"] += 1
+            # A change between near-tied options (top two within 2x the dp gate in the base
+            # answer) is rounding noise deciding a tie; one beyond that is a real disagreement.
+            top = sorted(p, reverse=True)
+            out["decisive_choice_changes"] += int(len(top) > 1 and top[0] - top[1] > 2e-3)
         if kind == "score":
             out["max_dscore"] = max(out["max_dscore"], abs(expected_score(p) - expected_score(q)))
         if kind == "noul" and (p[1] >= 0.5) != (q[1] >= 0.5):
@@ -75,9 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     runner, oracle = build_runners(args)
     engine = Engine(runner, cost_model=default_cost_model(args.backend))
     oracle_engine = Engine(oracle, cost_model=default_cost_model("torch"))
-    rows = {policy: {"max_dp": 0.0, "max_dscore": 0.0, "choice_changes": 0, "noul_flips": 0, "failures": 0,
+    rows = {policy: {"max_dp": 0.0, "max_dscore": 0.0, "choice_changes": 0, "decisive_choice_changes": 0,
+                     "noul_flips": 0, "failures": 0,
                      "saved_tokens": 0} for policy in POLICIES}
-    oracle_row = {"max_dp": 0.0, "max_dscore": 0.0, "choice_changes": 0, "noul_flips": 0, "max_rel_dscore_head": 0.0,
+    oracle_row = {"max_dp": 0.0, "max_dscore": 0.0, "choice_changes": 0, "decisive_choice_changes": 0, "noul_flips": 0,
+                  "max_rel_dscore_head": 0.0,
                   "cases": 0}
     submitted = 0
     for index, case in enumerate(cases):
@@ -116,15 +122,15 @@ def main(argv: list[str] | None = None) -> None:
              f"- backend {args.backend}, card {card}, weights: "
              + (f"synthetic {args.synthetic} seed {args.seed}, {runner.config.num_layers} layers" if args.synthetic else str(args.model)),
              f"- {len(cases)} requests ({submitted} tokens submitted per policy)", "",
-             "| policy vs off | max abs dp | max abs d score | choice changes | noul flips | failures | saved tokens |",
+             "| policy vs off | max abs dp | max abs d score | choice changes (decisive: top-2 gap > 2e-3) | noul flips | failures | saved tokens |",
              "|---|---|---|---|---|---|---|"]
     for policy, r in rows.items():
-        lines.append(f"| {policy} | {r['max_dp']:.2e} | {r['max_dscore']:.2e} | {r['choice_changes']} | {r['noul_flips']} "
+        lines.append(f"| {policy} | {r['max_dp']:.2e} | {r['max_dscore']:.2e} | {r['choice_changes']} ({r['decisive_choice_changes']}) | {r['noul_flips']} "
                      f"| {r['failures']} | {r['saved_tokens']} |")
     o = oracle_row
     lines += ["", f"Against transformers (`off`, same weights, first {o['cases']} requests): max abs dp {o['max_dp']:.2e}, "
                   f"max abs d score {o['max_dscore']:.2e}, max head-score difference (relative to max(1, |s|)) "
-                  f"{o['max_rel_dscore_head']:.2e}, choice changes {o['choice_changes']}, noul flips {o['noul_flips']}."]
+                  f"{o['max_rel_dscore_head']:.2e}, choice changes {o['choice_changes']} (decisive {o['decisive_choice_changes']}), noul flips {o['noul_flips']}."]
     text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(text)

@@ -42,14 +42,15 @@ def num_attention_pairs(plan: Plan) -> int:
     )
 
 
-# CPU: the PyTorch fp32 runner on the embedded demo model, 2 threads (CI's shape). Fitted by
-# weighted least squares to single-launch timings over 1-16 sequences x 8-2048 tokens x 0-3072
-# tokens of context (benchmarks/prefix_cpu.py --fit, 2026-11-29): a launch's fixed cost is Python
-# and per-layer op dispatch; the attention term is large because the CPU path materializes scores.
+# CPU: the PyTorch fp32 runner on the embedded demo model. Fitted by weighted least squares to
+# single-launch timings over 1-16 sequences x 8-2048 tokens x 0-3072 tokens of context
+# (benchmarks/prefix_cpu.py --threads 1 --fit, 2026-11-29; it predicts that run's off and shared
+# latencies within 3%). A launch's fixed cost is Python and per-layer op dispatch; the attention
+# term is large because the CPU path materializes the score matrices.
 CPU_COST_MODEL = CostModel(
-    seconds_per_launch=4.3e-3,
-    seconds_per_token=8.3e-5,
-    seconds_per_attention_pair=2.9e-8,
+    seconds_per_launch=5.0e-3,
+    seconds_per_token=9.2e-5,
+    seconds_per_attention_pair=6.5e-8,
 )
 
 # GPU: the 27B shape on one H200 (DESIGN §5). Launch = the weight read, ~54 GB at ~4.3 TB/s
