@@ -69,7 +69,8 @@ class _Client:
 
 
 def run_blocks(arms: list[Arm], cases: list[Case], *, blocks: int, seed: int = 0, timeout: float = 600.0,
-               progress=print) -> Results:
+               progress=print, after_block=lambda results: None) -> Results:
+    """after_block(results) runs after every traversal, so a run cut short keeps what it measured."""
     import json
 
     texts = {case.name: json.dumps(case.request, ensure_ascii=False) for case in cases}
@@ -87,6 +88,7 @@ def run_blocks(arms: list[Arm], cases: list[Case], *, blocks: int, seed: int = 0
                 results.samples.append(client.send(case, texts[case.name], block, timeout))
         label = "warm-up" if block < 0 else f"block {block + 1}/{blocks}"
         progress(f"{label}: {len(order)} cases x {len(arms)} arms in {time.perf_counter() - started:.1f} s")
+        after_block(results)
     for client in clients:
         client.channel.close()
     return results

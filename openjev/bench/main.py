@@ -65,6 +65,25 @@ def peak_memory_bytes(log_text: str) -> int | None:
     return None
 
 
+def token_counts(cases, candidates_of) -> dict[str, tuple[int, int]]:
+    """case -> (tokens submitted, tokens of the shared token tree: what the floor computes)."""
+    from openjev.worker.planner.plan import PackLimits
+    from openjev.worker.planner.policy import plan_request
+
+    tokens = {}
+    for case in cases:
+        ids = candidates_of(case.request)
+        tokens[case.name] = (sum(len(t) for q in ids for t in q), plan_request(ids, "shared", PackLimits()).num_computed_tokens)
+    return tokens
+
+
+def write(out: Path, results, peak, floors, tokens, ceilings) -> None:
+    (out / "results.json").write_text(json.dumps({
+        "samples": [s.__dict__ for s in results.samples], "sweep": results.sweep, "tokens": tokens,
+        "floors": floors, "peak_memory_bytes": peak,
+        "ceilings": ceilings.__dict__ if ceilings else None}, indent=0))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="openjev bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, required=True, help="export directory (tokenizer, metadata; weights unless --synthetic)")
@@ -91,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         cases = stratified(cases, args.per_group)
     print(f"{len(cases)} cases", file=sys.stderr)
 
+    tokens = token_counts(cases, candidates_of)
     worker_args = shlex.split(args.worker_args)
     arm_names = args.arms.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="openjev-bench-"))
@@ -104,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
             pairs.append(hf)
             arms.append(harness.Arm("transformers", hf.frontend.address, None))
         results = harness.run_blocks(arms, cases, blocks=args.blocks, timeout=args.timeout,
-                                     progress=lambda m: print(m, file=sys.stderr))
+                                     progress=lambda m: print(m, file=sys.stderr),
+                                     after_block=lambda r: write(args.out, r, [], None, tokens, None))
         auto = next((a for a in arms if a.name == "ours-auto"), arms[0])
         if args.sweep:
             for row in harness.concurrency_sweep(auto, cases, [int(x) for x in args.sweep.split(",")],
@@ -115,13 +136,6 @@ def main(argv: list[str] | None = None) -> None:
             pair.stop()
     peak = [peak_memory_bytes(pair.worker.log_text()) for pair in pairs]
 
-    from openjev.worker.planner.plan import PackLimits
-    from openjev.worker.planner.policy import plan_request
-
-    tokens = {}
-    for case in cases:
-        ids = candidates_of(case.request)
-        tokens[case.name] = (sum(len(t) for q in ids for t in q), plan_request(ids, "shared", PackLimits()).num_computed_tokens)
     floors = ceilings = None
     try:
         import torch
@@ -151,9 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     text = report.render(results, cases, [a.name for a in arms], reference_arm=auto.name, floors=floors,
                          tokens=tokens, header=header)
     (args.out / "report.md").write_text(text)
-    (args.out / "results.json").write_text(json.dumps({
-        "samples": [s.__dict__ for s in results.samples], "sweep": results.sweep, "tokens": tokens,
-        "floors": floors, "peak_memory_bytes": peak}, indent=0))
+    write(args.out, results, peak, floors, tokens, ceilings)
     report.plot(results, cases, [a.name for a in arms], args.out / "latency.png")
     print(text)
 
