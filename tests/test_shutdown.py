@@ -3,7 +3,6 @@ and the process exits within its grace period."""
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 import urllib.request

@@ -34,7 +34,6 @@ def group_of(case: Case) -> str:
 def render(results: Results, cases: list[Case], arms: list[str], *, reference_arm: str,
            floors: dict[str, float] | None, tokens: dict[str, tuple[int, int]], header: str) -> str:
     """floors: case -> floor seconds (None without a GPU); tokens: case -> (submitted, shared-plan computed)."""
-    by_case = {c.name: c for c in cases}
     timed = [s for s in results.samples if s.block >= 0]
     warm = [s for s in results.samples if s.block < 0]
     lines = [header, ""]

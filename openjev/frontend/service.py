@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -40,8 +41,6 @@ class Refused(Exception):
 
 
 def answer_to_proto(question_id: str, answer: dict) -> api.Answer:
-    import json
-
     message = api.Answer(question_id=question_id)
     kind = answer["type"]
     if kind == "noul":

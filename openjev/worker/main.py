@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     runner = backends.build_runner(backend, args.model, synthetic=args.synthetic, seed=args.seed, threads=args.threads,
                                    graph_cache_size=args.graph_cache_size)
     tokenizer = PromptTokenizer.from_export(args.model)
+    num_token_ids = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+    if runner.config.vocab_size < num_token_ids:  # e.g. --synthetic small, whose table is tiny
+        raise SystemExit(f"openjev-worker: the model's vocab_size {runner.config.vocab_size} is smaller than "
+                         f"the tokenizer's {num_token_ids} token ids")
     forced_policy = None
     if backend == "transformers":
         forced_policy = args.prefix_policy = "off"  # it cannot start from a parent's state

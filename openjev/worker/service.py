@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import grpc
 
 from openjev import abi, interceptors, logs
-from openjev.v1 import decision_pb2 as api
 from openjev.worker.admission import Abandoned, AdmissionQueue, QueueFull
 from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork
 from openjev.worker.v1 import worker_pb2 as wire
