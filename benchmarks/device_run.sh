@@ -2,6 +2,9 @@
 # One device call: install carried wheels, build the demo export (tokenizer + metadata), run the
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): bash benchmarks/device_run.sh STEP...   steps: tests gates bench-subset bench-full
+# Timing seen on 2026-11-29: machine start ~1.5 min; tests 25 s; gates (100 requests) ~60 s;
+# bench-subset (45 cases x 4 arms, graphs off) ~9 min for warm-up + 2 blocks; bench-full does not
+# fit one 10-minute call while CUDA graphs recapture per shape (docs/benchmarks/index.md).
 set -u
 # Servers from an earlier call that ran out of time live on in their own sessions: stop them.
 pkill -f "openjev.(worker|frontend).main" && sleep 3
@@ -27,7 +30,7 @@ for step in "$@"; do
              --synthetic 27b --layers 8 --oracle-cases 20 --limit 100 --out $OUT/gpu-gates.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
     bench-subset) python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-subset \
              --worker-args "--synthetic 27b --graph-cache-size 0" --arms off,auto,shared,transformers --per-group 3 \
-             --blocks 2 --sweep 1,4 --sweep-seconds 8 --timeout 120 2>$OUT/bench-subset.log | head -20 ;;
+             --blocks 2 --sweep "" --timeout 120 2>$OUT/bench-subset.log | head -20 ;;
     bench-full) python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-full \
              --worker-args "--synthetic 27b" --arms off,auto,shared --blocks 2 --sweep 1,4,16 --sweep-seconds 10 \
              --timeout 120 2>$OUT/bench-full.log | head -20 ;;
