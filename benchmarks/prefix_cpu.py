@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import platform
 import random
 import statistics
@@ -34,21 +35,7 @@ WORDS = ("the customer order charge refund account invoice payment service login
          "package late damaged team urgent support ticket network outage billing security access "
          "report issue duplicate cancel subscription plan was is not again twice today because").split()
 
-CONTRACT_EXAMPLE = {
-    "state": "A customer says: I was charged twice for one order. The service is working normally. "
-             "There is no sign of unauthorized access.",
-    "questions": {
-        "route": {"type": "choice", "instructions": "Which team should handle this issue?", "criteria": {
-            "billing": "Problems with charges, invoices, refunds or payments.",
-            "security": "Unauthorized access or account compromise.",
-            "technical": "Service unavailable or a software malfunction."}},
-        "refund_review": {"type": "noul", "instructions": "Does this message describe a duplicate charge?"},
-        "urgency": {"type": "score", "instructions": "Assess the urgency using only the given evidence.",
-                    "criteria": ["Routine: no service disruption or active security compromise is reported.",
-                                 "Urgent: an ongoing service disruption is reported.",
-                                 "Critical: active unauthorized access is reported."]},
-    },
-}
+CONTRACT_EXAMPLE = json.loads((Path(__file__).resolve().parents[1] / "examples" / "contract_example.json").read_text())
 
 
 def long_state_request(num_words: int) -> dict:

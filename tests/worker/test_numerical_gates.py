@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,18 +91,7 @@ def corpus() -> list[tuple[str, dict]]:
     return out
 
 
-CONTRACT_EXAMPLE = {
-        "state": "A customer says: I was charged twice for one order. The service is working normally. There is no sign of unauthorized access.",
-        "questions": {
-            "route": {"type": "choice", "instructions": "Which team should handle this issue?", "criteria": {
-                "billing": "Problems with charges, invoices, refunds or payments.",
-                "security": "Unauthorized access or account compromise.",
-                "technical": "Service unavailable or a software malfunction."}},
-            "refund_review": {"type": "noul", "instructions": "Does this message describe a duplicate charge?"},
-            "urgency": {"type": "score", "instructions": "Assess the urgency using only the given evidence.", "criteria": [
-                "Routine: no service disruption or active security compromise is reported.",
-                "Urgent: an ongoing service disruption is reported.",
-                "Critical: active unauthorized access is reported."]}}}
+CONTRACT_EXAMPLE = json.loads((Path(__file__).resolve().parents[2] / "examples" / "contract_example.json").read_text())
 
 
 @pytest.fixture(scope="module")
