@@ -180,3 +180,12 @@ def load_export_meta(directory: str | Path) -> ExportMeta:
         head_weight=tuple(float(w) for w in head_weight),
         head_bias=_finite_number(meta, "head_bias"),
     )
+
+
+def load_export_meta_or_exit(directory, program: str) -> ExportMeta:
+    """For the servers' start: a malformed export ends the process with the file and the problem,
+    not a traceback."""
+    try:
+        return load_export_meta(directory)
+    except ExportError as error:
+        raise SystemExit(f"{program}: {error}")

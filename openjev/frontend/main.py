@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from openjev import config, interceptors, logs, metrics, serving
-from openjev.export import ExportError, load_export_meta
+from openjev.export import load_export_meta_or_exit
 from openjev.frontend.service import DecisionServicer
 from openjev.frontend.worker_link import WorkerLink
 from openjev.frontend.worker_targets import TargetError
@@ -45,10 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     args = config.parse_with_env(parser(), argv)
     logs.configure(args.log_level)
     config.log_config("openjev.frontend", args)
-    try:
-        meta = load_export_meta(args.model)
-    except ExportError as error:
-        raise SystemExit(f"openjev-frontend: {error}")
+    meta = load_export_meta_or_exit(args.model, "openjev-frontend")
     tokenizer = PromptTokenizer.from_export(args.model)
     servers: list[serving.Server] = []
 

@@ -14,6 +14,7 @@ from openjev.contract.answers import answer_from_probabilities
 from openjev.contract.errors import PREFIX_POLICY, ContractError
 from openjev.contract.request import DecisionRequest, parse_request_json
 from openjev.export import ExportMeta
+from openjev.interceptors import REQUEST_ID_KEY
 from openjev.frontend.batches import iter_candidate_batches
 from openjev.frontend.worker_link import WorkerLink
 from openjev.tokenizer import PromptTokenizer
@@ -82,7 +83,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
     def Decide(self, request, context):
         started = time.perf_counter()
-        request_id = dict(context.invocation_metadata()).get("x-request-id") or uuid.uuid4().hex
+        request_id = dict(context.invocation_metadata()).get(REQUEST_ID_KEY) or uuid.uuid4().hex
         fields: dict = {"request_id": request_id}
         try:
             response = self._decide(request, context, request_id, fields)
@@ -159,7 +160,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             yield wire.ExecuteRequest(commit=wire.Commit())
 
         call = self.link.stub.Execute(
-            stream(), timeout=context.time_remaining(), metadata=[("x-request-id", request_id)]
+            stream(), timeout=context.time_remaining(), metadata=[(REQUEST_ID_KEY, request_id)]
         )
         context.add_callback(call.cancel)  # the client going away cancels the worker's work
         results: list[wire.QuestionResult | None] = [None] * len(decision.questions)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from openjev import abi, config, interceptors, logs, metrics, serving
-from openjev.export import ExportError, load_export_meta
+from openjev.export import load_export_meta_or_exit
 from openjev.tokenizer import PromptTokenizer
 from openjev.worker import backends
 from openjev.worker.admission import AdmissionQueue
@@ -64,10 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     args = config.parse_with_env(parser(), argv)
     logs.configure(args.log_level)
     config.log_config("openjev.worker", args)
-    try:
-        meta = load_export_meta(args.model)
-    except ExportError as error:
-        raise SystemExit(f"openjev-worker: {error}")
+    meta = load_export_meta_or_exit(args.model, "openjev-worker")
     backend = backends.resolve_backend(args.backend)
     runner = backends.build_runner(backend, args.model, synthetic=args.synthetic, seed=args.seed, threads=args.threads,
                                    graph_cache_size=args.graph_cache_size)

@@ -139,7 +139,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
 
     def Execute(self, request_iterator, context):
         started = time.perf_counter()
-        request_id = dict(context.invocation_metadata()).get("x-request-id", "")
+        request_id = dict(context.invocation_metadata()).get(interceptors.REQUEST_ID_KEY, "")
         fields = {"request_id": request_id}
         try:
             collected = _collect(request_iterator, self.identity)
