@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: install carried wheels, build the demo export (tokenizer + metadata), run the
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
-# Usage (device tool): bash benchmarks/device_run.sh STEP...   steps: tests gates bench-subset bench-full
+# Usage (device tool): bash benchmarks/device_run.sh STEP...
+#   steps: tests gemm gates-ROWS gates bench-probe bench-subset bench-full
 # Timing seen on 2026-11-29: machine start ~1.5 min; tests 25 s; gates (100 requests) ~60 s;
 # bench-subset (45 cases x 4 arms, graphs off) ~9 min for warm-up + 2 blocks; bench-full does not
 # fit one 10-minute call while CUDA graphs recapture per shape (docs/benchmarks/index.md).
@@ -32,14 +33,25 @@ python3 -m openjev.demo_model --out .openjev/demo-model >/dev/null || exit 1
 WL=docs/benchmarks/workload.jsonl
 for step in "$@"; do
   case $step in
-    tests) python3 -m pytest -q -m gpu tests/worker/cuda 2>&1 | tail -5 | tee $OUT/gpu-tests.txt ;;
-    gates) python3 -m openjev.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
+    tests) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda 2>&1 | tail -5 | tee $OUT/gpu-tests.txt ;;
+    gemm) timeout 150 python3 benchmarks/gemm_invariance.py 2>&1 | tail -40 | tee $OUT/gemm-invariance.md ;;
+    # gates-N: 40 requests with products padded to N rows (quick comparison); gates: the full gate
+    gates-ws0) CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 timeout 150 python3 -m openjev.bench.gates \
+             --model .openjev/demo-model --workload $WL --backend cuda --synthetic 27b --layers 8 --oracle-cases 5 \
+             --limit 40 --gemm-min-rows 0 --out $OUT/gates-ws0.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
+    gates-*) rows=${step#gates-}; timeout 150 python3 -m openjev.bench.gates --model .openjev/demo-model --workload $WL \
+             --backend cuda --synthetic 27b --layers 8 --oracle-cases 5 --limit 40 --gemm-min-rows $rows \
+             --out $OUT/gates-rows$rows.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
+    gates) timeout 300 python3 -m openjev.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
              --synthetic 27b --layers 8 --oracle-cases 20 --limit 100 --out $OUT/gpu-gates.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
+    bench-probe) timeout 240 python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-probe \
+             --worker-args "--synthetic 27b --graph-capture-after 1" --arms off,auto --per-group 2 \
+             --blocks 1 --sweep "" --timeout 120 2>$OUT/bench-probe.log | head -20 ;;
     bench-subset) python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-subset \
-             --worker-args "--synthetic 27b --graph-cache-size 0" --arms off,auto,shared,transformers --per-group 3 \
+             --worker-args "--synthetic 27b --graph-capture-after 1" --arms off,auto,shared,transformers --per-group 3 \
              --blocks 2 --sweep "" --timeout 120 2>$OUT/bench-subset.log | head -20 ;;
     bench-full) python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-full \
-             --worker-args "--synthetic 27b" --arms off,auto,shared --blocks 2 --sweep 1,4,16 --sweep-seconds 10 \
-             --timeout 120 2>$OUT/bench-full.log | head -20 ;;
+             --worker-args "--synthetic 27b --graph-capture-after 1" --arms off,auto,shared --blocks 2 --sweep 1,4,16 \
+             --sweep-seconds 10 --timeout 120 2>$OUT/bench-full.log | head -20 ;;
   esac
 done

@@ -52,8 +52,11 @@ def build_runners(args):
     from openjev.worker.cuda.runner import CudaRunner
     from openjev.worker.hf_runner import TransformersRunner
 
-    runner = (CudaRunner.synthetic(args.synthetic, seed=args.seed, num_layers=args.layers) if args.synthetic
-              else CudaRunner.from_export(args.model))
+    options = {"graph_cache_size": args.graphs}
+    if args.gemm_min_rows is not None:
+        options["gemm_min_rows"] = args.gemm_min_rows
+    runner = (CudaRunner.synthetic(args.synthetic, seed=args.seed, num_layers=args.layers, **options) if args.synthetic
+              else CudaRunner.from_export(args.model, **options))
     oracle = TransformersRunner(runner.config, runner.reference_weights(), runner.head_weight.float().tolist(),
                                 runner.head_bias, device=runner.device)
     return runner, oracle
@@ -68,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--synthetic", default=None)
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--graphs", type=int, default=64, help="CUDA graph cache size (0: eager)")
+    p.add_argument("--gemm-min-rows", type=int, default=None, help="cuda backend: pad smaller products to this many rows")
     p.add_argument("--skip", default="16k", help="comma list of case groups to leave out")
     p.add_argument("--limit", type=int, default=None, help="at most this many requests")
     p.add_argument("--oracle-cases", type=int, default=40, help="cases compared with transformers")
@@ -131,12 +136,16 @@ def main(argv: list[str] | None = None) -> None:
     lines += ["", f"Against transformers (`off`, same weights, first {o['cases']} requests): max abs dp {o['max_dp']:.2e}, "
                   f"max abs d score {o['max_dscore']:.2e}, max head-score difference (relative to max(1, |s|)) "
                   f"{o['max_rel_dscore_head']:.2e}, choice changes {o['choice_changes']} (decisive {o['decisive_choice_changes']}), noul flips {o['noul_flips']}."]
+    graphs = getattr(runner, "graphs", None)
+    if graphs is not None:
+        lines += ["", f"CUDA graphs: {graphs.cache.num_captures} captures, {graphs.hits} replays, "
+                      f"{graphs.failures} capture failures."]
     text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(text)
     print(text)
     passed = all(r["max_dp"] <= 1e-3 and r["max_dscore"] <= 1e-3 and r["choice_changes"] == 0 and r["noul_flips"] == 0
-                 and r["failures"] == 0 for r in rows.values())
+                 and r["failures"] == 0 for r in rows.values()) and (graphs is None or graphs.failures == 0)
     sys.exit(0 if passed else 1)
 
 

@@ -77,11 +77,44 @@ def token_counts(cases, candidates_of) -> dict[str, tuple[int, int]]:
     return tokens
 
 
-def write(out: Path, results, peak, floors, tokens, ceilings) -> None:
+def write(out: Path, results, peak, floors, tokens, ceilings, header: str) -> None:
     (out / "results.json").write_text(json.dumps({
         "samples": [s.__dict__ for s in results.samples], "sweep": results.sweep, "tokens": tokens,
-        "floors": floors, "peak_memory_bytes": peak,
+        "floors": floors, "peak_memory_bytes": peak, "header": header,
         "ceilings": ceilings.__dict__ if ceilings else None}, indent=0))
+
+
+def measure_floors(model: Path, worker_args: list[str], tokens):
+    """(ceilings, case -> floor seconds), both None without a GPU. Measured before the servers
+    start, so that the ceilings see an idle card and a run cut short still has its floors."""
+    try:
+        import torch
+    except ImportError:
+        return None, None
+    if not torch.cuda.is_available():
+        return None, None
+    from openjev.bench import roofline
+
+    ceilings = roofline.measure_ceilings()
+    config = model_config(model, worker_args)
+    floors = {name: roofline.floor_seconds(config, t[1], ceilings) for name, t in tokens.items()}
+    torch.cuda.empty_cache()
+    return ceilings, floors
+
+
+def render_saved(out: Path, cases: list[workload.Case]) -> str:
+    """report.md and latency.png again from results.json (e.g. of a run that was cut short)."""
+    saved = json.loads((out / "results.json").read_text())
+    results = harness.Results([harness.Sample(**s) for s in saved["samples"]], saved["sweep"])
+    arms = list(dict.fromkeys(s.arm for s in results.samples))
+    names = {s.case for s in results.samples}
+    cases = [c for c in cases if c.name in names]
+    reference = "ours-auto" if "ours-auto" in arms else arms[0]
+    text = report.render(results, cases, arms, reference_arm=reference, floors=saved["floors"],
+                         tokens={k: tuple(v) for k, v in saved["tokens"].items()}, header=saved["header"])
+    (out / "report.md").write_text(text)
+    report.plot(results, cases, arms, out / "latency.png")
+    return text
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -96,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sweep", default="1,4,16", help="concurrency levels of the auto arm ('' to skip)")
     p.add_argument("--sweep-seconds", type=float, default=20.0)
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--report-only", action="store_true", help="render report.md from --out/results.json and stop")
     args = p.parse_args(argv)
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -106,12 +140,27 @@ def main(argv: list[str] | None = None) -> None:
         cases = (workload.jevbench_cases(longest) + workload.multi_question_cases(longest)
                  + workload.capacity_cases(longest, meta.max_length))
         workload.write_jsonl(cases, args.out / "workload.jsonl")
+    if args.report_only:
+        print(render_saved(args.out, cases))
+        return
     if args.per_group:
         cases = stratified(cases, args.per_group)
     print(f"{len(cases)} cases", file=sys.stderr)
 
     tokens = token_counts(cases, candidates_of)
     worker_args = shlex.split(args.worker_args)
+    ceilings, floors = measure_floors(args.model, worker_args, tokens)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    card = ceilings.device if ceilings else f"CPU ({platform.processor() or platform.machine()})"
+    header = "\n".join([
+        f"# Benchmark {datetime.date.today().isoformat()}", "",
+        f"- command: `python -m openjev.bench.main {' '.join(shlex.quote(a) for a in (argv or sys.argv[1:]))}`",
+        f"- card: {card}; commit {commit or 'unknown'}; worker flags: `{args.worker_args or '(none)'}`",
+        f"- {len(cases)} cases, {args.blocks} timed blocks after one warm-up traversal; concurrency 1 per arm, "
+        "one persistent client per arm, arms interleaved per case in a shuffled order",
+        (f"- ceilings measured in this run: copy {ceilings.copy_bytes_per_second / 1e12:.2f} TB/s, "
+         f"bf16 GEMM {ceilings.matmul_flops_per_second / 1e12:.0f} TFLOP/s" if ceilings else "- no GPU: no roofline floor"),
+    ])
     arm_names = args.arms.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="openjev-bench-"))
     pairs, arms = [], []
@@ -125,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
             arms.append(harness.Arm("transformers", hf.frontend.address, None))
         results = harness.run_blocks(arms, cases, blocks=args.blocks, timeout=args.timeout,
                                      progress=lambda m: print(m, file=sys.stderr),
-                                     after_block=lambda r: write(args.out, r, [], None, tokens, None))
+                                     after_block=lambda r: write(args.out, r, [], floors, tokens, ceilings, header))
         auto = next((a for a in arms if a.name == "ours-auto"), arms[0])
         if args.sweep:
             for row in harness.concurrency_sweep(auto, cases, [int(x) for x in args.sweep.split(",")],
@@ -135,39 +184,10 @@ def main(argv: list[str] | None = None) -> None:
         for pair in pairs:
             pair.stop()
     peak = [peak_memory_bytes(pair.worker.log_text()) for pair in pairs]
-
-    floors = ceilings = None
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            from openjev.bench import roofline
-
-            ceilings = roofline.measure_ceilings()
-            config = model_config(args.model, worker_args)
-            floors = {name: roofline.floor_seconds(config, t[1], ceilings) for name, t in tokens.items()}
-    except ImportError:
-        pass
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    card = ceilings.device if ceilings else f"CPU ({platform.processor() or platform.machine()})"
-    header = "\n".join([
-        f"# Benchmark {datetime.date.today().isoformat()}", "",
-        f"- command: `python -m openjev.bench.main {' '.join(shlex.quote(a) for a in (argv or sys.argv[1:]))}`",
-        f"- card: {card}; commit {commit or 'unknown'}; worker flags: `{args.worker_args or '(none)'}`",
-        f"- {len(cases)} cases, {args.blocks} timed blocks after one warm-up traversal; concurrency 1 per arm, "
-        "one persistent client per arm, arms interleaved per case in a shuffled order",
-        (f"- ceilings measured in this run: copy {ceilings.copy_bytes_per_second / 1e12:.2f} TB/s, "
-         f"bf16 GEMM {ceilings.matmul_flops_per_second / 1e12:.0f} TFLOP/s" if ceilings else "- no GPU: no roofline floor"),
-        "- peak device memory per worker: " + ", ".join(
-            f"{pair.worker.name}@{i}: " + (f"{b / 2**30:.1f} GiB" if b else "n/a") for i, (pair, b) in enumerate(zip(pairs, peak))),
-    ])
-    text = report.render(results, cases, [a.name for a in arms], reference_arm=auto.name, floors=floors,
-                         tokens=tokens, header=header)
-    (args.out / "report.md").write_text(text)
-    write(args.out, results, peak, floors, tokens, ceilings)
-    report.plot(results, cases, [a.name for a in arms], args.out / "latency.png")
-    print(text)
+    header += "\n- peak device memory per worker: " + ", ".join(
+        f"{pair.worker.name}@{i}: " + (f"{b / 2**30:.1f} GiB" if b else "n/a") for i, (pair, b) in enumerate(zip(pairs, peak)))
+    write(args.out, results, peak, floors, tokens, ceilings, header)
+    print(render_saved(args.out, cases))
 
 
 if __name__ == "__main__":

@@ -30,10 +30,10 @@ def resolve_backend(requested: str) -> str:
 
 
 def build_runner(backend: str, model_dir: Path, *, synthetic: str | None, seed: int, threads: int | None,
-                 graph_cache_size: int = 8):
+                 cuda_options: dict | None = None):
     """The export directory always provides metadata and the tokenizer; with `synthetic` the
-    weights are seeded random ones of the named shape instead of the export's. graph_cache_size:
-    CUDA graphs the cuda backend keeps (0: eager launches)."""
+    weights are seeded random ones of the named shape instead of the export's. cuda_options:
+    CudaRunner keyword arguments (graph cache, GEMM padding) of the cuda backend."""
     if backend == "torch":
         if synthetic is not None:
             raise SystemExit("--synthetic needs a GPU (--backend cuda or transformers)")
@@ -50,9 +50,10 @@ def build_runner(backend: str, model_dir: Path, *, synthetic: str | None, seed: 
                                               dtype=torch.bfloat16 if device == "cuda" else torch.float32)
     from openjev.worker.cuda.runner import CudaRunner
 
-    graphs = graph_cache_size if backend == "cuda" else 0  # transformers only borrows its weights
-    runner = (CudaRunner.synthetic(synthetic, seed=seed, graph_cache_size=graphs) if synthetic
-              else CudaRunner.from_export(model_dir, graph_cache_size=graphs))
+    # transformers only borrows the CUDA runner's weights: no graphs for it
+    options = dict(cuda_options or {}) if backend == "cuda" else {"graph_cache_size": 0}
+    runner = (CudaRunner.synthetic(synthetic, seed=seed, **options) if synthetic
+              else CudaRunner.from_export(model_dir, **options))
     if backend == "transformers":
         # Same seed, same weights: transformers gets views of the CUDA runner's tensors.
         from openjev.worker.hf_runner import TransformersRunner

@@ -40,8 +40,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-questions", type=int, default=4096)
     p.add_argument("--max-candidates", type=int, default=65536)
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the torch backend")
-    p.add_argument("--graph-cache-size", type=int, default=8,
+    p.add_argument("--graph-cache-size", type=int, default=128,
                    help="CUDA graphs the cuda backend keeps, one per launch shape bucket (0: eager launches)")
+    p.add_argument("--graph-capture-after", type=int, default=2,
+                   help="capture a shape's graph on its Nth launch (1: at once; a capture costs several eager launches)")
+    p.add_argument("--gemm-min-rows", type=int, default=0,
+                   help="cuda backend: pad products of fewer rows to this many, so that a token's result does not "
+                   "depend on its launch's size (docs/cuda-kernels.md)")
     p.add_argument("--grace-seconds", type=float, default=10.0, help="drain time on SIGTERM")
     p.add_argument("--port-file", type=Path, default=None,
                    help="write the bound port here once serving (for --listen HOST:0)")
@@ -67,7 +72,9 @@ def main(argv: list[str] | None = None) -> None:
     meta = load_export_meta_or_exit(args.model, "openjev-worker")
     backend = backends.resolve_backend(args.backend)
     runner = backends.build_runner(backend, args.model, synthetic=args.synthetic, seed=args.seed, threads=args.threads,
-                                   graph_cache_size=args.graph_cache_size)
+                                   cuda_options={"graph_cache_size": args.graph_cache_size,
+                                                 "graph_capture_after": args.graph_capture_after,
+                                                 "gemm_min_rows": args.gemm_min_rows})
     tokenizer = PromptTokenizer.from_export(args.model)
     num_token_ids = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
     if runner.config.vocab_size < num_token_ids:  # e.g. --synthetic small, whose table is tiny

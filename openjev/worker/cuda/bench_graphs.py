@@ -54,7 +54,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--prefix", type=int, default=2048)
     args = p.parse_args()
-    graph = CudaRunner.synthetic(args.shape, seed=0)
+    graph = CudaRunner.synthetic(args.shape, seed=0, graph_capture_after=1)
     eager = CudaRunner(graph.config, graph.embed, graph.layers, graph.final_norm, graph.head_weight,
                        graph.head_bias, graph_cache_size=0)
     vocab, rows = graph.config.vocab_size, []

@@ -8,20 +8,26 @@ device-side shape, so each launch is padded to its bucket (`Shape`):
   segments fill the segment count up to its bucket. Pad rows can hold garbage (attention computes
   at most max_q rows of a segment) and stay harmless: conv, recurrence and attention mix rows
   only within a segment, GEMMs and norms not at all.
-- distinct parents P -> slots of static per-layer GDN state buffers [P_pad+1, L, ...] (slot
-  P_pad stays zero: segments without a parent); kept segments K -> static outputs [K_pad, L, ...].
+- distinct parents P -> slots 1..P of static per-layer GDN state buffers (slot 0 stays zero:
+  segments without a parent); kept segments K -> static output slots 0..K-1.
 - the attention pool of each layer is a static [base_pad + T_pad, Hkv, 256] buffer: ancestors'
   rows are copied into [0, base), the launch's own keys are written from row base_pad.
+The static buffers are shared by every graph (each sees a leading slice of them, `_Statics`):
+their size is that of the largest shape seen, not the sum over the cache. Growing them drops the
+cached graphs, which point into the old ones; sizes double, so that happens a few times at most.
 Before a replay the launch's indices (one int32 buffer) and parents' states are copied in; after
 it the kept segments' final states are copied out, so no real state lives in a graph's buffers.
 Launches with more than MAX_STATE_SLOTS parents or kept segments, or MAX_TOKENS tokens, run
 eagerly (GEMM-bound anyway, and their static buffers would be large).
+A shape is captured on its `capture_after`-th sighting (default 2): a capture costs several eager
+launches (0.4-0.8 s on the 27B shape), which a shape seen once never pays back.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +51,7 @@ log = logging.getLogger(__name__)
 MAX_STATE_SLOTS = 8  # each slot is ~150 MB of GDN state per graph on the 27B shape
 MAX_TOKENS = 16384
 MAX_FAILED_KEYS = 256
+MAX_SEEN_SHAPES = 4096
 
 
 def _segments_bucket(n: int) -> int:
@@ -88,19 +95,89 @@ def shape_of(plan: LaunchPlan) -> Shape | None:
                  _slots_bucket(parents), _slots_bucket(kept))
 
 
+class _Statics:
+    """The static buffers every graph reads and writes, at the largest size seen so far; a shape
+    gets leading slices of them (`views`). idx int32; win_in [1+P, L, 3, C] bf16 and st_in [1+P,
+    L, Hv, 128, 128] fp32 (slot 0 stays zero: no parent); win_out, st_out [K, L, ...]; kv [La, 2,
+    rows, Hkv, 256] bf16 (L: GDN layers, La: attention layers)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def _need(self, shape: Shape) -> dict[str, int]:
+        """Leading size along the sliced dimension, per buffer."""
+        need = {"idx": sum(n for _, n in shape.layout().values()), "kv": shape.base + shape.tokens}
+        if shape.parents:
+            need["win_in"] = need["st_in"] = shape.parents + 1
+        if shape.kept:
+            need["win_out"] = need["st_out"] = shape.kept
+        return need
+
+    def ensure(self, shape: Shape) -> bool:
+        """Make the buffers large enough for shape; True when they had to be replaced (every
+        graph captured on the old ones is then stale)."""
+        r, c = self.runner, self.runner.config
+        L, La, dev = len(r.gdn_layers), len(r.attn_layers), r.device
+        C, hv = c.linear_conv_dim, c.linear_num_value_heads
+        make = {
+            "idx": lambda n: torch.zeros(n, dtype=torch.int32, device=dev),
+            "kv": lambda n: torch.empty(La, 2, n, c.num_key_value_heads, c.head_dim, dtype=torch.bfloat16, device=dev),
+            "win_in": lambda n: torch.zeros(n, L, 3, C, dtype=torch.bfloat16, device=dev),
+            "st_in": lambda n: torch.zeros(n, L, hv, 128, 128, dtype=torch.float32, device=dev),
+            "win_out": lambda n: torch.empty(n, L, 3, C, dtype=torch.bfloat16, device=dev),
+            "st_out": lambda n: torch.empty(n, L, hv, 128, 128, dtype=torch.float32, device=dev),
+        }
+        grown = False
+        for name, n in self._need(shape).items():
+            have = self.buffers.get(name)
+            if have is None or self._size(name, have) < n:
+                size = n if name in ("win_in", "st_in", "win_out", "st_out") else bucket(n)
+                self.buffers.pop(name, None)  # free the old one before making the larger
+                self.buffers[name] = make[name](size)
+                grown = grown or have is not None
+        return grown
+
+    @staticmethod
+    def _size(name: str, t: torch.Tensor) -> int:
+        return t.shape[2] if name == "kv" else t.shape[0]
+
+    def views(self, shape: Shape) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, n in self._need(shape).items():
+            t = self.buffers[name]
+            out[name] = t[:, :, :n] if name == "kv" else t[:n]
+        return out
+
+
 class GraphLauncher:
     """Runs CudaRunner launches through a GraphCache; `run` returns None where the caller must
-    run the launch eagerly (no bucket fits, or its capture failed)."""
+    run the launch eagerly (no bucket fits, the shape is not seen often enough yet, or its
+    capture failed)."""
 
-    def __init__(self, runner, capacity: int):
-        self.runner, self.cache = runner, GraphCache(capacity)
+    def __init__(self, runner, capacity: int, capture_after: int = 2):
+        if capture_after < 1:
+            raise ValueError("capture_after must be at least 1")
+        self.runner, self.cache, self.capture_after = runner, GraphCache(capacity), capture_after
+        self.statics = _Statics(runner)
         self.hits = self.misses = self.failures = 0
         self._failed: set = set()  # keys whose capture failed: not retried (a capture costs ~2 eager runs)
+        self._seen: OrderedDict[Shape, int] = OrderedDict()  # sightings of shapes not captured yet
 
     def _count(self, hit: bool) -> None:
         self.hits, self.misses = self.hits + hit, self.misses + (not hit)
         if metrics is not None:
             (metrics.graph_cache_hits if hit else metrics.graph_cache_misses).inc()
+
+    def _due(self, shape: Shape) -> bool:
+        """Count a sighting of an uncaptured shape; True once it has been seen capture_after times."""
+        seen = self._seen.pop(shape, 0) + 1
+        if seen >= self.capture_after:
+            return True
+        self._seen[shape] = seen
+        if len(self._seen) > MAX_SEEN_SHAPES:
+            self._seen.popitem(last=False)
+        return False
 
     def run(self, plan: LaunchPlan):
         """(hidden [R, D] bf16 of the head rows, per run its state or None), or None."""
@@ -108,10 +185,12 @@ class GraphLauncher:
         entry = None if shape is None else self.cache.get(shape)
         self._count(entry is not None)
         if entry is None:
-            if shape is None or shape in self._failed:
+            if shape is None or shape in self._failed or not self._due(shape):
                 return None
             try:  # static buffers too: out of memory for them is a failure to capture, not to run
-                static = self._allocate(shape)
+                if self.statics.ensure(shape):
+                    self.cache.clear()  # graphs on the replaced buffers
+                static = self.statics.views(shape)
                 self._fill(static, plan, shape)
                 entry = self.cache.capture(shape, functools.partial(self._forward, shape), static)
             except Exception as error:  # any capture problem: this launch runs eagerly
@@ -128,35 +207,16 @@ class GraphLauncher:
         hidden = self.cache.replay(entry)
         return self._collect(hidden, entry.inputs, plan, shape)
 
-    def _allocate(self, shape: Shape) -> dict[str, torch.Tensor]:
-        """The graph's static buffers: idx int32; win_in [P+1, L, 3, C] bf16 and st_in [P+1, L, Hv,
-        128, 128] fp32 (zeros: slot P is the no-parent state); win_out, st_out [K, L, ...]; kv [La, 2,
-        base + T, Hkv, 256] bf16 (L: GDN layers, La: attention layers)."""
-        r, c = self.runner, self.runner.config
-        L, La, dev = len(r.gdn_layers), len(r.attn_layers), r.device
-        C, hv = c.linear_conv_dim, c.linear_num_value_heads
-        n_idx = sum(n for _, n in shape.layout().values())
-        s = {"idx": torch.zeros(n_idx, dtype=torch.int32, device=dev),
-             "kv": torch.empty(La, 2, shape.base + shape.tokens, c.num_key_value_heads, c.head_dim,
-                               dtype=torch.bfloat16, device=dev)}
-        if shape.parents:
-            s["win_in"] = torch.zeros(shape.parents + 1, L, 3, C, dtype=torch.bfloat16, device=dev)
-            s["st_in"] = torch.zeros(shape.parents + 1, L, hv, 128, 128, dtype=torch.float32, device=dev)
-        if shape.kept:
-            s["win_out"] = torch.empty(shape.kept, L, 3, C, dtype=torch.bfloat16, device=dev)
-            s["st_out"] = torch.empty(shape.kept, L, hv, 128, 128, dtype=torch.float32, device=dev)
-        return s
-
     def _fill(self, s: dict[str, torch.Tensor], plan: LaunchPlan, shape: Shape) -> None:
         """Copy the launch's indices, parents' GDN states and ancestors' K/V into the static buffers."""
         r = self.runner
         T, N, pad = len(plan.ids), len(plan.runs), shape.tokens - len(plan.ids)
         rows, cu_k = plan.kv_rows(shape.base)
-        parents: dict[int, tuple[int, object]] = {}  # id -> (slot, state), slots in first-use order
+        parents: dict[int, tuple[int, object]] = {}  # id -> (slot, state), slots 1.. in first-use order
         for run in plan.runs:
             if run.parent_state is not None:
-                parents.setdefault(id(run.parent_state), (len(parents), run.parent_state))
-        no_parent = shape.parents  # the zero slot
+                parents.setdefault(id(run.parent_state), (len(parents) + 1, run.parent_state))
+        no_parent = 0  # the zero slot
         values = {
             "ids": plan.ids, "pos": plan.positions + list(range(pad)),
             "cu": plan.cu + [shape.tokens] * (shape.segments - N),

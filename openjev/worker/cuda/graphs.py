@@ -3,8 +3,12 @@
 A launch's many small kernels cost more in host launch overhead than on the GPU at short
 lengths; replaying a captured graph costs one launch. Inputs are padded by the caller to a shape
 bucket (`bucket`, `fine_bucket`), written into the graph's static input buffers, and the graph is
-replayed; the least recently used graph is dropped once `capacity` graphs are held (each pins its
-memory pool and static buffers).
+replayed; the least recently used graph is dropped once `capacity` graphs are held.
+
+All graphs of one cache share one memory pool, so a graph costs its instantiated kernel list,
+not its own copy of every intermediate buffer. That is safe because the cache's graphs replay
+one at a time on one stream and each replay's outputs are copied out (`run`'s contract) before
+another graph replays and reuses their memory as its scratch.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class GraphCache:
         self.num_captures = 0
         self.num_replays = 0
         self._side: torch.cuda.Stream | None = None
+        self._pool = None  # the shared memory pool, made on the first capture (needs a device)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -72,6 +77,7 @@ class GraphCache:
         used entry beyond capacity. Raises whatever the capture raised; nothing is cached then."""
         if self._side is None:  # one side stream: blocks its warm-ups free stay reusable by the next
             self._side = torch.cuda.Stream()
+            self._pool = torch.cuda.graph_pool_handle()
         side = self._side
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -79,7 +85,7 @@ class GraphCache:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA calls of other threads (servers, metrics) must not invalidate it
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             outputs = fn(**static)
         self.num_captures += 1
         entry = _Entry(graph, static, outputs)
@@ -90,14 +96,15 @@ class GraphCache:
 
     def replay(self, entry: _Entry) -> Any:
         """Replay on the current stream; returns the static outputs (overwritten by the next
-        replay of the same entry, so copy what must outlive it)."""
+        replay of any entry, so copy what must outlive it)."""
         entry.graph.replay()
         self.num_replays += 1
         return entry.outputs
 
     def run(self, key: Hashable, fn: Callable[..., Any], inputs: dict[str, torch.Tensor]) -> Any:
         """Replay the graph for key (capturing it first if needed) on these inputs, which must
-        match the shapes/dtypes it was captured with. Returns the graph's static outputs."""
+        match the shapes/dtypes it was captured with. Returns the graph's static outputs: copy
+        what you need before the next replay of any graph of this cache."""
         entry = self.get(key)
         if entry is None:
             entry = self.capture(key, fn, {name: t.clone() for name, t in inputs.items()})

@@ -29,15 +29,21 @@ from openjev.worker.model.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelC
 from openjev.worker.runner_api import SegmentResult, SegmentRun
 
 
-DEFAULT_GRAPH_CACHE_SIZE = 8
+DEFAULT_GRAPH_CACHE_SIZE = 128
+DEFAULT_GRAPH_CAPTURE_AFTER = 2
+DEFAULT_GEMM_MIN_ROWS = 0
 
 
 class CudaRunner:
     backend = "cuda"
 
     def __init__(self, config: ModelConfig, embed, layers: list[FusedLayer], final_norm, head_weight, head_bias: float,
-                 graph_cache_size: int = DEFAULT_GRAPH_CACHE_SIZE):
+                 graph_cache_size: int = DEFAULT_GRAPH_CACHE_SIZE, gemm_min_rows: int = DEFAULT_GEMM_MIN_ROWS,
+                 graph_capture_after: int = DEFAULT_GRAPH_CAPTURE_AFTER):
         self.config, self.embed, self.layers, self.final_norm = config, embed, layers, final_norm
+        # Split-K products must not sum their partial results in bf16 (the library's default)
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        self.gemm_min_rows = gemm_min_rows
         self.head_weight = head_weight.to(device=embed.device, dtype=torch.float64)
         self.head_bias = float(head_bias)
         self.device = embed.device
@@ -49,19 +55,19 @@ class CudaRunner:
         if graph_cache_size:
             from openjev.worker.cuda.graph_launch import GraphLauncher
 
-            self.graphs = GraphLauncher(self, graph_cache_size)
+            self.graphs = GraphLauncher(self, graph_cache_size, graph_capture_after)
 
     @classmethod
-    def synthetic(cls, shape: str = "small", seed: int = 0, num_layers: int | None = None, device="cuda",
-                  graph_cache_size: int = DEFAULT_GRAPH_CACHE_SIZE):
+    def synthetic(cls, shape: str = "small", seed: int = 0, num_layers: int | None = None, device="cuda", **options):
+        """Seeded random weights of a named shape; options: the constructor's keyword arguments."""
         config = shape_config(shape, num_layers)
         embed, layers, final_norm = random_layers(config, seed, torch.device(device))
         gen = torch.Generator(device=device).manual_seed(seed + 1)
         head = torch.randn(config.hidden_size, device=device, generator=gen) / config.hidden_size**0.5
-        return cls(config, embed, layers, final_norm, head, 0.125, graph_cache_size)
+        return cls(config, embed, layers, final_norm, head, 0.125, **options)
 
     @classmethod
-    def from_export(cls, model_dir: str | Path, device="cuda", graph_cache_size: int = DEFAULT_GRAPH_CACHE_SIZE):
+    def from_export(cls, model_dir: str | Path, device="cuda", **options):
         from openjev.export import load_export_meta
         from openjev.worker.model.checkpoint import load_weights
         from openjev.worker.model.config import load_model_config
@@ -71,7 +77,7 @@ class CudaRunner:
         layers = [fuse_layer(layer, device) for layer in plain.layers]
         to = lambda t: t.to(device=device, dtype=torch.bfloat16).contiguous()  # noqa: E731
         head = torch.tensor(meta.head_weight, dtype=torch.float32)
-        return cls(config, to(plain.embed_tokens), layers, to(plain.final_norm), head, meta.head_bias, graph_cache_size)
+        return cls(config, to(plain.embed_tokens), layers, to(plain.final_norm), head, meta.head_bias, **options)
 
     def reference_weights(self):
         """The torch reference's ModelWeights, as views of this runner's weights."""
@@ -138,15 +144,25 @@ class CudaRunner:
                 hn, residual = K.add_rms_norm(residual, layer.post_norm, eps, x_add=mixed, row_idx=launch.head_idx)
             else:
                 hn, _ = K.add_rms_norm(residual, layer.post_norm, eps, x_add=mixed)
-            mlp = F.linear(K.silu_mul(F.linear(hn, layer.w_gate_up)), layer.w_down)
+            mlp = self._linear(K.silu_mul(self._linear(hn, layer.w_gate_up)), layer.w_down)
             next_norm = self.final_norm if index == last else self.layers[index + 1].input_norm
             h, _ = K.add_rms_norm(residual, next_norm, eps, x_add=mlp)
         return h if launch.head_idx is not None else residual
 
+    def _linear(self, x, w):
+        """x @ w^T, with fewer than gemm_min_rows rows padded up to it: the library picks its
+        algorithm (split-K among them) by row count, so a token's result could depend on how many
+        others share its launch; padding small launches to one size keeps them on one algorithm
+        (benchmarks/gemm_invariance.py measures where the choice changes)."""
+        m = x.shape[0]
+        if m >= self.gemm_min_rows:
+            return F.linear(x, w)
+        return F.linear(F.pad(x, (0, 0, 0, self.gemm_min_rows - m)), w)[:m]
+
     def _gdn(self, layer: FusedLayer, index: int, h, cu, io):
         c = self.config
         C, vd, hv = c.linear_conv_dim, c.linear_value_dim, c.linear_num_value_heads
-        proj = F.linear(h, layer.w_in)  # [T, C + Hv*Dv + 2*Hv]
+        proj = self._linear(h, layer.w_in)  # [T, C + Hv*Dv + 2*Hv]
         x = proj[:, :C] if (proj.stride(0) * 2) % 16 == 0 else proj[:, :C].contiguous()
         windows, init = io.gdn_in(index)
         conv, new_windows = K.causal_conv1d(x, layer.conv_weight, windows, cu)
@@ -155,12 +171,12 @@ class CudaRunner:
         v = conv[:, 2 * c.linear_key_dim :].unflatten(1, (hv, 128))
         o, final = K.gdn_recurrent(qn, kn, kq, v, g, beta, cu, init)
         io.gdn_out(index, new_windows, final)
-        return F.linear(K.gated_rms_norm(o, z, layer.norm_weight, c.rms_norm_eps), layer.w_out)
+        return self._linear(K.gated_rms_norm(o, z, layer.norm_weight, c.rms_norm_eps), layer.w_out)
 
     def _attention(self, layer: FusedLayer, index: int, h, launch: Launch, io):
         c = self.config
         hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        proj = F.linear(h, layer.w_in)  # [T, Hq*2*hd + 2*Hkv*hd]
+        proj = self._linear(h, layer.w_in)  # [T, Hq*2*hd + 2*Hkv*hd]
         qd, kvd = 2 * hq * hd, hkv * hd
         qg = proj[:, :qd].unflatten(1, (hq, 2 * hd))
         cos, sin = launch.rope
@@ -172,7 +188,7 @@ class CudaRunner:
         o = K.tree_attention(q, k_pool, v_pool, launch.kv_rows, launch.cu, launch.cu_k, launch.max_q,
                              gate=qg[..., hd:])
         io.kv_out(index, k_pool, v_pool, base)
-        return F.linear(o.flatten(1), layer.w_out)
+        return self._linear(o.flatten(1), layer.w_out)
 
 
 class _EagerIO:

@@ -31,12 +31,12 @@ def eager():
     return CudaRunner.synthetic("small", seed=3, num_layers=8, graph_cache_size=0)
 
 
-def twin(runner, size: int):
+def twin(runner, size: int, capture_after: int = 1):
     """A runner on the same weights with a graph cache of `size`."""
     from openjev.worker.cuda.runner import CudaRunner
 
     return CudaRunner(runner.config, runner.embed, runner.layers, runner.final_norm, runner.head_weight,
-                      runner.head_bias, graph_cache_size=size)
+                      runner.head_bias, graph_cache_size=size, graph_capture_after=capture_after)
 
 
 def rel(a, b) -> float:
@@ -101,6 +101,32 @@ def test_eviction_recaptures(eager):
         assert_close(graph.final_hidden(runs), eager.final_hidden(runs), f"rep {rep}")
         assert len(graph.graphs.cache) == 1
     assert graph.graphs.cache.num_captures == 4 and graph.graphs.misses == 4 and graph.graphs.failures == 0
+
+
+@pytest.mark.gpu
+def test_capture_on_second_sighting_and_static_growth(eager):
+    """capture_after=2: a shape's first launch runs eagerly, its second is captured, its third
+    replays. A larger shape then outgrows the shared static buffers: the cached graphs are
+    dropped, and the small shape, captured again on the new buffers, still matches eager."""
+    from openjev.worker.runner_api import SegmentRun
+
+    graph, rng, vocab = twin(eager, 8, capture_after=2), random.Random(4), eager.config.vocab_size
+
+    def check(lengths, what):
+        runs = [SegmentRun(tokens(rng, vocab, n), 0, None, i == 0, True) for i, n in enumerate(lengths)]
+        assert_close(graph.final_hidden(runs), eager.final_hidden(runs), what)
+
+    L = graph.graphs
+    for rep in range(3):
+        check((40, 5), f"small {rep}")
+        assert (L.cache.num_captures, L.hits) == ((0, 0), (1, 0), (1, 1))[rep]
+    rows = L.statics.buffers["kv"].shape[2]
+    for rep in range(2):
+        check((300, 200, 100), f"large {rep}")
+    assert L.statics.buffers["kv"].shape[2] > rows and len(L.cache) == 1  # the small graph was dropped
+    for rep in range(2):
+        check((40, 5), f"small again {rep}")
+    assert L.cache.num_captures == 3 and L.failures == 0
 
 
 @pytest.mark.gpu
