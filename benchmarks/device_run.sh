@@ -2,7 +2,7 @@
 # One device call: install carried wheels, build the demo export (tokenizer + metadata), run the
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): bash benchmarks/device_run.sh STEP...
-#   steps: tests gemm gates-ROWS gates bench-probe bench-subset bench-full
+#   steps: tests gemm gates-ROWS gates-ws0 gates bench-probe bench-full bench-hf profile
 # Timing seen on 2026-11-29: machine start ~1.5 min; tests 25 s; gates (100 requests) ~60 s;
 # bench-subset (45 cases x 4 arms, graphs off) ~9 min for warm-up + 2 blocks; bench-full does not
 # fit one 10-minute call while CUDA graphs recapture per shape (docs/benchmarks/index.md).
@@ -33,7 +33,8 @@ python3 -m openjev.demo_model --out .openjev/demo-model >/dev/null || exit 1
 WL=docs/benchmarks/workload.jsonl
 for step in "$@"; do
   case $step in
-    tests) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda 2>&1 | tail -5 | tee $OUT/gpu-tests.txt ;;
+    tests) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda 2>&1 | tail -5 | tee $OUT/gpu-tests.txt
+           if grep -q -E "failed|error" $OUT/gpu-tests.txt; then echo "GPU tests failed: no further steps"; exit 1; fi ;;
     gemm) timeout 150 python3 benchmarks/gemm_invariance.py 2>&1 | tail -40 | tee $OUT/gemm-invariance.md ;;
     # gates-N: 40 requests with products padded to N rows (quick comparison); gates: the full gate
     gates-ws0) CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 timeout 150 python3 -m openjev.bench.gates \
@@ -47,11 +48,15 @@ for step in "$@"; do
     bench-probe) timeout 240 python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-probe \
              --worker-args "--synthetic 27b --graph-capture-after 1" --arms off,auto --per-group 2 \
              --blocks 1 --sweep "" --timeout 120 2>$OUT/bench-probe.log | head -20 ;;
-    bench-subset) python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-subset \
-             --worker-args "--synthetic 27b --graph-capture-after 1" --arms off,auto,shared,transformers --per-group 3 \
-             --blocks 2 --sweep "" --timeout 120 2>$OUT/bench-subset.log | head -20 ;;
-    bench-full) python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-full \
-             --worker-args "--synthetic 27b --graph-capture-after 1" --arms off,auto,shared --blocks 2 --sweep 1,4,16 \
-             --sweep-seconds 10 --timeout 120 2>$OUT/bench-full.log | head -20 ;;
+    # our three arms over the whole workload; a run cut short keeps its finished blocks (results.json)
+    bench-full) timeout 470 python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-full \
+             --worker-args "--synthetic 27b --graph-capture-after 1 --graph-cache-size 512" --arms off,auto,shared --blocks 2 --sweep 1,4,16 \
+             --sweep-seconds 8 --timeout 120 2>$OUT/bench-full.log | head -20; tail -3 $OUT/bench-full.log ;;
+    # transformers beside our auto arm, 2 requests per kind x length group of the JevBench split
+    bench-hf) timeout 300 python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-hf \
+             --worker-args "--synthetic 27b --graph-capture-after 1 --graph-cache-size 512" --arms auto,transformers --kinds choice,noul,score \
+             --per-group 2 --blocks 2 --sweep "" --timeout 120 2>$OUT/bench-hf.log | head -20; tail -3 $OUT/bench-hf.log ;;
+    profile) timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL \
+             --out $OUT/profile.md 2>&1 | tail -30 ;;
   esac
 done

@@ -44,22 +44,33 @@ def compare(kinds: list[str], base: list[list[float]], other: list[list[float]])
 
 
 def build_runners(args):
+    """(runner under test, transformers on the same weights, transformers on them in fp32 or None
+    where the runner already is fp32): the fp32 one says which of the two bf16 ones is nearer."""
     if args.backend == "torch":
         from openjev.worker.hf_runner import TransformersRunner
         from openjev.worker.model.runner import TorchRunner
 
-        return TorchRunner(args.model), TransformersRunner.from_export(args.model)
+        return TorchRunner(args.model), TransformersRunner.from_export(args.model), None
+    import torch
+
     from openjev.worker.cuda.runner import CudaRunner
-    from openjev.worker.hf_runner import TransformersRunner
+    from openjev.worker.hf_runner import TransformersRunner, to_device
 
     options = {"graph_cache_size": args.graphs}
     if args.gemm_min_rows is not None:
         options["gemm_min_rows"] = args.gemm_min_rows
     runner = (CudaRunner.synthetic(args.synthetic, seed=args.seed, num_layers=args.layers, **options) if args.synthetic
               else CudaRunner.from_export(args.model, **options))
-    oracle = TransformersRunner(runner.config, runner.reference_weights(), runner.head_weight.float().tolist(),
-                                runner.head_bias, device=runner.device)
-    return runner, oracle
+    head = runner.head_weight.float().tolist()
+    oracle = TransformersRunner(runner.config, runner.reference_weights(), head, runner.head_bias, device=runner.device)
+    exact = TransformersRunner(runner.config, to_device(runner.reference_weights(), runner.device, torch.float32), head,
+                               runner.head_bias, device=runner.device)
+    return runner, oracle, exact
+
+
+def max_rel_head(ours, theirs) -> float:
+    """Largest head-score difference relative to max(1, |theirs|)."""
+    return max((abs(a - b) / max(1.0, abs(b)) for x, y in zip(ours, theirs) for a, b in zip(x, y)), default=0.0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -81,14 +92,15 @@ def main(argv: list[str] | None = None) -> None:
 
     meta, candidates_of, _ = longest_tokens_fn(args.model)
     cases = [c for c in workload.read_jsonl(args.workload) if c.group not in args.skip.split(",")][: args.limit]
-    runner, oracle = build_runners(args)
+    runner, oracle, exact = build_runners(args)
     engine = Engine(runner, cost_model=default_cost_model(args.backend))
     oracle_engine = Engine(oracle, cost_model=default_cost_model("torch"))
+    exact_engine = Engine(exact, cost_model=default_cost_model("torch")) if exact is not None else None
     rows = {policy: {"max_dp": 0.0, "max_dscore": 0.0, "choice_changes": 0, "decisive_choice_changes": 0,
                      "noul_flips": 0, "failures": 0,
                      "saved_tokens": 0} for policy in POLICIES}
     oracle_row = {"max_dp": 0.0, "max_dscore": 0.0, "choice_changes": 0, "decisive_choice_changes": 0, "noul_flips": 0,
-                  "max_rel_dscore_head": 0.0,
+                  "max_rel_dscore_head": 0.0, "ours_vs_fp32": 0.0, "transformers_vs_fp32": 0.0,
                   "cases": 0}
     submitted = 0
     for index, case in enumerate(cases):
@@ -114,9 +126,11 @@ def main(argv: list[str] | None = None) -> None:
             oracle_row["cases"] += 1
             for key, value in compare(kinds, ref.probabilities, base.probabilities).items():
                 oracle_row[key] = max(oracle_row[key], value) if key.startswith("max") else oracle_row[key] + value
-            for ours, theirs in zip(base.head_scores, ref.head_scores):
-                for a, b in zip(ours, theirs):
-                    oracle_row["max_rel_dscore_head"] = max(oracle_row["max_rel_dscore_head"], abs(a - b) / max(1.0, abs(b)))
+            oracle_row["max_rel_dscore_head"] = max(oracle_row["max_rel_dscore_head"], max_rel_head(base.head_scores, ref.head_scores))
+            if exact_engine is not None:
+                truth = exact_engine.execute(work, temperature=meta.temperature, policy="off").head_scores
+                for key, scores in (("ours_vs_fp32", base.head_scores), ("transformers_vs_fp32", ref.head_scores)):
+                    oracle_row[key] = max(oracle_row[key], max_rel_head(scores, truth))
     card = "CPU"
     if args.backend == "cuda":
         import torch
@@ -136,6 +150,9 @@ def main(argv: list[str] | None = None) -> None:
     lines += ["", f"Against transformers (`off`, same weights, first {o['cases']} requests): max abs dp {o['max_dp']:.2e}, "
                   f"max abs d score {o['max_dscore']:.2e}, max head-score difference (relative to max(1, |s|)) "
                   f"{o['max_rel_dscore_head']:.2e}, choice changes {o['choice_changes']} (decisive {o['decisive_choice_changes']}), noul flips {o['noul_flips']}."]
+    if exact is not None:
+        lines += ["", f"Against the same weights in fp32 (transformers, same requests), max head-score difference relative to "
+                      f"max(1, |s|): ours (bf16) {o['ours_vs_fp32']:.2e}, transformers in bf16 {o['transformers_vs_fp32']:.2e}."]
     graphs = getattr(runner, "graphs", None)
     if graphs is not None:
         lines += ["", f"CUDA graphs: {graphs.cache.num_captures} captures, {graphs.hits} replays, "

@@ -20,11 +20,13 @@ from openjev.v1 import decision_pb2_grpc
 
 @dataclass(frozen=True)
 class Arm:
-    """One way of serving a request: a frontend and the prefix policy sent with each request."""
+    """One way of serving a request: a frontend and the prefix policy sent with each request;
+    `only`: the names of the cases it runs (None: all), for an arm too slow for the whole workload."""
 
     name: str
     address: str
     policy: str | None
+    only: frozenset[str] | None = None
 
 
 @dataclass
@@ -85,7 +87,8 @@ def run_blocks(arms: list[Arm], cases: list[Case], *, blocks: int, seed: int = 0
             # Every arm sees this case back to back, in a fresh random order: slow drifts of the
             # machine land on all arms alike, which is what paired ratios need.
             for client in rng.sample(clients, len(clients)):
-                results.samples.append(client.send(case, texts[case.name], block, timeout))
+                if client.arm.only is None or case.name in client.arm.only:
+                    results.samples.append(client.send(case, texts[case.name], block, timeout))
         label = "warm-up" if block < 0 else f"block {block + 1}/{blocks}"
         progress(f"{label}: {len(order)} cases x {len(arms)} arms in {time.perf_counter() - started:.1f} s")
         after_block(results)

@@ -58,11 +58,12 @@ def model_config(model: Path, worker_args: list[str]):
     return load_model_config(model)
 
 
-def peak_memory_bytes(log_text: str) -> int | None:
+def worker_exit_stats(log_text: str) -> dict:
+    """The worker's last words: peak device memory and CUDA graph counts (empty without a GPU)."""
     for line in reversed(log_text.splitlines()):
         if '"peak_memory"' in line:
-            return json.loads(line).get("device_bytes")
-    return None
+            return json.loads(line)
+    return {}
 
 
 def token_counts(cases, candidates_of) -> dict[str, tuple[int, int]]:
@@ -125,6 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--arms", default="off,auto,shared", help="comma list of policies of our worker, plus 'transformers'")
     p.add_argument("--blocks", type=int, default=3)
     p.add_argument("--per-group", type=int, default=0, help="at most this many cases per kind x group (0: all)")
+    p.add_argument("--kinds", default="", help="comma list: only cases of these kinds (choice, noul, score, multi, capacity)")
+    p.add_argument("--transformers-per-group", type=int, default=0,
+                   help="the transformers arm runs only this many cases per kind x group (0: as many as the others)")
     p.add_argument("--worker-args", default="", help="extra flags for the workers, e.g. '--synthetic 27b'")
     p.add_argument("--sweep", default="1,4,16", help="concurrency levels of the auto arm ('' to skip)")
     p.add_argument("--sweep-seconds", type=float, default=20.0)
@@ -143,6 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.report_only:
         print(render_saved(args.out, cases))
         return
+    if args.kinds:
+        cases = [c for c in cases if c.kind in args.kinds.split(",")]
     if args.per_group:
         cases = stratified(cases, args.per_group)
     print(f"{len(cases)} cases", file=sys.stderr)
@@ -157,7 +163,9 @@ def main(argv: list[str] | None = None) -> None:
         f"- command: `python -m openjev.bench.main {' '.join(shlex.quote(a) for a in (argv or sys.argv[1:]))}`",
         f"- card: {card}; commit {commit or 'unknown'}; worker flags: `{args.worker_args or '(none)'}`",
         f"- {len(cases)} cases, {args.blocks} timed blocks after one warm-up traversal; concurrency 1 per arm, "
-        "one persistent client per arm, arms interleaved per case in a shuffled order",
+        "one persistent client per arm, arms interleaved per case in a shuffled order"
+        + (f"; the transformers arm on {args.transformers_per_group} cases per kind x group only (ratios to it are paired "
+           "on those cases)" if args.transformers_per_group and "transformers" in args.arms.split(",") else ""),
         (f"- ceilings measured in this run: copy {ceilings.copy_bytes_per_second / 1e12:.2f} TB/s, "
          f"bf16 GEMM {ceilings.matmul_flops_per_second / 1e12:.0f} TFLOP/s" if ceilings else "- no GPU: no roofline floor"),
     ])
@@ -171,7 +179,9 @@ def main(argv: list[str] | None = None) -> None:
         if "transformers" in arm_names:
             hf = launch.start_pair(args.model, workdir / "transformers", worker_args=worker_args + ["--backend", "transformers"])
             pairs.append(hf)
-            arms.append(harness.Arm("transformers", hf.frontend.address, None))
+            only = (frozenset(c.name for c in stratified(cases, args.transformers_per_group))
+                    if args.transformers_per_group else None)
+            arms.append(harness.Arm("transformers", hf.frontend.address, None, only))
         results = harness.run_blocks(arms, cases, blocks=args.blocks, timeout=args.timeout,
                                      progress=lambda m: print(m, file=sys.stderr),
                                      after_block=lambda r: write(args.out, r, [], floors, tokens, ceilings, header))
@@ -183,9 +193,14 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         for pair in pairs:
             pair.stop()
-    peak = [peak_memory_bytes(pair.worker.log_text()) for pair in pairs]
+    stats = [worker_exit_stats(pair.worker.log_text()) for pair in pairs]
+    peak = [s.get("device_bytes") for s in stats]
     header += "\n- peak device memory per worker: " + ", ".join(
         f"{pair.worker.name}@{i}: " + (f"{b / 2**30:.1f} GiB" if b else "n/a") for i, (pair, b) in enumerate(zip(pairs, peak)))
+    for i, s in enumerate(stats):
+        if "graph_captures" in s:
+            header += (f"\n- CUDA graphs of worker@{i}: {s['graph_captures']} captures, {s['graph_replays']} replays, "
+                       f"{s['graph_capture_failures']} capture failures")
     write(args.out, results, peak, floors, tokens, ceilings, header)
     print(render_saved(args.out, cases))
 

@@ -31,6 +31,51 @@ def group_of(case: Case) -> str:
     return f"{case.kind} {case.group}"
 
 
+JEVBENCH_KINDS = ("choice", "noul", "score")  # the single-question split; multi/capacity cases are extra
+
+
+def _verdict(value: float, limit: float, below: bool) -> str:
+    """'met' or how far from the limit (below: the value must not exceed it)."""
+    if value != value:
+        return "not measured"
+    if (value <= limit) if below else (value >= limit):
+        return "met"
+    return f"missed by {100 * (value / limit - 1 if below else limit / value - 1):.0f}%"
+
+
+def targets(results: Results, cases: list[Case], arm: str, floors: dict[str, float] | None) -> list[str]:
+    """The issue's targets for `arm` on the JevBench split, each with its verdict."""
+    split = {c.name for c in cases if c.kind in JEVBENCH_KINDS}
+    noul = {c.name for c in cases if c.kind == "noul"}
+    timed = [s for s in results.samples if s.block >= 0 and s.status == "OK" and s.case in split]
+    ours = {(s.case, s.block): s.latency_seconds for s in timed if s.arm == arm}
+    if not ours:
+        return []
+    lat = list(ours.values())
+    mean = statistics.fmean(lat)
+    lines = ["", f"## Targets ({arm}, the {len(split)} single-question requests of the JevBench split)", "",
+             "| target | measured | verdict |", "|---|---|---|"]
+    if floors:
+        mean_floor = statistics.fmean(floors[c] for c, _ in ours)
+        p50_floor = _percentile([floors[c] for c, _ in ours], 0.5)
+        p50 = _percentile(lat, 0.5)
+        lines += [f"| mean <= 1.15x roofline floor | {1e3 * mean:.1f} ms / {1e3 * mean_floor:.1f} ms = {mean / mean_floor:.2f}x "
+                  f"| {_verdict(mean / mean_floor, 1.15, True)} |",
+                  f"| p50 <= 1.25x floor p50 | {1e3 * p50:.1f} ms / {1e3 * p50_floor:.1f} ms = {p50 / p50_floor:.2f}x "
+                  f"| {_verdict(p50 / p50_floor, 1.25, True)} |"]
+    hf = {(s.case, s.block): s.latency_seconds for s in timed if s.arm == "transformers"}
+    paired = [k for k in hf if k in ours]
+    if paired:
+        speedup = sum(hf[k] for k in paired) / sum(ours[k] for k in paired)
+        lines.append(f"| >= 12x faster than transformers (ratio of means, same cases and blocks) | {speedup:.1f}x over "
+                     f"{len(paired)} paired requests | {_verdict(speedup, 12.0, False)} |")
+    noul_lat = [t for (c, _), t in ours.items() if c in noul]
+    if noul_lat:
+        noul_mean = statistics.fmean(noul_lat)
+        lines.append(f"| noul mean < 40 ms | {1e3 * noul_mean:.1f} ms | {_verdict(noul_mean, 0.040, True)} |")
+    return lines
+
+
 def render(results: Results, cases: list[Case], arms: list[str], *, reference_arm: str,
            floors: dict[str, float] | None, tokens: dict[str, tuple[int, int]], header: str) -> str:
     """floors: case -> floor seconds (None without a GPU); tokens: case -> (submitted, shared-plan computed)."""
@@ -59,6 +104,7 @@ def render(results: Results, cases: list[Case], arms: list[str], *, reference_ar
         lines += ["", f"Roofline floor over the workload: mean {1e3 * statistics.fmean(floor_values):.1f} ms, "
                       f"p50 {1e3 * _percentile(floor_values, 0.5):.1f} ms (tokens of the shared tree)."]
 
+    lines += targets(results, cases, reference_arm, floors)
     lines += ["", "## Warm-up traversal (first request of each case, reported apart)", "",
               "| arm | mean ms | p50 ms | p95 ms |", "|---|---|---|---|"]
     for arm in arms:

@@ -87,7 +87,7 @@ class TransformersRunner:
         meta, config = load_export_meta(model_dir), load_model_config(model_dir)
         weights = load_weights(model_dir, config, dtype)
         if device != "cpu":
-            weights = _to_device(weights, torch.device(device))
+            weights = to_device(weights, torch.device(device))
         return cls(config, weights, meta.head_weight, meta.head_bias, device=torch.device(device), meta=meta)
 
     @torch.no_grad()
@@ -103,12 +103,13 @@ class TransformersRunner:
         return results
 
 
-def _to_device(weights: ModelWeights, device: torch.device) -> ModelWeights:
+def to_device(weights: ModelWeights, device: torch.device, dtype: torch.dtype | None = None) -> ModelWeights:
+    """A copy of weights on device (floating tensors cast to dtype when given)."""
     import dataclasses
 
     def move(obj):
         if isinstance(obj, Tensor):
-            return obj.to(device)
+            return obj.to(device, dtype=dtype if dtype is not None and obj.is_floating_point() else obj.dtype)
         if dataclasses.is_dataclass(obj):
             return dataclasses.replace(obj, **{f.name: move(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
         if isinstance(obj, tuple):

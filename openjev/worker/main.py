@@ -44,9 +44,9 @@ def parser() -> argparse.ArgumentParser:
                    help="CUDA graphs the cuda backend keeps, one per launch shape bucket (0: eager launches)")
     p.add_argument("--graph-capture-after", type=int, default=2,
                    help="capture a shape's graph on its Nth launch (1: at once; a capture costs several eager launches)")
-    p.add_argument("--gemm-min-rows", type=int, default=0,
-                   help="cuda backend: pad products of fewer rows to this many, so that a token's result does not "
-                   "depend on its launch's size (docs/cuda-kernels.md)")
+    p.add_argument("--gemm-min-rows", type=_rows, default=None, metavar="auto|N",
+                   help="cuda backend: pad products of fewer rows to N, so that a token's result does not depend "
+                   "on its launch's size; auto (default): probe each weight shape at start (openjev/worker/cuda/gemm.py)")
     p.add_argument("--grace-seconds", type=float, default=10.0, help="drain time on SIGTERM")
     p.add_argument("--port-file", type=Path, default=None,
                    help="write the bound port here once serving (for --listen HOST:0)")
@@ -57,6 +57,14 @@ def parser() -> argparse.ArgumentParser:
                    "and spread over workers added since (0: never)")
     p.add_argument("--log-level", default="info")
     return p
+
+
+def _rows(text: str) -> int | None:
+    if text == "auto":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError("expected auto or a row count")
+    return int(text)
 
 
 def warm_up(engine: Engine, temperature: float, policy: str) -> None:
@@ -120,16 +128,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.port_file:
         args.port_file.write_text(str(server.port))
     log.info("serving", port=server.port, backend=backend, model_id=meta.model_id)
-    serving.serve_until_signal(server, grace_seconds=args.grace_seconds, on_stop=lambda: stop(queue))
+    serving.serve_until_signal(server, grace_seconds=args.grace_seconds, on_stop=lambda: stop(queue, runner))
 
 
-def stop(queue: AdmissionQueue) -> None:
+def stop(queue: AdmissionQueue, runner) -> None:
     queue.close()
     try:
         import torch
 
         if torch.cuda.is_available():  # the benchmark reads this line
-            log.info("peak_memory", device_bytes=torch.cuda.max_memory_allocated())
+            graphs = getattr(runner, "graphs", None)
+            stats = {} if graphs is None else {"graph_captures": graphs.cache.num_captures, "graph_replays": graphs.hits,
+                                               "graph_capture_failures": graphs.failures}
+            log.info("peak_memory", device_bytes=torch.cuda.max_memory_allocated(), **stats)
     except ImportError:
         pass
 

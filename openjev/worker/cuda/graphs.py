@@ -56,7 +56,7 @@ class GraphCache:
         self.num_captures = 0
         self.num_replays = 0
         self._side: torch.cuda.Stream | None = None
-        self._pool = None  # the shared memory pool, made on the first capture (needs a device)
+        self._pool = None  # the shared memory pool, made by the first capture into an empty cache
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -77,6 +77,9 @@ class GraphCache:
         used entry beyond capacity. Raises whatever the capture raised; nothing is cached then."""
         if self._side is None:  # one side stream: blocks its warm-ups free stay reusable by the next
             self._side = torch.cuda.Stream()
+        if not self._entries:
+            # a pool lives while a graph uses it: once the last one is gone, its handle is dead
+            # (capturing into it again trips an allocator assertion), so start a new one
             self._pool = torch.cuda.graph_pool_handle()
         side = self._side
         side.wait_stream(torch.cuda.current_stream())

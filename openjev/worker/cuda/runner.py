@@ -20,8 +20,8 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from openjev.worker.cuda import gemm
 from openjev.worker.cuda import kernels as K
 from openjev.worker.cuda.launch import CudaSegmentState, KvNode, Launch, LaunchPlan, plan_launch
 from openjev.worker.cuda.synthetic import FusedLayer, fuse_layer, plain_weights, random_layers, shape_config
@@ -31,19 +31,21 @@ from openjev.worker.runner_api import SegmentResult, SegmentRun
 
 DEFAULT_GRAPH_CACHE_SIZE = 128
 DEFAULT_GRAPH_CAPTURE_AFTER = 2
-DEFAULT_GEMM_MIN_ROWS = 0
 
 
 class CudaRunner:
     backend = "cuda"
 
     def __init__(self, config: ModelConfig, embed, layers: list[FusedLayer], final_norm, head_weight, head_bias: float,
-                 graph_cache_size: int = DEFAULT_GRAPH_CACHE_SIZE, gemm_min_rows: int = DEFAULT_GEMM_MIN_ROWS,
+                 graph_cache_size: int = DEFAULT_GRAPH_CACHE_SIZE, gemm_min_rows: int | None = None,
                  graph_capture_after: int = DEFAULT_GRAPH_CAPTURE_AFTER):
         self.config, self.embed, self.layers, self.final_norm = config, embed, layers, final_norm
         # Split-K products must not sum their partial results in bf16 (the library's default)
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-        self.gemm_min_rows = gemm_min_rows
+        # rows to pad each weight shape's products to (gemm.py); None: probe them on this card
+        weights = [w for layer in layers for w in (layer.w_in, layer.w_out, layer.w_gate_up, layer.w_down)]
+        self.gemm_rows = (gemm.calibrate(weights) if gemm_min_rows is None
+                          else {tuple(w.shape): gemm_min_rows for w in weights})
         self.head_weight = head_weight.to(device=embed.device, dtype=torch.float64)
         self.head_bias = float(head_bias)
         self.device = embed.device
@@ -150,14 +152,7 @@ class CudaRunner:
         return h if launch.head_idx is not None else residual
 
     def _linear(self, x, w):
-        """x @ w^T, with fewer than gemm_min_rows rows padded up to it: the library picks its
-        algorithm (split-K among them) by row count, so a token's result could depend on how many
-        others share its launch; padding small launches to one size keeps them on one algorithm
-        (benchmarks/gemm_invariance.py measures where the choice changes)."""
-        m = x.shape[0]
-        if m >= self.gemm_min_rows:
-            return F.linear(x, w)
-        return F.linear(F.pad(x, (0, 0, 0, self.gemm_min_rows - m)), w)[:m]
+        return gemm.linear(x, w, self.gemm_rows[tuple(w.shape)])
 
     def _gdn(self, layer: FusedLayer, index: int, h, cu, io):
         c = self.config

@@ -1,0 +1,126 @@
+"""Where a request's time goes on the GPU: one short and one long request of the workload through
+the CUDA runner (27B shape, synthetic weights), with and without CUDA graphs.
+
+For each request: wall time of the engine (median of 5 after 2 warm-ups), its roofline floor,
+and from torch.profiler the device time per kernel family plus the share of the wall time the
+device was idle (host work: Python, planning, launches, copies of state).
+
+    PYTHONPATH=. python3 benchmarks/profile_requests.py --model .openjev/demo-model \
+        --workload docs/benchmarks/workload.jsonl [--out profile.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from openjev.bench import roofline, workload
+from openjev.bench.main import longest_tokens_fn
+from openjev.worker.cuda.runner import CudaRunner
+from openjev.worker.engine import Engine, QuestionWork
+from openjev.worker.planner.cost import default_cost_model
+
+FAMILIES = [  # (family, substrings of kernel names), first match wins
+    ("GEMM (cuBLAS)", ("gemm", "cutlass", "xmma", "nvjet", "sm90_", "splitk", "reduce_kernel")),
+    ("GDN recurrence", ("gdn_recurrent",)),
+    ("tree attention", ("tree_attention",)),
+    ("conv1d", ("conv1d",)),
+    ("norms, rope, gating, GDN prep", ("rms_norm", "rope", "silu", "gdn_prepare", "gather")),
+    ("copies, fills, other", ("",)),
+]
+
+
+def family(name: str) -> str:
+    low = name.lower()
+    return next(f for f, keys in FAMILIES if any(k in low for k in keys))
+
+
+def pick(cases, kind: str, group: str):
+    return next(c for c in cases if c.kind == kind and c.group == group)
+
+
+def timed(engine: Engine, work, temperature: float, repeats: int = 5) -> float:
+    for _ in range(2):
+        engine.execute(work, temperature=temperature, policy="auto")
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        engine.execute(work, temperature=temperature, policy="auto")
+        torch.cuda.synchronize()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def profiled(engine: Engine, work, temperature: float) -> tuple[dict[str, float], float, float]:
+    """(device seconds per family, device seconds in all, wall seconds) of one execution."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        engine.execute(work, temperature=temperature, policy="auto")
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    per = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time_total > 0:
+            per[family(event.name)] += event.device_time_total * 1e-6
+    return dict(per), sum(per.values()), wall
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--workload", type=Path, required=True)
+    p.add_argument("--shape", default="27b")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+
+    meta, candidates_of, _ = longest_tokens_fn(args.model)
+    cases = workload.read_jsonl(args.workload)
+    chosen = [pick(cases, "noul", "1-128"), pick(cases, "choice", "2049-4096")]
+    graph = CudaRunner.synthetic(args.shape, seed=0, graph_capture_after=1)
+    eager = CudaRunner(graph.config, graph.embed, graph.layers, graph.final_norm, graph.head_weight,
+                       graph.head_bias, graph_cache_size=0, gemm_min_rows=None)
+    ceilings = roofline.measure_ceilings()
+    lines = [f"# Per-stage profile, {datetime.date.today().isoformat()}", "",
+             f"- card {ceilings.device}; {args.shape} shape, synthetic weights, policy auto; "
+             "command: `PYTHONPATH=. python3 benchmarks/profile_requests.py --model .openjev/demo-model "
+             "--workload docs/benchmarks/workload.jsonl`",
+             f"- ceilings: copy {ceilings.copy_bytes_per_second / 1e12:.2f} TB/s, "
+             f"bf16 GEMM {ceilings.matmul_flops_per_second / 1e12:.0f} TFLOP/s", ""]
+    for case in chosen:
+        ids = candidates_of(case.request)
+        kinds = [q["type"] for q in case.request["questions"].values()]
+        work = [QuestionWork(kind, tuple(tuple(t) for t in q)) for kind, q in zip(kinds, ids)]
+        submitted = sum(len(t) for q in ids for t in q)
+        lines += [f"## {case.name}: {sum(len(q) for q in ids)} candidates, {submitted} tokens submitted", ""]
+        for name, runner in (("graphs", graph), ("eager", eager)):
+            engine = Engine(runner, cost_model=default_cost_model("cuda"))
+            wall = timed(engine, work, meta.temperature)
+            result = engine.execute(work, temperature=meta.temperature, policy="auto")
+            floor = roofline.floor_seconds(runner.config, result.num_computed_tokens, ceilings)
+            per, device, profiled_wall = profiled(engine, work, meta.temperature)
+            lines += [f"### {name}: {1e3 * wall:.1f} ms median wall (floor {1e3 * floor:.1f} ms for "
+                      f"{result.num_computed_tokens} computed tokens, {result.num_launches} launches: {wall / floor:.2f}x)", "",
+                      f"Profiled run: wall {1e3 * profiled_wall:.1f} ms, device busy {1e3 * device:.1f} ms, device idle "
+                      f"{1e3 * max(0.0, profiled_wall - device):.1f} ms (host work; the profiler itself adds some).", "",
+                      "| kernel family | device ms | share of device time |", "|---|---|---|"]
+            for fam, seconds in sorted(per.items(), key=lambda kv: -kv[1]):
+                lines.append(f"| {fam} | {1e3 * seconds:.2f} | {100 * seconds / device:.0f}% |")
+            lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

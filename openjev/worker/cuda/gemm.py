@@ -1,0 +1,61 @@
+"""Matrix products whose rows do not depend on how many rows share the launch.
+
+Prefix reuse computes a token in launches of different sizes: with the whole prompt under
+`off`, inside a short suffix launch under `shared`. cuBLAS picks its algorithm by row count, and
+for some weight shapes picks split-K below a threshold, which sums each output in another order:
+the token's bf16 result then changes with its launch, and policies drift apart (27B shape, 8
+layers: 1.8e-3 in probability, 30 near-tie choice changes; docs/benchmarks/index.md). Measured on
+the H200 (benchmarks/gemm_invariance.py, 2026-11-29): only the MLP down product (K = 17,408) varies,
+at up to 128 rows; zero workspace stops it for all shapes but makes every product slower.
+
+So each weight shape is probed once at start: the product of M random rows is compared bit for
+bit with the same rows inside a 2,048-row product, for every M up to 320 and multiples of 32 up to
+1,024; products of fewer rows than the smallest M above every mismatch are padded up to it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+REFERENCE_ROWS = 2048
+PROBE_ROWS = list(range(1, 321)) + list(range(352, 1025, 32))
+
+
+def invariant_from(weight: torch.Tensor, seed: int = 0) -> int:
+    """The smallest probed row count M such that every probed count >= M gives each row the same
+    bits as in a REFERENCE_ROWS-row product with this weight [N, K] (1: all probes agree)."""
+    gen = torch.Generator(device=weight.device).manual_seed(seed)
+    x = torch.randn(REFERENCE_ROWS, weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
+    full = F.linear(x, weight)
+    worst = 0
+    for m in PROBE_ROWS:
+        if not torch.equal(F.linear(x[:m], weight), full[:m]):
+            worst = m
+    if worst == PROBE_ROWS[-1]:
+        return REFERENCE_ROWS
+    return next(m for m in PROBE_ROWS if m > worst) if worst else 1
+
+
+def calibrate(weights) -> dict[tuple[int, int], int]:
+    """(N, K) -> rows to pad smaller products to, for each distinct shape among weights."""
+    out: dict[tuple[int, int], int] = {}
+    for w in weights:
+        key = tuple(w.shape)
+        if key not in out:
+            out[key] = invariant_from(w)
+            if out[key] > 1:
+                log.info("products with weight %s are padded to %d rows (row results vary below)", key, out[key])
+    return out
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, min_rows: int) -> torch.Tensor:
+    """x @ weight^T, x padded with zero rows up to min_rows first when it has fewer."""
+    m = x.shape[0]
+    if m >= min_rows:
+        return F.linear(x, weight)
+    return F.linear(F.pad(x, (0, 0, 0, min_rows - m)), weight)[:m]
