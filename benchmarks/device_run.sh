@@ -55,6 +55,10 @@ for step in "$@"; do
     bench-hf) timeout 300 python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-hf \
              --worker-args "--synthetic 27b --graph-capture-after 1 --graph-cache-size 512" --arms auto,transformers --kinds choice,noul,score \
              --per-group 2 --blocks 2 --sweep "" --timeout 120 2>$OUT/bench-hf.log | head -20; tail -3 $OUT/bench-hf.log ;;
+    # after a fix of the graph cache: do timed blocks replay what the warm-up captured?
+    bench-verify) timeout 130 python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-verify \
+             --worker-args "--synthetic 27b --graph-capture-after 1 --graph-cache-size 512" --arms auto --kinds choice,noul,score \
+             --per-group 1 --blocks 2 --sweep "" --timeout 60 2>$OUT/bench-verify.log | head -20; tail -3 $OUT/bench-verify.log ;;
     profile) timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL \
              --out $OUT/profile.md 2>&1 | tail -30 ;;
   esac

@@ -13,8 +13,11 @@ device-side shape, so each launch is padded to its bucket (`Shape`):
 - the attention pool of each layer is a static [base_pad + T_pad, Hkv, 256] buffer: ancestors'
   rows are copied into [0, base), the launch's own keys are written from row base_pad.
 The static buffers are shared by every graph (each sees a leading slice of them, `_Statics`):
-their size is that of the largest shape seen, not the sum over the cache. Growing them drops the
-cached graphs, which point into the old ones; sizes double, so that happens a few times at most.
+their size is that of the largest shape seen, not the sum over the cache. A shape that needs more
+gets new buffers of twice the size; graphs captured on the old ones keep them (and stay valid)
+until they are evicted, so memory stays under twice the largest buffers. (Dropping those graphs
+instead made every growth recapture the whole cache: on the 27B benchmark, the first timed block
+after the warm-up was still capturing.)
 Before a replay the launch's indices (one int32 buffer) and parents' states are copied in; after
 it the kept segments' final states are copied out, so no real state lives in a graph's buffers.
 Launches with more than MAX_STATE_SLOTS parents or kept segments, or MAX_TOKENS tokens, run
@@ -114,9 +117,8 @@ class _Statics:
             need["win_out"] = need["st_out"] = shape.kept
         return need
 
-    def ensure(self, shape: Shape) -> bool:
-        """Make the buffers large enough for shape; True when they had to be replaced (every
-        graph captured on the old ones is then stale)."""
+    def ensure(self, shape: Shape) -> None:
+        """Make the buffers large enough for shape (graphs captured on replaced ones keep them)."""
         r, c = self.runner, self.runner.config
         L, La, dev = len(r.gdn_layers), len(r.attn_layers), r.device
         C, hv = c.linear_conv_dim, c.linear_num_value_heads
@@ -128,15 +130,10 @@ class _Statics:
             "win_out": lambda n: torch.empty(n, L, 3, C, dtype=torch.bfloat16, device=dev),
             "st_out": lambda n: torch.empty(n, L, hv, 128, 128, dtype=torch.float32, device=dev),
         }
-        grown = False
         for name, n in self._need(shape).items():
             have = self.buffers.get(name)
             if have is None or self._size(name, have) < n:
-                size = n if name in ("win_in", "st_in", "win_out", "st_out") else bucket(n)
-                self.buffers.pop(name, None)  # free the old one before making the larger
-                self.buffers[name] = make[name](size)
-                grown = grown or have is not None
-        return grown
+                self.buffers[name] = make[name](bucket(n, 1) if have is None else max(n, 2 * self._size(name, have)))
 
     @staticmethod
     def _size(name: str, t: torch.Tensor) -> int:
@@ -188,8 +185,7 @@ class GraphLauncher:
             if shape is None or shape in self._failed or not self._due(shape):
                 return None
             try:  # static buffers too: out of memory for them is a failure to capture, not to run
-                if self.statics.ensure(shape):
-                    self.cache.clear()  # graphs on the replaced buffers
+                self.statics.ensure(shape)
                 static = self.statics.views(shape)
                 self._fill(static, plan, shape)
                 entry = self.cache.capture(shape, functools.partial(self._forward, shape), static)
