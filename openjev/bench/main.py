@@ -103,18 +103,21 @@ def measure_floors(model: Path, worker_args: list[str], tokens):
     return ceilings, floors
 
 
-def render_saved(out: Path, cases: list[workload.Case]) -> str:
-    """report.md and latency.png again from results.json (e.g. of a run that was cut short)."""
+def render_saved(out: Path, cases: list[workload.Case], from_block: int = 0, name: str = "report") -> str:
+    """NAME.md and its latency plot from out/results.json (e.g. of a run that was cut short); timed blocks
+    before from_block (0-based) are left out of the tables."""
     saved = json.loads((out / "results.json").read_text())
-    results = harness.Results([harness.Sample(**s) for s in saved["samples"]], saved["sweep"])
+    samples = [harness.Sample(**s) for s in saved["samples"]]
+    results = harness.Results([s for s in samples if s.block < 0 or s.block >= from_block], saved["sweep"])
     arms = list(dict.fromkeys(s.arm for s in results.samples))
     names = {s.case for s in results.samples}
     cases = [c for c in cases if c.name in names]
     reference = "ours-auto" if "ours-auto" in arms else arms[0]
+    header = saved["header"] + (f"\n- this report leaves out the first {from_block} timed block(s)" if from_block else "")
     text = report.render(results, cases, arms, reference_arm=reference, floors=saved["floors"],
-                         tokens={k: tuple(v) for k, v in saved["tokens"].items()}, header=saved["header"])
-    (out / "report.md").write_text(text)
-    report.plot(results, cases, arms, out / "latency.png")
+                         tokens={k: tuple(v) for k, v in saved["tokens"].items()}, header=header)
+    (out / f"{name}.md").write_text(text)
+    report.plot(results, cases, arms, out / (f"latency-from-block{from_block}.png" if from_block else "latency.png"))
     return text
 
 
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sweep-seconds", type=float, default=20.0)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--report-only", action="store_true", help="render report.md from --out/results.json and stop")
+    p.add_argument("--from-block", type=int, default=0,
+                   help="with --report-only: leave out timed blocks before this one (0-based), writing report-from-blockN.md")
     args = p.parse_args(argv)
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -145,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
                  + workload.capacity_cases(longest, meta.max_length))
         workload.write_jsonl(cases, args.out / "workload.jsonl")
     if args.report_only:
-        print(render_saved(args.out, cases))
+        name = f"report-from-block{args.from_block}" if args.from_block else "report"
+        print(render_saved(args.out, cases, args.from_block, name))
         return
     if args.kinds:
         cases = [c for c in cases if c.kind in args.kinds.split(",")]
