@@ -1,6 +1,7 @@
 """The frontend's view of its workers: one load-balanced traffic channel, each worker's
 self-description, and whether the frontend may send traffic (every reachable worker compatible:
-same ABI version, same tokenizer, same max_length; at least one of them SERVING).
+same ABI version, same tokenizer, same max_length; at least one of them SERVING, and the
+traffic channel connected).
 
 Balancing, failover and health are gRPC's own: round_robin over every address the target names,
 sending only to workers whose `grpc.health.v1` status is SERVING. A request that never reached a
@@ -57,6 +58,9 @@ def traffic_channel_options() -> list[tuple[str, object]]:
         ("grpc.per_rpc_retry_buffer_size", RETRY_BUFFER_BYTES),
         ("grpc.initial_reconnect_backoff_ms", 500),
         ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+        # never idle: readiness below is this channel's connectivity, and an idle channel would
+        # only reconnect for traffic that a not-ready frontend no longer receives
+        ("grpc.client_idle_timeout_ms", 2**31 - 1),
     ]
 
 
@@ -89,6 +93,10 @@ class WorkerLink:
         self._on_state = on_state
         self.channel = grpc.insecure_channel(self.targets.traffic_target, options=traffic_channel_options())
         self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
+        # The probes answer on their own channels; after a worker restarts they can say SERVING
+        # while this one still waits out its reconnect backoff, so readiness needs both.
+        self._connectivity = grpc.ChannelConnectivity.IDLE
+        self.channel.subscribe(self._on_connectivity, try_to_connect=True)
         self._fingerprint = fingerprint
         self._max_length = max_length
         self._refresh_seconds = refresh_seconds
@@ -114,8 +122,12 @@ class WorkerLink:
         with self._changed:
             return self._changed.wait_for(lambda: self._state.problem is None, timeout_seconds)
 
+    def _on_connectivity(self, connectivity: grpc.ChannelConnectivity) -> None:
+        self._connectivity = connectivity
+
     def close(self) -> None:
         self._stop.set()
+        self.channel.unsubscribe(self._on_connectivity)
         self.channel.close()
         for probe in self._probes.values():
             probe.channel.close()
@@ -174,6 +186,9 @@ class WorkerLink:
                 return LinkState(describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
         for describe, problem, _reachable in answers:
             if problem is None:
+                if self._connectivity != grpc.ChannelConnectivity.READY:
+                    return LinkState(describe, f"worker at {self.target} is serving; this frontend's connection to it "
+                                     f"is {self._connectivity.name.lower()}", grpc.StatusCode.UNAVAILABLE, workers)
                 return LinkState(describe, None, grpc.StatusCode.OK, workers)
         if not answers:
             problem = f"worker at {self.target} is unavailable: no address resolved"
