@@ -3,9 +3,10 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): bash benchmarks/device_run.sh STEP...
 #   steps: tests gemm gates-ROWS gates-ws0 gates bench-probe bench-full bench-hf profile
-# Timing seen on 2026-11-29: machine start ~1.5 min; tests 25 s; gates (100 requests) ~60 s;
-# bench-subset (45 cases x 4 arms, graphs off) ~9 min for warm-up + 2 blocks; bench-full does not
-# fit one 10-minute call while CUDA graphs recapture per shape (docs/benchmarks/index.md).
+# Timing seen on 2026-11-29 (second session): machine start ~1.5 min; tests 11-25 s; gemm ~60 s;
+# gates (100 requests + fp32 oracle) ~100 s; profile ~100 s; bench-hf ~200 s; bench-full: its
+# warm-up alone took 337 s (729 requests, a capture per new shape, graph buffers then still
+# dropping the cache as they grew), so give bench-full a call of its own.
 # The device has no package registry: carry these wheels in .whl/ (git-ignored locally via
 # .git/info/exclude), fetched here with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
