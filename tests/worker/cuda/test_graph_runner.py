@@ -199,3 +199,35 @@ def test_buckets_and_shapes():
     assert (shape.tokens, shape.segments, shape.max_q, shape.base, shape.parents, shape.kept) == (832, 40, 64, 0, 0, 0)
     plan = plan_launch([SegmentRun([1] * 512, 0, None, True, True)], 100)
     assert shape_of(plan) == shape_of(plan_launch([SegmentRun([2] * 500, 0, None, True, False)], 100))
+
+
+def test_static_buffers_are_shared_and_grow_by_doubling():
+    """The graphs' shared static buffers (no GPU needed: they are plain tensors): each shape gets
+    leading slices; a larger shape gets new buffers at least twice as large while views taken
+    before keep the old ones; the no-parent slot 0 stays zero."""
+    from types import SimpleNamespace
+
+    from openjev.worker.cuda.graph_launch import Shape, _Statics
+    from openjev.worker.cuda.synthetic import shape_config
+
+    config = shape_config("small", 4)
+    runner = SimpleNamespace(config=config, device=torch.device("cpu"), gdn_layers=[0, 1, 2], attn_layers=[3])
+    statics = _Statics(runner)
+    small = Shape(tokens=48, segments=4, max_q=64, base=0, parents=1, kept=1)
+    statics.ensure(small)
+    first = statics.views(small)
+    assert first["kv"].shape[2] == 48 and first["st_in"].shape[0] == 2 and first["st_out"].shape[0] == 1
+    assert statics.buffers["kv"].shape[2] == 64  # a power of two at first
+    first["st_in"][1].fill_(1.0)  # a parent's state in slot 1
+    same = Shape(tokens=32, segments=2, max_q=64, base=16, parents=1, kept=1)
+    statics.ensure(same)  # fits: no new buffers, and views share memory with the first ones
+    assert statics.views(same)["kv"].data_ptr() == first["kv"].data_ptr()
+    large = Shape(tokens=640, segments=8, max_q=256, base=96, parents=2, kept=2)
+    statics.ensure(large)
+    grown = statics.views(large)
+    assert statics.buffers["kv"].shape[2] == 736 and statics.buffers["st_in"].shape[0] == 4  # need, or twice the old
+    assert grown["kv"].data_ptr() != first["kv"].data_ptr()
+    assert torch.equal(first["st_in"][1], torch.ones_like(first["st_in"][1]))  # old views keep their buffers
+    assert not grown["st_in"][0].any() and not grown["win_in"][0].any()  # slot 0: no parent
+    kv_rows = first["kv"][0, 0]
+    assert kv_rows.is_contiguous() and kv_rows.shape == (48, config.num_key_value_heads, config.head_dim)
