@@ -50,14 +50,18 @@ def build_runner(backend: str, model_dir: Path, *, synthetic: str | None, seed: 
                                               dtype=torch.bfloat16 if device == "cuda" else torch.float32)
     from openjev.worker.cuda.runner import CudaRunner
 
-    # transformers only borrows the CUDA runner's weights: no graphs for it
-    options = dict(cuda_options or {}) if backend == "cuda" else {"graph_cache_size": 0}
+    # transformers only borrows the CUDA runner's weights: no graphs, no padded products
+    options = dict(cuda_options or {}) if backend == "cuda" else {"graph_cache_size": 0, "gemm_min_rows": 0}
     runner = (CudaRunner.synthetic(synthetic, seed=seed, **options) if synthetic
               else CudaRunner.from_export(model_dir, **options))
     if backend == "transformers":
         # Same seed, same weights: transformers gets views of the CUDA runner's tensors.
+        import torch
+
         from openjev.worker.hf_runner import TransformersRunner
 
+        # the baseline as its users run it: cuBLAS's default, which CudaRunner turned off
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
         return TransformersRunner(runner.config, runner.reference_weights(), runner.head_weight.float().tolist(),
                                   runner.head_bias, device=runner.device)
     return runner
