@@ -128,7 +128,12 @@ def serve_until_signal(server: Server, *, grace_seconds: float, on_stop: Callabl
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    # Timed waits, not one endless wait: the kernel may deliver the signal to any of the
+    # server's threads, and Python runs the handler only when the main thread next runs
+    # bytecode, which a main thread blocked in an untimed wait never does (seen: SIGTERM
+    # ignored under load, the process serving on).
+    while not stop.wait(0.1):
+        pass
     log.info("shutdown", grace_seconds=grace_seconds)
     server.set_serving(False)
     server.grpc_server.stop(grace_seconds).wait()
