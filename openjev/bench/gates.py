@@ -153,6 +153,10 @@ def main(argv: list[str] | None = None) -> None:
     if exact is not None:
         lines += ["", f"Against the same weights in fp32 (transformers, same requests), max head-score difference relative to "
                       f"max(1, |s|): ours (bf16) {o['ours_vs_fp32']:.2e}, transformers in bf16 {o['transformers_vs_fp32']:.2e}."]
+    padded = {shape: rows for shape, rows in getattr(runner, "gemm_rows", {}).items() if rows > 1}
+    if args.backend == "cuda":
+        lines += ["", "Products padded to a row count (weight [N, K]: rows): "
+                  + (", ".join(f"{list(shape)}: {rows}" for shape, rows in padded.items()) or "none") + "."]
     graphs = getattr(runner, "graphs", None)
     if graphs is not None:
         lines += ["", f"CUDA graphs: {graphs.cache.num_captures} captures, {graphs.hits} replays, "
