@@ -13,9 +13,9 @@ device-side shape, so each launch is padded to its bucket (`Shape`):
 - the attention pool of each layer is a static [base_pad + T_pad, Hkv, 256] buffer: ancestors'
   rows are copied into [0, base), the launch's own keys are written from row base_pad.
 The static buffers are shared by every graph (each sees a leading slice of them, `_Statics`):
-their size is that of the largest shape seen, not the sum over the cache. A shape that needs more
-gets new buffers of twice the size; graphs captured on the old ones keep them (and stay valid)
-until they are evicted, so memory stays under twice the largest buffers. (Dropping those graphs
+state slots are allocated at their bound (MAX_STATE_SLOTS) when first needed; index and K/V rows
+double when a shape needs more, and graphs captured on the old ones keep them (and stay valid)
+until they are evicted, so those stay under twice the largest. (Dropping those graphs
 instead made every growth recapture the whole cache: on the 27B benchmark, the first timed block
 after the warm-up was still capturing.)
 Before a replay the launch's indices (one int32 buffer) and parents' states are copied in; after
@@ -130,10 +130,15 @@ class _Statics:
             "win_out": lambda n: torch.empty(n, L, 3, C, dtype=torch.bfloat16, device=dev),
             "st_out": lambda n: torch.empty(n, L, hv, 128, 128, dtype=torch.float32, device=dev),
         }
+        slots = {"win_in": MAX_STATE_SLOTS + 1, "st_in": MAX_STATE_SLOTS + 1,
+                 "win_out": MAX_STATE_SLOTS, "st_out": MAX_STATE_SLOTS}
         for name, n in self._need(shape).items():
             have = self.buffers.get(name)
             if have is None or self._size(name, have) < n:
-                self.buffers[name] = make[name](bucket(n, 1) if have is None else max(n, 2 * self._size(name, have)))
+                # state slots (150 MB each on the 27B shape) at their bound at once: they never grow;
+                # rows double, so graphs holding old buffers keep less than the current ones
+                size = slots.get(name) or (bucket(n, 1) if have is None else max(n, 2 * self._size(name, have)))
+                self.buffers[name] = make[name](size)
 
     @staticmethod
     def _size(name: str, t: torch.Tensor) -> int:

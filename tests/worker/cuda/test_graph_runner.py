@@ -203,11 +203,12 @@ def test_buckets_and_shapes():
 
 def test_static_buffers_are_shared_and_grow_by_doubling():
     """The graphs' shared static buffers (no GPU needed: they are plain tensors): each shape gets
-    leading slices; a larger shape gets new buffers at least twice as large while views taken
-    before keep the old ones; the no-parent slot 0 stays zero."""
+    leading slices; state slots are allocated at their bound; a shape with more rows gets a new
+    K/V buffer at least twice as large while views taken before keep the old one; the no-parent
+    slot 0 stays zero."""
     from types import SimpleNamespace
 
-    from openjev.worker.cuda.graph_launch import Shape, _Statics
+    from openjev.worker.cuda.graph_launch import MAX_STATE_SLOTS, Shape, _Statics
     from openjev.worker.cuda.synthetic import shape_config
 
     config = shape_config("small", 4)
@@ -218,16 +219,19 @@ def test_static_buffers_are_shared_and_grow_by_doubling():
     first = statics.views(small)
     assert first["kv"].shape[2] == 48 and first["st_in"].shape[0] == 2 and first["st_out"].shape[0] == 1
     assert statics.buffers["kv"].shape[2] == 64  # a power of two at first
-    first["st_in"][1].fill_(1.0)  # a parent's state in slot 1
+    assert statics.buffers["st_in"].shape[0] == MAX_STATE_SLOTS + 1 and statics.buffers["st_out"].shape[0] == MAX_STATE_SLOTS
+    first["kv"].normal_()
+    old_kv = first["kv"].clone()
     same = Shape(tokens=32, segments=2, max_q=64, base=16, parents=1, kept=1)
     statics.ensure(same)  # fits: no new buffers, and views share memory with the first ones
     assert statics.views(same)["kv"].data_ptr() == first["kv"].data_ptr()
     large = Shape(tokens=640, segments=8, max_q=256, base=96, parents=2, kept=2)
     statics.ensure(large)
     grown = statics.views(large)
-    assert statics.buffers["kv"].shape[2] == 736 and statics.buffers["st_in"].shape[0] == 4  # need, or twice the old
+    assert statics.buffers["kv"].shape[2] == 736  # what it needs, or twice the old
     assert grown["kv"].data_ptr() != first["kv"].data_ptr()
-    assert torch.equal(first["st_in"][1], torch.ones_like(first["st_in"][1]))  # old views keep their buffers
+    assert torch.equal(first["kv"], old_kv)  # old views keep their buffers
+    assert grown["st_in"].data_ptr() == first["st_in"].data_ptr()  # slots never grow
     assert not grown["st_in"][0].any() and not grown["win_in"][0].any()  # slot 0: no parent
     kv_rows = first["kv"][0, 0]
     assert kv_rows.is_contiguous() and kv_rows.shape == (48, config.num_key_value_heads, config.head_dim)
