@@ -143,12 +143,15 @@ def main(argv: list[str] | None = None) -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     meta, candidates_of, longest = longest_tokens_fn(args.model)
+    saved_workload = args.out / "workload.jsonl"  # what a run without --workload generated
     if args.workload and args.workload.exists():
         cases = workload.read_jsonl(args.workload)
+    elif args.report_only and saved_workload.exists():
+        cases = workload.read_jsonl(saved_workload)
     else:
         cases = (workload.jevbench_cases(longest) + workload.multi_question_cases(longest)
                  + workload.capacity_cases(longest, meta.max_length))
-        workload.write_jsonl(cases, args.out / "workload.jsonl")
+        workload.write_jsonl(cases, saved_workload)
     if args.report_only:
         name = f"report-from-block{args.from_block}" if args.from_block else "report"
         print(render_saved(args.out, cases, args.from_block, name))
