@@ -6,16 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-@pytest.fixture(scope="module")
-def K():
-    pytest.importorskip("cupy")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    from openjev.worker.cuda import kernels
-
-    return kernels
-
-
 def test_bucket():
     from openjev.worker.cuda.graphs import bucket
 

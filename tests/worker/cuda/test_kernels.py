@@ -13,16 +13,6 @@ FP32_TOL = 1e-4  # fp32 state math (recurrent vs chunked order of summation)
 
 
 @pytest.fixture(scope="module")
-def K():
-    pytest.importorskip("cupy")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    from openjev.worker.cuda import kernels
-
-    return kernels
-
-
-@pytest.fixture(scope="module")
 def ref():
     from openjev.worker.cuda import reference
 
