@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: install carried wheels, build the demo export (tokenizer + metadata), run the
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
-# Usage (device tool): bash benchmarks/device_run.sh STEP...
+# Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
+#   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
 #   steps: tests gemm gates-ROWS gates-ws0 gates bench-full bench-hf bench-verify profile
 # Timing seen on 2026-11-29 (second session): machine start ~1.5 min; tests 11-25 s; gemm ~60 s;
 # gates (100 requests + fp32 oracle) ~100 s; profile ~100 s; bench-hf ~200 s; bench-full: its
@@ -46,7 +47,7 @@ for step in "$@"; do
     gates) timeout 300 python3 -m openjev.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
              --synthetic 27b --layers 8 --oracle-cases 20 --limit 100 --out $OUT/gpu-gates.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
     # our three arms over the whole workload; a run cut short keeps its finished blocks (results.json)
-    bench-full) timeout 470 python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-full \
+    bench-full) timeout 560 python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-full \
              --worker-args "--synthetic 27b --graph-capture-after 1 --graph-cache-size 512" --arms off,auto,shared --blocks 2 --sweep 1,4,16 \
              --sweep-seconds 8 --timeout 120 2>$OUT/bench-full.log | head -20; tail -3 $OUT/bench-full.log ;;
     # transformers beside our auto arm, 2 requests per kind x length group of the JevBench split

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import shlex
 import subprocess
@@ -165,7 +166,9 @@ def main(argv: list[str] | None = None) -> None:
     tokens = token_counts(cases, candidates_of)
     worker_args = shlex.split(args.worker_args)
     ceilings, floors = measure_floors(args.model, worker_args, tokens)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # The device machine gets a copy of the tree whose git may not match it: the caller names it.
+    commit = os.environ.get("OPENJEV_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     card = ceilings.device if ceilings else f"CPU ({platform.processor() or platform.machine()})"
     header = "\n".join([
         f"# Benchmark {datetime.date.today().isoformat()}", "",
