@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests gemm gates-ROWS gates-ws0 gates bench-full bench-hf bench-verify profile
+#   steps: tests kernels gemm gates-ROWS gates-ws0 gates bench-full bench-hf bench-verify profile
 # Timing seen on 2026-11-29 (second session): machine start ~1.5 min; tests 11-25 s; gemm ~60 s;
 # gates (100 requests + fp32 oracle) ~100 s; profile ~100 s; bench-hf ~200 s; bench-full: its
 # warm-up alone took 337 s (729 requests, a capture per new shape, graph buffers then still
@@ -35,7 +35,12 @@ python3 -m openjev.demo_model --out .openjev/demo-model >/dev/null || exit 1
 WL=docs/benchmarks/workload.jsonl
 for step in "$@"; do
   case $step in
-    tests) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda > $OUT/gpu-tests.txt 2>&1; tail -3 $OUT/gpu-tests.txt ;;
+    # a failing GPU test ends the call: what follows would measure a broken build
+    tests) timeout 240 python3 -m pytest -q -m gpu tests/worker/cuda > $OUT/gpu-tests.txt 2>&1; rc=$?
+           tail -30 $OUT/gpu-tests.txt | grep -E "Error|assert|FAILED|passed|failed" | tail -15; [ $rc = 0 ] || exit 1 ;;
+    # every kernel against its two ceilings, then the runner end to end (capacity, peak memory)
+    kernels) timeout 300 python3 benchmarks/kernels_gpu.py --capacity 27b --out $OUT/kernels-gpu.json 2>&1 \
+             | tee $OUT/kernels-gpu.txt | tail -45 ;;
     gemm) timeout 150 python3 benchmarks/gemm_invariance.py 2>&1 | tail -40 | tee $OUT/gemm-invariance.md ;;
     # gates-N: 40 requests with products padded to N rows (quick comparison); gates: the full gate
     gates-ws0) CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 timeout 150 python3 -m openjev.bench.gates \

@@ -117,6 +117,14 @@ def cases(T: int):
     for variant in K.GDN_VARIANTS:
         fn = lambda vr=variant: K.gdn_recurrent(qn, kn, kq, v, g, beta, cu, init, variant=vr)  # noqa: E731
         out.append((f"gdn_recurrent_{variant}", fn, gdn_bytes, gdn_flops, "fp32"))
+    # chunked (WY) form on tf32 tensor cores, per 64-token chunk and head: k k^T and T [K | V] in
+    # the solve; W S, (e^G q) S, K~^T U, P U and q k^T (once per column half) in the state pass
+    chunks = -(-T // 64)
+    chunk_flops = 2 * chunks * H * (64 * 64 * 128 + 64 * 64 * 256 + 3 * 64 * 128 * 128 + 3 * 64 * 64 * 128)
+    chunk_bytes = gdn_bytes + chunks * H * 64 * DKV * 4 * 2 * 3  # + W, U~ written once, read by 2 column halves
+    pos = torch.arange(T, dtype=torch.int32, device=DEV)
+    fn = lambda: K.gdn_chunked(qn, kn, v, g, beta, cu, pos, T, init)  # noqa: E731
+    out.append(("gdn_chunked", fn, chunk_bytes, chunk_flops, "tf32"))
     q, kv, gate = r(T, HQ, HD), r(2, T, HKV, HD), r(T, HQ, 2 * HD)[..., HD:]
     rows = torch.arange(T, dtype=torch.int32, device=DEV)
     att = lambda: K.tree_attention(q, kv[0], kv[1], rows, cu, cu, T, gate=gate)  # noqa: E731
@@ -149,13 +157,14 @@ def gdn_layer_graph(T: int) -> float:
     w, win, nw = r(CONV_C, 4), r(1, 3, CONV_C), r(DKV)
     a_log, dt = torch.rand(H, device=DEV), torch.randn(H, device=DEV)
     init = torch.randn(1, H, DKV, DKV, device=DEV) * 0.1
+    pos = torch.arange(T, dtype=torch.int32, device=DEV)
 
     def core():
         conv, _ = K.causal_conv1d(proj[:, :CONV_C], w, win, cu)
         z = proj[:, CONV_C : CONV_C + H * DKV]
         ab = proj[:, CONV_C + H * DKV :]
-        qn, kn, g, beta, kq = K.gdn_prepare(conv, ab[:, :H], ab[:, H:], a_log, dt, HK)
-        o, _ = K.gdn_recurrent(qn, kn, kq, conv[:, 2 * HK * DKV :].unflatten(1, (H, DKV)), g, beta, cu, init)
+        qn, kn, g, beta, _ = K.gdn_prepare(conv, ab[:, :H], ab[:, H:], a_log, dt, HK)
+        o, _, _ = K.gdn_chunked(qn, kn, conv[:, 2 * HK * DKV :].unflatten(1, (H, DKV)), g, beta, cu, pos, T, init)
         return K.gated_rms_norm(o, z, nw, 1e-6)
 
     return time_graph(core)
@@ -232,7 +241,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     copy_bw, mma_rate = ceilings()
-    rates = {"bw": None, "fp32": FP32_RATE, "mma": mma_rate}
+    rates = {"bw": None, "fp32": FP32_RATE, "mma": mma_rate, "tf32": mma_rate / 2}  # dense tf32: half of bf16
     rows = []
     for T in [int(t) for t in args.tokens.split(",")]:
         for name, fn, nbytes, flops, kind in cases(T):

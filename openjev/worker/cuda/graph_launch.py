@@ -100,9 +100,10 @@ def shape_of(plan: LaunchPlan) -> Shape | None:
 
 class _Statics:
     """The static buffers every graph reads and writes, at the largest size seen so far; a shape
-    gets leading slices of them (`views`). idx int32; win_in [1+P, L, 3, C] bf16 and st_in [1+P,
-    L, Hv, 128, 128] fp32 (slot 0 stays zero: no parent); win_out, st_out [K, L, ...]; kv [La, 2,
-    rows, Hkv, 256] bf16 (L: GDN layers, La: attention layers)."""
+    gets leading slices of them (`views`). idx int32; win_in [1+P, L, 3, C] bf16, st_in [1+P,
+    L, Hv, 128, 128] fp32 and tail_in [1+P, L, 64, width] fp32 (slot 0 stays zero: no parent);
+    win_out, st_out, tail_out [K, L, ...]; kv [La, 2, rows, Hkv, 256] bf16 (L: GDN layers, La:
+    attention layers)."""
 
     def __init__(self, runner):
         self.runner = runner
@@ -112,9 +113,9 @@ class _Statics:
         """Leading size along the sliced dimension, per buffer."""
         need = {"idx": sum(n for _, n in shape.layout().values()), "kv": shape.base + shape.tokens}
         if shape.parents:
-            need["win_in"] = need["st_in"] = shape.parents + 1
+            need["win_in"] = need["st_in"] = need["tail_in"] = shape.parents + 1
         if shape.kept:
-            need["win_out"] = need["st_out"] = shape.kept
+            need["win_out"] = need["st_out"] = need["tail_out"] = shape.kept
         return need
 
     def ensure(self, shape: Shape) -> None:
@@ -122,6 +123,7 @@ class _Statics:
         r, c = self.runner, self.runner.config
         L, La, dev = len(r.gdn_layers), len(r.attn_layers), r.device
         C, hv = c.linear_conv_dim, c.linear_num_value_heads
+        tail = (K.GDN_CHUNK, K.gdn_tail_width(c.linear_num_key_heads, hv))
         make = {
             "idx": lambda n: torch.zeros(n, dtype=torch.int32, device=dev),
             "kv": lambda n: torch.empty(La, 2, n, c.num_key_value_heads, c.head_dim, dtype=torch.bfloat16, device=dev),
@@ -129,9 +131,11 @@ class _Statics:
             "st_in": lambda n: torch.zeros(n, L, hv, 128, 128, dtype=torch.float32, device=dev),
             "win_out": lambda n: torch.empty(n, L, 3, C, dtype=torch.bfloat16, device=dev),
             "st_out": lambda n: torch.empty(n, L, hv, 128, 128, dtype=torch.float32, device=dev),
+            "tail_in": lambda n: torch.zeros(n, L, *tail, dtype=torch.float32, device=dev),
+            "tail_out": lambda n: torch.empty(n, L, *tail, dtype=torch.float32, device=dev),
         }
-        slots = {"win_in": MAX_STATE_SLOTS + 1, "st_in": MAX_STATE_SLOTS + 1,
-                 "win_out": MAX_STATE_SLOTS, "st_out": MAX_STATE_SLOTS}
+        slots = {"win_in": MAX_STATE_SLOTS + 1, "st_in": MAX_STATE_SLOTS + 1, "tail_in": MAX_STATE_SLOTS + 1,
+                 "win_out": MAX_STATE_SLOTS, "st_out": MAX_STATE_SLOTS, "tail_out": MAX_STATE_SLOTS}
         for name, n in self._need(shape).items():
             have = self.buffers.get(name)
             if have is None or self._size(name, have) < n:
@@ -238,8 +242,8 @@ class GraphLauncher:
         dst, src = [], []
         for slot, p in parents.values():
             for g, j in enumerate(r.gdn_layers):
-                dst += [s["win_in"][slot, g], s["st_in"][slot, g]]
-                src += [p.gdn[j][0], p.gdn[j][1]]
+                dst += [s["win_in"][slot, g], s["st_in"][slot, g], s["tail_in"][slot, g]]
+                src += list(p.gdn[j])
         at = 0
         for node in plan.nodes:  # ancestors' K/V rows, in the plan's pool order
             for a, j in enumerate(r.attn_layers):
@@ -259,7 +263,7 @@ class GraphLauncher:
         """The captured work: hidden [N_pad, D] bf16 of the (padded) head rows."""
         r, c = self.runner, self.runner.config
         v = {name: s["idx"][at : at + n] for name, (at, n) in shape.layout().items()}
-        launch = Launch(ids=v["ids"], cu=v["cu"], head_idx=v["heads"],
+        launch = Launch(ids=v["ids"], cu=v["cu"], pos=v["pos"], head_idx=v["heads"],
                         rope=K.rotary_table(v["pos"], c.rotary_dim, c.rope_theta),
                         kv_rows=v["kv_rows"], cu_k=v["cu_k"], max_q=shape.max_q)
         return r._forward(launch, _StaticIO(r, s, shape, v["slot"], v["keep"][: shape.kept]))
@@ -271,10 +275,10 @@ class GraphLauncher:
             if not run.keep_state:
                 states.append(None)
                 continue
-            win, st = s["win_out"][k].clone(), s["st_out"][k].clone()  # [L, 3, C], [L, Hv, 128, 128]
+            win, st, tail = (s[name][k].clone() for name in ("win_out", "st_out", "tail_out"))
             k += 1
             kv = s["kv"][:, :, shape.base + plan.cu[i] : shape.base + plan.cu[i + 1]].clone()  # [La, 2, t, Hkv, 256]
-            states.append(r.state_of(run, {j: (win[g], st[g]) for g, j in enumerate(r.gdn_layers)},
+            states.append(r.state_of(run, {j: (win[g], st[g], tail[g]) for g, j in enumerate(r.gdn_layers)},
                                      {j: (kv[a, 0], kv[a, 1]) for a, j in enumerate(r.attn_layers)}))
         return hidden[: len(plan.heads)].clone(), states
 
@@ -297,14 +301,14 @@ class _StaticIO:
         if not self.shape.parents:
             if self.zeros is None:  # one zero window buffer for every layer of the launch
                 self.zeros = torch.zeros(self.window_shape, dtype=torch.bfloat16, device=self.device)
-            return self.zeros, None
-        return self.s["win_in"][:, g].index_select(0, self.slot), self.s["st_in"][:, g].index_select(0, self.slot)
+            return self.zeros, None, None
+        return tuple(self.s[name][:, g].index_select(0, self.slot) for name in ("win_in", "st_in", "tail_in"))
 
-    def gdn_out(self, index: int, new_windows, final) -> None:
+    def gdn_out(self, index: int, new_windows, final, tails) -> None:
         if self.shape.kept:
             g = self.g[index]
-            self.s["win_out"][:, g].copy_(new_windows.index_select(0, self.keep))
-            self.s["st_out"][:, g].copy_(final.index_select(0, self.keep))
+            for name, t in (("win_out", new_windows), ("st_out", final), ("tail_out", tails)):
+                self.s[name][:, g].copy_(t.index_select(0, self.keep))
 
     def kv_pools(self, index: int, T: int):
         a = self.a[index]

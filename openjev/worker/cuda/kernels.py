@@ -170,6 +170,55 @@ def gdn_recurrent(qn, kn, kq, v, g, beta, cu_seqlens, init_state=None, variant: 
     return out, final
 
 
+GDN_CHUNK = 64  # gdn_chunked.cu: chunk length; chunks sit at multiples of it from the sequence start
+_SOLVE_SMEM = 4 * (64 * 132 + 64 * 260 + 3 * 64 * 68 + 2 * 64)
+_STATE_SMEM = 4 * (128 * 68 + 3 * 64 * 132 + 2 * 64 * 68 + 64)
+
+
+def gdn_tail_width(num_k_heads: int, num_v_heads: int) -> int:
+    """Floats a row of a GDN tail buffer: k (Hk*128) | v (H*128) | g (H) | beta (H), padded to 4."""
+    width = (num_k_heads + num_v_heads) * GDN_DIM + 2 * num_v_heads
+    return -(-width // 4) * 4
+
+
+def gdn_chunked(qn, kn, v, g, beta, cu_seqlens, positions, max_q, init_state=None, tail_in=None, out=None,
+                final=None, tail_out=None):
+    """Gated delta rule over packed segments in 64-token chunks at absolute positions
+    (cuda/gdn_chunked.cu says why and how).
+
+    qn, kn: [T, Hk, 128] fp32; v: [T, H, 128] bf16 view (token stride free, inner contiguous);
+    g, beta: [T, H] fp32; cu_seqlens: [N+1] int32; positions: [T] int32 (segment n starts at
+    positions[cu[n]]); max_q: no segment is longer; init_state: [N, H, 128, 128] fp32 or None
+    (zeros); tail_in: [N, 64, gdn_tail_width] fp32, segment n's first positions[cu[n]] % 64 rows
+    (its parent's unfinished chunk), or None when no segment has one.
+    Returns (o [T, H, 128] bf16, final [N, H, 128, 128] fp32 = the state at each segment's last
+    chunk boundary, tail_out [N, 64, width] fp32 = the rows after it).
+    """
+    T, H = g.shape
+    Hk = qn.shape[1]
+    N = cu_seqlens.numel() - 1
+    assert v.stride(2) == 1 and v.stride(1) == GDN_DIM and H % Hk == 0 and qn.is_contiguous() and kn.is_contiguous()
+    dev, width = g.device, gdn_tail_width(Hk, H)
+    out = _out(out, (T, H, GDN_DIM), torch.bfloat16, dev)
+    final = _out(final, (N, H, GDN_DIM, GDN_DIM), torch.float32, dev)
+    tail_out = _out(tail_out, (N, GDN_CHUNK, width), torch.float32, dev)
+    has_init = init_state is not None
+    init = init_state.contiguous() if has_init else final  # never read when has_init == 0
+    tails = tail_in.contiguous() if tail_in is not None else tail_out  # read only where a segment has a tail
+    max_chunks = (max_q + 2 * GDN_CHUNK - 2) // GDN_CHUNK  # a segment's rows: up to 63 tail rows + max_q
+    scratch_chunks = (T + 2 * (GDN_CHUNK - 1) * N) // GDN_CHUNK + 1
+    w = torch.empty(scratch_chunks, H, GDN_CHUNK, GDN_DIM, dtype=torch.float32, device=dev)
+    u = torch.empty_like(w)
+    gcum = torch.empty(scratch_chunks, H, GDN_CHUNK, dtype=torch.float32, device=dev)
+    _launch("gdn_chunked", "gdn_chunk_solve", (max_chunks, H, N), (256,),
+            (kn, v, _i64(v.stride(0)), g, beta, cu_seqlens, positions, H, Hk, max_chunks, tails, tail_out,
+             _i64(width), w, u, gcum), dynamic_smem=_SOLVE_SMEM)
+    _launch("gdn_chunked", "gdn_chunk_state", (GDN_DIM // 64, H, N), (256,),
+            (qn, kn, w, u, gcum, cu_seqlens, positions, H, Hk, max_chunks, tails, _i64(width), init, has_init,
+             out, final), dynamic_smem=_STATE_SMEM)
+    return out, final, tail_out
+
+
 def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None, out=None):
     """Causal GQA attention over packed segments whose keys are rows of shared K/V pools.
 

@@ -34,7 +34,8 @@ class KvNode:
 @dataclass(frozen=True)
 class CudaSegmentState:
     """num_tokens: the segment's end position; gdn: per GDN layer index, (conv_window [3, C] bf16,
-    recurrent [Hv, 128, 128] fp32); kv: the attention chain (ancestors' GDN states are not kept
+    recurrent [Hv, 128, 128] fp32 at the last multiple of 64 positions, tail [64, width] fp32: the
+    k, v, g, beta rows after it, see kernels.gdn_chunked); kv: the attention chain (ancestors' GDN states are not kept
     alive by it)."""
 
     num_tokens: int
@@ -69,13 +70,15 @@ class LaunchPlan:
 
 @dataclass
 class Launch:
-    """A launch's device-side indices. ids: [T] int32; cu: [N+1] int32; head_idx: [R] int32 rows
+    """A launch's device-side indices. ids: [T] int32; cu: [N+1] int32; pos: [T] int32 positions;
+    head_idx: [R] int32 rows
     the head reads (None: no head rows); rope: (cos, sin) [T, rotary_dim/2] fp32; kv_rows:
     [sum S_n] int32 pool row of each segment's logical keys; cu_k: [N+1] int32; max_q: the
     attention grid's longest segment."""
 
     ids: torch.Tensor
     cu: torch.Tensor
+    pos: torch.Tensor
     head_idx: torch.Tensor | None
     rope: tuple[torch.Tensor, torch.Tensor]
     kv_rows: torch.Tensor

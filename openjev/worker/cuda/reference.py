@@ -56,6 +56,36 @@ def gdn_packed(qn, kn, v, g, beta, cu_seqlens, init_state=None):
     return torch.cat(outs), torch.stack(states)
 
 
+def gdn_chunked_packed(qn, kn, v, g, beta, cu_seqlens, positions, init_state=None, tail_in=None, chunk=64):
+    """Same arguments as kernels.gdn_chunked (tail rows: k [Hk*Dk] | v [H*Dv] | g [H] | beta [H]).
+    Each segment's rows are its tail (positions[cu[n]] % chunk rows of tail_in[n]) then its own;
+    from its parent's state they run through chunks counted from the first tail row.
+    Returns (o [T, H, Dv] fp32 of the own rows, final [N, H, Dk, Dv] fp32 at the last chunk
+    boundary, tail_out: per segment the [rows, width] rows after that boundary)."""
+    T, Hk, Dk = qn.shape
+    H, Dv = v.shape[1], v.shape[2]
+    ratio = H // Hk
+    outs, finals, tails = [], [], []
+    for n, (s, e) in enumerate(_spans(cu_seqlens)):
+        tail = int(positions[s]) % chunk
+        rows = tail_in[n, :tail].float() if tail else qn.new_zeros(0, (Hk + H) * Dk + 2 * H)
+        k = torch.cat([rows[:, : Hk * Dk].reshape(tail, Hk, Dk), kn[s:e].float()])
+        vv = torch.cat([rows[:, Hk * Dk : Hk * Dk + H * Dv].reshape(tail, H, Dv), v[s:e].float()])
+        gg = torch.cat([rows[:, Hk * Dk + H * Dv : Hk * Dk + H * Dv + H], g[s:e].float()])
+        bb = torch.cat([rows[:, Hk * Dk + H * Dv + H : Hk * Dk + H * Dv + 2 * H], beta[s:e].float()])
+        q = torch.cat([qn.new_zeros(tail, Hk, Dk), qn[s:e].float()])  # tail rows' outputs are the parent's
+        q, k = q.repeat_interleave(ratio, dim=1), k.repeat_interleave(ratio, dim=1)
+        state = None if init_state is None else init_state[n].float()
+        done = (k.shape[0] // chunk) * chunk
+        o1, st = ops.gated_delta_rule(q[:done], k[:done], vv[:done], gg[:done], bb[:done], state, chunk)
+        o2, _ = ops.gated_delta_rule(q[done:], k[done:], vv[done:], gg[done:], bb[done:], st, chunk)
+        outs.append(torch.cat([o1, o2])[tail:])
+        finals.append(st)
+        kk = k[done:, ::ratio].reshape(-1, Hk * Dk)
+        tails.append(torch.cat([kk, vv[done:].reshape(-1, H * Dv), gg[done:], bb[done:]], dim=1))
+    return torch.cat(outs), torch.stack(finals), tails
+
+
 def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, gate=None) -> Tensor:
     """Same arguments as kernels.tree_attention. Returns [Tq, Hq, D] fp32."""
     out = []

@@ -4,8 +4,9 @@ One launch = one forward pass over all its segments packed back to back: cuBLAS 
 torch over all rows, the CUDA kernels of `cuda/*.cu` for everything else, each segment starting
 from its parent's state. Only the rows the head reads go through the last MLP and final norm.
 
-State (opaque to callers): per GDN layer the conv window [3, C] bf16 and the recurrent state
-[Hv, 128, 128] fp32; per attention layer this segment's own keys/values [t, Hkv, 256] bf16 plus
+State (opaque to callers): per GDN layer the conv window [3, C] bf16, the recurrent state
+[Hv, 128, 128] fp32 at the segment's last 64-token boundary and the rows after it ([64, width]
+fp32; the GDN kernels run in chunks at absolute positions, see cuda/gdn_chunked.cu); per attention layer this segment's own keys/values [t, Hkv, 256] bf16 plus
 a link to the parent state, so ancestors' keys are shared, never copied into each child.
 
 Launches are replayed from CUDA graphs by default (`graph_cache_size` graphs kept, one per shape
@@ -109,9 +110,10 @@ class CudaRunner:
         dev = self.device
         as_i32 = lambda xs: torch.as_tensor(np.asarray(xs, dtype=np.int32)).to(dev)  # noqa: E731
         rows, cu_k = plan.kv_rows(plan.base)
+        pos = as_i32(plan.positions)
         launch = Launch(
-            ids=as_i32(plan.ids), cu=as_i32(plan.cu), head_idx=as_i32(plan.heads) if plan.heads else None,
-            rope=K.rotary_table(as_i32(plan.positions), self.config.rotary_dim, self.config.rope_theta),
+            ids=as_i32(plan.ids), cu=as_i32(plan.cu), pos=pos, head_idx=as_i32(plan.heads) if plan.heads else None,
+            rope=K.rotary_table(pos, self.config.rotary_dim, self.config.rope_theta),
             kv_rows=as_i32(rows), cu_k=as_i32(cu_k), max_q=plan.max_q,
         )
         io = _EagerIO(self, plan)
@@ -134,7 +136,7 @@ class CudaRunner:
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
             if layer.kind == LINEAR_ATTENTION:
-                mixed = self._gdn(layer, index, h, launch.cu, io)
+                mixed = self._gdn(layer, index, h, launch, io)
             elif layer.kind == FULL_ATTENTION:
                 mixed = self._attention(layer, index, h, launch, io)
             else:
@@ -154,18 +156,18 @@ class CudaRunner:
     def _linear(self, x, w):
         return gemm.linear(x, w, self.gemm_rows[tuple(w.shape)])
 
-    def _gdn(self, layer: FusedLayer, index: int, h, cu, io):
+    def _gdn(self, layer: FusedLayer, index: int, h, launch: Launch, io):
         c = self.config
         C, vd, hv = c.linear_conv_dim, c.linear_value_dim, c.linear_num_value_heads
         proj = self._linear(h, layer.w_in)  # [T, C + Hv*Dv + 2*Hv]
         x = proj[:, :C] if (proj.stride(0) * 2) % 16 == 0 else proj[:, :C].contiguous()
-        windows, init = io.gdn_in(index)
-        conv, new_windows = K.causal_conv1d(x, layer.conv_weight, windows, cu)
+        windows, init, tails = io.gdn_in(index)
+        conv, new_windows = K.causal_conv1d(x, layer.conv_weight, windows, launch.cu)
         z, b, a = proj[:, C : C + vd], proj[:, C + vd : C + vd + hv], proj[:, C + vd + hv :]
-        qn, kn, g, beta, kq = K.gdn_prepare(conv, a, b, layer.a_log, layer.dt_bias, c.linear_num_key_heads)
+        qn, kn, g, beta, _ = K.gdn_prepare(conv, a, b, layer.a_log, layer.dt_bias, c.linear_num_key_heads)
         v = conv[:, 2 * c.linear_key_dim :].unflatten(1, (hv, 128))
-        o, final = K.gdn_recurrent(qn, kn, kq, v, g, beta, cu, init)
-        io.gdn_out(index, new_windows, final)
+        o, final, new_tails = K.gdn_chunked(qn, kn, v, g, beta, launch.cu, launch.pos, launch.max_q, init, tails)
+        io.gdn_out(index, new_windows, final, new_tails)
         return self._linear(K.gated_rms_norm(o, z, layer.norm_weight, c.rms_norm_eps), layer.w_out)
 
     def _attention(self, layer: FusedLayer, index: int, h, launch: Launch, io):
@@ -196,6 +198,8 @@ class _EagerIO:
         self.kv: list[dict] = [{} for _ in plan.runs]
 
     def gdn_in(self, index: int):
+        """(windows [N, 3, C], states [N, Hv, 128, 128] or None, tails [N, 64, width] or None):
+        zeros for segments without a parent, None when no segment has one."""
         c, dev = self.r.config, self.r.device
         parents = [run.parent_state for run in self.plan.runs]
         windows = torch.stack([
@@ -203,16 +207,19 @@ class _EagerIO:
             for p in parents
         ])
         if all(p is None for p in parents):
-            return windows, None
-        hv = c.linear_num_value_heads
-        return windows, torch.stack([p.gdn[index][1] if p is not None else torch.zeros(hv, 128, 128, device=dev)
-                                     for p in parents])
+            return windows, None, None
+        hv, width = c.linear_num_value_heads, K.gdn_tail_width(c.linear_num_key_heads, c.linear_num_value_heads)
+        states = torch.stack([p.gdn[index][1] if p is not None else torch.zeros(hv, 128, 128, device=dev)
+                              for p in parents])
+        tails = torch.stack([p.gdn[index][2] if p is not None else torch.zeros(K.GDN_CHUNK, width, device=dev)
+                             for p in parents])
+        return windows, states, tails
 
-    def gdn_out(self, index: int, new_windows, final):
+    def gdn_out(self, index: int, new_windows, final, tails):
         # per-segment clones so a kept state does not pin the whole launch's buffers
         for i, run in enumerate(self.plan.runs):
             if run.keep_state:
-                self.gdn[i][index] = (new_windows[i].clone(), final[i].clone())
+                self.gdn[i][index] = (new_windows[i].clone(), final[i].clone(), tails[i].clone())
 
     def kv_pools(self, index: int, T: int):
         c, nodes, base = self.r.config, self.plan.nodes, self.plan.base

@@ -60,6 +60,10 @@ def assert_close(got, expected, what: str) -> None:
             assert a.gdn[j][0].shape == b.gdn[j][0].shape and a.gdn[j][1].shape == b.gdn[j][1].shape
             assert rel(a.gdn[j][0], b.gdn[j][0]) < TOL, (what, i, j, "conv window")
             assert rel(a.gdn[j][1], b.gdn[j][1]) < TOL, (what, i, j, "recurrent state")
+            assert a.gdn[j][2].shape == b.gdn[j][2].shape, (what, i, j, "tail shape")
+            rows = b.num_tokens % 64  # rows past them are never read
+            if rows:
+                assert rel(a.gdn[j][2][:rows], b.gdn[j][2][:rows]) < TOL, (what, i, j, "tail rows")
         for j in b.kv.kv:
             for t, u in zip(a.kv.kv[j], b.kv.kv[j], strict=True):
                 assert t.shape == u.shape and rel(t, u) < TOL, (what, i, j, "keys/values")
@@ -233,5 +237,8 @@ def test_static_buffers_are_shared_and_grow_by_doubling():
     assert torch.equal(first["kv"], old_kv)  # old views keep their buffers
     assert grown["st_in"].data_ptr() == first["st_in"].data_ptr()  # slots never grow
     assert not grown["st_in"][0].any() and not grown["win_in"][0].any()  # slot 0: no parent
+    assert not grown["tail_in"][0].any() and grown["tail_out"].shape[0] == 2
+    assert grown["tail_in"].shape[2:] == (64, (config.linear_num_key_heads + config.linear_num_value_heads) * 128
+                                          + 2 * config.linear_num_value_heads)
     kv_rows = first["kv"][0, 0]
     assert kv_rows.is_contiguous() and kv_rows.shape == (48, config.num_key_value_heads, config.head_dim)

@@ -109,6 +109,83 @@ def test_gdn_recurrent(K, ref, variant, with_init):
         assert rel(fin[n], e_fin[n]) < FP32_TOL, f"final state {n}"
 
 
+TF32_TOL = 5e-3  # chunked GDN: tensor-core products of tf32-rounded fp32 operands, fp32 sums
+
+
+def tail_rows(n_rows, H, Hk, width):
+    """Random tail buffers [N, 64, width]: valid k (unit rows), bf16-exact v, decays, betas in the
+    first rows; NaN beyond the width's used columns is not possible (they are padding) but rows
+    a segment must not read are NaN."""
+    t = torch.full((len(n_rows), 64, width), float("nan"), device=DEV)
+    for n, rows in enumerate(n_rows):
+        k = torch.nn.functional.normalize(torch.randn(rows, Hk, 128, device=DEV), dim=-1).flatten(1)
+        v = torch.randn(rows, H * 128, device=DEV).bfloat16().float()
+        g = -torch.rand(rows, H, device=DEV) * 0.5 - 0.01
+        b = torch.rand(rows, H, device=DEV)
+        t[n, :rows, : (Hk + H) * 128 + 2 * H] = torch.cat([k, v, g, b], dim=1)
+    return t
+
+
+def chunked_case(K, lengths, starts, with_init, H=48, Hk=16):
+    cu, qn, kn, _, v, g, beta, init = gdn_inputs(lengths, H, Hk)
+    pos = torch.cat([torch.arange(s, s + n, dtype=torch.int32) for s, n in zip(starts, lengths)]).to(DEV)
+    width = K.gdn_tail_width(Hk, H)
+    tails = tail_rows([s % 64 for s in starts], H, Hk, width)
+    return cu, qn, kn, v, g, beta, pos, (init if with_init else None), tails
+
+
+@pytest.mark.parametrize("with_init", [True, False])
+def test_gdn_chunked(K, ref, with_init):
+    lengths = [1, 3, 64, 65, 130, 17, 200, 63]
+    starts = [0, 100, 64, 5, 190, 63, 1000, 1]  # tails of 0, 36, 0, 5, 62, 63, 40, 1 rows
+    cu, qn, kn, v, g, beta, pos, init, tails = chunked_case(K, lengths, starts, with_init)
+    T, N, H = qn.shape[0], len(lengths), v.shape[1]
+    out, fin = poisoned((T, H, 128), torch.bfloat16), poisoned((N, H, 128, 128), torch.float32)
+    tail_out = poisoned(tails.shape, torch.float32)
+    K.gdn_chunked(qn, kn, v, g, beta, cu, pos, max(lengths), init, tails, out=out, final=fin, tail_out=tail_out)
+    e_out, e_fin, e_tails = ref.gdn_chunked_packed(
+        qn.cpu(), kn.cpu(), v.cpu(), g.cpu(), beta.cpu(), cu.cpu(), pos.cpu(), None if init is None else init.cpu(),
+        tails.cpu())
+    per_segment(out, e_out, cu, BF16_TOL, "chunked gdn o")
+    for n in range(N):
+        if e_fin[n].norm() > 0:
+            assert rel(fin[n], e_fin[n]) < TF32_TOL, f"final state {n}"
+        else:
+            assert not fin[n].any(), f"final state {n}: zero state expected"
+        rows = e_tails[n].shape[0]
+        assert rows == (starts[n] + lengths[n]) % 64
+        got = tail_out[n, :rows, : e_tails[n].shape[1]].cpu()
+        assert torch.equal(got, e_tails[n]), f"tail rows of segment {n} are copies of its inputs"
+
+
+@pytest.mark.parametrize("split", [1, 37, 64, 100, 128, 133])
+def test_gdn_chunked_split_is_exact(K, split):
+    """A prompt run whole, and as a parent [0, split) plus a child [split, L) launched beside an
+    unrelated segment: the child's outputs, final state and tail are the same bits (what makes
+    every policy agree with `off` exactly)."""
+    L, H, Hk = 300, 48, 16
+    cu, qn, kn, v, g, beta, pos, _, _ = chunked_case(K, [L], [0], False)
+    whole_o, whole_f, whole_t = K.gdn_chunked(qn, kn, v, g, beta, cu, pos, L)
+    p_cu = torch.tensor([0, split], dtype=torch.int32, device=DEV)
+    par_o, par_f, par_t = K.gdn_chunked(qn[:split], kn[:split], v[:split], g[:split], beta[:split], p_cu,
+                                        pos[:split], split)
+    assert torch.equal(par_o, whole_o[:split])
+    # the child packed after an unrelated 50-token segment (no parent)
+    o_cu, o_qn, o_kn, o_v, o_g, o_b, _, _, _ = chunked_case(K, [50], [0], False)
+    cat = lambda a, b: torch.cat([a, b]).contiguous()  # noqa: E731
+    c_cu = torch.tensor([0, 50, 50 + L - split], dtype=torch.int32, device=DEV)
+    c_pos = torch.cat([torch.arange(50, dtype=torch.int32, device=DEV), pos[split:]])
+    c_v = torch.cat([o_v, v[split:]]).contiguous()
+    init = torch.stack([torch.zeros_like(par_f[0]), par_f[0]])
+    tails = torch.stack([torch.zeros_like(par_t[0]), par_t[0]])
+    c_o, c_f, c_t = K.gdn_chunked(cat(o_qn, qn[split:]), cat(o_kn, kn[split:]), c_v, cat(o_g, g[split:]),
+                                  cat(o_b, beta[split:]), c_cu, c_pos, L - split, init, tails)
+    assert torch.equal(c_o[50:], whole_o[split:]), "child outputs"
+    assert torch.equal(c_f[1], whole_f[0]), "child final state"
+    rows = L % 64
+    assert torch.equal(c_t[1, :rows], whole_t[0, :rows]), "child tail"
+
+
 def tree_inputs(q_lens, prefix_lens, Hq=24, Hkv=4, D=256):
     """A pool holding some older rows (ancestors, shuffled) and then this launch's own rows."""
     old = max(prefix_lens) + 50

@@ -1,0 +1,389 @@
+// Chunked Gated DeltaNet prefill over packed segments, with chunks at absolute positions.
+//
+// The delta rule over a chunk of C = 64 tokens in matrix (WY) form, on TF32 tensor cores with
+// fp32 accumulation and an fp32 state (the math: openjev/worker/model/ops.py, _delta_rule_chunk):
+//   G = cumsum(g);  A[i][j] = beta_i e^{G_i - G_j} (k_i . k_j) for j < i;  T = (I + A)^-1
+//   W = T (beta e^G K);  U~ = T (beta V)                      (gdn_chunk_solve, all chunks at once)
+//   U = U~ - W S;  O = (e^G Q) S + (Q K^T . e^{G_i - G_j}, j <= i) U
+//   S <- e^{G_C} S + (e^{G_C - G_j} K)^T U                     (gdn_chunk_state, chunk after chunk)
+//
+// Why chunks sit at absolute positions (multiples of 64 from the sequence start): a chunk sums
+// its tokens in another order than the token recurrence, so a prefix that ended inside a chunk
+// would give its children other bits than the unsplit prompt (policy `off`) gets, and the exact
+// policy gates would fail. So a segment's kept state is the state at its last chunk boundary plus
+// the rows of its unfinished chunk (k, v, g, beta: the "tail", at most 63 rows); a child's first
+// chunk is that tail followed by its own tokens, computed exactly as under `off`: every value of
+// a row depends only on rows at or before it, and the missing rows are zeros that only ever meet
+// exact zeros (T and the causal masks are zero above the diagonal).
+//
+// A segment n starts at position pos[cu[n]]; its virtual rows are tail (pos mod 64 rows, from
+// tail_in[n]) then its own cu[n+1] - cu[n] tokens. Row layout of a tail buffer (fp32):
+//   [k: Hk*128 | v: H*128 | g: H | beta: H]  (tail_width floats a row, 64 rows a segment).
+#include <cuda_bf16.h>
+#include <mma.h>
+
+using namespace nvcuda;
+
+#define CH 64       // chunk length
+#define D 128       // key and value head dims
+#define NT 256      // threads a block (8 warps)
+#define NCOL 64     // value columns a gdn_chunk_state block owns
+#define LK (D + 4)  // padded row strides (floats): rows start in different banks, 32-byte aligned tiles
+#define LC (CH + 4)
+#define LB (2 * D + 4)
+
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> FragA;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FragAT;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> FragB;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FragBT;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> Acc;
+
+template <typename F>
+__device__ __forceinline__ void to_tf32(F& f) {
+#pragma unroll
+    for (int t = 0; t < f.num_elements; ++t) f.x[t] = wmma::__float_to_tf32(f.x[t]);
+}
+
+// Segment n's row count (tail + own), chunk count (capped), and first scratch chunk.
+struct Seg {
+    int start, own, tail, rows, chunks, first;
+};
+
+__device__ __forceinline__ Seg segment(const int* cu, const int* pos, int n, int max_chunks) {
+    Seg s;
+    int first = 0;
+    for (int m = 0; m <= n; ++m) {
+        const int a = cu[m], own = cu[m + 1] - a;
+        const int tail = own > 0 ? (pos[a] & (CH - 1)) : 0;
+        const int chunks = own > 0 ? min((tail + own + CH - 1) / CH, max_chunks) : 0;
+        if (m == n) {
+            s.start = a; s.own = own; s.tail = tail; s.rows = tail + own; s.chunks = chunks; s.first = first;
+        }
+        first += chunks;
+    }
+    return s;
+}
+
+// One chunk's k rows [64][LK] of key head hk from the tail or the packed rows (zeros past the end).
+__device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, const float* __restrict__ tail_in,
+                                       long tail_width, const Seg& s, int r0, int n, int hk, int Hk) {
+    for (int idx = threadIdx.x; idx < CH * (D / 4); idx += NT) {
+        const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (vr < s.rows)
+            x = *reinterpret_cast<const float4*>(
+                vr < s.tail ? tail_in + ((long)n * CH + vr) * tail_width + hk * D + d
+                            : kn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d);
+        *reinterpret_cast<float4*>(Ks + r * LK + d) = x;
+    }
+}
+
+// grid (max_chunks, H, N), block NT, dynamic shared memory SOLVE_SMEM.
+// W, U: [chunks, H, 64, 128] fp32 scratch; gcum: [chunks, H, 64] fp32.
+// tail_out[n]: the rows of segment n's unfinished last chunk (written where there is one).
+extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_solve(
+    const float* __restrict__ kn, const __nv_bfloat16* __restrict__ v, long v_stride,
+    const float* __restrict__ g, const float* __restrict__ beta, const int* __restrict__ cu,
+    const int* __restrict__ pos, int H, int Hk, int max_chunks, const float* __restrict__ tail_in,
+    float* __restrict__ tail_out, long tail_width, float* __restrict__ W, float* __restrict__ U,
+    float* __restrict__ gcum) {
+    extern __shared__ __align__(128) float smem[];
+    float* Ks = smem;             // [64][LK]   k rows
+    float* Bs = Ks + CH * LK;     // [64][LB]   beta e^G k | beta v (first raw v)
+    float* As = Bs + CH * LB;     // [64][LC]   k k^T, then A
+    float* Ts = As + CH * LC;     // [64][LC]   (I + A)^-1
+    float* Xs = Ts + CH * LC;     // [64][LC]   block products of the inverse
+    float* gs = Xs + CH * LC;     // [64] g, then G
+    float* bs = gs + CH;          // [64] beta
+
+    const int c = blockIdx.x, h = blockIdx.y, n = blockIdx.z, hk = h / (H / Hk);
+    const Seg s = segment(cu, pos, n, max_chunks);
+    if (c >= s.chunks) return;
+    const int r0 = c * CH, valid = min(CH, s.rows - r0);
+    const bool unfinished = valid < CH;  // only a segment's last chunk can be
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+    load_k(Ks, kn, tail_in, tail_width, s, r0, n, hk, Hk);
+    for (int idx = tid; idx < CH * (D / 2); idx += NT) {
+        const int r = idx / (D / 2), d = (idx % (D / 2)) * 2, vr = r0 + r;
+        float2 x = make_float2(0.f, 0.f);
+        if (vr < s.rows) {
+            if (vr < s.tail) {
+                x = *reinterpret_cast<const float2*>(tail_in + ((long)n * CH + vr) * tail_width + Hk * D + h * D + d);
+            } else {
+                x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
+                    v + (long)(s.start + vr - s.tail) * v_stride + h * D + d));
+            }
+        }
+        Bs[r * LB + D + d] = x.x;
+        Bs[r * LB + D + d + 1] = x.y;
+    }
+    if (tid < CH) {
+        const int vr = r0 + tid;
+        float gv = 0.f, bv = 0.f;
+        if (vr < s.rows) {
+            if (vr < s.tail) {
+                const float* row = tail_in + ((long)n * CH + vr) * tail_width + Hk * D + H * D;
+                gv = row[h];
+                bv = row[H + h];
+            } else {
+                gv = g[(long)(s.start + vr - s.tail) * H + h];
+                bv = beta[(long)(s.start + vr - s.tail) * H + h];
+            }
+        }
+        gs[tid] = gv;
+        bs[tid] = bv;
+    }
+    __syncthreads();
+
+    if (unfinished) {  // keep the unfinished chunk's rows for the children (before any scaling)
+        float* out = tail_out + (long)n * CH * tail_width;
+        for (int idx = tid; idx < valid * D; idx += NT) {
+            const int r = idx / D, d = idx % D;
+            if (h % (H / Hk) == 0) out[r * tail_width + hk * D + d] = Ks[r * LK + d];
+            out[r * tail_width + Hk * D + h * D + d] = Bs[r * LB + D + d];
+        }
+        if (tid < valid) {
+            out[tid * tail_width + Hk * D + H * D + h] = gs[tid];
+            out[tid * tail_width + Hk * D + H * D + H + h] = bs[tid];
+        }
+    }
+    __syncthreads();  // the tail rows above read g before it becomes G
+    if (tid == 0) {  // G: a prefix sum in row order, so row i's value never depends on later rows
+        float acc = 0.f;
+        for (int r = 0; r < CH; ++r) {
+            acc += gs[r];
+            gs[r] = acc;
+        }
+    }
+    // k k^T, lower 16x16 tiles only (10 of 16)
+    for (int tile = warp; tile < 16; tile += NT / 32) {
+        const int ti = tile >> 2, tj = tile & 3;
+        if (tj > ti) continue;
+        Acc acc;
+        wmma::fill_fragment(acc, 0.f);
+        for (int k0 = 0; k0 < D; k0 += 8) {
+            FragA a;
+            FragBT b;
+            wmma::load_matrix_sync(a, Ks + ti * 16 * LK + k0, LK);
+            wmma::load_matrix_sync(b, Ks + tj * 16 * LK + k0, LK);
+            to_tf32(a);
+            to_tf32(b);
+            wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(As + ti * 16 * LC + tj * 16, acc, LC, wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int idx = tid; idx < CH * CH; idx += NT) {
+        const int i = idx / CH, j = idx % CH;
+        As[i * LC + j] = j < i ? bs[i] * __expf(gs[i] - gs[j]) * As[i * LC + j] : 0.f;
+    }
+    for (int idx = tid; idx < CH * D; idx += NT) {
+        const int r = idx / D, d = idx % D;
+        Bs[r * LB + d] = bs[r] * __expf(gs[r]) * Ks[r * LK + d];
+        Bs[r * LB + D + d] *= bs[r];
+    }
+    __syncthreads();
+
+    // T = (I + A)^-1 by 16x16 blocks. Diagonal blocks by forward substitution, a warp each
+    // (lane: column c = lane & 15, half of the sum = lane >> 4); fixed summation orders.
+    if (warp < 4) {
+        const int b0 = warp * 16, col = lane & 15, half = lane >> 4;
+        for (int i = 0; i < 16; ++i) {
+            float acc = 0.f;
+            for (int j = col + half; j < i; j += 2) acc = fmaf(As[(b0 + i) * LC + b0 + j], Ts[(b0 + j) * LC + b0 + col], acc);
+            acc += __shfl_xor_sync(0xffffffffu, acc, 16);
+            if (half == 0) Ts[(b0 + i) * LC + b0 + col] = (col == i ? 1.f : 0.f) - acc;
+            __syncwarp();
+        }
+    }
+    // zero the blocks above the diagonal
+    for (int idx = tid; idx < CH * CH; idx += NT) {
+        const int i = idx / CH, j = idx % CH;
+        if ((j >> 4) > (i >> 4)) Ts[i * LC + j] = 0.f;
+    }
+    __syncthreads();
+    // off-diagonal blocks, one distance at a time: T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj
+    for (int dist = 1; dist < 4; ++dist) {
+        const int pairs = 4 - dist;
+        for (int idx = tid; idx < pairs * 256; idx += NT) {
+            const int bi = dist + idx / 256, bj = bi - dist, r = (idx % 256) >> 4, col = idx & 15;
+            float acc = 0.f;
+            for (int kk = bj * 16; kk < bi * 16; ++kk)
+                acc = fmaf(As[(bi * 16 + r) * LC + kk], Ts[kk * LC + bj * 16 + col], acc);
+            Xs[(bi * 16 + r) * LC + bj * 16 + col] = acc;
+        }
+        __syncthreads();
+        for (int idx = tid; idx < pairs * 256; idx += NT) {
+            const int bi = dist + idx / 256, bj = bi - dist, r = (idx % 256) >> 4, col = idx & 15;
+            float acc = 0.f;
+            for (int m = 0; m <= r; ++m)
+                acc = fmaf(Ts[(bi * 16 + r) * LC + bi * 16 + m], Xs[(bi * 16 + m) * LC + bj * 16 + col], acc);
+            Ts[(bi * 16 + r) * LC + bj * 16 + col] = -acc;
+        }
+        __syncthreads();
+    }
+
+    // [W | U~] = T [beta e^G K | beta V]: 4 x 16 output tiles, 8 a warp, straight to the scratch
+    const long slot = (long)(s.first + c) * H + h;
+    for (int tile = warp; tile < 64; tile += NT / 32) {
+        const int ti = tile >> 4, tj = tile & 15;
+        Acc acc;
+        wmma::fill_fragment(acc, 0.f);
+        for (int k0 = 0; k0 < CH; k0 += 8) {
+            FragA a;
+            FragB b;
+            wmma::load_matrix_sync(a, Ts + ti * 16 * LC + k0, LC);
+            wmma::load_matrix_sync(b, Bs + k0 * LB + tj * 16, LB);
+            to_tf32(a);
+            to_tf32(b);
+            wmma::mma_sync(acc, a, b, acc);
+        }
+        float* dst = (tj < 8 ? W : U) + slot * CH * D + ti * 16 * D + (tj & 7) * 16;
+        wmma::store_matrix_sync(dst, acc, D, wmma::mem_row_major);
+    }
+    if (tid < CH) gcum[slot * CH + tid] = gs[tid];
+}
+
+// grid (128 / NCOL, H, N), block NT, dynamic shared memory STATE_SMEM.
+// init_state, final_state: [N, H, 128, 128] fp32; final = the state at the segment's last chunk
+// boundary. out: [T, H, 128] bf16 (own rows only).
+extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_state(
+    const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ W,
+    const float* __restrict__ U, const float* __restrict__ gcum, const int* __restrict__ cu,
+    const int* __restrict__ pos, int H, int Hk, int max_chunks, const float* __restrict__ tail_in,
+    long tail_width, const float* __restrict__ init_state, int has_init, __nv_bfloat16* __restrict__ out,
+    float* __restrict__ final_state) {
+    extern __shared__ __align__(128) float smem[];
+    float* Ss = smem;            // [128][LC]  state columns col0 .. col0+63
+    float* Ws = Ss + D * LC;     // [64][LK]   W, then O
+    float* Qs = Ws + CH * LK;    // [64][LK]   q, then e^G q
+    float* Ks = Qs + CH * LK;    // [64][LK]   k, then e^{G_C - G} k
+    float* Us = Ks + CH * LK;    // [64][LC]   U~, then U
+    float* Ps = Us + CH * LC;    // [64][LC]   masked, decayed q k^T
+    float* gs = Ps + CH * LC;    // [64] G
+
+    const int col0 = blockIdx.x * NCOL, h = blockIdx.y, n = blockIdx.z, hk = h / (H / Hk);
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const Seg s = segment(cu, pos, n, max_chunks);
+    const long state_base = ((long)n * H + h) * D * D;
+    for (int idx = tid; idx < D * NCOL; idx += NT) {
+        const int i = idx / NCOL, j = idx % NCOL;
+        Ss[i * LC + j] = has_init ? init_state[state_base + (long)i * D + col0 + j] : 0.f;
+    }
+    for (int c = 0; c < s.chunks; ++c) {
+        const int r0 = c * CH, valid = min(CH, s.rows - r0);
+        const long slot = (long)(s.first + c) * H + h;
+        __syncthreads();  // the previous chunk is done with every buffer
+        load_k(Ks, kn, tail_in, tail_width, s, r0, n, hk, Hk);
+        for (int idx = tid; idx < CH * (D / 4); idx += NT) {
+            const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
+            // tail rows have no query here (their outputs belong to the parent)
+            float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (vr >= s.tail && vr < s.rows) q = *reinterpret_cast<const float4*>(qn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d);
+            *reinterpret_cast<float4*>(Qs + r * LK + d) = q;
+            *reinterpret_cast<float4*>(Ws + r * LK + d) = *reinterpret_cast<const float4*>(W + (slot * CH + r) * D + d);
+        }
+        for (int idx = tid; idx < CH * (NCOL / 4); idx += NT) {
+            const int r = idx / (NCOL / 4), d = (idx % (NCOL / 4)) * 4;
+            *reinterpret_cast<float4*>(Us + r * LC + d) = *reinterpret_cast<const float4*>(U + (slot * CH + r) * D + col0 + d);
+        }
+        if (tid < CH) gs[tid] = gcum[slot * CH + tid];
+        __syncthreads();
+        // P = Q K^T (16 tiles, 2 a warp) and U = U~ - W S (16 tiles, 2 a warp)
+        for (int tile = warp; tile < 16; tile += NT / 32) {
+            const int ti = tile >> 2, tj = tile & 3;
+            Acc p, u;
+            wmma::fill_fragment(p, 0.f);
+            wmma::load_matrix_sync(u, Us + ti * 16 * LC + tj * 16, LC, wmma::mem_row_major);
+            for (int k0 = 0; k0 < D; k0 += 8) {
+                FragA a, w;
+                FragBT b;
+                FragB st;
+                wmma::load_matrix_sync(a, Qs + ti * 16 * LK + k0, LK);
+                wmma::load_matrix_sync(b, Ks + tj * 16 * LK + k0, LK);
+                wmma::load_matrix_sync(w, Ws + ti * 16 * LK + k0, LK);
+                wmma::load_matrix_sync(st, Ss + k0 * LC + tj * 16, LC);
+                to_tf32(a);
+                to_tf32(b);
+#pragma unroll
+                for (int t = 0; t < w.num_elements; ++t) w.x[t] = -wmma::__float_to_tf32(w.x[t]);
+                to_tf32(st);
+                wmma::mma_sync(p, a, b, p);
+                wmma::mma_sync(u, w, st, u);
+            }
+            wmma::store_matrix_sync(Ps + ti * 16 * LC + tj * 16, p, LC, wmma::mem_row_major);
+            wmma::store_matrix_sync(Us + ti * 16 * LC + tj * 16, u, LC, wmma::mem_row_major);
+        }
+        __syncthreads();
+        const float g_end = gs[CH - 1];
+        for (int idx = tid; idx < CH * CH; idx += NT) {
+            const int i = idx / CH, j = idx % CH;
+            Ps[i * LC + j] = j <= i ? __expf(gs[i] - gs[j]) * Ps[i * LC + j] : 0.f;
+        }
+        for (int idx = tid; idx < CH * D; idx += NT) {
+            const int r = idx / D, d = idx % D;
+            Qs[r * LK + d] *= __expf(gs[r]);
+            Ks[r * LK + d] *= __expf(g_end - gs[r]);
+        }
+        __syncthreads();
+        // O = (e^G Q) S + P U into Ws (16 tiles, 2 a warp)
+        for (int tile = warp; tile < 16; tile += NT / 32) {
+            const int ti = tile >> 2, tj = tile & 3;
+            Acc o;
+            wmma::fill_fragment(o, 0.f);
+            for (int k0 = 0; k0 < D; k0 += 8) {
+                FragA a;
+                FragB b;
+                wmma::load_matrix_sync(a, Qs + ti * 16 * LK + k0, LK);
+                wmma::load_matrix_sync(b, Ss + k0 * LC + tj * 16, LC);
+                to_tf32(a);
+                to_tf32(b);
+                wmma::mma_sync(o, a, b, o);
+            }
+            for (int k0 = 0; k0 < CH; k0 += 8) {
+                FragA a;
+                FragB b;
+                wmma::load_matrix_sync(a, Ps + ti * 16 * LC + k0, LC);
+                wmma::load_matrix_sync(b, Us + k0 * LC + tj * 16, LC);
+                to_tf32(a);
+                to_tf32(b);
+                wmma::mma_sync(o, a, b, o);
+            }
+            wmma::store_matrix_sync(Ws + ti * 16 * LK + tj * 16, o, LK, wmma::mem_row_major);
+        }
+        __syncthreads();
+        // own rows out; then, for a finished chunk, S <- e^{G_C} S + K~^T U (32 tiles, 4 a warp)
+        for (int idx = tid; idx < CH * (NCOL / 2); idx += NT) {
+            const int r = idx / (NCOL / 2), d = (idx % (NCOL / 2)) * 2, vr = r0 + r;
+            if (vr >= s.tail && vr < s.rows)
+                *reinterpret_cast<__nv_bfloat162*>(out + ((long)(s.start + vr - s.tail) * H + h) * D + col0 + d) =
+                    __floats2bfloat162_rn(Ws[r * LK + d], Ws[r * LK + d + 1]);
+        }
+        if (valid == CH) {
+            const float decay = __expf(g_end);
+            for (int tile = warp; tile < 32; tile += NT / 32) {
+                const int ti = tile >> 2, tj = tile & 3;
+                Acc st;
+                wmma::load_matrix_sync(st, Ss + ti * 16 * LC + tj * 16, LC, wmma::mem_row_major);
+#pragma unroll
+                for (int t = 0; t < st.num_elements; ++t) st.x[t] *= decay;
+                for (int k0 = 0; k0 < CH; k0 += 8) {
+                    FragAT a;
+                    FragB b;
+                    wmma::load_matrix_sync(a, Ks + k0 * LK + ti * 16, LK);
+                    wmma::load_matrix_sync(b, Us + k0 * LC + tj * 16, LC);
+                    to_tf32(a);
+                    to_tf32(b);
+                    wmma::mma_sync(st, a, b, st);
+                }
+                wmma::store_matrix_sync(Ss + ti * 16 * LC + tj * 16, st, LC, wmma::mem_row_major);
+            }
+        }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < D * NCOL; idx += NT) {
+        const int i = idx / NCOL, j = idx % NCOL;
+        final_state[state_base + (long)i * D + col0 + j] = Ss[i * LC + j];
+    }
+}
