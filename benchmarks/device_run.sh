@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests kernels gemm gates-ROWS gates-ws0 gates bench-full bench-hf bench-verify profile
+#   steps: tests kernels capacity sweep gemm gates-ROWS gates-ws0 gates bench-full bench-hf bench-verify profile
 # Timing seen on 2026-11-29 (second session): machine start ~1.5 min; tests 11-25 s; gemm ~60 s;
 # gates (100 requests + fp32 oracle) ~100 s; profile ~100 s; bench-hf ~200 s; bench-full: its
 # warm-up alone took 337 s (729 requests, a capture per new shape, graph buffers then still
@@ -63,6 +63,13 @@ for step in "$@"; do
     bench-verify) timeout 130 python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-verify \
              --worker-args "--synthetic 27b --graph-capture-after 1 --graph-cache-size 512" --arms auto --kinds choice,noul,score \
              --per-group 1 --blocks 2 --sweep "" --timeout 60 2>$OUT/bench-verify.log | head -20; tail -3 $OUT/bench-verify.log ;;
+    # the runner end to end with each GDN kernel: 16,384-token candidate, 33 candidates, peak memory
+    capacity) timeout 200 python3 benchmarks/kernels_gpu.py --tokens "" --capacity 27b --out $OUT/capacity.json 2>&1 \
+             | tee $OUT/capacity.txt | tail -20 ;;
+    # the auto arm's concurrency sweep (1, 4, 16 clients) on 1 request per kind x length group
+    sweep) timeout 200 python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/sweep \
+             --worker-args "--synthetic 27b --graph-capture-after 1 --graph-cache-size 512" --arms auto --kinds choice,noul,score \
+             --per-group 1 --blocks 1 --sweep 1,4,16 --sweep-seconds 8 --timeout 60 2>$OUT/sweep.log | head -20; tail -3 $OUT/sweep.log ;;
     profile) timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL \
              --out $OUT/profile.md 2>&1 | tail -30 ;;
   esac

@@ -171,16 +171,18 @@ def gdn_layer_graph(T: int) -> float:
 
 
 def runner_capacity(shape: str = "27b") -> list[dict]:
-    """End-to-end CudaRunner launches (eager, no graphs) on seeded random weights: a 512-token
+    """End-to-end CudaRunner launches on seeded random weights, with each GDN kernel: a 512-token
     prompt, a 16,384-token candidate in 4 chained 4,096-token launches, and 33 candidates sharing
-    a 2,048-token prefix; wall time and peak device memory of each."""
+    a 2,048-token prefix, eagerly; then the first and last replayed from CUDA graphs. Wall time
+    and peak device memory of each."""
     import time
 
-    from openjev.worker.cuda.runner import CudaRunner
+    from openjev.worker.cuda.graph_launch import GraphLauncher
+    from openjev.worker.cuda.runner import GDN_KERNELS, CudaRunner
     from openjev.worker.runner_api import SegmentRun
 
     t0 = time.perf_counter()
-    runner = CudaRunner.synthetic(shape, seed=0)
+    runner = CudaRunner.synthetic(shape, seed=0, graph_cache_size=0)
     torch.cuda.synchronize()
     weights_gb = torch.cuda.memory_allocated() / 1e9
     rows = [dict(case=f"{shape} weights built", s=time.perf_counter() - t0, peak_gb=weights_gb)]
@@ -200,9 +202,9 @@ def runner_capacity(shape: str = "27b") -> list[dict]:
         rows.append(dict(case=name, s=statistics.median(times), peak_gb=torch.cuda.max_memory_allocated() / 1e9))
         return out
 
-    p512 = toks(512)
-    timed("1 x 512 tokens", lambda: runner.run_launch([SegmentRun(p512, 0, None, False, True)]))
-    long = toks(16384)
+    p512, long = toks(512), toks(16384)
+    tails = [toks(24) for _ in range(33)]
+    prefix_tokens = toks(2048)
 
     def chained():
         state, res = None, None
@@ -211,17 +213,19 @@ def runner_capacity(shape: str = "27b") -> list[dict]:
             state = res[0].state
         return res
 
-    timed("1 x 16384 (4 x 4096 chained)", chained, repeat=1)
-    prefix = runner.run_launch([SegmentRun(toks(2048), 0, None, True, False)])[0].state
-    tails = [toks(24) for _ in range(33)]
-    tail_runs = [SegmentRun(t, 2048, prefix, False, True) for t in tails]
-    timed("33 x 24-token tails on a 2048 prefix", lambda: runner.run_launch(tail_runs))
-    # the same launches' device work replayed from a CUDA graph (no host launch overhead)
-    for name, runs in (("1 x 512 tokens", [SegmentRun(p512, 0, None, False, True)]), ("33 tails", tail_runs)):
-        launch = runner._pack(runs)
-        torch.cuda.reset_peak_memory_stats()
-        ms = _safe(time_graph, lambda lc=launch: runner._forward(lc))
-        rows.append(dict(case=f"{name}: forward as CUDA graph", s=ms / 1e3, peak_gb=torch.cuda.max_memory_allocated() / 1e9))
+    for kernel in GDN_KERNELS:
+        runner.chunked_gdn, runner.graphs = kernel == "chunked", None
+        timed(f"{kernel}: 1 x 512 tokens", lambda: runner.run_launch([SegmentRun(p512, 0, None, False, True)]))
+        timed(f"{kernel}: 1 x 16384 (4 x 4096 chained)", chained, repeat=1)
+        prefix = runner.run_launch([SegmentRun(prefix_tokens, 0, None, True, False)])[0].state
+        tail_runs = [SegmentRun(t, 2048, prefix, False, True) for t in tails]
+        timed(f"{kernel}: 33 x 24-token tails on a 2048 prefix", lambda r=tail_runs: runner.run_launch(r))
+        runner.graphs = GraphLauncher(runner, 8, capture_after=1)  # timed()'s warm-up call captures
+        timed(f"{kernel}: 1 x 512 tokens, CUDA graph", lambda: runner.run_launch([SegmentRun(p512, 0, None, False, True)]))
+        timed(f"{kernel}: 33 tails, CUDA graph", lambda r=tail_runs: runner.run_launch(r))
+        del prefix, tail_runs
+        runner.graphs = None
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -243,7 +247,7 @@ def main() -> None:
     copy_bw, mma_rate = ceilings()
     rates = {"bw": None, "fp32": FP32_RATE, "mma": mma_rate, "tf32": mma_rate / 2}  # dense tf32: half of bf16
     rows = []
-    for T in [int(t) for t in args.tokens.split(",")]:
+    for T in [int(t) for t in args.tokens.split(",") if t]:
         for name, fn, nbytes, flops, kind in cases(T):
             ms, how = time_op(fn)
             floor = max(nbytes / copy_bw, flops / rates[kind] if rates[kind] else 0.0) * 1e3

@@ -56,7 +56,7 @@ def build_runners(args):
     from openjev.worker.cuda.runner import CudaRunner
     from openjev.worker.hf_runner import TransformersRunner, to_device
 
-    options = {"graph_cache_size": args.graphs}
+    options = {"graph_cache_size": args.graphs, "gdn_kernel": args.gdn_kernel}
     if args.gemm_min_rows is not None:
         options["gemm_min_rows"] = args.gemm_min_rows
     runner = (CudaRunner.synthetic(args.synthetic, seed=args.seed, num_layers=args.layers, **options) if args.synthetic
@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--graphs", type=int, default=64, help="CUDA graph cache size (0: eager)")
+    p.add_argument("--gdn-kernel", choices=("serial", "chunked"), default="serial", help="cuda backend: GDN prefill kernel")
     p.add_argument("--gemm-min-rows", type=int, default=None, help="cuda backend: pad smaller products to this many rows")
     p.add_argument("--skip", default="16k", help="comma list of case groups to leave out")
     p.add_argument("--limit", type=int, default=None, help="at most this many requests")

@@ -47,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gemm-min-rows", type=_rows, default=None, metavar="auto|N",
                    help="cuda backend: pad products of fewer rows to N, so that a token's result does not depend "
                    "on its launch's size; auto (default): probe each weight shape at start (openjev/worker/cuda/gemm.py)")
+    p.add_argument("--gdn-kernel", choices=("serial", "chunked"), default="serial",
+                   help="cuda backend: Gated DeltaNet prefill as the token recurrence (faster on the H200, "
+                   "measured) or the chunked tensor-core form (docs/cuda-kernels.md)")
     p.add_argument("--grace-seconds", type=float, default=10.0, help="drain time on SIGTERM")
     p.add_argument("--port-file", type=Path, default=None,
                    help="write the bound port here once serving (for --listen HOST:0)")
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     runner = backends.build_runner(backend, args.model, synthetic=args.synthetic, seed=args.seed, threads=args.threads,
                                    cuda_options={"graph_cache_size": args.graph_cache_size,
                                                  "graph_capture_after": args.graph_capture_after,
-                                                 "gemm_min_rows": args.gemm_min_rows})
+                                                 "gemm_min_rows": args.gemm_min_rows,
+                                                 "gdn_kernel": args.gdn_kernel})
     tokenizer = PromptTokenizer.from_export(args.model)
     num_token_ids = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
     if runner.config.vocab_size < num_token_ids:  # e.g. --synthetic small, whose table is tiny

@@ -113,9 +113,11 @@ class _Statics:
         """Leading size along the sliced dimension, per buffer."""
         need = {"idx": sum(n for _, n in shape.layout().values()), "kv": shape.base + shape.tokens}
         if shape.parents:
-            need["win_in"] = need["st_in"] = need["tail_in"] = shape.parents + 1
+            need["win_in"] = need["st_in"] = shape.parents + 1
         if shape.kept:
-            need["win_out"] = need["st_out"] = need["tail_out"] = shape.kept
+            need["win_out"] = need["st_out"] = shape.kept
+        if self.runner.chunked_gdn:  # the kept states' unfinished chunks
+            need.update({f"tail_{io}": need[f"st_{io}"] for io in ("in", "out") if f"st_{io}" in need})
         return need
 
     def ensure(self, shape: Shape) -> None:
@@ -242,8 +244,11 @@ class GraphLauncher:
         dst, src = [], []
         for slot, p in parents.values():
             for g, j in enumerate(r.gdn_layers):
-                dst += [s["win_in"][slot, g], s["st_in"][slot, g], s["tail_in"][slot, g]]
-                src += list(p.gdn[j])
+                dst += [s["win_in"][slot, g], s["st_in"][slot, g]]
+                src += [p.gdn[j][0], p.gdn[j][1]]
+                if r.chunked_gdn:
+                    dst.append(s["tail_in"][slot, g])
+                    src.append(p.gdn[j][2])
         at = 0
         for node in plan.nodes:  # ancestors' K/V rows, in the plan's pool order
             for a, j in enumerate(r.attn_layers):
@@ -275,7 +280,8 @@ class GraphLauncher:
             if not run.keep_state:
                 states.append(None)
                 continue
-            win, st, tail = (s[name][k].clone() for name in ("win_out", "st_out", "tail_out"))
+            win, st = s["win_out"][k].clone(), s["st_out"][k].clone()  # [L, 3, C], [L, Hv, 128, 128]
+            tail = s["tail_out"][k].clone() if r.chunked_gdn else [None] * len(r.gdn_layers)
             k += 1
             kv = s["kv"][:, :, shape.base + plan.cu[i] : shape.base + plan.cu[i + 1]].clone()  # [La, 2, t, Hkv, 256]
             states.append(r.state_of(run, {j: (win[g], st[g], tail[g]) for g, j in enumerate(r.gdn_layers)},
@@ -302,13 +308,15 @@ class _StaticIO:
             if self.zeros is None:  # one zero window buffer for every layer of the launch
                 self.zeros = torch.zeros(self.window_shape, dtype=torch.bfloat16, device=self.device)
             return self.zeros, None, None
-        return tuple(self.s[name][:, g].index_select(0, self.slot) for name in ("win_in", "st_in", "tail_in"))
+        return tuple(self.s[name][:, g].index_select(0, self.slot) if name in self.s else None
+                     for name in ("win_in", "st_in", "tail_in"))
 
     def gdn_out(self, index: int, new_windows, final, tails) -> None:
         if self.shape.kept:
             g = self.g[index]
             for name, t in (("win_out", new_windows), ("st_out", final), ("tail_out", tails)):
-                self.s[name][:, g].copy_(t.index_select(0, self.keep))
+                if t is not None:
+                    self.s[name][:, g].copy_(t.index_select(0, self.keep))
 
     def kv_pools(self, index: int, T: int):
         a = self.a[index]

@@ -34,8 +34,9 @@ class KvNode:
 @dataclass(frozen=True)
 class CudaSegmentState:
     """num_tokens: the segment's end position; gdn: per GDN layer index, (conv_window [3, C] bf16,
-    recurrent [Hv, 128, 128] fp32 at the last multiple of 64 positions, tail [64, width] fp32: the
-    k, v, g, beta rows after it, see kernels.gdn_chunked); kv: the attention chain (ancestors' GDN states are not kept
+    recurrent [Hv, 128, 128] fp32, tail): with the serial GDN kernel the state at the end and tail
+    None; with the chunked one the state at the last multiple of 64 positions and tail [64, width]
+    fp32, the k, v, g, beta rows after it (kernels.gdn_chunked); kv: the attention chain (ancestors' GDN states are not kept
     alive by it)."""
 
     num_tokens: int

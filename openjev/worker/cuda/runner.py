@@ -32,6 +32,10 @@ from openjev.worker.runner_api import SegmentResult, SegmentRun
 
 DEFAULT_GRAPH_CACHE_SIZE = 128
 DEFAULT_GRAPH_CAPTURE_AFTER = 2
+# "serial": the token recurrence (gated_delta.cu), faster on the H200 at every length measured
+# (2026-11-29: 0.21 / 1.80 / 7.14 ms against 0.35 / 2.77 / 11.0 ms at 512 / 4,096 / 16,384
+# tokens); "chunked": the tensor-core WY form (gdn_chunked.cu). Both agree exactly across policies.
+GDN_KERNELS = ("serial", "chunked")
 
 
 class CudaRunner:
@@ -39,7 +43,11 @@ class CudaRunner:
 
     def __init__(self, config: ModelConfig, embed, layers: list[FusedLayer], final_norm, head_weight, head_bias: float,
                  graph_cache_size: int = DEFAULT_GRAPH_CACHE_SIZE, gemm_min_rows: int | None = None,
-                 graph_capture_after: int = DEFAULT_GRAPH_CAPTURE_AFTER):
+                 graph_capture_after: int = DEFAULT_GRAPH_CAPTURE_AFTER, gdn_kernel: str = "serial"):
+        if gdn_kernel not in GDN_KERNELS:
+            raise ValueError(f"gdn_kernel must be one of {GDN_KERNELS}, not {gdn_kernel!r}")
+        # chunked: kept GDN states also carry their unfinished chunk's rows (a tail)
+        self.chunked_gdn = gdn_kernel == "chunked"
         self.config, self.embed, self.layers, self.final_norm = config, embed, layers, final_norm
         # Split-K products must not sum their partial results in bf16 (the library's default)
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
@@ -164,9 +172,12 @@ class CudaRunner:
         windows, init, tails = io.gdn_in(index)
         conv, new_windows = K.causal_conv1d(x, layer.conv_weight, windows, launch.cu)
         z, b, a = proj[:, C : C + vd], proj[:, C + vd : C + vd + hv], proj[:, C + vd + hv :]
-        qn, kn, g, beta, _ = K.gdn_prepare(conv, a, b, layer.a_log, layer.dt_bias, c.linear_num_key_heads)
+        qn, kn, g, beta, kq = K.gdn_prepare(conv, a, b, layer.a_log, layer.dt_bias, c.linear_num_key_heads)
         v = conv[:, 2 * c.linear_key_dim :].unflatten(1, (hv, 128))
-        o, final, new_tails = K.gdn_chunked(qn, kn, v, g, beta, launch.cu, launch.pos, launch.max_q, init, tails)
+        if self.chunked_gdn:
+            o, final, new_tails = K.gdn_chunked(qn, kn, v, g, beta, launch.cu, launch.pos, launch.max_q, init, tails)
+        else:
+            (o, final), new_tails = K.gdn_recurrent(qn, kn, kq, v, g, beta, launch.cu, init), None
         io.gdn_out(index, new_windows, final, new_tails)
         return self._linear(K.gated_rms_norm(o, z, layer.norm_weight, c.rms_norm_eps), layer.w_out)
 
@@ -199,7 +210,8 @@ class _EagerIO:
 
     def gdn_in(self, index: int):
         """(windows [N, 3, C], states [N, Hv, 128, 128] or None, tails [N, 64, width] or None):
-        zeros for segments without a parent, None when no segment has one."""
+        zeros for segments without a parent, None when no segment has one (tails: or the serial
+        kernel runs)."""
         c, dev = self.r.config, self.r.device
         parents = [run.parent_state for run in self.plan.runs]
         windows = torch.stack([
@@ -211,6 +223,8 @@ class _EagerIO:
         hv, width = c.linear_num_value_heads, K.gdn_tail_width(c.linear_num_key_heads, c.linear_num_value_heads)
         states = torch.stack([p.gdn[index][1] if p is not None else torch.zeros(hv, 128, 128, device=dev)
                               for p in parents])
+        if not self.r.chunked_gdn:
+            return windows, states, None
         tails = torch.stack([p.gdn[index][2] if p is not None else torch.zeros(K.GDN_CHUNK, width, device=dev)
                              for p in parents])
         return windows, states, tails
@@ -219,7 +233,8 @@ class _EagerIO:
         # per-segment clones so a kept state does not pin the whole launch's buffers
         for i, run in enumerate(self.plan.runs):
             if run.keep_state:
-                self.gdn[i][index] = (new_windows[i].clone(), final[i].clone(), tails[i].clone())
+                self.gdn[i][index] = (new_windows[i].clone(), final[i].clone(),
+                                      None if tails is None else tails[i].clone())
 
     def kv_pools(self, index: int, T: int):
         c, nodes, base = self.r.config, self.plan.nodes, self.plan.base
