@@ -28,7 +28,7 @@ from openjev.worker.planner.cost import default_cost_model
 
 FAMILIES = [  # (family, substrings of kernel names), first match wins
     ("GEMM (cuBLAS)", ("gemm", "cutlass", "xmma", "nvjet", "sm90_", "splitk", "reduce_kernel")),
-    ("GDN (chunked solve + state pass)", ("gdn_chunk", "gdn_recurrent")),
+    ("GDN kernel (serial recurrence, or chunked solve + state pass)", ("gdn_chunk", "gdn_recurrent")),
     ("tree attention", ("tree_attention",)),
     ("conv1d", ("conv1d",)),
     ("norms, rope, gating, GDN prep", ("rms_norm", "rope", "silu", "gdn_prepare", "gather")),
