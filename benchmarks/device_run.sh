@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests kernels capacity sweep gemm gates-ROWS gates-ws0 gates bench-full bench-hf bench-verify profile
+#   steps: tests gdn gates-chunked kernels capacity sweep gemm gates-ROWS gates-ws0 gates bench-full bench-hf bench-verify profile
 # Timing seen on 2026-11-29 (second session): machine start ~1.5 min; tests 11-25 s; gemm ~60 s;
 # gates (100 requests + fp32 oracle) ~100 s; profile ~100 s; bench-hf ~200 s; bench-full: its
 # warm-up alone took 337 s (729 requests, a capture per new shape, graph buffers then still
@@ -38,6 +38,13 @@ for step in "$@"; do
     # a failing GPU test ends the call: what follows would measure a broken build
     tests) timeout 240 python3 -m pytest -q -m gpu tests/worker/cuda > $OUT/gpu-tests.txt 2>&1; rc=$?
            tail -30 $OUT/gpu-tests.txt | grep -E "Error|assert|FAILED|passed|failed" | tail -15; [ $rc = 0 ] || exit 1 ;;
+    # the GDN kernels only: their tests (kernels, runner with each), then their timings
+    gdn) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py tests/worker/cuda/test_runner.py -k "gdn or runner" \
+           > $OUT/gdn-tests.txt 2>&1; rc=$?; tail -30 $OUT/gdn-tests.txt | grep -E "Error|assert|FAILED|passed|failed" | tail -15
+         [ $rc = 0 ] || exit 1
+         timeout 120 python3 benchmarks/kernels_gpu.py --ops gdn --out $OUT/gdn-kernels.json 2>&1 | tee $OUT/gdn-kernels.txt | tail -12 ;;
+    gates-chunked) timeout 150 python3 -m openjev.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
+             --synthetic 27b --layers 8 --oracle-cases 0 --limit 40 --gdn-kernel chunked --out $OUT/gates-chunked.md 2>/tmp/gates.log | head -12 ;;
     # every kernel against its two ceilings, then the runner end to end (capacity, peak memory)
     kernels) timeout 300 python3 benchmarks/kernels_gpu.py --capacity 27b --out $OUT/kernels-gpu.json 2>&1 \
              | tee $OUT/kernels-gpu.txt | tail -45 ;;

@@ -242,6 +242,7 @@ def main() -> None:
     ap.add_argument("--out", default="kernels_gpu.json")
     ap.add_argument("--tokens", default="512,4096,16384")
     ap.add_argument("--capacity", default="", help="also run CudaRunner end to end on this shape")
+    ap.add_argument("--ops", default="", help="only ops whose name contains this")
     args = ap.parse_args()
     torch.manual_seed(0)
     copy_bw, mma_rate = ceilings()
@@ -249,12 +250,15 @@ def main() -> None:
     rows = []
     for T in [int(t) for t in args.tokens.split(",") if t]:
         for name, fn, nbytes, flops, kind in cases(T):
+            if args.ops not in name:
+                continue
             ms, how = time_op(fn)
             floor = max(nbytes / copy_bw, flops / rates[kind] if rates[kind] else 0.0) * 1e3
             rows.append(dict(op=name + ("" if how == "graph" else "[eager]"), tokens=T, ms=ms, floor_ms=floor, ratio=ms / floor,
                              gbytes=nbytes / 1e9, gflop=flops / 1e9))
-        rows.append(dict(op="gdn_layer_core(graph)", tokens=T, ms=_safe(gdn_layer_graph, T), floor_ms=float("nan"),
-                         ratio=float("nan"), gbytes=0.0, gflop=0.0))
+        if args.ops in "gdn_layer_core":
+            rows.append(dict(op="gdn_layer_core(graph)", tokens=T, ms=_safe(gdn_layer_graph, T), floor_ms=float("nan"),
+                             ratio=float("nan"), gbytes=0.0, gflop=0.0))
         torch.cuda.empty_cache()
     result = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(),

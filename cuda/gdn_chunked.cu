@@ -64,17 +64,31 @@ __device__ __forceinline__ Seg segment(const int* cu, const int* pos, int n, int
     return s;
 }
 
-// One chunk's k rows [64][LK] of key head hk from the tail or the packed rows (zeros past the end).
+// 16 bytes global -> shared without a register round trip; zeros where !valid (src then unread).
+// Every thread issues all of a chunk's copies before waiting: a block per SM (the shared memory
+// these kernels take) cannot hide one load's latency at a time, which is what plain loads did.
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+}
+
+// One chunk's k rows [64][LK] of key head hk from the tail or the packed rows (zeros past the
+// end), as asynchronous copies: the caller waits (cp_async_wait_all) and syncs.
 __device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, const float* __restrict__ tail_in,
                                        long tail_width, const Seg& s, int r0, int n, int hk, int Hk) {
-    for (int idx = threadIdx.x; idx < CH * (D / 4); idx += NT) {
+#pragma unroll
+    for (int it = 0; it < CH * (D / 4) / NT; ++it) {
+        const int idx = threadIdx.x + it * NT;
         const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
-        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (vr < s.rows)
-            x = *reinterpret_cast<const float4*>(
-                vr < s.tail ? tail_in + ((long)n * CH + vr) * tail_width + hk * D + d
-                            : kn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d);
-        *reinterpret_cast<float4*>(Ks + r * LK + d) = x;
+        const bool ok = vr < s.rows;
+        const float* src = !ok ? kn
+                           : vr < s.tail ? tail_in + ((long)n * CH + vr) * tail_width + hk * D + d
+                                         : kn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d;
+        cp_async16(Ks + r * LK + d, src, ok);
     }
 }
 
@@ -104,19 +118,22 @@ extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_solve(
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
     load_k(Ks, kn, tail_in, tail_width, s, r0, n, hk, Hk);
-    for (int idx = tid; idx < CH * (D / 2); idx += NT) {
-        const int r = idx / (D / 2), d = (idx % (D / 2)) * 2, vr = r0 + r;
-        float2 x = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int it = 0; it < CH * (D / 4) / NT; ++it) {  // v rows: 4 values a thread per step
+        const int idx = tid + it * NT;
+        const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
         if (vr < s.rows) {
             if (vr < s.tail) {
-                x = *reinterpret_cast<const float2*>(tail_in + ((long)n * CH + vr) * tail_width + Hk * D + h * D + d);
+                x = *reinterpret_cast<const float4*>(tail_in + ((long)n * CH + vr) * tail_width + Hk * D + h * D + d);
             } else {
-                x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
-                    v + (long)(s.start + vr - s.tail) * v_stride + h * D + d));
+                const uint2 raw = *reinterpret_cast<const uint2*>(v + (long)(s.start + vr - s.tail) * v_stride + h * D + d);
+                const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+                const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+                x = make_float4(lo.x, lo.y, hi.x, hi.y);
             }
         }
-        Bs[r * LB + D + d] = x.x;
-        Bs[r * LB + D + d + 1] = x.y;
+        *reinterpret_cast<float4*>(Bs + r * LB + D + d) = x;
     }
     if (tid < CH) {
         const int vr = r0 + tid;
@@ -134,6 +151,7 @@ extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_solve(
         gs[tid] = gv;
         bs[tid] = bv;
     }
+    cp_async_wait_all();
     __syncthreads();
 
     if (unfinished) {  // keep the unfinished chunk's rows for the children (before any scaling)
@@ -262,6 +280,8 @@ extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_state(
     float* Us = Ks + CH * LK;    // [64][LC]   U~, then U
     float* Ps = Us + CH * LC;    // [64][LC]   masked, decayed q k^T
     float* gs = Ps + CH * LC;    // [64] G
+    float* eq = gs + CH;         // [64] e^G
+    float* ek = eq + CH;         // [64] e^{G_C - G}
 
     const int col0 = blockIdx.x * NCOL, h = blockIdx.y, n = blockIdx.z, hk = h / (H / Hk);
     const int tid = threadIdx.x, warp = tid >> 5;
@@ -276,20 +296,28 @@ extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_state(
         const long slot = (long)(s.first + c) * H + h;
         __syncthreads();  // the previous chunk is done with every buffer
         load_k(Ks, kn, tail_in, tail_width, s, r0, n, hk, Hk);
-        for (int idx = tid; idx < CH * (D / 4); idx += NT) {
+#pragma unroll
+        for (int it = 0; it < CH * (D / 4) / NT; ++it) {
+            const int idx = tid + it * NT;
             const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
             // tail rows have no query here (their outputs belong to the parent)
-            float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (vr >= s.tail && vr < s.rows) q = *reinterpret_cast<const float4*>(qn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d);
-            *reinterpret_cast<float4*>(Qs + r * LK + d) = q;
-            *reinterpret_cast<float4*>(Ws + r * LK + d) = *reinterpret_cast<const float4*>(W + (slot * CH + r) * D + d);
+            const bool own = vr >= s.tail && vr < s.rows;
+            cp_async16(Qs + r * LK + d, own ? qn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d : qn, own);
+            cp_async16(Ws + r * LK + d, W + (slot * CH + r) * D + d, true);
         }
-        for (int idx = tid; idx < CH * (NCOL / 4); idx += NT) {
+#pragma unroll
+        for (int it = 0; it < CH * (NCOL / 4) / NT; ++it) {
+            const int idx = tid + it * NT;
             const int r = idx / (NCOL / 4), d = (idx % (NCOL / 4)) * 4;
-            *reinterpret_cast<float4*>(Us + r * LC + d) = *reinterpret_cast<const float4*>(U + (slot * CH + r) * D + col0 + d);
+            cp_async16(Us + r * LC + d, U + (slot * CH + r) * D + col0 + d, true);
         }
         if (tid < CH) gs[tid] = gcum[slot * CH + tid];
+        cp_async_wait_all();
         __syncthreads();
+        if (tid < CH) {  // per-row decays, read by the masking phase after the next sync
+            eq[tid] = __expf(gs[tid]);
+            ek[tid] = __expf(gs[CH - 1] - gs[tid]);
+        }
         // P = Q K^T (16 tiles, 2 a warp) and U = U~ - W S (16 tiles, 2 a warp)
         for (int tile = warp; tile < 16; tile += NT / 32) {
             const int ti = tile >> 2, tj = tile & 3;
@@ -323,8 +351,8 @@ extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_state(
         }
         for (int idx = tid; idx < CH * D; idx += NT) {
             const int r = idx / D, d = idx % D;
-            Qs[r * LK + d] *= __expf(gs[r]);
-            Ks[r * LK + d] *= __expf(g_end - gs[r]);
+            Qs[r * LK + d] *= eq[r];
+            Ks[r * LK + d] *= ek[r];
         }
         __syncthreads();
         // O = (e^G Q) S + P U into Ws (16 tiles, 2 a warp)

@@ -172,7 +172,7 @@ def gdn_recurrent(qn, kn, kq, v, g, beta, cu_seqlens, init_state=None, variant: 
 
 GDN_CHUNK = 64  # gdn_chunked.cu: chunk length; chunks sit at multiples of it from the sequence start
 _SOLVE_SMEM = 4 * (64 * 132 + 64 * 260 + 3 * 64 * 68 + 2 * 64)
-_STATE_SMEM = 4 * (128 * 68 + 3 * 64 * 132 + 2 * 64 * 68 + 64)
+_STATE_SMEM = 4 * (128 * 68 + 3 * 64 * 132 + 2 * 64 * 68 + 3 * 64)
 
 
 def gdn_tail_width(num_k_heads: int, num_v_heads: int) -> int:
