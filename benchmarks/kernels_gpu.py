@@ -150,21 +150,21 @@ def cases(T: int):
 
 
 def gdn_layer_graph(T: int) -> float:
-    """The whole GDN mixer core (conv, prepare, recurrence, gated norm) in one graph."""
+    """The whole GDN mixer core (conv, prepare, the runner's default serial recurrence, gated
+    norm) in one graph. (The session-3 runs of 2026-11-29 timed it with the chunked kernel.)"""
     r = lambda *s: torch.randn(*s, device=DEV).bfloat16()  # noqa: E731
     cu = torch.tensor([0, T], dtype=torch.int32, device=DEV)
     proj = r(T, CONV_C + H * DKV + 2 * H)
     w, win, nw = r(CONV_C, 4), r(1, 3, CONV_C), r(DKV)
     a_log, dt = torch.rand(H, device=DEV), torch.randn(H, device=DEV)
     init = torch.randn(1, H, DKV, DKV, device=DEV) * 0.1
-    pos = torch.arange(T, dtype=torch.int32, device=DEV)
 
     def core():
         conv, _ = K.causal_conv1d(proj[:, :CONV_C], w, win, cu)
         z = proj[:, CONV_C : CONV_C + H * DKV]
         ab = proj[:, CONV_C + H * DKV :]
-        qn, kn, g, beta, _ = K.gdn_prepare(conv, ab[:, :H], ab[:, H:], a_log, dt, HK)
-        o, _, _ = K.gdn_chunked(qn, kn, conv[:, 2 * HK * DKV :].unflatten(1, (H, DKV)), g, beta, cu, pos, T, init)
+        qn, kn, g, beta, kq = K.gdn_prepare(conv, ab[:, :H], ab[:, H:], a_log, dt, HK)
+        o, _ = K.gdn_recurrent(qn, kn, kq, conv[:, 2 * HK * DKV :].unflatten(1, (H, DKV)), g, beta, cu, init)
         return K.gated_rms_norm(o, z, nw, 1e-6)
 
     return time_graph(core)
