@@ -44,6 +44,22 @@ __device__ __forceinline__ void to_tf32(F& f) {
     for (int t = 0; t < f.num_elements; ++t) f.x[t] = wmma::__float_to_tf32(f.x[t]);
 }
 
+// acc += A B over K (a multiple of 8) in tf32. a, b point at the tiles' k = 0 corners; a_step,
+// b_step: how far one step of k moves in memory (1 along a row, the leading dimension across).
+template <typename FA, typename FB>
+__device__ __forceinline__ void mma_k(Acc& acc, const float* a, int lda, int a_step, const float* b, int ldb,
+                                      int b_step, int K) {
+    for (int k0 = 0; k0 < K; k0 += 8) {
+        FA fa;
+        FB fb;
+        wmma::load_matrix_sync(fa, a + k0 * a_step, lda);
+        wmma::load_matrix_sync(fb, b + k0 * b_step, ldb);
+        to_tf32(fa);
+        to_tf32(fb);
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+}
+
 // Segment n's row count (tail + own), chunk count (capped), and first scratch chunk.
 struct Seg {
     int start, own, tail, rows, chunks, first;
@@ -180,15 +196,7 @@ extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_solve(
         if (tj > ti) continue;
         Acc acc;
         wmma::fill_fragment(acc, 0.f);
-        for (int k0 = 0; k0 < D; k0 += 8) {
-            FragA a;
-            FragBT b;
-            wmma::load_matrix_sync(a, Ks + ti * 16 * LK + k0, LK);
-            wmma::load_matrix_sync(b, Ks + tj * 16 * LK + k0, LK);
-            to_tf32(a);
-            to_tf32(b);
-            wmma::mma_sync(acc, a, b, acc);
-        }
+        mma_k<FragA, FragBT>(acc, Ks + ti * 16 * LK, LK, 1, Ks + tj * 16 * LK, LK, 1, D);
         wmma::store_matrix_sync(As + ti * 16 * LC + tj * 16, acc, LC, wmma::mem_row_major);
     }
     __syncthreads();
@@ -248,15 +256,7 @@ extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_solve(
         const int ti = tile >> 4, tj = tile & 15;
         Acc acc;
         wmma::fill_fragment(acc, 0.f);
-        for (int k0 = 0; k0 < CH; k0 += 8) {
-            FragA a;
-            FragB b;
-            wmma::load_matrix_sync(a, Ts + ti * 16 * LC + k0, LC);
-            wmma::load_matrix_sync(b, Bs + k0 * LB + tj * 16, LB);
-            to_tf32(a);
-            to_tf32(b);
-            wmma::mma_sync(acc, a, b, acc);
-        }
+        mma_k<FragA, FragB>(acc, Ts + ti * 16 * LC, LC, 1, Bs + tj * 16, LB, LB, CH);
         float* dst = (tj < 8 ? W : U) + slot * CH * D + ti * 16 * D + (tj & 7) * 16;
         wmma::store_matrix_sync(dst, acc, D, wmma::mem_row_major);
     }
@@ -360,24 +360,8 @@ extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_state(
             const int ti = tile >> 2, tj = tile & 3;
             Acc o;
             wmma::fill_fragment(o, 0.f);
-            for (int k0 = 0; k0 < D; k0 += 8) {
-                FragA a;
-                FragB b;
-                wmma::load_matrix_sync(a, Qs + ti * 16 * LK + k0, LK);
-                wmma::load_matrix_sync(b, Ss + k0 * LC + tj * 16, LC);
-                to_tf32(a);
-                to_tf32(b);
-                wmma::mma_sync(o, a, b, o);
-            }
-            for (int k0 = 0; k0 < CH; k0 += 8) {
-                FragA a;
-                FragB b;
-                wmma::load_matrix_sync(a, Ps + ti * 16 * LC + k0, LC);
-                wmma::load_matrix_sync(b, Us + k0 * LC + tj * 16, LC);
-                to_tf32(a);
-                to_tf32(b);
-                wmma::mma_sync(o, a, b, o);
-            }
+            mma_k<FragA, FragB>(o, Qs + ti * 16 * LK, LK, 1, Ss + tj * 16, LC, LC, D);
+            mma_k<FragA, FragB>(o, Ps + ti * 16 * LC, LC, 1, Us + tj * 16, LC, LC, CH);
             wmma::store_matrix_sync(Ws + ti * 16 * LK + tj * 16, o, LK, wmma::mem_row_major);
         }
         __syncthreads();
@@ -396,15 +380,7 @@ extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_state(
                 wmma::load_matrix_sync(st, Ss + ti * 16 * LC + tj * 16, LC, wmma::mem_row_major);
 #pragma unroll
                 for (int t = 0; t < st.num_elements; ++t) st.x[t] *= decay;
-                for (int k0 = 0; k0 < CH; k0 += 8) {
-                    FragAT a;
-                    FragB b;
-                    wmma::load_matrix_sync(a, Ks + k0 * LK + ti * 16, LK);
-                    wmma::load_matrix_sync(b, Us + k0 * LC + tj * 16, LC);
-                    to_tf32(a);
-                    to_tf32(b);
-                    wmma::mma_sync(st, a, b, st);
-                }
+                mma_k<FragAT, FragB>(st, Ks + ti * 16, LK, LK, Us + tj * 16, LC, LC, CH);
                 wmma::store_matrix_sync(Ss + ti * 16 * LC + tj * 16, st, LC, wmma::mem_row_major);
             }
         }
