@@ -256,7 +256,17 @@ extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_solve(
         const int ti = tile >> 4, tj = tile & 15;
         Acc acc;
         wmma::fill_fragment(acc, 0.f);
-        mma_k<FragA, FragB>(acc, Ts + ti * 16 * LC, LC, 1, Bs + tj * 16, LB, LB, CH);
+        // written out rather than through mma_k: so the kernel compiles to the very code the GPU
+        // tests of 2026-11-29 ran (mma_k orders this product's address arithmetic differently)
+        for (int k0 = 0; k0 < CH; k0 += 8) {
+            FragA a;
+            FragB b;
+            wmma::load_matrix_sync(a, Ts + ti * 16 * LC + k0, LC);
+            wmma::load_matrix_sync(b, Bs + k0 * LB + tj * 16, LB);
+            to_tf32(a);
+            to_tf32(b);
+            wmma::mma_sync(acc, a, b, acc);
+        }
         float* dst = (tj < 8 ? W : U) + slot * CH * D + ti * 16 * D + (tj & 7) * 16;
         wmma::store_matrix_sync(dst, acc, D, wmma::mem_row_major);
     }
