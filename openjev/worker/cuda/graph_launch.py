@@ -101,9 +101,9 @@ def shape_of(plan: LaunchPlan) -> Shape | None:
 class _Statics:
     """The static buffers every graph reads and writes, at the largest size seen so far; a shape
     gets leading slices of them (`views`). idx int32; win_in [1+P, L, 3, C] bf16, st_in [1+P,
-    L, Hv, 128, 128] fp32 and tail_in [1+P, L, 64, width] fp32 (slot 0 stays zero: no parent);
-    win_out, st_out, tail_out [K, L, ...]; kv [La, 2, rows, Hkv, 256] bf16 (L: GDN layers, La:
-    attention layers)."""
+    L, Hv, 128, 128] fp32 and, with the chunked GDN kernel, tail_in [1+P, L, 64, width] fp32
+    (slot 0 stays zero: no parent); win_out, st_out, tail_out [K, L, ...]; kv [La, 2, rows, Hkv,
+    256] bf16 (L: GDN layers, La: attention layers)."""
 
     def __init__(self, runner):
         self.runner = runner

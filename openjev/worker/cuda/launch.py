@@ -36,8 +36,8 @@ class CudaSegmentState:
     """num_tokens: the segment's end position; gdn: per GDN layer index, (conv_window [3, C] bf16,
     recurrent [Hv, 128, 128] fp32, tail): with the serial GDN kernel the state at the end and tail
     None; with the chunked one the state at the last multiple of 64 positions and tail [64, width]
-    fp32, the k, v, g, beta rows after it (kernels.gdn_chunked); kv: the attention chain (ancestors' GDN states are not kept
-    alive by it)."""
+    fp32, the k, v, g, beta rows after it (kernels.gdn_chunked); kv: the attention chain
+    (ancestors' GDN states are not kept alive by it)."""
 
     num_tokens: int
     gdn: dict[int, tuple[torch.Tensor, torch.Tensor]]
@@ -72,10 +72,9 @@ class LaunchPlan:
 @dataclass
 class Launch:
     """A launch's device-side indices. ids: [T] int32; cu: [N+1] int32; pos: [T] int32 positions;
-    head_idx: [R] int32 rows
-    the head reads (None: no head rows); rope: (cos, sin) [T, rotary_dim/2] fp32; kv_rows:
-    [sum S_n] int32 pool row of each segment's logical keys; cu_k: [N+1] int32; max_q: the
-    attention grid's longest segment."""
+    head_idx: [R] int32 rows the head reads (None: no head rows); rope: (cos, sin) [T,
+    rotary_dim/2] fp32; kv_rows: [sum S_n] int32 pool row of each segment's logical keys; cu_k:
+    [N+1] int32; max_q: the attention grid's longest segment."""
 
     ids: torch.Tensor
     cu: torch.Tensor

@@ -4,10 +4,11 @@ One launch = one forward pass over all its segments packed back to back: cuBLAS 
 torch over all rows, the CUDA kernels of `cuda/*.cu` for everything else, each segment starting
 from its parent's state. Only the rows the head reads go through the last MLP and final norm.
 
-State (opaque to callers): per GDN layer the conv window [3, C] bf16, the recurrent state
-[Hv, 128, 128] fp32 at the segment's last 64-token boundary and the rows after it ([64, width]
-fp32; the GDN kernels run in chunks at absolute positions, see cuda/gdn_chunked.cu); per attention layer this segment's own keys/values [t, Hkv, 256] bf16 plus
-a link to the parent state, so ancestors' keys are shared, never copied into each child.
+State (opaque to callers): per GDN layer the conv window [3, C] bf16 and the recurrent state
+[Hv, 128, 128] fp32 (with the chunked GDN kernel: at the segment's last 64-token boundary, plus
+the rows after it, see cuda/gdn_chunked.cu); per attention layer this segment's own keys/values
+[t, Hkv, 256] bf16 plus a link to the parent state, so ancestors' keys are shared, never copied
+into each child.
 
 Launches are replayed from CUDA graphs by default (`graph_cache_size` graphs kept, one per shape
 bucket; 0: eager): eagerly a 512-token launch of the 27B shape is host-bound (Python + kernel
