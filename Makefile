@@ -5,12 +5,13 @@ PY := $(VENV)/bin/python
 DEMO := .openjev/demo-model
 PROTOS := protos/openjev/v1/decision.proto protos/openjev/worker/v1/worker.proto
 
-.PHONY: run test venv test-deps demo-model protos docs bench soak gpu-test clean proto-check proto-release
+.PHONY: run test test-all lint venv test-deps demo-model protos docs bench soak gpu-test clean proto-check proto-release
 
+# The worker extra: `make run` starts both processes from this one environment.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[worker]'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
@@ -21,38 +22,54 @@ venv: $(VENV)/.installed
 test-deps: $(VENV)/.installed-test
 
 demo-model: $(VENV)/.installed
-	$(PY) -m openjev.demo_model --out $(DEMO)
+	$(PY) -m openjev.tools.demo_model --out $(DEMO)
 
 # Start a worker and a frontend on loopback, answer the contract example, stop both.
 run: demo-model
-	$(PY) -m openjev.demo_run --model $(DEMO) --request examples/contract_example.json
+	$(PY) -m openjev.tools.demo_run --model $(DEMO) --request examples/contract_example.json
 
 # Generated code is never edited by hand: this regenerates it (tests check it is current).
 protos: $(VENV)/.installed-test
-	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+	rm -rf build/protos && mkdir -p build/protos
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=build/protos --pyi_out=build/protos \
+		--grpc_python_out=build/protos $(PROTOS)
+	cp build/protos/openjev/v1/*.py* common/v1/
+	cp build/protos/openjev/worker/v1/*.py* worker/v1/
 
 docs: $(VENV)/.installed-test
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
-test: $(VENV)/.installed-test demo-model proto-check
+# ruff (lint and format) and mypy, configured in pyproject.toml.
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: $(VENV)/.installed-test demo-model proto-check lint
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+	$(VENV)/bin/pytest -q -m "not slow"
+
+# Everything CPU-side, the slow numerical sweeps included.
+test-all: $(VENV)/.installed-test demo-model proto-check lint
 	$(VENV)/bin/pytest -q
 
 # The benchmark on this machine (CPU, demo model); on a GPU see docs/benchmarks/index.md.
 bench: demo-model $(VENV)/.installed-test
-	$(PY) -m openjev.bench.main --model $(DEMO) --workload docs/benchmarks/workload.jsonl \
-		--out docs/benchmarks/cpu-demo --per-group 2 --blocks 2 --arms off,auto,shared,transformers \
+	$(PY) -m openjev.tools.bench.main --model $(DEMO) --workload benchmarks/workload.jsonl \
+		--out benchmarks/results/cpu-demo --per-group 2 --blocks 2 --arms off,auto,shared,transformers \
 		--sweep 1,4 --sweep-seconds 10
 
 # N clients against a worker + frontend on loopback for a bounded time (docs/reliability.md).
 soak: demo-model
-	$(PY) -m openjev.soak --model $(DEMO) --clients 8 --duration 60
+	$(PY) -m openjev.tools.soak --model $(DEMO) --clients 8 --duration 60
 
+# On a GPU host, in an environment with the cuda and test extras (or the device machine's
+# python with the package installed; see docs/benchmarks/index.md).
 gpu-test:
-	PYTHONPATH=. python3 -m pytest -q -m gpu tests
+	$(PY) -m pytest -q -m gpu tests
 
 clean:
-	rm -rf $(VENV) .openjev site
+	rm -rf $(VENV) .openjev site build
 
 # buf (lint + breaking-change check against the released schema image), from the npm registry.
 BUF := .tools/node_modules/.bin/buf

@@ -31,8 +31,8 @@ if PYTHONPATH=$PYTHONPATH:/tmp/fla python3 -c "import fla.ops.gated_delta_rule" 
 else echo "fla: no ($(tail -1 /tmp/fla-import.txt))" | tee -a $OUT/env.txt; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $OUT/env.txt
 python3 -c "import torch, cupy, transformers; print('torch', torch.__version__, 'cupy', cupy.__version__, 'transformers', transformers.__version__)" | tee -a $OUT/env.txt
-python3 -m openjev.demo_model --out .openjev/demo-model >/dev/null || exit 1
-WL=docs/benchmarks/workload.jsonl
+python3 -m openjev.tools.demo_model --out .openjev/demo-model >/dev/null || exit 1
+WL=benchmarks/workload.jsonl
 for step in "$@"; do
   case $step in
     # a failing GPU test ends the call: what follows would measure a broken build
@@ -43,38 +43,38 @@ for step in "$@"; do
            > $OUT/gdn-tests.txt 2>&1; rc=$?; tail -30 $OUT/gdn-tests.txt | grep -E "Error|assert|FAILED|passed|failed" | tail -15
          [ $rc = 0 ] || exit 1
          timeout 120 python3 benchmarks/kernels_gpu.py --ops gdn --out $OUT/gdn-kernels.json 2>&1 | tee $OUT/gdn-kernels.txt | tail -12 ;;
-    gates-chunked) timeout 150 python3 -m openjev.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
+    gates-chunked) timeout 150 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
              --synthetic 27b --layers 8 --oracle-cases 0 --limit 40 --gdn-kernel chunked --out $OUT/gates-chunked.md 2>/tmp/gates.log | head -12 ;;
     # every kernel against its two ceilings, then the runner end to end (capacity, peak memory)
     kernels) timeout 300 python3 benchmarks/kernels_gpu.py --capacity 27b --out $OUT/kernels-gpu.json 2>&1 \
              | tee $OUT/kernels-gpu.txt | tail -45 ;;
     gemm) timeout 150 python3 benchmarks/gemm_invariance.py 2>&1 | tail -40 | tee $OUT/gemm-invariance.md ;;
     # gates-N: 40 requests with products padded to N rows (quick comparison); gates: the full gate
-    gates-ws0) CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 timeout 150 python3 -m openjev.bench.gates \
+    gates-ws0) CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 timeout 150 python3 -m openjev.tools.bench.gates \
              --model .openjev/demo-model --workload $WL --backend cuda --synthetic 27b --layers 8 --oracle-cases 5 \
              --limit 40 --gemm-min-rows 0 --out $OUT/gates-ws0.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
-    gates-*) rows=${step#gates-}; timeout 150 python3 -m openjev.bench.gates --model .openjev/demo-model --workload $WL \
+    gates-*) rows=${step#gates-}; timeout 150 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL \
              --backend cuda --synthetic 27b --layers 8 --oracle-cases 5 --limit 40 --gemm-min-rows $rows \
              --out $OUT/gates-rows$rows.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
-    gates) timeout 300 python3 -m openjev.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
+    gates) timeout 300 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
              --synthetic 27b --layers 8 --oracle-cases 20 --limit 100 --out $OUT/gpu-gates.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
     # our three arms over the whole workload; a run cut short keeps its finished blocks (results.json)
-    bench-full) timeout 560 python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-full \
+    bench-full) timeout 560 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-full \
              --worker-args "--synthetic 27b --graph-capture-after 1 --graph-cache-size 512" --arms off,auto,shared --blocks 2 --sweep 1,4,16 \
              --sweep-seconds 8 --timeout 120 2>$OUT/bench-full.log | head -20; tail -3 $OUT/bench-full.log ;;
     # transformers beside our auto arm, 2 requests per kind x length group of the JevBench split
-    bench-hf) timeout 300 python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-hf \
+    bench-hf) timeout 300 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-hf \
              --worker-args "--synthetic 27b --graph-capture-after 1 --graph-cache-size 512" --arms auto,transformers --kinds choice,noul,score \
              --per-group 2 --blocks 2 --sweep "" --timeout 120 2>$OUT/bench-hf.log | head -20; tail -3 $OUT/bench-hf.log ;;
     # after a fix of the graph cache: do timed blocks replay what the warm-up captured?
-    bench-verify) timeout 130 python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-verify \
+    bench-verify) timeout 130 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-verify \
              --worker-args "--synthetic 27b --graph-capture-after 1 --graph-cache-size 512" --arms auto --kinds choice,noul,score \
              --per-group 1 --blocks 2 --sweep "" --timeout 60 2>$OUT/bench-verify.log | head -20; tail -3 $OUT/bench-verify.log ;;
     # the runner end to end with each GDN kernel: 16,384-token candidate, 33 candidates, peak memory
     capacity) timeout 200 python3 benchmarks/kernels_gpu.py --tokens "" --capacity 27b --out $OUT/capacity.json 2>&1 \
              | tee $OUT/capacity.txt | tail -20 ;;
     # the auto arm's concurrency sweep (1, 4, 16 clients) on 1 request per kind x length group
-    sweep) timeout 200 python3 -m openjev.bench.main --model .openjev/demo-model --workload $WL --out $OUT/sweep \
+    sweep) timeout 200 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/sweep \
              --worker-args "--synthetic 27b --graph-capture-after 1 --graph-cache-size 512" --arms auto --kinds choice,noul,score \
              --per-group 1 --blocks 1 --sweep 1,4,16 --sweep-seconds 8 --timeout 60 2>$OUT/sweep.log | head -20; tail -3 $OUT/sweep.log ;;
     profile) timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL \

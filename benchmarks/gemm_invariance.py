@@ -17,15 +17,24 @@ import subprocess
 import sys
 
 # (name, K, N) of the 27B shape's products: GDN in/out, attention in/out, MLP up/down, head rows
-PRODUCTS = [("gdn_in", 5120, 16480), ("gdn_out", 6144, 5120), ("attn_in", 5120, 14336),
-            ("attn_out", 6144, 5120), ("gate_up", 5120, 34816), ("down", 17408, 5120)]
+PRODUCTS = [
+    ("gdn_in", 5120, 16480),
+    ("gdn_out", 6144, 5120),
+    ("attn_in", 5120, 14336),
+    ("attn_out", 6144, 5120),
+    ("gate_up", 5120, 34816),
+    ("down", 17408, 5120),
+]
 ROWS = [1, 2, 3, 7, 16, 33, 64, 100, 128, 255, 512, 777, 1024, 2048, 4096]
 CONFIGS = {
     "default": {},
     "no-reduced-precision": {"OPENJEV_GEMM_EXPERIMENT": "rpr-off"},
     "workspace-0": {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"},
-    "workspace-0+rpr-off": {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0",
-                            "OPENJEV_GEMM_EXPERIMENT": "rpr-off"},
+    "workspace-0+rpr-off": {
+        "CUBLAS_WORKSPACE_CONFIG": ":0:0",
+        "CUBLASLT_WORKSPACE_SIZE": "0",
+        "OPENJEV_GEMM_EXPERIMENT": "rpr-off",
+    },
     "cublaslt": {"OPENJEV_GEMM_EXPERIMENT": "cublaslt"},
 }
 
@@ -74,14 +83,17 @@ def main() -> None:
         return
     rows = []
     for name, env in CONFIGS.items():
-        done = subprocess.run([sys.executable, __file__, "--child"], env={**os.environ, **env},
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, __file__, "--child"], env={**os.environ, **env}, capture_output=True, text=True
+        )
         if done.returncode:
             print(f"{name}: failed\n{done.stderr[-2000:]}")
             continue
         result = json.loads(done.stdout.strip().splitlines()[-1])
         rows.append((name, result))
-    print("\n| config | product | rows M whose results differ from inside M=4096 (M: rows differing) | ms at M=16 / 512 / 4096 |")
+    print(
+        "\n| config | product | rows M whose results differ from inside M=4096 (M: rows differing) | ms at M=16 / 512 / 4096 |"
+    )
     print("|---|---|---|---|")
     for name, result in rows:
         for product, bad in result["products"].items():

@@ -221,7 +221,9 @@ def runner_capacity(shape: str = "27b") -> list[dict]:
         tail_runs = [SegmentRun(t, 2048, prefix, False, True) for t in tails]
         timed(f"{kernel}: 33 x 24-token tails on a 2048 prefix", lambda r=tail_runs: runner.run_launch(r))
         runner.graphs = GraphLauncher(runner, 8, capture_after=1)  # timed()'s warm-up call captures
-        timed(f"{kernel}: 1 x 512 tokens, CUDA graph", lambda: runner.run_launch([SegmentRun(p512, 0, None, False, True)]))
+        timed(
+            f"{kernel}: 1 x 512 tokens, CUDA graph", lambda: runner.run_launch([SegmentRun(p512, 0, None, False, True)])
+        )
         timed(f"{kernel}: 33 tails, CUDA graph", lambda r=tail_runs: runner.run_launch(r))
         del prefix, tail_runs
         runner.graphs = None
@@ -254,16 +256,37 @@ def main() -> None:
                 continue
             ms, how = time_op(fn)
             floor = max(nbytes / copy_bw, flops / rates[kind] if rates[kind] else 0.0) * 1e3
-            rows.append(dict(op=name + ("" if how == "graph" else "[eager]"), tokens=T, ms=ms, floor_ms=floor, ratio=ms / floor,
-                             gbytes=nbytes / 1e9, gflop=flops / 1e9))
+            rows.append(
+                dict(
+                    op=name + ("" if how == "graph" else "[eager]"),
+                    tokens=T,
+                    ms=ms,
+                    floor_ms=floor,
+                    ratio=ms / floor,
+                    gbytes=nbytes / 1e9,
+                    gflop=flops / 1e9,
+                )
+            )
         if args.ops in "gdn_layer_core":
-            rows.append(dict(op="gdn_layer_core(graph)", tokens=T, ms=_safe(gdn_layer_graph, T), floor_ms=float("nan"),
-                             ratio=float("nan"), gbytes=0.0, gflop=0.0))
+            rows.append(
+                dict(
+                    op="gdn_layer_core(graph)",
+                    tokens=T,
+                    ms=_safe(gdn_layer_graph, T),
+                    floor_ms=float("nan"),
+                    ratio=float("nan"),
+                    gbytes=0.0,
+                    gflop=0.0,
+                )
+            )
         torch.cuda.empty_cache()
     result = dict(
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        card=torch.cuda.get_device_name(), torch=torch.__version__,
-        copy_bw_tb_s=copy_bw / 1e12, bf16_tflop_s=mma_rate / 1e12, rows=rows,
+        date=datetime.datetime.now(datetime.UTC).isoformat(),
+        card=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        copy_bw_tb_s=copy_bw / 1e12,
+        bf16_tflop_s=mma_rate / 1e12,
+        rows=rows,
     )
     if args.capacity:
         torch.cuda.empty_cache()

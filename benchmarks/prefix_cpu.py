@@ -24,16 +24,18 @@ from pathlib import Path
 import numpy as np
 
 from openjev.contract.request import parse_request
-from openjev.demo_model import build_demo_model
 from openjev.tokenizer import PromptTokenizer
+from openjev.tools.demo_model import build_demo_model
 from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.model.runner import TorchRunner
 from openjev.worker.planner import CPU_COST_MODEL, POLICIES
 from openjev.worker.runner_api import SegmentRun
 
-WORDS = ("the customer order charge refund account invoice payment service login error delivery "
-         "package late damaged team urgent support ticket network outage billing security access "
-         "report issue duplicate cancel subscription plan was is not again twice today because").split()
+WORDS = (
+    "the customer order charge refund account invoice payment service login error delivery "
+    "package late damaged team urgent support ticket network outage billing security access "
+    "report issue duplicate cancel subscription plan was is not again twice today because"
+).split()
 
 CONTRACT_EXAMPLE = json.loads((Path(__file__).resolve().parents[1] / "examples" / "contract_example.json").read_text())
 
@@ -41,18 +43,29 @@ CONTRACT_EXAMPLE = json.loads((Path(__file__).resolve().parents[1] / "examples" 
 def long_state_request(num_words: int) -> dict:
     rng = random.Random(7)
     state = " ".join(rng.choice(WORDS) for _ in range(num_words))
-    return {"state": state, "questions": {"route": {
-        "type": "choice", "instructions": "Which team should handle this issue?",
-        "criteria": {"billing": "Charges, invoices, refunds.", "security": "Unauthorized access.",
-                     "technical": "Outages and malfunctions."}}}}
+    return {
+        "state": state,
+        "questions": {
+            "route": {
+                "type": "choice",
+                "instructions": "Which team should handle this issue?",
+                "criteria": {
+                    "billing": "Charges, invoices, refunds.",
+                    "security": "Unauthorized access.",
+                    "technical": "Outages and malfunctions.",
+                },
+            }
+        },
+    }
 
 
 def multi_question_request(num_words: int, num_questions: int) -> dict:
     request = long_state_request(num_words)
     template = CONTRACT_EXAMPLE["questions"]
     kinds = list(template.values())
-    request["questions"] = {f"q{i}": dict(kinds[i % 3], instructions=f"{kinds[i % 3]['instructions']} ({i})")
-                            for i in range(num_questions)}
+    request["questions"] = {
+        f"q{i}": dict(kinds[i % 3], instructions=f"{kinds[i % 3]['instructions']} ({i})") for i in range(num_questions)
+    }
     return request
 
 
@@ -70,7 +83,7 @@ def bench_case(engine: Engine, name: str, work: list[QuestionWork], repeats: int
     times: dict[str, list[float]] = {arm: [] for arm in arms}
     last = {}
     for block in range(repeats + 2):  # two warm-up blocks
-        order = arms[block % len(arms):] + arms[: block % len(arms)]
+        order = arms[block % len(arms) :] + arms[: block % len(arms)]
         for arm in order:
             started = time.perf_counter()
             last[arm] = engine.execute(work, temperature=temperature, policy=arm)
@@ -83,8 +96,9 @@ def bench_case(engine: Engine, name: str, work: list[QuestionWork], repeats: int
         ms = [t * 1e3 for t in times[arm]]
         median = statistics.median(ms)
         rows.append(
-            f"| {name} | {arm} | {r.executed_policy} | {median:.1f} | {quantile(ms, .25):.1f}-{quantile(ms, .75):.1f} "
-            f"| {off_ms / median:.2f}x | {r.num_computed_tokens} | {r.num_saved_tokens} | {r.num_launches} |")
+            f"| {name} | {arm} | {r.executed_policy} | {median:.1f} | {quantile(ms, 0.25):.1f}-{quantile(ms, 0.75):.1f} "
+            f"| {off_ms / median:.2f}x | {r.num_computed_tokens} | {r.num_saved_tokens} | {r.num_launches} |"
+        )
     return rows
 
 
@@ -119,9 +133,11 @@ def fit_cost_model(runner: TorchRunner, repeats: int) -> None:
     # Relative error is what matters across a 1000x range of launch times: weight rows by 1/y.
     coef, *_ = np.linalg.lstsq(a / y[:, None], np.ones_like(y), rcond=None)
     pred = a @ coef
-    print(f"fit: seconds_per_launch={coef[0]:.3e} seconds_per_token={coef[1]:.3e} "
-          f"seconds_per_attention_pair={coef[2]:.3e}; max relative error {np.max(np.abs(pred - y) / y):.2f} "
-          f"over {len(y)} launch shapes")
+    print(
+        f"fit: seconds_per_launch={coef[0]:.3e} seconds_per_token={coef[1]:.3e} "
+        f"seconds_per_attention_pair={coef[2]:.3e}; max relative error {np.max(np.abs(pred - y) / y):.2f} "
+        f"over {len(y)} launch shapes"
+    )
 
 
 def main() -> None:
@@ -141,8 +157,10 @@ def main() -> None:
         ("contract example (3/1/3)", to_work(tokenizer, CONTRACT_EXAMPLE)),
         ("8 questions over one state", to_work(tokenizer, multi_question_request(700, 8))),
     ]
-    print(f"# {datetime.date.today()}  {platform.processor() or platform.machine()}  "
-          f"threads={args.threads} repeats={args.repeats}")
+    print(
+        f"# {datetime.date.today()}  {platform.processor() or platform.machine()}  "
+        f"threads={args.threads} repeats={args.repeats}"
+    )
     for name, work in cases:
         lengths = [len(c) for q in work for c in q.candidates]
         print(f"# {name}: {len(work)} questions, {len(lengths)} candidates, {min(lengths)}-{max(lengths)} tokens")

@@ -6,7 +6,7 @@ and from torch.profiler the device time per kernel family plus the share of the 
 device was idle (host work: Python, planning, launches, copies of state).
 
     PYTHONPATH=. python3 benchmarks/profile_requests.py --model .openjev/demo-model \
-        --workload docs/benchmarks/workload.jsonl [--out profile.md]
+        --workload benchmarks/workload.jsonl [--out profile.md]
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from openjev.bench import roofline, workload
-from openjev.bench.main import longest_tokens_fn
+from openjev.tools.bench import roofline, workload
+from openjev.tools.bench.main import longest_tokens_fn
 from openjev.worker.cuda.runner import CudaRunner
 from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.planner.cost import default_cost_model
@@ -87,15 +87,27 @@ def main() -> None:
     cases = workload.read_jsonl(args.workload)
     chosen = [pick(cases, "noul", "1-128"), pick(cases, "choice", "2049-4096")]
     graph = CudaRunner.synthetic(args.shape, seed=0, graph_capture_after=1)
-    eager = CudaRunner(graph.config, graph.embed, graph.layers, graph.final_norm, graph.head_weight,
-                       graph.head_bias, graph_cache_size=0, gemm_min_rows=None)
+    eager = CudaRunner(
+        graph.config,
+        graph.embed,
+        graph.layers,
+        graph.final_norm,
+        graph.head_weight,
+        graph.head_bias,
+        graph_cache_size=0,
+        gemm_min_rows=None,
+    )
     ceilings = roofline.measure_ceilings()
-    lines = [f"# Per-stage profile, {datetime.date.today().isoformat()}", "",
-             f"- card {ceilings.device}; {args.shape} shape, synthetic weights, policy auto; "
-             "command: `PYTHONPATH=. python3 benchmarks/profile_requests.py --model .openjev/demo-model "
-             "--workload docs/benchmarks/workload.jsonl`",
-             f"- ceilings: copy {ceilings.copy_bytes_per_second / 1e12:.2f} TB/s, "
-             f"bf16 GEMM {ceilings.matmul_flops_per_second / 1e12:.0f} TFLOP/s", ""]
+    lines = [
+        f"# Per-stage profile, {datetime.date.today().isoformat()}",
+        "",
+        f"- card {ceilings.device}; {args.shape} shape, synthetic weights, policy auto; "
+        "command: `PYTHONPATH=. python3 benchmarks/profile_requests.py --model .openjev/demo-model "
+        "--workload benchmarks/workload.jsonl`",
+        f"- ceilings: copy {ceilings.copy_bytes_per_second / 1e12:.2f} TB/s, "
+        f"bf16 GEMM {ceilings.matmul_flops_per_second / 1e12:.0f} TFLOP/s",
+        "",
+    ]
     for case in chosen:
         ids = candidates_of(case.request)
         kinds = [q["type"] for q in case.request["questions"].values()]
@@ -108,11 +120,16 @@ def main() -> None:
             result = engine.execute(work, temperature=meta.temperature, policy="auto")
             floor = roofline.floor_seconds(runner.config, result.num_computed_tokens, ceilings)
             per, device, profiled_wall = profiled(engine, work, meta.temperature)
-            lines += [f"### {name}: {1e3 * wall:.1f} ms median wall (floor {1e3 * floor:.1f} ms for "
-                      f"{result.num_computed_tokens} computed tokens, {result.num_launches} launches: {wall / floor:.2f}x)", "",
-                      f"Profiled run: wall {1e3 * profiled_wall:.1f} ms, device busy {1e3 * device:.1f} ms, device idle "
-                      f"{1e3 * max(0.0, profiled_wall - device):.1f} ms (host work; the profiler itself adds some).", "",
-                      "| kernel family | device ms | share of device time |", "|---|---|---|"]
+            lines += [
+                f"### {name}: {1e3 * wall:.1f} ms median wall (floor {1e3 * floor:.1f} ms for "
+                f"{result.num_computed_tokens} computed tokens, {result.num_launches} launches: {wall / floor:.2f}x)",
+                "",
+                f"Profiled run: wall {1e3 * profiled_wall:.1f} ms, device busy {1e3 * device:.1f} ms, device idle "
+                f"{1e3 * max(0.0, profiled_wall - device):.1f} ms (host work; the profiler itself adds some).",
+                "",
+                "| kernel family | device ms | share of device time |",
+                "|---|---|---|",
+            ]
             for fam, seconds in sorted(per.items(), key=lambda kv: -kv[1]):
                 lines.append(f"| {fam} | {1e3 * seconds:.2f} | {100 * seconds / device:.0f}% |")
             lines.append("")

@@ -18,19 +18,22 @@ from pathlib import Path
 
 import grpc
 
-from openjev import abi, launch
+from openjev import abi
 from openjev.contract.request import parse_request
 from openjev.export import load_export_meta
 from openjev.frontend.batches import iter_candidate_batches
 from openjev.serving import channel_options
 from openjev.tokenizer import PromptTokenizer
+from openjev.tools import launch
 from openjev.v1 import decision_pb2 as api
 from openjev.v1 import decision_pb2_grpc
 from openjev.worker.v1 import worker_pb2 as wire
 from openjev.worker.v1 import worker_pb2_grpc
 
-REQUEST = {"state": "The parcel arrived late and the box was damaged.",
-           "questions": {"q": {"type": "noul", "instructions": "Is the customer upset?"}}}
+REQUEST = {
+    "state": "The parcel arrived late and the box was damaged.",
+    "questions": {"q": {"type": "noul", "instructions": "Is the customer upset?"}},
+}
 
 
 def execute_messages(model: Path) -> list[wire.ExecuteRequest]:
@@ -44,14 +47,16 @@ def execute_messages(model: Path) -> list[wire.ExecuteRequest]:
     for batch in iter_candidate_batches(decision, tokenizer, meta.max_length):
         message = wire.ExecuteRequest()
         for c in batch:
-            message.batch.candidates.add(question_index=c.question_index, candidate_index=c.candidate_index,
-                                         token_ids=c.token_ids)
+            message.batch.candidates.add(
+                question_index=c.question_index, candidate_index=c.candidate_index, token_ids=c.token_ids
+            )
         messages.append(message)
     return messages + [wire.ExecuteRequest(commit=wire.Commit())]
 
 
 def bare_stream(up: int, down: int):
     """A server whose stream method reads `up` messages and answers `down`, doing nothing else."""
+
     def method(requests, context):
         for _ in requests:
             pass
@@ -59,8 +64,9 @@ def bare_stream(up: int, down: int):
             yield b"r"
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "bare.Bare", {"S": grpc.stream_stream_rpc_method_handler(method)}),))
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("bare.Bare", {"S": grpc.stream_stream_rpc_method_handler(method)}),)
+    )
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     call = grpc.insecure_channel(f"127.0.0.1:{port}").stream_stream("/bare.Bare/S")
@@ -78,29 +84,39 @@ def main() -> None:
     single_server, single = bare_stream(1, 1)
     try:
         launch.wait_serving(pair.frontend.address)
-        worker = worker_pb2_grpc.WorkerServiceStub(grpc.insecure_channel(pair.worker.address, options=channel_options()))
+        worker = worker_pb2_grpc.WorkerServiceStub(
+            grpc.insecure_channel(pair.worker.address, options=channel_options())
+        )
         frontend = decision_pb2_grpc.DecisionServiceStub(
-            grpc.insecure_channel(pair.frontend.address, options=channel_options()))
+            grpc.insecure_channel(pair.frontend.address, options=channel_options())
+        )
         text = json.dumps(REQUEST)
 
         def via_frontend() -> float:
-            reply = frontend.Decide(api.DecideRequest(request_json=text, prefix_policy=abi.policy_to_enum("auto")),
-                                    timeout=30)
+            reply = frontend.Decide(
+                api.DecideRequest(request_json=text, prefix_policy=abi.policy_to_enum("auto")), timeout=30
+            )
             return reply.metadata.inference_seconds
 
         def via_worker() -> float:
-            summary = [m.summary for m in worker.Execute(iter(messages), timeout=30) if m.WhichOneof("item") == "summary"]
+            summary = [
+                m.summary for m in worker.Execute(iter(messages), timeout=30) if m.WhichOneof("item") == "summary"
+            ]
             return summary[0].inference_seconds
 
         def no_model(call):
             def arm() -> float:
                 call()
                 return 0.0
+
             return arm
 
-        arms = {"frontend (Decide)": via_frontend, "worker (Execute)": via_worker,
-                f"bare gRPC stream, {len(messages)} up / 2 down": no_model(bare),
-                "bare gRPC stream, 1 up / 1 down": no_model(single)}
+        arms = {
+            "frontend (Decide)": via_frontend,
+            "worker (Execute)": via_worker,
+            f"bare gRPC stream, {len(messages)} up / 2 down": no_model(bare),
+            "bare gRPC stream, 1 up / 1 down": no_model(single),
+        }
         outside = {name: [] for name in arms}
         for rep in range(args.repeats + 10):
             for name, fn in arms.items():  # interleaved: drift lands on every arm alike

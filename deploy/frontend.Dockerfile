@@ -20,6 +20,6 @@ ENV OPENJEV_MODEL=/models/open-jev \
 EXPOSE 50051 9090
 HEALTHCHECK --interval=5s --timeout=3s --start-period=30s --retries=3 \
   CMD ["python", "-m", "openjev.healthcheck", "127.0.0.1:50051"]
-# The same entry the tests start (openjev.launch.FRONTEND_MODULE); flags come from OPENJEV_* or CMD.
+# The same entry the tests start (openjev.tools.launch.FRONTEND_MODULE); flags come from OPENJEV_* or CMD.
 ENTRYPOINT ["python", "-m", "openjev.frontend.main"]
 CMD []

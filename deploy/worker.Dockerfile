@@ -29,6 +29,6 @@ ENV OPENJEV_MODEL=/models/open-jev \
 EXPOSE 50052 9091
 HEALTHCHECK --interval=5s --timeout=3s --start-period=300s --retries=3 \
   CMD ["python", "-m", "openjev.healthcheck", "127.0.0.1:50052"]
-# The same entry the tests start (openjev.launch.WORKER_MODULE); flags come from OPENJEV_* or CMD.
+# The same entry the tests start (openjev.tools.launch.WORKER_MODULE); flags come from OPENJEV_* or CMD.
 ENTRYPOINT ["python", "-m", "openjev.worker.main"]
 CMD []

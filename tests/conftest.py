@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def demo_model() -> Path:
     """The embedded demo export, built once (the builder skips an identical existing build)."""
-    from openjev.demo_model import build_demo_model
+    from openjev.tools.demo_model import build_demo_model
 
     build_demo_model(DEMO_DIR, seed=0)
     return DEMO_DIR
@@ -35,7 +35,7 @@ def demo_model() -> Path:
 @pytest.fixture(scope="session")
 def pair(demo_model, tmp_path_factory):
     """One worker and one frontend as subprocesses, shared by the end-to-end tests."""
-    from openjev import launch
+    from openjev.tools import launch
 
     started = launch.start_pair(demo_model, tmp_path_factory.mktemp("pair"))
     yield started

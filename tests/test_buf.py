@@ -22,8 +22,13 @@ def edited_tree(tmp_path):
 
 
 def breaking(tree: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BUF), "breaking", "--against", str(REPO / "protos" / "released.binpb")],
-                          cwd=tree, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(BUF), "breaking", "--against", str(REPO / "protos" / "released.binpb")],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def edit(tree: Path, old: str, new: str) -> None:

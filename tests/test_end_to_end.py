@@ -14,8 +14,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from openjev import abi, launch
+from openjev import abi
 from openjev.client import Client
+from openjev.tools import launch
 from openjev.v1 import decision_pb2 as api
 from openjev.worker.v1 import worker_pb2 as wire
 from openjev.worker.v1 import worker_pb2_grpc
@@ -74,8 +75,8 @@ def test_contract_example_answered(client, demo_model):
 
 
 def test_input_tokens_count_every_candidate(client, demo_model):
-    from openjev.tokenizer import PromptTokenizer
     from openjev.contract.request import parse_request
+    from openjev.tokenizer import PromptTokenizer
 
     tokenizer = PromptTokenizer.from_export(demo_model)
     decision = parse_request(EXAMPLE, accepted_models={"open-jev-demo"})
@@ -87,14 +88,32 @@ def test_input_tokens_count_every_candidate(client, demo_model):
 def test_cli_decide_and_tokenize(pair, demo_model, tmp_path):
     path = tmp_path / "request.json"
     path.write_text(json.dumps(EXAMPLE))
-    out = subprocess.run([sys.executable, "-m", "openjev.cli", "decide", str(path), "--addr", pair.frontend.address,
-                          "--policy", "off"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "openjev.tools.cli",
+            "decide",
+            str(path),
+            "--addr",
+            pair.frontend.address,
+            "--policy",
+            "off",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert list(json.loads(out.stdout)["answers"]) == ["route", "refund_review", "urgency"]
     fixture = json.loads((REPO / "tests" / "contract" / "data" / "tokenization_cases.json").read_text())
     path.write_text(json.dumps(fixture["cases"][0]["request"]))
-    out = subprocess.run([sys.executable, "-m", "openjev.cli", "tokenize", str(path), "--model", str(demo_model)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "openjev.tools.cli", "tokenize", str(path), "--model", str(demo_model)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == fixture["cases"][0]["ids"]
 
@@ -102,8 +121,12 @@ def test_cli_decide_and_tokenize(pair, demo_model, tmp_path):
 def test_cli_error_prints_status_and_exits_nonzero(pair, tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"questions": {}}))
-    out = subprocess.run([sys.executable, "-m", "openjev.cli", "decide", str(path), "--addr", pair.frontend.address],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "openjev.tools.cli", "decide", str(path), "--addr", pair.frontend.address],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0
     assert "INVALID_ARGUMENT: request requires state" in out.stderr
 
@@ -124,7 +147,9 @@ class _WrongAbiWorker(worker_pb2_grpc.WorkerServiceServicer):
 
 
 def test_frontend_refuses_worker_with_other_abi_version(pair, demo_model, tmp_path):
-    real = worker_pb2_grpc.WorkerServiceStub(grpc.insecure_channel(pair.worker.address)).Describe(wire.DescribeRequest())
+    real = worker_pb2_grpc.WorkerServiceStub(grpc.insecure_channel(pair.worker.address)).Describe(
+        wire.DescribeRequest()
+    )
     real.abi_version = abi.ABI_VERSION + 1
     fake = _WrongAbiWorker(real)
     server = grpc.server(futures.ThreadPoolExecutor(4))

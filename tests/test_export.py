@@ -39,7 +39,9 @@ def export(tmp_path) -> Path:
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": {"hidden_size": HIDDEN}}))
     (d / "tokenizer.json").write_text("{}")
-    save_file({"model.language_model.embed_tokens.weight": np.ones((4, HIDDEN), np.float32)}, str(d / "model.safetensors"))
+    save_file(
+        {"model.language_model.embed_tokens.weight": np.ones((4, HIDDEN), np.float32)}, str(d / "model.safetensors")
+    )
     (d / "open_jev_export.json").write_text(json.dumps(meta_dict()))
     return d
 

@@ -11,8 +11,8 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from openjev import launch
 from openjev.client import Client
+from openjev.tools import launch
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = json.loads((REPO / "examples" / "contract_example.json").read_text())
@@ -24,12 +24,20 @@ def served(demo_model, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("metrics")
     worker_metrics, frontend_metrics = launch.free_port(), launch.free_port()
     worker = launch.start_worker(demo_model, workdir, ["--metrics-port", str(worker_metrics)])
-    frontend = launch.start_frontend(demo_model, worker.address, workdir,
-                                     ["--metrics-port", str(frontend_metrics), "--worker-refresh-seconds", "0.5"])
+    frontend = launch.start_frontend(
+        demo_model,
+        worker.address,
+        workdir,
+        ["--metrics-port", str(frontend_metrics), "--worker-refresh-seconds", "0.5"],
+    )
     try:
         launch.wait_serving(frontend.address)
-        yield {"worker": worker, "frontend": frontend, "worker_url": f"http://127.0.0.1:{worker_metrics}/metrics",
-               "frontend_url": f"http://127.0.0.1:{frontend_metrics}/metrics"}
+        yield {
+            "worker": worker,
+            "frontend": frontend,
+            "worker_url": f"http://127.0.0.1:{worker_metrics}/metrics",
+            "frontend_url": f"http://127.0.0.1:{frontend_metrics}/metrics",
+        }
     finally:
         frontend.stop()
         worker.stop()
@@ -38,8 +46,11 @@ def served(demo_model, tmp_path_factory):
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
     """{(sample name, sorted labels): value}"""
     text = urllib.request.urlopen(url, timeout=10).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(samples: dict, name: str, **labels) -> float:
@@ -62,8 +73,12 @@ def test_series_move_with_traffic(served):
     assert moved(frontend, frontend_before, latency, kind="mixed", outcome="OK") == 1
     assert moved(frontend, frontend_before, latency, kind="noul", outcome="OK") == 1
     assert moved(frontend, frontend_before, latency, kind="unknown", outcome="INVALID_ARGUMENT") == 1
-    assert moved(frontend, frontend_before, "openjev_frontend_request_seconds_bucket",
-                 kind="noul", outcome="OK", le="+Inf") == 1
+    assert (
+        moved(
+            frontend, frontend_before, "openjev_frontend_request_seconds_bucket", kind="noul", outcome="OK", le="+Inf"
+        )
+        == 1
+    )
     assert moved(frontend, frontend_before, "openjev_frontend_input_tokens_total") > 0
     assert moved(frontend, frontend_before, "openjev_frontend_saved_tokens_total") > 0
     assert moved(frontend, frontend_before, "openjev_frontend_request_candidates_count") == 2

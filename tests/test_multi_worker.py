@@ -16,15 +16,18 @@ from pathlib import Path
 import grpc
 import pytest
 
-from openjev import launch
 from openjev.client import Client
+from openjev.tools import launch
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = json.loads((REPO / "examples" / "contract_example.json").read_text())
 # Long enough (about two seconds on CI's CPU) to be certainly executing when its worker dies.
-SLOW = {"state": "A long customer message. " * 60,
-        "questions": {"q": {"type": "choice", "instructions": "Pick one.",
-                            "criteria": {f"option {i}": None for i in range(24)}}}}
+SLOW = {
+    "state": "A long customer message. " * 60,
+    "questions": {
+        "q": {"type": "choice", "instructions": "Pick one.", "criteria": {f"option {i}": None for i in range(24)}}
+    },
+}
 WORKER_ARGS = ["--log-level", "debug", "--grace-seconds", "2"]
 
 
@@ -51,8 +54,9 @@ def cluster(demo_model, tmp_path_factory):
     ports = [launch.free_port(), launch.free_port()]
     with futures.ThreadPoolExecutor(2) as pool:  # both load at once: start-up is most of the cost
         workers = list(pool.map(lambda i: start_worker(demo_model, workdir, ports[i], f"worker-{i}"), range(2)))
-    frontend = launch.start_frontend(demo_model, ",".join(w.address for w in workers), workdir,
-                                     ["--worker-refresh-seconds", "0.5"])
+    frontend = launch.start_frontend(
+        demo_model, ",".join(w.address for w in workers), workdir, ["--worker-refresh-seconds", "0.5"]
+    )
     state = {"workers": workers, "ports": ports, "frontend": frontend, "workdir": workdir, "extra": []}
     try:
         launch.wait_serving(frontend.address)
@@ -114,8 +118,10 @@ class Stream:
 
 def same_answers(got: dict, want: dict) -> bool:
     """Both workers load the same weights; answers agree up to float noise."""
+
     def numbers(answers):
         return [v for a in answers.values() for v in ([a.get("noul", 0.0)] + list(a.get("probabilities", {}).values()))]
+
     return list(got) == list(want) and all(abs(g - w) <= 1e-9 for g, w in zip(numbers(got), numbers(want)))
 
 
@@ -145,8 +151,11 @@ def test_worker_killed_under_load_then_rejoins(cluster, demo_model):
         wait_for(lambda: stream.ok_since(0) >= 6, 30, "traffic before the kill")
         slow = threading.Thread(target=send_slow)
         slow.start()
-        wait_for(lambda: "slow" in log_events(victim, "execute_accepted") + log_events(survivor, "execute_accepted"),
-                 30, "the slow request to be accepted")
+        wait_for(
+            lambda: "slow" in log_events(victim, "execute_accepted") + log_events(survivor, "execute_accepted"),
+            30,
+            "the slow request to be accepted",
+        )
         if "slow" in log_events(survivor, "execute_accepted"):
             victim, survivor = survivor, victim  # kill the worker that runs the slow request
         victim.kill()
@@ -158,8 +167,11 @@ def test_worker_killed_under_load_then_rejoins(cluster, demo_model):
         index = cluster["workers"].index(victim)
         restarted = start_worker(demo_model, cluster["workdir"], cluster["ports"][index], f"worker-{index}-restarted")
         cluster["extra"].append(restarted)
-        wait_for(lambda: any(i.startswith("stream-") for i in log_events(restarted, "execute", "OK")),
-                 30, "the restarted worker to serve stream requests")
+        wait_for(
+            lambda: any(i.startswith("stream-") for i in log_events(restarted, "execute", "OK")),
+            30,
+            "the restarted worker to serve stream requests",
+        )
 
     assert slow_result["outcome"] == "UNAVAILABLE", "an executing request must fail, not run again elsewhere"
     assert "slow" not in log_events(survivor, "execute_accepted") + log_events(restarted, "execute_accepted")

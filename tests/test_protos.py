@@ -14,16 +14,32 @@ from openjev import abi
 from openjev.worker.v1 import worker_pb2
 
 REPO = Path(__file__).resolve().parents[1]
-GENERATED = ["openjev/v1/decision_pb2.py", "openjev/v1/decision_pb2_grpc.py", "openjev/v1/decision_pb2.pyi",
-             "openjev/worker/v1/worker_pb2.py", "openjev/worker/v1/worker_pb2_grpc.py", "openjev/worker/v1/worker_pb2.pyi"]
+# protoc's output path -> where the package keeps it
+GENERATED = {
+    f"openjev/{sub}v1/{name}{ext}": f"{folder}/v1/{name}{ext}"
+    for sub, folder, name in (("", "common", "decision_pb2"), ("worker/", "worker", "worker_pb2"))
+    for ext in (".py", "_grpc.py", ".pyi")
+}
 BASELINE = REPO / "protos" / "worker_abi_baseline.json"
 
 
 def test_generated_code_is_current(tmp_path):
     protos = ["openjev/v1/decision.proto", "openjev/worker/v1/worker.proto"]
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Iprotos", f"--python_out={tmp_path}",
-                    f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", *protos], cwd=REPO, check=True)
-    stale = [name for name in GENERATED if not filecmp.cmp(REPO / name, tmp_path / name, shallow=False)]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-Iprotos",
+            f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            *protos,
+        ],
+        cwd=REPO,
+        check=True,
+    )
+    stale = [kept for out, kept in GENERATED.items() if not filecmp.cmp(REPO / kept, tmp_path / out, shallow=False)]
     assert not stale, f"run `make protos`: {stale} differ from protos/"
 
 
@@ -59,7 +75,8 @@ def test_worker_abi_version_bumps_on_incompatible_change():
     if broken:
         assert abi.ABI_VERSION > baseline["abi_version"], (
             f"the worker schema changed incompatibly ({sorted(broken)[:3]}...) but ABI_VERSION is still "
-            f"{abi.ABI_VERSION}: bump it in openjev/abi.py and refresh {BASELINE.name}")
+            f"{abi.ABI_VERSION}: bump it in common/abi.py and refresh {BASELINE.name}"
+        )
     else:
         assert abi.ABI_VERSION == baseline["abi_version"], f"refresh {BASELINE.name} for ABI {abi.ABI_VERSION}"
 
@@ -75,5 +92,7 @@ def test_the_rule_catches_a_removed_and_a_renumbered_field():
 
 if __name__ == "__main__":
     # `python tests/test_protos.py` writes the baseline for the current ABI version (at release).
-    BASELINE.write_text(json.dumps({"abi_version": abi.ABI_VERSION,
-                                    "fields": sorted(wire_fields(worker_pb2.DESCRIPTOR))}, indent=0) + "\n")
+    BASELINE.write_text(
+        json.dumps({"abi_version": abi.ABI_VERSION, "fields": sorted(wire_fields(worker_pb2.DESCRIPTOR))}, indent=0)
+        + "\n"
+    )

@@ -6,7 +6,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from openjev import launch
+from openjev.tools import launch
 
 
 def listed_services(address: str) -> set[str]:
@@ -23,8 +23,10 @@ def test_reflection_lists_each_server_api(pair):
 
 
 def test_health_serving_per_service(pair):
-    for address, service in ((pair.frontend.address, "openjev.v1.DecisionService"),
-                             (pair.worker.address, "openjev.worker.v1.WorkerService")):
+    for address, service in (
+        (pair.frontend.address, "openjev.v1.DecisionService"),
+        (pair.worker.address, "openjev.worker.v1.WorkerService"),
+    ):
         with grpc.insecure_channel(address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING

@@ -12,14 +12,17 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from openjev import launch
 from openjev.client import Client
+from openjev.tools import launch
 
 GRACE_SECONDS = 10
 # About half a second each on CI's CPU; the worker runs them one after another.
-REQUEST = {"state": "A customer message that goes on. " * 20,
-           "questions": {"q": {"type": "choice", "instructions": "Pick one.",
-                               "criteria": {f"option {i}": None for i in range(8)}}}}
+REQUEST = {
+    "state": "A customer message that goes on. " * 20,
+    "questions": {
+        "q": {"type": "choice", "instructions": "Pick one.", "criteria": {f"option {i}": None for i in range(8)}}
+    },
+}
 
 
 def in_flight(url: str) -> float:
@@ -34,12 +37,17 @@ def in_flight(url: str) -> float:
 def test_sigterm_drains_in_flight_and_refuses_new(demo_model, tmp_path):
     metrics_port = launch.free_port()
     worker = launch.start_worker(demo_model, tmp_path)
-    frontend = launch.start_frontend(demo_model, worker.address, tmp_path,
-                                     ["--grace-seconds", str(GRACE_SECONDS), "--metrics-port", str(metrics_port)])
+    frontend = launch.start_frontend(
+        demo_model,
+        worker.address,
+        tmp_path,
+        ["--grace-seconds", str(GRACE_SECONDS), "--metrics-port", str(metrics_port)],
+    )
     url = f"http://127.0.0.1:{metrics_port}/metrics"
     try:
         launch.wait_serving(frontend.address)
         with Client(frontend.address) as c, futures.ThreadPoolExecutor(4) as pool:
+
             def call(i: int):
                 response = c.decide(REQUEST, policy="off", timeout=60, request_id=f"drain-{i}")
                 return response, time.monotonic()
@@ -68,4 +76,3 @@ def test_sigterm_drains_in_flight_and_refuses_new(demo_model, tmp_path):
     finally:
         frontend.stop()
         worker.stop()
-

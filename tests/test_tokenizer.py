@@ -20,8 +20,7 @@ from openjev.tokenizer import (
     write_tokenizer_json,
 )
 
-GOLDEN = json.loads(
-    (Path(__file__).parent / "contract" / "data" / "tokenization_cases.json").read_text())
+GOLDEN = json.loads((Path(__file__).parent / "contract" / "data" / "tokenization_cases.json").read_text())
 ACCEPTED = {"Qwen/Qwen3.8-27B", "open-jev-27b-v1.1"}
 
 
@@ -64,8 +63,14 @@ def test_golden_token_ids(prompt_tokenizer, index):
 
 def test_special_token_ids(prompt_tokenizer):
     tokenizer = prompt_tokenizer.tokenizer
-    expected = {"<|endoftext|>": 248044, "<|im_start|>": 248045, "<|im_end|>": 248046,
-                "<think>": 248068, "</think>": 248069, "<|audio_pad|>": 248076}
+    expected = {
+        "<|endoftext|>": 248044,
+        "<|im_start|>": 248045,
+        "<|im_end|>": 248046,
+        "<think>": 248068,
+        "</think>": 248069,
+        "<|audio_pad|>": 248076,
+    }
     for token, token_id in expected.items():
         assert tokenizer.token_to_id(token) == token_id
     assert tokenizer.get_vocab_size(with_added_tokens=True) == 248044 + 33
@@ -95,8 +100,10 @@ def test_batch_encoding_equals_one_by_one(prompt_tokenizer):
     prompts = [f"Context:\nstate {i}\n\nQuestion: q" + " é" * i for i in range(20)]
     batch = prompt_tokenizer.encode(prompts)
     tokenizer = prompt_tokenizer.tokenizer
-    one_by_one = [tokenizer.encode(chat_wrap(p, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX),
-                                   add_special_tokens=False).ids for p in prompts]
+    one_by_one = [
+        tokenizer.encode(chat_wrap(p, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX), add_special_tokens=False).ids
+        for p in prompts
+    ]
     assert batch == one_by_one
 
 
@@ -104,9 +111,19 @@ def _corpus(package_tokenizer, size: int) -> list[str]:
     """Deterministic text that exercises the pre-tokenizer and merges: scripts, marks, emoji,
     whitespace runs, punctuation runs, numbers, and decoded random vocabulary."""
     rng = random.Random(20261129)
-    pools = [range(0x20, 0x7F), range(0xA0, 0x250), range(0x300, 0x370), range(0x400, 0x500),
-             range(0x4E00, 0x5E00), range(0x3040, 0x3100), range(0xAC00, 0xAE00),
-             range(0x1F300, 0x1F650), range(0x600, 0x700), range(0x900, 0x980), range(0xE00, 0xE80)]
+    pools = [
+        range(0x20, 0x7F),
+        range(0xA0, 0x250),
+        range(0x300, 0x370),
+        range(0x400, 0x500),
+        range(0x4E00, 0x5E00),
+        range(0x3040, 0x3100),
+        range(0xAC00, 0xAE00),
+        range(0x1F300, 0x1F650),
+        range(0x600, 0x700),
+        range(0x900, 0x980),
+        range(0xE00, 0xE80),
+    ]
     runs = list("=-*#_~.!?/|+()[]{}'\"`^%$@&;:, \n\t") + ["\u3000", "\xa0", "\r\n", "。", "哈", "ab"]
     texts = []
     for _ in range(size):
@@ -151,8 +168,7 @@ def test_tokenizer_json_is_deterministic(tokenizer_json):
 
 def test_fingerprint(tokenizer_json, prompt_tokenizer):
     data = tokenizer_json.read_bytes()
-    assert prompt_tokenizer.fingerprint == tokenizer_fingerprint(
-        data, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
+    assert prompt_tokenizer.fingerprint == tokenizer_fingerprint(data, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
     assert len(prompt_tokenizer.fingerprint) == 64
     other = PromptTokenizer(tokenizer_json, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX + " ")
     assert other.fingerprint != prompt_tokenizer.fingerprint
@@ -161,8 +177,11 @@ def test_fingerprint(tokenizer_json, prompt_tokenizer):
 
 def test_from_export(tmp_path, tokenizer_json, prompt_tokenizer):
     (tmp_path / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
-    manifest = {"format": "open-jev-text-merged/1", "chat_prefix": DEFAULT_CHAT_PREFIX,
-                "chat_suffix": DEFAULT_CHAT_SUFFIX}
+    manifest = {
+        "format": "open-jev-text-merged/1",
+        "chat_prefix": DEFAULT_CHAT_PREFIX,
+        "chat_suffix": DEFAULT_CHAT_SUFFIX,
+    }
     (tmp_path / "open_jev_export.json").write_text(json.dumps(manifest))
     exported = PromptTokenizer.from_export(tmp_path)
     assert exported.fingerprint == prompt_tokenizer.fingerprint

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from openjev.bench import harness, report, workload
-from openjev.bench.main import render_saved, stratified
+from openjev.tools.bench import harness, report, workload
+from openjev.tools.bench.main import render_saved, stratified
 
-WORKLOAD = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "workload.jsonl"
+WORKLOAD = Path(__file__).resolve().parents[2] / "benchmarks" / "workload.jsonl"
 
 
 def _samples(cases, arm: str, seconds, blocks=(0, 1)) -> list[harness.Sample]:
@@ -21,7 +21,8 @@ def test_targets_on_the_whole_split():
     floors = {c.name: 0.050 for c in cases}
     results = harness.Results(
         _samples(cases, "ours-auto", lambda c, b: 0.055 if c.kind != "noul" else 0.030)
-        + _samples(cases, "transformers", lambda c, b: 0.700))
+        + _samples(cases, "transformers", lambda c, b: 0.700)
+    )
     text = "\n".join(report.targets(results, cases, "ours-auto", floors))
     mean = (0.055 * (len(cases) - 74) + 0.030 * 74) / len(cases)  # 74 noul requests in the split
     assert f"= {mean / 0.050:.2f}x | met |" in text
@@ -45,8 +46,15 @@ def test_targets_missed_and_split_weighted_estimate():
 def test_render_saved_leaves_out_early_blocks(tmp_path):
     cases = stratified(workload.read_jsonl(WORKLOAD), 1)
     slow_first = _samples(cases, "ours-auto", lambda c, b: 1.0 if b == 0 else 0.010)
-    saved = {"samples": [s.__dict__ for s in slow_first], "sweep": [], "floors": None, "header": "# test",
-             "tokens": {c.name: [10, 5] for c in cases}, "peak_memory_bytes": [], "ceilings": None}
+    saved = {
+        "samples": [s.__dict__ for s in slow_first],
+        "sweep": [],
+        "floors": None,
+        "header": "# test",
+        "tokens": {c.name: [10, 5] for c in cases},
+        "peak_memory_bytes": [],
+        "ceilings": None,
+    }
     (tmp_path / "results.json").write_text(json.dumps(saved))
     all_blocks = render_saved(tmp_path, cases)
     later = render_saved(tmp_path, cases, from_block=1, name="report-from-block1")

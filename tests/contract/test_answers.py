@@ -24,12 +24,10 @@ T = GOLDEN["temperature"]
 
 
 def compile_one(question):
-    return parse_request({"state": "s", "questions": {"q": question}},
-                         accepted_models=ACCEPTED).questions[0]
+    return parse_request({"state": "s", "questions": {"q": question}}, accepted_models=ACCEPTED).questions[0]
 
 
-CHOICE3 = compile_one({"type": "choice", "instructions": "x",
-                       "criteria": {"a": None, "b": "B", "c": None}})
+CHOICE3 = compile_one({"type": "choice", "instructions": "x", "criteria": {"a": None, "b": "B", "c": None}})
 SCORE3 = compile_one({"type": "score", "instructions": "x", "criteria": ["lo", {"m": 1}, "hi"]})
 NOUL = compile_one({"type": "noul", "instructions": "x"})
 
@@ -66,9 +64,18 @@ def test_golden_answers_are_exact():
 
 def test_answer_key_order():
     assert list(answer_from_probabilities(CHOICE3, [0.2, 0.3, 0.5])) == [
-        "type", "choice", "probabilities", "confidence"]
+        "type",
+        "choice",
+        "probabilities",
+        "confidence",
+    ]
     assert list(answer_from_probabilities(SCORE3, [0.2, 0.3, 0.5])) == [
-        "type", "score", "probabilities", "confidence", "legend"]
+        "type",
+        "score",
+        "probabilities",
+        "confidence",
+        "legend",
+    ]
     assert list(answer_from_probabilities(NOUL, [0.4, 0.6])) == ["type", "noul"]
 
 
@@ -87,8 +94,9 @@ def test_noul_extremes_do_not_overflow():
 
 def test_choice_with_one_candidate():
     one = compile_one({"type": "choice", "instructions": "x", "criteria": {"only": None}})
-    assert answers_from_scores([one], [[-123.0]], T) == {"q": {
-        "type": "choice", "choice": "only", "probabilities": {"only": 1.0}, "confidence": 1.0}}
+    assert answers_from_scores([one], [[-123.0]], T) == {
+        "q": {"type": "choice", "choice": "only", "probabilities": {"only": 1.0}, "confidence": 1.0}
+    }
 
 
 def test_choice_ties_go_to_the_first_key():
@@ -166,10 +174,16 @@ def test_score_counts_must_fit():
 
 
 def test_answers_follow_question_order():
-    request = parse_request({"state": "s", "questions": {
-        "z": {"type": "noul", "instructions": "x"},
-        "a": {"type": "choice", "instructions": "x", "criteria": {"k": None}},
-    }}, accepted_models=ACCEPTED)
+    request = parse_request(
+        {
+            "state": "s",
+            "questions": {
+                "z": {"type": "noul", "instructions": "x"},
+                "a": {"type": "choice", "instructions": "x", "criteria": {"k": None}},
+            },
+        },
+        accepted_models=ACCEPTED,
+    )
     assert list(answers_from_scores(request.questions, [[0.0], [0.0]], T)) == ["z", "a"]
 
 

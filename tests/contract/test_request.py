@@ -69,12 +69,20 @@ def test_golden_requests_compile_in_order():
 
 def test_prompt_text_of_each_kind():
     state = "A customer says: I was charged twice."
-    request = parse({"state": state, "questions": {
-        "route": {"type": "choice", "instructions": "Which team?",
-                  "criteria": {"billing": "Charges.", "other": None}},
-        "dup": {"type": "noul", "instructions": "Duplicate?"},
-        "urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["low", "high"]},
-    }})
+    request = parse(
+        {
+            "state": state,
+            "questions": {
+                "route": {
+                    "type": "choice",
+                    "instructions": "Which team?",
+                    "criteria": {"billing": "Charges.", "other": None},
+                },
+                "dup": {"type": "noul", "instructions": "Duplicate?"},
+                "urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["low", "high"]},
+            },
+        }
+    )
     head = f"Context:\n{state}\n\n"
     tail = "\nIs this proposed answer correct? Answer Yes or No."
     route, dup, urgency = request.questions
@@ -82,8 +90,7 @@ def test_prompt_text_of_each_kind():
         head + "Question: Which team?\nProposed answer: billing: Charges." + tail,
         head + "Question: Which team?\nProposed answer: other" + tail,
     )
-    assert dup.prompts == (
-        head + "Question: Duplicate?\nIs the answer to this question yes? Answer Yes or No.",)
+    assert dup.prompts == (head + "Question: Duplicate?\nIs the answer to this question yes? Answer Yes or No.",)
     assert urgency.prompts == (
         head + "Question: How urgent?\nProposed answer: low" + tail,
         head + "Question: How urgent?\nProposed answer: high" + tail,
@@ -91,21 +98,26 @@ def test_prompt_text_of_each_kind():
 
 
 def test_noul_descriptions_are_appended_to_the_instructions():
-    request = parse(one({"type": "noul", "instructions": "Refund?",
-                         "criteria": {"false": "keep it", "true": {"b": 1, "a": "é"}}}))
+    request = parse(
+        one({"type": "noul", "instructions": "Refund?", "criteria": {"false": "keep it", "true": {"b": 1, "a": "é"}}})
+    )
     assert request.questions[0].prompts == (
         'Context:\ns\n\nQuestion: Refund?\nYes means: {"a": "é", "b": 1}\nNo means: keep it\n'
-        "Is the answer to this question yes? Answer Yes or No.",)
+        "Is the answer to this question yes? Answer Yes or No.",
+    )
 
 
 def test_structured_state_instructions_and_levels_are_rendered():
-    request = parse({"state": {"z": [1, 1e16, -0.0], "a": "ü"}, "questions": {"q": {
-        "type": "score", "instructions": ["rate", 1e-05],
-        "criteria": [{"level": 0}, "high"]}}})
+    request = parse(
+        {
+            "state": {"z": [1, 1e16, -0.0], "a": "ü"},
+            "questions": {"q": {"type": "score", "instructions": ["rate", 1e-05], "criteria": [{"level": 0}, "high"]}},
+        }
+    )
     question = request.questions[0]
     assert question.prompts[0].startswith(
-        'Context:\n{"a": "ü", "z": [1, 1e+16, -0.0]}\n\nQuestion: ["rate", 1e-05]\n'
-        'Proposed answer: {"level": 0}\n')
+        'Context:\n{"a": "ü", "z": [1, 1e+16, -0.0]}\n\nQuestion: ["rate", 1e-05]\nProposed answer: {"level": 0}\n'
+    )
     assert question.legend == ({"level": 0}, "high")
 
 
@@ -151,20 +163,27 @@ def test_question_is_a_frozen_record():
 # --- one test per message ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("body", [
-    "{", "", "[1,]", '{"state": "x",}', "{'state': 'x'}",
-    '{"state": NaN, "questions": {}}',
-    '{"state": {"x": Infinity}, "questions": {}}',
-    '{"state": [-Infinity], "questions": {}}',
-    '{"state": [1e400], "questions": {}}',
-    '{"state": "x", "state": "y", "questions": {"q": {"type": "noul", "instructions": "x"}}}',
-    '{"state": {"a": 1, "a": 2}, "questions": {"q": {"type": "noul", "instructions": "x"}}}',
-    '{"state": "\\ud800", "questions": {"q": {"type": "noul", "instructions": "x"}}}',
-    '{"state": {"\\udfff": 1}, "questions": {"q": {"type": "noul", "instructions": "x"}}}',
-    '\ufeff{"state": "x", "questions": {"q": {"type": "noul", "instructions": "x"}}}',
-    '{"state": "a\nb", "questions": {"q": {"type": "noul", "instructions": "x"}}}',
-    b'{"state": "\xff", "questions": {"q": {"type": "noul", "instructions": "x"}}}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "{",
+        "",
+        "[1,]",
+        '{"state": "x",}',
+        "{'state': 'x'}",
+        '{"state": NaN, "questions": {}}',
+        '{"state": {"x": Infinity}, "questions": {}}',
+        '{"state": [-Infinity], "questions": {}}',
+        '{"state": [1e400], "questions": {}}',
+        '{"state": "x", "state": "y", "questions": {"q": {"type": "noul", "instructions": "x"}}}',
+        '{"state": {"a": 1, "a": 2}, "questions": {"q": {"type": "noul", "instructions": "x"}}}',
+        '{"state": "\\ud800", "questions": {"q": {"type": "noul", "instructions": "x"}}}',
+        '{"state": {"\\udfff": 1}, "questions": {"q": {"type": "noul", "instructions": "x"}}}',
+        '\ufeff{"state": "x", "questions": {"q": {"type": "noul", "instructions": "x"}}}',
+        '{"state": "a\nb", "questions": {"q": {"type": "noul", "instructions": "x"}}}',
+        b'{"state": "\xff", "questions": {"q": {"type": "noul", "instructions": "x"}}}',
+    ],
+)
 def test_invalid_json(body):
     with pytest.raises(ContractError) as caught:
         parse_request_json(body, accepted_models=ACCEPTED)
@@ -173,24 +192,30 @@ def test_invalid_json(body):
 
 def test_valid_json_details():
     pair = parse_request_json(
-        '{"state": "\\ud83d\\ude00 \\\\ud800", "questions": {"q": {"type": "noul", '
-        '"instructions": "x"}}}', accepted_models=ACCEPTED)
-    assert pair.questions[0].prompts[0].startswith("Context:\n\U0001F600 \\ud800\n")
+        '{"state": "\\ud83d\\ude00 \\\\ud800", "questions": {"q": {"type": "noul", "instructions": "x"}}}',
+        accepted_models=ACCEPTED,
+    )
+    assert pair.questions[0].prompts[0].startswith("Context:\n\U0001f600 \\ud800\n")
     utf8 = parse_request_json(
-        '{"state": "é", "questions": {"q": {"type": "noul", "instructions": "x"}}}'.encode(),
-        accepted_models=ACCEPTED)
+        '{"state": "é", "questions": {"q": {"type": "noul", "instructions": "x"}}}'.encode(), accepted_models=ACCEPTED
+    )
     assert utf8.questions[0].prompts[0].startswith("Context:\né\n")
     big = parse_request_json(
         '{"state": [123456789012345678901234567890, -0, 1.0, 1E2], '
-        '"questions": {"q": {"type": "noul", "instructions": "x"}}}', accepted_models=ACCEPTED)
-    assert big.questions[0].prompts[0].startswith(
-        "Context:\n[123456789012345678901234567890, 0, 1.0, 100.0]\n")
+        '"questions": {"q": {"type": "noul", "instructions": "x"}}}',
+        accepted_models=ACCEPTED,
+    )
+    assert big.questions[0].prompts[0].startswith("Context:\n[123456789012345678901234567890, 0, 1.0, 100.0]\n")
 
 
 def test_nesting_limit():
     def body(depth):
-        return ('{"state": ' + "[" * (depth - 1) + "]" * (depth - 1)
-                + ', "questions": {"q": {"type": "noul", "instructions": "x"}}}')
+        return (
+            '{"state": '
+            + "[" * (depth - 1)
+            + "]" * (depth - 1)
+            + ', "questions": {"q": {"type": "noul", "instructions": "x"}}}'
+        )
 
     assert parse_request_json(body(MAX_JSON_DEPTH), accepted_models=ACCEPTED)
     for depth in (MAX_JSON_DEPTH + 1, 100_000):
@@ -199,9 +224,19 @@ def test_nesting_limit():
         assert caught.value.message == errors.INVALID_JSON
 
 
-@pytest.mark.parametrize("value", [
-    float("nan"), float("inf"), {1: "x"}, ("tuple",), b"bytes", {"\ud800": 1}, "\udc00", {1.5},
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        float("nan"),
+        float("inf"),
+        {1: "x"},
+        ("tuple",),
+        b"bytes",
+        {"\ud800": 1},
+        "\udc00",
+        {1.5},
+    ],
+)
 def test_parsed_objects_get_the_same_value_checks(value):
     with pytest.raises(ContractError) as caught:
         check_json_value({"state": value})
@@ -236,8 +271,7 @@ def test_request_requires_state():
 
 @pytest.mark.parametrize("state", [None, 12, 1.5, True, False])
 def test_state_type(state):
-    rejected({"state": state, "questions": {"q": NOUL}},
-             "state must be text, a JSON object, or an array")
+    rejected({"state": state, "questions": {"q": NOUL}}, "state must be text, a JSON object, or an array")
 
 
 @pytest.mark.parametrize("questions", [[], ["q"], "q", None, 1, "missing"])
@@ -258,20 +292,23 @@ def test_question_definition_must_be_an_object(definition):
     rejected(one(definition), "question definition must be an object")
 
 
-@pytest.mark.parametrize("question", [
-    {"type": "noul"},
-    {"type": "noul", "instructions": None},
-    {"type": "noul", "instructions": 3},
-    {"type": "noul", "instructions": True},
-    {"type": "bogus"},  # instructions are checked before the type
-    {"instructions": 1.5},
-    {"type": "choice", "instructions": "x", "criteria": {"a": "fine", "b": 4}},
-    {"type": "choice", "instructions": "x", "criteria": {"a": False}},
-    {"type": "score", "instructions": "x", "criteria": ["low", None]},
-    {"type": "score", "instructions": "x", "criteria": [0, 1, 2]},
-    {"type": "noul", "instructions": "x", "criteria": {"true": None, "false": "no"}},
-    {"type": "noul", "instructions": "x", "criteria": {"true": "yes", "false": 0}},
-])
+@pytest.mark.parametrize(
+    "question",
+    [
+        {"type": "noul"},
+        {"type": "noul", "instructions": None},
+        {"type": "noul", "instructions": 3},
+        {"type": "noul", "instructions": True},
+        {"type": "bogus"},  # instructions are checked before the type
+        {"instructions": 1.5},
+        {"type": "choice", "instructions": "x", "criteria": {"a": "fine", "b": 4}},
+        {"type": "choice", "instructions": "x", "criteria": {"a": False}},
+        {"type": "score", "instructions": "x", "criteria": ["low", None]},
+        {"type": "score", "instructions": "x", "criteria": [0, 1, 2]},
+        {"type": "noul", "instructions": "x", "criteria": {"true": None, "false": "no"}},
+        {"type": "noul", "instructions": "x", "criteria": {"true": "yes", "false": 0}},
+    ],
+)
 def test_instructions_and_descriptions_type(question):
     rejected(one(question), "instructions and descriptions must be text, an object, or an array")
 
@@ -286,15 +323,16 @@ def test_choice_requires_an_object(criteria):
 
 @pytest.mark.parametrize("size", [0, 256])
 def test_choice_candidate_count(size):
-    question = {"type": "choice", "instructions": "x",
-                "criteria": {f"k{i}": None for i in range(size)}}
+    question = {"type": "choice", "instructions": "x", "criteria": {f"k{i}": None for i in range(size)}}
     rejected(one(question), "Choice requires between 1 and 255 candidates")
 
 
 def test_choice_count_is_checked_before_descriptions():
     criteria = {f"k{i}": 5 for i in range(256)}
-    rejected(one({"type": "choice", "instructions": "x", "criteria": criteria}),
-             "Choice requires between 1 and 255 candidates")
+    rejected(
+        one({"type": "choice", "instructions": "x", "criteria": criteria}),
+        "Choice requires between 1 and 255 candidates",
+    )
 
 
 @pytest.mark.parametrize("criteria", ["missing", None, {"0": "low"}, "low", 2])
@@ -307,24 +345,31 @@ def test_score_requires_an_array(criteria):
 
 @pytest.mark.parametrize("levels", [0, 1, 11])
 def test_score_level_count(levels):
-    rejected(one({"type": "score", "instructions": "x", "criteria": ["l"] * levels}),
-             "Score requires 2 to 10 descriptive levels")
+    rejected(
+        one({"type": "score", "instructions": "x", "criteria": ["l"] * levels}),
+        "Score requires 2 to 10 descriptive levels",
+    )
 
 
-@pytest.mark.parametrize("criteria", [
-    {"true": "yes"},
-    {"false": "no"},
-    {},
-    {"true": "yes", "false": "no", "maybe": "?"},
-    {"True": "yes", "false": "no"},
-    ["yes", "no"],
-    "yes",
-    0,
-    False,
-])
+@pytest.mark.parametrize(
+    "criteria",
+    [
+        {"true": "yes"},
+        {"false": "no"},
+        {},
+        {"true": "yes", "false": "no", "maybe": "?"},
+        {"True": "yes", "false": "no"},
+        ["yes", "no"],
+        "yes",
+        0,
+        False,
+    ],
+)
 def test_noul_criteria(criteria):
-    rejected(one({"type": "noul", "instructions": "x", "criteria": criteria}),
-             "Noul criteria must contain true and false descriptions")
+    rejected(
+        one({"type": "noul", "instructions": "x", "criteria": criteria}),
+        "Noul criteria must contain true and false descriptions",
+    )
 
 
 def test_noul_criteria_null_means_none():
@@ -358,8 +403,7 @@ def test_default_candidate_limit_is_65536():
 
 @pytest.mark.parametrize("policy", ["OFF", "none", "", 1, True, ["off"]])
 def test_prefix_policy_values(policy):
-    rejected({**one(NOUL), "prefix_policy": policy},
-             "prefix_policy must be off, default, shared, fixed or auto")
+    rejected({**one(NOUL), "prefix_policy": policy}, "prefix_policy must be off, default, shared, fixed or auto")
 
 
 # --- order ------------------------------------------------------------------------------------
@@ -375,11 +419,14 @@ def test_order_of_the_request_level_checks():
 
 
 def test_questions_are_checked_in_order():
-    body = {"state": "s", "questions": {
-        "ok": NOUL,
-        "bad_type": {"type": "x", "instructions": "x"},
-        "bad_definition": None,
-    }}
+    body = {
+        "state": "s",
+        "questions": {
+            "ok": NOUL,
+            "bad_type": {"type": "x", "instructions": "x"},
+            "bad_definition": None,
+        },
+    }
     rejected(body, errors.QUESTION_TYPE)
 
 
@@ -394,15 +441,12 @@ def test_candidate_limit_is_checked_after_each_question():
     # Like the reference: once the running count is over the limit, later questions are not
     # looked at; a malformed question before that point is reported first.
     choice = {"type": "choice", "instructions": "x", "criteria": {"a": None, "b": None}}
-    rejected({"state": "s", "questions": {"c": choice, "bad": None}},
-             errors.CANDIDATE_LIMIT, max_candidates=1)
-    rejected({"state": "s", "questions": {"bad": None, "c": choice}},
-             errors.QUESTION_DEFINITION, max_candidates=1)
+    rejected({"state": "s", "questions": {"c": choice, "bad": None}}, errors.CANDIDATE_LIMIT, max_candidates=1)
+    rejected({"state": "s", "questions": {"bad": None, "c": choice}}, errors.QUESTION_DEFINITION, max_candidates=1)
 
 
 def test_prefix_policy_is_checked_after_the_reference_checks():
-    rejected({**one({"type": "x", "instructions": "x"}), "prefix_policy": "bad"},
-             errors.QUESTION_TYPE)
+    rejected({**one({"type": "x", "instructions": "x"}), "prefix_policy": "bad"}, errors.QUESTION_TYPE)
     rejected({**one(NOUL), "prefix_policy": "bad"}, errors.CANDIDATE_LIMIT, max_candidates=0)
     rejected({"model": "other", **one(NOUL), "prefix_policy": "bad"}, errors.MODEL_NOT_LOADED)
 
@@ -420,6 +464,5 @@ def test_subclasses_of_json_types_are_accepted():
     class Level(IntEnum):
         LOW = 1
 
-    request = parse(OrderedDict(state=OrderedDict(b=Level.LOW, a=[True, None, 2.5]),
-                                questions={"q": NOUL}))
+    request = parse(OrderedDict(state=OrderedDict(b=Level.LOW, a=[True, None, 2.5]), questions={"q": NOUL}))
     assert request.questions[0].prompts[0].startswith('Context:\n{"a": [true, null, 2.5], "b": 1}\n')

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from openjev import launch
 from openjev.config import env_name
 from openjev.frontend.main import parser as frontend_parser
 from openjev.frontend.worker_targets import parse_worker_targets
+from openjev.tools import launch
 from openjev.worker.main import parser as worker_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,7 +77,13 @@ def test_compose_brings_up_worker_then_frontend_healthy():
         for service, module in ((f, launch.FRONTEND_MODULE), (w, launch.WORKER_MODULE)):
             assert set(service["environment"]) <= env_vars(module)
             listen_port = service["environment"]["OPENJEV_LISTEN"].rsplit(":", 1)[1]
-            assert service["healthcheck"]["test"] == ["CMD", "python", "-m", "openjev.healthcheck", f"127.0.0.1:{listen_port}"]
+            assert service["healthcheck"]["test"] == [
+                "CMD",
+                "python",
+                "-m",
+                "openjev.healthcheck",
+                f"127.0.0.1:{listen_port}",
+            ]
             assert service["build"]["dockerfile"] in ("deploy/worker.Dockerfile", "deploy/frontend.Dockerfile")
             assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).exists()
             assert any(v.endswith(":/models/open-jev:ro") for v in service["volumes"]), "model mount read-only"
@@ -93,9 +99,12 @@ def test_compose_gpu_reservation_and_cpu_demo_profile():
     devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"
     assert "deploy" not in services["worker-cpu"]
-    assert services["worker-cpu"]["environment"]["OPENJEV_BACKEND"] in worker_parser()._option_string_actions["--backend"].choices
+    assert (
+        services["worker-cpu"]["environment"]["OPENJEV_BACKEND"]
+        in worker_parser()._option_string_actions["--backend"].choices
+    )
     builder = services["demo-model"]
-    assert builder["entrypoint"] == ["python", "-m", "openjev.demo_model"]
+    assert builder["entrypoint"] == ["python", "-m", "openjev.tools.demo_model"]
     assert services["worker-cpu"]["depends_on"] == {"demo-model": {"condition": "service_completed_successfully"}}
     assert (DEPLOY / ".env").read_text().count("COMPOSE_PROFILES=gpu") == 1
     extra = yaml.safe_load((DEPLOY / "docker-compose.gpus.yml").read_text())["services"]
@@ -141,9 +150,14 @@ def test_compose_commands_parse():
 def test_healthcheck_command_against_real_servers(pair):
     """The exact command the images' health checks run: 0 when SERVING, 1 when not."""
     for address in (pair.worker.address, pair.frontend.address):
-        ok = subprocess.run([sys.executable, "-m", "openjev.healthcheck", address], capture_output=True,
-                            text=True, timeout=60)
+        ok = subprocess.run(
+            [sys.executable, "-m", "openjev.healthcheck", address], capture_output=True, text=True, timeout=60
+        )
         assert (ok.returncode, ok.stdout.strip()) == (0, "SERVING"), ok.stderr
-    down = subprocess.run([sys.executable, "-m", "openjev.healthcheck", f"127.0.0.1:{launch.free_port()}",
-                           "--timeout", "0.5"], capture_output=True, text=True, timeout=60)
+    down = subprocess.run(
+        [sys.executable, "-m", "openjev.healthcheck", f"127.0.0.1:{launch.free_port()}", "--timeout", "0.5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert down.returncode == 1

@@ -14,8 +14,7 @@ from openjev.contract.request import parse_request
 from openjev.frontend.batches import TokenizedCandidate, iter_candidate_batches, tokenize_request
 from openjev.tokenizer import PromptTokenizer, write_tokenizer_json
 
-GOLDEN = json.loads((Path(__file__).parents[1] / "contract" / "data"
-                     / "tokenization_cases.json").read_text())
+GOLDEN = json.loads((Path(__file__).parents[1] / "contract" / "data" / "tokenization_cases.json").read_text())
 ACCEPTED = {"Qwen/Qwen3.8-27B", "open-jev-27b-v1.1"}
 
 
@@ -38,7 +37,14 @@ def test_batches_cover_every_candidate_in_order(tokenizer, batch_size):
     assert all(len(batch) == batch_size for batch in batches[:-1])
     flat = [candidate for batch in batches for candidate in batch]
     assert [(c.question_index, c.candidate_index) for c in flat] == [
-        (0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 1), (2, 2)]
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (1, 0),
+        (2, 0),
+        (2, 1),
+        (2, 2),
+    ]
     ids = GOLDEN["cases"][0]["ids"]
     assert all(c.token_ids == ids[c.question_index][c.candidate_index] for c in flat)
     assert all(isinstance(c, TokenizedCandidate) for c in flat)
@@ -71,8 +77,7 @@ def test_too_long_candidate_is_an_error_never_truncated(tokenizer):
     assert lengths == [[80, 76, 77], [66], [82, 80, 78]]
     with pytest.raises(ContractError) as caught:
         list(iter_candidate_batches(request, tokenizer, 79))
-    assert caught.value.message == (
-        "question route: 80 tokens exceeds max_length=79; no silent truncation")
+    assert caught.value.message == ("question route: 80 tokens exceeds max_length=79; no silent truncation")
     assert caught.value.message == errors.too_long_message("route", 80, 79)
     assert len(tokenize_request(request, tokenizer, 82)[2][0]) == 82  # exactly max_length is fine
 
@@ -84,8 +89,7 @@ def test_first_too_long_candidate_in_order_is_reported(tokenizer):
     assert len(next(stream)) == 2 and len(next(stream)) == 2
     with pytest.raises(ContractError) as caught:
         next(stream)
-    assert caught.value.message == (
-        "question urgency: 82 tokens exceeds max_length=81; no silent truncation")
+    assert caught.value.message == ("question urgency: 82 tokens exceeds max_length=81; no silent truncation")
 
 
 def test_nothing_is_returned_for_a_too_long_request(tokenizer):

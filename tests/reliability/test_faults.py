@@ -16,19 +16,26 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from openjev import abi, launch
+from openjev import abi
 from openjev.client import Client
-from openjev.soak import comparable, log_events
+from openjev.tools import launch
+from openjev.tools.soak import comparable, log_events
 from openjev.v1 import decision_pb2 as api
 from openjev.worker.runner_api import SegmentResult
 from openjev.worker.v1 import worker_pb2 as wire
 from openjev.worker.v1 import worker_pb2_grpc
 
-SMALL = {"state": "A customer says: I was charged twice.",
-         "questions": {"route": {"type": "choice", "instructions": "Team?", "criteria": {"billing": None, "hr": None}},
-                       "urgent": {"type": "noul", "instructions": "Urgent?"}}}
-LONG = {"state": "word " * 2000,
-        "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(16)}}}}
+SMALL = {
+    "state": "A customer says: I was charged twice.",
+    "questions": {
+        "route": {"type": "choice", "instructions": "Team?", "criteria": {"billing": None, "hr": None}},
+        "urgent": {"type": "noul", "instructions": "Urgent?"},
+    },
+}
+LONG = {
+    "state": "word " * 2000,
+    "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(16)}}},
+}
 
 
 def test_worker_killed_mid_request_is_unavailable_and_frontend_recovers(demo_model, tmp_path):
@@ -41,7 +48,8 @@ def test_worker_killed_mid_request_is_unavailable_and_frontend_recovers(demo_mod
         with Client(frontend.address) as client:
             before = comparable(client.decide(SMALL, timeout=60))
             future = client.stub.Decide.future(  # policy off: ~8 s of work, no shared prefix
-                api.DecideRequest(request_json=json.dumps(LONG), prefix_policy=api.PREFIX_POLICY_OFF), timeout=60)
+                api.DecideRequest(request_json=json.dumps(LONG), prefix_policy=api.PREFIX_POLICY_OFF), timeout=60
+            )
             time.sleep(1.0)
             worker.kill()
             killed_at = time.monotonic()
@@ -138,11 +146,32 @@ def bad_worker(demo_model, tmp_path_factory):
 
     meta = load_export_meta(demo_model)
     fingerprint = PromptTokenizer.from_export(demo_model).fingerprint
-    describe = wire.DescribeResponse(abi_version=abi.ABI_VERSION, model_id=meta.model_id, checkpoint_revision="fake",
-                                     temperature=meta.temperature, max_length=meta.max_length,
-                                     tokenizer_fingerprint=fingerprint, backend="fake")
-    identity = WorkerIdentity(meta.model_id, meta.alias, "fake", meta.temperature, meta.max_length, 10**6, fingerprint,
-                              "torch", "off", 4096, 65536, 16, 16, 4096, 4)
+    describe = wire.DescribeResponse(
+        abi_version=abi.ABI_VERSION,
+        model_id=meta.model_id,
+        checkpoint_revision="fake",
+        temperature=meta.temperature,
+        max_length=meta.max_length,
+        tokenizer_fingerprint=fingerprint,
+        backend="fake",
+    )
+    identity = WorkerIdentity(
+        meta.model_id,
+        meta.alias,
+        "fake",
+        meta.temperature,
+        meta.max_length,
+        10**6,
+        fingerprint,
+        "torch",
+        "off",
+        4096,
+        65536,
+        16,
+        16,
+        4096,
+        4,
+    )
     runner = _FaultyRunner()
     real = WorkerServicer(Engine(runner), identity, AdmissionQueue(4))
     fake = _BadWorker(describe, real)
@@ -160,21 +189,24 @@ def bad_worker(demo_model, tmp_path_factory):
     server.stop(0)
 
 
-@pytest.mark.parametrize("mode,reason", [
-    ("nan", "invalid probabilities for question route"),
-    ("inf", "invalid probabilities for question route"),
-    ("count", "invalid probabilities for question route"),
-    ("sum", "invalid probabilities for question route"),
-    ("negative", "invalid probabilities for question route"),
-    ("out_of_range", "twice or out of range"),
-    ("twice", "twice or out of range"),
-    ("missing", "without a complete result"),
-    ("no_summary", "without a complete result"),
-    ("abort", "worker: something odd"),
-    ("runner:nan_score", "non-finite head score"),
-    ("runner:raise", "illegal memory access"),
-    ("runner:short", "results for"),
-])
+@pytest.mark.parametrize(
+    "mode,reason",
+    [
+        ("nan", "invalid probabilities for question route"),
+        ("inf", "invalid probabilities for question route"),
+        ("count", "invalid probabilities for question route"),
+        ("sum", "invalid probabilities for question route"),
+        ("negative", "invalid probabilities for question route"),
+        ("out_of_range", "twice or out of range"),
+        ("twice", "twice or out of range"),
+        ("missing", "without a complete result"),
+        ("no_summary", "without a complete result"),
+        ("abort", "worker: something odd"),
+        ("runner:nan_score", "non-finite head score"),
+        ("runner:raise", "illegal memory access"),
+        ("runner:short", "results for"),
+    ],
+)
 def test_malformed_or_non_finite_worker_result_is_internal(bad_worker, mode, reason):
     fake, runner, frontend = bad_worker
     fake.mode = mode
@@ -206,7 +238,10 @@ def _variant(demo_model: Path, root: Path, name: str, damage) -> Path:
 CORRUPTIONS = {
     "truncated": (lambda b: b[: len(b) // 2], "model.safetensors: truncated safetensors file"),
     "no header": (lambda b: b[:5], "model.safetensors: truncated safetensors file (no header)"),
-    "header past end": (lambda b: (2**40).to_bytes(8, "little") + b[8:], "model.safetensors: truncated safetensors file"),
+    "header past end": (
+        lambda b: (2**40).to_bytes(8, "little") + b[8:],
+        "model.safetensors: truncated safetensors file",
+    ),
     "garbled header": (lambda b: b[:8] + b"\xff" * 64 + b[72:], "model.safetensors: safetensors header is not JSON"),
 }
 
@@ -215,8 +250,12 @@ CORRUPTIONS = {
 def test_corrupt_checkpoint_is_refused_at_start_naming_the_file(demo_model, tmp_path, name):
     damage, message = CORRUPTIONS[name]
     model = _variant(demo_model, tmp_path, name.replace(" ", "-"), damage)
-    out = subprocess.run([sys.executable, "-m", launch.WORKER_MODULE, "--model", str(model), "--listen", "127.0.0.1:0"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", launch.WORKER_MODULE, "--model", str(model), "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0
     assert message in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
 
@@ -228,7 +267,13 @@ def test_corrupt_export_metadata_is_refused_by_both_servers(demo_model, tmp_path
     text = (model / "open_jev_export.json").read_text()
     (model / "open_jev_export.json").write_text(text[: len(text) // 2])
     for module in (launch.WORKER_MODULE, launch.FRONTEND_MODULE):
-        out = subprocess.run([sys.executable, "-m", module, "--model", str(model), "--listen", "127.0.0.1:0"],
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", module, "--model", str(model), "--listen", "127.0.0.1:0"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode != 0
-        assert "open_jev_export.json: not readable JSON" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert "open_jev_export.json: not readable JSON" in out.stderr and "Traceback" not in out.stderr, out.stderr[
+            -2000:
+        ]

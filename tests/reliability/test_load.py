@@ -5,13 +5,20 @@ log line per request id), and memory stays steady."""
 
 from __future__ import annotations
 
-from openjev import soak
+from openjev.tools import soak
 
 
 def test_concurrent_mixed_load_has_no_cross_talk_or_loss(pair):
-    report = soak.run_load(pair.frontend.address, clients=6, requests=120, duration=45, invalid_fraction=0.3, seed=1,
-                           pids={"worker": pair.worker.popen.pid, "frontend": pair.frontend.popen.pid},
-                           frontend_log=pair.frontend.log_path)
+    report = soak.run_load(
+        pair.frontend.address,
+        clients=6,
+        requests=120,
+        duration=45,
+        invalid_fraction=0.3,
+        seed=1,
+        pids={"worker": pair.worker.popen.pid, "frontend": pair.frontend.popen.pid},
+        frontend_log=pair.frontend.log_path,
+    )
     print(soak.format_report(report))
     assert soak.failures(report) == []
     assert report.requests == 120 and report.lost == 0 and report.mismatches == 0

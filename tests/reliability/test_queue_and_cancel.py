@@ -14,11 +14,13 @@ import grpc
 import pytest
 
 from openjev.client import Client
-from openjev.soak import log_events, rss_bytes
+from openjev.tools.soak import log_events, rss_bytes
 from openjev.v1 import decision_pb2 as api
 
-LONG = {"state": "word " * 2000,
-        "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(16)}}}}
+LONG = {
+    "state": "word " * 2000,
+    "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(16)}}},
+}
 SMALL = {"state": "hi", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
 LONG_SECONDS = 6.0  # well under the ~8 s the long request takes
 
@@ -30,8 +32,11 @@ def rid(tag: str) -> str:
 def send(stub, body, request_id, timeout=60.0):
     import json
 
-    return stub.Decide.future(api.DecideRequest(request_json=json.dumps(body), prefix_policy=api.PREFIX_POLICY_OFF),
-                              timeout=timeout, metadata=[("x-request-id", request_id)])
+    return stub.Decide.future(
+        api.DecideRequest(request_json=json.dumps(body), prefix_policy=api.PREFIX_POLICY_OFF),
+        timeout=timeout,
+        metadata=[("x-request-id", request_id)],
+    )
 
 
 def worker_line(worker, request_id, timeout=10.0) -> dict:
@@ -178,8 +183,9 @@ def test_cancelled_or_failed_request_frees_its_states(demo_model):
         launches[0], recording.fail_at = 0, fail_at
         refs.clear()
         with pytest.raises(expected):
-            queue.run(lambda: engine.execute(work, temperature=1.0, policy="shared", should_stop=stop),
-                      is_active=lambda: True)
+            queue.run(
+                lambda: engine.execute(work, temperature=1.0, policy="shared", should_stop=stop), is_active=lambda: True
+            )
         gc.collect()
         assert refs and not [r for r in refs if r() is not None]
     queue.close()

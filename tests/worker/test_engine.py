@@ -23,7 +23,7 @@ TEMPERATURE = 2.5
 @pytest.fixture(scope="module")
 def torch_runner(tmp_path_factory):
     """The demo export's weights without the tokenizer: the engine never tokenizes."""
-    from openjev.demo_model import build_demo_model
+    from openjev.tools.demo_model import build_demo_model
     from openjev.worker.model.runner import TorchRunner
 
     export = build_demo_model(tmp_path_factory.mktemp("engine") / "demo", seed=0, with_tokenizer=False)
@@ -58,8 +58,13 @@ class RecordingRunner:
             raise RuntimeError("device fell over")
         self.launches.append([len(run.token_ids) for run in runs])  # not the runs: they hold states
         unboxed = [
-            type(run)(run.token_ids, run.start_position, None if run.parent_state is None else run.parent_state.inner,
-                      run.keep_state, run.read_head)
+            type(run)(
+                run.token_ids,
+                run.start_position,
+                None if run.parent_state is None else run.parent_state.inner,
+                run.keep_state,
+                run.read_head,
+            )
             for run in runs
         ]
         results = []
@@ -95,11 +100,18 @@ def test_every_policy_matches_off(torch_runner, policy):
     plan = plan_request([q.candidates for q in questions], policy, PackLimits(), CPU_COST_MODEL)
     assert isinstance(got, ExecutionResult)
     assert (got.policy, got.executed_policy, got.scope, got.enabled) == (
-        policy, plan.executed_policy, plan.scope, plan.enabled)
+        policy,
+        plan.executed_policy,
+        plan.scope,
+        plan.enabled,
+    )
     assert (got.num_saved_tokens, got.num_computed_tokens, got.num_submitted_tokens, got.num_launches) == (
-        plan.num_saved_tokens, plan.num_computed_tokens, plan.num_submitted_tokens, plan.num_launches)
-    assert got.num_submitted_tokens == off.num_submitted_tokens == sum(
-        len(c) for q in questions for c in q.candidates)
+        plan.num_saved_tokens,
+        plan.num_computed_tokens,
+        plan.num_submitted_tokens,
+        plan.num_launches,
+    )
+    assert got.num_submitted_tokens == off.num_submitted_tokens == sum(len(c) for q in questions for c in q.candidates)
     assert [len(s) for s in got.head_scores] == [3, 1, 3]
     assert [len(p) for p in got.probabilities] == [3, 2, 3]  # noul: [p_no, p_yes]
     for a, b in zip(got.head_scores, off.head_scores):
@@ -113,7 +125,11 @@ def test_every_policy_matches_off(torch_runner, policy):
 def test_default_policy_of_the_engine_is_used(torch_runner):
     questions = shared_context_request()
     result = Engine(torch_runner, default_policy="shared").execute(questions, temperature=TEMPERATURE)
-    assert (result.policy, result.scope, result.num_saved_tokens) == ("shared", "across_questions", 2 * 300 + 2 * 305 + 2 * 307)
+    assert (result.policy, result.scope, result.num_saved_tokens) == (
+        "shared",
+        "across_questions",
+        2 * 300 + 2 * 305 + 2 * 307,
+    )
     with pytest.raises(ValueError):
         Engine(torch_runner, default_policy="sometimes")
 

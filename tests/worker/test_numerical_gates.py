@@ -43,19 +43,27 @@ def state(rng: random.Random, num_words: int):
         return words(rng, num_words)
     if shape == "array":
         return [words(rng, 8) for _ in range(max(1, num_words // 8))]
-    return {f"field_{i}": rng.choice([words(rng, 8), rng.randint(-99, 99), rng.random(), None, True])
-            for i in range(max(1, num_words // 8))}
+    return {
+        f"field_{i}": rng.choice([words(rng, 8), rng.randint(-99, 99), rng.random(), None, True])
+        for i in range(max(1, num_words // 8))
+    }
 
 
 def question(rng: random.Random, kind: str, num_options: int | None = None) -> dict:
     if kind == "choice":
         n = num_options or rng.randint(2, 6)
-        criteria = {f"option_{i}_{rng.choice(WORDS)}": (None if rng.random() < 0.2 else words(rng, rng.randint(2, 10)))
-                    for i in range(n)}
+        criteria = {
+            f"option_{i}_{rng.choice(WORDS)}": (None if rng.random() < 0.2 else words(rng, rng.randint(2, 10)))
+            for i in range(n)
+        }
         return {"type": "choice", "instructions": words(rng, rng.randint(4, 14)) + "?", "criteria": criteria}
     if kind == "score":
         n = num_options or rng.randint(2, 10)
-        return {"type": "score", "instructions": words(rng, 8), "criteria": [words(rng, rng.randint(3, 9)) for _ in range(n)]}
+        return {
+            "type": "score",
+            "instructions": words(rng, 8),
+            "criteria": [words(rng, rng.randint(3, 9)) for _ in range(n)],
+        }
     q = {"type": "noul", "instructions": words(rng, rng.randint(4, 14)) + "?"}
     if rng.random() < 0.5:
         q["criteria"] = {"true": words(rng, 5), "false": words(rng, 5)}
@@ -102,8 +110,9 @@ def work(demo_model) -> list[tuple[str, list[QuestionWork]]]:
     requests = []
     for name, obj in corpus():
         compiled = parse_request(obj, accepted_models=())
-        requests.append((name, [QuestionWork(q.kind, tuple(map(tuple, tokenizer.encode(q.prompts))))
-                                for q in compiled.questions]))
+        requests.append(
+            (name, [QuestionWork(q.kind, tuple(map(tuple, tokenizer.encode(q.prompts)))) for q in compiled.questions])
+        )
     return requests
 
 
@@ -124,8 +133,9 @@ def results(work, runner):
     def of(policy: str) -> list[ExecutionResult]:
         if policy not in cache:
             # Any exception here fails the gate: "zero failures".
-            cache[policy] = [engine.execute(questions, temperature=runner.meta.temperature, policy=policy)
-                             for _, questions in work]
+            cache[policy] = [
+                engine.execute(questions, temperature=runner.meta.temperature, policy=policy) for _, questions in work
+            ]
         return cache[policy]
 
     return of

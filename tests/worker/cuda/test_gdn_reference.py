@@ -31,14 +31,16 @@ def test_parent_and_child_equal_the_whole(split):
     exp_o, _ = ops.gated_delta_rule_recurrent(qn.repeat_interleave(2, 1), kn.repeat_interleave(2, 1), v, g, beta, None)
     torch.testing.assert_close(whole_o, exp_o, rtol=1e-4, atol=1e-5)
     par = slice(0, split)
-    _, par_f, par_t = ref.gdn_chunked_packed(qn[par], kn[par], v[par], g[par], beta[par],
-                                             torch.tensor([0, split]), pos[par])
+    _, par_f, par_t = ref.gdn_chunked_packed(
+        qn[par], kn[par], v[par], g[par], beta[par], torch.tensor([0, split]), pos[par]
+    )
     assert par_t[0].shape[0] == split % 64
     tail_in = torch.full((1, 64, par_t[0].shape[1]), float("nan"))  # rows past the tail are never read
     tail_in[0, : split % 64] = par_t[0]
     rest = slice(split, T)
-    c_o, c_f, c_t = ref.gdn_chunked_packed(qn[rest], kn[rest], v[rest], g[rest], beta[rest],
-                                           torch.tensor([0, T - split]), pos[rest], par_f, tail_in)
+    c_o, c_f, c_t = ref.gdn_chunked_packed(
+        qn[rest], kn[rest], v[rest], g[rest], beta[rest], torch.tensor([0, T - split]), pos[rest], par_f, tail_in
+    )
     torch.testing.assert_close(c_o, whole_o[split:], rtol=0, atol=0)
     torch.testing.assert_close(c_f, whole_f, rtol=0, atol=0)
     torch.testing.assert_close(c_t[0], whole_t[0], rtol=0, atol=0)

@@ -35,9 +35,17 @@ def twin(runner, size: int, capture_after: int = 1):
     """A runner on the same weights with a graph cache of `size`."""
     from openjev.worker.cuda.runner import CudaRunner
 
-    return CudaRunner(runner.config, runner.embed, runner.layers, runner.final_norm, runner.head_weight,
-                      runner.head_bias, graph_cache_size=size, graph_capture_after=capture_after,
-                      gdn_kernel="chunked" if runner.chunked_gdn else "serial")
+    return CudaRunner(
+        runner.config,
+        runner.embed,
+        runner.layers,
+        runner.final_norm,
+        runner.head_weight,
+        runner.head_bias,
+        graph_cache_size=size,
+        graph_capture_after=capture_after,
+        gdn_kernel="chunked" if runner.chunked_gdn else "serial",
+    )
 
 
 def rel(a, b) -> float:
@@ -153,18 +161,27 @@ def test_tree_launches_through_graphs(eager):
         assert_close(g0, e0, f"root {rep}")
         snapshot = [t.clone() for pair in g0[1][0].gdn.values() for t in pair if t is not None]
         states = {id(graph): g0[1][0], id(eager): e0[1][0]}
-        g1, e1 = both(graph, eager, lambda r: [
-            SegmentRun(t, 70, states[id(r)], keep_state=i != 1, read_head=True) for i, t in enumerate(tails)])
+        g1, e1 = both(
+            graph,
+            eager,
+            lambda r: [
+                SegmentRun(t, 70, states[id(r)], keep_state=i != 1, read_head=True) for i, t in enumerate(tails)
+            ],
+        )
         assert_close(g1, e1, f"children {rep}")
         after = [t for pair in g0[1][0].gdn.values() for t in pair if t is not None]
         assert all(torch.equal(a, b) for a, b in zip(snapshot, after)), "a launch wrote its parent's state"
         kids = {id(graph): g1[1], id(eager): e1[1]}
-        g2, e2 = both(graph, eager, lambda r: [
-            SegmentRun(grand[0], 82, kids[id(r)][0], True, True),
-            SegmentRun(grand[1], 103, kids[id(r)][2], False, True),
-            SegmentRun(fresh, 0, None, False, True),
-            SegmentRun(grand[2], 82, kids[id(r)][0], False, True),
-        ])
+        g2, e2 = both(
+            graph,
+            eager,
+            lambda r: [
+                SegmentRun(grand[0], 82, kids[id(r)][0], True, True),
+                SegmentRun(grand[1], 103, kids[id(r)][2], False, True),
+                SegmentRun(fresh, 0, None, False, True),
+                SegmentRun(grand[2], 82, kids[id(r)][0], False, True),
+            ],
+        )
         assert_close(g2, e2, f"grandchildren {rep}")
         # a graph launch from an eager launch's state, and the other way round
         t = tokens(rng, vocab, 4)
@@ -201,7 +218,16 @@ def test_buckets_and_shapes():
     from openjev.worker.runner_api import SegmentRun
 
     assert [fine_bucket(n) for n in (1, 16, 17, 100, 512, 513, 792, 2048, 2049)] == [
-        16, 16, 32, 112, 512, 576, 832, 2048, 2304]
+        16,
+        16,
+        32,
+        112,
+        512,
+        576,
+        832,
+        2048,
+        2304,
+    ]
     plan = plan_launch([SegmentRun([1] * 24, 0, None, False, True) for _ in range(33)], 100)
     shape = shape_of(plan)
     assert (shape.tokens, shape.segments, shape.max_q, shape.base, shape.parents, shape.kept) == (832, 40, 64, 0, 0, 0)
@@ -216,19 +242,23 @@ def test_static_buffers_are_shared_and_grow_by_doubling():
     slot 0 stays zero."""
     from types import SimpleNamespace
 
+    from openjev.worker.cuda.fused_weights import shape_config
     from openjev.worker.cuda.graph_launch import MAX_STATE_SLOTS, Shape, _Statics
-    from openjev.worker.cuda.synthetic import shape_config
 
     config = shape_config("small", 4)
-    runner = SimpleNamespace(config=config, device=torch.device("cpu"), gdn_layers=[0, 1, 2], attn_layers=[3],
-                             chunked_gdn=True)
+    runner = SimpleNamespace(
+        config=config, device=torch.device("cpu"), gdn_layers=[0, 1, 2], attn_layers=[3], chunked_gdn=True
+    )
     statics = _Statics(runner)
     small = Shape(tokens=48, segments=4, max_q=64, base=0, parents=1, kept=1)
     statics.ensure(small)
     first = statics.views(small)
     assert first["kv"].shape[2] == 48 and first["st_in"].shape[0] == 2 and first["st_out"].shape[0] == 1
     assert statics.buffers["kv"].shape[2] == 64  # a power of two at first
-    assert statics.buffers["st_in"].shape[0] == MAX_STATE_SLOTS + 1 and statics.buffers["st_out"].shape[0] == MAX_STATE_SLOTS
+    assert (
+        statics.buffers["st_in"].shape[0] == MAX_STATE_SLOTS + 1
+        and statics.buffers["st_out"].shape[0] == MAX_STATE_SLOTS
+    )
     first["kv"].normal_()
     old_kv = first["kv"].clone()
     same = Shape(tokens=32, segments=2, max_q=64, base=16, parents=1, kept=1)
@@ -243,7 +273,9 @@ def test_static_buffers_are_shared_and_grow_by_doubling():
     assert grown["st_in"].data_ptr() == first["st_in"].data_ptr()  # slots never grow
     assert not grown["st_in"][0].any() and not grown["win_in"][0].any()  # slot 0: no parent
     assert not grown["tail_in"][0].any() and grown["tail_out"].shape[0] == 2
-    assert grown["tail_in"].shape[2:] == (64, (config.linear_num_key_heads + config.linear_num_value_heads) * 128
-                                          + 2 * config.linear_num_value_heads)
+    assert grown["tail_in"].shape[2:] == (
+        64,
+        (config.linear_num_key_heads + config.linear_num_value_heads) * 128 + 2 * config.linear_num_value_heads,
+    )
     kv_rows = first["kv"][0, 0]
     assert kv_rows.is_contiguous() and kv_rows.shape == (48, config.num_key_value_heads, config.head_dim)

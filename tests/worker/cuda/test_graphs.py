@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+
 def test_bucket():
     from openjev.worker.cuda.graphs import bucket
 

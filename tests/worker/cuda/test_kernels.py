@@ -144,8 +144,16 @@ def test_gdn_chunked(K, ref, with_init):
     tail_out = poisoned(tails.shape, torch.float32)
     K.gdn_chunked(qn, kn, v, g, beta, cu, pos, max(lengths), init, tails, out=out, final=fin, tail_out=tail_out)
     e_out, e_fin, e_tails = ref.gdn_chunked_packed(
-        qn.cpu(), kn.cpu(), v.cpu(), g.cpu(), beta.cpu(), cu.cpu(), pos.cpu(), None if init is None else init.cpu(),
-        tails.cpu())
+        qn.cpu(),
+        kn.cpu(),
+        v.cpu(),
+        g.cpu(),
+        beta.cpu(),
+        cu.cpu(),
+        pos.cpu(),
+        None if init is None else init.cpu(),
+        tails.cpu(),
+    )
     per_segment(out, e_out, cu, BF16_TOL, "chunked gdn o")
     for n in range(N):
         if e_fin[n].norm() > 0:
@@ -167,8 +175,9 @@ def test_gdn_chunked_split_is_exact(K, split):
     cu, qn, kn, v, g, beta, pos, _, _ = chunked_case(K, [L], [0], False)
     whole_o, whole_f, whole_t = K.gdn_chunked(qn, kn, v, g, beta, cu, pos, L)
     p_cu = torch.tensor([0, split], dtype=torch.int32, device=DEV)
-    par_o, par_f, par_t = K.gdn_chunked(qn[:split], kn[:split], v[:split], g[:split], beta[:split], p_cu,
-                                        pos[:split], split)
+    par_o, par_f, par_t = K.gdn_chunked(
+        qn[:split], kn[:split], v[:split], g[:split], beta[:split], p_cu, pos[:split], split
+    )
     assert torch.equal(par_o, whole_o[:split])
     # the child packed after an unrelated 50-token segment (no parent)
     o_cu, o_qn, o_kn, o_v, o_g, o_b, _, _, _ = chunked_case(K, [50], [0], False)
@@ -178,8 +187,18 @@ def test_gdn_chunked_split_is_exact(K, split):
     c_v = torch.cat([o_v, v[split:]]).contiguous()
     init = torch.stack([torch.zeros_like(par_f[0]), par_f[0]])
     tails = torch.stack([torch.zeros_like(par_t[0]), par_t[0]])
-    c_o, c_f, c_t = K.gdn_chunked(cat(o_qn, qn[split:]), cat(o_kn, kn[split:]), c_v, cat(o_g, g[split:]),
-                                  cat(o_b, beta[split:]), c_cu, c_pos, L - split, init, tails)
+    c_o, c_f, c_t = K.gdn_chunked(
+        cat(o_qn, qn[split:]),
+        cat(o_kn, kn[split:]),
+        c_v,
+        cat(o_g, g[split:]),
+        cat(o_b, beta[split:]),
+        c_cu,
+        c_pos,
+        L - split,
+        init,
+        tails,
+    )
     assert torch.equal(c_o[50:], whole_o[split:]), "child outputs"
     assert torch.equal(c_f[1], whole_f[0]), "child final state"
     rows = L % 64
@@ -210,8 +229,9 @@ def test_tree_attention(K, ref, gated):
     gate = gate if gated else None
     out = poisoned(q.shape, torch.bfloat16)
     K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate, out=out)
-    exp = ref.tree_attention(q.cpu(), kp.cpu(), vp.cpu(), rows.cpu(), cu_q.cpu(), cu_k.cpu(),
-                             None if gate is None else gate.cpu())
+    exp = ref.tree_attention(
+        q.cpu(), kp.cpu(), vp.cpu(), rows.cpu(), cu_q.cpu(), cu_k.cpu(), None if gate is None else gate.cpu()
+    )
     per_segment(out, exp, cu_q, BF16_TOL, "attention")
 
 
@@ -222,8 +242,9 @@ def test_add_rms_norm(K, ref):
         res = torch.randn(T, D, device=DEV).bfloat16()
         add = torch.randn(T, D, device=DEV).bfloat16() if use_add else None
         idx = torch.tensor([76, 0, 5], dtype=torch.int32, device=DEV) if use_idx else None
-        exp_n, exp_r = ref.add_rms_norm(res.cpu(), w.cpu(), 1e-6, None if add is None else add.cpu(),
-                                        None if idx is None else idx.cpu())
+        exp_n, exp_r = ref.add_rms_norm(
+            res.cpu(), w.cpu(), 1e-6, None if add is None else add.cpu(), None if idx is None else idx.cpu()
+        )
         R = T if idx is None else 3
         out = poisoned((R, D), torch.bfloat16)
         normed, res_rows = K.add_rms_norm(res, w, 1e-6, x_add=add, row_idx=idx, out=out)

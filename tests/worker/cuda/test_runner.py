@@ -55,15 +55,22 @@ def test_runner_matches_reference_across_tree_splits(runner):
     root = toks(150)
     r1 = runner.run_launch([SegmentRun(root, 0, None, keep_state=True, read_head=True)])
     tails = [toks(40), toks(1), toks(70)]
-    r2 = runner.run_launch([SegmentRun(t, 150, r1[0].state, keep_state=(i == 0), read_head=True)
-                            for i, t in enumerate(tails)])
+    r2 = runner.run_launch(
+        [SegmentRun(t, 150, r1[0].state, keep_state=(i == 0), read_head=True) for i, t in enumerate(tails)]
+    )
     grand, fresh = toks(20), toks(90)
-    r3 = runner.run_launch([
-        SegmentRun(grand, 190, r2[0].state, keep_state=False, read_head=True),
-        SegmentRun(fresh, 0, None, keep_state=False, read_head=True),
-    ])
-    cases = [(root, r1[0]), *[(root + t, r) for t, r in zip(tails, r2)], (root + tails[0] + grand, r3[0]),
-             (fresh, r3[1])]
+    r3 = runner.run_launch(
+        [
+            SegmentRun(grand, 190, r2[0].state, keep_state=False, read_head=True),
+            SegmentRun(fresh, 0, None, keep_state=False, read_head=True),
+        ]
+    )
+    cases = [
+        (root, r1[0]),
+        *[(root + t, r) for t, r in zip(tails, r2)],
+        (root + tails[0] + grand, r3[0]),
+        (fresh, r3[1]),
+    ]
     assert r2[1].state is None and r2[0].state is not None
     for i, (prompt, result) in enumerate(cases):
         expected = reference_hidden(runner, weights, prompt)

@@ -14,7 +14,7 @@ PREFIX = "model.language_model."
 def build_model_only_export(out_dir: Path, seed: int) -> Path:
     """The demo export without the real tokenizer: the worker never tokenizes, and the export
     check only needs tokenizer.json to exist. Keeps these tests independent of openjev.tokenizer."""
-    from openjev.demo_model import build_demo_model
+    from openjev.tools.demo_model import build_demo_model
 
     build_demo_model(out_dir, seed=seed, with_tokenizer=False)
     (out_dir / "tokenizer.json").write_text("{}\n")

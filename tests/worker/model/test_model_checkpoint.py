@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from openjev.export import ExportError
-from openjev.worker.model.config import parse_model_config
+from openjev.worker.checkpoint.config import parse_model_config
 from openjev.worker.model.runner import TorchRunner
 from openjev.worker.runner_api import SegmentRun
 
@@ -63,7 +63,9 @@ def test_missing_tensor_is_named(model_export, small, tmp_path):
     tensors, text_config = small
     tensors = {k: v for k, v in tensors.items() if k != "layers.3.self_attn.k_norm.weight"}
     export = write_export(model_export, tmp_path / "x", tensors, nested(text_config))
-    with pytest.raises(ExportError, match=r"model\.safetensors: missing tensor model\.language_model\.layers\.3\.self_attn\.k_norm"):
+    with pytest.raises(
+        ExportError, match=r"model\.safetensors: missing tensor model\.language_model\.layers\.3\.self_attn\.k_norm"
+    ):
         TorchRunner(export)
 
 
@@ -71,7 +73,10 @@ def test_wrong_shape_is_named(model_export, small, tmp_path):
     tensors, text_config = small
     tensors = {**tensors, "layers.0.linear_attn.in_proj_a.weight": torch.zeros(3, 128, dtype=torch.bfloat16)}
     export = write_export(model_export, tmp_path / "x", tensors, nested(text_config))
-    with pytest.raises(ExportError, match=r"model\.safetensors: tensor .*layers\.0\.linear_attn\.in_proj_a\.weight has shape \(3, 128\)"):
+    with pytest.raises(
+        ExportError,
+        match=r"model\.safetensors: tensor .*layers\.0\.linear_attn\.in_proj_a\.weight has shape \(3, 128\)",
+    ):
         TorchRunner(export)
 
 
@@ -95,13 +100,29 @@ def test_real_27b_config_shape_parses():
     """The nested config of the real 27B shape (DESIGN §3): defaults fill layer_types, mrope
     collapses to 64 rotary dims."""
     text = {
-        "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 5120, "intermediate_size": 17408,
-        "num_hidden_layers": 64, "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256,
-        "linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6,
-        "full_attention_interval": 4, "hidden_act": "silu",
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
-                            "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+        "model_type": "qwen3_5_text",
+        "vocab_size": 248320,
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "rms_norm_eps": 1e-6,
+        "full_attention_interval": 4,
+        "hidden_act": "silu",
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
     }
     config = parse_model_config({"model_type": "qwen3_5", "text_config": text, "vision_config": {}})
     assert config.rotary_dim == 64 and config.num_layers == 64

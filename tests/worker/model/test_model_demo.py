@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from openjev.demo_model import STAMP_FILE, build_demo_model
 from openjev.export import load_export_meta
+from openjev.tools.demo_model import STAMP_FILE, build_demo_model
 
 
 def digest(path) -> str:

@@ -70,7 +70,7 @@ def test_causal_conv_with_window_equals_conv_of_concatenation(split):
     rest, last_window = ops.causal_conv1d(x[split:], weight, window)
     assert window.shape == (taps - 1, channels)
     assert rel_err(torch.cat([first, rest]), want) < 1e-6
-    assert torch.equal(last_window, x[-(taps - 1):])
+    assert torch.equal(last_window, x[-(taps - 1) :])
 
 
 def full_causal_attention(q, k, v):
@@ -124,8 +124,10 @@ def test_rotary_rotates_first_dims_by_position_angle():
 def test_head_score_accumulates_in_fp64_rounds_to_fp32():
     hidden, weight = torch.randn(128), torch.randn(128)
     bias = 0.375
-    want = float(torch.tensor(sum(float(a) * float(b) for a, b in zip(hidden, weight)), dtype=torch.float32)
-                 + torch.tensor(bias, dtype=torch.float32))
+    want = float(
+        torch.tensor(sum(float(a) * float(b) for a, b in zip(hidden, weight)), dtype=torch.float32)
+        + torch.tensor(bias, dtype=torch.float32)
+    )
     got = ops.head_score(hidden, weight, bias)
     assert got == want
     assert got == float(torch.tensor(got, dtype=torch.float32))  # an fp32 value

@@ -1,0 +1,1 @@
+"""CUDA kernel sources, shipped as package data of `openjev.kernels` and compiled at run time."""

@@ -1,0 +1,217 @@
+"""The public gRPC servicer: validate, tokenize while streaming to the worker, assemble answers."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+
+import grpc
+
+from openjev import abi, interceptors, logs
+from openjev.contract.answers import answer_from_probabilities
+from openjev.contract.errors import PREFIX_POLICY, ContractError
+from openjev.contract.request import DecisionRequest, parse_request_json
+from openjev.export import ExportMeta
+from openjev.frontend.batches import iter_candidate_batches
+from openjev.frontend.worker_link import WorkerLink
+from openjev.interceptors import REQUEST_ID_KEY
+from openjev.tokenizer import PromptTokenizer
+from openjev.v1 import decision_pb2 as api
+from openjev.v1 import decision_pb2_grpc
+from openjev.worker.v1 import worker_pb2 as wire
+
+log = logs.get("openjev.frontend")
+
+METHOD = "open-jev-scalar-head"
+# Worker failures the client sees as they are; anything else from a worker is INTERNAL.
+_PASSED_THROUGH = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.CANCELLED,
+}
+
+
+class Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def answer_to_proto(question_id: str, answer: dict) -> api.Answer:
+    message = api.Answer(question_id=question_id)
+    kind = answer["type"]
+    if kind == "noul":
+        message.noul.noul = answer["noul"]
+        return message
+    message.keys.extend(answer["probabilities"].keys())
+    message.probabilities.extend(answer["probabilities"].values())
+    if kind == "choice":
+        message.choice.choice = answer["choice"]
+        message.choice.confidence = answer["confidence"]
+    else:
+        message.score.score = answer["score"]
+        message.score.confidence = answer["confidence"]
+        message.score.legend_json.extend(json.dumps(level, ensure_ascii=False) for level in answer["legend"].values())
+    return message
+
+
+class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
+    def __init__(
+        self,
+        meta: ExportMeta,
+        tokenizer: PromptTokenizer,
+        link: WorkerLink,
+        *,
+        max_questions: int = 4096,
+        max_candidates: int = 65536,
+    ):
+        self.meta = meta
+        self.tokenizer = tokenizer
+        self.link = link
+        self.max_questions = max_questions
+        self.max_candidates = max_candidates
+
+    def DescribeModel(self, request, context):
+        describe = self.link.state.describe
+        return api.DescribeModelResponse(
+            model_id=self.meta.model_id,
+            accepted_names=sorted(self.meta.accepted_model_names),
+            checkpoint_revision=describe.checkpoint_revision if describe else self.meta.checkpoint_revision,
+            temperature=self.meta.temperature,
+            max_length=self.meta.max_length,
+            max_questions=self.max_questions,
+            max_candidates=self.max_candidates,
+            default_prefix_policy=describe.default_prefix_policy if describe else api.PREFIX_POLICY_UNSPECIFIED,
+            backend=describe.backend if describe else "",
+        )
+
+    def Decide(self, request, context):
+        started = time.perf_counter()
+        request_id = dict(context.invocation_metadata()).get(REQUEST_ID_KEY) or uuid.uuid4().hex
+        fields: dict = {"request_id": request_id}
+        try:
+            response = self._decide(request, context, request_id, fields)
+        except Refused as refused:
+            log.info(
+                "decide",
+                status=refused.code.name,
+                reason=refused.message,
+                latency_ms=round((time.perf_counter() - started) * 1e3, 3),
+                **fields,
+            )
+            context.abort(refused.code, refused.message)
+        log.info("decide", status="OK", latency_ms=round((time.perf_counter() - started) * 1e3, 3), **fields)
+        return response
+
+    def _decide(self, request, context, request_id: str, fields: dict) -> api.DecideResponse:
+        try:
+            decision = parse_request_json(
+                request.request_json,
+                accepted_models=self.meta.accepted_model_names,
+                max_questions=self.max_questions,
+                max_candidates=self.max_candidates,
+            )
+        except ContractError as error:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message)
+        fields.update(kinds=sorted({q.kind for q in decision.questions}), candidates=decision.num_candidates)
+        interceptors.note_kinds(fields["kinds"])
+        try:
+            policy = abi.policy_from_enum(request.prefix_policy) or decision.prefix_policy
+        except KeyError:  # an enum value this build does not know (proto3 enums are open)
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, PREFIX_POLICY)
+        link_state = self.link.state
+        if link_state.problem is not None:
+            raise Refused(link_state.status, link_state.problem)
+        results, summary, num_input_tokens = self._execute(decision, policy, context, request_id)
+        fields.update(input_tokens=num_input_tokens)
+        response = api.DecideResponse(model=self.meta.model_id)
+        for question, result in zip(decision.questions, results):
+            answer = answer_from_probabilities(question, list(result.probabilities))
+            response.answers.append(answer_to_proto(question.id, answer))
+        response.usage.input_tokens = num_input_tokens
+        metadata = response.metadata
+        metadata.method = METHOD
+        metadata.temperature = self.meta.temperature
+        metadata.candidate_sequences = decision.num_candidates
+        metadata.inference_seconds = summary.inference_seconds
+        metadata.max_length = self.meta.max_length
+        metadata.prefix_cache.policy = summary.policy
+        metadata.prefix_cache.enabled = summary.prefix_enabled
+        metadata.prefix_cache.scope = summary.scope
+        metadata.prefix_cache.saved_tokens = summary.saved_tokens
+        return response
+
+    def _execute(self, decision: DecisionRequest, policy: str | None, context, request_id: str):
+        """Stream the tokenized candidates to the worker and collect its answer. A candidate
+        found too long part-way ends the stream without a commit, so the worker never runs it."""
+        refusal: list[ContractError] = []
+        token_count = [0]
+
+        def stream():
+            header = wire.ExecuteHeader(request_id=request_id, prefix_policy=abi.policy_to_enum(policy))
+            for question in decision.questions:
+                header.questions.add(kind=abi.kind_to_enum(question.kind), num_candidates=len(question.prompts))
+            yield wire.ExecuteRequest(header=header)
+            try:
+                for batch in iter_candidate_batches(decision, self.tokenizer, self.meta.max_length):
+                    message = wire.ExecuteRequest()
+                    for candidate in batch:
+                        token_count[0] += len(candidate.token_ids)
+                        message.batch.candidates.add(
+                            question_index=candidate.question_index,
+                            candidate_index=candidate.candidate_index,
+                            token_ids=candidate.token_ids,
+                        )
+                    yield message
+            except ContractError as error:
+                refusal.append(error)
+                return
+            yield wire.ExecuteRequest(commit=wire.Commit())
+
+        call = self.link.stub.Execute(
+            stream(), timeout=context.time_remaining(), metadata=[(REQUEST_ID_KEY, request_id)]
+        )
+        context.add_callback(call.cancel)  # the client going away cancels the worker's work
+        results: list[wire.QuestionResult | None] = [None] * len(decision.questions)
+        summary = None
+        try:
+            for message in call:
+                if message.WhichOneof("item") == "question":
+                    index = message.question.question_index
+                    if index >= len(results) or results[index] is not None:
+                        raise Refused(
+                            grpc.StatusCode.INTERNAL, f"worker returned question {index} twice or out of range"
+                        )
+                    results[index] = message.question
+                else:
+                    summary = message.summary
+        except grpc.RpcError as error:
+            if refusal:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message)
+            code = error.code() if error.code() in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
+            raise Refused(code, f"worker: {error.details()}")
+        if refusal:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message)
+        self._check_results(decision, results, summary)
+        return results, summary, token_count[0]
+
+    @staticmethod
+    def _check_results(decision: DecisionRequest, results, summary) -> None:
+        """Never pass on an answer the worker did not fully give: a malformed result is INTERNAL."""
+        if summary is None or any(r is None for r in results):
+            raise Refused(grpc.StatusCode.INTERNAL, "worker ended the stream without a complete result")
+        for question, result in zip(decision.questions, results):
+            expected = 2 if question.kind == "noul" else len(question.prompts)
+            p = list(result.probabilities)
+            if (
+                len(p) != expected
+                or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in p)
+                or abs(sum(p) - 1.0) > 1e-6
+            ):
+                raise Refused(
+                    grpc.StatusCode.INTERNAL, f"worker returned invalid probabilities for question {question.id}"
+                )

@@ -1,0 +1,249 @@
+"""The frontend's view of its workers: one load-balanced traffic channel, each worker's
+self-description, and whether the frontend may send traffic (every reachable worker compatible:
+same ABI version, same tokenizer, same max_length; at least one of them SERVING, and the
+traffic channel connected).
+
+Balancing, failover and health are gRPC's own: round_robin over every address the target names,
+sending only to workers whose `grpc.health.v1` status is SERVING. A request that never reached a
+worker (connection refused or reset before the worker accepted it) is retried on another; the
+worker accepts a request by sending its response headers once the stream is committed, after
+which a lost worker is UNAVAILABLE, never a second execution (see `service_config`)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from openjev import abi, logs, metrics, serving
+from openjev.frontend.worker_targets import parse_worker_targets
+from openjev.worker.v1 import worker_pb2 as wire
+from openjev.worker.v1 import worker_pb2_grpc
+
+log = logs.get("openjev.frontend")
+
+# A restarted worker is tried again within this long (gRPC's default backoff reaches 120 s).
+MAX_RECONNECT_BACKOFF_MS = 5000
+# Request messages kept for a retry until the worker accepts the stream; a larger request is
+# not retried (it fails UNAVAILABLE), which is the safe side.
+RETRY_BUFFER_BYTES = 16 * 1024 * 1024
+
+
+def service_config() -> str:
+    """round_robin over SERVING workers; Execute retried only on UNAVAILABLE, which gRPC does
+    only before the worker's response headers arrived, i.e. before it accepted the request."""
+    execute = {"service": wire.DESCRIPTOR.services_by_name["WorkerService"].full_name, "method": "Execute"}
+    return json.dumps(
+        {
+            "loadBalancingConfig": [{"round_robin": {}}],
+            "healthCheckConfig": {"serviceName": ""},
+            "methodConfig": [
+                {
+                    "name": [execute],
+                    "retryPolicy": {
+                        "maxAttempts": 3,
+                        "initialBackoff": "0.05s",
+                        "maxBackoff": "0.5s",
+                        "backoffMultiplier": 2,
+                        "retryableStatusCodes": ["UNAVAILABLE"],
+                    },
+                }
+            ],
+        }
+    )
+
+
+def traffic_channel_options() -> list[tuple[str, object]]:
+    return [
+        *serving.channel_options(),
+        ("grpc.service_config", service_config()),
+        ("grpc.service_config_disable_resolution", 1),  # ours, not one from DNS TXT records
+        ("grpc.enable_retries", 1),
+        ("grpc.per_rpc_retry_buffer_size", RETRY_BUFFER_BYTES),
+        ("grpc.initial_reconnect_backoff_ms", 500),
+        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+        # never idle: readiness below is this channel's connectivity, and an idle channel would
+        # only reconnect for traffic that a not-ready frontend no longer receives
+        ("grpc.client_idle_timeout_ms", 2**31 - 1),
+    ]
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """describe: a compatible worker's last answer (None: none yet). problem: why requests are
+    refused (None: traffic may flow). workers: each known worker -> its problem (None: usable)."""
+
+    describe: wire.DescribeResponse | None
+    problem: str | None
+    status: grpc.StatusCode
+    workers: tuple[tuple[str, str | None], ...] = ()
+
+
+class _Probe:
+    """One worker's own channel, for Describe and Health.Check (never for traffic)."""
+
+    def __init__(self, endpoint: str):
+        self.channel = grpc.insecure_channel(
+            endpoint,
+            options=[
+                ("grpc.initial_reconnect_backoff_ms", 500),
+                ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+            ],
+        )
+        self.worker = worker_pb2_grpc.WorkerServiceStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+
+class WorkerLink:
+    def __init__(
+        self,
+        target: str,
+        *,
+        fingerprint: str,
+        max_length: int,
+        refresh_seconds: float = 2.0,
+        on_state: Callable[[LinkState], None] = lambda state: None,
+    ):
+        self.target = target
+        self.targets = parse_worker_targets(target)
+        self._on_state = on_state
+        self.channel = grpc.insecure_channel(self.targets.traffic_target, options=traffic_channel_options())
+        self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
+        # The probes answer on their own channels; after a worker restarts they can say SERVING
+        # while this one still waits out its reconnect backoff, so readiness needs both.
+        self._connectivity = grpc.ChannelConnectivity.IDLE
+        self.channel.subscribe(self._on_connectivity, try_to_connect=True)
+        self._fingerprint = fingerprint
+        self._max_length = max_length
+        self._refresh_seconds = refresh_seconds
+        self._state = LinkState(None, f"worker at {target} has not answered yet", grpc.StatusCode.UNAVAILABLE)
+        self._probes: dict[str, _Probe] = {}
+        self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="worker-probe")
+        self._stop = threading.Event()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def state(self) -> LinkState:
+        return self._state
+
+    def start(self) -> None:
+        """Describe now and then every refresh_seconds, so a restarted, added or replaced worker
+        is checked before traffic depends on it."""
+        self.refresh()
+        self._thread = threading.Thread(target=self._loop, name="worker-link", daemon=True)
+        self._thread.start()
+
+    def wait_compatible(self, timeout_seconds: float) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self._state.problem is None, timeout_seconds)
+
+    def _on_connectivity(self, connectivity: grpc.ChannelConnectivity) -> None:
+        self._connectivity = connectivity
+
+    def close(self) -> None:
+        self._stop.set()
+        self.channel.unsubscribe(self._on_connectivity)
+        self.channel.close()
+        for probe in self._probes.values():
+            probe.channel.close()
+        self._pool.shutdown(wait=False)
+
+    def refresh(self) -> LinkState:
+        endpoints = self.targets.endpoints()
+        for gone in set(self._probes) - set(endpoints):
+            self._probes.pop(gone).channel.close()
+            try:
+                metrics.frontend_worker_up.remove(gone)
+            except KeyError:
+                pass
+        for endpoint in endpoints:
+            self._probes.setdefault(endpoint, _Probe(endpoint))
+        answers = list(self._pool.map(self._check, endpoints))
+        state = self._combine(endpoints, answers)
+        for endpoint, (_describe, problem, _reachable) in zip(endpoints, answers):
+            metrics.frontend_worker_up.labels(endpoint).set(0 if problem else 1)
+        metrics.frontend_workers_serving.set(sum(problem is None for _d, problem, _r in answers))
+        if state.problem != self._state.problem or state.workers != self._state.workers:
+            log.info(
+                "worker_link",
+                target=self.target,
+                problem=state.problem,
+                workers={endpoint: problem or "ok" for endpoint, problem in state.workers},
+            )
+        with self._changed:
+            self._state = state
+            self._changed.notify_all()
+        self._on_state(state)
+        return state
+
+    def _check(self, endpoint: str) -> tuple[wire.DescribeResponse | None, str | None, bool]:
+        """(describe, problem, reachable) of one worker."""
+        probe = self._probes[endpoint]
+        try:
+            describe = probe.worker.Describe(wire.DescribeRequest(), timeout=self._refresh_seconds)
+        except grpc.RpcError as error:
+            return None, f"worker at {endpoint} is unavailable: {error.code().name}", False
+        problem = self._incompatibility(describe)
+        if problem is None:
+            try:
+                reply = probe.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self._refresh_seconds)
+                if reply.status != health_pb2.HealthCheckResponse.SERVING:
+                    problem = f"worker at {endpoint} is not serving"
+            except grpc.RpcError as error:
+                # As gRPC's own client-side health checking: a worker without the health
+                # service counts as healthy; any other failure as not serving.
+                if error.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    problem = f"worker at {endpoint} health check failed: {error.code().name}"
+        return describe, problem, True
+
+    def _combine(self, endpoints: list[str], answers: list) -> LinkState:
+        workers = tuple((endpoint, problem) for endpoint, (_d, problem, _r) in zip(endpoints, answers))
+        # A reachable incompatible worker could receive traffic: refuse everything until it is
+        # gone or replaced, rather than answer some requests with another model or tokenizer.
+        for describe, problem, reachable in answers:
+            if reachable and describe is not None and self._incompatibility(describe) is not None:
+                return LinkState(describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
+        for describe, problem, _reachable in answers:
+            if problem is None:
+                if self._connectivity != grpc.ChannelConnectivity.READY:
+                    return LinkState(
+                        describe,
+                        f"worker at {self.target} is serving; this frontend's connection to it "
+                        f"is {self._connectivity.name.lower()}",
+                        grpc.StatusCode.UNAVAILABLE,
+                        workers,
+                    )
+                return LinkState(describe, None, grpc.StatusCode.OK, workers)
+        if not answers:
+            problem = f"worker at {self.target} is unavailable: no address resolved"
+        elif len(answers) == 1:
+            problem = answers[0][1]
+        else:
+            problem = f"no worker at {self.target} is serving: " + "; ".join(p for _d, p, _r in answers)
+        return LinkState(self._state.describe, problem, grpc.StatusCode.UNAVAILABLE, workers)
+
+    def _incompatibility(self, d: wire.DescribeResponse) -> str | None:
+        if d.abi_version != abi.ABI_VERSION:
+            return f"worker ABI version {d.abi_version} does not match this frontend's ABI version {abi.ABI_VERSION}"
+        if d.tokenizer_fingerprint != self._fingerprint:
+            return (
+                f"worker tokenizer fingerprint {d.tokenizer_fingerprint[:16]} does not match "
+                f"this frontend's {self._fingerprint[:16]}"
+            )
+        if d.max_length != self._max_length:
+            return f"worker max_length {d.max_length} does not match this frontend's {self._max_length}"
+        return None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._refresh_seconds):
+            try:
+                self.refresh()
+            except RuntimeError:  # the probe pool was shut down by close() meanwhile
+                if not self._stop.is_set():
+                    raise

@@ -1,0 +1,289 @@
+"""CudaRunner: the CUDA backend of ModelRunner (openjev/worker/runner_api.py).
+
+One launch = one forward pass over all its segments packed back to back: cuBLAS GEMMs through
+torch over all rows, the CUDA kernels of `cuda/*.cu` for everything else, each segment starting
+from its parent's state. Only the rows the head reads go through the last MLP and final norm.
+
+State (opaque to callers): per GDN layer the conv window [3, C] bf16 and the recurrent state
+[Hv, 128, 128] fp32 (with the chunked GDN kernel: at the segment's last 64-token boundary, plus
+the rows after it, see cuda/gdn_chunked.cu); per attention layer this segment's own keys/values
+[t, Hkv, 256] bf16 plus a link to the parent state, so ancestors' keys are shared, never copied
+into each child.
+
+Launches are replayed from CUDA graphs by default (`graph_cache_size` graphs kept, one per shape
+bucket; 0: eager): eagerly a 512-token launch of the 27B shape is host-bound (Python + kernel
+launch overhead). See graph_launch.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
+from openjev.worker.cuda import gemm
+from openjev.worker.cuda import kernels as K
+from openjev.worker.cuda.fused_weights import FusedLayer, fuse_layer, plain_weights, random_layers, shape_config
+from openjev.worker.cuda.launch import CudaSegmentState, KvNode, Launch, LaunchPlan, plan_launch
+from openjev.worker.runner_api import SegmentResult, SegmentRun
+
+DEFAULT_GRAPH_CACHE_SIZE = 128
+DEFAULT_GRAPH_CAPTURE_AFTER = 2
+# "serial": the token recurrence (gated_delta.cu), faster on the H200 at every length measured
+# (2026-11-29: 0.21 / 1.80 / 7.12 ms against 0.30 / 2.33 / 9.25 ms at 512 / 4,096 / 16,384
+# tokens; device run and command in docs/cuda-kernels.md); "chunked": the tensor-core WY form
+# (gdn_chunked.cu). Both agree exactly across policies.
+GDN_KERNELS = ("serial", "chunked")
+
+
+class CudaRunner:
+    backend = "cuda"
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        embed,
+        layers: list[FusedLayer],
+        final_norm,
+        head_weight,
+        head_bias: float,
+        graph_cache_size: int = DEFAULT_GRAPH_CACHE_SIZE,
+        gemm_min_rows: int | None = None,
+        graph_capture_after: int = DEFAULT_GRAPH_CAPTURE_AFTER,
+        gdn_kernel: str = "serial",
+    ):
+        if gdn_kernel not in GDN_KERNELS:
+            raise ValueError(f"gdn_kernel must be one of {GDN_KERNELS}, not {gdn_kernel!r}")
+        # chunked: kept GDN states also carry their unfinished chunk's rows (a tail)
+        self.chunked_gdn = gdn_kernel == "chunked"
+        self.config, self.embed, self.layers, self.final_norm = config, embed, layers, final_norm
+        # Split-K products must not sum their partial results in bf16 (the library's default)
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        # rows to pad each weight shape's products to (gemm.py); None: probe them on this card
+        weights = [w for layer in layers for w in (layer.w_in, layer.w_out, layer.w_gate_up, layer.w_down)]
+        self.gemm_rows = (
+            gemm.calibrate(weights) if gemm_min_rows is None else {tuple(w.shape): gemm_min_rows for w in weights}
+        )
+        self.head_weight = head_weight.to(device=embed.device, dtype=torch.float64)
+        self.head_bias = float(head_bias)
+        self.device = embed.device
+        self.gdn_layers = [j for j, layer in enumerate(layers) if layer.kind == LINEAR_ATTENTION]
+        self.attn_layers = [j for j, layer in enumerate(layers) if layer.kind == FULL_ATTENTION]
+        if graph_cache_size < 0:
+            raise ValueError("graph_cache_size must be >= 0")
+        self.graphs = None
+        if graph_cache_size:
+            from openjev.worker.cuda.graph_launch import GraphLauncher
+
+            self.graphs = GraphLauncher(self, graph_cache_size, graph_capture_after)
+
+    @classmethod
+    def synthetic(cls, shape: str = "small", seed: int = 0, num_layers: int | None = None, device="cuda", **options):
+        """Seeded random weights of a named shape; options: the constructor's keyword arguments."""
+        config = shape_config(shape, num_layers)
+        embed, layers, final_norm = random_layers(config, seed, torch.device(device))
+        gen = torch.Generator(device=device).manual_seed(seed + 1)
+        head = torch.randn(config.hidden_size, device=device, generator=gen) / config.hidden_size**0.5
+        return cls(config, embed, layers, final_norm, head, 0.125, **options)
+
+    @classmethod
+    def from_export(cls, model_dir: str | Path, device="cuda", **options):
+        from openjev.export import load_export_meta
+        from openjev.worker.checkpoint.config import load_model_config
+        from openjev.worker.checkpoint.weights import load_weights
+
+        meta, config = load_export_meta(model_dir), load_model_config(model_dir)
+        plain = load_weights(model_dir, config, torch.bfloat16)
+        layers = [fuse_layer(layer, device) for layer in plain.layers]
+        to = lambda t: t.to(device=device, dtype=torch.bfloat16).contiguous()  # noqa: E731
+        head = torch.tensor(meta.head_weight, dtype=torch.float32)
+        return cls(config, to(plain.embed_tokens), layers, to(plain.final_norm), head, meta.head_bias, **options)
+
+    def reference_weights(self):
+        """The torch reference's ModelWeights, as views of this runner's weights."""
+        return plain_weights(self.config, self.embed, self.layers, self.final_norm)
+
+    # ---- one launch -------------------------------------------------------------------------
+    def run_launch(self, runs: Sequence[SegmentRun]) -> list[SegmentResult]:
+        hidden, states = self.final_hidden(runs)
+        scores = iter(
+            ((hidden.double() @ self.head_weight).float() + torch.tensor(self.head_bias)).tolist()
+            if hidden.shape[0]
+            else []
+        )
+        return [
+            SegmentResult(state=state if run.keep_state else None, head_score=next(scores) if run.read_head else None)
+            for run, state in zip(runs, states, strict=True)
+        ]
+
+    def final_hidden(self, runs: Sequence[SegmentRun]):
+        """Final-normed hidden rows [R, D] bf16 of the reading runs (in order) and each run's state.
+        Replayed from a CUDA graph when the cache is on and the launch fits it, else eager."""
+        plan = plan_launch(runs, self.config.vocab_size)
+        if self.graphs is not None:
+            done = self.graphs.run(plan)
+            if done is not None:
+                return done
+        return self._eager(plan)
+
+    def _eager(self, plan: LaunchPlan):
+        dev = self.device
+        as_i32 = lambda xs: torch.as_tensor(np.asarray(xs, dtype=np.int32)).to(dev)  # noqa: E731
+        rows, cu_k = plan.kv_rows(plan.base)
+        pos = as_i32(plan.positions)
+        launch = Launch(
+            ids=as_i32(plan.ids),
+            cu=as_i32(plan.cu),
+            pos=pos,
+            head_idx=as_i32(plan.heads) if plan.heads else None,
+            rope=K.rotary_table(pos, self.config.rotary_dim, self.config.rope_theta),
+            kv_rows=as_i32(rows),
+            cu_k=as_i32(cu_k),
+            max_q=plan.max_q,
+        )
+        io = _EagerIO(self, plan)
+        hidden = self._forward(launch, io)
+        return hidden, [
+            self.state_of(run, io.gdn[i], io.kv[i]) if run.keep_state else None for i, run in enumerate(plan.runs)
+        ]
+
+    def state_of(self, run: SegmentRun, gdn: dict, kv: dict) -> CudaSegmentState:
+        """A kept segment's state from its per-layer final tensors (see CudaSegmentState)."""
+        parent_kv = None if run.parent_state is None else run.parent_state.kv
+        node = KvNode(parent_kv, len(run.token_ids), kv)
+        return CudaSegmentState(run.start_position + len(run.token_ids), gdn, node)
+
+    def _forward(self, launch: Launch, io):
+        """Device work only (capturable): hidden [R, D] bf16 of the head rows. `io` supplies each
+        layer's input states and takes its final ones (_EagerIO here, graph_launch._StaticIO)."""
+        eps = self.config.rms_norm_eps
+        residual = self.embed.index_select(0, launch.ids)
+        h, _ = K.add_rms_norm(residual, self.layers[0].input_norm, eps)
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            if layer.kind == LINEAR_ATTENTION:
+                mixed = self._gdn(layer, index, h, launch, io)
+            elif layer.kind == FULL_ATTENTION:
+                mixed = self._attention(layer, index, h, launch, io)
+            else:
+                raise ValueError(f"layer {index}: unknown layer type {layer.kind!r}")
+            if index == last:
+                if launch.head_idx is None:
+                    residual = residual[:0]
+                    break
+                hn, residual = K.add_rms_norm(residual, layer.post_norm, eps, x_add=mixed, row_idx=launch.head_idx)
+            else:
+                hn, _ = K.add_rms_norm(residual, layer.post_norm, eps, x_add=mixed)
+            mlp = self._linear(K.silu_mul(self._linear(hn, layer.w_gate_up)), layer.w_down)
+            next_norm = self.final_norm if index == last else self.layers[index + 1].input_norm
+            h, _ = K.add_rms_norm(residual, next_norm, eps, x_add=mlp)
+        return h if launch.head_idx is not None else residual
+
+    def _linear(self, x, w):
+        return gemm.linear(x, w, self.gemm_rows[tuple(w.shape)])
+
+    def _gdn(self, layer: FusedLayer, index: int, h, launch: Launch, io):
+        c = self.config
+        C, vd, hv = c.linear_conv_dim, c.linear_value_dim, c.linear_num_value_heads
+        proj = self._linear(h, layer.w_in)  # [T, C + Hv*Dv + 2*Hv]
+        x = proj[:, :C] if (proj.stride(0) * 2) % 16 == 0 else proj[:, :C].contiguous()
+        windows, init, tails = io.gdn_in(index)
+        conv, new_windows = K.causal_conv1d(x, layer.conv_weight, windows, launch.cu)
+        z, b, a = proj[:, C : C + vd], proj[:, C + vd : C + vd + hv], proj[:, C + vd + hv :]
+        qn, kn, g, beta, kq = K.gdn_prepare(conv, a, b, layer.a_log, layer.dt_bias, c.linear_num_key_heads)
+        v = conv[:, 2 * c.linear_key_dim :].unflatten(1, (hv, 128))
+        if self.chunked_gdn:
+            o, final, new_tails = K.gdn_chunked(qn, kn, v, g, beta, launch.cu, launch.pos, launch.max_q, init, tails)
+        else:
+            (o, final), new_tails = K.gdn_recurrent(qn, kn, kq, v, g, beta, launch.cu, init), None
+        io.gdn_out(index, new_windows, final, new_tails)
+        return self._linear(K.gated_rms_norm(o, z, layer.norm_weight, c.rms_norm_eps), layer.w_out)
+
+    def _attention(self, layer: FusedLayer, index: int, h, launch: Launch, io):
+        c = self.config
+        hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        proj = self._linear(h, layer.w_in)  # [T, Hq*2*hd + 2*Hkv*hd]
+        qd, kvd = 2 * hq * hd, hkv * hd
+        qg = proj[:, :qd].unflatten(1, (hq, 2 * hd))
+        cos, sin = launch.rope
+        q = K.qk_norm_rope(qg[..., :hd], layer.q_norm, cos, sin, c.rms_norm_eps)
+        k_pool, v_pool, base = io.kv_pools(index, h.shape[0])  # ancestors' rows [0, base) filled
+        K.qk_norm_rope(
+            proj[:, qd : qd + kvd].unflatten(1, (hkv, hd)),
+            layer.k_norm,
+            cos,
+            sin,
+            c.rms_norm_eps,
+            dst=k_pool,
+            dst_row0=base,
+        )
+        v_pool[base:].copy_(proj[:, qd + kvd :].unflatten(1, (hkv, hd)))
+        o = K.tree_attention(q, k_pool, v_pool, launch.kv_rows, launch.cu, launch.cu_k, launch.max_q, gate=qg[..., hd:])
+        io.kv_out(index, k_pool, v_pool, base)
+        return self._linear(o.flatten(1), layer.w_out)
+
+
+class _EagerIO:
+    """State in and out of an eager launch: parents' tensors stacked per layer, each kept
+    segment's final states cloned per layer (gdn[i], kv[i]: layer index -> tensors)."""
+
+    def __init__(self, runner: CudaRunner, plan: LaunchPlan):
+        self.r, self.plan = runner, plan
+        self.gdn: list[dict] = [{} for _ in plan.runs]
+        self.kv: list[dict] = [{} for _ in plan.runs]
+
+    def gdn_in(self, index: int):
+        """(windows [N, 3, C], states [N, Hv, 128, 128] or None, tails [N, 64, width] or None):
+        zeros for segments without a parent, None when no segment has one (tails: or the serial
+        kernel runs)."""
+        c, dev = self.r.config, self.r.device
+        parents = [run.parent_state for run in self.plan.runs]
+        windows = torch.stack(
+            [
+                p.gdn[index][0]
+                if p is not None
+                else torch.zeros(3, c.linear_conv_dim, dtype=torch.bfloat16, device=dev)
+                for p in parents
+            ]
+        )
+        if all(p is None for p in parents):
+            return windows, None, None
+        hv, width = c.linear_num_value_heads, K.gdn_tail_width(c.linear_num_key_heads, c.linear_num_value_heads)
+        states = torch.stack(
+            [p.gdn[index][1] if p is not None else torch.zeros(hv, 128, 128, device=dev) for p in parents]
+        )
+        if not self.r.chunked_gdn:
+            return windows, states, None
+        tails = torch.stack(
+            [p.gdn[index][2] if p is not None else torch.zeros(K.GDN_CHUNK, width, device=dev) for p in parents]
+        )
+        return windows, states, tails
+
+    def gdn_out(self, index: int, new_windows, final, tails):
+        # per-segment clones so a kept state does not pin the whole launch's buffers
+        for i, run in enumerate(self.plan.runs):
+            if run.keep_state:
+                self.gdn[i][index] = (
+                    new_windows[i].clone(),
+                    final[i].clone(),
+                    None if tails is None else tails[i].clone(),
+                )
+
+    def kv_pools(self, index: int, T: int):
+        c, nodes, base = self.r.config, self.plan.nodes, self.plan.base
+        k_pool = torch.empty(base + T, c.num_key_value_heads, c.head_dim, dtype=torch.bfloat16, device=self.r.device)
+        v_pool = torch.empty_like(k_pool)
+        if nodes:
+            torch.cat([nd.kv[index][0] for nd in nodes], out=k_pool[:base])
+            torch.cat([nd.kv[index][1] for nd in nodes], out=v_pool[:base])
+        return k_pool, v_pool, base
+
+    def kv_out(self, index: int, k_pool, v_pool, base: int):
+        cu = self.plan.cu
+        for i, run in enumerate(self.plan.runs):
+            if run.keep_state:
+                rows = slice(base + cu[i], base + cu[i + 1])
+                self.kv[i][index] = (k_pool[rows].clone(), v_pool[rows].clone())

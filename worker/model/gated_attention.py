@@ -1,0 +1,60 @@
+"""The gated full-attention mixer over a launch's packed rows.
+
+Projections, per-head norms and rotary run once over all rows; attention runs per segment over
+its parent's keys/values followed by its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from openjev.worker.checkpoint.config import ModelConfig
+from openjev.worker.checkpoint.weights import AttentionWeights
+from openjev.worker.model import ops
+from openjev.worker.model.state import AttentionState
+
+
+def split_query_gate(projected: Tensor, num_heads: int, head_dim: int) -> tuple[Tensor, Tensor]:
+    """q_proj output [T, Hq*2*Dh] -> (query [T, Hq, Dh], gate [T, Hq, Dh]). Per head the first Dh
+    outputs are the query and the next Dh the gate (not all queries then all gates)."""
+    per_head = projected.unflatten(-1, (num_heads, 2 * head_dim))
+    return per_head[..., :head_dim], per_head[..., head_dim:]
+
+
+def attention_mixer(
+    w: AttentionWeights,
+    config: ModelConfig,
+    h: Tensor,
+    positions: Tensor,
+    spans: Sequence[tuple[int, int]],
+    parent_states: Sequence[AttentionState | None],
+) -> tuple[Tensor, list[AttentionState]]:
+    """h: [T_total, D] normed hidden rows; positions: [T_total] int64 rotary positions;
+    spans: each segment's [start, end) rows; parent_states: each segment's ancestors' keys/values.
+    Returns (mixer output [T_total, D], each segment's AttentionState covering all its positions)."""
+    num_heads, num_kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    eps = config.rms_norm_eps
+    query, gate = split_query_gate(h @ w.q_proj.T, num_heads, head_dim)
+    query = ops.rms_norm(query, w.q_norm, eps)
+    keys = ops.rms_norm((h @ w.k_proj.T).unflatten(-1, (num_kv_heads, head_dim)), w.k_norm, eps)
+    values = (h @ w.v_proj.T).unflatten(-1, (num_kv_heads, head_dim))
+    query = ops.apply_rotary(query, positions, config.rotary_dim, config.rope_theta)
+    keys = ops.apply_rotary(keys, positions, config.rotary_dim, config.rope_theta)
+
+    out = torch.empty_like(query)
+    states = []
+    for (start, end), parent in zip(spans, parent_states, strict=True):
+        if parent is None:
+            all_keys, all_values, num_before = keys[start:end], values[start:end], 0
+        else:
+            all_keys = torch.cat([parent.keys, keys[start:end]])
+            all_values = torch.cat([parent.values, values[start:end]])
+            num_before = parent.keys.shape[0]
+        out[start:end] = ops.attention(query[start:end], all_keys, all_values, q_offset=num_before)
+        states.append(AttentionState(keys=all_keys, values=all_values))
+
+    gated = out.flatten(1) * torch.sigmoid(gate.flatten(1))
+    return gated @ w.o_proj.T, states
