@@ -1,9 +1,10 @@
-"""The one interface between the planner/engine and a model backend.
+"""The one interface between the scheduler and a model backend.
 
-The engine walks a plan (segments of a token tree, grouped into launches) and hands each launch
-to a runner. A runner owns device memory; the engine only holds opaque state handles and ints.
-Both backends (the PyTorch CPU reference in `openjev.worker.model`, the CUDA backend in
-`openjev.worker.cuda`) implement `ModelRunner`.
+The scheduler packs segments of token trees, of any number of requests and at any tree depth,
+into passes; a pass is one forward pass, one read of every weight. A runner owns device memory;
+the scheduler only holds opaque state handles and ints. Both backends (the PyTorch CPU
+reference in `openjev.worker.model`, the CUDA backend in `openjev.worker.cuda`) implement
+`ModelRunner`.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True)
 class SegmentRun:
-    """One packed sequence of a launch.
+    """One packed sequence of a pass.
 
     token_ids: this segment's tokens only (never empty).
     start_position: number of tokens before it in its prompt (= the parent's end position);
         rotary positions continue from here.
-    parent_state: the state a runner returned for the parent segment (None: start of prompt).
-    keep_state: children will start from this segment's final state, so return it.
+    parent_state: the state a runner returned for the parent segment in an earlier pass.
+    parent_in_pass: or the index of an earlier run of the same pass that is the parent: the
+        child continues from that run's final state within the pass (at most one of the two;
+        neither: start of prompt).
+    keep_state: children in later passes will start from this segment's final state, so return it.
     read_head: the head reads this segment's last token, so return its score.
     """
 
@@ -30,6 +34,7 @@ class SegmentRun:
     parent_state: Any | None
     keep_state: bool
     read_head: bool
+    parent_in_pass: int | None = None
 
 
 @dataclass(frozen=True)
@@ -42,11 +47,33 @@ class SegmentResult:
 
 
 class ModelRunner(Protocol):
-    """A loaded model that executes launches of packed segments."""
+    """A loaded model that executes passes of packed segments."""
 
     backend: str  # "torch" or "cuda"
+    # Most tree levels one pass may hold (1: every parent must have run in an earlier pass).
+    max_pass_depth: int
 
     def run_launch(self, runs: Sequence[SegmentRun]) -> list[SegmentResult]:
-        """Run one launch: every run's parent_state comes from an earlier launch.
-        Results are in the order of `runs`."""
+        """Run one pass. A run's parent is a state from an earlier pass or an earlier run of
+        this pass. Results are in the order of `runs`."""
         ...
+
+
+def pass_depths(runs: Sequence[SegmentRun]) -> list[int]:
+    """Each run's level inside its pass (0: its parent, if any, ran in an earlier pass).
+    Raises ValueError for a malformed pass."""
+    depths: list[int] = []
+    for i, run in enumerate(runs):
+        parent = run.parent_in_pass
+        if parent is None:
+            depths.append(0)
+            continue
+        if run.parent_state is not None:
+            raise ValueError(f"run {i} names a parent state and a parent in the pass")
+        if not 0 <= parent < i:
+            raise ValueError(f"run {i}: parent_in_pass {parent} is not an earlier run of the pass")
+        parent_run = runs[parent]
+        if run.start_position != parent_run.start_position + len(parent_run.token_ids):
+            raise ValueError(f"run {i}: start_position is not its in-pass parent's end position")
+        depths.append(depths[parent] + 1)
+    return depths

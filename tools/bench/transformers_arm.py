@@ -86,6 +86,7 @@ def hf_state_dict(weights: ModelWeights) -> dict[str, Tensor]:
 
 class TransformersRunner:
     backend = "transformers"
+    max_pass_depth = 1  # full prompts only (policy off)
 
     def __init__(
         self,

@@ -41,6 +41,7 @@ GDN_KERNELS = ("serial", "chunked")
 
 class CudaRunner:
     backend = "cuda"
+    max_pass_depth = 1  # parents run in an earlier pass
 
     def __init__(
         self,
