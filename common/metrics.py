@@ -90,12 +90,24 @@ worker_execute_seconds = Histogram(
 )
 worker_queue_seconds = Histogram(
     "openjev_worker_queue_seconds",
-    "Time an executed request waited in the admission queue",
+    "Time an executed request waited for its first forward pass",
     buckets=LATENCY_BUCKETS_S,
     registry=worker_registry,
 )
 worker_queue_depth = Gauge(
-    "openjev_worker_queue_depth", "Requests waiting plus the one executing", registry=worker_registry
+    "openjev_worker_queue_depth", "Requests admitted and not finished (waiting or in passes)", registry=worker_registry
+)
+worker_pass_requests = Histogram(
+    "openjev_worker_pass_requests",
+    "Requests sharing one forward pass",
+    buckets=SEQUENCE_BUCKETS,
+    registry=worker_registry,
+)
+worker_passes_per_request = Histogram(
+    "openjev_worker_passes_per_request",
+    "Forward passes an executed request ran in",
+    buckets=SEQUENCE_BUCKETS,
+    registry=worker_registry,
 )
 worker_submitted_tokens = Counter(
     "openjev_worker_submitted_tokens", "Candidate tokens received in executed requests", registry=worker_registry
@@ -106,15 +118,15 @@ worker_computed_tokens = Counter(
 worker_saved_tokens = Counter(
     "openjev_worker_saved_tokens", "Prefix tokens whose computation was skipped", registry=worker_registry
 )
-worker_launches = Counter("openjev_worker_launches", "Model launches (packed batches) run", registry=worker_registry)
+worker_launches = Counter("openjev_worker_launches", "Forward passes (packed batches) run", registry=worker_registry)
 worker_launch_sequences = Histogram(
     "openjev_worker_launch_sequences",
-    "Batch size: packed sequences per launch",
+    "Batch size: packed sequences per pass",
     buckets=SEQUENCE_BUCKETS,
     registry=worker_registry,
 )
 worker_launch_tokens = Histogram(
-    "openjev_worker_launch_tokens", "Batch size: tokens per launch", buckets=TOKEN_BUCKETS, registry=worker_registry
+    "openjev_worker_launch_tokens", "Batch size: tokens per pass", buckets=TOKEN_BUCKETS, registry=worker_registry
 )
 # Incremented by the CUDA runner's graph cache; stays 0 on the CPU path.
 graph_cache_hits = Counter(
@@ -158,9 +170,15 @@ class WorkerObserver(Observer):
         worker_computed_tokens.inc(s.computed_tokens)
         worker_saved_tokens.inc(s.saved_tokens)
         worker_queue_seconds.observe(s.queue_seconds)
+        worker_passes_per_request.observe(s.num_launches)
 
     def on_end(self, info: RequestInfo, outcome: str, seconds: float) -> None:
         worker_execute_seconds.labels(kind_label(info.kinds), outcome).observe(seconds)
+
+
+def observe_pass(num_requests: int, num_tokens: int, seconds: float) -> None:
+    """The scheduler's per-pass hook (tokens and sequences are counted by CountingRunner)."""
+    worker_pass_requests.observe(num_requests)
 
 
 class CountingRunner:

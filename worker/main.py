@@ -9,7 +9,6 @@ from openjev import abi, config, interceptors, logs, metrics, serving
 from openjev.export import load_export_meta_or_exit
 from openjev.tokenizer import PromptTokenizer
 from openjev.worker import backends
-from openjev.worker.admission import AdmissionQueue
 from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.planner.cost import default_cost_model
 from openjev.worker.planner.plan import PackLimits
@@ -42,8 +41,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of --synthetic weights")
     p.add_argument("--prefix-policy", default="auto", choices=abi.POLICIES, help="policy for requests that name none")
     p.add_argument("--queue-capacity", type=int, default=64, help="requests that may wait")
-    p.add_argument("--max-launch-sequences", type=int, default=16)
-    p.add_argument("--max-launch-tokens", type=int, default=4096)
+    p.add_argument(
+        "--max-launch-sequences",
+        type=int,
+        default=64,
+        help="pass budget: most segments one forward pass carries, across requests",
+    )
+    p.add_argument(
+        "--max-launch-tokens",
+        type=int,
+        default=4096,
+        help="pass budget: most tokens one forward pass carries, across requests",
+    )
+    p.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=2048,
+        help="longer prompt parts run as chunks of this many tokens over successive passes, "
+        "leaving room in each pass for other requests (a multiple of 64)",
+    )
     p.add_argument("--max-questions", type=int, default=4096)
     p.add_argument("--max-candidates", type=int, default=65536)
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the torch backend")
@@ -139,10 +155,21 @@ def main(argv: list[str] | None = None) -> None:
     if backend == "transformers":
         forced_policy = args.prefix_policy = "off"  # it cannot start from a parent's state
         args.max_launch_tokens = max(args.max_launch_tokens, meta.max_length)  # whole prompts, no chunks
-    limits = PackLimits(max_sequences=args.max_launch_sequences, max_tokens=args.max_launch_tokens)
+        args.chunk_tokens = args.max_launch_tokens
+    try:
+        limits = PackLimits(
+            max_sequences=args.max_launch_sequences, max_tokens=args.max_launch_tokens, chunk_tokens=args.chunk_tokens
+        )
+    except ValueError as error:
+        raise SystemExit(f"openjev-worker: {error}") from None
     cost_model = default_cost_model("cuda" if backend == "cuda" else "torch")
     engine = Engine(
-        metrics.CountingRunner(runner), pack_limits=limits, cost_model=cost_model, default_policy=args.prefix_policy
+        metrics.CountingRunner(runner),
+        pack_limits=limits,
+        cost_model=cost_model,
+        default_policy=args.prefix_policy,
+        queue_capacity=args.queue_capacity,
+        on_pass=metrics.observe_pass,
     )
     identity = WorkerIdentity(
         model_id=meta.model_id,
@@ -162,9 +189,8 @@ def main(argv: list[str] | None = None) -> None:
         max_launch_tokens=args.max_launch_tokens,
         queue_capacity=args.queue_capacity,
     )
-    queue = AdmissionQueue(args.queue_capacity)
-    metrics.worker_queue_depth.set_function(lambda: queue.depth)
-    servicer = WorkerServicer(engine, identity, queue, forced_policy=forced_policy)
+    metrics.worker_queue_depth.set_function(lambda: engine.scheduler.depth)
+    servicer = WorkerServicer(engine, identity, forced_policy=forced_policy)
     name = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
     server = serving.build_server(
         args.listen,
@@ -179,11 +205,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.port_file:
         args.port_file.write_text(str(server.port))
     log.info("serving", port=server.port, backend=backend, model_id=meta.model_id)
-    serving.serve_until_signal(server, grace_seconds=args.grace_seconds, on_stop=lambda: stop(queue, runner))
+    serving.serve_until_signal(server, grace_seconds=args.grace_seconds, on_stop=lambda: stop(engine, runner))
 
 
-def stop(queue: AdmissionQueue, runner) -> None:
-    queue.close()
+def stop(engine: Engine, runner) -> None:
+    engine.close()
     try:
         import torch
 

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 import grpc
 
 from openjev import abi, interceptors, logs
-from openjev.worker.admission import Abandoned, AdmissionQueue, QueueFull
-from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork
+from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork, QueueFull
 from openjev.worker.v1 import worker_pb2 as wire
 from openjev.worker.v1 import worker_pb2_grpc
 
@@ -84,7 +83,7 @@ def _collect(request_iterator, identity: WorkerIdentity) -> tuple[wire.ExecuteHe
     return None
 
 
-def _responses(result: ExecutionResult, queue_seconds: float):
+def _responses(result: ExecutionResult):
     for index, (probabilities, scores) in enumerate(zip(result.probabilities, result.head_scores)):
         yield wire.ExecuteResponse(
             question=wire.QuestionResult(question_index=index, probabilities=probabilities, head_scores=scores)
@@ -100,18 +99,15 @@ def _responses(result: ExecutionResult, queue_seconds: float):
             submitted_tokens=result.num_submitted_tokens,
             num_launches=result.num_launches,
             inference_seconds=result.inference_seconds,
-            queue_seconds=queue_seconds,
+            queue_seconds=result.queue_seconds,
         )
     )
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
-    def __init__(
-        self, engine: Engine, identity: WorkerIdentity, queue: AdmissionQueue, *, forced_policy: str | None = None
-    ):
+    def __init__(self, engine: Engine, identity: WorkerIdentity, *, forced_policy: str | None = None):
         self.engine = engine
         self.identity = identity
-        self.queue = queue
         self.forced_policy = forced_policy  # the transformers arm runs every request with `off`
 
     def Describe(self, request, context):
@@ -162,20 +158,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         log.debug("execute_accepted", **fields)
         context.send_initial_metadata(())
 
-        def execute() -> ExecutionResult:
-            return self.engine.execute(
+        try:
+            result = self.engine.execute(
                 work,
                 temperature=self.identity.temperature,
                 policy=policy,
                 should_stop=lambda: not context.is_active(),
             )
-
-        try:
-            result, queue_seconds = self.queue.run(execute, is_active=context.is_active)
         except QueueFull as error:
             log.warning("execute", status="RESOURCE_EXHAUSTED", **fields)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
-        except (Abandoned, Cancelled) as error:
+        except Cancelled as error:
             log.info("execute", status="CANCELLED", reason=str(error), **fields)
             context.abort(grpc.StatusCode.CANCELLED, str(error))
         except InferenceError as error:
@@ -191,9 +184,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             tokens_submitted=result.num_submitted_tokens,
             tokens_computed=result.num_computed_tokens,
             saved_tokens=result.num_saved_tokens,
-            launches=result.num_launches,
-            queue_ms=round(queue_seconds * 1e3, 3),
+            passes=result.num_launches,
+            shared_passes=result.num_shared_passes,
+            queue_ms=round(result.queue_seconds * 1e3, 3),
             latency_ms=round((time.perf_counter() - started) * 1e3, 3),
             **fields,
         )
-        yield from _responses(result, queue_seconds)
+        yield from _responses(result)

@@ -140,7 +140,6 @@ class _BadWorker(worker_pb2_grpc.WorkerServiceServicer):
 def bad_worker(demo_model, tmp_path_factory):
     from openjev.export import load_export_meta
     from openjev.tokenizer import PromptTokenizer
-    from openjev.worker.admission import AdmissionQueue
     from openjev.worker.engine import Engine
     from openjev.worker.service import WorkerIdentity, WorkerServicer
 
@@ -173,7 +172,7 @@ def bad_worker(demo_model, tmp_path_factory):
         4,
     )
     runner = _FaultyRunner()
-    real = WorkerServicer(Engine(runner), identity, AdmissionQueue(4))
+    real = WorkerServicer(Engine(runner, queue_capacity=4), identity)
     fake = _BadWorker(describe, real)
     server = grpc.server(futures.ThreadPoolExecutor(8))
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(fake, server)

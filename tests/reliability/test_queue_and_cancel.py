@@ -152,7 +152,6 @@ def test_cancelled_requests_do_not_grow_worker_memory(busy_pair, stub):
 def test_cancelled_or_failed_request_frees_its_states(demo_model):
     """In process, with the real runner: once execute() has raised (cancelled at a launch
     boundary, or a runner failure), no state a runner returned is still alive."""
-    from openjev.worker.admission import AdmissionQueue
     from openjev.worker.engine import Cancelled, Engine, InferenceError, QuestionWork
     from openjev.worker.model.runner import TorchRunner
     from openjev.worker.planner.plan import PackLimits
@@ -178,14 +177,11 @@ def test_cancelled_or_failed_request_frees_its_states(demo_model):
     engine = Engine(recording, pack_limits=PackLimits(max_sequences=1, max_tokens=4096))
     prefix = list(range(100, 400))
     work = [QuestionWork("choice", tuple(tuple(prefix + [500 + i, 600 + i]) for i in range(6)))]
-    queue = AdmissionQueue(2)
     for expected, stop, fail_at in ((Cancelled, lambda: launches[0] >= 3, None), (InferenceError, lambda: False, 3)):
         launches[0], recording.fail_at = 0, fail_at
         refs.clear()
         with pytest.raises(expected):
-            queue.run(
-                lambda: engine.execute(work, temperature=1.0, policy="shared", should_stop=stop), is_active=lambda: True
-            )
+            engine.execute(work, temperature=1.0, policy="shared", should_stop=stop)
         gc.collect()
         assert refs and not [r for r in refs if r() is not None]
-    queue.close()
+    engine.close()

@@ -43,8 +43,10 @@ class RecordingRunner:
 
     backend = "torch"
 
-    def __init__(self, inner, *, fail_on_launch: int | None = None, corrupt_score: float | None = None):
+    def __init__(self, inner, *, fail_on_launch: int | None = None, corrupt_score: float | None = None,
+                 max_pass_depth: int = 1):
         self.inner = inner
+        self.max_pass_depth = max_pass_depth
         self.launches: list[list] = []
         self.alive = weakref.WeakSet()
         self.alive_before_launch: list[int] = []
@@ -64,6 +66,7 @@ class RecordingRunner:
                 None if run.parent_state is None else run.parent_state.inner,
                 run.keep_state,
                 run.read_head,
+                run.parent_in_pass,
             )
             for run in runs
         ]
@@ -155,12 +158,10 @@ def test_parent_states_are_freed_once_their_children_ran(torch_runner):
 
 def test_cancel_is_checked_before_each_launch(torch_runner):
     questions = shared_context_request()
-    runner = RecordingRunner(torch_runner)
-    calls = []
+    runner = RecordingRunner(torch_runner)  # one tree level a pass: three passes
 
     def stop_after_two():
-        calls.append(None)
-        return len(calls) > 2
+        return len(runner.launches) >= 2
 
     engine = Engine(runner, cost_model=CPU_COST_MODEL)
     with pytest.raises(Cancelled):
@@ -188,7 +189,7 @@ def test_long_prompt_runs_in_chunks_that_carry_state(torch_runner):
     # 256-token launches: each prompt is a chain of three pieces that must equal one whole pass.
     prompt = tuple((7919 * i) % 248000 for i in range(700))
     questions = [QuestionWork("choice", (prompt, prompt[:650] + (5, 6, 7)))]
-    chunked = Engine(torch_runner, pack_limits=PackLimits(max_sequences=16, max_tokens=256))
+    chunked = Engine(torch_runner, pack_limits=PackLimits(max_sequences=16, max_tokens=256, chunk_tokens=256))
     whole = Engine(torch_runner, pack_limits=PackLimits(max_sequences=16, max_tokens=4096))
     a = chunked.execute(questions, temperature=TEMPERATURE, policy="off")
     b = whole.execute(questions, temperature=TEMPERATURE, policy="off")

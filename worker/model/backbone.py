@@ -26,26 +26,27 @@ from openjev.worker.model.state import LayerState
 @dataclass(frozen=True)
 class PackedLaunch:
     """token_ids: [T_total] int64, all segments' tokens back to back; positions: [T_total] int64
-    rotary positions; spans: each segment's [start, end) rows; parent_layer_states: per segment,
-    its parent's per-layer states (None: start of prompt); head_rows: rows whose final hidden
-    state is wanted, in output order."""
+    rotary positions; spans: each segment's [start, end) rows; parents: per segment, its
+    parent's per-layer states from an earlier pass, or the index of an earlier segment of this
+    pass, or None (start of prompt); head_rows: rows whose final hidden state is wanted, in
+    output order."""
 
     token_ids: Tensor
     positions: Tensor
     spans: tuple[tuple[int, int], ...]
-    parent_layer_states: tuple[tuple[LayerState, ...] | None, ...]
+    parents: tuple[tuple[LayerState, ...] | int | None, ...]
     head_rows: tuple[int, ...]
 
 
 def mlp(x: Tensor, layer: LayerWeights) -> Tensor:
     """SiLU-gated MLP. x: [N, D] -> [N, D]."""
-    return (F.silu(x @ layer.mlp_gate.T) * (x @ layer.mlp_up.T)) @ layer.mlp_down.T
+    return ops.linear(F.silu(ops.linear(x, layer.mlp_gate)) * ops.linear(x, layer.mlp_up), layer.mlp_down)
 
 
 def run_mixer(
     layer: LayerWeights, config: ModelConfig, h: Tensor, launch: PackedLaunch, index: int
 ) -> tuple[Tensor, list[LayerState]]:
-    parents = [None if states is None else states[index] for states in launch.parent_layer_states]
+    parents = [p if p is None or isinstance(p, int) else p[index] for p in launch.parents]
     if layer.kind == LINEAR_ATTENTION:
         return gdn_mixer(layer.mixer, config, h, launch.spans, parents)
     if layer.kind == FULL_ATTENTION:
@@ -61,35 +62,55 @@ def forward(
     x = weights.embed_tokens[launch.token_ids]  # [T_total, D]
     per_layer_states: list[list[LayerState]] = []
     last = len(weights.layers) - 1
+    head_rows = _padded(list(launch.head_rows))
     for index, layer in enumerate(weights.layers):
         mixed, states = run_mixer(layer, config, ops.rms_norm(x, layer.input_norm, config.rms_norm_eps), launch, index)
         per_layer_states.append(states)
         x = x + mixed
         if index == last:
-            x = x[list(launch.head_rows)]
+            x = x[head_rows]
         x = x + mlp(ops.rms_norm(x, layer.post_attention_norm, config.rms_norm_eps), layer)
-    hidden = ops.rms_norm(x, weights.final_norm, config.rms_norm_eps)
+    hidden = ops.rms_norm(x, weights.final_norm, config.rms_norm_eps)[: len(launch.head_rows)]
     per_segment = [tuple(layer_states[s] for layer_states in per_layer_states) for s in range(len(launch.spans))]
     return hidden, per_segment
+
+
+def _padded(rows: list[int]) -> list[int]:
+    """Head rows repeated up to a multiple of ROW_QUANTUM (see pack)."""
+    return rows + rows[-1:] * (-len(rows) % ROW_QUANTUM) if rows else rows
+
+
+# Elementwise CPU kernels run a vectorised body and a scalar tail that can round differently, so
+# an element's bits could depend on where it sits in the flattened tensor. Rows padded to a
+# multiple of this leave no tail in any [T, ...] tensor; with ops.linear this makes a row's
+# result independent of the pass it shares.
+ROW_QUANTUM = 16
 
 
 def pack(
     token_ids: Sequence[Sequence[int]],
     start_positions: Sequence[int],
-    parent_layer_states: Sequence[tuple[LayerState, ...] | None],
+    parents: Sequence[tuple[LayerState, ...] | int | None],
     read_head: Sequence[bool],
 ) -> PackedLaunch:
-    """Lay segments back to back. The head reads each reading segment's last row."""
+    """Lay segments back to back, plus one pad segment (token 0 from position 0, never read)
+    up to a multiple of ROW_QUANTUM rows. The head reads each reading segment's last row."""
     spans, positions, flat = [], [], []
     for ids, start_position in zip(token_ids, start_positions, strict=True):
         begin = len(flat)
         flat.extend(ids)
         spans.append((begin, len(flat)))
         positions.extend(range(start_position, start_position + len(ids)))
+    num_pad = -len(flat) % ROW_QUANTUM
+    if num_pad:
+        spans.append((len(flat), len(flat) + num_pad))
+        flat.extend([0] * num_pad)
+        positions.extend(range(num_pad))
+        parents = [*parents, None]
     return PackedLaunch(
         token_ids=torch.tensor(flat, dtype=torch.int64),
         positions=torch.tensor(positions, dtype=torch.int64),
         spans=tuple(spans),
-        parent_layer_states=tuple(parent_layer_states),
-        head_rows=tuple(end - 1 for (_, end), reads in zip(spans, read_head, strict=True) if reads),
+        parents=tuple(parents),
+        head_rows=tuple(end - 1 for (_, end), reads in zip(spans, read_head, strict=False) if reads),
     )

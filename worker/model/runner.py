@@ -15,14 +15,15 @@ from openjev.worker.checkpoint.weights import load_weights
 from openjev.worker.model import ops
 from openjev.worker.model.backbone import forward, pack
 from openjev.worker.model.state import SegmentState
-from openjev.worker.runner_api import SegmentResult, SegmentRun
+from openjev.worker.runner_api import SegmentResult, SegmentRun, pass_depths
 
 
 class TorchRunner:
-    """Runs launches of tree segments on CPU. dtype is the compute dtype of weights and
+    """Runs passes of tree segments on CPU (parents and children in one pass). dtype is the compute dtype of weights and
     activations (the GDN recurrent state and the head are fp32 regardless)."""
 
     backend = "torch"
+    max_pass_depth = 1 << 16  # the mixers walk a pass's segments in order, parents first
 
     def __init__(self, model_dir: Path, *, dtype: torch.dtype = torch.float32, num_threads: int | None = None):
         if num_threads is not None:
@@ -39,6 +40,8 @@ class TorchRunner:
         parent = run.parent_state
         if parent is not None and not isinstance(parent, SegmentState):
             raise TypeError(f"parent_state is a {type(parent).__name__}, not a state this runner returned")
+        if run.parent_in_pass is not None:
+            return  # pass_depths checked its start position
         num_before = 0 if parent is None else parent.num_tokens
         if run.start_position != num_before:
             raise ValueError(f"start_position {run.start_position} != the parent's end position {num_before}")
@@ -49,19 +52,20 @@ class TorchRunner:
     def final_hidden(self, runs: Sequence[SegmentRun]) -> tuple[Tensor, list[SegmentState]]:
         """Final-normed hidden states [R, D] of the reading runs' last tokens (in run order), and
         every run's final state."""
+        pass_depths(runs)
         for run in runs:
             self._check(run)
         launch = pack(
             [list(run.token_ids) for run in runs],
             [run.start_position for run in runs],
-            [None if run.parent_state is None else run.parent_state.layers for run in runs],
+            [run.parent_in_pass if run.parent_state is None else run.parent_state.layers for run in runs],
             [run.read_head for run in runs],
         )
         with torch.inference_mode():
             hidden, layer_states = forward(self.weights, self.config, launch)
         states = [
             SegmentState(num_tokens=run.start_position + len(run.token_ids), layers=layers)
-            for run, layers in zip(runs, layer_states, strict=True)
+            for run, layers in zip(runs, layer_states[: len(runs)], strict=True)  # not the pad segment
         ]
         return hidden, states
 

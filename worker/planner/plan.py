@@ -30,14 +30,19 @@ class Reader:
 
 @dataclass(frozen=True)
 class PackLimits:
-    """Most sequences and tokens one launch (one forward pass) may carry."""
+    """The pass budget: most segments and tokens one forward pass may carry, and the length of
+    the pieces a longer tree node is cut into (they carry their state from pass to pass, and
+    other requests' segments ride in the same passes)."""
 
-    max_sequences: int = 16
+    max_sequences: int = 64
     max_tokens: int = 4096
+    chunk_tokens: int = 2048
 
     def __post_init__(self) -> None:
-        if self.max_sequences < 1 or self.max_tokens < 1:
+        if self.max_sequences < 1 or self.max_tokens < 1 or self.chunk_tokens < 1:
             raise ValueError(f"pack limits must be positive, got {self}")
+        if self.chunk_tokens > self.max_tokens:
+            raise ValueError(f"chunk_tokens {self.chunk_tokens} exceeds the pass budget {self.max_tokens}")
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,8 @@ class Segment:
 class Plan:
     """What one request executes.
 
-    launches: segment indices per forward pass; every parent runs in an earlier launch.
+    launches: segment indices per forward pass when the request runs alone (a parent runs in an
+        earlier pass or the same one); the scheduler may mix other requests into them.
     num_submitted_tokens: every candidate's full length, shared or not (= usage.input_tokens).
     num_computed_tokens: tokens the model actually runs (sum of segment lengths).
     num_saved_tokens: num_submitted_tokens - num_computed_tokens, i.e. (g - 1) * p summed over

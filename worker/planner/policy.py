@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from openjev.worker.planner.cost import CostModel
-from openjev.worker.planner.packing import pack_launches, split_into_segments
+from openjev.worker.planner.packing import split_into_segments
+from openjev.worker.planner.passes import pack_passes
 from openjev.worker.planner.plan import GDN_CHUNK_TOKENS, POLICIES, PackLimits, Plan, Reader, Scope
 from openjev.worker.planner.tree import (
     Prompt,
@@ -32,9 +33,11 @@ def plan_request(
     policy: str,
     limits: PackLimits = PackLimits(),
     cost_model: CostModel | None = None,
+    max_pass_depth: int = 1 << 16,
 ) -> Plan:
     """Plan one request. candidates[q][c]: token ids of question q's candidate c (complete,
-    chat-wrapped prompts, never empty). `auto` needs a cost model."""
+    chat-wrapped prompts, never empty). `auto` needs a cost model. max_pass_depth: tree levels
+    the runner holds in one pass."""
     if policy not in POLICIES:
         raise ValueError(f"unknown prefix policy {policy!r}; expected one of {POLICIES}")
     if not candidates or any(len(q) == 0 for q in candidates):
@@ -44,14 +47,14 @@ def plan_request(
             if len(tokens) == 0:
                 raise ValueError(f"question {q} candidate {c} has no tokens")
     if policy != "auto":
-        return _plan_tree(candidates, policy, policy, limits)
+        return _plan_tree(candidates, policy, policy, limits, max_pass_depth)
     if cost_model is None:
         raise ValueError("policy 'auto' needs a cost model")
-    shared = _plan_tree(candidates, "shared", "auto", limits)
-    off = _plan_tree(candidates, "off", "auto", limits)
+    shared = _plan_tree(candidates, "shared", "auto", limits, max_pass_depth)
+    off = _plan_tree(candidates, "off", "auto", limits, max_pass_depth)
     if cost_model.estimated_seconds(shared) < cost_model.estimated_seconds(off):
         return shared
-    return _plan_tree(candidates, "default", "auto", limits)
+    return _plan_tree(candidates, "default", "auto", limits, max_pass_depth)
 
 
 def build_tree(candidates: Sequence[Sequence[Sequence[int]]], policy: str) -> list[TreeNode]:
@@ -78,9 +81,9 @@ def build_tree(candidates: Sequence[Sequence[Sequence[int]]], policy: str) -> li
     raise ValueError(f"no tree for policy {policy!r}")
 
 
-def _plan_tree(candidates, executed_policy: str, policy: str, limits: PackLimits) -> Plan:
-    segments = split_into_segments(build_tree(candidates, executed_policy), limits.max_tokens)
-    launches = pack_launches(segments, limits)
+def _plan_tree(candidates, executed_policy: str, policy: str, limits: PackLimits, max_pass_depth: int) -> Plan:
+    segments = split_into_segments(build_tree(candidates, executed_policy), limits.chunk_tokens)
+    launches = pack_passes(segments, limits, max_pass_depth)
 
     # Per segment: how many candidates read at or below it, and the lowest and highest question
     # among them (children come after parents, so one backward walk fills them).

@@ -1,17 +1,18 @@
-"""Packing: limits hold, parents run in an earlier launch, nothing is lost or run twice."""
+"""Packing: limits hold, parents run in an earlier pass or the same one, nothing is lost or run twice."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from openjev.worker.planner import POLICIES, CostModel, PackLimits, build_tree, plan_request
-from openjev.worker.planner.packing import pack_launches, split_into_segments
+from openjev.worker.planner.packing import split_into_segments
+from openjev.worker.planner.passes import pack_passes
 from openjev.worker.planner.plan import Reader
 from openjev.worker.planner.tree import TreeNode
 
 BALANCED = CostModel(seconds_per_launch=1e-3, seconds_per_token=1e-5, seconds_per_attention_pair=1e-9)
 
 
-def check_launches(plan, limits):
+def check_launches(plan, limits, max_depth=1 << 16):
     launch_of = {}
     for n, launch in enumerate(plan.launches):
         assert 1 <= len(launch) <= limits.max_sequences
@@ -20,11 +21,17 @@ def check_launches(plan, limits):
             assert i not in launch_of, "a segment runs twice"
             launch_of[i] = n
     assert sorted(launch_of) == list(range(len(plan.segments)))
+    for launch in plan.launches:  # levels inside one pass stay within the runner's depth
+        depth = {}
+        for i in launch:
+            parent = plan.segments[i].parent
+            depth[i] = depth[parent] + 1 if parent in depth else 0
+            assert depth[i] < max_depth
     for s in plan.segments:
         assert s.index == list(plan.segments).index(s)
-        assert 0 < s.num_tokens <= limits.max_tokens
+        assert 0 < s.num_tokens <= limits.chunk_tokens
         if s.parent is not None:
-            assert launch_of[s.parent] < launch_of[s.index], "parent must run in an earlier launch"
+            assert launch_of[s.parent] <= launch_of[s.index], "a parent runs in an earlier pass or the same one"
             parent = plan.segments[s.parent]
             assert s.start_position == parent.end_position
         else:
@@ -37,15 +44,29 @@ def check_launches(plan, limits):
 def test_long_node_becomes_a_chain():
     node = TreeNode(None, 0, tuple(range(10)), (Reader(0, 0),))
     child = TreeNode(0, 10, (7,), (Reader(0, 1),))
-    segments = split_into_segments([node, child], max_tokens=4)
+    segments = split_into_segments([node, child], chunk_tokens=4)
     assert [(s.parent, s.start_position, s.num_tokens, s.readers, s.keep_state) for s in segments] == [
         (None, 0, 4, (), True),
         (0, 4, 4, (), True),
         (1, 8, 2, (Reader(0, 0),), True),  # only the last piece is read
         (2, 10, 1, (Reader(0, 1),), False),
     ]
-    # Four tokens a launch: the chain runs one piece per launch, the child after its parent.
-    assert pack_launches(segments, PackLimits(max_sequences=16, max_tokens=4)) == [(0,), (1,), (2,), (3,)]
+    # Four tokens a pass: the chain runs one piece per pass, the child in its parent's pass.
+    assert pack_passes(segments, PackLimits(max_sequences=16, max_tokens=4, chunk_tokens=4), 8) == [
+        (0,), (1,), (2, 3)
+    ]
+    # A runner that holds one level per pass: the child waits for the next pass.
+    limits = PackLimits(max_sequences=16, max_tokens=4, chunk_tokens=4)
+    assert pack_passes(segments, limits, 1) == [(0,), (1,), (2,), (3,)]
+
+
+def test_a_tree_that_fits_runs_in_one_pass():
+    prefix = list(range(100, 160))
+    candidates = [[prefix + [1, c] for c in range(5)], [prefix + [2, 7]]]
+    plan = plan_request(candidates, "shared", PackLimits())
+    assert len(plan.segments) > 1 and plan.num_launches == 1
+    # one level per pass: a weight read per tree depth
+    assert plan_request(candidates, "shared", PackLimits(), max_pass_depth=1).num_launches == 3
 
 
 def test_sequence_limit_splits_launches():
@@ -54,11 +75,13 @@ def test_sequence_limit_splits_launches():
     assert [len(launch) for launch in plan.launches] == [16, 16, 16, 12]
 
 
-def test_token_limit_first_fit_decreasing():
+def test_token_limit_lets_smaller_segments_fill_the_room():
     candidates = [[[1] * 3000, [2] * 3000, [3] * 1000, [4] * 1000, [5] * 96]]
-    plan = plan_request(candidates, "off", PackLimits(max_sequences=16, max_tokens=4096))
-    check_launches(plan, PackLimits())
-    assert len(plan.launches) == 2
+    limits = PackLimits(max_sequences=16, max_tokens=4096, chunk_tokens=4096)
+    plan = plan_request(candidates, "off", limits)
+    check_launches(plan, limits)
+    # in order, skipping what does not fit: 3000+1000+96, then 3000+1000
+    assert plan.launches == ((0, 2, 4), (1, 3))
 
 
 token = st.integers(min_value=0, max_value=3)
@@ -86,11 +109,12 @@ def requests(draw):
     st.sampled_from(POLICIES),
     st.integers(1, 5),
     st.integers(8, 80),
+    st.integers(1, 4),
 )
-def test_random_tries_respect_limits_and_account_exactly(candidates, policy, max_sequences, max_tokens):
-    limits = PackLimits(max_sequences=max_sequences, max_tokens=max_tokens)
-    plan = plan_request(candidates, policy, limits, BALANCED)
-    check_launches(plan, limits)
+def test_random_tries_respect_limits_and_account_exactly(candidates, policy, max_sequences, max_tokens, max_depth):
+    limits = PackLimits(max_sequences=max_sequences, max_tokens=max_tokens, chunk_tokens=max_tokens)
+    plan = plan_request(candidates, policy, limits, BALANCED, max_pass_depth=max_depth)
+    check_launches(plan, limits, max_depth)
     # Each candidate's path from the root spells its prompt.
     for s in plan.segments:
         for r in s.readers:

@@ -146,26 +146,27 @@ def test_33_candidates():
     plan = plan_request(candidates, "shared")
     check_invariants(plan, candidates)
     assert plan.num_saved_tokens == 32 * 300
-    assert len(plan.launches) == 4  # root, then 33 tails in 16 + 16 + 1
+    assert len(plan.launches) == 1  # the root and its 33 tails: 34 segments fit one pass
     off = plan_request(candidates, "off")
-    assert (off.num_saved_tokens, len(off.launches)) == (0, 3)
+    assert (off.num_saved_tokens, len(off.launches)) == (0, 3)  # 13 prompts of ~310 tokens a pass
 
 
-def test_16384_token_candidates_run_in_4096_token_pieces():
+def test_16384_token_candidates_run_in_2048_token_chunks():
     state = fresh(16_000)
     candidates = [[state + fresh(384), state + fresh(384)]]
     off = plan_request(candidates, "off")
     check_invariants(off, candidates)
-    assert [s.num_tokens for s in off.segments] == [4096, 4096, 4096, 4096] * 2
-    # A launch holds 4,096 tokens: one full piece each.
+    assert [s.num_tokens for s in off.segments] == [2048] * 16
+    # A pass holds 4,096 tokens: two chunks of a chain, the second continuing the first in-pass.
     assert len(off.launches) == 8 and off.num_saved_tokens == 0
     shared = plan_request(candidates, "shared")
     check_invariants(shared, candidates)
-    # The shared 16,000 tokens become a chain 4096+4096+4096+3712; each piece saves once.
-    assert [s.num_tokens for s in shared.segments] == [4096, 4096, 4096, 3712, 384, 384]
-    assert [s.parent for s in shared.segments] == [None, 0, 1, 2, 3, 3]
+    # The shared 16,000 tokens become a chain of 7 x 2048 + 1664; each piece saves once.
+    assert [s.num_tokens for s in shared.segments] == [2048] * 7 + [1664, 384, 384]
+    assert [s.parent for s in shared.segments] == [None, 0, 1, 2, 3, 4, 5, 6, 7, 7]
     assert shared.num_saved_tokens == 16_000
-    assert len(shared.launches) == 5  # the chain, then both tails together
+    # two chunks a pass; the last chunk and one tail fill the fourth exactly, the other tail waits
+    assert shared.launches == ((0, 1), (2, 3), (4, 5), (6, 7, 8), (9,))
     assert shared.num_submitted_tokens == 2 * 16_384
 
 
