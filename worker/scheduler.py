@@ -14,6 +14,7 @@ plan, and the runners compute each segment from its own rows and its parent's st
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import traceback
@@ -241,8 +242,11 @@ class Scheduler:
             job.states[index] = result.state
         if segment.readers:
             score = result.head_score
-            if score is None or score != score or score in (float("inf"), float("-inf")):
-                self._fail(job, InferenceError(f"non-finite or missing head score {score} for segment {index}"))
+            if score is None:
+                self._fail(job, InferenceError(f"runner returned no head score for segment {index}"))
+                return
+            if not math.isfinite(score):
+                self._fail(job, InferenceError(f"non-finite head score {score} for segment {index}"))
                 return
             for reader in segment.readers:
                 job.scores[reader.question][reader.candidate] = float(score)
