@@ -91,7 +91,7 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 //   delta = beta (v - e^g kv),  o = e^g sq + (q.k) delta,  S <- e^g S + k delta^T,
 // so o needs no second pass over the updated state. A thread holds R = DK/PARTS rows of CC
 // columns: every thread must read its R entries of k and q from shared memory each token, so
-// CC > 1 divides that traffic (the limiter of the CC = 1 form, measured 2026-11-29) by CC.
+// CC > 1 divides that traffic by CC (and still ran slower: docs/cuda-kernels.md).
 template <int PARTS, int NCOLS, int CC>
 __device__ __forceinline__ void gdn_recurrent(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
@@ -223,7 +223,7 @@ GDN_VARIANT(gdn_recurrent_p4c32x2, 4, 32, 2)
 GDN_VARIANT(gdn_recurrent_p8c32x2, 8, 32, 2)
 GDN_VARIANT(gdn_recurrent_p8c32x4, 8, 32, 4)
 GDN_VARIANT(gdn_recurrent_p16c32x4, 16, 32, 4)
-// Not yet timed (added after the 2026-11-29 runs): the timings say a warp's own instruction
-// count per token sets the pace (more columns per thread was slower, not faster), so fewer
-// rows per thread should be faster: 8 rows, 1 column, 64 warps per head.
+// Not timed yet: a warp's own instruction count per token sets the pace (more columns per thread
+// was slower, not faster: docs/cuda-kernels.md), so fewer rows per thread should be faster:
+// 8 rows, 1 column, 64 warps per head.
 GDN_VARIANT(gdn_recurrent_p16c16x1, 16, 16, 1)
