@@ -4,10 +4,8 @@
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
 #   steps: tests gdn gates-chunked kernels capacity sweep gemm gates-ROWS gates-ws0 gates bench-full bench-hf bench-verify profile
-# Timing seen on 2026-11-29 (second session): machine start ~1.5 min; tests 11-25 s; gemm ~60 s;
-# gates (100 requests + fp32 oracle) ~100 s; profile ~100 s; bench-hf ~200 s; bench-full: its
-# warm-up alone took 337 s (729 requests, a capture per new shape, graph buffers then still
-# dropping the cache as they grew), so give bench-full a call of its own.
+# How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
+# bench-full a call of its own.
 # The device has no package registry: carry these wheels in .whl/ (git-ignored locally via
 # .git/info/exclude), fetched here with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

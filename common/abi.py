@@ -2,7 +2,7 @@
 
 Bump ABI_VERSION whenever protos/openjev/worker/v1 changes incompatibly (a field removed,
 renumbered or retyped, a message's meaning changed). A frontend refuses a worker whose version
-differs; tests/test_abi.py holds the descriptor fingerprint this version was released with, so
+differs; tests/test_protos.py holds the descriptor fingerprint this version was released with, so
 a schema change without a bump fails there.
 """
 

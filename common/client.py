@@ -38,7 +38,7 @@ def answer_to_json(answer: api.Answer) -> dict[str, Any]:
 
 
 def response_to_json(response: api.DecideResponse) -> dict[str, Any]:
-    """The contract's response JSON (DESIGN section 2), answers in question order."""
+    """The contract's response JSON (docs/contract.md, "Response"), answers in question order."""
     m = response.metadata
     return {
         "model": response.model,

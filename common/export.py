@@ -1,7 +1,7 @@
 """An Open-Jev export directory: its metadata file and the checks that refuse a broken one.
 
 The frontend reads this too (chat template, max_length, model names), so this module imports
-no torch. The layout (DESIGN §3):
+no torch. The layout:
 
     config.json            Qwen3.5 text backbone config (nested `text_config` or flat)
     *.safetensors          the backbone weights, Hugging Face tensor names
@@ -23,7 +23,7 @@ META_FILE = "open_jev_export.json"
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 MAX_LENGTH_LIMIT = 16384
-# Names every loaded model answers to besides its own id and alias (DESIGN §2).
+# Names every loaded model answers to besides its own id and alias (docs/contract.md).
 GENERIC_MODEL_NAMES = ("open-jev", "jev-latest")
 
 

@@ -1,4 +1,4 @@
-// Depthwise causal conv1d (kernel K=4) + SiLU over packed segments, each segment starting
+// Depthwise causal conv1d (kernel CONV_K = 4) + SiLU over packed segments, each segment starting
 // from its parent's window (the last K-1 inputs before it).
 //
 // x:          [T, C] bf16, row stride x_stride (elements): the qkv part of a wider projection
@@ -10,29 +10,13 @@
 //
 // One thread handles 8 channels (16-byte loads) of ROWS output rows. Grid rows past the output
 // row groups build the new windows, so one launch does both jobs.
-#include <cuda_bf16.h>
+#include "common.cuh"
 
-#define CONV_K 4
+// CONV_K (taps) and CONV_ROWS (output rows a thread) come from the host: the grid depends on them.
+#if !defined(CONV_K) || !defined(CONV_ROWS)
+#error "compile with the definitions of openjev.worker.cuda.traits"
+#endif
 #define VEC 8
-
-struct __align__(16) bf16x8 { __nv_bfloat162 h[4]; };
-
-__device__ __forceinline__ void load8(const __nv_bfloat16* p, float* f) {
-    bf16x8 v = *reinterpret_cast<const bf16x8*>(p);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float2 t = __bfloat1622float2(v.h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
-
-__device__ __forceinline__ void store8(__nv_bfloat16* p, const float* f) {
-    bf16x8 v;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v.h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    *reinterpret_cast<bf16x8*>(p) = v;
-}
 
 // Segment index of a packed row: N is small (<= a few dozen), a linear scan is cheap.
 __device__ __forceinline__ int segment_of(const int* cu_seqlens, int n_seg, int t) {
@@ -52,7 +36,7 @@ __device__ __forceinline__ void input_row(const __nv_bfloat16* x, long x_stride,
     }
 }
 
-#define ROWS 4  // output rows per thread: the 7 input rows they need are loaded once
+#define ROWS CONV_ROWS  // the ROWS + CONV_K - 1 input rows they need are loaded once
 
 extern "C" __global__ void causal_conv1d_packed(
     const __nv_bfloat16* __restrict__ x, long x_stride, const __nv_bfloat16* __restrict__ weight,

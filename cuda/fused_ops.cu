@@ -1,27 +1,13 @@
 // Small fused element-wise / row ops of the Qwen3.5 layer stack. All math in fp32, bf16 I/O.
-#include <cuda_bf16.h>
+#include "common.cuh"
 
-struct __align__(16) bf16x8 { __nv_bfloat162 h[4]; };
-
-__device__ __forceinline__ void load8(const __nv_bfloat16* p, float* f) {
-    bf16x8 v = *reinterpret_cast<const bf16x8*>(p);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float2 t = __bfloat1622float2(v.h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
-__device__ __forceinline__ void store8(__nv_bfloat16* p, const float* f) {
-    bf16x8 v;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v.h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    *reinterpret_cast<bf16x8*>(p) = v;
-}
+// GDN_DIM: the gated norm's head dim; ATTN_HEAD_DIM: q/k head dim of the norm + rotary kernel.
+#if !defined(GDN_DIM) || !defined(ATTN_HEAD_DIM)
+#error "compile with the definitions of openjev.worker.cuda.traits"
+#endif
 
 __device__ __forceinline__ float block_sum(float v, float* red) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = warp_sum(v);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     __syncthreads();  // red may still be read from a previous call
     if (lane == 0) red[warp] = v;
@@ -82,6 +68,7 @@ extern "C" __global__ void __launch_bounds__(256) add_rms_norm(
 // Gated RMSNorm of the GDN output: out = bf16(x * rsqrt(mean_Dv(x^2) + eps)) * w * silu(z).
 // x: [T, H, 128] bf16; z: [T, H*128] bf16 view with row stride z_stride; w: [128] bf16
 // out: [T, H*128] bf16.  One warp per (token, head), 4 elements a lane.
+static_assert(GDN_DIM == 32 * 4, "gated_rms_norm: a warp holds a head, 4 elements a lane");
 extern "C" __global__ void gated_rms_norm(const __nv_bfloat16* __restrict__ x,
                                           const __nv_bfloat16* __restrict__ z, long z_stride,
                                           const __nv_bfloat16* __restrict__ w, float eps, int T, int H,
@@ -92,20 +79,19 @@ extern "C" __global__ void gated_rms_norm(const __nv_bfloat16* __restrict__ x,
     const long t = job / H;
     const int h = job % H;
     const int d = lane * 4;
-    const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(x + job * 128 + d);
-    const __nv_bfloat162* zp = reinterpret_cast<const __nv_bfloat162*>(z + t * z_stride + h * 128 + d);
+    const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(x + job * GDN_DIM + d);
+    const __nv_bfloat162* zp = reinterpret_cast<const __nv_bfloat162*>(z + t * z_stride + h * GDN_DIM + d);
     const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(w + d);
     float2 x0 = __bfloat1622float2(xp[0]), x1 = __bfloat1622float2(xp[1]);
     float ss = x0.x * x0.x + x0.y * x0.y + x1.x * x1.x + x1.y * x1.y;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float rinv = rsqrtf(ss / 128.f + eps);
+    ss = warp_sum(ss);
+    const float rinv = rsqrtf(ss / (float)GDN_DIM + eps);
     float2 z0 = __bfloat1622float2(zp[0]), z1 = __bfloat1622float2(zp[1]);
     float2 w0 = __bfloat1622float2(wp[0]), w1 = __bfloat1622float2(wp[1]);
     auto silu = [](float a) { return a / (1.f + __expf(-a)); };
     // the normed value is rounded to bf16 before the weight, as the model's norm returns x.dtype
     auto nr = [rinv](float a) { return __bfloat162float(__float2bfloat16(a * rinv)); };
-    __nv_bfloat162* op = reinterpret_cast<__nv_bfloat162*>(out + job * 128 + d);
+    __nv_bfloat162* op = reinterpret_cast<__nv_bfloat162*>(out + job * GDN_DIM + d);
     op[0] = __floats2bfloat162_rn(nr(x0.x) * w0.x * silu(z0.x), nr(x0.y) * w0.y * silu(z0.y));
     op[1] = __floats2bfloat162_rn(nr(x1.x) * w1.x * silu(z1.x), nr(x1.y) * w1.y * silu(z1.y));
 }
@@ -117,6 +103,7 @@ extern "C" __global__ void gated_rms_norm(const __nv_bfloat16* __restrict__ x,
 // dst: rows dst_row0 + t of a [*, H, 256] bf16 buffer (a K pool, or a contiguous q)
 // One warp per (token, head): lane holds dims 8*lane .. 8*lane+7, so rotary partners
 // (d, d + rotary_dim/2) sit rotary_dim/16 lanes apart. Needs rotary_dim % 16 == 0, <= 256.
+static_assert(ATTN_HEAD_DIM == 32 * 8, "qk_norm_rope: a warp holds a head, 8 elements a lane");
 extern "C" __global__ void qk_norm_rope(const __nv_bfloat16* __restrict__ src, long src_st,
                                         long src_sh, const __nv_bfloat16* __restrict__ w,
                                         const float* __restrict__ cos_t,
@@ -134,9 +121,8 @@ extern "C" __global__ void qk_norm_rope(const __nv_bfloat16* __restrict__ src, l
     float ss = 0.f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) ss += x[e] * x[e];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float rinv = rsqrtf(ss / 256.f + eps);
+    ss = warp_sum(ss);
+    const float rinv = rsqrtf(ss / (float)ATTN_HEAD_DIM + eps);
 #pragma unroll
     for (int e = 0; e < 8; ++e) x[e] = x[e] * rinv * (1.f + wf[e]);
     // rounded to bf16 before rotation, as the model's normed q/k are bf16 tensors
@@ -159,7 +145,7 @@ extern "C" __global__ void qk_norm_rope(const __nv_bfloat16* __restrict__ src, l
             y[e] = x[e];
         }
     }
-    store8(dst + ((dst_row0 + t) * H + h) * 256 + lane * 8, y);
+    store8(dst + ((dst_row0 + t) * H + h) * ATTN_HEAD_DIM + lane * 8, y);
 }
 
 // MLP gating: out[t, i] = silu(gu[t, i]) * gu[t, I + i].  gu: [T, 2I] bf16; out: [T, I] bf16.

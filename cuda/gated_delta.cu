@@ -12,10 +12,13 @@
 // hundred cycles a token. Column j of the state only ever needs column j, so the 128 value
 // columns are independent; each is split over PARTS threads (adjacent lanes) that each hold
 // 128/PARTS rows of it, so S^T k and S^T q are PARTS-way shuffle reductions.
-#include <cuda_bf16.h>
+#include "common.cuh"
 
-#define DK 128
-#define DV 128
+#if !defined(GDN_DIM)
+#error "compile with the definitions of openjev.worker.cuda.traits"
+#endif
+#define DK GDN_DIM
+#define DV GDN_DIM
 #define CT 16     // tokens staged in shared memory at a time
 
 // conv_out: [T, conv_stride] bf16 whose first 2*Hk*DK columns are q then k.
@@ -24,6 +27,7 @@
 // qn, kn:   [T, Hk, DK] fp32 out; g, beta: [T, H] fp32 out; kq: [T, Hk] fp32 out = qn . kn
 // Block per token: warps take the Hk key heads in turn (q and k rows, 4 elements a lane each),
 // then threads take the H gates.
+static_assert(DK == 32 * 4, "gdn_prepare: a warp holds a q or k head row, 4 elements a lane");
 extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_out, long conv_stride,
                                        const __nv_bfloat16* __restrict__ a,
                                        const __nv_bfloat16* __restrict__ b, long ab_stride,
@@ -47,6 +51,7 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
             ss[is_k] = f0.x * f0.x + f0.y * f0.y + f1.x * f1.x + f1.y * f1.y;
         }
         float dot = f[0][0] * f[1][0] + f[0][1] * f[1][1] + f[0][2] * f[1][2] + f[0][3] * f[1][3];
+        // three butterflies interleaved (not warp_sum thrice): their shuffles overlap
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             ss[0] += __shfl_xor_sync(0xffffffffu, ss[0], o);
@@ -86,7 +91,7 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 //   delta = beta (v - e^g kv),  o = e^g sq + (q.k) delta,  S <- e^g S + k delta^T,
 // so o needs no second pass over the updated state. A thread holds R = DK/PARTS rows of CC
 // columns: every thread must read its R entries of k and q from shared memory each token, so
-// CC > 1 divides that traffic (the limiter of the CC = 1 form, measured 2026-11-29) by CC.
+// CC > 1 divides that traffic by CC (and still ran slower: docs/cuda-kernels.md).
 template <int PARTS, int NCOLS, int CC>
 __device__ __forceinline__ void gdn_recurrent(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
@@ -218,7 +223,7 @@ GDN_VARIANT(gdn_recurrent_p4c32x2, 4, 32, 2)
 GDN_VARIANT(gdn_recurrent_p8c32x2, 8, 32, 2)
 GDN_VARIANT(gdn_recurrent_p8c32x4, 8, 32, 4)
 GDN_VARIANT(gdn_recurrent_p16c32x4, 16, 32, 4)
-// Not yet timed (added after the 2026-11-29 runs): the timings say a warp's own instruction
-// count per token sets the pace (more columns per thread was slower, not faster), so fewer
-// rows per thread should be faster: 8 rows, 1 column, 64 warps per head.
+// Not timed yet: a warp's own instruction count per token sets the pace (more columns per thread
+// was slower, not faster: docs/cuda-kernels.md), so fewer rows per thread should be faster:
+// 8 rows, 1 column, 64 warps per head.
 GDN_VARIANT(gdn_recurrent_p16c16x1, 16, 16, 1)

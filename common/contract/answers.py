@@ -1,4 +1,4 @@
-"""Head scores to answers (DESIGN section 2, "Scores to answers"), all in fp64.
+"""Head scores to answers (docs/contract.md, "Scores to answers"), all in fp64.
 
 The arithmetic follows the reference (`contract::answer`) operation for operation, so results
 agree to the last bit where the inputs do: `p_i = exp((s_i - max s) / T) / sum_j exp(...)` with a

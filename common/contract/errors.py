@@ -21,7 +21,7 @@ class ContractError(ValueError):
 INVALID_JSON = "request body must be valid JSON"
 NOT_AN_OBJECT = "request body must be a JSON object"
 
-# DESIGN section 2, in the order they are checked.
+# The contract's messages (docs/contract.md, "Validation"), in the order they are checked.
 MODEL_NOT_LOADED = "requested model is not loaded"
 STATE_REQUIRED = "request requires state"
 STATE_TYPE = "state must be text, a JSON object, or an array"

@@ -9,7 +9,7 @@ Decisions:
   (`1e+16`, `-0.0`, `1e-05`), non-ASCII characters are kept, control characters and quotes are
   escaped. A string is used as is. Integers are rendered as Python renders them (also beyond
   64 bits); the Rust reference would turn an integer beyond 64 bits, and a literal `-0`, into a
-  float. The brief names Python's `json.dumps` as the rule, so we follow Python there.
+  float. The contract names Python's `json.dumps` as the rule, so we follow Python there.
 - `candidate_prompt` / `noul_prompt` apply Python's `str.strip()`. The reference trims (Rust
   `trim`) at wrap time instead; because every prompt starts with "Context:" and ends with
   "Answer Yes or No.", either strip is a no-op, so the place does not matter.

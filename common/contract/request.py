@@ -1,4 +1,4 @@
-"""The request contract (DESIGN section 2): validate a request and compile it into candidate prompts.
+"""The request contract (docs/contract.md): validate a request and compile it into candidate prompts.
 
 `parse_request` follows the reference service check for check (ThinkFlowLab/system1-omni,
 `contract::compile`, adapted from Open-Jev @ 3308a15): it stops at the first error and raises

@@ -1,5 +1,5 @@
-"""Head scores to answers against the golden vectors (copied from ../shared/fixtures), and the
-arithmetic rules of DESIGN section 2."""
+"""Head scores to answers against the golden vectors (tests/contract/data/, produced by
+the reference service), and the arithmetic rules of docs/contract.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Request validation and compilation: one test per contract message, the check order, prompts.
 
-The golden requests are copied from ../shared/fixtures into tests/contract/data/.
+The golden requests (tests/contract/data/) were produced by the reference service.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Numerical gates (DESIGN §4): every prefix policy against `off`, and `off` / `shared` against
+"""Numerical gates (docs/prefix-reuse.md): every prefix policy against `off`, and `off` / `shared` against
 the transformers oracle, on a seeded corpus of real requests rendered and tokenized the way the
 frontend does it, run on the real TorchRunner (fp32, CPU) over the demo export.
 
@@ -71,7 +71,7 @@ def question(rng: random.Random, kind: str, num_options: int | None = None) -> d
 
 
 def corpus() -> list[tuple[str, dict]]:
-    """(name, request) pairs; every shape DESIGN §5 names, kept small enough for CPU CI."""
+    """(name, request) pairs; every request shape of the benchmark workload, kept small enough for CPU CI."""
     rng = random.Random(SEED)
     out = []
 

@@ -1,4 +1,4 @@
-"""The roofline floor of one forward pass (DESIGN section 5):
+"""The roofline floor of one forward pass (docs/benchmarks/index.md):
 max(weight_bytes / copy_bandwidth, 2 * params * tokens_computed / matmul_rate), both ceilings
 measured on the card in the same run."""
 

@@ -4,9 +4,9 @@ Prefix reuse computes a token in launches of different sizes: with the whole pro
 `off`, inside a short suffix launch under `shared`. cuBLAS picks its algorithm by row count, and
 for some weight shapes picks split-K below a threshold, which sums each output in another order:
 the token's bf16 result then changes with its launch, and policies drift apart (27B shape, 8
-layers: 1.8e-3 in probability, 30 near-tie choice changes; docs/benchmarks/index.md). Measured on
-the H200 (benchmarks/gemm_invariance.py, 2026-11-29): only the MLP down product (K = 17,408) varies,
-at up to 128 rows; zero workspace stops it for all shapes but makes every product slower.
+layers: 1.8e-3 in probability, 30 near-tie choice changes; docs/benchmarks/index.md). On the H200
+only the MLP down product (K = 17,408) varies, at up to 128 rows; zero workspace stops it for all
+shapes but makes every product slower (benchmarks/gemm_invariance.py; docs/cuda-kernels.md).
 
 So each weight shape is probed once at start: the product of M random rows is compared bit for
 bit with the same rows inside a 2,048-row product, for every M up to 320 and multiples of 32 up to

@@ -1,23 +1,42 @@
 """Launch wrappers for the CUDA kernels in `cuda/*.cu`.
 
-Each `.cu` file is compiled once per process through `cupy.RawModule` (sm_90, C++17). Tensors
-cross from torch by DLPack (no copies) and every launch goes on torch's current stream, so the
-wrappers compose with cuBLAS products issued by torch and can be captured in a torch CUDA graph.
-Inputs are torch CUDA tensors; outputs are allocated here unless passed in.
+Each `.cu` file is compiled once per process through `cupy.RawModule` (sm_90, C++17), with the
+tile geometry of `traits` as compile definitions and the kernels' folder (for `common.cuh`) on the
+include path. Tensors cross from torch by DLPack (no copies) and every launch goes on torch's
+current stream, so the wrappers compose with cuBLAS products issued by torch and can be captured
+in a torch CUDA graph. Inputs are torch CUDA tensors; outputs are allocated here unless passed in.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.resources
 import math
+import pathlib
 
 import torch
 
-_OPTIONS = ("-arch=sm_90", "-std=c++17")
-CONV_K = 4
-GDN_DIM = 128  # linear key/value head dim the GDN kernels are written for
-ATTN_HEAD_DIM = 256  # full-attention head dim the attention/rope kernels are written for
+from openjev.worker.cuda import traits
+from openjev.worker.geometry import ATTN_HEAD_DIM, CONV_KERNEL_SIZE, GDN_CHUNK_TOKENS, GDN_HEAD_DIM
+
+# Short names the runner and the launch code use.
+CONV_K = CONV_KERNEL_SIZE
+GDN_DIM = GDN_HEAD_DIM
+GDN_CHUNK = GDN_CHUNK_TOKENS  # chunks of gdn_chunked sit at multiples of it from the sequence start
+
+
+@functools.cache
+def _options() -> tuple[str, ...]:
+    # The installed package folder is a real directory (editable or wheel install) so NVRTC can
+    # read common.cuh from it.
+    folder = pathlib.Path(str(importlib.resources.files("openjev.kernels")))
+    header = (folder / "common.cuh").read_bytes()
+    # CuPy's kernel cache keys on the source and the options, not on included headers: the
+    # header's digest in the options makes an edited common.cuh compile anew.
+    digest = hashlib.sha256(header).hexdigest()[:16]
+    definitions = (f"-DOPENJEV_COMMON_CUH=0x{digest}", *traits.compile_definitions())
+    return ("-arch=sm_90", "-std=c++17", f"-I{folder}", *definitions)
 
 
 @functools.cache
@@ -25,12 +44,13 @@ def _module(name: str):
     import cupy
 
     code = importlib.resources.files("openjev.kernels").joinpath(f"{name}.cu").read_text()
+    options = _options()
     try:
-        module = cupy.RawModule(code=code, options=_OPTIONS)
+        module = cupy.RawModule(code=code, options=options)
         module.compile()  # compile now, so a failure is seen here rather than at first launch
     except cupy.cuda.compiler.CompileException:
         # NVRTC without the toolkit headers: the image's nvcc compiles the same source
-        module = cupy.RawModule(code=code, options=_OPTIONS, backend="nvcc")
+        module = cupy.RawModule(code=code, options=options, backend="nvcc")
         module.compile()
     return module
 
@@ -98,7 +118,7 @@ def _out(given, shape, dtype, device):
 
 
 def causal_conv1d(x, weight, window, cu_seqlens, out=None, new_window=None):
-    """Depthwise causal conv (K=4) + SiLU over packed segments.
+    """Depthwise causal conv (K = CONV_K = 4) + SiLU over packed segments.
 
     x: [T, C] bf16 (row stride may exceed C: a column slice of the fused projection)
     weight: [C, 4] bf16; window: [N, 3, C] bf16 parent windows; cu_seqlens: [N+1] int32.
@@ -109,8 +129,8 @@ def causal_conv1d(x, weight, window, cu_seqlens, out=None, new_window=None):
     assert x.stride(1) == 1 and C % 8 == 0 and weight.is_contiguous() and window.is_contiguous()
     out = _out(out, (T, C), torch.bfloat16, x.device)
     new_window = _out(new_window, (N, CONV_K - 1, C), torch.bfloat16, x.device)
-    threads = 128
-    grid = ((C // 8 + threads - 1) // threads, (T + 3) // 4 + N * (CONV_K - 1))  # 4 rows a thread
+    threads, rows = traits.CONV.threads, traits.CONV.rows_per_thread
+    grid = ((C // 8 + threads - 1) // threads, (T + rows - 1) // rows + N * (CONV_K - 1))
     _launch(
         "conv1d",
         "causal_conv1d_packed",
@@ -170,7 +190,7 @@ GDN_VARIANTS = {
     "p16c32x4": (16, 32, 4),
     "p16c16x1": (16, 16, 1),
 }
-GDN_DEFAULT = "p4c16x1"  # fastest measured on the H200, 2026-11-29 (docs/cuda-kernels.md)
+GDN_DEFAULT = "p4c16x1"  # the fastest variant on an H200 (docs/cuda-kernels.md)
 
 
 def gdn_recurrent(
@@ -203,11 +223,6 @@ def gdn_recurrent(
     return out, final
 
 
-GDN_CHUNK = 64  # gdn_chunked.cu: chunk length; chunks sit at multiples of it from the sequence start
-_SOLVE_SMEM = 4 * (64 * 132 + 64 * 260 + 3 * 64 * 68 + 2 * 64)
-_STATE_SMEM = 4 * (128 * 68 + 3 * 64 * 132 + 2 * 64 * 68 + 3 * 64)
-
-
 def gdn_tail_width(num_k_heads: int, num_v_heads: int) -> int:
     """Floats a row of a GDN tail buffer: k (Hk*128) | v (H*128) | g (H) | beta (H), padded to 4."""
     width = (num_k_heads + num_v_heads) * GDN_DIM + 2 * num_v_heads
@@ -217,7 +232,7 @@ def gdn_tail_width(num_k_heads: int, num_v_heads: int) -> int:
 def gdn_chunked(
     qn, kn, v, g, beta, cu_seqlens, positions, max_q, init_state=None, tail_in=None, out=None, final=None, tail_out=None
 ):
-    """Gated delta rule over packed segments in 64-token chunks at absolute positions
+    """Gated delta rule over packed segments in GDN_CHUNK (64) token chunks at absolute positions
     (cuda/gdn_chunked.cu says why and how).
 
     qn, kn: [T, Hk, 128] fp32; v: [T, H, 128] bf16 view (token stride free, inner contiguous);
@@ -232,6 +247,7 @@ def gdn_chunked(
     Hk = qn.shape[1]
     N = cu_seqlens.numel() - 1
     assert v.stride(2) == 1 and v.stride(1) == GDN_DIM and H % Hk == 0 and qn.is_contiguous() and kn.is_contiguous()
+    geo = traits.GDN_CHUNKED
     dev, width = g.device, gdn_tail_width(Hk, H)
     out = _out(out, (T, H, GDN_DIM), torch.bfloat16, dev)
     final = _out(final, (N, H, GDN_DIM, GDN_DIM), torch.float32, dev)
@@ -248,7 +264,7 @@ def gdn_chunked(
         "gdn_chunked",
         "gdn_chunk_solve",
         (max_chunks, H, N),
-        (256,),
+        (geo.threads,),
         (
             kn,
             v,
@@ -267,15 +283,15 @@ def gdn_chunked(
             u,
             gcum,
         ),
-        dynamic_smem=_SOLVE_SMEM,
+        dynamic_smem=geo.solve_smem_bytes,
     )
     _launch(
         "gdn_chunked",
         "gdn_chunk_state",
-        (GDN_DIM // 64, H, N),
-        (256,),
+        (GDN_DIM // geo.state_columns, H, N),
+        (geo.threads,),
         (qn, kn, w, u, gcum, cu_seqlens, positions, H, Hk, max_chunks, tails, _i64(width), init, has_init, out, final),
-        dynamic_smem=_STATE_SMEM,
+        dynamic_smem=geo.state_smem_bytes,
     )
     return out, final, tail_out
 
@@ -298,13 +314,13 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
     else:
         assert gate.stride(2) == 1
         gate_t, st, sh, has_gate = gate, gate.stride(0), gate.stride(1), True
-    smem = 3 * 64 * D * 2
-    grid = ((max_q_len + 63) // 64, Hq, N)
+    geo = traits.ATTENTION
+    grid = ((max_q_len + geo.block_q - 1) // geo.block_q, Hq, N)
     _launch(
         "tree_attention",
         "tree_attention_fwd",
         grid,
-        (128,),
+        (geo.threads,),
         (
             q,
             k_pool,
@@ -321,7 +337,7 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
             has_gate,
             out,
         ),
-        dynamic_smem=smem,
+        dynamic_smem=geo.smem_bytes,
     )
     return out
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from openjev.worker.geometry import GDN_CHUNK_TOKENS
 from openjev.worker.model import ops
 
 
@@ -45,7 +46,7 @@ def gdn_prepare(
 
 def gdn_packed(qn, kn, v, g, beta, cu_seqlens, init_state=None):
     """qn, kn: [T, Hk, Dk] fp32; v: [T, H, Dv]; g, beta: [T, H]; init_state: [N, H, Dk, Dv] or None.
-    Returns (o [T, H, Dv] fp32, final_state [N, H, Dk, Dv] fp32). 64-token chunks per segment."""
+    Returns (o [T, H, Dv] fp32, final_state [N, H, Dk, Dv] fp32). GDN_CHUNK_TOKENS-token chunks per segment."""
     ratio = v.shape[1] // qn.shape[1]
     q, k = qn.repeat_interleave(ratio, dim=1), kn.repeat_interleave(ratio, dim=1)
     outs, states = [], []
@@ -58,7 +59,9 @@ def gdn_packed(qn, kn, v, g, beta, cu_seqlens, init_state=None):
     return torch.cat(outs), torch.stack(states)
 
 
-def gdn_chunked_packed(qn, kn, v, g, beta, cu_seqlens, positions, init_state=None, tail_in=None, chunk=64):
+def gdn_chunked_packed(
+    qn, kn, v, g, beta, cu_seqlens, positions, init_state=None, tail_in=None, chunk=GDN_CHUNK_TOKENS
+):
     """Same arguments as kernels.gdn_chunked (tail rows: k [Hk*Dk] | v [H*Dv] | g [H] | beta [H]).
     Each segment's rows are its tail (positions[cu[n]] % chunk rows of tail_in[n]) then its own;
     from its parent's state they run through chunks counted from the first tail row.

@@ -33,9 +33,8 @@ from openjev.worker.runner_api import SegmentResult, SegmentRun
 DEFAULT_GRAPH_CACHE_SIZE = 128
 DEFAULT_GRAPH_CAPTURE_AFTER = 2
 # "serial": the token recurrence (gated_delta.cu), faster on the H200 at every length measured
-# (2026-11-29: 0.21 / 1.80 / 7.12 ms against 0.30 / 2.33 / 9.25 ms at 512 / 4,096 / 16,384
-# tokens; device run and command in docs/cuda-kernels.md); "chunked": the tensor-core WY form
-# (gdn_chunked.cu). Both agree exactly across policies.
+# (timings in docs/cuda-kernels.md); "chunked": the tensor-core WY form (gdn_chunked.cu). Both
+# agree exactly across policies.
 GDN_KERNELS = ("serial", "chunked")
 
 

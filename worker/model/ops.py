@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from openjev.worker.geometry import GDN_CHUNK_TOKENS
+
 # transformers' l2norm epsilon (matching flash-linear-attention), added to the squared norm.
 L2NORM_EPS = 1e-6
 
@@ -136,7 +138,7 @@ def _delta_rule_chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
 
 
 def gated_delta_rule(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None, chunk_size: int = 64
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None, chunk_size: int = GDN_CHUNK_TOKENS
 ) -> tuple[Tensor, Tensor]:
     """The gated delta rule over chunks of chunk_size tokens counted from the segment start.
     q, k: [T, H, Dk] (L2-normalized, q scaled by Dk^-0.5, k heads repeated to the v heads);

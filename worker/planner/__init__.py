@@ -1,5 +1,6 @@
 """Prefix-reuse planner: token trees, policies, packing and the auto cost model (ints only)."""
 
+from openjev.worker.geometry import GDN_CHUNK_TOKENS
 from openjev.worker.planner.cost import (
     CPU_COST_MODEL,
     GPU_COST_MODEL,
@@ -7,7 +8,6 @@ from openjev.worker.planner.cost import (
     default_cost_model,
 )
 from openjev.worker.planner.plan import (
-    GDN_CHUNK_TOKENS,
     POLICIES,
     PackLimits,
     Plan,

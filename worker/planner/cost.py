@@ -41,17 +41,17 @@ def num_attention_pairs(plan: Plan) -> int:
 
 # CPU: the PyTorch fp32 runner on the embedded demo model. Fitted by weighted least squares to
 # single-launch timings over 1-16 sequences x 8-2048 tokens x 0-3072 tokens of context
-# (benchmarks/prefix_cpu.py --threads 1 --fit, 2026-11-29; it predicts that run's off and shared
-# latencies within 3%). A launch's fixed cost is Python and per-layer op dispatch; the attention
-# term is large because the CPU path materializes the score matrices.
+# (benchmarks/prefix_cpu.py --threads 1 --fit; docs/prefix-reuse.md has the fit and how well it
+# predicts the measured off and shared latencies). A launch's fixed cost is Python and per-layer
+# op dispatch; the attention term is large because the CPU path materializes the score matrices.
 CPU_COST_MODEL = CostModel(
     seconds_per_launch=5.0e-3,
     seconds_per_token=9.2e-5,
     seconds_per_attention_pair=6.5e-8,
 )
 
-# GPU: the 27B shape on one H200 (DESIGN §5). Launch = the weight read, ~54 GB at ~4.3 TB/s
-# = 12 ms. Token: 2 * 27e9 FLOP / 790 TFLOP/s = 68 us at the roofline; doubled for the GDN
+# GPU: the 27B shape on one H200 (docs/prefix-reuse.md). Launch = the weight read, ~54 GB at
+# ~4.3 TB/s = 12 ms. Token: 2 * 27e9 FLOP / 790 TFLOP/s = 68 us at the roofline; doubled for the GDN
 # recurrence, norms and realistic GEMM efficiency. Attention pair: SDPA measured 4.96 ms per
 # layer at 16,384 causal tokens (1.34e8 pairs) over 16 attention layers = 5.9e-10 s.
 GPU_COST_MODEL = CostModel(

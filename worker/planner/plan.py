@@ -14,11 +14,6 @@ Scope = Literal["none", "within_question", "across_questions"]
 
 POLICIES: tuple[str, ...] = ("off", "default", "shared", "fixed", "auto")
 
-# GDN layers run their recurrence in chunks of this many tokens from a sequence's start. Under
-# `fixed` every shared boundary sits on a multiple of it, so each computed chunk is one `off`
-# computes too (same tokens, same chunk split, hence the same rounding).
-GDN_CHUNK_TOKENS = 64
-
 
 @dataclass(frozen=True, order=True)
 class Reader:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from openjev.worker.geometry import GDN_CHUNK_TOKENS
 from openjev.worker.planner.cost import CostModel
 from openjev.worker.planner.packing import split_into_segments
 from openjev.worker.planner.passes import pack_passes
-from openjev.worker.planner.plan import GDN_CHUNK_TOKENS, POLICIES, PackLimits, Plan, Reader, Scope
+from openjev.worker.planner.plan import POLICIES, PackLimits, Plan, Reader, Scope
 from openjev.worker.planner.tree import (
     Prompt,
     TreeNode,

@@ -97,7 +97,7 @@ def test_no_embedding_under_known_prefixes_is_refused(model_export, small, tmp_p
 
 
 def test_real_27b_config_shape_parses():
-    """The nested config of the real 27B shape (DESIGN §3): defaults fill layer_types, mrope
+    """The nested config of the real 27B shape (docs/architecture.md): defaults fill layer_types, mrope
     collapses to 64 rotary dims."""
     text = {
         "model_type": "qwen3_5_text",

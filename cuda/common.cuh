@@ -1,0 +1,45 @@
+// Helpers shared by the kernels in this folder. NVRTC finds this header through the -I the host
+// passes (the installed openjev.kernels directory).
+#pragma once
+#include <cuda_bf16.h>
+
+// NVRTC has no <stdint.h>
+typedef unsigned int u32;
+
+// Eight bf16 values: one 16-byte load or store, converted to and from fp32.
+struct __align__(16) bf16x8 { __nv_bfloat162 h[4]; };
+
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float* f) {
+    bf16x8 v = *reinterpret_cast<const bf16x8*>(p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float2 t = __bfloat1622float2(v.h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+
+__device__ __forceinline__ void store8(__nv_bfloat16* p, const float* f) {
+    bf16x8 v;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v.h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    *reinterpret_cast<bf16x8*>(p) = v;
+}
+
+// Sum over the 32 lanes of a warp (butterfly: every lane gets the total, in the same order).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Asynchronous 16-byte global -> shared copies (sm_80+): no register round trip. src_bytes = 0
+// writes zeros and reads nothing.
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }

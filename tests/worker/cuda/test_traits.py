@@ -1,0 +1,64 @@
+"""The kernel geometry the host passes to NVRTC (CPU only: no compiler, no GPU)."""
+
+from __future__ import annotations
+
+import importlib.resources
+import re
+import subprocess
+import sys
+
+from openjev.worker import geometry
+from openjev.worker.cuda import traits
+
+KERNELS = importlib.resources.files("openjev.kernels")
+
+
+def _defined(flags: tuple[str, ...]) -> dict[str, int]:
+    return {name: int(value) for name, value in (f[2:].split("=") for f in flags)}
+
+
+def test_every_size_a_kernel_requires_is_passed():
+    """Each .cu stops with #error unless the host defines its sizes: they must all be there."""
+    defined = _defined(traits.compile_definitions())
+    for source in KERNELS.iterdir():
+        if not source.name.endswith(".cu"):
+            continue
+        guard = re.search(r"#if (!defined\(.*?)\n#error", source.read_text(), re.S)
+        assert guard, f"{source.name} does not check for its definitions"
+        required = re.findall(r"!defined\((\w+)\)", guard.group(1))
+        assert required and set(required) <= set(defined), (source.name, set(required) - set(defined))
+
+
+def test_geometry_reaches_the_kernels_unchanged():
+    defined = _defined(traits.compile_definitions())
+    assert defined["GDN_CHUNK"] == geometry.GDN_CHUNK_TOKENS
+    assert defined["GDN_DIM"] == geometry.GDN_HEAD_DIM
+    assert defined["ATTN_HEAD_DIM"] == geometry.ATTN_HEAD_DIM
+    assert defined["CONV_K"] == geometry.CONV_KERNEL_SIZE
+
+
+def test_shared_memory_sizes_follow_the_strides():
+    g = traits.GDN_CHUNKED
+    c, d = g.chunk, g.head_dim
+    lk, lc, lb = d + g.row_pad, c + g.row_pad, 2 * d + g.row_pad
+    assert g.solve_smem_bytes == 4 * (c * lk + c * lb + 3 * c * lc + 2 * c) == 153_088
+    assert g.state_smem_bytes == 4 * (d * lc + 3 * c * lk + 2 * c * lc + 3 * c) == 171_776
+    assert traits.ATTENTION.smem_bytes == 3 * 64 * 256 * 2
+    # one block per SM must fit the H100/H200's 227 KiB of shared memory
+    assert max(g.solve_smem_bytes, g.state_smem_bytes, traits.ATTENTION.smem_bytes) <= 227 * 1024
+
+
+def test_common_header_ships_beside_the_kernels():
+    assert KERNELS.joinpath("common.cuh").is_file()
+
+
+def test_planner_geometry_needs_no_torch():
+    code = "import sys, openjev.worker.planner; assert 'torch' not in sys.modules and 'cupy' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_traits_print_the_nvcc_flags():
+    out = subprocess.run(
+        [sys.executable, "-m", "openjev.worker.cuda.traits"], check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert tuple(out) == traits.compile_definitions()
