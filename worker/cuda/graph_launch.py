@@ -190,18 +190,11 @@ class GraphLauncher:
         from openjev.worker.runner_api import SegmentRun
 
         n = key.tokens - key.levels + 1  # a chain of `levels` runs, the last kept if the key keeps
-        runs = [SegmentRun([0] * n, 0, None, keep_state=key.kept and key.levels == 1, read_head=True)]
-        for d in range(1, key.levels):
-            runs.append(
-                SegmentRun(
-                    [0],
-                    n + d - 1,
-                    None,
-                    keep_state=key.kept and d == key.levels - 1,
-                    read_head=True,
-                    parent_in_pass=d - 1,
-                )
-            )
+        runs = []
+        for d in range(key.levels):
+            kept = key.kept and d == key.levels - 1
+            parent = d - 1 if d else None
+            runs.append(SegmentRun([0] * (n if d == 0 else 1), n + d - 1 if d else 0, None, kept, True, parent))
         return plan_launch(runs, self.model.config.vocab_size)
 
     # ---- one pass ---------------------------------------------------------------------------
