@@ -81,7 +81,12 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 // v:          [T, H, DV] bf16 with row stride v_stride (a view into the conv output)
 // g, beta:    [T, H] fp32
 // cu_seqlens: [N+1] int32
-// init_state: [N, H, DK, DV] fp32 (ignored when has_init == 0)
+// init_state: [*, H, DK, DV] fp32 (rows init_stride floats apart)
+// init_idx:   [N] int32, where segment n starts: >= 0 row init_idx[n] of init_state; -1 zeros;
+//             <= -2 row -2 - init_idx[n] of final_state (its parent in the same pass, finished
+//             by an earlier launch of this pass)
+// seg_level:  [N] int32; only segments with seg_level[n] == level run, blocks of the others exit
+//             (a forest pass launches once per tree level on a fixed grid, so graphs can hold it)
 // out:        [T, H, DV] bf16
 // final_state:[N, H, DK, DV] fp32
 // grid (DV / NCOLS, H, N), block NCOLS / CC * PARTS threads.
@@ -97,7 +102,8 @@ __device__ __forceinline__ void gdn_recurrent(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
     const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
     const float* __restrict__ beta, const int* __restrict__ cu_seqlens, int H, int Hk,
-    const float* __restrict__ init_state, int has_init, __nv_bfloat16* __restrict__ out,
+    const float* __restrict__ init_state, long init_stride, const int* __restrict__ init_idx,
+    const int* __restrict__ seg_level, int level, __nv_bfloat16* __restrict__ out,
     float* __restrict__ final_state) {
     constexpr int R = DK / PARTS;       // state rows per thread
     constexpr int RP = R + 4;           // padded: the PARTS row groups start in different banks
@@ -112,16 +118,22 @@ __device__ __forceinline__ void gdn_recurrent(
     const int cg = (tid / PARTS) * CC, part = tid % PARTS;  // first column (in the block), rows
     const int col0 = blockIdx.x * NCOLS;
     const int h = blockIdx.y, n = blockIdx.z;
+    if (seg_level[n] != level) return;  // whole block: no barrier has been reached yet
     const int hk = h / (H / Hk);
     const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
     const long state_base = ((long)n * H + h) * DK * DV;
+    // final_state rows of other segments are only read, never written, by this launch
+    const int src = init_idx[n];
+    const float* init = src >= 0    ? init_state + (long)src * init_stride + (long)h * DK * DV
+                        : src < -1 ? final_state + ((long)(-2 - src) * H + h) * DK * DV
+                                   : init_state;  // not read
 
     float S[R][CC];
 #pragma unroll
     for (int i = 0; i < R; ++i)
 #pragma unroll
         for (int c = 0; c < CC; ++c)
-            S[i][c] = has_init ? init_state[state_base + (long)(part * R + i) * DV + col0 + cg + c] : 0.f;
+            S[i][c] = src != -1 ? init[(long)(part * R + i) * DV + col0 + cg + c] : 0.f;
 
     for (int cs = start; cs < end; cs += CT) {
         const int cnt = min(CT, end - cs);
@@ -209,9 +221,12 @@ __device__ __forceinline__ void gdn_recurrent(
     const float *__restrict__ qn, const float *__restrict__ kn, const float *__restrict__ kq,  \
         const __nv_bfloat16 *__restrict__ v, long v_stride, const float *__restrict__ g,       \
         const float *__restrict__ beta, const int *__restrict__ cu_seqlens, int H, int Hk,     \
-        const float *__restrict__ init_state, int has_init, __nv_bfloat16 *__restrict__ out,  \
+        const float *__restrict__ init_state, long init_stride, const int *__restrict__ init_idx, \
+        const int *__restrict__ seg_level, int level, __nv_bfloat16 *__restrict__ out,         \
         float *__restrict__ final_state
-#define GDN_PASS qn, kn, kq, v, v_stride, g, beta, cu_seqlens, H, Hk, init_state, has_init, out, final_state
+#define GDN_PASS                                                                                \
+    qn, kn, kq, v, v_stride, g, beta, cu_seqlens, H, Hk, init_state, init_stride, init_idx,   \
+        seg_level, level, out, final_state
 #define GDN_VARIANT(name, P, NC, CC)                                                         \
     extern "C" __global__ void __launch_bounds__(NC / CC * P) name(GDN_ARGS) {              \
         gdn_recurrent<P, NC, CC>(GDN_PASS);                                                  \

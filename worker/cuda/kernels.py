@@ -194,13 +194,31 @@ GDN_DEFAULT = "p4c16x1"  # the fastest variant on an H200 (docs/cuda-kernels.md)
 
 
 def gdn_recurrent(
-    qn, kn, kq, v, g, beta, cu_seqlens, init_state=None, variant: str = GDN_DEFAULT, out=None, final=None
+    qn,
+    kn,
+    kq,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    init_state=None,
+    variant: str = GDN_DEFAULT,
+    out=None,
+    final=None,
+    init_idx=None,
+    seg_level=None,
+    level: int = 0,
 ):
     """Gated delta rule over packed segments.
 
     qn, kn: [T, Hk, 128] fp32; kq: [T, Hk] fp32 (qn . kn); v: [T, H, 128] bf16 view (token stride
     free, inner contiguous); g, beta: [T, H] fp32; cu_seqlens: [N+1] int32;
-    init_state: [N, H, 128, 128] fp32 or None (zeros).
+    init_state: [*, H, 128, 128] fp32 (dim 0 may be strided) or None (zeros).
+    Forest passes (one launch per tree level, all on the same grid):
+    init_idx: [N] int32 or None (row n of init_state, or zeros without it): >= 0 a row of
+    init_state, -1 zeros, <= -2 row -2 - i of `final` (an in-pass parent an earlier launch finished);
+    seg_level: [N] int32 or None (all 0); only segments with seg_level == level run, the others'
+    rows of out and final are left as they are.
     Returns (o [T, H, 128] bf16, final_state [N, H, 128, 128] fp32).
     """
     T, H = g.shape
@@ -211,14 +229,44 @@ def gdn_recurrent(
     dev = g.device
     out = _out(out, (T, H, GDN_DIM), torch.bfloat16, dev)
     final = _out(final, (N, H, GDN_DIM, GDN_DIM), torch.float32, dev)
-    has_init = init_state is not None
-    init = init_state.contiguous() if has_init else final  # never read when has_init == 0
+    if init_idx is None:
+        init_idx = (
+            torch.arange(N, dtype=torch.int32, device=dev)
+            if init_state is not None
+            else torch.full((N,), -1, dtype=torch.int32, device=dev)
+        )
+    if seg_level is None:
+        seg_level = torch.zeros(N, dtype=torch.int32, device=dev)
+    assert init_idx.dtype == torch.int32 and seg_level.dtype == torch.int32
+    if init_state is None:
+        init, stride = final, 0  # never read: no init_idx is >= 0 then
+    else:
+        assert init_state.shape[1:] == (H, GDN_DIM, GDN_DIM) and init_state[0].is_contiguous()
+        init, stride = init_state, init_state.stride(0)
     _launch(
         "gated_delta",
         f"gdn_recurrent_{variant}",
         (GDN_DIM // cols, H, N),
         (cols // per_thread * parts,),
-        (qn, kn, kq, v, _i64(v.stride(0)), g, beta, cu_seqlens, H, Hk, init, has_init, out, final),
+        (
+            qn,
+            kn,
+            kq,
+            v,
+            _i64(v.stride(0)),
+            g,
+            beta,
+            cu_seqlens,
+            H,
+            Hk,
+            init,
+            _i64(stride),
+            init_idx,
+            seg_level,
+            level,
+            out,
+            final,
+        ),
     )
     return out, final
 

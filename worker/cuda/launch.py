@@ -1,5 +1,10 @@
-"""A launch's layout: validated on the host (`plan_launch` -> LaunchPlan), then as device
-indices (`Launch`), and the per-segment state a kept segment leaves (CudaSegmentState)."""
+"""A pass's layout: validated on the host (`plan_launch` -> LaunchPlan), then as device
+indices (`Launch`), and the per-segment state a kept segment leaves (CudaSegmentState).
+
+A forest pass holds runs whose parents may be earlier runs of the same pass. The plan orders
+runs by level (stable), so each level is a contiguous range; the GDN recurrence then runs once
+per level, conv windows are gathered from in-pass ancestors' rows, and attention reads in-pass
+ancestors' keys from the pass's own pool rows (kv_rows just lists them)."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from openjev.worker.runner_api import SegmentRun
+from openjev.worker.runner_api import SegmentRun, pass_depths
 
 
 @dataclass(frozen=True)
@@ -46,35 +51,72 @@ class CudaSegmentState:
 
 @dataclass
 class LaunchPlan:
-    """A validated launch on the host. ids, positions: [T] ints; cu: [N+1] segment bounds; heads:
-    rows the head reads; nodes: distinct ancestor KvNodes in pool order, `base` rows in all;
-    ancestors[n]: (pool row, rows) of segment n's ancestor nodes, root first; max_q: longest
-    segment."""
+    """A validated forest pass on the host, its runs ordered by level (stable), so each level is a
+    contiguous range of rows and segments. All lists are in that internal order.
+
+    runs: internal order; order[i]: index in the caller's runs of internal run i.
+    ids, positions: [T] ints; cu: [N+1] segment bounds; heads: rows the head reads (internal
+    order); head_order: for the caller's reading runs in order, the index into heads (None: same).
+    level: per run its level in the pass; num_levels: 1 + the deepest.
+    in_parent: per run the internal index of its in-pass parent, -1 none.
+    parents: distinct external parent states, state slot s + 1 (slot 0: none); slot: per run the
+    slot of its own external parent (0 none).
+    gdn_init: per run where its recurrence starts (kernels.gdn_recurrent's init_idx: its slot, -1
+    zeros, -2 - p the final state of in-pass parent p).
+    win_src: [3N] per run and conv window row m (positions start-3+m): >= 0 the packed row of
+    x, < 0 row -1 - v of the slots' windows flattened [(1 + P) * 3, C] (slot 0: zeros).
+    nodes: distinct ancestor KvNodes of kept states, `base` rows in all; ancestors[n]: (row
+    among them, rows) of run n's ancestor nodes, root first; in_chain[n]: run n's in-pass
+    ancestors (internal indices), root first.
+    materialise: runs whose K/V rows become KvNodes (the kept ones and their in-pass ancestors).
+    max_q: longest segment."""
 
     runs: list[SegmentRun]
+    order: list[int]
     ids: list[int]
     positions: list[int]
     cu: list[int]
     heads: list[int]
+    head_order: list[int] | None
+    level: list[int]
+    num_levels: int
+    in_parent: list[int]
+    parents: list[CudaSegmentState]
+    slot: list[int]
+    gdn_init: list[int]
+    win_src: list[int]
     nodes: list[KvNode]
     base: int
     ancestors: list[list[tuple[int, int]]]
+    in_chain: list[list[int]]
+    materialise: list[int]
     max_q: int
 
-    def kv_rows(self, own_base: int):
-        """(rows [sum S_n] int32: pool row of each segment's logical keys, cu_k [N+1]) with this
-        launch's own rows placed from pool row own_base."""
-        ranges = [anc + [(own_base + self.cu[i], self.cu[i + 1] - self.cu[i])] for i, anc in enumerate(self.ancestors)]
+    @property
+    def num_kept(self) -> int:
+        return sum(run.keep_state for run in self.runs)
+
+    def kv_rows(self, anc_base: int):
+        """(rows [sum S_n] int32: pool row of each segment's logical keys, cu_k [N+1]) for a pool
+        holding this pass's own rows from row 0 and the ancestor nodes' rows from anc_base."""
+        ranges = [
+            [(anc_base + a, n) for a, n in anc]
+            + [(self.cu[p], self.cu[p + 1] - self.cu[p]) for p in chain]
+            + [(self.cu[i], self.cu[i + 1] - self.cu[i])]
+            for i, (anc, chain) in enumerate(zip(self.ancestors, self.in_chain, strict=True))
+        ]
         rows = np.concatenate([np.arange(a, a + n, dtype=np.int32) for r in ranges for a, n in r])
         return rows, np.cumsum([0] + [sum(n for _, n in r) for r in ranges])
 
 
 @dataclass
 class Launch:
-    """A launch's device-side indices. ids: [T] int32; cu: [N+1] int32; pos: [T] int32 positions;
+    """A pass's device-side indices. ids: [T] int32; cu: [N+1] int32; pos: [T] int32 positions;
     head_idx: [R] int32 rows the head reads (None: no head rows); rope: (cos, sin) [T,
     rotary_dim/2] fp32; kv_rows: [sum S_n] int32 pool row of each segment's logical keys; cu_k:
-    [N+1] int32; max_q: the attention grid's longest segment."""
+    [N+1] int32; max_q: the attention grid's longest segment; slot, gdn_init, level: [N] int32
+    (LaunchPlan); num_levels: recurrence launches per GDN layer; win_src: [3N] int32
+    (LaunchPlan.win_src)."""
 
     ids: torch.Tensor
     cu: torch.Tensor
@@ -84,20 +126,48 @@ class Launch:
     kv_rows: torch.Tensor
     cu_k: torch.Tensor
     max_q: int
+    slot: torch.Tensor
+    gdn_init: torch.Tensor
+    level: torch.Tensor
+    num_levels: int
+    win_src: torch.Tensor
+
+    def __post_init__(self):
+        # derived once a pass, shared by every GDN layer's window gather (capturable ops)
+        src = self.win_src
+        self.win_row = src.clamp(min=0)
+        self.win_ext = (-1 - src).clamp(min=0)
+        self.win_is_row = (src >= 0).unsqueeze(1)
+
+    def windows(self, x: torch.Tensor, slot_windows: torch.Tensor) -> torch.Tensor:
+        """Each segment's incoming conv window [N, 3, C] bf16: rows of x [T, C] bf16 (in-pass
+        ancestors) or of slot_windows [1 + P, 3, C] bf16 contiguous (external parents; slot 0
+        zeros)."""
+        ext = slot_windows.flatten(0, 1)
+        picked = torch.where(self.win_is_row, x.index_select(0, self.win_row), ext.index_select(0, self.win_ext))
+        return picked.view(-1, 3, x.shape[1])
 
 
 def plan_launch(runs: Sequence[SegmentRun], vocab_size: int) -> LaunchPlan:
-    """Validate a launch and lay it out on the host: token rows, segment bounds, head rows,
-    and the attention pool (each distinct ancestor node's rows once, then the launch's own)."""
-    ids, positions, cu, heads = [], [], [0], []
+    """Validate a forest pass and lay it out on the host: runs ordered by level, token rows,
+    segment bounds, head rows, state sources, conv window sources and the attention pool (each
+    distinct ancestor node's rows once)."""
+    depths = pass_depths(runs)
     for run in runs:
         parent = run.parent_state
         if len(run.token_ids) == 0:
             raise ValueError("SegmentRun.token_ids must not be empty")
         if parent is not None and not isinstance(parent, CudaSegmentState):
             raise TypeError(f"parent_state is a {type(parent).__name__}, not a CudaRunner state")
-        if run.start_position != (0 if parent is None else parent.num_tokens):
+        if run.parent_in_pass is None and run.start_position != (0 if parent is None else parent.num_tokens):
             raise ValueError("start_position must equal the parent's end position")
+    order = sorted(range(len(runs)), key=lambda i: depths[i])  # stable: parents keep preceding children
+    internal = {orig: i for i, orig in enumerate(order)}
+    plan_runs = [runs[o] for o in order]
+    level = [depths[o] for o in order]
+    in_parent = [-1 if r.parent_in_pass is None else internal[r.parent_in_pass] for r in plan_runs]
+    ids, positions, cu, heads = [], [], [0], []
+    for run in plan_runs:
         ids.extend(run.token_ids)
         positions.extend(range(run.start_position, run.start_position + len(run.token_ids)))
         cu.append(len(ids))
@@ -105,9 +175,28 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int) -> LaunchPlan:
             heads.append(len(ids) - 1)
     if max(ids) >= vocab_size or min(ids) < 0:
         raise ValueError("token id outside the vocabulary")
+    head_pos = {}
+    for i, run in enumerate(plan_runs):
+        if run.read_head:
+            head_pos[order[i]] = len(head_pos)
+    head_order = [head_pos[o] for o in range(len(runs)) if runs[o].read_head]
+    parents, slots_of = [], {}
+    slot = []
+    for run in plan_runs:
+        p = run.parent_state
+        if p is not None and id(p) not in slots_of:
+            parents.append(p)
+            slots_of[id(p)] = len(parents)
+        slot.append(0 if p is None else slots_of[id(p)])
+    gdn_init = [(-2 - in_parent[i]) if in_parent[i] >= 0 else (slot[i] or -1) for i in range(len(plan_runs))]
+    win_src = [_window_source(i, m - 3, in_parent, cu, slot) for i in range(len(plan_runs)) for m in range(3)]
     nodes, offsets, base = [], {}, 0
-    ancestors = []
-    for run in runs:
+    ancestors, in_chain = [], []
+    for i, run in enumerate(plan_runs):
+        if in_parent[i] >= 0:  # parents precede children in internal order
+            ancestors.append(ancestors[in_parent[i]])
+            in_chain.append(in_chain[in_parent[i]] + [in_parent[i]])
+            continue
         lineage = [] if run.parent_state is None else run.parent_state.kv.lineage()
         for node in lineage:
             if id(node) not in offsets:
@@ -115,6 +204,42 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int) -> LaunchPlan:
                 nodes.append(node)
                 base += node.num_rows
         ancestors.append([(offsets[id(nd)], nd.num_rows) for nd in lineage])
+        in_chain.append([])
+    materialise = sorted({a for i, run in enumerate(plan_runs) if run.keep_state for a in in_chain[i] + [i]})
     return LaunchPlan(
-        list(runs), ids, positions, cu, heads, nodes, base, ancestors, max(b - a for a, b in zip(cu[:-1], cu[1:]))
+        runs=plan_runs,
+        order=order,
+        ids=ids,
+        positions=positions,
+        cu=cu,
+        heads=heads,
+        head_order=None if head_order == list(range(len(heads))) else head_order,
+        level=level,
+        num_levels=1 + max(level),
+        in_parent=in_parent,
+        parents=parents,
+        slot=slot,
+        gdn_init=gdn_init,
+        win_src=win_src,
+        nodes=nodes,
+        base=base,
+        ancestors=ancestors,
+        in_chain=in_chain,
+        materialise=materialise,
+        max_q=max(b - a for a, b in zip(cu[:-1], cu[1:], strict=False)),
     )
+
+
+def _window_source(n: int, rel: int, in_parent: list[int], cu: list[int], slot: list[int]) -> int:
+    """Where conv input `rel` (< 0, relative to run n's start) comes from (LaunchPlan.win_src):
+    walk up the in-pass parents until one holds that position, else take the external parent's
+    window (or slot 0's zeros: before the prompt)."""
+    while True:
+        p = in_parent[n]
+        if p < 0:
+            return -1 - (slot[n] * 3 + 3 + rel)
+        length = cu[p + 1] - cu[p]
+        if length + rel >= 0:
+            return cu[p] + length + rel
+        rel += length
+        n = p

@@ -26,6 +26,7 @@ import torch
 from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from openjev.worker.cuda import gemm
 from openjev.worker.cuda import kernels as K
+from openjev.worker.cuda.buckets import PassBudget
 from openjev.worker.cuda.fused_weights import FusedLayer, fuse_layer, plain_weights, random_layers, shape_config
 from openjev.worker.cuda.launch import CudaSegmentState, KvNode, Launch, LaunchPlan, plan_launch
 from openjev.worker.runner_api import SegmentResult, SegmentRun
@@ -36,11 +37,11 @@ DEFAULT_GRAPH_CAPTURE_AFTER = 2
 # (timings in docs/cuda-kernels.md); "chunked": the tensor-core WY form (gdn_chunked.cu). Both
 # agree exactly across policies.
 GDN_KERNELS = ("serial", "chunked")
+DEFAULT_PASS_DEPTH = 8  # tree levels one pass holds with the serial GDN kernel
 
 
 class CudaRunner:
     backend = "cuda"
-    max_pass_depth = 1  # parents run in an earlier pass
 
     def __init__(
         self,
@@ -54,11 +55,23 @@ class CudaRunner:
         gemm_min_rows: int | None = None,
         graph_capture_after: int = DEFAULT_GRAPH_CAPTURE_AFTER,
         gdn_kernel: str = "serial",
+        max_pass_tokens: int = 4096,
+        max_pass_segments: int = 64,
+        max_pass_depth: int = DEFAULT_PASS_DEPTH,
+        max_pass_context: int = 16384,
     ):
         if gdn_kernel not in GDN_KERNELS:
             raise ValueError(f"gdn_kernel must be one of {GDN_KERNELS}, not {gdn_kernel!r}")
         # chunked: kept GDN states also carry their unfinished chunk's rows (a tail)
         self.chunked_gdn = gdn_kernel == "chunked"
+        # the chunked kernel has no per-level launch: its passes hold one level
+        self.max_pass_depth = 1 if self.chunked_gdn else max_pass_depth
+        self.budget = PassBudget(
+            tokens=max_pass_tokens,
+            segments=max(max_pass_segments, self.max_pass_depth),
+            depth=self.max_pass_depth,
+            context=max_pass_context,
+        )
         self.config, self.embed, self.layers, self.final_norm = config, embed, layers, final_norm
         # Split-K products must not sum their partial results in bf16 (the library's default)
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
@@ -78,7 +91,12 @@ class CudaRunner:
         if graph_cache_size:
             from openjev.worker.cuda.graph_launch import GraphLauncher
 
-            self.graphs = GraphLauncher(self, graph_cache_size, graph_capture_after)
+            self.graphs = GraphLauncher(self, graph_cache_size, graph_capture_after, self.budget)
+
+    def warm_up(self) -> dict | None:
+        """Capture a graph for every pass shape within the budget (before SERVING); None when
+        the graph cache is off. See GraphLauncher.warm_up."""
+        return None if self.graphs is None else self.graphs.warm_up()
 
     @classmethod
     def synthetic(cls, shape: str = "small", seed: int = 0, num_layers: int | None = None, device="cuda", **options):
@@ -106,7 +124,7 @@ class CudaRunner:
         """The torch reference's ModelWeights, as views of this runner's weights."""
         return plain_weights(self.config, self.embed, self.layers, self.final_norm)
 
-    # ---- one launch -------------------------------------------------------------------------
+    # ---- one pass -------------------------------------------------------------------------
     def run_launch(self, runs: Sequence[SegmentRun]) -> list[SegmentResult]:
         hidden, states = self.final_hidden(runs)
         scores = iter(
@@ -120,9 +138,12 @@ class CudaRunner:
         ]
 
     def final_hidden(self, runs: Sequence[SegmentRun]):
-        """Final-normed hidden rows [R, D] bf16 of the reading runs (in order) and each run's state.
-        Replayed from a CUDA graph when the cache is on and the launch fits it, else eager."""
+        """Final-normed hidden rows [R, D] bf16 of the reading runs and each run's state, both in
+        the order of `runs`. Replayed from a CUDA graph when the cache is on and holds the pass's
+        key, else eager."""
         plan = plan_launch(runs, self.config.vocab_size)
+        if plan.num_levels > self.max_pass_depth:
+            raise ValueError(f"a pass of {plan.num_levels} levels; this runner holds {self.max_pass_depth}")
         if self.graphs is not None:
             done = self.graphs.run(plan)
             if done is not None:
@@ -132,7 +153,8 @@ class CudaRunner:
     def _eager(self, plan: LaunchPlan):
         dev = self.device
         as_i32 = lambda xs: torch.as_tensor(np.asarray(xs, dtype=np.int32)).to(dev)  # noqa: E731
-        rows, cu_k = plan.kv_rows(plan.base)
+        T = len(plan.ids)
+        rows, cu_k = plan.kv_rows(T)
         pos = as_i32(plan.positions)
         launch = Launch(
             ids=as_i32(plan.ids),
@@ -143,20 +165,35 @@ class CudaRunner:
             kv_rows=as_i32(rows),
             cu_k=as_i32(cu_k),
             max_q=plan.max_q,
+            slot=as_i32(plan.slot),
+            gdn_init=as_i32(plan.gdn_init),
+            level=as_i32(plan.level),
+            num_levels=plan.num_levels,
+            win_src=as_i32(plan.win_src),
         )
         io = _EagerIO(self, plan)
-        hidden = self._forward(launch, io)
-        return hidden, [
-            self.state_of(run, io.gdn[i], io.kv[i]) if run.keep_state else None for i, run in enumerate(plan.runs)
-        ]
+        hidden = self.forward_device(launch, io)
+        if plan.head_order is not None:
+            hidden = hidden[torch.as_tensor(plan.head_order, device=dev)]
+        return hidden, self.states_of(plan, io.gdn, io.kv)
 
-    def state_of(self, run: SegmentRun, gdn: dict, kv: dict) -> CudaSegmentState:
-        """A kept segment's state from its per-layer final tensors (see CudaSegmentState)."""
-        parent_kv = None if run.parent_state is None else run.parent_state.kv
-        node = KvNode(parent_kv, len(run.token_ids), kv)
-        return CudaSegmentState(run.start_position + len(run.token_ids), gdn, node)
+    def states_of(self, plan: LaunchPlan, gdn: list, kv: list) -> list:
+        """Per run of the caller's order its kept state (CudaSegmentState) or None, from per
+        internal run gdn[i] (GDN layer -> (window, state, tail)) and kv[i] (attention layer ->
+        (keys, values)) of the kept runs, kv[i] also of their in-pass ancestors: those become
+        KvNodes of the chain (their GDN states are not kept)."""
+        nodes: dict[int, KvNode] = {}
+        for i in plan.materialise:  # ascending: in-pass parents first
+            run, p = plan.runs[i], plan.in_parent[i]
+            parent = nodes[p] if p >= 0 else (None if run.parent_state is None else run.parent_state.kv)
+            nodes[i] = KvNode(parent, len(run.token_ids), kv[i])
+        states = [None] * len(plan.runs)
+        for i, run in enumerate(plan.runs):
+            if run.keep_state:
+                states[plan.order[i]] = CudaSegmentState(run.start_position + len(run.token_ids), gdn[i], nodes[i])
+        return states
 
-    def _forward(self, launch: Launch, io):
+    def forward_device(self, launch: Launch, io):
         """Device work only (capturable): hidden [R, D] bf16 of the head rows. `io` supplies each
         layer's input states and takes its final ones (_EagerIO here, graph_launch._StaticIO)."""
         eps = self.config.rms_norm_eps
@@ -190,15 +227,36 @@ class CudaRunner:
         C, vd, hv = c.linear_conv_dim, c.linear_value_dim, c.linear_num_value_heads
         proj = self._linear(h, layer.w_in)  # [T, C + Hv*Dv + 2*Hv]
         x = proj[:, :C] if (proj.stride(0) * 2) % 16 == 0 else proj[:, :C].contiguous()
-        windows, init, tails = io.gdn_in(index)
-        conv, new_windows = K.causal_conv1d(x, layer.conv_weight, windows, launch.cu)
+        slot_windows, slot_states, slot_tails = io.gdn_in(index)
+        conv, new_windows = K.causal_conv1d(x, layer.conv_weight, launch.windows(x, slot_windows), launch.cu)
         z, b, a = proj[:, C : C + vd], proj[:, C + vd : C + vd + hv], proj[:, C + vd + hv :]
         qn, kn, g, beta, kq = K.gdn_prepare(conv, a, b, layer.a_log, layer.dt_bias, c.linear_num_key_heads)
         v = conv[:, 2 * c.linear_key_dim :].unflatten(1, (hv, 128))
-        if self.chunked_gdn:
+        if self.chunked_gdn:  # one level: every segment starts from its slot (0: zeros)
+            init = None if slot_states is None else slot_states.index_select(0, launch.slot)
+            tails = None if slot_tails is None else slot_tails.index_select(0, launch.slot)
             o, final, new_tails = K.gdn_chunked(qn, kn, v, g, beta, launch.cu, launch.pos, launch.max_q, init, tails)
-        else:
-            (o, final), new_tails = K.gdn_recurrent(qn, kn, kq, v, g, beta, launch.cu, init), None
+        else:  # one launch per level on a fixed grid: parents' finals before children start
+            T, N = h.shape[0], launch.cu.numel() - 1
+            o = torch.empty(T, hv, 128, dtype=torch.bfloat16, device=h.device)
+            final = torch.empty(N, hv, 128, 128, dtype=torch.float32, device=h.device)
+            for level in range(launch.num_levels):
+                K.gdn_recurrent(
+                    qn,
+                    kn,
+                    kq,
+                    v,
+                    g,
+                    beta,
+                    launch.cu,
+                    slot_states,
+                    out=o,
+                    final=final,
+                    init_idx=launch.gdn_init,
+                    seg_level=launch.level,
+                    level=level,
+                )
+            new_tails = None
         io.gdn_out(index, new_windows, final, new_tails)
         return self._linear(K.gated_rms_norm(o, z, layer.norm_weight, c.rms_norm_eps), layer.w_out)
 
@@ -210,7 +268,7 @@ class CudaRunner:
         qg = proj[:, :qd].unflatten(1, (hq, 2 * hd))
         cos, sin = launch.rope
         q = K.qk_norm_rope(qg[..., :hd], layer.q_norm, cos, sin, c.rms_norm_eps)
-        k_pool, v_pool, base = io.kv_pools(index, h.shape[0])  # ancestors' rows [0, base) filled
+        k_pool, v_pool, _ = io.kv_pools(index, h.shape[0])  # own rows from 0, ancestors' rows after
         K.qk_norm_rope(
             proj[:, qd : qd + kvd].unflatten(1, (hkv, hd)),
             layer.k_norm,
@@ -218,52 +276,44 @@ class CudaRunner:
             sin,
             c.rms_norm_eps,
             dst=k_pool,
-            dst_row0=base,
+            dst_row0=0,
         )
-        v_pool[base:].copy_(proj[:, qd + kvd :].unflatten(1, (hkv, hd)))
+        v_pool[: h.shape[0]].copy_(proj[:, qd + kvd :].unflatten(1, (hkv, hd)))
         o = K.tree_attention(q, k_pool, v_pool, launch.kv_rows, launch.cu, launch.cu_k, launch.max_q, gate=qg[..., hd:])
-        io.kv_out(index, k_pool, v_pool, base)
+        io.kv_out(index, k_pool, v_pool)
         return self._linear(o.flatten(1), layer.w_out)
 
 
 class _EagerIO:
-    """State in and out of an eager launch: parents' tensors stacked per layer, each kept
-    segment's final states cloned per layer (gdn[i], kv[i]: layer index -> tensors)."""
+    """State in and out of an eager pass: parents' tensors stacked per layer into state slots
+    (slot 0 zeros), kept runs' final states and materialised runs' K/V rows cloned per layer
+    (gdn[i], kv[i]: layer index -> tensors, per internal run, None where not needed)."""
 
     def __init__(self, runner: CudaRunner, plan: LaunchPlan):
         self.r, self.plan = runner, plan
-        self.gdn: list[dict] = [{} for _ in plan.runs]
-        self.kv: list[dict] = [{} for _ in plan.runs]
+        self.gdn: list[dict | None] = [{} if run.keep_state else None for run in plan.runs]
+        self.kv: list[dict | None] = [None] * len(plan.runs)
+        for i in plan.materialise:
+            self.kv[i] = {}
 
     def gdn_in(self, index: int):
-        """(windows [N, 3, C], states [N, Hv, 128, 128] or None, tails [N, 64, width] or None):
-        zeros for segments without a parent, None when no segment has one (tails: or the serial
-        kernel runs)."""
-        c, dev = self.r.config, self.r.device
-        parents = [run.parent_state for run in self.plan.runs]
-        windows = torch.stack(
-            [
-                p.gdn[index][0]
-                if p is not None
-                else torch.zeros(3, c.linear_conv_dim, dtype=torch.bfloat16, device=dev)
-                for p in parents
-            ]
-        )
-        if all(p is None for p in parents):
+        """(windows [1+P, 3, C] bf16, states [1+P, Hv, 128, 128] fp32 or None, tails [1+P, 64,
+        width] fp32 or None): per parent slot, slot 0 zeros; None when the pass has no external
+        parent (tails: or the serial kernel runs)."""
+        c, dev, parents = self.r.config, self.r.device, self.plan.parents
+        zero_window = torch.zeros(3, c.linear_conv_dim, dtype=torch.bfloat16, device=dev)
+        windows = torch.stack([zero_window] + [p.gdn[index][0] for p in parents])
+        if not parents:
             return windows, None, None
         hv, width = c.linear_num_value_heads, K.gdn_tail_width(c.linear_num_key_heads, c.linear_num_value_heads)
-        states = torch.stack(
-            [p.gdn[index][1] if p is not None else torch.zeros(hv, 128, 128, device=dev) for p in parents]
-        )
+        states = torch.stack([torch.zeros(hv, 128, 128, device=dev)] + [p.gdn[index][1] for p in parents])
         if not self.r.chunked_gdn:
             return windows, states, None
-        tails = torch.stack(
-            [p.gdn[index][2] if p is not None else torch.zeros(K.GDN_CHUNK, width, device=dev) for p in parents]
-        )
+        tails = torch.stack([torch.zeros(K.GDN_CHUNK, width, device=dev)] + [p.gdn[index][2] for p in parents])
         return windows, states, tails
 
     def gdn_out(self, index: int, new_windows, final, tails):
-        # per-segment clones so a kept state does not pin the whole launch's buffers
+        # per-run clones so a kept state does not pin the whole pass's buffers
         for i, run in enumerate(self.plan.runs):
             if run.keep_state:
                 self.gdn[i][index] = (
@@ -273,17 +323,17 @@ class _EagerIO:
                 )
 
     def kv_pools(self, index: int, T: int):
+        """(keys, values [T + base, Hkv, 256] bf16, T): own rows from 0, ancestors' from T."""
         c, nodes, base = self.r.config, self.plan.nodes, self.plan.base
-        k_pool = torch.empty(base + T, c.num_key_value_heads, c.head_dim, dtype=torch.bfloat16, device=self.r.device)
+        k_pool = torch.empty(T + base, c.num_key_value_heads, c.head_dim, dtype=torch.bfloat16, device=self.r.device)
         v_pool = torch.empty_like(k_pool)
         if nodes:
-            torch.cat([nd.kv[index][0] for nd in nodes], out=k_pool[:base])
-            torch.cat([nd.kv[index][1] for nd in nodes], out=v_pool[:base])
-        return k_pool, v_pool, base
+            torch.cat([nd.kv[index][0] for nd in nodes], out=k_pool[T:])
+            torch.cat([nd.kv[index][1] for nd in nodes], out=v_pool[T:])
+        return k_pool, v_pool, T
 
-    def kv_out(self, index: int, k_pool, v_pool, base: int):
+    def kv_out(self, index: int, k_pool, v_pool):
         cu = self.plan.cu
-        for i, run in enumerate(self.plan.runs):
-            if run.keep_state:
-                rows = slice(base + cu[i], base + cu[i + 1])
-                self.kv[i][index] = (k_pool[rows].clone(), v_pool[rows].clone())
+        for i in self.plan.materialise:
+            rows = slice(cu[i], cu[i + 1])
+            self.kv[i][index] = (k_pool[rows].clone(), v_pool[rows].clone())

@@ -120,10 +120,9 @@ def test_eviction_recaptures(eager):
 
 
 @pytest.mark.gpu
-def test_capture_on_second_sighting_and_static_growth(eager):
-    """capture_after=2: a shape's first launch runs eagerly, its second is captured, its third
-    replays. A larger shape then outgrows the shared static buffers and is captured on new ones;
-    the small shape's graph keeps the old buffers and still replays correctly."""
+def test_capture_on_second_sighting(eager):
+    """Not warmed, capture_after=2: a key's first pass runs eagerly, its second is captured, its
+    third replays; a larger key is captured beside it on the same static buffers."""
     from openjev.worker.runner_api import SegmentRun
 
     graph, rng, vocab = twin(eager, 8, capture_after=2), random.Random(4), eager.config.vocab_size
@@ -136,10 +135,10 @@ def test_capture_on_second_sighting_and_static_growth(eager):
     for rep in range(3):
         check((40, 5), f"small {rep}")
         assert (L.cache.num_captures, L.hits) == ((0, 0), (1, 0), (1, 1))[rep]
-    rows = L.statics.buffers["kv"].shape[2]
+    kv = L.statics.buffers["kv"].data_ptr()
     for rep in range(2):
         check((300, 200, 100), f"large {rep}")
-    assert L.statics.buffers["kv"].shape[2] > rows and len(L.cache) == 2  # new buffers; the small graph kept its own
+    assert L.statics.buffers["kv"].data_ptr() == kv and len(L.cache) == 2  # fixed buffers, shared
     for rep in range(2):
         check((40, 5), f"small again {rep}")
     assert L.cache.num_captures == 2 and L.hits == 1 + 2 and L.failures == 0
@@ -211,11 +210,11 @@ def test_scores_and_capture_failure_fallback(eager, monkeypatch):
     assert graph.graphs.failures == failures0 + 1
 
 
-def test_buckets_and_shapes():
-    from openjev.worker.cuda.graph_launch import shape_of
+def test_buckets_and_keys():
+    """One key type; a pass's key from its tokens, depth and kept states; the warm-up set holds
+    every key a pass within budget maps to."""
+    from openjev.worker.cuda.buckets import MAX_STATE_SLOTS, Bucketing, PassBudget
     from openjev.worker.cuda.graphs import fine_bucket
-    from openjev.worker.cuda.launch import plan_launch
-    from openjev.worker.runner_api import SegmentRun
 
     assert [fine_bucket(n) for n in (1, 16, 17, 100, 512, 513, 792, 2048, 2049)] == [
         16,
@@ -228,54 +227,64 @@ def test_buckets_and_shapes():
         2048,
         2304,
     ]
-    plan = plan_launch([SegmentRun([1] * 24, 0, None, False, True) for _ in range(33)], 100)
-    shape = shape_of(plan)
-    assert (shape.tokens, shape.segments, shape.max_q, shape.base, shape.parents, shape.kept) == (832, 40, 64, 0, 0, 0)
-    plan = plan_launch([SegmentRun([1] * 512, 0, None, True, True)], 100)
-    assert shape_of(plan) == shape_of(plan_launch([SegmentRun([2] * 500, 0, None, True, False)], 100))
+    b = Bucketing(PassBudget(tokens=4096, segments=64, depth=8, context=16384))
+    keys = b.keys()
+    assert len(keys) == len(set(keys)) == len(b.token_steps()) * 4 * 2
+    assert b.token_steps()[:5] == [16, 32, 48, 64, 80] and b.token_steps()[-1] == 4096
+    assert b.level_steps() == [1, 2, 4, 8]
+    key, why = b.key(tokens=166, segments=34, levels=3, parents=0, kept=0, base=0, kv_rows=500)
+    assert why == "" and (key.tokens, key.levels, key.kept, key.segments, key.max_q) == (192, 4, False, 65, 192)
+    assert key in keys
+    key, _ = b.key(tokens=10, segments=10, levels=1, parents=2, kept=1, base=100, kv_rows=200)
+    assert (key.tokens, key.segments, key.kept) == (16, 17, True) and key in keys
+    for args in (
+        dict(tokens=4097, segments=1, levels=1, parents=0, kept=0, base=0, kv_rows=1),
+        dict(tokens=100, segments=65, levels=1, parents=0, kept=0, base=0, kv_rows=1),
+        dict(tokens=100, segments=9, levels=9, parents=0, kept=0, base=0, kv_rows=1),
+        dict(tokens=100, segments=9, levels=1, parents=MAX_STATE_SLOTS + 1, kept=0, base=0, kv_rows=1),
+        dict(tokens=100, segments=9, levels=1, parents=0, kept=MAX_STATE_SLOTS + 1, base=0, kv_rows=1),
+        dict(tokens=100, segments=9, levels=1, parents=1, kept=0, base=16385, kv_rows=1),
+    ):
+        key, why = b.key(**args)
+        assert key is None and why, args
+    # every pass within budget lands on a warm key
+    import random
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        t = rng.randint(1, 4096)
+        key, why = b.key(t, rng.randint(1, min(t, 64)), rng.randint(1, 8), rng.randint(0, 8), rng.randint(0, 8), 0, t)
+        assert key in keys and key.segments >= 1 + min(t, 64) and key.max_q >= t and key.tokens >= t
+    # a small budget: every key's index layout fits the largest
+    small = Bucketing(PassBudget(tokens=256, segments=8, depth=2, context=512))
+    assert len(small.keys()) == 12 * 2 * 2
+    assert all(k.index_size <= max(x.index_size for x in small.keys()) for k in small.keys())
 
 
-def test_static_buffers_are_shared_and_grow_by_doubling():
-    """The graphs' shared static buffers (no GPU needed: they are plain tensors): each shape gets
-    leading slices; state slots are allocated at their bound; a shape with more rows gets a new
-    K/V buffer at least twice as large while views taken before keep the old one; the no-parent
-    slot 0 stays zero."""
+def test_static_buffers_are_fixed_at_the_budget():
+    """The graphs' shared static buffers (no GPU needed: they are plain tensors), layer-major,
+    sized once from the budget; slot 0 stays zero."""
     from types import SimpleNamespace
 
+    from openjev.worker.cuda.buckets import MAX_STATE_SLOTS, Bucketing, PassBudget
     from openjev.worker.cuda.fused_weights import shape_config
-    from openjev.worker.cuda.graph_launch import MAX_STATE_SLOTS, Shape, _Statics
+    from openjev.worker.cuda.graph_launch import _Statics
 
     config = shape_config("small", 4)
-    runner = SimpleNamespace(
+    model = SimpleNamespace(
         config=config, device=torch.device("cpu"), gdn_layers=[0, 1, 2], attn_layers=[3], chunked_gdn=True
     )
-    statics = _Statics(runner)
-    small = Shape(tokens=48, segments=4, max_q=64, base=0, parents=1, kept=1)
-    statics.ensure(small)
-    first = statics.views(small)
-    assert first["kv"].shape[2] == 48 and first["st_in"].shape[0] == 2 and first["st_out"].shape[0] == 1
-    assert statics.buffers["kv"].shape[2] == 64  # a power of two at first
-    assert (
-        statics.buffers["st_in"].shape[0] == MAX_STATE_SLOTS + 1
-        and statics.buffers["st_out"].shape[0] == MAX_STATE_SLOTS
-    )
-    first["kv"].normal_()
-    old_kv = first["kv"].clone()
-    same = Shape(tokens=32, segments=2, max_q=64, base=16, parents=1, kept=1)
-    statics.ensure(same)  # fits: no new buffers, and views share memory with the first ones
-    assert statics.views(same)["kv"].data_ptr() == first["kv"].data_ptr()
-    large = Shape(tokens=640, segments=8, max_q=256, base=96, parents=2, kept=2)
-    statics.ensure(large)
-    grown = statics.views(large)
-    assert statics.buffers["kv"].shape[2] == 736  # what it needs, or twice the old
-    assert grown["kv"].data_ptr() != first["kv"].data_ptr()
-    assert torch.equal(first["kv"], old_kv)  # old views keep their buffers
-    assert grown["st_in"].data_ptr() == first["st_in"].data_ptr()  # slots never grow
-    assert not grown["st_in"][0].any() and not grown["win_in"][0].any()  # slot 0: no parent
-    assert not grown["tail_in"][0].any() and grown["tail_out"].shape[0] == 2
-    assert grown["tail_in"].shape[2:] == (
+    budget = PassBudget(tokens=300, segments=8, depth=2, context=100)
+    statics = _Statics(model, Bucketing(budget))
+    s = statics.ensure()
+    assert statics.ensure() is s and s["kv"].shape[2] == 320 + 100  # top token bucket + context
+    assert s["kv_rows"].numel() == budget.kv_rows
+    assert s["st_in"].shape[:2] == (3, MAX_STATE_SLOTS + 1) and s["st_out"].shape[:2] == (3, MAX_STATE_SLOTS)
+    assert s["win_in"][1].is_contiguous() and s["st_in"][2].is_contiguous()
+    assert not s["st_in"][:, 0].any() and not s["win_in"][:, 0].any() and not s["tail_in"][:, 0].any()
+    assert s["tail_in"].shape[2:] == (
         64,
         (config.linear_num_key_heads + config.linear_num_value_heads) * 128 + 2 * config.linear_num_value_heads,
     )
-    kv_rows = first["kv"][0, 0]
-    assert kv_rows.is_contiguous() and kv_rows.shape == (48, config.num_key_value_heads, config.head_dim)
+    kv_rows = s["kv"][0, 0]
+    assert kv_rows.is_contiguous() and kv_rows.shape[1:] == (config.num_key_value_heads, config.head_dim)

@@ -109,6 +109,67 @@ def test_gdn_recurrent(K, ref, variant, with_init):
         assert rel(fin[n], e_fin[n]) < FP32_TOL, f"final state {n}"
 
 
+@pytest.mark.parametrize("variant", ["p4c16x1", "p8c32x2"])
+def test_gdn_recurrent_forest_levels(K, ref, variant):
+    """One launch per level on a fixed grid: level-0 segments start from rows of a strided slot
+    buffer (or zeros), deeper ones from their in-pass parent's final state; each segment equals
+    the reference started from the same state, and bit-equals the same segment launched alone."""
+    lengths = (37, 5, 1, 70, 16, 3, 2)
+    level = [0, 0, 0, 1, 1, 2, 3]
+    # sources: slot 2, zeros, slot 1; parents 0, 1; parent 3; parent 5
+    init_idx = [2, -1, 1, -2 - 0, -2 - 1, -2 - 3, -2 - 5]
+    cu, qn, kn, kq, v, g, beta, _ = gdn_inputs(lengths)
+    T, N, H = qn.shape[0], len(lengths), v.shape[1]
+    slots = torch.randn(3, 2, H, 128, 128, device=DEV)[:, 1] * 0.1  # [3, H, 128, 128], dim 0 strided
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEV)  # noqa: E731
+    out, fin = poisoned((T, H, 128), torch.bfloat16), poisoned((N, H, 128, 128), torch.float32)
+    for d in range(5):  # one more launch than levels: it must change nothing
+        K.gdn_recurrent(
+            qn,
+            kn,
+            kq,
+            v,
+            g,
+            beta,
+            cu,
+            slots,
+            variant=variant,
+            out=out,
+            final=fin,
+            init_idx=i32(init_idx),
+            seg_level=i32(level),
+            level=d,
+        )
+    assert not torch.isnan(out).any() and not torch.isnan(fin).any()
+    for n in range(N):
+        src = init_idx[n]
+        start = slots[src] if src >= 0 else fin[-2 - src] if src < -1 else torch.zeros_like(slots[0])
+        s, e = int(cu[n]), int(cu[n + 1])
+        one = lambda t: t[s:e]  # noqa: E731
+        e_out, e_fin = ref.gdn_packed(
+            one(qn).cpu(),
+            one(kn).cpu(),
+            one(v).cpu(),
+            one(g).cpu(),
+            one(beta).cpu(),
+            torch.tensor([0, e - s], dtype=torch.int32),
+            start[None].cpu(),
+        )
+        assert rel(out[s:e], e_out) < BF16_TOL and rel(fin[n], e_fin[0]) < FP32_TOL, n
+        alone_out, alone_fin = K.gdn_recurrent(
+            one(qn),
+            one(kn),
+            one(kq),
+            one(v),
+            one(g),
+            one(beta),
+            i32([0, e - s]),
+            start[None].contiguous(),
+            variant=variant,
+        )
+        assert torch.equal(alone_out, out[s:e]) and torch.equal(alone_fin[0], fin[n]), n
+
+
 TF32_TOL = 5e-3  # chunked GDN: tensor-core products of tf32-rounded fp32 operands, fp32 sums
 
 
