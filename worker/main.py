@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from openjev import abi, config, interceptors, logs, metrics, serving
@@ -119,10 +120,19 @@ def _rows(text: str) -> int | None:
     return int(text)
 
 
-def warm_up(engine: Engine, temperature: float, policy: str) -> None:
-    """One tiny request through the whole path, so the first real request pays no load cost
-    (lazy kernels, allocator growth, graph capture)."""
+def warm_up(engine: Engine, runner, temperature: float, policy: str) -> None:
+    """Before SERVING: the CUDA runner captures a graph for every pass shape within the budget
+    (no request within capacity then pays a capture or an eager pass), and one tiny request
+    goes through the whole path (lazy kernels, allocator growth)."""
+    started = time.perf_counter()
+    ready = getattr(runner, "warm_up", None)
+    if ready is not None:
+        log.info("graphs_capturing", note="every pass shape of the budget, before SERVING")
+        stats = ready()
+        if stats is not None:
+            log.info("graphs_ready", **stats)
     engine.execute([QuestionWork("choice", ((1, 2, 3, 4), (1, 2, 3, 5)))], temperature=temperature, policy=policy)
+    log.info("warm", seconds=round(time.perf_counter() - started, 3))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -142,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
             "graph_capture_after": args.graph_capture_after,
             "gemm_min_rows": args.gemm_min_rows,
             "gdn_kernel": args.gdn_kernel,
+            "max_pass_tokens": args.max_launch_tokens,
+            "max_pass_segments": args.max_launch_sequences,
         },
     )
     tokenizer = PromptTokenizer.from_export(args.model)
@@ -200,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         max_connection_age_seconds=args.max_connection_age_seconds,
     )
     metrics.serve(metrics.worker_registry, args.listen, args.metrics_port)
-    warm_up(engine, meta.temperature, forced_policy or "shared")
+    warm_up(engine, runner, meta.temperature, forced_policy or "shared")
     server.set_serving(True)
     if args.port_file:
         args.port_file.write_text(str(server.port))
@@ -222,6 +234,7 @@ def stop(engine: Engine, runner) -> None:
                     "graph_captures": graphs.cache.num_captures,
                     "graph_replays": graphs.hits,
                     "graph_capture_failures": graphs.failures,
+                    "graph_eager_passes": graphs.fallbacks,
                 }
             )
             log.info("peak_memory", device_bytes=torch.cuda.max_memory_allocated(), **stats)
