@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests gdn gates-chunked kernels capacity sweep gemm gates-ROWS gates-ws0 gates bench-full bench-hf bench-verify profile
+#   steps: tests gdn gates-chunked kernels capacity sweep gemm gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
 # bench-full a call of its own.
 # The device has no package registry: carry these wheels in .whl/ (git-ignored locally via
@@ -37,7 +37,7 @@ WL=benchmarks/workload.jsonl
 for step in "$@"; do
   case $step in
     # a failing GPU test ends the call: what follows would measure a broken build
-    tests) timeout 240 python3 -m pytest -q -m gpu tests/worker/cuda > $OUT/gpu-tests.txt 2>&1; rc=$?
+    tests) timeout 300 python3 -m pytest -q -x -m gpu tests/worker/cuda > $OUT/gpu-tests.txt 2>&1; rc=$?
            tail -30 $OUT/gpu-tests.txt | grep -E "Error|assert|FAILED|passed|failed" | tail -15; [ $rc = 0 ] || exit 1 ;;
     # the GDN kernels only: their tests (kernels, runner with each), then their timings
     gdn) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py tests/worker/cuda/test_runner.py -k "gdn or runner" \
@@ -57,6 +57,15 @@ for step in "$@"; do
     gates-*) rows=${step#gates-}; timeout 150 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL \
              --backend cuda --synthetic 27b --layers 8 --oracle-cases 5 --limit 40 --gemm-min-rows $rows \
              --out $OUT/gates-rows$rows.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
+    # a quick look at the whole path on the 27B shape: one case per kind x group, three arms, a
+    # short sweep; the worker's start-up (graph capture) and peak memory from its log
+    bench-quick) timeout 450 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
+             --out $OUT/bench-quick --per-group 1 --blocks 2 --arms off,auto,shared --sweep 1,4,16 --sweep-seconds 8 \
+             --worker-args "--synthetic 27b" 2>$OUT/bench-quick.log | tail -45
+         grep -h '"graphs_ready"\|"warm"\|"peak_memory"' /tmp/openjev-bench-*/ours/worker.log | tee -a $OUT/bench-quick.log ;;
+    quick-gates) timeout 150 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
+             --synthetic 27b --layers 8 --oracle-cases 5 --limit 40 --out $OUT/gpu-gates.md 2>/tmp/gates.log | tail -12
+         tail -3 /tmp/gates.log ;;
     gates) timeout 300 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
              --synthetic 27b --layers 8 --oracle-cases 20 --limit 100 --out $OUT/gpu-gates.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
     # our three arms over the whole workload; a run cut short keeps its finished blocks (results.json)

@@ -130,8 +130,15 @@ class Pair:
             process.stop()
 
 
+# A worker answers only once warm: on a GPU that includes capturing a CUDA graph for every pass
+# shape of its budget, minutes on the 27B shape.
+WORKER_START_SECONDS = 900.0
+
+
 def start_worker(model: Path, workdir: Path, extra_args: list[str] = (), name: str = "worker") -> Process:
-    worker = start(name, WORKER_MODULE, ["--model", str(model), *extra_args], workdir=workdir)
+    worker = start(
+        name, WORKER_MODULE, ["--model", str(model), *extra_args], workdir=workdir, timeout_seconds=WORKER_START_SECONDS
+    )
     wait_serving(worker.address)
     return worker
 
