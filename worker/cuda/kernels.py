@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.resources
+import importlib.util
 import math
 import pathlib
 
@@ -27,10 +27,20 @@ GDN_CHUNK = GDN_CHUNK_TOKENS  # chunks of gdn_chunked sit at multiples of it fro
 
 
 @functools.cache
+def kernel_folder() -> pathlib.Path:
+    """The .cu sources: `openjev/kernels` of an installed wheel (package data, a real folder, so
+    NVRTC reads common.cuh from it). An editable install maps the package onto the source
+    folders, whose cuda/ has no __init__.py (one would shadow NVIDIA's `cuda` package whenever
+    the repository root is on sys.path), so its finder does not resolve it: use the source tree."""
+    spec = importlib.util.find_spec("openjev.kernels")
+    if spec is not None and spec.submodule_search_locations:
+        return pathlib.Path(next(iter(spec.submodule_search_locations)))
+    return pathlib.Path(__file__).resolve().parents[2] / "cuda"
+
+
+@functools.cache
 def _options() -> tuple[str, ...]:
-    # The installed package folder is a real directory (editable or wheel install) so NVRTC can
-    # read common.cuh from it.
-    folder = pathlib.Path(str(importlib.resources.files("openjev.kernels")))
+    folder = kernel_folder()
     header = (folder / "common.cuh").read_bytes()
     # CuPy's kernel cache keys on the source and the options, not on included headers: the
     # header's digest in the options makes an edited common.cuh compile anew.
@@ -43,7 +53,7 @@ def _options() -> tuple[str, ...]:
 def _module(name: str):
     import cupy
 
-    code = importlib.resources.files("openjev.kernels").joinpath(f"{name}.cu").read_text()
+    code = (kernel_folder() / f"{name}.cu").read_text()
     options = _options()
     try:
         module = cupy.RawModule(code=code, options=options)

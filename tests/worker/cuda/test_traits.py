@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.resources
 import re
 import subprocess
 import sys
 
 from openjev.worker import geometry
-from openjev.worker.cuda import traits
+from openjev.worker.cuda import kernels, traits
 
-KERNELS = importlib.resources.files("openjev.kernels")
+KERNELS = kernels.kernel_folder()
 
 
 def _defined(flags: tuple[str, ...]) -> dict[str, int]:
