@@ -32,6 +32,8 @@ MAX_RECONNECT_BACKOFF_MS = 5000
 # Request messages kept for a retry until the worker accepts the stream; a larger request is
 # not retried (it fails UNAVAILABLE), which is the safe side.
 RETRY_BUFFER_BYTES = 16 * 1024 * 1024
+KEEPALIVE_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
 
 
 def service_config() -> str:
@@ -67,6 +69,13 @@ def traffic_channel_options() -> list[tuple[str, object]]:
         ("grpc.per_rpc_retry_buffer_size", RETRY_BUFFER_BYTES),
         ("grpc.initial_reconnect_backoff_ms", 500),
         ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+        # A worker that stops answering (killed host, SIGSTOP, cut network) is found by pings
+        # within KEEPALIVE_MS + KEEPALIVE_TIMEOUT_MS and its calls fail UNAVAILABLE, instead of
+        # waiting on TCP; the worker permits pings this often (serving.MIN_CLIENT_PING_INTERVAL_MS).
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
         # never idle: readiness below is this channel's connectivity, and an idle channel would
         # only reconnect for traffic that a not-ready frontend no longer receives
         ("grpc.client_idle_timeout_ms", 2**31 - 1),
@@ -106,6 +115,8 @@ class WorkerLink:
         *,
         fingerprint: str,
         max_length: int,
+        max_questions: int = 0,
+        max_candidates: int = 0,
         refresh_seconds: float = 2.0,
         on_state: Callable[[LinkState], None] = lambda state: None,
     ):
@@ -120,6 +131,8 @@ class WorkerLink:
         self.channel.subscribe(self._on_connectivity, try_to_connect=True)
         self._fingerprint = fingerprint
         self._max_length = max_length
+        self._max_questions = max_questions
+        self._max_candidates = max_candidates
         self._refresh_seconds = refresh_seconds
         self._state = LinkState(None, f"worker at {target} has not answered yet", grpc.StatusCode.UNAVAILABLE)
         self._probes: dict[str, _Probe] = {}
@@ -238,6 +251,17 @@ class WorkerLink:
             )
         if d.max_length != self._max_length:
             return f"worker max_length {d.max_length} does not match this frontend's {self._max_length}"
+        # A request this frontend accepts must fit the worker: else it would fail part-way.
+        if d.limits.max_questions < self._max_questions:
+            return (
+                f"worker accepts at most {d.limits.max_questions} questions per request, fewer than this "
+                f"frontend's --max-questions {self._max_questions}"
+            )
+        if d.limits.max_candidates < self._max_candidates:
+            return (
+                f"worker accepts at most {d.limits.max_candidates} candidates per request, fewer than this "
+                f"frontend's --max-candidates {self._max_candidates}"
+            )
         return None
 
     def _loop(self) -> None:

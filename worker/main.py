@@ -6,7 +6,9 @@ import argparse
 from pathlib import Path
 
 from openjev import abi, config, interceptors, logs, metrics, serving
+from openjev.config import non_negative_float, non_negative_int, port_number, positive_float, positive_int
 from openjev.export import load_export_meta_or_exit
+from openjev.limits import CallLimits
 from openjev.tokenizer import PromptTokenizer
 from openjev.worker import backends
 from openjev.worker.admission import AdmissionQueue
@@ -18,9 +20,13 @@ from openjev.worker.v1 import worker_pb2, worker_pb2_grpc
 
 log = logs.get("openjev.worker")
 
+# Submitted tokens per request: about 8 s of the demo model on 2 CPU cores, 8 MiB of ids held in
+# the worker; a whole capacity case (33 candidates of 16,384 tokens) fits.
+DEFAULT_MAX_REQUEST_TOKENS = 1 << 21
+
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = config.OneLineParser(
         prog="openjev-worker",
         description="Serve an Open-Jev export on one device (the internal worker ABI). "
         "Every flag also reads OPENJEV_<FLAG> from the environment.",
@@ -39,23 +45,43 @@ def parser() -> argparse.ArgumentParser:
         help="27b|9b|small: seeded random weights of that "
         "shape on the GPU instead of the export's (the export still gives tokenizer and metadata)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of --synthetic weights")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of --synthetic weights")
     p.add_argument("--prefix-policy", default="auto", choices=abi.POLICIES, help="policy for requests that name none")
-    p.add_argument("--queue-capacity", type=int, default=64, help="requests that may wait")
-    p.add_argument("--max-launch-sequences", type=int, default=16)
-    p.add_argument("--max-launch-tokens", type=int, default=4096)
-    p.add_argument("--max-questions", type=int, default=4096)
-    p.add_argument("--max-candidates", type=int, default=65536)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads of the torch backend")
+    p.add_argument("--queue-capacity", type=non_negative_int, default=64, help="requests that may wait")
+    p.add_argument("--max-launch-sequences", type=positive_int, default=16)
+    p.add_argument("--max-launch-tokens", type=positive_int, default=4096)
+    p.add_argument("--max-questions", type=positive_int, default=4096)
+    p.add_argument("--max-candidates", type=positive_int, default=65536)
+    p.add_argument(
+        "--max-request-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_REQUEST_TOKENS,
+        help="candidate tokens one request may submit (all candidates together)",
+    )
+    p.add_argument(
+        "--commit-timeout-seconds",
+        type=positive_float,
+        default=60.0,
+        help="an Execute stream not committed within this long is cancelled",
+    )
+    p.add_argument(
+        "--max-collecting",
+        type=positive_int,
+        default=16,
+        help="Execute streams that may be arriving (not yet committed) beside the queue's requests",
+    )
+    p.add_argument("--max-watch-streams", type=positive_int, default=32, help="concurrent health Watch streams")
+    p.add_argument("--max-reflection-streams", type=positive_int, default=8, help="concurrent reflection streams")
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads of the torch backend")
     p.add_argument(
         "--graph-cache-size",
-        type=int,
+        type=non_negative_int,
         default=128,
         help="CUDA graphs the cuda backend keeps, one per launch shape bucket (0: eager launches)",
     )
     p.add_argument(
         "--graph-capture-after",
-        type=int,
+        type=positive_int,
         default=2,
         help="capture a shape's graph on its Nth launch (1: at once; a capture costs several eager launches)",
     )
@@ -74,19 +100,19 @@ def parser() -> argparse.ArgumentParser:
         help="cuda backend: Gated DeltaNet prefill as the token recurrence (faster on the H200, "
         "measured) or the chunked tensor-core form (docs/cuda-kernels.md)",
     )
-    p.add_argument("--grace-seconds", type=float, default=10.0, help="drain time on SIGTERM")
+    p.add_argument("--grace-seconds", type=non_negative_float, default=10.0, help="drain time on SIGTERM")
     p.add_argument(
         "--port-file", type=Path, default=None, help="write the bound port here once serving (for --listen HOST:0)"
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_number,
         default=0,
         help="serve Prometheus metrics at http://LISTEN_HOST:PORT/metrics (0: off)",
     )
     p.add_argument(
         "--max-connection-age-seconds",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="ask frontends to reconnect this often, so that they re-resolve a DNS name "
         "and spread over workers added since (0: never)",
@@ -98,9 +124,21 @@ def parser() -> argparse.ArgumentParser:
 def _rows(text: str) -> int | None:
     if text == "auto":
         return None
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError("expected auto or a row count")
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or a row count >= 1, got {text!r}")
     return int(text)
+
+
+def call_limits(args: argparse.Namespace, execute: str) -> CallLimits:
+    """Execute calls: the one executing, every queue slot, and the streams still arriving. With
+    a thread for each, a full queue is what refuses (RESOURCE_EXHAUSTED from the queue), never
+    a thread pool that makes the rest wait unseen."""
+    return CallLimits(
+        work=args.queue_capacity + 1 + args.max_collecting,
+        watch=args.max_watch_streams,
+        reflection=args.max_reflection_streams,
+        work_methods=(execute,),
+    )
 
 
 def warm_up(engine: Engine, temperature: float, policy: str) -> None:
@@ -161,10 +199,14 @@ def main(argv: list[str] | None = None) -> None:
         max_launch_sequences=args.max_launch_sequences,
         max_launch_tokens=args.max_launch_tokens,
         queue_capacity=args.queue_capacity,
+        num_token_ids=num_token_ids,
+        max_request_tokens=args.max_request_tokens,
     )
     queue = AdmissionQueue(args.queue_capacity)
     metrics.worker_queue_depth.set_function(lambda: queue.depth)
-    servicer = WorkerServicer(engine, identity, queue, forced_policy=forced_policy)
+    servicer = WorkerServicer(
+        engine, identity, queue, forced_policy=forced_policy, commit_timeout_seconds=args.commit_timeout_seconds
+    )
     name = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
     server = serving.build_server(
         args.listen,
@@ -172,6 +214,8 @@ def main(argv: list[str] | None = None) -> None:
         [name],
         interceptors=[interceptors.RequestInterceptor({f"/{name}/Execute": metrics.WorkerObserver()}, make_ids=False)],
         max_connection_age_seconds=args.max_connection_age_seconds,
+        limits=call_limits(args, f"/{name}/Execute"),
+        program="openjev-worker",
     )
     metrics.serve(metrics.worker_registry, args.listen, args.metrics_port)
     warm_up(engine, meta.temperature, forced_policy or "shared")
