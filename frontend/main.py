@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from openjev import config, interceptors, logs, metrics, serving
+from openjev import config, interceptors, logs, metrics, security, serving
 from openjev.config import non_negative_float, port_number, positive_float, positive_int
 from openjev.contract.request import MAX_CANDIDATES, MAX_QUESTIONS, MAX_RENDERED_BYTES
 from openjev.export import load_export_meta_or_exit
@@ -82,6 +82,19 @@ def parser() -> argparse.ArgumentParser:
         default=0,
         help="serve Prometheus metrics at http://LISTEN_HOST:PORT/metrics (0: off)",
     )
+    p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate of the public port (TLS)")
+    p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca", type=Path, default=None, help="require client certificates signed by this CA")
+    p.add_argument(
+        "--auth-token-file",
+        type=Path,
+        default=None,
+        help=f"bearer tokens the public API accepts, one a line (also ${security.AUTH_TOKENS_ENV}, comma-separated)",
+    )
+    p.add_argument("--worker-tls-ca", type=Path, default=None, help="CA that signed the workers' certificates (TLS)")
+    p.add_argument("--worker-tls-cert", type=Path, default=None, help="this frontend's client certificate (mTLS)")
+    p.add_argument("--worker-tls-key", type=Path, default=None, help="PEM private key of --worker-tls-cert")
+    p.add_argument("--worker-tls-server-name", default=None, help="the name the workers' certificates carry")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -102,6 +115,16 @@ def main(argv: list[str] | None = None) -> None:
     config.log_config("openjev.frontend", args)
     meta = load_export_meta_or_exit(args.model, "openjev-frontend")
     tokenizer = PromptTokenizer.from_export(args.model)
+    try:
+        public_credentials = security.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
+        worker_credentials = security.channel_credentials(args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key)
+        tokens = security.load_tokens(args.auth_token_file)
+    except security.SecurityError as error:
+        raise SystemExit(f"openjev-frontend: {error}") from None
+    if public_credentials is None:
+        log.warning("plaintext", port="public", hint="set --tls-cert and --tls-key to serve TLS")
+    if worker_credentials is None:
+        log.warning("plaintext", port="worker", hint="set --worker-tls-ca (and a client certificate for mTLS)")
     servers: list[serving.Server] = []
 
     def on_worker_state(state) -> None:
@@ -118,6 +141,8 @@ def main(argv: list[str] | None = None) -> None:
             max_candidates=args.max_candidates,
             refresh_seconds=args.worker_refresh_seconds,
             on_state=on_worker_state,
+            credentials=worker_credentials,
+            tls_server_name=args.worker_tls_server_name,
         )
     except TargetError as error:
         raise SystemExit(f"openjev-frontend: {error}")
@@ -139,7 +164,11 @@ def main(argv: list[str] | None = None) -> None:
             args.listen,
             lambda s: decision_pb2_grpc.add_DecisionServiceServicer_to_server(servicer, s),
             [name],
-            interceptors=[interceptors.RequestInterceptor(observers, make_ids=True)],
+            interceptors=[
+                interceptors.RequestInterceptor(observers, make_ids=True),
+                *([security.BearerAuth(tokens)] if tokens else []),
+            ],
+            credentials=public_credentials,
             limits=CallLimits(
                 work=args.max_concurrent_requests,
                 watch=args.max_watch_streams,

@@ -93,16 +93,24 @@ class LinkState:
     workers: tuple[tuple[str, str | None], ...] = ()
 
 
+def _channel(target: str, options: list, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
+    if credentials is None:
+        return grpc.insecure_channel(target, options=options)
+    return grpc.secure_channel(target, credentials, options=options)
+
+
 class _Probe:
     """One worker's own channel, for Describe and Health.Check (never for traffic)."""
 
-    def __init__(self, endpoint: str):
-        self.channel = grpc.insecure_channel(
+    def __init__(self, endpoint: str, credentials: grpc.ChannelCredentials | None = None, options: list = ()):
+        self.channel = _channel(
             endpoint,
-            options=[
+            [
                 ("grpc.initial_reconnect_backoff_ms", 500),
                 ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+                *options,
             ],
+            credentials,
         )
         self.worker = worker_pb2_grpc.WorkerServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
@@ -119,11 +127,18 @@ class WorkerLink:
         max_candidates: int = 0,
         refresh_seconds: float = 2.0,
         on_state: Callable[[LinkState], None] = lambda state: None,
+        credentials: grpc.ChannelCredentials | None = None,
+        tls_server_name: str | None = None,
     ):
         self.target = target
         self.targets = parse_worker_targets(target)
         self._on_state = on_state
-        self.channel = grpc.insecure_channel(self.targets.traffic_target, options=traffic_channel_options())
+        self._credentials = credentials
+        # The name the workers' certificates carry, when it is not the address dialled (an IP).
+        self._tls_options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
+        self.channel = _channel(
+            self.targets.traffic_target, [*traffic_channel_options(), *self._tls_options], credentials
+        )
         self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
         # The probes answer on their own channels; after a worker restarts they can say SERVING
         # while this one still waits out its reconnect backoff, so readiness needs both.
@@ -176,7 +191,8 @@ class WorkerLink:
             except KeyError:
                 pass
         for endpoint in endpoints:
-            self._probes.setdefault(endpoint, _Probe(endpoint))
+            if endpoint not in self._probes:
+                self._probes[endpoint] = _Probe(endpoint, self._credentials, self._tls_options)
         answers = list(self._pool.map(self._check, endpoints))
         state = self._combine(endpoints, answers)
         for endpoint, (_describe, problem, _reachable) in zip(endpoints, answers):

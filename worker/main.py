@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from openjev import abi, config, interceptors, logs, metrics, serving
+from openjev import abi, config, interceptors, logs, metrics, security, serving
 from openjev.config import non_negative_float, non_negative_int, port_number, positive_float, positive_int
 from openjev.export import load_export_meta_or_exit
 from openjev.limits import CallLimits
@@ -117,6 +117,11 @@ def parser() -> argparse.ArgumentParser:
         help="ask frontends to reconnect this often, so that they re-resolve a DNS name "
         "and spread over workers added since (0: never)",
     )
+    p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate of this worker (TLS)")
+    p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--tls-client-ca", type=Path, default=None, help="require frontend certificates signed by this CA (mTLS)"
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -152,6 +157,12 @@ def main(argv: list[str] | None = None) -> None:
     logs.configure(args.log_level)
     config.log_config("openjev.worker", args)
     meta = load_export_meta_or_exit(args.model, "openjev-worker")
+    try:
+        credentials = security.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
+    except security.SecurityError as error:
+        raise SystemExit(f"openjev-worker: {error}") from None
+    if credentials is None:
+        log.warning("plaintext", hint="set --tls-cert, --tls-key and --tls-client-ca for mutual TLS")
     backend = backends.resolve_backend(args.backend)
     runner = backends.build_runner(
         backend,
@@ -215,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         interceptors=[interceptors.RequestInterceptor({f"/{name}/Execute": metrics.WorkerObserver()}, make_ids=False)],
         max_connection_age_seconds=args.max_connection_age_seconds,
         limits=call_limits(args, f"/{name}/Execute"),
+        credentials=credentials,
         program="openjev-worker",
     )
     metrics.serve(metrics.worker_registry, args.listen, args.metrics_port)
