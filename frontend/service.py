@@ -26,8 +26,9 @@ from openjev.worker.v1 import worker_pb2 as wire
 log = logs.get("openjev.frontend")
 
 METHOD = "open-jev-scalar-head"
-# Submitted tokens per request, all candidates together (as the worker's default).
-DEFAULT_MAX_REQUEST_TOKENS = 1 << 21
+# Submitted tokens per request, all candidates together (as the worker's default): the largest
+# request the contract allows (65,536 short candidates, ~2.3 M tokens) fits.
+DEFAULT_MAX_REQUEST_TOKENS = 1 << 22
 # Worker failures the client sees as they are; anything else from a worker is INTERNAL.
 _PASSED_THROUGH = {
     grpc.StatusCode.UNAVAILABLE,
