@@ -21,7 +21,7 @@ def env_name(dest: str) -> str:
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr: `prog: error: message`."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(2)
 

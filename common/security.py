@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hmac
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
@@ -71,14 +72,14 @@ def channel_credentials(ca: Path | None, cert: Path | None, key: Path | None) ->
     )
 
 
-def load_tokens(token_file: Path | None, environ: dict[str, str] | None = None) -> tuple[bytes, ...]:
-    environ = os.environ if environ is None else environ
+def load_tokens(token_file: Path | None, environ: Mapping[str, str] | None = None) -> tuple[bytes, ...]:
+    env: Mapping[str, str] = os.environ if environ is None else environ
     tokens: list[str] = []
     if token_file is not None:
         text = _read(token_file, "auth token file")
         assert text is not None
         tokens += [line.strip() for line in text.decode("utf-8").splitlines()]
-    tokens += [part.strip() for part in environ.get(AUTH_TOKENS_ENV, "").split(",")]
+    tokens += [part.strip() for part in env.get(AUTH_TOKENS_ENV, "").split(",")]
     return tuple(t.encode("utf-8") for t in tokens if t and not t.startswith("#"))
 
 

@@ -102,13 +102,13 @@ def _channel(target: str, options: list, credentials: grpc.ChannelCredentials | 
 class _Probe:
     """One worker's own channel, for Describe and Health.Check (never for traffic)."""
 
-    def __init__(self, endpoint: str, credentials: grpc.ChannelCredentials | None = None, options: list = ()):
+    def __init__(self, endpoint: str, credentials: grpc.ChannelCredentials | None = None, options: list | None = None):
         self.channel = _channel(
             endpoint,
             [
                 ("grpc.initial_reconnect_backoff_ms", 500),
                 ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
-                *options,
+                *(options or []),
             ],
             credentials,
         )

@@ -34,7 +34,7 @@ def _name(cn: str) -> x509.Name:
 
 
 def _cert(subject: str, issuer_key, issuer_name, key, *, ca: bool) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(subject))

@@ -61,7 +61,7 @@ class Prompts(Sequence[str]):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str):
             return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
 
     def __hash__(self) -> int:
         return hash(tuple(self))

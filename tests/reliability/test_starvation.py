@@ -42,8 +42,6 @@ def _health(address: str) -> int:
         return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
 
 
-
-
 def test_idle_streams_of_every_kind_do_not_block_decide_or_health(pair):
     release = threading.Event()
     channels = [grpc.insecure_channel(pair.frontend.address) for _ in range(2)] + [
@@ -54,7 +52,9 @@ def test_idle_streams_of_every_kind_do_not_block_decide_or_health(pair):
         reflection = reflection_pb2_grpc.ServerReflectionStub(channels[0])
         health = health_pb2_grpc.HealthStub(channels[1])
         worker = worker_pb2_grpc.WorkerServiceStub(channels[2])
-        header = wire.ExecuteRequest(header=wire.ExecuteHeader(questions=[wire.QuestionShape(kind=3, num_candidates=1)]))
+        header = wire.ExecuteRequest(
+            header=wire.ExecuteHeader(questions=[wire.QuestionShape(kind=3, num_candidates=1)])
+        )
         for _ in range(IDLE):
             calls.append(
                 reflection.ServerReflectionInfo(
