@@ -35,6 +35,7 @@ class RequestInfo:
     request_id: str
     kinds: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.perf_counter)
+    outcome: str | None = None  # set by the servicer where the status code does not say it
 
 
 class Observer:
@@ -56,6 +57,14 @@ def note_kinds(kinds: Iterable[str]) -> None:
     info = _current.get()
     if info is not None:
         info.kinds.update(kinds)
+
+
+def note_outcome(outcome: str) -> None:
+    """Called by a servicer whose call ends in a way the status code does not tell (a worker
+    stream discarded without a commit ends OK, but nothing was answered)."""
+    info = _current.get()
+    if info is not None:
+        info.outcome = outcome
 
 
 class _IdContext:
@@ -80,11 +89,26 @@ class _IdContext:
         return getattr(self._context, name)
 
 
-def _outcome(context: grpc.ServicerContext, failed: bool) -> str:
+# Outcomes of calls the caller ended, not the server: its deadline passed, or it cancelled.
+# Alerts on server errors leave them out (docs/deploy.md).
+CLIENT_DEADLINE = "DEADLINE_EXCEEDED"
+CLIENT_CANCELLED = "CLIENT_CANCELLED"
+
+
+def _outcome(context: grpc.ServicerContext, failed: bool, info: RequestInfo) -> str:
+    """What the caller saw. The status code alone misreports calls the caller ended: a servicer
+    that noticed the cancellation aborts CANCELLED (or never sets a code), whatever the reason."""
     code = context.code()
     if code is None:
         code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
-    return code.name
+    if code == grpc.StatusCode.OK and not failed and info.outcome is None:
+        return code.name
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        return CLIENT_DEADLINE
+    if not context.is_active():
+        return CLIENT_CANCELLED
+    return info.outcome or code.name
 
 
 class RequestInterceptor(grpc.ServerInterceptor):
@@ -114,7 +138,7 @@ class RequestInterceptor(grpc.ServerInterceptor):
 
         def end(info, context, token, bound, failed: bool) -> None:
             try:
-                observer.on_end(info, _outcome(context, failed), time.perf_counter() - info.started)
+                observer.on_end(info, _outcome(context, failed, info), time.perf_counter() - info.started)
             finally:
                 _reset(token, bound)
 

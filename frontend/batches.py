@@ -1,33 +1,46 @@
 """Tokenize a compiled request into candidate batches, streaming (the contract's last check).
 
-Candidates are tokenized in question/candidate order, `batch_size` at a time, and each batch is
-yielded as soon as it is tokenized so that the caller can stream it to the worker while the rest
-are tokenized. A candidate longer than `max_length` raises `ContractError("question {id}: {n}
+Candidates are rendered and tokenized in question/candidate order, `batch_size` at a time, and
+each batch is yielded as soon as it is tokenized so that the caller can stream it to the worker
+while the rest are tokenized: the frontend holds one batch of prompts at a time, never the
+whole request's. A candidate longer than `max_length` raises `ContractError("question {id}: {n}
 tokens exceeds max_length={m}; no silent truncation")` for the first such candidate in that
-order, before its batch is yielded.
+order, before its batch is yielded; once the running token count passes `max_tokens`, the
+batch raises `ContractError("request exceeds the token limit")`.
 
 Because earlier batches have already been yielded by then, a caller that streams must treat
-that error as the end of the request: cancel what it sent to the worker and answer
+those errors as the end of the request: cancel what it sent to the worker and answer
 INVALID_ARGUMENT (the worker never answers a request whose stream did not complete). A caller
 that must not send anything for an invalid request uses `tokenize_request`, which tokenizes
 everything first.
+
+Each candidate is tokenized whole. Reusing the state's tokens across candidates would save
+work, but the pre-tokenizer's regex may join the state's last characters with the text after
+it (whitespace runs, letters after an apostrophe), so a split at the state's end is not exact
+for every state; the rendered-size and token limits bound the cost instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from openjev.contract import errors
 from openjev.contract.errors import ContractError, too_long_message
 from openjev.contract.request import DecisionRequest
 from openjev.tokenizer import PromptTokenizer
+
+# What `encode` is run through: a bounded executor's submit-and-wait in the server, or a plain
+# call. Lets the frontend keep tokenization off its RPC threads without this module knowing.
+Encode = Callable[[list[str]], list[list[int]]]
 
 
 @dataclass(frozen=True)
 class TokenizedCandidate:
     question_index: int
     candidate_index: int
-    token_ids: list[int]
+    token_ids: array  # array('I'): 4 bytes an id, not a Python int each
 
 
 def iter_candidate_batches(
@@ -35,12 +48,17 @@ def iter_candidate_batches(
     tokenizer: PromptTokenizer,
     max_length: int,
     batch_size: int = 16,
+    *,
+    max_tokens: int | None = None,
+    encode: Encode | None = None,
 ) -> Iterator[list[TokenizedCandidate]]:
     """Yield batches of at most `batch_size` tokenized candidates, in question/candidate order."""
     if batch_size < 1:
         raise ValueError("batch_size must be positive")
     if max_length < 1:
         raise ValueError("max_length must be positive")
+    run = encode or tokenizer.encode
+    total = [0]
     pending: list[tuple[int, int]] = []
     prompts: list[str] = []
     for question_index, question in enumerate(request.questions):
@@ -48,33 +66,40 @@ def iter_candidate_batches(
             pending.append((question_index, candidate_index))
             prompts.append(prompt)
             if len(prompts) == batch_size:
-                yield _tokenize(request, tokenizer, max_length, pending, prompts)
+                yield _tokenize(request, run, max_length, max_tokens, total, pending, prompts)
                 pending, prompts = [], []
     if prompts:
-        yield _tokenize(request, tokenizer, max_length, pending, prompts)
+        yield _tokenize(request, run, max_length, max_tokens, total, pending, prompts)
 
 
-def tokenize_request(request: DecisionRequest, tokenizer: PromptTokenizer, max_length: int) -> list[list[list[int]]]:
-    """Every candidate's token ids, [question][candidate], checked before anything is returned."""
+def tokenize_request(
+    request: DecisionRequest, tokenizer: PromptTokenizer, max_length: int, *, max_tokens: int | None = None
+) -> list[list[list[int]]]:
+    """Every candidate's token ids, [question][candidate], checked before anything is returned
+    (an offline helper: it holds the whole request)."""
     ids: list[list[list[int]]] = [[] for _ in request.questions]
-    batch_size = max(1, request.num_candidates)
-    for batch in iter_candidate_batches(request, tokenizer, max_length, batch_size):
+    for batch in iter_candidate_batches(request, tokenizer, max_length, 64, max_tokens=max_tokens):
         for candidate in batch:
-            ids[candidate.question_index].append(candidate.token_ids)
+            ids[candidate.question_index].append(candidate.token_ids.tolist())
     return ids
 
 
 def _tokenize(
     request: DecisionRequest,
-    tokenizer: PromptTokenizer,
+    encode: Encode,
     max_length: int,
+    max_tokens: int | None,
+    total: list[int],
     positions: list[tuple[int, int]],
     prompts: list[str],
 ) -> list[TokenizedCandidate]:
     batch = []
-    for (question_index, candidate_index), token_ids in zip(positions, tokenizer.encode(prompts)):
+    for (question_index, candidate_index), token_ids in zip(positions, encode(prompts)):
         if len(token_ids) > max_length:
             question_id = request.questions[question_index].id
             raise ContractError(too_long_message(question_id, len(token_ids), max_length))
-        batch.append(TokenizedCandidate(question_index, candidate_index, token_ids))
+        total[0] += len(token_ids)
+        if max_tokens is not None and total[0] > max_tokens:
+            raise ContractError(errors.TOKEN_LIMIT)
+        batch.append(TokenizedCandidate(question_index, candidate_index, array("I", token_ids)))
     return batch

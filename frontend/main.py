@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from openjev import config, interceptors, logs, metrics, serving
+from openjev import config, interceptors, logs, metrics, security, serving
+from openjev.config import non_negative_float, port_number, positive_float, positive_int
+from openjev.contract.request import MAX_CANDIDATES, MAX_QUESTIONS, MAX_RENDERED_BYTES
 from openjev.export import load_export_meta_or_exit
-from openjev.frontend.service import DecisionServicer
+from openjev.frontend.service import DEFAULT_MAX_REQUEST_TOKENS, DecisionServicer
 from openjev.frontend.worker_link import WorkerLink
 from openjev.frontend.worker_targets import TargetError
+from openjev.limits import CallLimits
 from openjev.tokenizer import PromptTokenizer
 from openjev.v1 import decision_pb2, decision_pb2_grpc
 
@@ -17,7 +20,7 @@ log = logs.get("openjev.frontend")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = config.OneLineParser(
         prog="openjev-frontend",
         description="Serve the public Open-Jev decision API; tokenizes and forwards to a worker. "
         "Every flag also reads OPENJEV_<FLAG> from the environment.",
@@ -35,21 +38,75 @@ def parser() -> argparse.ArgumentParser:
         help="worker(s): HOST:PORT, IP:PORT,IP:PORT,... or dns:///NAME:PORT (every address "
         "of NAME); balanced round-robin over the SERVING ones",
     )
-    p.add_argument("--max-questions", type=int, default=4096)
-    p.add_argument("--max-candidates", type=int, default=65536)
-    p.add_argument("--worker-refresh-seconds", type=float, default=2.0, help="how often the worker is described again")
-    p.add_argument("--grace-seconds", type=float, default=10.0, help="drain time on SIGTERM")
+    p.add_argument("--max-questions", type=_at_most(MAX_QUESTIONS), default=MAX_QUESTIONS)
+    p.add_argument("--max-candidates", type=_at_most(MAX_CANDIDATES), default=MAX_CANDIDATES)
+    p.add_argument(
+        "--max-request-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_REQUEST_TOKENS,
+        help="candidate tokens one request may submit, all candidates together",
+    )
+    p.add_argument(
+        "--max-rendered-bytes",
+        type=positive_int,
+        default=MAX_RENDERED_BYTES,
+        help="UTF-8 bytes of all of a request's chat-wrapped candidate prompts together, checked before tokenizing",
+    )
+    p.add_argument(
+        "--max-concurrent-requests",
+        type=positive_int,
+        default=128,
+        help="Decide calls served at once; more are refused RESOURCE_EXHAUSTED",
+    )
+    p.add_argument("--max-watch-streams", type=positive_int, default=32, help="concurrent health Watch streams")
+    p.add_argument("--max-reflection-streams", type=positive_int, default=8, help="concurrent reflection streams")
+    p.add_argument(
+        "--tokenizer-threads", type=positive_int, default=2, help="threads that tokenize, shared by all requests"
+    )
+    p.add_argument(
+        "--worker-deadline-seconds",
+        type=positive_float,
+        default=120.0,
+        help="the longest a request waits for a worker (a client's shorter deadline applies as is)",
+    )
+    p.add_argument(
+        "--worker-refresh-seconds", type=positive_float, default=2.0, help="how often the worker is described again"
+    )
+    p.add_argument("--grace-seconds", type=non_negative_float, default=10.0, help="drain time on SIGTERM")
     p.add_argument(
         "--port-file", type=Path, default=None, help="write the bound port here once listening (for --listen HOST:0)"
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_number,
         default=0,
         help="serve Prometheus metrics at http://LISTEN_HOST:PORT/metrics (0: off)",
     )
+    p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate of the public port (TLS)")
+    p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca", type=Path, default=None, help="require client certificates signed by this CA")
+    p.add_argument(
+        "--auth-token-file",
+        type=Path,
+        default=None,
+        help=f"bearer tokens the public API accepts, one a line (also ${security.AUTH_TOKENS_ENV}, comma-separated)",
+    )
+    p.add_argument("--worker-tls-ca", type=Path, default=None, help="CA that signed the workers' certificates (TLS)")
+    p.add_argument("--worker-tls-cert", type=Path, default=None, help="this frontend's client certificate (mTLS)")
+    p.add_argument("--worker-tls-key", type=Path, default=None, help="PEM private key of --worker-tls-cert")
+    p.add_argument("--worker-tls-server-name", default=None, help="the name the workers' certificates carry")
     p.add_argument("--log-level", default="info")
     return p
+
+
+def _at_most(limit: int):
+    def check(text: str) -> int:
+        value = positive_int(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"expected an integer 1..{limit} (the contract's limit), got {text!r}")
+        return value
+
+    return check
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,6 +115,16 @@ def main(argv: list[str] | None = None) -> None:
     config.log_config("openjev.frontend", args)
     meta = load_export_meta_or_exit(args.model, "openjev-frontend")
     tokenizer = PromptTokenizer.from_export(args.model)
+    try:
+        public_credentials = security.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
+        worker_credentials = security.channel_credentials(args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key)
+        tokens = security.load_tokens(args.auth_token_file)
+    except security.SecurityError as error:
+        raise SystemExit(f"openjev-frontend: {error}") from None
+    if public_credentials is None:
+        log.warning("plaintext", port="public", hint="set --tls-cert and --tls-key to serve TLS")
+    if worker_credentials is None:
+        log.warning("plaintext", port="worker", hint="set --worker-tls-ca (and a client certificate for mTLS)")
     servers: list[serving.Server] = []
 
     def on_worker_state(state) -> None:
@@ -70,13 +137,25 @@ def main(argv: list[str] | None = None) -> None:
             args.worker,
             fingerprint=tokenizer.fingerprint,
             max_length=meta.max_length,
+            max_questions=args.max_questions,
+            max_candidates=args.max_candidates,
             refresh_seconds=args.worker_refresh_seconds,
             on_state=on_worker_state,
+            credentials=worker_credentials,
+            tls_server_name=args.worker_tls_server_name,
         )
     except TargetError as error:
         raise SystemExit(f"openjev-frontend: {error}")
     servicer = DecisionServicer(
-        meta, tokenizer, link, max_questions=args.max_questions, max_candidates=args.max_candidates
+        meta,
+        tokenizer,
+        link,
+        max_questions=args.max_questions,
+        max_candidates=args.max_candidates,
+        max_request_tokens=args.max_request_tokens,
+        max_rendered_bytes=args.max_rendered_bytes,
+        tokenizer_threads=args.tokenizer_threads,
+        worker_deadline_seconds=args.worker_deadline_seconds,
     )
     name = decision_pb2.DESCRIPTOR.services_by_name["DecisionService"].full_name
     observers = {f"/{name}/Decide": metrics.FrontendObserver()}
@@ -85,7 +164,18 @@ def main(argv: list[str] | None = None) -> None:
             args.listen,
             lambda s: decision_pb2_grpc.add_DecisionServiceServicer_to_server(servicer, s),
             [name],
-            interceptors=[interceptors.RequestInterceptor(observers, make_ids=True)],
+            interceptors=[
+                interceptors.RequestInterceptor(observers, make_ids=True),
+                *([security.BearerAuth(tokens)] if tokens else []),
+            ],
+            credentials=public_credentials,
+            limits=CallLimits(
+                work=args.max_concurrent_requests,
+                watch=args.max_watch_streams,
+                reflection=args.max_reflection_streams,
+                work_methods=(f"/{name}/Decide",),
+            ),
+            program="openjev-frontend",
         )
     )
     server = servers[0]

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import uuid
+from concurrent import futures
 
 import grpc
 
 from openjev import abi, interceptors, logs
 from openjev.contract.answers import answer_from_probabilities
 from openjev.contract.errors import PREFIX_POLICY, ContractError
-from openjev.contract.request import DecisionRequest, parse_request_json
+from openjev.contract.render import dumps_exact
+from openjev.contract.request import MAX_RENDERED_BYTES, DecisionRequest, parse_request_json
 from openjev.export import ExportMeta
 from openjev.frontend.batches import iter_candidate_batches
 from openjev.frontend.worker_link import WorkerLink
@@ -25,6 +26,9 @@ from openjev.worker.v1 import worker_pb2 as wire
 log = logs.get("openjev.frontend")
 
 METHOD = "open-jev-scalar-head"
+# Submitted tokens per request, all candidates together (as the worker's default): the largest
+# request the contract allows (65,536 short candidates, ~2.3 M tokens) fits.
+DEFAULT_MAX_REQUEST_TOKENS = 1 << 22
 # Worker failures the client sees as they are; anything else from a worker is INTERNAL.
 _PASSED_THROUGH = {
     grpc.StatusCode.UNAVAILABLE,
@@ -55,7 +59,7 @@ def answer_to_proto(question_id: str, answer: dict) -> api.Answer:
     else:
         message.score.score = answer["score"]
         message.score.confidence = answer["confidence"]
-        message.score.legend_json.extend(json.dumps(level, ensure_ascii=False) for level in answer["legend"].values())
+        message.score.legend_json.extend(dumps_exact(level, sort_keys=False) for level in answer["legend"].values())
     return message
 
 
@@ -68,12 +72,36 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         *,
         max_questions: int = 4096,
         max_candidates: int = 65536,
+        max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
+        max_rendered_bytes: int = MAX_RENDERED_BYTES,
+        tokenizer_threads: int = 2,
+        worker_deadline_seconds: float = 120.0,
     ):
         self.meta = meta
         self.tokenizer = tokenizer
         self.link = link
         self.max_questions = max_questions
         self.max_candidates = max_candidates
+        self.max_request_tokens = max_request_tokens
+        self.max_rendered_bytes = max_rendered_bytes
+        self.worker_deadline_seconds = worker_deadline_seconds
+        self._chat_template_bytes = len((tokenizer.chat_prefix + tokenizer.chat_suffix).encode("utf-8"))
+        # Tokenizing is the frontend's CPU work: it runs here, batch by batch in arrival order,
+        # never on an RPC thread and never more than `tokenizer_threads` batches at once, so a
+        # large request shares the CPU with small ones instead of holding it.
+        self._tokenize_pool = futures.ThreadPoolExecutor(tokenizer_threads, thread_name_prefix="tokenize")
+
+    def close(self) -> None:
+        self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+
+    def _encode(self, prompts: list[str]) -> list[list[int]]:
+        return self._tokenize_pool.submit(self.tokenizer.encode, prompts).result()
+
+    def worker_timeout(self, context) -> float:
+        """The worker call's deadline: the client's, capped at worker_deadline_seconds (also when
+        the client set none), so a silent worker never holds a request longer than that."""
+        remaining = context.time_remaining()
+        return self.worker_deadline_seconds if remaining is None else min(remaining, self.worker_deadline_seconds)
 
     def DescribeModel(self, request, context):
         describe = self.link.state.describe
@@ -114,6 +142,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 accepted_models=self.meta.accepted_model_names,
                 max_questions=self.max_questions,
                 max_candidates=self.max_candidates,
+                max_rendered_bytes=self.max_rendered_bytes,
+                chat_template_bytes=self._chat_template_bytes,
             )
         except ContractError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message)
@@ -157,7 +187,13 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 header.questions.add(kind=abi.kind_to_enum(question.kind), num_candidates=len(question.prompts))
             yield wire.ExecuteRequest(header=header)
             try:
-                for batch in iter_candidate_batches(decision, self.tokenizer, self.meta.max_length):
+                for batch in iter_candidate_batches(
+                    decision,
+                    self.tokenizer,
+                    self.meta.max_length,
+                    max_tokens=self.max_request_tokens,
+                    encode=self._encode,
+                ):
                     message = wire.ExecuteRequest()
                     for candidate in batch:
                         token_count[0] += len(candidate.token_ids)
@@ -173,7 +209,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             yield wire.ExecuteRequest(commit=wire.Commit())
 
         call = self.link.stub.Execute(
-            stream(), timeout=context.time_remaining(), metadata=[(REQUEST_ID_KEY, request_id)]
+            stream(), timeout=self.worker_timeout(context), metadata=[(REQUEST_ID_KEY, request_id)]
         )
         context.add_callback(call.cancel)  # the client going away cancels the worker's work
         results: list[wire.QuestionResult | None] = [None] * len(decision.questions)

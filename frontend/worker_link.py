@@ -32,6 +32,8 @@ MAX_RECONNECT_BACKOFF_MS = 5000
 # Request messages kept for a retry until the worker accepts the stream; a larger request is
 # not retried (it fails UNAVAILABLE), which is the safe side.
 RETRY_BUFFER_BYTES = 16 * 1024 * 1024
+KEEPALIVE_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
 
 
 def service_config() -> str:
@@ -67,6 +69,13 @@ def traffic_channel_options() -> list[tuple[str, object]]:
         ("grpc.per_rpc_retry_buffer_size", RETRY_BUFFER_BYTES),
         ("grpc.initial_reconnect_backoff_ms", 500),
         ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+        # A worker that stops answering (killed host, SIGSTOP, cut network) is found by pings
+        # within KEEPALIVE_MS + KEEPALIVE_TIMEOUT_MS and its calls fail UNAVAILABLE, instead of
+        # waiting on TCP; the worker permits pings this often (serving.MIN_CLIENT_PING_INTERVAL_MS).
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
         # never idle: readiness below is this channel's connectivity, and an idle channel would
         # only reconnect for traffic that a not-ready frontend no longer receives
         ("grpc.client_idle_timeout_ms", 2**31 - 1),
@@ -84,16 +93,24 @@ class LinkState:
     workers: tuple[tuple[str, str | None], ...] = ()
 
 
+def _channel(target: str, options: list, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
+    if credentials is None:
+        return grpc.insecure_channel(target, options=options)
+    return grpc.secure_channel(target, credentials, options=options)
+
+
 class _Probe:
     """One worker's own channel, for Describe and Health.Check (never for traffic)."""
 
-    def __init__(self, endpoint: str):
-        self.channel = grpc.insecure_channel(
+    def __init__(self, endpoint: str, credentials: grpc.ChannelCredentials | None = None, options: list | None = None):
+        self.channel = _channel(
             endpoint,
-            options=[
+            [
                 ("grpc.initial_reconnect_backoff_ms", 500),
                 ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+                *(options or []),
             ],
+            credentials,
         )
         self.worker = worker_pb2_grpc.WorkerServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
@@ -106,13 +123,22 @@ class WorkerLink:
         *,
         fingerprint: str,
         max_length: int,
+        max_questions: int = 0,
+        max_candidates: int = 0,
         refresh_seconds: float = 2.0,
         on_state: Callable[[LinkState], None] = lambda state: None,
+        credentials: grpc.ChannelCredentials | None = None,
+        tls_server_name: str | None = None,
     ):
         self.target = target
         self.targets = parse_worker_targets(target)
         self._on_state = on_state
-        self.channel = grpc.insecure_channel(self.targets.traffic_target, options=traffic_channel_options())
+        self._credentials = credentials
+        # The name the workers' certificates carry, when it is not the address dialled (an IP).
+        self._tls_options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
+        self.channel = _channel(
+            self.targets.traffic_target, [*traffic_channel_options(), *self._tls_options], credentials
+        )
         self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
         # The probes answer on their own channels; after a worker restarts they can say SERVING
         # while this one still waits out its reconnect backoff, so readiness needs both.
@@ -120,6 +146,8 @@ class WorkerLink:
         self.channel.subscribe(self._on_connectivity, try_to_connect=True)
         self._fingerprint = fingerprint
         self._max_length = max_length
+        self._max_questions = max_questions
+        self._max_candidates = max_candidates
         self._refresh_seconds = refresh_seconds
         self._state = LinkState(None, f"worker at {target} has not answered yet", grpc.StatusCode.UNAVAILABLE)
         self._probes: dict[str, _Probe] = {}
@@ -163,7 +191,8 @@ class WorkerLink:
             except KeyError:
                 pass
         for endpoint in endpoints:
-            self._probes.setdefault(endpoint, _Probe(endpoint))
+            if endpoint not in self._probes:
+                self._probes[endpoint] = _Probe(endpoint, self._credentials, self._tls_options)
         answers = list(self._pool.map(self._check, endpoints))
         state = self._combine(endpoints, answers)
         for endpoint, (_describe, problem, _reachable) in zip(endpoints, answers):
@@ -238,6 +267,17 @@ class WorkerLink:
             )
         if d.max_length != self._max_length:
             return f"worker max_length {d.max_length} does not match this frontend's {self._max_length}"
+        # A request this frontend accepts must fit the worker: else it would fail part-way.
+        if d.limits.max_questions < self._max_questions:
+            return (
+                f"worker accepts at most {d.limits.max_questions} questions per request, fewer than this "
+                f"frontend's --max-questions {self._max_questions}"
+            )
+        if d.limits.max_candidates < self._max_candidates:
+            return (
+                f"worker accepts at most {d.limits.max_candidates} candidates per request, fewer than this "
+                f"frontend's --max-candidates {self._max_candidates}"
+            )
         return None
 
     def _loop(self) -> None:

@@ -6,8 +6,10 @@ import argparse
 import time
 from pathlib import Path
 
-from openjev import abi, config, interceptors, logs, metrics, serving
+from openjev import abi, config, interceptors, logs, metrics, security, serving
+from openjev.config import non_negative_float, non_negative_int, port_number, positive_float, positive_int
 from openjev.export import load_export_meta_or_exit
+from openjev.limits import CallLimits
 from openjev.tokenizer import PromptTokenizer
 from openjev.worker import backends
 from openjev.worker.engine import Engine, QuestionWork
@@ -18,9 +20,14 @@ from openjev.worker.v1 import worker_pb2, worker_pb2_grpc
 
 log = logs.get("openjev.worker")
 
+# Submitted tokens per request: 16 MiB of ids held in the worker, about 15 s of the demo model on
+# 2 CPU cores; the largest request the contract allows (65,536 short candidates) and a capacity
+# case (33 candidates of 16,384 tokens) fit, the 18-million-token requests seen do not.
+DEFAULT_MAX_REQUEST_TOKENS = 1 << 22
+
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = config.OneLineParser(
         prog="openjev-worker",
         description="Serve an Open-Jev export on one device (the internal worker ABI). "
         "Every flag also reads OPENJEV_<FLAG> from the environment.",
@@ -39,40 +46,62 @@ def parser() -> argparse.ArgumentParser:
         help="27b|9b|small: seeded random weights of that "
         "shape on the GPU instead of the export's (the export still gives tokenizer and metadata)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of --synthetic weights")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of --synthetic weights")
     p.add_argument("--prefix-policy", default="auto", choices=abi.POLICIES, help="policy for requests that name none")
-    p.add_argument("--queue-capacity", type=int, default=64, help="requests that may wait")
+    p.add_argument(
+        "--queue-capacity", type=positive_int, default=64, help="requests that may wait for their first pass"
+    )
     p.add_argument(
         "--max-launch-sequences",
-        type=int,
+        type=positive_int,
         default=64,
         help="pass budget: most segments one forward pass carries, across requests",
     )
     p.add_argument(
         "--max-launch-tokens",
-        type=int,
+        type=positive_int,
         default=4096,
         help="pass budget: most tokens one forward pass carries, across requests",
     )
     p.add_argument(
         "--chunk-tokens",
-        type=int,
+        type=positive_int,
         default=2048,
         help="longer prompt parts run as chunks of this many tokens over successive passes, "
         "leaving room in each pass for other requests (a multiple of 64)",
     )
-    p.add_argument("--max-questions", type=int, default=4096)
-    p.add_argument("--max-candidates", type=int, default=65536)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads of the torch backend")
+    p.add_argument("--max-questions", type=positive_int, default=4096)
+    p.add_argument("--max-candidates", type=positive_int, default=65536)
+    p.add_argument(
+        "--max-request-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_REQUEST_TOKENS,
+        help="candidate tokens one request may submit (all candidates together)",
+    )
+    p.add_argument(
+        "--commit-timeout-seconds",
+        type=positive_float,
+        default=60.0,
+        help="an Execute stream not committed within this long is cancelled",
+    )
+    p.add_argument(
+        "--max-collecting",
+        type=positive_int,
+        default=16,
+        help="Execute streams that may be arriving (not yet committed) beside the queue's requests",
+    )
+    p.add_argument("--max-watch-streams", type=positive_int, default=32, help="concurrent health Watch streams")
+    p.add_argument("--max-reflection-streams", type=positive_int, default=8, help="concurrent reflection streams")
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads of the torch backend")
     p.add_argument(
         "--graph-cache-size",
-        type=int,
+        type=non_negative_int,
         default=128,
         help="CUDA graphs the cuda backend keeps, one per launch shape bucket (0: eager launches)",
     )
     p.add_argument(
         "--graph-capture-after",
-        type=int,
+        type=positive_int,
         default=2,
         help="capture a shape's graph on its Nth launch (1: at once; a capture costs several eager launches)",
     )
@@ -91,22 +120,27 @@ def parser() -> argparse.ArgumentParser:
         help="cuda backend: Gated DeltaNet prefill as the token recurrence (faster on the H200, "
         "measured) or the chunked tensor-core form (docs/cuda-kernels.md)",
     )
-    p.add_argument("--grace-seconds", type=float, default=10.0, help="drain time on SIGTERM")
+    p.add_argument("--grace-seconds", type=non_negative_float, default=10.0, help="drain time on SIGTERM")
     p.add_argument(
         "--port-file", type=Path, default=None, help="write the bound port here once serving (for --listen HOST:0)"
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_number,
         default=0,
         help="serve Prometheus metrics at http://LISTEN_HOST:PORT/metrics (0: off)",
     )
     p.add_argument(
         "--max-connection-age-seconds",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="ask frontends to reconnect this often, so that they re-resolve a DNS name "
         "and spread over workers added since (0: never)",
+    )
+    p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate of this worker (TLS)")
+    p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--tls-client-ca", type=Path, default=None, help="require frontend certificates signed by this CA (mTLS)"
     )
     p.add_argument("--log-level", default="info")
     return p
@@ -115,9 +149,22 @@ def parser() -> argparse.ArgumentParser:
 def _rows(text: str) -> int | None:
     if text == "auto":
         return None
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError("expected auto or a row count")
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or a row count >= 1, got {text!r}")
     return int(text)
+
+
+def call_limits(args: argparse.Namespace, execute: str) -> CallLimits:
+    """Execute calls: every request the scheduler may hold (those in passes and those waiting,
+    Scheduler.max_admitted) and the streams still arriving. With a thread for each, a full queue
+    is what refuses (RESOURCE_EXHAUSTED from the scheduler), never a thread pool that makes the
+    rest wait unseen."""
+    return CallLimits(
+        work=args.queue_capacity + args.max_launch_sequences + args.max_collecting,
+        watch=args.max_watch_streams,
+        reflection=args.max_reflection_streams,
+        work_methods=(execute,),
+    )
 
 
 def warm_up(engine: Engine, runner, temperature: float, policy: str) -> None:
@@ -140,6 +187,12 @@ def main(argv: list[str] | None = None) -> None:
     logs.configure(args.log_level)
     config.log_config("openjev.worker", args)
     meta = load_export_meta_or_exit(args.model, "openjev-worker")
+    try:
+        credentials = security.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
+    except security.SecurityError as error:
+        raise SystemExit(f"openjev-worker: {error}") from None
+    if credentials is None:
+        log.warning("plaintext", hint="set --tls-cert, --tls-key and --tls-client-ca for mutual TLS")
     backend = backends.resolve_backend(args.backend)
     runner = backends.build_runner(
         backend,
@@ -200,9 +253,13 @@ def main(argv: list[str] | None = None) -> None:
         max_launch_sequences=args.max_launch_sequences,
         max_launch_tokens=args.max_launch_tokens,
         queue_capacity=args.queue_capacity,
+        num_token_ids=num_token_ids,
+        max_request_tokens=args.max_request_tokens,
     )
     metrics.worker_queue_depth.set_function(lambda: engine.scheduler.depth)
-    servicer = WorkerServicer(engine, identity, forced_policy=forced_policy)
+    servicer = WorkerServicer(
+        engine, identity, forced_policy=forced_policy, commit_timeout_seconds=args.commit_timeout_seconds
+    )
     name = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
     server = serving.build_server(
         args.listen,
@@ -210,6 +267,9 @@ def main(argv: list[str] | None = None) -> None:
         [name],
         interceptors=[interceptors.RequestInterceptor({f"/{name}/Execute": metrics.WorkerObserver()}, make_ids=False)],
         max_connection_age_seconds=args.max_connection_age_seconds,
+        limits=call_limits(args, f"/{name}/Execute"),
+        credentials=credentials,
+        program="openjev-worker",
     )
     metrics.serve(metrics.worker_registry, args.listen, args.metrics_port)
     warm_up(engine, runner, meta.temperature, forced_policy or "shared")

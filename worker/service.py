@@ -9,6 +9,7 @@ import grpc
 
 from openjev import abi, interceptors, logs
 from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork, QueueFull
+from openjev.worker.stream import BadStream, CommitTimer, StreamLimits, collect
 from openjev.worker.v1 import worker_pb2 as wire
 from openjev.worker.v1 import worker_pb2_grpc
 
@@ -34,53 +35,17 @@ class WorkerIdentity:
     max_launch_sequences: int
     max_launch_tokens: int
     queue_capacity: int
+    num_token_ids: int = 0  # the tokenizer's ids, specials included (0: vocab_size)
+    max_request_tokens: int | None = None
 
-
-class BadStream(Exception):
-    """The frontend broke the Execute protocol; nothing is executed."""
-
-
-def _collect(request_iterator, identity: WorkerIdentity) -> tuple[wire.ExecuteHeader, list[QuestionWork]] | None:
-    """Read header, batches, commit. None when the stream ended without a commit (the frontend
-    found the request invalid part-way through tokenizing, or the client went away)."""
-    header = None
-    slots: list[list[list[int] | None]] = []
-    for message in request_iterator:
-        item = message.WhichOneof("item")
-        if item == "header":
-            if header is not None:
-                raise BadStream("second header")
-            header = message.header
-            if not 1 <= len(header.questions) <= identity.max_questions:
-                raise BadStream("question count outside the worker's limits")
-            total = sum(q.num_candidates for q in header.questions)
-            if total > identity.max_candidates or any(q.num_candidates < 1 for q in header.questions):
-                raise BadStream("candidate count outside the worker's limits")
-            slots = [[None] * q.num_candidates for q in header.questions]
-        elif item == "batch":
-            if header is None:
-                raise BadStream("batch before header")
-            for candidate in message.batch.candidates:
-                q, c = candidate.question_index, candidate.candidate_index
-                if q >= len(slots) or c >= len(slots[q]) or slots[q][c] is not None:
-                    raise BadStream(f"candidate ({q}, {c}) out of range or repeated")
-                ids = list(candidate.token_ids)
-                if not 1 <= len(ids) <= identity.max_length:
-                    raise BadStream(f"candidate ({q}, {c}) has {len(ids)} tokens")
-                if max(ids) >= identity.vocab_size:
-                    raise BadStream(f"candidate ({q}, {c}) has a token id outside the vocabulary")
-                slots[q][c] = ids
-        elif item == "commit":
-            if header is None:
-                raise BadStream("commit before header")
-            missing = sum(ids is None for question in slots for ids in question)
-            if missing:
-                raise BadStream(f"{missing} candidates missing at commit")
-            kinds = [abi.kind_from_enum(q.kind) for q in header.questions]
-            return header, [QuestionWork(kind, tuple(ids)) for kind, ids in zip(kinds, slots)]
-        else:
-            raise BadStream("empty message")
-    return None
+    def stream_limits(self) -> StreamLimits:
+        return StreamLimits(
+            max_questions=self.max_questions,
+            max_candidates=self.max_candidates,
+            max_length=self.max_length,
+            num_token_ids=self.num_token_ids or self.vocab_size,
+            max_tokens=self.max_request_tokens,
+        )
 
 
 def _responses(result: ExecutionResult):
@@ -105,8 +70,17 @@ def _responses(result: ExecutionResult):
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, engine: Engine, identity: WorkerIdentity, *, forced_policy: str | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        identity: WorkerIdentity,
+        *,
+        forced_policy: str | None = None,
+        commit_timeout_seconds: float | None = None,
+    ):
         self.engine = engine
+        self.commit_timeout_seconds = commit_timeout_seconds
+        self._stream_limits = identity.stream_limits()
         self.identity = identity
         self.forced_policy = forced_policy  # the transformers arm runs every request with `off`
 
@@ -136,15 +110,28 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         started = time.perf_counter()
         request_id = dict(context.invocation_metadata()).get(interceptors.REQUEST_ID_KEY, "")
         fields = {"request_id": request_id}
+        timer = CommitTimer(self.commit_timeout_seconds, context.cancel)
         try:
-            collected = _collect(request_iterator, self.identity)
-        except (BadStream, KeyError) as error:
+            collected = collect(request_iterator, self._stream_limits)
+        except BadStream as error:
             log.warning("execute", status="INVALID_ARGUMENT", reason=str(error), **fields)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed execute stream: {error}")
+        except grpc.RpcError:  # the stream was cancelled while being read
+            collected = None
+        finally:
+            timer.stop()
+        if timer.expired:
+            log.info("execute", status="CANCELLED", reason="no commit in time", **fields)
+            interceptors.note_outcome("COMMIT_TIMEOUT")
+            context.abort(
+                grpc.StatusCode.CANCELLED, f"execute stream not committed within {self.commit_timeout_seconds} s"
+            )
         if collected is None:
             log.info("execute", status="DISCARDED", reason="stream ended without commit", **fields)
+            interceptors.note_outcome("DISCARDED")
             return
-        header, work = collected
+        header = collected.header
+        work = [QuestionWork(kind, ids) for kind, ids in zip(collected.kinds, collected.candidates)]
         policy = self.forced_policy or abi.policy_from_enum(header.prefix_policy)
         fields.update(
             questions=len(work),

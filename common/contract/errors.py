@@ -40,6 +40,12 @@ CANDIDATE_LIMIT = "request exceeds the candidate limit"
 # Our extension field (not in the reference): checked after every reference check.
 PREFIX_POLICY = "prefix_policy must be off, default, shared, fixed or auto"
 
+# Our total-work bounds (docs/reliability.md), checked after every contract check above: the
+# rendered size before tokenization, then the submitted tokens while tokenizing (in candidate
+# order, beside the max_length check).
+RENDERED_LIMIT = "request exceeds the rendered size limit"
+TOKEN_LIMIT = "request exceeds the token limit"
+
 
 def too_long_message(question_id: str, num_tokens: int, max_length: int) -> str:
     """The tokenization-stage message for a candidate longer than the model's max_length."""

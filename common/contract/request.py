@@ -47,11 +47,16 @@ Checks, in this order:
    the server default (None); otherwise one of off, default, shared, fixed, auto. It is checked
    after every reference check so that any request the reference rejects gets the reference's
    message.
+6. Our total-work bound: the UTF-8 bytes of every candidate prompt together (chat template
+   included) must not exceed `max_rendered_bytes`: "request exceeds the rendered size limit".
+   Computed without rendering a prompt, after every check above (so any request the reference
+   rejects keeps the reference's message) and before tokenization.
 Tokenization (the last check, "question {id}: {n} tokens exceeds max_length=...") happens in
 `openjev.frontend.batches`. Other unknown fields are ignored, as the reference does.
 
 Rendering (see `openjev.contract.render`): strings are used as is, other values as Python's
-`json.dumps(sort_keys=True, ensure_ascii=False)`. The state is rendered once per request.
+`json.dumps(sort_keys=True, ensure_ascii=False)`. The state is rendered once per request, and
+prompts are built only when read (`openjev.contract.prompts`).
 """
 
 from __future__ import annotations
@@ -59,13 +64,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from openjev.contract import errors
 from openjev.contract.errors import ContractError
-from openjev.contract.render import candidate_prompt, noul_prompt, prompt_head, render_value
+from openjev.contract.prompts import Prompts, utf8_size
+from openjev.contract.render import BigInt, parse_int, render_value
 
 KINDS = ("choice", "score", "noul")
 PREFIX_POLICIES = ("off", "default", "shared", "fixed", "auto")
@@ -75,6 +81,9 @@ MAX_CANDIDATES = 65536
 MAX_CHOICE_CANDIDATES = 255
 MIN_SCORE_LEVELS, MAX_SCORE_LEVELS = 2, 10
 MAX_JSON_DEPTH = 127  # nested containers; the reference parser's limit
+# Our total-work bound (not in the reference): the UTF-8 bytes of every candidate prompt
+# together, chat template included, computed without rendering them (docs/reliability.md).
+MAX_RENDERED_BYTES = 64 * 1024 * 1024
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -86,23 +95,26 @@ class Question:
 
     options: the answer keys in order: choice criteria keys; score "0".."n-1"; noul ().
     legend: score only, the raw levels (JSON values) in order; else ().
-    prompts: one per candidate (noul: exactly one), stripped, not chat-wrapped.
+    prompts: one per candidate (noul: exactly one), stripped, not chat-wrapped; rendered when
+        read (`openjev.contract.prompts`), so a request holds one copy of its state.
     """
 
     id: str
     kind: str
     options: tuple[str, ...]
     legend: tuple[Any, ...]
-    prompts: tuple[str, ...]
+    prompts: Sequence[str]
 
 
 @dataclass(frozen=True)
 class DecisionRequest:
-    """A validated request: `model` as sent (None when absent or null), questions in order."""
+    """A validated request: `model` as sent (None when absent or null), questions in order.
+    rendered_bytes: UTF-8 bytes of every candidate prompt, chat template excluded."""
 
     model: str | None
     questions: tuple[Question, ...]
     prefix_policy: str | None
+    rendered_bytes: int = 0
 
     @property
     def num_candidates(self) -> int:
@@ -130,6 +142,7 @@ def decode_request_json(text: str | bytes) -> Any:
             object_pairs_hook=_unique_keys,
             parse_constant=_reject_constant,
             parse_float=_finite_float,
+            parse_int=parse_int,
         )
     except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
         raise ContractError(errors.INVALID_JSON) from None
@@ -148,6 +161,7 @@ def parse_request(
     accepted_models: Collection[str],
     max_questions: int = MAX_QUESTIONS,
     max_candidates: int = MAX_CANDIDATES,
+    max_rendered_bytes: int | None = None,
 ) -> DecisionRequest:
     """Validate an already-parsed request (dicts keep key order) and compile its prompts."""
     check_json_value(obj)
@@ -156,6 +170,7 @@ def parse_request(
         accepted_models=accepted_models,
         max_questions=max_questions,
         max_candidates=max_candidates,
+        max_rendered_bytes=max_rendered_bytes,
     )
 
 
@@ -204,7 +219,7 @@ def _check_other(child: Any, strings: list, containers: list) -> None:
     elif isinstance(child, float):
         if not math.isfinite(child):
             raise ContractError(errors.INVALID_JSON)
-    elif not isinstance(child, int):
+    elif not isinstance(child, (int, BigInt)):
         raise ContractError(errors.INVALID_JSON)
 
 
@@ -229,6 +244,8 @@ def _compile(
     accepted_models: Collection[str],
     max_questions: int = MAX_QUESTIONS,
     max_candidates: int = MAX_CANDIDATES,
+    max_rendered_bytes: int | None = None,
+    chat_template_bytes: int = 0,
 ) -> DecisionRequest:
     if not isinstance(obj, dict):
         raise ContractError(errors.NOT_AN_OBJECT)
@@ -261,7 +278,13 @@ def _compile(
     prefix_policy = obj.get("prefix_policy")
     if prefix_policy is not None and prefix_policy not in PREFIX_POLICIES:
         raise ContractError(errors.PREFIX_POLICY)
-    return DecisionRequest(model=model, questions=tuple(questions), prefix_policy=prefix_policy)
+    state_bytes = utf8_size(state_text)
+    rendered = sum(q.prompts.rendered_bytes(state_bytes) for q in questions)  # type: ignore[attr-defined]
+    if max_rendered_bytes is not None and rendered + chat_template_bytes * num_candidates > max_rendered_bytes:
+        raise ContractError(errors.RENDERED_LIMIT)
+    return DecisionRequest(
+        model=model, questions=tuple(questions), prefix_policy=prefix_policy, rendered_bytes=rendered
+    )
 
 
 def _compile_question(question_id: str, definition: Any, state_text: str) -> Question:
@@ -293,13 +316,10 @@ def _compile_question(question_id: str, definition: Any, state_text: str) -> Que
             yes = _description(criteria["true"])
             no = _description(criteria["false"])
             instructions += f"\nYes means: {yes}\nNo means: {no}"
-        head = prompt_head(state_text, instructions)
-        return Question(question_id, "noul", (), (), (noul_prompt(head),))
+        return Question(question_id, "noul", (), (), Prompts(state_text, instructions, None))
     else:
         raise ContractError(errors.QUESTION_TYPE)
-    head = prompt_head(state_text, instructions)
-    prompts = tuple(candidate_prompt(head, option) for option in rendered)
-    return Question(question_id, kind, keys, legend, prompts)
+    return Question(question_id, kind, keys, legend, Prompts(state_text, instructions, rendered))
 
 
 def _description(value: Any) -> str:

@@ -46,7 +46,7 @@ def test_batches_cover_every_candidate_in_order(tokenizer, batch_size):
         (2, 2),
     ]
     ids = GOLDEN["cases"][0]["ids"]
-    assert all(c.token_ids == ids[c.question_index][c.candidate_index] for c in flat)
+    assert all(list(c.token_ids) == ids[c.question_index][c.candidate_index] for c in flat)
     assert all(isinstance(c, TokenizedCandidate) for c in flat)
 
 

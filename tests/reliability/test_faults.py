@@ -153,6 +153,7 @@ def bad_worker(demo_model, tmp_path_factory):
         max_length=meta.max_length,
         tokenizer_fingerprint=fingerprint,
         backend="fake",
+        limits=wire.Limits(max_questions=4096, max_candidates=65536),  # compared at connect
     )
     identity = WorkerIdentity(
         meta.model_id,

@@ -1,0 +1,99 @@
+"""A dead or silent worker ends every in-flight request within a bound, and the frontend's
+in-flight gauge returns to zero. Clients here set no deadline: the frontend's own cap
+(--worker-deadline-seconds) is what bounds them.
+
+Seen before: after `kill -9` of the worker one request stayed blocked until the client's own
+60 s deadline and `in_flight_requests` stayed at 1 until the frontend restarted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+
+import grpc
+
+from openjev.client import Client
+from openjev.tools import launch
+from openjev.v1 import decision_pb2 as api
+
+CAP_SECONDS = 6.0
+BOUND_SECONDS = CAP_SECONDS + 4.0  # the cap plus reconnect and scheduling slack
+MEDIUM = {
+    "state": "word " * 600,
+    "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(6)}}},
+}
+ENDED = {"OK", "UNAVAILABLE", "DEADLINE_EXCEEDED"}
+
+
+def in_flight(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    line = next(x for x in text.splitlines() if x.startswith("openjev_frontend_in_flight_requests "))
+    return float(line.split()[1])
+
+
+def _load(address: str, stop: threading.Event, outcomes: list) -> None:
+    body = api.DecideRequest(request_json=json.dumps(MEDIUM), prefix_policy=api.PREFIX_POLICY_OFF)
+    with Client(address) as client:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                client.stub.Decide(body)  # no deadline
+                code = "OK"
+            except grpc.RpcError as error:
+                code = error.code().name
+            outcomes.append((code, time.monotonic() - started))
+
+
+def test_worker_killed_or_stopped_under_load_never_hangs_a_request(demo_model, tmp_path):
+    port = launch.free_port()
+    metrics_port = launch.free_port()
+    worker_args = ["--listen", f"127.0.0.1:{port}", "--max-launch-sequences", "1"]
+    worker = launch.start_worker(demo_model, tmp_path, worker_args)
+    frontend = launch.start_frontend(
+        demo_model,
+        worker.address,
+        tmp_path,
+        [
+            "--worker-refresh-seconds",
+            "0.5",
+            "--worker-deadline-seconds",
+            str(CAP_SECONDS),
+            "--metrics-port",
+            str(metrics_port),
+        ],
+    )
+    outcomes: list = []
+    try:
+        launch.wait_serving(frontend.address)
+        for round_ in range(3):
+            stop = threading.Event()
+            clients = [threading.Thread(target=_load, args=(frontend.address, stop, outcomes)) for _ in range(6)]
+            for thread in clients:
+                thread.start()
+            time.sleep(1.5)
+            if round_ == 2:  # silent, not dead: the process stops answering but its socket stays open
+                os.kill(worker.popen.pid, signal.SIGSTOP)
+                time.sleep(BOUND_SECONDS)
+                os.kill(worker.popen.pid, signal.SIGKILL)
+            worker.kill()
+            stop.set()
+            for thread in clients:
+                thread.join(BOUND_SECONDS + 5)
+                assert not thread.is_alive(), "a request outlived its bound"
+            worker = launch.start_worker(demo_model, tmp_path, worker_args, name=f"worker-{round_}")
+            launch.wait_serving(frontend.address, timeout_seconds=30)
+        assert outcomes
+        assert {code for code, _ in outcomes} <= ENDED, outcomes
+        assert max(seconds for _, seconds in outcomes) < BOUND_SECONDS, outcomes
+        assert any(code != "OK" for code, _ in outcomes)
+        deadline = time.monotonic() + 10
+        while in_flight(metrics_port) != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert in_flight(metrics_port) == 0
+    finally:
+        frontend.stop()
+        worker.stop()

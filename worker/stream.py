@@ -1,0 +1,156 @@
+"""Read and validate an Execute stream: header, candidate batches, commit.
+
+The worker trusts no caller: anyone who reaches its port can send any stream, so everything is
+checked here as if the frontend did not exist, and nothing reaches the engine before the whole
+stream is known valid (every check runs before the commit is accepted). Any violation raises
+`BadStream` with a message naming what is wrong; the servicer answers it INVALID_ARGUMENT as
+"malformed execute stream: {message}".
+
+Checked, in stream order:
+- the first message is a header, and there is only one; an empty message is an error;
+- the prefix policy is UNSPECIFIED or one the ABI names;
+- 1..max_questions questions; every kind is choice, score or noul; candidates per question as the
+  contract allows (noul exactly 1, choice 1..255, score 2..10); at most max_candidates in all;
+- each candidate: indices inside the header's shape, not sent twice; 1..max_length token ids,
+  every id inside the tokenizer's range (specials included, padding rows of the embedding
+  excluded); the running token total within max_tokens;
+- at commit: every candidate present.
+Token ids are kept as array('I') (4 bytes an id), never as lists of Python ints (28+ bytes each).
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from openjev import abi
+from openjev.contract.request import MAX_CANDIDATES, MAX_CHOICE_CANDIDATES, MAX_SCORE_LEVELS, MIN_SCORE_LEVELS
+from openjev.v1 import decision_pb2 as api
+from openjev.worker.v1 import worker_pb2 as wire
+
+# Candidates per question by kind, as the request contract allows them.
+CANDIDATES_PER_KIND = {
+    "noul": (1, 1),
+    "choice": (1, MAX_CHOICE_CANDIDATES),
+    "score": (MIN_SCORE_LEVELS, MAX_SCORE_LEVELS),
+}
+_KNOWN_POLICIES = {api.PREFIX_POLICY_UNSPECIFIED, *(abi.policy_to_enum(p) for p in abi.POLICIES)}
+
+
+class BadStream(Exception):
+    """The caller broke the Execute protocol or a limit; nothing is executed."""
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    max_questions: int
+    max_candidates: int = MAX_CANDIDATES
+    max_length: int = 16384
+    num_token_ids: int = 248320  # ids 0..num_token_ids-1 are valid
+    max_tokens: int | None = None  # submitted tokens per request
+
+
+@dataclass(frozen=True)
+class Collected:
+    header: wire.ExecuteHeader
+    kinds: tuple[str, ...]
+    candidates: tuple[tuple[array, ...], ...]  # [question][candidate] -> array('I') of ids
+    num_tokens: int
+
+
+def collect(messages: Iterable[wire.ExecuteRequest], limits: StreamLimits) -> Collected | None:
+    """Read the stream up to its commit. None when it ended without one (the frontend found the
+    request invalid part-way through tokenizing, or the client went away)."""
+    header: wire.ExecuteHeader | None = None
+    kinds: tuple[str, ...] = ()
+    slots: list[list[array | None]] = []
+    missing = 0
+    num_tokens = 0
+    for message in messages:
+        item = message.WhichOneof("item")
+        if item == "header":
+            if header is not None:
+                raise BadStream("second header")
+            header = message.header
+            kinds = _check_header(header, limits)
+            slots = [[None] * q.num_candidates for q in header.questions]
+            missing = sum(q.num_candidates for q in header.questions)
+        elif item == "batch":
+            if header is None:
+                raise BadStream("batch before header")
+            for candidate in message.batch.candidates:
+                q, c = candidate.question_index, candidate.candidate_index
+                if q >= len(slots) or c >= len(slots[q]):
+                    raise BadStream(f"candidate ({q}, {c}) is outside the header's questions and candidates")
+                if slots[q][c] is not None:
+                    raise BadStream(f"candidate ({q}, {c}) sent twice")
+                ids = array("I", candidate.token_ids)
+                if not 1 <= len(ids) <= limits.max_length:
+                    raise BadStream(f"candidate ({q}, {c}) has {len(ids)} tokens; expected 1 to {limits.max_length}")
+                if max(ids) >= limits.num_token_ids:
+                    raise BadStream(
+                        f"candidate ({q}, {c}) has token id {max(ids)}, outside the tokenizer's "
+                        f"range 0..{limits.num_token_ids - 1}"
+                    )
+                num_tokens += len(ids)
+                if limits.max_tokens is not None and num_tokens > limits.max_tokens:
+                    raise BadStream(f"request exceeds the worker's limit of {limits.max_tokens} tokens")
+                slots[q][c] = ids
+                missing -= 1
+        elif item == "commit":
+            if header is None:
+                raise BadStream("commit before header")
+            if missing:
+                raise BadStream(f"{missing} candidates missing at commit")
+            candidates = tuple(tuple(ids for ids in question if ids is not None) for question in slots)
+            return Collected(header, kinds, candidates, num_tokens)
+        else:
+            raise BadStream("empty message (no header, batch or commit)")
+    return None
+
+
+def _check_header(header: wire.ExecuteHeader, limits: StreamLimits) -> tuple[str, ...]:
+    if header.prefix_policy not in _KNOWN_POLICIES:
+        raise BadStream(f"unknown prefix policy {header.prefix_policy}")
+    if not 1 <= len(header.questions) <= limits.max_questions:
+        raise BadStream(f"{len(header.questions)} questions; the worker takes 1 to {limits.max_questions}")
+    kinds = []
+    total = 0
+    for index, question in enumerate(header.questions):
+        try:
+            kind = abi.kind_from_enum(question.kind)
+        except KeyError:
+            raise BadStream(f"question {index} has unknown kind {question.kind}") from None
+        low, high = CANDIDATES_PER_KIND[kind]
+        if not low <= question.num_candidates <= high:
+            expected = "exactly 1" if low == high else f"{low} to {high}"
+            raise BadStream(f"{kind} question {index} has {question.num_candidates} candidates; expected {expected}")
+        total += question.num_candidates
+        kinds.append(kind)
+    if total > limits.max_candidates:
+        raise BadStream(f"{total} candidates; the worker takes at most {limits.max_candidates}")
+    return tuple(kinds)
+
+
+class CommitTimer:
+    """Cancels a stream that has not committed within `seconds`: an Execute that never commits
+    would otherwise hold its thread and call slot for as long as its caller likes."""
+
+    def __init__(self, seconds: float | None, cancel):
+        self.expired = False
+        self._timer: threading.Timer | None = None
+        if seconds:
+
+            def expire() -> None:
+                self.expired = True
+                cancel()
+
+            self._timer = threading.Timer(seconds, expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
