@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import random
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from openjev.tools.bench import workload
@@ -104,6 +106,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--limit", type=int, default=None, help="at most this many requests")
     p.add_argument("--oracle-cases", type=int, default=40, help="cases compared with transformers")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument(
+        "--mixed-clients", type=int, default=8, help="batch invariance: requests sent at once, sharing passes"
+    )
     args = p.parse_args(argv)
 
     meta, candidates_of, _ = longest_tokens_fn(args.model)
@@ -136,13 +141,17 @@ def main(argv: list[str] | None = None) -> None:
         "cases": 0,
     }
     submitted = 0
+    alone: dict[tuple[int, str], list[list[float]]] = {}  # (case, policy) -> head scores run alone
+    works = []
     for index, case in enumerate(cases):
         if index % 25 == 0:
             print(f"gates: {index}/{len(cases)} requests", file=sys.stderr, flush=True)
         ids = candidates_of(case.request)
         kinds = [q["type"] for q in case.request["questions"].values()]
-        work = [QuestionWork(kind, tuple(tuple(t) for t in q)) for kind, q in zip(kinds, ids)]
+        work = [QuestionWork(kind, tuple(tuple(t) for t in q)) for kind, q in zip(kinds, ids, strict=True)]
+        works.append(work)
         base = engine.execute(work, temperature=meta.temperature, policy="off")
+        alone[index, "off"] = base.head_scores
         submitted += base.num_submitted_tokens
         for policy in POLICIES:
             try:
@@ -151,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{case.name} {policy}: {error!r}", file=sys.stderr)
                 rows[policy]["failures"] += 1
                 continue
+            alone[index, policy] = other.head_scores
             rows[policy]["saved_tokens"] += other.num_saved_tokens
             for key, value in compare(kinds, base.probabilities, other.probabilities).items():
                 rows[policy][key] = (
@@ -168,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
                 truth = exact_engine.execute(work, temperature=meta.temperature, policy="off").head_scores
                 for key, scores in (("ours_vs_fp32", base.head_scores), ("transformers_vs_fp32", ref.head_scores)):
                     oracle_row[key] = max(oracle_row[key], max_rel_head(scores, truth))
+    mixed = batch_invariance(engine, works, alone, meta.temperature, args.mixed_clients, args.seed)
     card = "CPU"
     if args.backend == "cuda":
         import torch
@@ -206,6 +217,13 @@ def main(argv: list[str] | None = None) -> None:
             f"Against the same weights in fp32 (transformers, same requests), max head-score difference relative to "
             f"max(1, |s|): ours (bf16) {o['ours_vs_fp32']:.2e}, transformers in bf16 {o['transformers_vs_fp32']:.2e}.",
         ]
+    lines += [
+        "",
+        f"Batch invariance: {mixed['requests']} requests sent {args.mixed_clients} at a time with random "
+        f"policies, sharing passes ({mixed['shared']} of them shared at least one pass with another request): "
+        f"{mixed['mismatches']} differ in any bit of any head score from the same request run alone; "
+        f"{mixed['failures']} failed.",
+    ]
     padded = {shape: rows for shape, rows in getattr(runner, "gemm_rows", {}).items() if rows > 1}
     if args.backend == "cuda":
         lines += [
@@ -233,7 +251,34 @@ def main(argv: list[str] | None = None) -> None:
         and r["failures"] == 0
         for r in rows.values()
     ) and (graphs is None or graphs.failures == 0)
+    passed = passed and mixed["mismatches"] == 0 and mixed["failures"] == 0
     sys.exit(0 if passed else 1)
+
+
+def batch_invariance(engine: Engine, works, alone, temperature: float, clients: int, seed: int) -> dict[str, int]:
+    """Every request again, `clients` at a time through the same engine (so they share forward
+    passes) under a random policy each, compared bit for bit with the same request run alone."""
+    rng = random.Random(seed)
+    jobs = [(index, rng.choice(("off", *POLICIES))) for index in range(len(works))]
+    jobs = [(index, policy) for index, policy in jobs if (index, policy) in alone]
+
+    def one(job: tuple[int, str]):
+        index, policy = job
+        try:
+            return job, engine.execute(works[index], temperature=temperature, policy=policy)
+        except Exception as error:  # counted, not raised: the report says how many
+            print(f"mixed {index} {policy}: {error!r}", file=sys.stderr)
+            return job, None
+
+    out = {"requests": len(jobs), "shared": 0, "mismatches": 0, "failures": 0}
+    with ThreadPoolExecutor(max(1, clients)) as pool:
+        for (index, policy), result in pool.map(one, jobs):
+            if result is None:
+                out["failures"] += 1
+                continue
+            out["shared"] += result.num_shared_passes > 0
+            out["mismatches"] += result.head_scores != alone[index, policy]
+    return out
 
 
 if __name__ == "__main__":
