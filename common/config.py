@@ -25,7 +25,7 @@ def parse_with_env(parser: argparse.ArgumentParser, argv: list[str] | None) -> a
         if isinstance(action, argparse._StoreTrueAction):
             action.default = value.lower() in ("1", "true", "yes", "on")
         else:
-            action.default = action.type(value) if action.type else value
+            action.default = action.type(value) if callable(action.type) else value
             action.required = False
     return parser.parse_args(argv)
 

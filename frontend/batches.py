@@ -72,7 +72,7 @@ def _tokenize(
     prompts: list[str],
 ) -> list[TokenizedCandidate]:
     batch = []
-    for (question_index, candidate_index), token_ids in zip(positions, tokenizer.encode(prompts)):
+    for (question_index, candidate_index), token_ids in zip(positions, tokenizer.encode(prompts), strict=True):
         if len(token_ids) > max_length:
             question_id = request.questions[question_index].id
             raise ContractError(too_long_message(question_id, len(token_ids), max_length))

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             on_state=on_worker_state,
         )
     except TargetError as error:
-        raise SystemExit(f"openjev-frontend: {error}")
+        raise SystemExit(f"openjev-frontend: {error}") from error
     servicer = DecisionServicer(
         meta, tokenizer, link, max_questions=args.max_questions, max_candidates=args.max_candidates
     )

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -75,7 +75,8 @@ class AdmissionQueue:
         if job.error is not None:
             raise job.error
         assert job.started_at is not None
-        return job.result, job.started_at - job.queued_at
+        # the work returned (no error), so result holds its value, None included
+        return cast(T, job.result), job.started_at - job.queued_at
 
     def close(self) -> None:
         with self._cond:

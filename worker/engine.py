@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from openjev.contract.answers import question_probabilities
+from openjev.contract.literals import PREFIX_POLICIES, ExecutedPolicy, PrefixPolicy, PrefixScope, QuestionKind
 from openjev.worker.planner.cost import CostModel, default_cost_model
-from openjev.worker.planner.plan import POLICIES, PackLimits, Plan, Scope
+from openjev.worker.planner.plan import PackLimits, Plan
 from openjev.worker.planner.policy import plan_request
 from openjev.worker.runner_api import ModelRunner, SegmentResult, SegmentRun
 
@@ -34,7 +35,7 @@ class InferenceError(Exception):
 class QuestionWork:
     """One question: its kind ("choice" | "score" | "noul") and each candidate's token ids."""
 
-    kind: str
+    kind: QuestionKind
     candidates: Sequence[Sequence[int]]
 
 
@@ -45,10 +46,10 @@ class ExecutionResult:
 
     head_scores: list[list[float]]
     probabilities: list[list[float]]
-    policy: str
-    executed_policy: str
+    policy: PrefixPolicy
+    executed_policy: ExecutedPolicy
     enabled: bool
-    scope: Scope
+    scope: PrefixScope
     num_saved_tokens: int
     num_computed_tokens: int
     num_submitted_tokens: int
@@ -63,16 +64,16 @@ class Engine:
         *,
         pack_limits: PackLimits = PackLimits(),
         cost_model: CostModel | None = None,
-        default_policy: str = "auto",
+        default_policy: PrefixPolicy = "auto",
     ) -> None:
-        if default_policy not in POLICIES:
-            raise ValueError(f"unknown prefix policy {default_policy!r}; expected one of {POLICIES}")
+        if default_policy not in PREFIX_POLICIES:
+            raise ValueError(f"unknown prefix policy {default_policy!r}; expected one of {PREFIX_POLICIES}")
         self.runner = runner
         self.pack_limits = pack_limits
         self.cost_model = cost_model if cost_model is not None else default_cost_model(runner.backend)
         self.default_policy = default_policy
 
-    def plan(self, questions: Sequence[QuestionWork], policy: str | None = None) -> Plan:
+    def plan(self, questions: Sequence[QuestionWork], policy: PrefixPolicy | None = None) -> Plan:
         return plan_request(
             [q.candidates for q in questions],
             policy or self.default_policy,
@@ -85,7 +86,7 @@ class Engine:
         questions: Sequence[QuestionWork],
         *,
         temperature: float,
-        policy: str | None = None,
+        policy: PrefixPolicy | None = None,
         should_stop: Callable[[], bool] = lambda: False,
     ) -> ExecutionResult:
         """Run every candidate of every question; raises Cancelled or InferenceError."""
@@ -93,7 +94,7 @@ class Engine:
         plan = self.plan(questions, policy)
         head_scores = self._run(plan, should_stop)
         probabilities = []
-        for q, (question, scores) in enumerate(zip(questions, head_scores)):
+        for q, (question, scores) in enumerate(zip(questions, head_scores, strict=True)):
             try:
                 probabilities.append(question_probabilities(question.kind, scores, temperature))
             except ValueError as error:
@@ -119,10 +120,11 @@ class Engine:
             # A cancelled or failed request frees its states now: the exception's traceback
             # (kept by whoever handles it) would otherwise keep the walk's locals alive.
             seen: set[int] = set()
-            while error is not None and id(error) not in seen:
-                seen.add(id(error))
-                traceback.clear_frames(error.__traceback__)
-                error = error.__cause__ or error.__context__
+            link: BaseException | None = error
+            while link is not None and id(link) not in seen:
+                seen.add(id(link))
+                traceback.clear_frames(link.__traceback__)
+                link = link.__cause__ or link.__context__
             raise
 
     def _walk(self, plan: Plan, should_stop: Callable[[], bool]) -> list[list[float]]:
@@ -141,7 +143,7 @@ class Engine:
                 SegmentRun(
                     token_ids=segments[i].token_ids,
                     start_position=segments[i].start_position,
-                    parent_state=None if segments[i].parent is None else states[segments[i].parent],
+                    parent_state=None if (parent := segments[i].parent) is None else states[parent],
                     keep_state=segments[i].keep_state,
                     read_head=bool(segments[i].readers),
                 )
@@ -154,7 +156,7 @@ class Engine:
             if len(results) != len(runs):
                 raise InferenceError(f"runner returned {len(results)} results for {len(runs)} runs")
 
-            for i, result in zip(launch, results):
+            for i, result in zip(launch, results, strict=True):
                 segment = segments[i]
                 if segment.keep_state:
                     if result.state is None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from openjev import abi, config, interceptors, logs, metrics, serving
+from openjev import config, interceptors, logs, metrics, serving
+from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
 from openjev.export import load_export_meta_or_exit
 from openjev.tokenizer import PromptTokenizer
 from openjev.worker import backends
@@ -40,7 +41,9 @@ def parser() -> argparse.ArgumentParser:
         "shape on the GPU instead of the export's (the export still gives tokenizer and metadata)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of --synthetic weights")
-    p.add_argument("--prefix-policy", default="auto", choices=abi.POLICIES, help="policy for requests that name none")
+    p.add_argument(
+        "--prefix-policy", default="auto", choices=PREFIX_POLICIES, help="policy for requests that name none"
+    )
     p.add_argument("--queue-capacity", type=int, default=64, help="requests that may wait")
     p.add_argument("--max-launch-sequences", type=int, default=16)
     p.add_argument("--max-launch-tokens", type=int, default=4096)
@@ -103,7 +106,7 @@ def _rows(text: str) -> int | None:
     return int(text)
 
 
-def warm_up(engine: Engine, temperature: float, policy: str) -> None:
+def warm_up(engine: Engine, temperature: float, policy: PrefixPolicy) -> None:
     """One tiny request through the whole path, so the first real request pays no load cost
     (lazy kernels, allocator growth, graph capture)."""
     engine.execute([QuestionWork("choice", ((1, 2, 3, 4), (1, 2, 3, 5)))], temperature=temperature, policy=policy)
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
             f"openjev-worker: the model's vocab_size {runner.config.vocab_size} is smaller than "
             f"the tokenizer's {num_token_ids} token ids"
         )
-    forced_policy = None
+    forced_policy: PrefixPolicy | None = None
     if backend == "transformers":
         forced_policy = args.prefix_policy = "off"  # it cannot start from a parent's state
         args.max_launch_tokens = max(args.max_launch_tokens, meta.max_length)  # whole prompts, no chunks

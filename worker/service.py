@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import grpc
 
 from openjev import abi, interceptors, logs
+from openjev.contract.literals import PrefixPolicy
 from openjev.worker.admission import Abandoned, AdmissionQueue, QueueFull
 from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork
 from openjev.worker.v1 import worker_pb2 as wire
@@ -28,7 +29,7 @@ class WorkerIdentity:
     vocab_size: int
     tokenizer_fingerprint: str
     backend: str
-    default_policy: str
+    default_policy: PrefixPolicy
     max_questions: int
     max_candidates: int
     max_batch_candidates: int
@@ -74,18 +75,19 @@ def _collect(request_iterator, identity: WorkerIdentity) -> tuple[wire.ExecuteHe
         elif item == "commit":
             if header is None:
                 raise BadStream("commit before header")
-            missing = sum(ids is None for question in slots for ids in question)
+            complete = [[ids for ids in question if ids is not None] for question in slots]
+            missing = sum(len(question) for question in slots) - sum(len(question) for question in complete)
             if missing:
                 raise BadStream(f"{missing} candidates missing at commit")
             kinds = [abi.kind_from_enum(q.kind) for q in header.questions]
-            return header, [QuestionWork(kind, tuple(ids)) for kind, ids in zip(kinds, slots)]
+            return header, [QuestionWork(kind, tuple(ids)) for kind, ids in zip(kinds, complete, strict=True)]
         else:
             raise BadStream("empty message")
     return None
 
 
 def _responses(result: ExecutionResult, queue_seconds: float):
-    for index, (probabilities, scores) in enumerate(zip(result.probabilities, result.head_scores)):
+    for index, (probabilities, scores) in enumerate(zip(result.probabilities, result.head_scores, strict=True)):
         yield wire.ExecuteResponse(
             question=wire.QuestionResult(question_index=index, probabilities=probabilities, head_scores=scores)
         )
@@ -107,7 +109,12 @@ def _responses(result: ExecutionResult, queue_seconds: float):
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def __init__(
-        self, engine: Engine, identity: WorkerIdentity, queue: AdmissionQueue, *, forced_policy: str | None = None
+        self,
+        engine: Engine,
+        identity: WorkerIdentity,
+        queue: AdmissionQueue,
+        *,
+        forced_policy: PrefixPolicy | None = None,
     ):
         self.engine = engine
         self.identity = identity

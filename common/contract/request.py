@@ -59,16 +59,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from openjev.contract import errors
 from openjev.contract.errors import ContractError
+from openjev.contract.literals import PrefixPolicy, QuestionKind, is_prefix_policy
 from openjev.contract.render import candidate_prompt, noul_prompt, prompt_head, render_value
 
-KINDS = ("choice", "score", "noul")
-PREFIX_POLICIES = ("off", "default", "shared", "fixed", "auto")
 ALWAYS_ACCEPTED_MODELS = ("open-jev", "jev-latest")
 MAX_QUESTIONS = 4096
 MAX_CANDIDATES = 65536
@@ -90,7 +89,7 @@ class Question:
     """
 
     id: str
-    kind: str
+    kind: QuestionKind
     options: tuple[str, ...]
     legend: tuple[Any, ...]
     prompts: tuple[str, ...]
@@ -102,7 +101,7 @@ class DecisionRequest:
 
     model: str | None
     questions: tuple[Question, ...]
-    prefix_policy: str | None
+    prefix_policy: PrefixPolicy | None
 
     @property
     def num_candidates(self) -> int:
@@ -167,6 +166,7 @@ def check_json_value(value: Any) -> None:
     for _ in range(MAX_JSON_DEPTH):
         strings: list = []
         containers: list = []
+        children: Iterable[Any]
         for item in level:
             if isinstance(item, dict):
                 strings.extend(item)
@@ -259,7 +259,7 @@ def _compile(
         questions.append(question)
 
     prefix_policy = obj.get("prefix_policy")
-    if prefix_policy is not None and prefix_policy not in PREFIX_POLICIES:
+    if prefix_policy is not None and not is_prefix_policy(prefix_policy):
         raise ContractError(errors.PREFIX_POLICY)
     return DecisionRequest(model=model, questions=tuple(questions), prefix_policy=prefix_policy)
 

@@ -127,7 +127,7 @@ def test_kubernetes_manifests():
     check_args(launch.WORKER_MODULE, worker["args"][2:])
     check_args(launch.FRONTEND_MODULE, frontend["args"][2:])
     for container in (worker, frontend):
-        args = dict(zip(container["args"][::2], container["args"][1::2]))
+        args = dict(zip(container["args"][::2], container["args"][1::2], strict=True))
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert args["--listen"] == f"0.0.0.0:{ports['grpc']}"
         assert int(args["--metrics-port"]) == ports["metrics"]
@@ -135,7 +135,7 @@ def test_kubernetes_manifests():
         assert all(m["readOnly"] for m in container["volumeMounts"] if m["mountPath"] == "/models/open-jev")
     service = by_kind[("Service", "openjev-worker")]["spec"]
     assert service["clusterIP"] == "None"  # headless: DNS answers every ready worker
-    target = parse_worker_targets(dict(zip(frontend["args"][::2], frontend["args"][1::2]))["--worker"])
+    target = parse_worker_targets(dict(zip(frontend["args"][::2], frontend["args"][1::2], strict=True))["--worker"])
     assert target.name == "openjev-worker" and target.port == service["ports"][0]["port"]
 
 

@@ -5,6 +5,7 @@ What the worker did is read from its JSON log (one `execute` line per request)."
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 import uuid
@@ -182,10 +183,9 @@ def test_cancelled_or_failed_request_frees_its_states(demo_model):
     for expected, stop, fail_at in ((Cancelled, lambda: launches[0] >= 3, None), (InferenceError, lambda: False, 3)):
         launches[0], recording.fail_at = 0, fail_at
         refs.clear()
+        execute = functools.partial(engine.execute, work, temperature=1.0, policy="shared", should_stop=stop)
         with pytest.raises(expected):
-            queue.run(
-                lambda: engine.execute(work, temperature=1.0, policy="shared", should_stop=stop), is_active=lambda: True
-            )
+            queue.run(execute, is_active=lambda: True)
         gc.collect()
         assert refs and not [r for r in refs if r() is not None]
     queue.close()

@@ -13,8 +13,9 @@ import weakref
 import pytest
 
 from openjev.contract.answers import question_probabilities
+from openjev.contract.literals import PREFIX_POLICIES
 from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork
-from openjev.worker.planner import CPU_COST_MODEL, POLICIES, PackLimits, plan_request
+from openjev.worker.planner import CPU_COST_MODEL, PackLimits, plan_request
 from openjev.worker.runner_api import SegmentResult
 
 TEMPERATURE = 2.5
@@ -91,7 +92,7 @@ def shared_context_request(n_questions=3):
     return questions
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", PREFIX_POLICIES)
 def test_every_policy_matches_off(torch_runner, policy):
     questions = shared_context_request()
     engine = Engine(torch_runner, cost_model=CPU_COST_MODEL)
@@ -114,9 +115,9 @@ def test_every_policy_matches_off(torch_runner, policy):
     assert got.num_submitted_tokens == off.num_submitted_tokens == sum(len(c) for q in questions for c in q.candidates)
     assert [len(s) for s in got.head_scores] == [3, 1, 3]
     assert [len(p) for p in got.probabilities] == [3, 2, 3]  # noul: [p_no, p_yes]
-    for a, b in zip(got.head_scores, off.head_scores):
-        assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-4
-    for scores, probabilities, question in zip(got.head_scores, got.probabilities, questions):
+    for a, b in zip(got.head_scores, off.head_scores, strict=True):
+        assert max(abs(x - y) for x, y in zip(a, b, strict=True)) <= 1e-4
+    for scores, probabilities, question in zip(got.head_scores, got.probabilities, questions, strict=True):
         assert probabilities == question_probabilities(question.kind, scores, TEMPERATURE)
         assert math.isclose(sum(probabilities), 1.0, rel_tol=1e-12)
     assert got.inference_seconds > 0
@@ -193,4 +194,4 @@ def test_long_prompt_runs_in_chunks_that_carry_state(torch_runner):
     a = chunked.execute(questions, temperature=TEMPERATURE, policy="off")
     b = whole.execute(questions, temperature=TEMPERATURE, policy="off")
     assert a.num_launches == 6 and b.num_launches == 1
-    assert max(abs(x - y) for x, y in zip(a.head_scores[0], b.head_scores[0])) <= 1e-4
+    assert max(abs(x - y) for x, y in zip(a.head_scores[0], b.head_scores[0], strict=True)) <= 1e-4

@@ -166,12 +166,14 @@ def expected_score(probabilities):
 def test_policy_matches_off(work, results, policy):
     max_dp = max_dscore = max_dhead = 0.0
     choice_changes, noul_flips = [], []
-    for (name, questions), got, off in zip(work, results(policy), results("off")):
+    for (name, questions), got, off in zip(work, results(policy), results("off"), strict=True):
         assert got.num_submitted_tokens == off.num_submitted_tokens
         for q, question in enumerate(questions):
             p, p_off = got.probabilities[q], off.probabilities[q]
-            max_dp = max(max_dp, max(abs(a - b) for a, b in zip(p, p_off)))
-            max_dhead = max(max_dhead, max(abs(a - b) for a, b in zip(got.head_scores[q], off.head_scores[q])))
+            max_dp = max(max_dp, max(abs(a - b) for a, b in zip(p, p_off, strict=True)))
+            max_dhead = max(
+                max_dhead, max(abs(a - b) for a, b in zip(got.head_scores[q], off.head_scores[q], strict=True))
+            )
             if question.kind == "score":
                 max_dscore = max(max_dscore, abs(expected_score(p) - expected_score(p_off)))
             if question.kind == "noul" and (p[1] > 0.5) != (p_off[1] > 0.5):
@@ -227,7 +229,7 @@ def test_oracle_agrees(work, results, runner, oracle, policy):
                     hidden = oracle(input_ids=torch.tensor([list(tokens)])).last_hidden_state[0, -1]
                 scores.append(ops.head_score(hidden, runner.head_weight, runner.meta.head_bias))
             p = question_probabilities(question.kind, scores, runner.meta.temperature)
-            worst_score = max(worst_score, max(abs(a - b) for a, b in zip(scores, got.head_scores[q])))
-            worst_p = max(worst_p, max(abs(a - b) for a, b in zip(p, got.probabilities[q])))
+            worst_score = max(worst_score, max(abs(a - b) for a, b in zip(scores, got.head_scores[q], strict=True)))
+            worst_p = max(worst_p, max(abs(a - b) for a, b in zip(p, got.probabilities[q], strict=True)))
     print(f"{policy} vs transformers: max|d head|={worst_score:.2e} max|dp|={worst_p:.2e}")
     assert worst_score <= ORACLE_TOLERANCE and worst_p <= ORACLE_TOLERANCE

@@ -38,20 +38,21 @@ import torch
 
 from openjev.worker.cuda import kernels as K
 from openjev.worker.cuda.graphs import GraphCache, bucket, fine_bucket
-from openjev.worker.cuda.launch import Launch, LaunchPlan
+from openjev.worker.cuda.launch import CudaSegmentState, Launch, LaunchPlan
 
 try:
     from prometheus_client import Counter
 
     from openjev import metrics
 
-    capture_failures = Counter(
+    capture_failures: Counter | None = Counter(
         "openjev_worker_graph_capture_failures",
         "CUDA graph captures that failed (the launch ran eagerly)",
         registry=metrics.worker_registry,
     )
 except ImportError:  # the kernel benchmarks run on images without the server's packages
-    metrics = capture_failures = None
+    metrics = None  # type: ignore[assignment]  # optional: the module is absent on those images
+    capture_failures = None
 
 log = logging.getLogger(__name__)
 MAX_STATE_SLOTS = 8  # each slot is ~150 MB of GDN state per graph on the 27B shape
@@ -232,6 +233,7 @@ class GraphLauncher:
                 log.warning("CUDA graph capture failed for %s, running eagerly: %r", shape, error)
                 return None
         else:
+            assert shape is not None  # a cache entry exists only for a shape
             self._fill(entry.inputs, plan, shape)
         hidden = self.cache.replay(entry)
         return self._collect(hidden, entry.inputs, plan, shape)
@@ -241,7 +243,7 @@ class GraphLauncher:
         r = self.runner
         T, N, pad = len(plan.ids), len(plan.runs), shape.tokens - len(plan.ids)
         rows, cu_k = plan.kv_rows(shape.base)
-        parents: dict[int, tuple[int, object]] = {}  # id -> (slot, state), slots 1.. in first-use order
+        parents: dict[int, tuple[int, CudaSegmentState]] = {}  # id -> (slot, state), slots 1.. in first-use order
         for run in plan.runs:
             if run.parent_state is not None:
                 parents.setdefault(id(run.parent_state), (len(parents) + 1, run.parent_state))
@@ -264,14 +266,17 @@ class GraphLauncher:
             host[at + len(v) : at + n] = fill.get(name, 0)
         # pageable source: the copy is staged before copy_ returns, so `host` may be freed at once
         s["idx"].copy_(torch.from_numpy(host))
-        dst, src = [], []
+        dst: list[torch.Tensor] = []
+        src: list[torch.Tensor] = []
         for slot, p in parents.values():
             for g, j in enumerate(r.gdn_layers):
                 dst += [s["win_in"][slot, g], s["st_in"][slot, g]]
                 src += [p.gdn[j][0], p.gdn[j][1]]
                 if r.chunked_gdn:
+                    tail = p.gdn[j][2]
+                    assert tail is not None  # chunked-kernel states always carry their tail
                     dst.append(s["tail_in"][slot, g])
-                    src.append(p.gdn[j][2])
+                    src.append(tail)
         at = 0
         for node in plan.nodes:  # ancestors' K/V rows, in the plan's pool order
             for a, j in enumerate(r.attn_layers):
@@ -284,8 +289,8 @@ class GraphLauncher:
             group = groups.setdefault(d.dtype, ([], []))
             group[0].append(d)
             group[1].append(t)
-        for d, t in groups.values():  # one multi-tensor launch per dtype rather than one copy each
-            torch._foreach_copy_(d, t)
+        for dsts, srcs in groups.values():  # one multi-tensor launch per dtype rather than one copy each
+            torch._foreach_copy_(dsts, srcs)
 
     def _forward(self, shape: Shape, **s: torch.Tensor) -> torch.Tensor:
         """The captured work: hidden [N_pad, D] bf16 of the (padded) head rows."""
@@ -305,7 +310,8 @@ class GraphLauncher:
 
     def _collect(self, hidden, s, plan: LaunchPlan, shape: Shape):
         """Copy the head rows and the kept segments' final states out of the graph's buffers."""
-        r, states, k = self.runner, [], 0
+        r, k = self.runner, 0
+        states: list[CudaSegmentState | None] = []
         for i, run in enumerate(plan.runs):
             if not run.keep_state:
                 states.append(None)
@@ -335,7 +341,7 @@ class _StaticIO:
         self.a = {j: a for a, j in enumerate(runner.attn_layers)}
         c, self.device = runner.config, runner.device
         self.window_shape = (shape.segments, 3, c.linear_conv_dim)
-        self.zeros = None
+        self.zeros: torch.Tensor | None = None
 
     def gdn_in(self, index: int):
         g = self.g[index]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -24,7 +25,8 @@ class KvNode:
 
     def lineage(self) -> list[KvNode]:
         """Root first, self last."""
-        chain, node = [], self
+        chain: list[KvNode] = []
+        node: KvNode | None = self
         while node is not None:
             chain.append(node)
             node = node.parent
@@ -40,7 +42,7 @@ class CudaSegmentState:
     (ancestors' GDN states are not kept alive by it)."""
 
     num_tokens: int
-    gdn: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    gdn: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
     kv: KvNode
 
 
@@ -89,7 +91,9 @@ class Launch:
 def plan_launch(runs: Sequence[SegmentRun], vocab_size: int) -> LaunchPlan:
     """Validate a launch and lay it out on the host: token rows, segment bounds, head rows,
     and the attention pool (each distinct ancestor node's rows once, then the launch's own)."""
-    ids, positions, cu, heads = [], [], [0], []
+    ids: list[int] = []
+    positions: list[int] = []
+    cu, heads = [0], []
     for run in runs:
         parent = run.parent_state
         if len(run.token_ids) == 0:
@@ -116,5 +120,5 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int) -> LaunchPlan:
                 base += node.num_rows
         ancestors.append([(offsets[id(nd)], nd.num_rows) for nd in lineage])
     return LaunchPlan(
-        list(runs), ids, positions, cu, heads, nodes, base, ancestors, max(b - a for a, b in zip(cu[:-1], cu[1:]))
+        list(runs), ids, positions, cu, heads, nodes, base, ancestors, max(b - a for a, b in pairwise(cu))
     )

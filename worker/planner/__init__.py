@@ -8,7 +8,6 @@ from openjev.worker.planner.cost import (
 )
 from openjev.worker.planner.plan import (
     GDN_CHUNK_TOKENS,
-    POLICIES,
     PackLimits,
     Plan,
     Reader,
@@ -20,7 +19,6 @@ __all__ = [
     "CPU_COST_MODEL",
     "GPU_COST_MODEL",
     "GDN_CHUNK_TOKENS",
-    "POLICIES",
     "CostModel",
     "PackLimits",
     "Plan",

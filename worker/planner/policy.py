@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from openjev.contract.literals import PREFIX_POLICIES, ExecutedPolicy, PrefixPolicy, PrefixScope
 from openjev.worker.planner.cost import CostModel
 from openjev.worker.planner.packing import pack_launches, split_into_segments
-from openjev.worker.planner.plan import GDN_CHUNK_TOKENS, POLICIES, PackLimits, Plan, Reader, Scope
+from openjev.worker.planner.plan import GDN_CHUNK_TOKENS, PackLimits, Plan, Reader
 from openjev.worker.planner.tree import (
     Prompt,
     TreeNode,
@@ -29,14 +30,14 @@ from openjev.worker.planner.tree import (
 
 def plan_request(
     candidates: Sequence[Sequence[Sequence[int]]],
-    policy: str,
+    policy: PrefixPolicy,
     limits: PackLimits = PackLimits(),
     cost_model: CostModel | None = None,
 ) -> Plan:
     """Plan one request. candidates[q][c]: token ids of question q's candidate c (complete,
     chat-wrapped prompts, never empty). `auto` needs a cost model."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown prefix policy {policy!r}; expected one of {POLICIES}")
+    if policy not in PREFIX_POLICIES:
+        raise ValueError(f"unknown prefix policy {policy!r}; expected one of {PREFIX_POLICIES}")
     if not candidates or any(len(q) == 0 for q in candidates):
         raise ValueError("every request needs at least one question with one candidate")
     for q, question in enumerate(candidates):
@@ -54,7 +55,7 @@ def plan_request(
     return _plan_tree(candidates, "default", "auto", limits)
 
 
-def build_tree(candidates: Sequence[Sequence[Sequence[int]]], policy: str) -> list[TreeNode]:
+def build_tree(candidates: Sequence[Sequence[Sequence[int]]], policy: ExecutedPolicy) -> list[TreeNode]:
     """The token tree one concrete policy (not auto) runs."""
     prompts: list[Prompt] = [
         (Reader(q, c), tokens) for q, question in enumerate(candidates) for c, tokens in enumerate(question)
@@ -78,7 +79,12 @@ def build_tree(candidates: Sequence[Sequence[Sequence[int]]], policy: str) -> li
     raise ValueError(f"no tree for policy {policy!r}")
 
 
-def _plan_tree(candidates, executed_policy: str, policy: str, limits: PackLimits) -> Plan:
+def _plan_tree(
+    candidates: Sequence[Sequence[Sequence[int]]],
+    executed_policy: ExecutedPolicy,
+    policy: PrefixPolicy,
+    limits: PackLimits,
+) -> Plan:
     segments = split_into_segments(build_tree(candidates, executed_policy), limits.max_tokens)
     launches = pack_launches(segments, limits)
 
@@ -93,13 +99,13 @@ def _plan_tree(candidates, executed_policy: str, policy: str, limits: PackLimits
             lowest[s.parent] = min(lowest[s.parent], lowest[s.index])
             highest[s.parent] = max(highest[s.parent], highest[s.index])
 
-    num_saved_tokens = sum((g - 1) * s.num_tokens for s, g in zip(segments, num_readers))
+    num_saved_tokens = sum((g - 1) * s.num_tokens for s, g in zip(segments, num_readers, strict=True))
     num_computed_tokens = sum(s.num_tokens for s in segments)
     num_submitted_tokens = sum(len(tokens) for q in candidates for tokens in q)
     assert num_submitted_tokens == num_computed_tokens + num_saved_tokens, "tree lost tokens"
 
-    shared_across = any(lo < hi for lo, hi in zip(lowest, highest))
-    scope: Scope
+    shared_across = any(lo < hi for lo, hi in zip(lowest, highest, strict=True))
+    scope: PrefixScope
     if shared_across:
         scope = "across_questions"
     elif num_saved_tokens > 0:

@@ -3,7 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from openjev.worker.planner import POLICIES, CostModel, PackLimits, build_tree, plan_request
+from openjev.contract.literals import PREFIX_POLICIES
+from openjev.worker.planner import CostModel, PackLimits, build_tree, plan_request
 from openjev.worker.planner.packing import pack_launches, split_into_segments
 from openjev.worker.planner.plan import Reader
 from openjev.worker.planner.tree import TreeNode
@@ -83,7 +84,7 @@ def requests(draw):
 @settings(max_examples=150, deadline=None)
 @given(
     requests(),
-    st.sampled_from(POLICIES),
+    st.sampled_from(PREFIX_POLICIES),
     st.integers(1, 5),
     st.integers(8, 80),
 )
