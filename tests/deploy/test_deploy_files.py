@@ -10,6 +10,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,19 @@ def test_images_run_the_tested_entry_points_as_non_root(name):
     assert set(image["EXPOSE"].split()) == {listen_port, image["env"]["OPENJEV_METRICS_PORT"]}
     health = image["HEALTHCHECK"].split("CMD", 1)[1]
     assert json.loads(health.strip()) == ["python", "-m", "openjev.healthcheck", f"127.0.0.1:{listen_port}"]
+
+
+@pytest.mark.parametrize(("name", "requirement"), [("frontend", "."), ("worker", '".[cuda]"')])
+def test_images_install_the_distribution_through_its_extras(name, requirement):
+    """A regular install (no -e, no source tree needed afterwards) of every package folder the
+    distribution maps, with dependencies from pyproject.toml only: the frontend the base install,
+    the worker the cuda extra."""
+    text = dockerfile(name)["text"]
+    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    copied = set(re.findall(r"^COPY (\S+) \./(\S+)$", text, re.M))
+    assert {(folder, folder) for folder in package_dirs.values()} <= copied
+    installs = [command.strip() for command in re.findall(r"pip install ([^&\n]+)", text)]
+    assert installs == [requirement]
 
 
 def compose() -> dict:

@@ -20,11 +20,16 @@ GDN_DIM = 128  # linear key/value head dim the GDN kernels are written for
 ATTN_HEAD_DIM = 256  # full-attention head dim the attention/rope kernels are written for
 
 
+def kernel_source(name: str) -> str:
+    """The CUDA source of `cuda/{name}.cu`, read from the installed package's data."""
+    return importlib.resources.files("openjev.kernels").joinpath(f"{name}.cu").read_text(encoding="utf-8")
+
+
 @functools.cache
 def _module(name: str):
     import cupy
 
-    code = importlib.resources.files("openjev.kernels").joinpath(f"{name}.cu").read_text()
+    code = kernel_source(name)
     try:
         module = cupy.RawModule(code=code, options=_OPTIONS)
         module.compile()  # compile now, so a failure is seen here rather than at first launch
