@@ -43,6 +43,7 @@ def wheel(tmp_path_factory) -> Path:
     """The wheel, built from a copy of the sources (setuptools writes build/ beside them)."""
     root = tmp_path_factory.mktemp("wheel")
     source = root / "source"
+    source.mkdir()
     for name in SOURCES:
         if (REPO / name).is_dir():
             shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
