@@ -92,11 +92,18 @@ def shared_context_request(n_questions=3):
     return questions
 
 
+@pytest.fixture(scope="module")
+def off_result(torch_runner) -> ExecutionResult:
+    """The reference every policy is compared with, run once for the module."""
+    engine = Engine(torch_runner, cost_model=CPU_COST_MODEL)
+    return engine.execute(shared_context_request(), temperature=TEMPERATURE, policy="off")
+
+
 @pytest.mark.parametrize("policy", PREFIX_POLICIES)
-def test_every_policy_matches_off(torch_runner, policy):
+def test_every_policy_matches_off(torch_runner, off_result, policy):
     questions = shared_context_request()
     engine = Engine(torch_runner, cost_model=CPU_COST_MODEL)
-    off = engine.execute(questions, temperature=TEMPERATURE, policy="off")
+    off = off_result
     got = engine.execute(questions, temperature=TEMPERATURE, policy=policy)
     plan = plan_request([q.candidates for q in questions], policy, PackLimits(), CPU_COST_MODEL)
     assert isinstance(got, ExecutionResult)
