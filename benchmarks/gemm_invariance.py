@@ -92,7 +92,8 @@ def main() -> None:
         result = json.loads(done.stdout.strip().splitlines()[-1])
         rows.append((name, result))
     print(
-        "\n| config | product | rows M whose results differ from inside M=4096 (M: rows differing) | ms at M=16 / 512 / 4096 |"
+        "\n| config | product | rows M whose results differ from inside M=4096 (M: rows differing) "
+        "| ms at M=16 / 512 / 4096 |"
     )
     print("|---|---|---|---|")
     for name, result in rows:

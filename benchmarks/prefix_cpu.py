@@ -23,12 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
+from openjev.contract.literals import PREFIX_POLICIES
 from openjev.contract.request import parse_request
 from openjev.tokenizer import PromptTokenizer
 from openjev.tools.demo_model import build_demo_model
 from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.model.runner import TorchRunner
-from openjev.worker.planner import CPU_COST_MODEL, POLICIES
+from openjev.worker.planner import CPU_COST_MODEL
 from openjev.worker.runner_api import SegmentRun
 
 WORDS = (
@@ -79,7 +80,7 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def bench_case(engine: Engine, name: str, work: list[QuestionWork], repeats: int, temperature: float) -> list[str]:
-    arms = list(POLICIES)
+    arms = list(PREFIX_POLICIES)
     times: dict[str, list[float]] = {arm: [] for arm in arms}
     last = {}
     for block in range(repeats + 2):  # two warm-up blocks
@@ -96,7 +97,8 @@ def bench_case(engine: Engine, name: str, work: list[QuestionWork], repeats: int
         ms = [t * 1e3 for t in times[arm]]
         median = statistics.median(ms)
         rows.append(
-            f"| {name} | {arm} | {r.executed_policy} | {median:.1f} | {quantile(ms, 0.25):.1f}-{quantile(ms, 0.75):.1f} "
+            f"| {name} | {arm} | {r.executed_policy} | {median:.1f} "
+            f"| {quantile(ms, 0.25):.1f}-{quantile(ms, 0.75):.1f} "
             f"| {off_ms / median:.2f}x | {r.num_computed_tokens} | {r.num_saved_tokens} | {r.num_launches} |"
         )
     return rows

@@ -111,7 +111,7 @@ def main() -> None:
     for case in chosen:
         ids = candidates_of(case.request)
         kinds = [q["type"] for q in case.request["questions"].values()]
-        work = [QuestionWork(kind, tuple(tuple(t) for t in q)) for kind, q in zip(kinds, ids)]
+        work = [QuestionWork(kind, tuple(tuple(t) for t in q)) for kind, q in zip(kinds, ids, strict=True)]
         submitted = sum(len(t) for q in ids for t in q)
         lines += [f"## {case.name}: {sum(len(q) for q in ids)} candidates, {submitted} tokens submitted", ""]
         for name, runner in (("graphs", graph), ("eager", eager)):

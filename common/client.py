@@ -9,13 +9,14 @@ from typing import Any
 import grpc
 
 from openjev import abi, serving
+from openjev.contract.literals import PrefixPolicy
 from openjev.v1 import decision_pb2 as api
 from openjev.v1 import decision_pb2_grpc
 
 
 def answer_to_json(answer: api.Answer) -> dict[str, Any]:
     kind = answer.WhichOneof("kind")
-    probabilities = dict(zip(answer.keys, answer.probabilities))
+    probabilities = dict(zip(answer.keys, answer.probabilities, strict=True))
     if kind == "noul":
         return {"type": "noul", "noul": answer.noul.noul}
     if kind == "choice":
@@ -26,7 +27,7 @@ def answer_to_json(answer: api.Answer) -> dict[str, Any]:
             "confidence": answer.choice.confidence,
         }
     if kind == "score":
-        legend = {key: json.loads(level) for key, level in zip(answer.keys, answer.score.legend_json)}
+        legend = {key: json.loads(level) for key, level in zip(answer.keys, answer.score.legend_json, strict=True)}
         return {
             "type": "score",
             "score": answer.score.score,
@@ -71,7 +72,7 @@ class Client:
         self,
         request: dict | str,
         *,
-        policy: str | None = None,
+        policy: PrefixPolicy | None = None,
         timeout: float | None = None,
         request_id: str | None = None,
     ) -> dict[str, Any]:

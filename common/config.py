@@ -68,7 +68,7 @@ def parse_with_env(parser: argparse.ArgumentParser, argv: list[str] | None) -> a
             action.default = value.lower() in ("1", "true", "yes", "on")
             continue
         try:
-            action.default = action.type(value) if action.type else value  # type: ignore[operator]
+            action.default = action.type(value) if callable(action.type) else value
         except (argparse.ArgumentTypeError, ValueError, TypeError) as error:
             parser.error(f"environment variable {name}: {error}")
         if action.choices is not None and action.default not in action.choices:

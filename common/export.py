@@ -188,4 +188,4 @@ def load_export_meta_or_exit(directory, program: str) -> ExportMeta:
     try:
         return load_export_meta(directory)
     except ExportError as error:
-        raise SystemExit(f"{program}: {error}")
+        raise SystemExit(f"{program}: {error}") from error

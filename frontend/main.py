@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
             tls_server_name=args.worker_tls_server_name,
         )
     except TargetError as error:
-        raise SystemExit(f"openjev-frontend: {error}")
+        raise SystemExit(f"openjev-frontend: {error}") from error
     servicer = DecisionServicer(
         meta,
         tokenizer,

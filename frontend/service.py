@@ -12,6 +12,7 @@ import grpc
 from openjev import abi, interceptors, logs
 from openjev.contract.answers import answer_from_probabilities
 from openjev.contract.errors import PREFIX_POLICY, ContractError
+from openjev.contract.literals import PrefixPolicy
 from openjev.contract.render import dumps_exact
 from openjev.contract.request import MAX_RENDERED_BYTES, DecisionRequest, parse_request_json
 from openjev.export import ExportMeta
@@ -146,20 +147,20 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 chat_template_bytes=self._chat_template_bytes,
             )
         except ContractError as error:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message)
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message) from error
         fields.update(kinds=sorted({q.kind for q in decision.questions}), candidates=decision.num_candidates)
         interceptors.note_kinds(fields["kinds"])
         try:
             policy = abi.policy_from_enum(request.prefix_policy) or decision.prefix_policy
         except KeyError:  # an enum value this build does not know (proto3 enums are open)
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, PREFIX_POLICY)
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, PREFIX_POLICY) from None
         link_state = self.link.state
         if link_state.problem is not None:
             raise Refused(link_state.status, link_state.problem)
         results, summary, num_input_tokens = self._execute(decision, policy, context, request_id)
         fields.update(input_tokens=num_input_tokens)
         response = api.DecideResponse(model=self.meta.model_id)
-        for question, result in zip(decision.questions, results):
+        for question, result in zip(decision.questions, results, strict=True):
             answer = answer_from_probabilities(question, list(result.probabilities))
             response.answers.append(answer_to_proto(question.id, answer))
         response.usage.input_tokens = num_input_tokens
@@ -175,7 +176,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         metadata.prefix_cache.saved_tokens = summary.saved_tokens
         return response
 
-    def _execute(self, decision: DecisionRequest, policy: str | None, context, request_id: str):
+    def _execute(self, decision: DecisionRequest, policy: PrefixPolicy | None, context, request_id: str):
         """Stream the tokenized candidates to the worker and collect its answer. A candidate
         found too long part-way ends the stream without a commit, so the worker never runs it."""
         refusal: list[ContractError] = []
@@ -227,9 +228,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                     summary = message.summary
         except grpc.RpcError as error:
             if refusal:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message)
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from error
             code = error.code() if error.code() in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
-            raise Refused(code, f"worker: {error.details()}")
+            raise Refused(code, f"worker: {error.details()}") from error
         if refusal:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message)
         self._check_results(decision, results, summary)
@@ -240,7 +241,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         """Never pass on an answer the worker did not fully give: a malformed result is INTERNAL."""
         if summary is None or any(r is None for r in results):
             raise Refused(grpc.StatusCode.INTERNAL, "worker ended the stream without a complete result")
-        for question, result in zip(decision.questions, results):
+        for question, result in zip(decision.questions, results, strict=True):
             expected = 2 if question.kind == "noul" else len(question.prompts)
             p = list(result.probabilities)
             if (

@@ -195,7 +195,7 @@ class WorkerLink:
                 self._probes[endpoint] = _Probe(endpoint, self._credentials, self._tls_options)
         answers = list(self._pool.map(self._check, endpoints))
         state = self._combine(endpoints, answers)
-        for endpoint, (_describe, problem, _reachable) in zip(endpoints, answers):
+        for endpoint, (_describe, problem, _reachable) in zip(endpoints, answers, strict=True):
             metrics.frontend_worker_up.labels(endpoint).set(0 if problem else 1)
         metrics.frontend_workers_serving.set(sum(problem is None for _d, problem, _r in answers))
         if state.problem != self._state.problem or state.workers != self._state.workers:
@@ -232,7 +232,7 @@ class WorkerLink:
         return describe, problem, True
 
     def _combine(self, endpoints: list[str], answers: list) -> LinkState:
-        workers = tuple((endpoint, problem) for endpoint, (_d, problem, _r) in zip(endpoints, answers))
+        workers = tuple((endpoint, problem) for endpoint, (_d, problem, _r) in zip(endpoints, answers, strict=True))
         # A reachable incompatible worker could receive traffic: refuse everything until it is
         # gone or replaced, rather than answer some requests with another model or tokenizer.
         for describe, problem, reachable in answers:

@@ -60,7 +60,7 @@ class WorkerTargets:
             infos = socket.getaddrinfo(self.name, self.port, type=socket.SOCK_STREAM)
         except socket.gaierror:
             return []
-        return sorted({_endpoint(info[4][0], self.port) for info in infos})
+        return sorted({_endpoint(str(info[4][0]), self.port) for info in infos})
 
 
 def parse_worker_targets(text: str) -> WorkerTargets:

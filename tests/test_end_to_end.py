@@ -39,7 +39,9 @@ def reference_answers(demo_model, request: dict, policy: str = "off") -> dict:
     tokenizer = PromptTokenizer.from_export(demo_model)
     work = [QuestionWork(q.kind, tokenizer.encode(list(q.prompts))) for q in decision.questions]
     result = Engine(TorchRunner(demo_model)).execute(work, temperature=meta.temperature, policy=policy)
-    return {q.id: answer_from_probabilities(q, p) for q, p in zip(decision.questions, result.probabilities)}
+    return {
+        q.id: answer_from_probabilities(q, p) for q, p in zip(decision.questions, result.probabilities, strict=True)
+    }
 
 
 def assert_answers_close(got: dict, want: dict, tolerance: float) -> None:

@@ -122,7 +122,12 @@ def same_answers(got: dict, want: dict) -> bool:
     def numbers(answers):
         return [v for a in answers.values() for v in ([a.get("noul", 0.0)] + list(a.get("probabilities", {}).values()))]
 
-    return list(got) == list(want) and all(abs(g - w) <= 1e-9 for g, w in zip(numbers(got), numbers(want)))
+    got_numbers, want_numbers = numbers(got), numbers(want)
+    return (
+        list(got) == list(want)
+        and len(got_numbers) == len(want_numbers)
+        and all(abs(g - w) <= 1e-9 for g, w in zip(got_numbers, want_numbers, strict=True))
+    )
 
 
 def wait_for(condition, timeout_seconds: float, what: str) -> None:

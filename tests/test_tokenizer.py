@@ -55,8 +55,8 @@ def test_golden_token_ids(prompt_tokenizer, index):
     got = [prompt_tokenizer.encode(question.prompts) for question in request.questions]
     assert got == case["ids"]
     # And the ids spell exactly our rendering, chat template included.
-    for question, ids in zip(request.questions, case["ids"]):
-        for prompt, candidate_ids in zip(question.prompts, ids):
+    for question, ids in zip(request.questions, case["ids"], strict=True):
+        for prompt, candidate_ids in zip(question.prompts, ids, strict=True):
             text = prompt_tokenizer.tokenizer.decode(candidate_ids, skip_special_tokens=False)
             assert text == chat_wrap(prompt, GOLDEN["chat_prefix"], GOLDEN["chat_suffix"])
 
@@ -149,15 +149,15 @@ def test_agrees_with_the_package_encoder(prompt_tokenizer, package_tokenizer):
     texts = _corpus(package_tokenizer, 4000)
     got = [e.ids for e in prompt_tokenizer.tokenizer.encode_batch(texts, add_special_tokens=False)]
     expected = [package_tokenizer.encode(text) for text in texts]
-    mismatches = [(text, ids, want) for text, ids, want in zip(texts, got, expected) if ids != want]
+    mismatches = [(text, ids, want) for text, ids, want in zip(texts, got, expected, strict=True) if ids != want]
     assert not mismatches, mismatches[:3]
 
 
 def test_agrees_with_the_package_on_the_golden_prompts(prompt_tokenizer, package_tokenizer):
     for case in GOLDEN["cases"]:
         request = parse_request(case["request"], accepted_models=ACCEPTED)
-        for question, ids in zip(request.questions, case["ids"]):
-            for prompt, candidate_ids in zip(question.prompts, ids):
+        for question, ids in zip(request.questions, case["ids"], strict=True):
+            for prompt, candidate_ids in zip(question.prompts, ids, strict=True):
                 text = chat_wrap(prompt, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
                 assert package_tokenizer.encode(unicodedata.normalize("NFC", text)) == candidate_ids
 

@@ -2,7 +2,7 @@
 
   openjev decide REQUEST.json [--addr HOST:PORT] [--policy P]   print the contract response JSON
   openjev tokenize REQUEST.json --model DIR                      print token ids per question and candidate
-  openjev bench --model DIR --out DIR [...]                      the benchmark (tools/bench/main.py)
+  openjev bench --model DIR --out DIR [...]                      the benchmark (openjev.tools.bench.main)
 Errors print the gRPC status and message and exit non-zero.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from openjev import abi
+from openjev.contract.literals import PREFIX_POLICIES
 
 
 def _read(path: str) -> str:
@@ -45,7 +45,7 @@ def cmd_tokenize(args) -> int:
     meta = load_export_meta(args.model)
     try:
         request = parse_request_json(_read(args.request), accepted_models=meta.accepted_model_names)
-        ids: list[list[list[int]]] = [[None] * len(q.prompts) for q in request.questions]
+        ids: list[list[list[int] | None]] = [[None] * len(q.prompts) for q in request.questions]
         tokenizer = PromptTokenizer.from_export(args.model)
         for batch in iter_candidate_batches(request, tokenizer, meta.max_length):
             for c in batch:
@@ -63,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("decide", help="send a contract request JSON, print the response JSON")
     d.add_argument("request", help="request JSON file ('-' for stdin)")
     d.add_argument("--addr", default="127.0.0.1:50051", help="frontend address")
-    d.add_argument("--policy", choices=abi.POLICIES, default=None, help="prefix policy for this request")
+    d.add_argument("--policy", choices=PREFIX_POLICIES, default=None, help="prefix policy for this request")
     d.add_argument("--timeout", type=float, default=60.0, help="deadline in seconds")
     d.set_defaults(func=cmd_decide)
     t = sub.add_parser("tokenize", help="print the token ids of a request's candidate prompts")

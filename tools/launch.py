@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,13 +79,15 @@ def start(
     workdir: Path,
     timeout_seconds: float = 120.0,
     env: dict[str, str] | None = None,
+    python: str | Path = sys.executable,
 ) -> Process:
-    """Run `python -m module args --listen 127.0.0.1:0 --port-file ...` and wait for its port."""
+    """Run `python -m module args --listen 127.0.0.1:0 --port-file ...` and wait for its port.
+    `python`: the interpreter of the environment the server is installed in (default: this one)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port_file = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".port", dir=workdir)[1])
     port_file.write_text("")
     log_path = workdir / f"{name}.log"
-    command = [sys.executable, "-m", module, *args]
+    command = [str(python), "-m", module, *args]
     if "--listen" not in args:
         command += ["--listen", "127.0.0.1:0"]
     command += ["--port-file", str(port_file)]
@@ -135,25 +138,48 @@ class Pair:
 WORKER_START_SECONDS = 900.0
 
 
-def start_worker(model: Path, workdir: Path, extra_args: list[str] = (), name: str = "worker") -> Process:
+def start_worker(
+    model: Path,
+    workdir: Path,
+    extra_args: Sequence[str] = (),
+    name: str = "worker",
+    python: str | Path = sys.executable,
+) -> Process:
     worker = start(
-        name, WORKER_MODULE, ["--model", str(model), *extra_args], workdir=workdir, timeout_seconds=WORKER_START_SECONDS
+        name,
+        WORKER_MODULE,
+        ["--model", str(model), *extra_args],
+        workdir=workdir,
+        python=python,
+        timeout_seconds=WORKER_START_SECONDS,
     )
     wait_serving(worker.address)
     return worker
 
 
-def start_frontend(model: Path, worker_target: str, workdir: Path, extra_args: list[str] = ()) -> Process:
-    frontend = start(
-        "frontend", FRONTEND_MODULE, ["--model", str(model), "--worker", worker_target, *extra_args], workdir=workdir
-    )
-    return frontend
+def start_frontend(
+    model: Path,
+    worker_target: str,
+    workdir: Path,
+    extra_args: Sequence[str] = (),
+    python: str | Path = sys.executable,
+) -> Process:
+    args = ["--model", str(model), "--worker", worker_target, *extra_args]
+    return start("frontend", FRONTEND_MODULE, args, workdir=workdir, python=python)
 
 
-def start_pair(model: Path, workdir: Path, *, worker_args: list[str] = (), frontend_args: list[str] = ()) -> Pair:
-    worker = start_worker(model, workdir, list(worker_args))
+def start_pair(
+    model: Path,
+    workdir: Path,
+    *,
+    worker_args: Sequence[str] = (),
+    frontend_args: Sequence[str] = (),
+    python: str | Path = sys.executable,
+) -> Pair:
+    """Both servers; `python` runs each of them (an installed environment's interpreter)."""
+    worker = start_worker(model, workdir, worker_args, python=python)
     try:
-        frontend = start_frontend(model, worker.address, workdir, list(frontend_args))
+        frontend = start_frontend(model, worker.address, workdir, frontend_args, python=python)
         wait_serving(frontend.address)
     except BaseException:
         worker.stop()

@@ -22,10 +22,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from openjev.client import Client
+from openjev.contract.literals import PrefixPolicy
 
 # -- helpers shared with tests/reliability ---------------------------------------------------
 
@@ -71,9 +73,9 @@ STATES = [
 ]
 
 
-def valid_requests() -> list[tuple[dict, str | None]]:
+def valid_requests() -> list[tuple[dict[str, Any], PrefixPolicy | None]]:
     """(request, policy) pairs: distinct states, kinds, sizes and prefix policies."""
-    out = []
+    out: list[tuple[dict[str, Any], PrefixPolicy | None]] = []
     for i, state in enumerate(STATES):
         questions = {
             "route": {
@@ -109,7 +111,8 @@ def invalid_requests() -> list[tuple[str, str]]:
         ("{not json", "request body must be valid JSON"),
         ('{"state": NaN, "questions": {}}', "request body must be valid JSON"),
         (
-            '{"state": "x", "questions": {"a": {"type": "noul", "instructions": "x"}, "a": {"type": "noul", "instructions": "x"}}}',
+            '{"state": "x", "questions": {"a": {"type": "noul", "instructions": "x"}, '
+            '"a": {"type": "noul", "instructions": "x"}}}',
             "request body must be valid JSON",
         ),
         ("[1, 2]", "request body must be a JSON object"),
@@ -168,7 +171,7 @@ def percentiles(values: list[float]) -> dict:
     return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": round(values[-1] * 1e3, 2), "n": len(values)}
 
 
-def baseline(address: str, valid: list[tuple[dict, str | None]], timeout: float) -> list[dict]:
+def baseline(address: str, valid: list[tuple[dict, PrefixPolicy | None]], timeout: float) -> list[dict]:
     """Each valid request sent alone (one at a time) before the run: the answers to compare with."""
     with Client(address) as client:
         return [comparable(client.decide(request, policy=policy, timeout=timeout)) for request, policy in valid]

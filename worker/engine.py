@@ -12,8 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from openjev.contract.answers import question_probabilities
+from openjev.contract.literals import PREFIX_POLICIES, ExecutedPolicy, PrefixPolicy, PrefixScope, QuestionKind
 from openjev.worker.planner.cost import CostModel, default_cost_model
-from openjev.worker.planner.plan import POLICIES, PackLimits, Plan, Scope
+from openjev.worker.planner.plan import PackLimits, Plan
 from openjev.worker.planner.policy import plan_request
 from openjev.worker.runner_api import ModelRunner
 from openjev.worker.scheduler import Cancelled, InferenceError, PassObserver, QueueFull, Scheduler
@@ -25,7 +26,7 @@ __all__ = ["Cancelled", "Engine", "ExecutionResult", "InferenceError", "QueueFul
 class QuestionWork:
     """One question: its kind ("choice" | "score" | "noul") and each candidate's token ids."""
 
-    kind: str
+    kind: QuestionKind
     candidates: Sequence[Sequence[int]]
 
 
@@ -37,10 +38,10 @@ class ExecutionResult:
 
     head_scores: list[list[float]]
     probabilities: list[list[float]]
-    policy: str
-    executed_policy: str
+    policy: PrefixPolicy
+    executed_policy: ExecutedPolicy
     enabled: bool
-    scope: Scope
+    scope: PrefixScope
     num_saved_tokens: int
     num_computed_tokens: int
     num_submitted_tokens: int
@@ -57,19 +58,19 @@ class Engine:
         *,
         pack_limits: PackLimits = PackLimits(),
         cost_model: CostModel | None = None,
-        default_policy: str = "auto",
+        default_policy: PrefixPolicy = "auto",
         queue_capacity: int = 64,
         on_pass: PassObserver | None = None,
     ) -> None:
-        if default_policy not in POLICIES:
-            raise ValueError(f"unknown prefix policy {default_policy!r}; expected one of {POLICIES}")
+        if default_policy not in PREFIX_POLICIES:
+            raise ValueError(f"unknown prefix policy {default_policy!r}; expected one of {PREFIX_POLICIES}")
         self.runner = runner
         self.pack_limits = pack_limits
         self.cost_model = cost_model if cost_model is not None else default_cost_model(runner.backend)
         self.default_policy = default_policy
         self.scheduler = Scheduler(runner, pack_limits, queue_capacity, on_pass=on_pass)
 
-    def plan(self, questions: Sequence[QuestionWork], policy: str | None = None) -> Plan:
+    def plan(self, questions: Sequence[QuestionWork], policy: PrefixPolicy | None = None) -> Plan:
         return plan_request(
             [q.candidates for q in questions],
             policy or self.default_policy,
@@ -83,7 +84,7 @@ class Engine:
         questions: Sequence[QuestionWork],
         *,
         temperature: float,
-        policy: str | None = None,
+        policy: PrefixPolicy | None = None,
         should_stop: Callable[[], bool] = lambda: False,
     ) -> ExecutionResult:
         """Run every candidate of every question; raises QueueFull, Cancelled or InferenceError.

@@ -6,8 +6,9 @@ import argparse
 import time
 from pathlib import Path
 
-from openjev import abi, config, interceptors, logs, metrics, security, serving
+from openjev import config, interceptors, logs, metrics, security, serving
 from openjev.config import non_negative_float, non_negative_int, port_number, positive_float, positive_int
+from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
 from openjev.export import load_export_meta_or_exit
 from openjev.limits import CallLimits
 from openjev.tokenizer import PromptTokenizer
@@ -47,7 +48,9 @@ def parser() -> argparse.ArgumentParser:
         "shape on the GPU instead of the export's (the export still gives tokenizer and metadata)",
     )
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of --synthetic weights")
-    p.add_argument("--prefix-policy", default="auto", choices=abi.POLICIES, help="policy for requests that name none")
+    p.add_argument(
+        "--prefix-policy", default="auto", choices=PREFIX_POLICIES, help="policy for requests that name none"
+    )
     p.add_argument(
         "--queue-capacity", type=positive_int, default=64, help="requests that may wait for their first pass"
     )
@@ -167,7 +170,7 @@ def call_limits(args: argparse.Namespace, execute: str) -> CallLimits:
     )
 
 
-def warm_up(engine: Engine, runner, temperature: float, policy: str) -> None:
+def warm_up(engine: Engine, runner, temperature: float, policy: PrefixPolicy) -> None:
     """Before SERVING: the CUDA runner captures a graph for every pass shape within the budget
     (no request within capacity then pays a capture or an eager pass), and one tiny request
     goes through the whole path (lazy kernels, allocator growth)."""
@@ -216,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
             f"openjev-worker: the model's vocab_size {runner.config.vocab_size} is smaller than "
             f"the tokenizer's {num_token_ids} token ids"
         )
-    forced_policy = None
+    forced_policy: PrefixPolicy | None = None
     if backend == "transformers":
         forced_policy = args.prefix_policy = "off"  # it cannot start from a parent's state
         args.max_launch_tokens = max(args.max_launch_tokens, meta.max_length)  # whole prompts, no chunks

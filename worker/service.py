@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import grpc
 
 from openjev import abi, interceptors, logs
+from openjev.contract.literals import PrefixPolicy
 from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork, QueueFull
 from openjev.worker.stream import BadStream, CommitTimer, StreamLimits, collect
 from openjev.worker.v1 import worker_pb2 as wire
@@ -28,7 +29,7 @@ class WorkerIdentity:
     vocab_size: int
     tokenizer_fingerprint: str
     backend: str
-    default_policy: str
+    default_policy: PrefixPolicy
     max_questions: int
     max_candidates: int
     max_batch_candidates: int
@@ -49,7 +50,7 @@ class WorkerIdentity:
 
 
 def _responses(result: ExecutionResult):
-    for index, (probabilities, scores) in enumerate(zip(result.probabilities, result.head_scores)):
+    for index, (probabilities, scores) in enumerate(zip(result.probabilities, result.head_scores, strict=True)):
         yield wire.ExecuteResponse(
             question=wire.QuestionResult(question_index=index, probabilities=probabilities, head_scores=scores)
         )
@@ -75,7 +76,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         engine: Engine,
         identity: WorkerIdentity,
         *,
-        forced_policy: str | None = None,
+        forced_policy: PrefixPolicy | None = None,
         commit_timeout_seconds: float | None = None,
     ):
         self.engine = engine
@@ -131,7 +132,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             interceptors.note_outcome("DISCARDED")
             return
         header = collected.header
-        work = [QuestionWork(kind, ids) for kind, ids in zip(collected.kinds, collected.candidates)]
+        work = [QuestionWork(kind, ids) for kind, ids in zip(collected.kinds, collected.candidates, strict=True)]
         policy = self.forced_policy or abi.policy_from_enum(header.prefix_policy)
         fields.update(
             questions=len(work),

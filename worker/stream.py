@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from openjev import abi
+from openjev.contract.literals import PREFIX_POLICIES
 from openjev.contract.request import MAX_CANDIDATES, MAX_CHOICE_CANDIDATES, MAX_SCORE_LEVELS, MIN_SCORE_LEVELS
 from openjev.v1 import decision_pb2 as api
 from openjev.worker.v1 import worker_pb2 as wire
@@ -36,7 +37,7 @@ CANDIDATES_PER_KIND = {
     "choice": (1, MAX_CHOICE_CANDIDATES),
     "score": (MIN_SCORE_LEVELS, MAX_SCORE_LEVELS),
 }
-_KNOWN_POLICIES = {api.PREFIX_POLICY_UNSPECIFIED, *(abi.policy_to_enum(p) for p in abi.POLICIES)}
+_KNOWN_POLICIES = {api.PREFIX_POLICY_UNSPECIFIED, *(abi.policy_to_enum(p) for p in PREFIX_POLICIES)}
 
 
 class BadStream(Exception):

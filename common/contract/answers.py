@@ -22,10 +22,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from openjev.contract.literals import QuestionKind
 from openjev.contract.request import Question
 
 
-def question_probabilities(kind: str, head_scores: Sequence[float], temperature: float) -> list[float]:
+def question_probabilities(kind: QuestionKind, head_scores: Sequence[float], temperature: float) -> list[float]:
     """Softmax of one question's head scores at temperature T.
 
     head_scores: one per candidate, in candidate order (noul: exactly one).
@@ -67,7 +68,7 @@ def answer_from_probabilities(question: Question, probabilities: Sequence[float]
     for i in range(1, n):
         if probs[i] > probs[mode]:
             mode = i
-    by_key = dict(zip(question.options, probs))
+    by_key = dict(zip(question.options, probs, strict=True))
     if question.kind == "choice":
         confidence = 1.0 if n == 1 else (probs[mode] - 1.0 / n) / (1.0 - 1.0 / n)
         return {
@@ -94,7 +95,7 @@ def answer_from_probabilities(question: Question, probabilities: Sequence[float]
         "score": score,
         "probabilities": by_key,
         "confidence": confidence if confidence > 0.0 else 0.0,
-        "legend": dict(zip(question.options, question.legend)),
+        "legend": dict(zip(question.options, question.legend, strict=True)),
     }
 
 
@@ -108,7 +109,7 @@ def answers_from_scores(
     if len(questions) != len(head_scores_per_question):
         raise ValueError(f"{len(head_scores_per_question)} score rows for {len(questions)} questions")
     answers = {}
-    for question, scores in zip(questions, head_scores_per_question):
+    for question, scores in zip(questions, head_scores_per_question, strict=True):
         if len(scores) != len(question.prompts):
             raise ValueError(
                 f"question {question.id}: {len(scores)} head scores for {len(question.prompts)} candidates"

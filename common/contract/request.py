@@ -64,17 +64,16 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from openjev.contract import errors
 from openjev.contract.errors import ContractError
+from openjev.contract.literals import PrefixPolicy, QuestionKind, is_prefix_policy
 from openjev.contract.prompts import Prompts, utf8_size
 from openjev.contract.render import BigInt, parse_int, render_value
 
-KINDS = ("choice", "score", "noul")
-PREFIX_POLICIES = ("off", "default", "shared", "fixed", "auto")
 ALWAYS_ACCEPTED_MODELS = ("open-jev", "jev-latest")
 MAX_QUESTIONS = 4096
 MAX_CANDIDATES = 65536
@@ -100,7 +99,7 @@ class Question:
     """
 
     id: str
-    kind: str
+    kind: QuestionKind
     options: tuple[str, ...]
     legend: tuple[Any, ...]
     prompts: Sequence[str]
@@ -113,7 +112,7 @@ class DecisionRequest:
 
     model: str | None
     questions: tuple[Question, ...]
-    prefix_policy: str | None
+    prefix_policy: PrefixPolicy | None
     rendered_bytes: int = 0
 
     @property
@@ -182,6 +181,7 @@ def check_json_value(value: Any) -> None:
     for _ in range(MAX_JSON_DEPTH):
         strings: list = []
         containers: list = []
+        children: Iterable[Any]
         for item in level:
             if isinstance(item, dict):
                 strings.extend(item)
@@ -276,7 +276,7 @@ def _compile(
         questions.append(question)
 
     prefix_policy = obj.get("prefix_policy")
-    if prefix_policy is not None and prefix_policy not in PREFIX_POLICIES:
+    if prefix_policy is not None and not is_prefix_policy(prefix_policy):
         raise ContractError(errors.PREFIX_POLICY)
     state_bytes = utf8_size(state_text)
     rendered = sum(q.prompts.rendered_bytes(state_bytes) for q in questions)  # type: ignore[attr-defined]

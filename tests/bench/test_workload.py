@@ -25,7 +25,7 @@ def test_split_counts_and_lengths(demo_model):
     )
     assert candidates == workload.TOTAL_CANDIDATES
     _, _, longest = longest_tokens_fn(demo_model)
-    bounds = dict(zip(workload.GROUP_NAMES, workload.GROUPS))
+    bounds = dict(zip(workload.GROUP_NAMES, workload.GROUPS, strict=True))
     for case in single:
         low, high = bounds[case.group]
         assert low <= longest(case.request) <= high, case.name

@@ -197,8 +197,8 @@ def test_softmax_against_an_independent_formula(scores, temperature):
     top = max(scores)
     weights = [math.exp((s - top) / temperature) for s in scores]
     total = math.fsum(weights)
-    for p, w in zip(probabilities, weights):
+    for p, w in zip(probabilities, weights, strict=True):
         assert abs(p - w / total) <= 1e-12
     assert math.fsum(probabilities) == pytest.approx(1.0, abs=1e-12)
     shifted = question_probabilities("choice", [s + 5.0 for s in scores], temperature)
-    assert all(abs(a - b) <= 1e-12 for a, b in zip(probabilities, shifted))
+    assert all(abs(a - b) <= 1e-12 for a, b in zip(probabilities, shifted, strict=True))

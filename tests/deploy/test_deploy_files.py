@@ -10,6 +10,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,19 @@ def test_images_run_the_tested_entry_points_as_non_root(name):
     assert set(image["EXPOSE"].split()) == {listen_port, image["env"]["OPENJEV_METRICS_PORT"]}
     health = image["HEALTHCHECK"].split("CMD", 1)[1]
     assert json.loads(health.strip()) == ["python", "-m", "openjev.healthcheck", f"127.0.0.1:{listen_port}"]
+
+
+@pytest.mark.parametrize(("name", "requirement"), [("frontend", "."), ("worker", '".[cuda]"')])
+def test_images_install_the_distribution_through_its_extras(name, requirement):
+    """A regular install (no -e, no source tree needed afterwards) of every package folder the
+    distribution maps, with dependencies from pyproject.toml only: the frontend the base install,
+    the worker the cuda extra."""
+    text = dockerfile(name)["text"]
+    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    copied = set(re.findall(r"^COPY (\S+) \./(\S+)$", text, re.M))
+    assert {(folder, folder) for folder in package_dirs.values()} <= copied
+    installs = [command.strip() for command in re.findall(r"pip install ([^&\n]+)", text)]
+    assert installs == [requirement]
 
 
 def compose() -> dict:
@@ -127,7 +141,7 @@ def test_kubernetes_manifests():
     check_args(launch.WORKER_MODULE, worker["args"][2:])
     check_args(launch.FRONTEND_MODULE, frontend["args"][2:])
     for container in (worker, frontend):
-        args = dict(zip(container["args"][::2], container["args"][1::2]))
+        args = dict(zip(container["args"][::2], container["args"][1::2], strict=True))
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert args["--listen"] == f"0.0.0.0:{ports['grpc']}"
         assert int(args["--metrics-port"]) == ports["metrics"]
@@ -135,7 +149,7 @@ def test_kubernetes_manifests():
         assert all(m["readOnly"] for m in container["volumeMounts"] if m["mountPath"] == "/models/open-jev")
     service = by_kind[("Service", "openjev-worker")]["spec"]
     assert service["clusterIP"] == "None"  # headless: DNS answers every ready worker
-    target = parse_worker_targets(dict(zip(frontend["args"][::2], frontend["args"][1::2]))["--worker"])
+    target = parse_worker_targets(dict(zip(frontend["args"][::2], frontend["args"][1::2], strict=True))["--worker"])
     assert target.name == "openjev-worker" and target.port == service["ports"][0]["port"]
 
 

@@ -13,8 +13,9 @@ import weakref
 import pytest
 
 from openjev.contract.answers import question_probabilities
+from openjev.contract.literals import PREFIX_POLICIES
 from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork
-from openjev.worker.planner import CPU_COST_MODEL, POLICIES, PackLimits, plan_request
+from openjev.worker.planner import CPU_COST_MODEL, PackLimits, plan_request
 from openjev.worker.runner_api import SegmentResult
 
 TEMPERATURE = 2.5
@@ -43,8 +44,9 @@ class RecordingRunner:
 
     backend = "torch"
 
-    def __init__(self, inner, *, fail_on_launch: int | None = None, corrupt_score: float | None = None,
-                 max_pass_depth: int = 1):
+    def __init__(
+        self, inner, *, fail_on_launch: int | None = None, corrupt_score: float | None = None, max_pass_depth: int = 1
+    ):
         self.inner = inner
         self.max_pass_depth = max_pass_depth
         self.launches: list[list] = []
@@ -94,11 +96,18 @@ def shared_context_request(n_questions=3):
     return questions
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-def test_every_policy_matches_off(torch_runner, policy):
+@pytest.fixture(scope="module")
+def off_result(torch_runner) -> ExecutionResult:
+    """The reference every policy is compared with, run once for the module."""
+    engine = Engine(torch_runner, cost_model=CPU_COST_MODEL)
+    return engine.execute(shared_context_request(), temperature=TEMPERATURE, policy="off")
+
+
+@pytest.mark.parametrize("policy", PREFIX_POLICIES)
+def test_every_policy_matches_off(torch_runner, off_result, policy):
     questions = shared_context_request()
     engine = Engine(torch_runner, cost_model=CPU_COST_MODEL)
-    off = engine.execute(questions, temperature=TEMPERATURE, policy="off")
+    off = off_result
     got = engine.execute(questions, temperature=TEMPERATURE, policy=policy)
     plan = plan_request([q.candidates for q in questions], policy, PackLimits(), CPU_COST_MODEL)
     assert isinstance(got, ExecutionResult)
@@ -117,9 +126,9 @@ def test_every_policy_matches_off(torch_runner, policy):
     assert got.num_submitted_tokens == off.num_submitted_tokens == sum(len(c) for q in questions for c in q.candidates)
     assert [len(s) for s in got.head_scores] == [3, 1, 3]
     assert [len(p) for p in got.probabilities] == [3, 2, 3]  # noul: [p_no, p_yes]
-    for a, b in zip(got.head_scores, off.head_scores):
-        assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-4
-    for scores, probabilities, question in zip(got.head_scores, got.probabilities, questions):
+    for a, b in zip(got.head_scores, off.head_scores, strict=True):
+        assert max(abs(x - y) for x, y in zip(a, b, strict=True)) <= 1e-4
+    for scores, probabilities, question in zip(got.head_scores, got.probabilities, questions, strict=True):
         assert probabilities == question_probabilities(question.kind, scores, TEMPERATURE)
         assert math.isclose(sum(probabilities), 1.0, rel_tol=1e-12)
     assert got.inference_seconds > 0
@@ -194,4 +203,4 @@ def test_long_prompt_runs_in_chunks_that_carry_state(torch_runner):
     a = chunked.execute(questions, temperature=TEMPERATURE, policy="off")
     b = whole.execute(questions, temperature=TEMPERATURE, policy="off")
     assert a.num_launches == 6 and b.num_launches == 1
-    assert max(abs(x - y) for x, y in zip(a.head_scores[0], b.head_scores[0])) <= 1e-4
+    assert max(abs(x - y) for x, y in zip(a.head_scores[0], b.head_scores[0], strict=True)) <= 1e-4

@@ -3,7 +3,9 @@ the transformers oracle, on a seeded corpus of real requests rendered and tokeni
 frontend does it, run on the real TorchRunner (fp32, CPU) over the demo export.
 
 Gates, per policy vs off: max |dp| and max |d score| <= 1e-3, zero choice changes, zero noul
-flips at 0.5, zero failures. Oracle (a subset, for CI time): within 1e-4.
+flips at 0.5, zero failures. Oracle (a subset, for CI time): within 1e-4. `make test` runs the
+gates on a representative subset of the corpus (every kind, multi-question, many candidates, a
+long shared state, the contract example); the whole corpus is `slow` (`make test-all`).
 """
 
 from __future__ import annotations
@@ -125,24 +127,45 @@ def runner(demo_model):
 
 @pytest.fixture(scope="module")
 def results(work, runner):
-    """policy -> every request's ExecutionResult, computed on first use and kept for the module
-    (each policy's run falls inside the test that first needs it, not in one long setup)."""
+    """(policy, request names) -> those requests' ExecutionResults, each computed on first use and
+    kept for the module (a run falls inside the test that first needs it, not in one long setup)."""
     engine = Engine(runner, cost_model=CPU_COST_MODEL)
-    cache: dict[str, list[ExecutionResult]] = {}
+    requests = dict(work)
+    cache: dict[tuple[str, str], ExecutionResult] = {}
 
-    def of(policy: str) -> list[ExecutionResult]:
-        if policy not in cache:
-            # Any exception here fails the gate: "zero failures".
-            cache[policy] = [
-                engine.execute(questions, temperature=runner.meta.temperature, policy=policy) for _, questions in work
-            ]
-        return cache[policy]
+    def of(policy: str, names: tuple[str, ...]) -> list[ExecutionResult]:
+        for name in names:
+            if (policy, name) not in cache:
+                # Any exception here fails the gate: "zero failures".
+                cache[policy, name] = engine.execute(requests[name], temperature=runner.meta.temperature, policy=policy)
+        return [cache[policy, name] for name in names]
 
     return of
 
 
+# One of each shape the corpus has; the gates on it run in `make test`, on everything in test-all.
+REPRESENTATIVE = (
+    "choice-0",
+    "choice-1",
+    "noul-0",
+    "noul-1",
+    "score2-0",
+    "score10-1",
+    "multi3-0",
+    "multi8-0",
+    "choice17",
+    "long-choice3",
+    "contract-example",
+)
+CORPORA = [
+    pytest.param(REPRESENTATIVE, id="representative"),
+    pytest.param(tuple(name for name, _ in corpus()), id="corpus", marks=pytest.mark.slow),
+]
+
+
 def test_corpus_covers_the_shapes(work):
     assert len(work) >= 60
+    assert set(REPRESENTATIVE) <= set(dict(work))
     kinds = {q.kind for _, qs in work for q in qs}
     assert kinds == {"choice", "score", "noul"}
     assert {len(qs) for _, qs in work} >= {1, 3, 4, 8}
@@ -162,16 +185,21 @@ def expected_score(probabilities):
     return sum(i * p for i, p in enumerate(probabilities))
 
 
+@pytest.mark.parametrize("names", CORPORA)
 @pytest.mark.parametrize("policy", ["default", "shared", "fixed", "auto"])
-def test_policy_matches_off(work, results, policy):
+def test_policy_matches_off(work, results, policy, names):
+    requests = dict(work)
     max_dp = max_dscore = max_dhead = 0.0
     choice_changes, noul_flips = [], []
-    for (name, questions), got, off in zip(work, results(policy), results("off")):
+    for name, got, off in zip(names, results(policy, names), results("off", names), strict=True):
+        questions = requests[name]
         assert got.num_submitted_tokens == off.num_submitted_tokens
         for q, question in enumerate(questions):
             p, p_off = got.probabilities[q], off.probabilities[q]
-            max_dp = max(max_dp, max(abs(a - b) for a, b in zip(p, p_off)))
-            max_dhead = max(max_dhead, max(abs(a - b) for a, b in zip(got.head_scores[q], off.head_scores[q])))
+            max_dp = max(max_dp, max(abs(a - b) for a, b in zip(p, p_off, strict=True)))
+            max_dhead = max(
+                max_dhead, max(abs(a - b) for a, b in zip(got.head_scores[q], off.head_scores[q], strict=True))
+            )
             if question.kind == "score":
                 max_dscore = max(max_dscore, abs(expected_score(p) - expected_score(p_off)))
             if question.kind == "noul" and (p[1] > 0.5) != (p_off[1] > 0.5):
@@ -184,14 +212,15 @@ def test_policy_matches_off(work, results, policy):
     assert choice_changes == [] and noul_flips == []
 
 
-def test_sharing_actually_happened(results):
+@pytest.mark.parametrize("names", CORPORA)
+def test_sharing_actually_happened(results, names):
     """The gates mean nothing if no policy shared: check each did what it claims."""
-    saved = {p: sum(r.num_saved_tokens for r in results(p)) for p in ("off", "default", "shared", "fixed")}
+    saved = {p: sum(r.num_saved_tokens for r in results(p, names)) for p in ("off", "default", "shared", "fixed")}
     assert saved["off"] == 0
     assert 0 < saved["default"] < saved["shared"]
     assert 0 < saved["fixed"] < saved["shared"]
-    assert any(r.scope == "across_questions" for r in results("shared"))
-    assert {r.executed_policy for r in results("auto")} == {"shared", "default"}
+    assert any(r.scope == "across_questions" for r in results("shared", names))
+    assert {r.executed_policy for r in results("auto", names)} == {"shared", "default"}
 
 
 @pytest.fixture(scope="module")
@@ -215,19 +244,17 @@ def test_oracle_agrees(work, results, runner, oracle, policy):
     from openjev.contract.answers import question_probabilities
     from openjev.worker.model import ops
 
-    names = [name for name, _ in work]
+    requests = dict(work)
     worst_score = worst_p = 0.0
-    for name in ORACLE_SUBSET:
-        index = names.index(name)
-        got = results(policy)[index]
-        for q, question in enumerate(work[index][1]):
+    for name, got in zip(ORACLE_SUBSET, results(policy, ORACLE_SUBSET), strict=True):
+        for q, question in enumerate(requests[name]):
             scores = []
             for tokens in question.candidates:
                 with torch.no_grad():
                     hidden = oracle(input_ids=torch.tensor([list(tokens)])).last_hidden_state[0, -1]
                 scores.append(ops.head_score(hidden, runner.head_weight, runner.meta.head_bias))
             p = question_probabilities(question.kind, scores, runner.meta.temperature)
-            worst_score = max(worst_score, max(abs(a - b) for a, b in zip(scores, got.head_scores[q])))
-            worst_p = max(worst_p, max(abs(a - b) for a, b in zip(p, got.probabilities[q])))
+            worst_score = max(worst_score, max(abs(a - b) for a, b in zip(scores, got.head_scores[q], strict=True)))
+            worst_p = max(worst_p, max(abs(a - b) for a, b in zip(p, got.probabilities[q], strict=True)))
     print(f"{policy} vs transformers: max|d head|={worst_score:.2e} max|dp|={worst_p:.2e}")
     assert worst_score <= ORACLE_TOLERANCE and worst_p <= ORACLE_TOLERANCE

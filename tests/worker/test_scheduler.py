@@ -44,13 +44,16 @@ class PassLog:
 def random_request(rng: random.Random, context: list[int]) -> list[QuestionWork]:
     """A JevBench-like request: a shared context, 1-3 questions of 1-6 candidates."""
     questions = []
-    for q in range(rng.randint(1, 3)):
+    for _ in range(rng.randint(1, 3)):
         stem = context + [rng.randrange(1000, 5000) for _ in range(rng.randint(2, 12))]
         kind = rng.choice(["choice", "noul", "score"])
         n = 1 if kind == "noul" else rng.randint(2, 6)
-        questions.append(QuestionWork(kind, tuple(
-            tuple(stem + [rng.randrange(1000, 5000) for _ in range(rng.randint(1, 9))]) for _ in range(n)
-        )))
+        questions.append(
+            QuestionWork(
+                kind,
+                tuple(tuple(stem + [rng.randrange(1000, 5000) for _ in range(rng.randint(1, 9))]) for _ in range(n)),
+            )
+        )
     return questions
 
 
@@ -75,14 +78,22 @@ def test_a_shared_tree_runs_in_one_pass(torch_runner):
     log = PassLog(torch_runner)
     engine = Engine(log, cost_model=CPU_COST_MODEL)
     context = list(range(300, 400))
-    questions = [QuestionWork("choice", tuple(tuple(context + [7, 8, c]) for c in range(5))),
-                 QuestionWork("noul", (tuple(context + [9]),))]
+    questions = [
+        QuestionWork("choice", tuple(tuple(context + [7, 8, c]) for c in range(5))),
+        QuestionWork("noul", (tuple(context + [9]),)),
+    ]
     shared = engine.execute(questions, temperature=TEMPERATURE, policy="shared")
     assert shared.num_launches == 1 and len(log.passes) == 1
     assert any(parent is not None for _, parent in log.passes[0])  # children beside their parents
     off = engine.execute(questions, temperature=TEMPERATURE, policy="off")
-    assert max(abs(a - b) for qa, qb in zip(shared.probabilities, off.probabilities, strict=True)
-               for a, b in zip(qa, qb, strict=True)) <= 1e-3
+    assert (
+        max(
+            abs(a - b)
+            for qa, qb in zip(shared.probabilities, off.probabilities, strict=True)
+            for a, b in zip(qa, qb, strict=True)
+        )
+        <= 1e-3
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -111,8 +122,12 @@ def test_two_concurrent_requests_share_a_pass_through_the_servers(pair, client):
 
     bodies = [
         {"state": "ticket 1: refund please " * 20, "questions": {"q": {"type": "noul", "instructions": "refund?"}}},
-        {"state": "ticket 2: where is my parcel " * 20,
-         "questions": {"t": {"type": "choice", "instructions": "team?", "criteria": {"billing": None, "shipping": None}}}},
+        {
+            "state": "ticket 2: where is my parcel " * 20,
+            "questions": {
+                "t": {"type": "choice", "instructions": "team?", "criteria": {"billing": None, "shipping": None}}
+            },
+        },
     ]
     alone = [client.decide(b) for b in bodies]
     before = pair.worker.log_text()
@@ -122,7 +137,7 @@ def test_two_concurrent_requests_share_a_pass_through_the_servers(pair, client):
         assert a["answers"] == t["answers"]
     from openjev.tools.soak import log_events
 
-    lines = log_events(pair.worker.log_text()[len(before):], "execute")
+    lines = log_events(pair.worker.log_text()[len(before) :], "execute")
     assert len(lines) == 2 and all(line["status"] == "OK" for line in lines)
     # Timing decides whether the second request arrived before the first one's pass began;
     # the answers above must be equal either way, and the log says what happened.
@@ -132,8 +147,9 @@ def test_two_concurrent_requests_share_a_pass_through_the_servers(pair, client):
 def test_queue_full_and_arrival_order(torch_runner):
     gate = threading.Event()
     log = PassLog(torch_runner, gate)
-    engine = Engine(log, cost_model=CPU_COST_MODEL, queue_capacity=1,
-                    pack_limits=PackLimits(max_sequences=1, max_tokens=4096))
+    engine = Engine(
+        log, cost_model=CPU_COST_MODEL, queue_capacity=1, pack_limits=PackLimits(max_sequences=1, max_tokens=4096)
+    )
     work = [QuestionWork("noul", ((1, 2, 3),))]
     done: list[int] = []
 
@@ -171,17 +187,20 @@ def test_a_long_prompt_leaves_room_for_short_requests(torch_runner):
     rides in one of them instead of waiting for the long one to finish."""
     gate = threading.Event()
     log = PassLog(torch_runner, gate)
-    engine = Engine(log, cost_model=CPU_COST_MODEL, pack_limits=PackLimits(max_sequences=8, max_tokens=512,
-                                                                          chunk_tokens=256))
+    engine = Engine(
+        log, cost_model=CPU_COST_MODEL, pack_limits=PackLimits(max_sequences=8, max_tokens=512, chunk_tokens=256)
+    )
     long_work = [QuestionWork("noul", (tuple(range(1000, 3000)),))]  # 2,000 tokens: 8 chunks
     short_work = [QuestionWork("noul", ((5, 6, 7),))]
     results: dict[str, object] = {}
-    long_thread = threading.Thread(target=lambda: results.setdefault(
-        "long", engine.execute(long_work, temperature=TEMPERATURE, policy="off")))
+    long_thread = threading.Thread(
+        target=lambda: results.setdefault("long", engine.execute(long_work, temperature=TEMPERATURE, policy="off"))
+    )
     long_thread.start()
     wait_until(lambda: _started(engine))  # its first pass is held at the gate
-    short_thread = threading.Thread(target=lambda: results.setdefault(
-        "short", engine.execute(short_work, temperature=TEMPERATURE, policy="off")))
+    short_thread = threading.Thread(
+        target=lambda: results.setdefault("short", engine.execute(short_work, temperature=TEMPERATURE, policy="off"))
+    )
     short_thread.start()
     wait_until(lambda: engine.scheduler.depth == 2)
     gate.set()

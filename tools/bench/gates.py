@@ -15,12 +15,14 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
 from openjev.tools.bench import workload
 from openjev.tools.bench.main import longest_tokens_fn
 from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.planner.cost import default_cost_model
 
-POLICIES = ("default", "shared", "fixed", "auto")
+# Every policy but the reference it is compared against.
+POLICIES: tuple[PrefixPolicy, ...] = tuple(p for p in PREFIX_POLICIES if p != "off")
 
 
 def expected_score(p: list[float]) -> float:
@@ -30,8 +32,8 @@ def expected_score(p: list[float]) -> float:
 def compare(kinds: list[str], base: list[list[float]], other: list[list[float]]) -> dict[str, float]:
     """Differences between two answers to one request (per-question probability lists)."""
     out = {"max_dp": 0.0, "max_dscore": 0.0, "choice_changes": 0, "decisive_choice_changes": 0, "noul_flips": 0}
-    for kind, p, q in zip(kinds, base, other):
-        out["max_dp"] = max(out["max_dp"], max(abs(a - b) for a, b in zip(p, q)))
+    for kind, p, q in zip(kinds, base, other, strict=True):
+        out["max_dp"] = max(out["max_dp"], max(abs(a - b) for a, b in zip(p, q, strict=True)))
         if kind == "choice" and p.index(max(p)) != q.index(max(q)):
             out["choice_changes"] += 1
             # A change between near-tied options (top two within 2x the dp gate in the base
@@ -80,7 +82,10 @@ def build_runners(args):
 
 def max_rel_head(ours, theirs) -> float:
     """Largest head-score difference relative to max(1, |theirs|)."""
-    return max((abs(a - b) / max(1.0, abs(b)) for x, y in zip(ours, theirs) for a, b in zip(x, y)), default=0.0)
+    return max(
+        (abs(a - b) / max(1.0, abs(b)) for x, y in zip(ours, theirs, strict=True) for a, b in zip(x, y, strict=True)),
+        default=0.0,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -196,12 +201,14 @@ def main(argv: list[str] | None = None) -> None:
         ),
         f"- {len(cases)} requests ({submitted} tokens submitted per policy)",
         "",
-        "| policy vs off | max abs dp | max abs d score | choice changes (decisive: top-2 gap > 2e-3) | noul flips | failures | saved tokens |",
+        "| policy vs off | max abs dp | max abs d score | choice changes (decisive: top-2 gap > 2e-3) "
+        "| noul flips | failures | saved tokens |",
         "|---|---|---|---|---|---|---|",
     ]
     for policy, r in rows.items():
         lines.append(
-            f"| {policy} | {r['max_dp']:.2e} | {r['max_dscore']:.2e} | {r['choice_changes']} ({r['decisive_choice_changes']}) | {r['noul_flips']} "
+            f"| {policy} | {r['max_dp']:.2e} | {r['max_dscore']:.2e} "
+            f"| {r['choice_changes']} ({r['decisive_choice_changes']}) | {r['noul_flips']} "
             f"| {r['failures']} | {r['saved_tokens']} |"
         )
     o = oracle_row
@@ -209,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"Against transformers (`off`, same weights, first {o['cases']} requests): max abs dp {o['max_dp']:.2e}, "
         f"max abs d score {o['max_dscore']:.2e}, max head-score difference (relative to max(1, |s|)) "
-        f"{o['max_rel_dscore_head']:.2e}, choice changes {o['choice_changes']} (decisive {o['decisive_choice_changes']}), noul flips {o['noul_flips']}.",
+        f"{o['max_rel_dscore_head']:.2e}, choice changes {o['choice_changes']} "
+        f"(decisive {o['decisive_choice_changes']}), noul flips {o['noul_flips']}.",
     ]
     if exact is not None:
         lines += [

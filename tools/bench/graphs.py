@@ -33,14 +33,17 @@ def case(name, eager, graph, make_runs, reps, rows):
     """make_runs(runner) -> runs with the tokens drawn for this repetition."""
     first, _ = timed(graph, make_runs(graph, 0))
     timed(eager, make_runs(eager, 0))
-    times = {"eager": [], "graph": []}
+    times: dict[str, list[float]] = {"eager": [], "graph": []}
     worst = 0.0
     for rep in range(1, reps + 1):
         te, re_ = timed(eager, make_runs(eager, rep))
         tg, rg = timed(graph, make_runs(graph, rep))
         times["eager"].append(te)
         times["graph"].append(tg)
-        worst = max([worst] + [abs(a.head_score - b.head_score) for a, b in zip(rg, re_) if b.head_score is not None])
+        worst = max(
+            [worst]
+            + [abs(a.head_score - b.head_score) for a, b in zip(rg, re_, strict=True) if b.head_score is not None]
+        )
     me, mg = statistics.median(times["eager"]), statistics.median(times["graph"])
     rows.append((name, me, mg, first, worst))
     print(
@@ -67,7 +70,8 @@ def main() -> None:
         graph.head_bias,
         graph_cache_size=0,
     )
-    vocab, rows = graph.config.vocab_size, []
+    vocab = graph.config.vocab_size
+    rows: list[tuple] = []
 
     def toks(seed: int, n: int) -> list[int]:
         rng = random.Random(seed)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from openjev import abi
+from openjev.contract.literals import PrefixPolicy
 from openjev.tools.bench.workload import Case
 from openjev.v1 import decision_pb2 as api
 from openjev.v1 import decision_pb2_grpc
@@ -25,7 +26,7 @@ class Arm:
 
     name: str
     address: str
-    policy: str | None
+    policy: PrefixPolicy | None
     only: frozenset[str] | None = None
 
 
@@ -113,6 +114,40 @@ def run_blocks(
     return results
 
 
+def _closed_loop(
+    arm: Arm, texts: list[tuple[Case, str]], level: int, seconds: float, timeout: float
+) -> tuple[list[float], int, float]:
+    """`level` clients each send the cases in turn for `seconds`: (sorted OK latencies in seconds,
+    failed requests, elapsed seconds)."""
+    latencies: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+    stop_at = time.perf_counter() + seconds
+
+    def loop(offset: int) -> None:
+        nonlocal errors
+        client = _Client(arm)
+        i = offset
+        while time.perf_counter() < stop_at:
+            case, text = texts[i % len(texts)]
+            sample = client.send(case, text, 0, timeout)
+            with lock:
+                if sample.status == "OK":
+                    latencies.append(sample.latency_seconds)
+                else:
+                    errors += 1
+            i += level
+        client.channel.close()
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(level)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(latencies), errors, time.perf_counter() - started
+
+
 def concurrency_sweep(
     arm: Arm, cases: list[Case], levels=(1, 4, 16), *, seconds_per_level: float = 20.0, timeout: float = 600.0
 ) -> list[dict]:
@@ -122,38 +157,12 @@ def concurrency_sweep(
     texts = [(case, json.dumps(case.request, ensure_ascii=False)) for case in cases]
     rows = []
     for level in levels:
-        latencies: list[float] = []
-        errors = [0]
-        lock = threading.Lock()
-        stop_at = time.perf_counter() + seconds_per_level
-
-        def loop(offset: int) -> None:
-            client = _Client(arm)
-            i = offset
-            while time.perf_counter() < stop_at:
-                case, text = texts[i % len(texts)]
-                sample = client.send(case, text, 0, timeout)
-                with lock:
-                    if sample.status == "OK":
-                        latencies.append(sample.latency_seconds)
-                    else:
-                        errors[0] += 1
-                i += level
-            client.channel.close()
-
-        started = time.perf_counter()
-        threads = [threading.Thread(target=loop, args=(k,)) for k in range(level)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        elapsed = time.perf_counter() - started
-        latencies.sort()
+        latencies, errors, elapsed = _closed_loop(arm, texts, level, seconds_per_level, timeout)
         rows.append(
             {
                 "clients": level,
                 "requests": len(latencies),
-                "errors": errors[0],
+                "errors": errors,
                 "throughput_rps": len(latencies) / elapsed,
                 "p50_ms": 1e3 * latencies[len(latencies) // 2] if latencies else float("nan"),
                 "p95_ms": 1e3 * latencies[int(0.95 * (len(latencies) - 1))] if latencies else float("nan"),

@@ -17,10 +17,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
 from openjev.tools import launch
 from openjev.tools.bench import harness, report, workload
 
-POLICY_ARMS = {"off": "off", "auto": "auto", "shared": "shared", "default": "default", "fixed": "fixed"}
+# Arm name -> the policy its requests carry.
+POLICY_ARMS: dict[str, PrefixPolicy] = {policy: policy for policy in PREFIX_POLICIES}
 
 
 def longest_tokens_fn(model: Path):
@@ -217,13 +219,13 @@ def main(argv: list[str] | None = None) -> None:
         [
             f"# Benchmark {datetime.date.today().isoformat()}",
             "",
-            f"- command: `python -m openjev.tools.bench.main {' '.join(shlex.quote(a) for a in (argv or sys.argv[1:]))}`",
+            f"- command: `python -m openjev.tools.bench.main {shlex.join(argv or sys.argv[1:])}`",
             f"- card: {card}; commit {commit or 'unknown'}; worker flags: `{args.worker_args or '(none)'}`",
             f"- {len(cases)} cases, {args.blocks} timed blocks after one warm-up traversal; concurrency 1 per arm, "
             "one persistent client per arm, arms interleaved per case in a shuffled order"
             + (
-                f"; the transformers arm on {args.transformers_per_group} cases per kind x group only (ratios to it are paired "
-                "on those cases)"
+                f"; the transformers arm on {args.transformers_per_group} cases per kind x group only "
+                "(ratios to it are paired on those cases)"
                 if args.transformers_per_group and "transformers" in args.arms.split(",")
                 else ""
             ),
@@ -282,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     peak = [s.get("device_bytes") for s in stats]
     header += "\n- peak device memory per worker: " + ", ".join(
         f"{pair.worker.name}@{i}: " + (f"{b / 2**30:.1f} GiB" if b else "n/a")
-        for i, (pair, b) in enumerate(zip(pairs, peak))
+        for i, (pair, b) in enumerate(zip(pairs, peak, strict=True))
     )
     for i, s in enumerate(stats):
         if "graph_captures" in s:

@@ -67,7 +67,8 @@ def targets(results: Results, cases: list[Case], arm: str, floors: dict[str, flo
         p50_floor = _percentile([floors[c] for c, _ in ours], 0.5)
         p50 = _percentile(lat, 0.5)
         lines += [
-            f"| mean <= 1.15x roofline floor | {1e3 * mean:.1f} ms / {1e3 * mean_floor:.1f} ms = {mean / mean_floor:.2f}x "
+            f"| mean <= 1.15x roofline floor "
+            f"| {1e3 * mean:.1f} ms / {1e3 * mean_floor:.1f} ms = {mean / mean_floor:.2f}x "
             f"| {_verdict(mean / mean_floor, 1.15, True)} |",
             f"| p50 <= 1.25x floor p50 | {1e3 * p50:.1f} ms / {1e3 * p50_floor:.1f} ms = {p50 / p50_floor:.2f}x "
             f"| {_verdict(p50 / p50_floor, 1.25, True)} |",
@@ -93,7 +94,7 @@ def _split_weighted(results: Results, cases: list[Case], arm: str, floors, split
     split's request counts: an estimate of the whole split's means (short groups dominate it)."""
     from openjev.tools.bench.workload import COUNTS, GROUP_NAMES
 
-    weights = {f"{kind} {g}": n for kind, counts in COUNTS.items() for g, n in zip(GROUP_NAMES, counts)}
+    weights = {f"{kind} {g}": n for kind, counts in COUNTS.items() for g, n in zip(GROUP_NAMES, counts, strict=True)}
     by_group = defaultdict(set)
     for c in cases:
         if c.name in split:
@@ -158,7 +159,8 @@ def render(
     lines += [
         "## Overall (timed blocks)",
         "",
-        "| arm | requests | errors | mean ms | p50 ms | p95 ms | tokens computed / submitted | mean / floor | p50 / floor-p50 |",
+        "| arm | requests | errors | mean ms | p50 ms | p95 ms | tokens computed / submitted "
+        "| mean / floor | p50 / floor-p50 |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     floor_values = [floors[c.name] for c in cases] if floors else []
@@ -171,7 +173,8 @@ def render(
         lat = [s.latency_seconds for s in ok]
         if floors and lat:
             mean_floor = statistics.fmean(floors[s.case] for s in ok)
-            over = f"{statistics.fmean(lat) / mean_floor:.2f}x | {_percentile(lat, 0.5) / _percentile(floor_values, 0.5):.2f}x"
+            p50_over = _percentile(lat, 0.5) / _percentile(floor_values, 0.5)
+            over = f"{statistics.fmean(lat) / mean_floor:.2f}x | {p50_over:.2f}x"
         else:
             over = "- | -"
         lines.append(f"| {arm} | {len(ok)} | {errors} {_stats_ms(lat)} {ratio} | {over} |")
@@ -210,7 +213,7 @@ def render(
             if s.arm == arm and s.status == "OK" and (s.case, s.block) in ref
         ]
         ratios = [a / r for a, r in pairs]
-        per_block = defaultdict(lambda: [0.0, 0.0])
+        per_block: defaultdict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for s in timed:
             if s.arm == arm and s.status == "OK" and (s.case, s.block) in ref:
                 per_block[s.block][0] += s.latency_seconds
@@ -238,7 +241,8 @@ def render(
         for arm in arms:
             lat = [s.latency_seconds for s in timed if s.arm == arm and s.status == "OK" and s.case in names]
             cells.append(
-                f"{1e3 * statistics.fmean(lat):.1f} / {1e3 * _percentile(lat, 0.5):.1f} / {1e3 * _percentile(lat, 0.95):.1f}"
+                f"{1e3 * statistics.fmean(lat):.1f} / {1e3 * _percentile(lat, 0.5):.1f} "
+                f"/ {1e3 * _percentile(lat, 0.95):.1f}"
                 if lat
                 else "-"
             )
@@ -260,7 +264,8 @@ def render(
         ]
         for row in results.sweep:
             lines.append(
-                f"| {row['arm']} | {row['clients']} | {row['requests']} | {row['errors']} | {row['throughput_rps']:.2f} "
+                f"| {row['arm']} | {row['clients']} | {row['requests']} | {row['errors']} "
+                f"| {row['throughput_rps']:.2f} "
                 f"| {row['mean_ms']:.1f} | {row['p50_ms']:.1f} | {row['p95_ms']:.1f} |"
             )
     return "\n".join(lines) + "\n"

@@ -4,6 +4,7 @@ measured on the card in the same run."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from openjev.worker.checkpoint.config import ModelConfig
@@ -50,13 +51,13 @@ def measure_ceilings(repeats: int = 10) -> Ceilings:
 
     source = torch.randn(2**30, device="cuda", dtype=torch.bfloat16)  # 2 GiB, far beyond L2
     target = torch.empty_like(source)
-    copy_seconds = timed(lambda: target.copy_(source))
+    copy_seconds = timed(functools.partial(target.copy_, source))
     copy_rate = 2 * source.numel() * source.element_size() / copy_seconds
     del source, target
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    matmul_rate = 2 * n**3 / timed(lambda: a @ b)
+    matmul_rate = 2 * n**3 / timed(functools.partial(torch.matmul, a, b))
     del a, b
     torch.cuda.empty_cache()
     return Ceilings(copy_rate, matmul_rate, torch.cuda.get_device_name())

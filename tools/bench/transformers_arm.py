@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from openjev.worker.checkpoint.config import FULL_ATTENTION, ModelConfig
-from openjev.worker.checkpoint.weights import ModelWeights
+from openjev.worker.checkpoint.config import ModelConfig
+from openjev.worker.checkpoint.weights import AttentionLayerWeights, ModelWeights
 from openjev.worker.model.ops import head_score
 from openjev.worker.runner_api import SegmentResult, SegmentRun
 
@@ -59,8 +60,8 @@ def hf_state_dict(weights: ModelWeights) -> dict[str, Tensor]:
             p + "mlp.up_proj.weight": layer.mlp_up,
             p + "mlp.down_proj.weight": layer.mlp_down,
         }
-        m = layer.mixer
-        if layer.kind == FULL_ATTENTION:
+        if isinstance(layer, AttentionLayerWeights):
+            m = layer.mixer
             state |= {
                 p + "self_attn.q_proj.weight": m.q_proj,
                 p + "self_attn.k_proj.weight": m.k_proj,
@@ -70,16 +71,17 @@ def hf_state_dict(weights: ModelWeights) -> dict[str, Tensor]:
                 p + "self_attn.k_norm.weight": m.k_norm,
             }
         else:
+            g = layer.mixer
             state |= {
-                p + "linear_attn.in_proj_qkv.weight": m.in_proj_qkv,
-                p + "linear_attn.in_proj_z.weight": m.in_proj_z,
-                p + "linear_attn.in_proj_b.weight": m.in_proj_b,
-                p + "linear_attn.in_proj_a.weight": m.in_proj_a,
-                p + "linear_attn.conv1d.weight": m.conv_weight.unsqueeze(1),
-                p + "linear_attn.dt_bias": m.dt_bias,
-                p + "linear_attn.A_log": m.a_log,
-                p + "linear_attn.norm.weight": m.norm_weight,
-                p + "linear_attn.out_proj.weight": m.out_proj,
+                p + "linear_attn.in_proj_qkv.weight": g.in_proj_qkv,
+                p + "linear_attn.in_proj_z.weight": g.in_proj_z,
+                p + "linear_attn.in_proj_b.weight": g.in_proj_b,
+                p + "linear_attn.in_proj_a.weight": g.in_proj_a,
+                p + "linear_attn.conv1d.weight": g.conv_weight.unsqueeze(1),
+                p + "linear_attn.dt_bias": g.dt_bias,
+                p + "linear_attn.A_log": g.a_log,
+                p + "linear_attn.norm.weight": g.norm_weight,
+                p + "linear_attn.out_proj.weight": g.out_proj,
             }
     return state
 
@@ -142,10 +144,10 @@ def to_device(weights: ModelWeights, device: torch.device, dtype: torch.dtype | 
     """A copy of weights on device (floating tensors cast to dtype when given)."""
     import dataclasses
 
-    def move(obj):
+    def move(obj: Any) -> Any:
         if isinstance(obj, Tensor):
             return obj.to(device, dtype=dtype if dtype is not None and obj.is_floating_point() else obj.dtype)
-        if dataclasses.is_dataclass(obj):
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             return dataclasses.replace(obj, **{f.name: move(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
         if isinstance(obj, tuple):
             return tuple(move(x) for x in obj)

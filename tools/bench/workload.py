@@ -103,7 +103,7 @@ def _sentence(rng: random.Random) -> str:
 
 def _question(rng: random.Random, kind: str, num_candidates: int) -> dict[str, Any]:
     if kind == "noul":
-        q = {"type": "noul", "instructions": "Does this message describe a duplicate charge?"}
+        q: dict[str, Any] = {"type": "noul", "instructions": "Does this message describe a duplicate charge?"}
         if rng.random() < 0.5:
             q["criteria"] = {"true": "A charge appears twice.", "false": "No charge is repeated."}
         return q
@@ -185,7 +185,7 @@ def jevbench_cases(longest_tokens: Callable[[dict], int], seed: int = 0) -> list
     cases = []
     for kind in ("choice", "noul", "score"):
         index = 0
-        for group, (low, high), n_requests in zip(GROUP_NAMES, GROUPS, COUNTS[kind]):
+        for group, (low, high), n_requests in zip(GROUP_NAMES, GROUPS, COUNTS[kind], strict=True):
             for _ in range(n_requests):
                 questions = {"q": _question(rng, kind, counts[kind][index])}
                 request = _fit_state(rng, questions, low, high, longest_tokens)

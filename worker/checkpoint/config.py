@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
 
 from openjev.export import CONFIG_FILE, ExportError
 
-LINEAR_ATTENTION = "linear_attention"
-FULL_ATTENTION = "full_attention"
-LAYER_KINDS = (LINEAR_ATTENTION, FULL_ATTENTION)
+LayerKind = Literal["linear_attention", "full_attention"]
+LINEAR_ATTENTION: Final = "linear_attention"
+FULL_ATTENTION: Final = "full_attention"
+LAYER_KINDS: tuple[LayerKind, ...] = (LINEAR_ATTENTION, FULL_ATTENTION)
 # Older Qwen-Next style names that transformers also maps onto the two kinds.
-_LEGACY_LAYER_KINDS = {"mamba": LINEAR_ATTENTION, "attention": FULL_ATTENTION}
+_LEGACY_LAYER_KINDS: dict[str, LayerKind] = {"mamba": LINEAR_ATTENTION, "attention": FULL_ATTENTION}
 _MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 
 
@@ -22,7 +23,7 @@ class ModelConfig:
     vocab_size: int
     hidden_size: int
     intermediate_size: int
-    layer_types: tuple[str, ...]
+    layer_types: tuple[LayerKind, ...]
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
@@ -76,19 +77,23 @@ def _positive_float(source: dict[str, Any], key: str) -> float:
     return float(value)
 
 
-def _layer_types(text: dict[str, Any], num_layers: int) -> tuple[str, ...]:
-    kinds = text.get("layer_types")
-    if kinds is None:
+def _layer_kind(index: int, name: object) -> LayerKind:
+    if name == LINEAR_ATTENTION or name == FULL_ATTENTION:
+        return name
+    if isinstance(name, str) and name in _LEGACY_LAYER_KINDS:
+        return _LEGACY_LAYER_KINDS[name]
+    raise _fail(f"layer {index} has unknown layer type {name!r} (known: {', '.join(LAYER_KINDS)})")
+
+
+def _layer_types(text: dict[str, Any], num_layers: int) -> tuple[LayerKind, ...]:
+    names = text.get("layer_types")
+    if names is None:
         # transformers' default: every `full_attention_interval`-th layer is full attention.
         interval = text.get("full_attention_interval", 4)
         return tuple(FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(num_layers))
-    if not isinstance(kinds, list) or len(kinds) != num_layers:
+    if not isinstance(names, list) or len(names) != num_layers:
         raise _fail(f"layer_types must list num_hidden_layers={num_layers} kinds")
-    kinds = tuple(_LEGACY_LAYER_KINDS.get(k, k) for k in kinds)
-    for i, kind in enumerate(kinds):
-        if kind not in LAYER_KINDS:
-            raise _fail(f"layer {i} has unknown layer type {kind!r} (known: {', '.join(LAYER_KINDS)})")
-    return kinds
+    return tuple(_layer_kind(i, name) for i, name in enumerate(names))
 
 
 def _rope(text: dict[str, Any]) -> tuple[float, float]:

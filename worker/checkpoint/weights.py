@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Literal
 
 import torch
 from safetensors import safe_open
 from torch import Tensor
 
 from openjev.export import ExportError, check_safetensors_file, safetensors_files
-from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
+from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, LayerKind, ModelConfig
 
 PREFIXES = ("model.language_model.", "model.", "")
 _EMBED = "embed_tokens.weight"
@@ -45,14 +46,30 @@ class AttentionWeights:
 
 
 @dataclass(frozen=True)
-class LayerWeights:
-    kind: str
-    mixer: GdnWeights | AttentionWeights
+class _LayerWeights:
+    """What every layer has besides its mixer: the two norms and the SiLU-gated MLP."""
+
     input_norm: Tensor  # [D]
     post_attention_norm: Tensor  # [D]
     mlp_gate: Tensor  # [I, D]
     mlp_up: Tensor  # [I, D]
     mlp_down: Tensor  # [D, I]
+
+
+@dataclass(frozen=True)
+class GdnLayerWeights(_LayerWeights):
+    kind: ClassVar[Literal["linear_attention"]] = LINEAR_ATTENTION
+    mixer: GdnWeights
+
+
+@dataclass(frozen=True)
+class AttentionLayerWeights(_LayerWeights):
+    kind: ClassVar[Literal["full_attention"]] = FULL_ATTENTION
+    mixer: AttentionWeights
+
+
+# The layer class is the mixer's type: code dispatches with isinstance (or on the literal `kind`).
+LayerWeights = GdnLayerWeights | AttentionLayerWeights
 
 
 @dataclass(frozen=True)
@@ -179,22 +196,21 @@ def _attention(t: dict[str, Tensor], p: str) -> AttentionWeights:
     )
 
 
+def _layer(t: dict[str, Tensor], p: str, kind: LayerKind) -> LayerWeights:
+    rest = dict(
+        input_norm=t[p + "input_layernorm.weight"],
+        post_attention_norm=t[p + "post_attention_layernorm.weight"],
+        mlp_gate=t[p + "mlp.gate_proj.weight"],
+        mlp_up=t[p + "mlp.up_proj.weight"],
+        mlp_down=t[p + "mlp.down_proj.weight"],
+    )
+    if kind == LINEAR_ATTENTION:
+        return GdnLayerWeights(mixer=_gdn(t, p + "linear_attn."), **rest)
+    return AttentionLayerWeights(mixer=_attention(t, p + "self_attn."), **rest)
+
+
 def load_weights(directory: str | Path, config: ModelConfig, dtype: torch.dtype = torch.float32) -> ModelWeights:
     """All backbone weights of an export, upcast (bf16 -> dtype) on CPU."""
     t = load_tensors(directory, config, dtype)
-    layers = []
-    for i, kind in enumerate(config.layer_types):
-        p = f"layers.{i}."
-        mixer = _gdn(t, p + "linear_attn.") if kind == LINEAR_ATTENTION else _attention(t, p + "self_attn.")
-        layers.append(
-            LayerWeights(
-                kind=kind,
-                mixer=mixer,
-                input_norm=t[p + "input_layernorm.weight"],
-                post_attention_norm=t[p + "post_attention_layernorm.weight"],
-                mlp_gate=t[p + "mlp.gate_proj.weight"],
-                mlp_up=t[p + "mlp.up_proj.weight"],
-                mlp_down=t[p + "mlp.down_proj.weight"],
-            )
-        )
+    layers = [_layer(t, f"layers.{i}.", kind) for i, kind in enumerate(config.layer_types)]
     return ModelWeights(embed_tokens=t[_EMBED], layers=tuple(layers), final_norm=t["norm.weight"])

@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor
 
-from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
-from openjev.worker.checkpoint.weights import AttentionWeights, GdnWeights, LayerWeights, ModelWeights
+from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, LayerKind, ModelConfig
+from openjev.worker.checkpoint.weights import (
+    AttentionLayerWeights,
+    AttentionWeights,
+    GdnLayerWeights,
+    GdnWeights,
+    LayerWeights,
+    ModelWeights,
+)
 
 # (hidden, intermediate, layers, heads, kv heads, linear key heads, linear value heads)
 SHAPES = {
@@ -29,7 +37,9 @@ VOCAB = {"27b": 248320, "9b": 248320, "small": 4096}
 def shape_config(shape: str, num_layers: int | None = None) -> ModelConfig:
     hidden, inter, layers, heads, kv, lk, lv = SHAPES[shape]
     layers = layers if num_layers is None else num_layers
-    kinds = tuple(FULL_ATTENTION if (i + 1) % 4 == 0 else LINEAR_ATTENTION for i in range(layers))
+    kinds: tuple[LayerKind, ...] = tuple(
+        FULL_ATTENTION if (i + 1) % 4 == 0 else LINEAR_ATTENTION for i in range(layers)
+    )
     return ModelConfig(
         vocab_size=VOCAB[shape],
         hidden_size=hidden,
@@ -50,64 +60,85 @@ def shape_config(shape: str, num_layers: int | None = None) -> ModelConfig:
 
 
 @dataclass
-class FusedLayer:
-    """kind; w_in: the layer's input projections stacked ([qkv; z; b; a] for GDN,
-    [q_proj; k_proj; v_proj] for attention); w_out: out_proj / o_proj; GDN: conv_weight [C, 4],
-    a_log, dt_bias [Hv] fp32, norm_weight [Dv]; attention: q_norm, k_norm [256];
-    norms [D]; w_gate_up [2I, D]; w_down [D, I]. All bf16 unless said."""
+class _FusedLayer:
+    """w_in: the layer's input projections stacked; w_out: out_proj / o_proj; norms [D];
+    w_gate_up [2I, D]; w_down [D, I]. All bf16 unless said."""
 
-    kind: str
     w_in: Tensor
     w_out: Tensor
     input_norm: Tensor
     post_norm: Tensor
     w_gate_up: Tensor
     w_down: Tensor
-    conv_weight: Tensor | None = None
-    a_log: Tensor | None = None
-    dt_bias: Tensor | None = None
-    norm_weight: Tensor | None = None
-    q_norm: Tensor | None = None
-    k_norm: Tensor | None = None
 
 
-def fuse_layer(layer: LayerWeights, device, dtype=torch.bfloat16) -> FusedLayer:
-    to = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
-    m = layer.mixer
-    common = dict(
-        kind=layer.kind,
+@dataclass
+class FusedGdnLayer(_FusedLayer):
+    """w_in = [qkv; z; b; a]; conv_weight [C, 4]; a_log, dt_bias [Hv] fp32; norm_weight [Dv]."""
+
+    kind: ClassVar[Literal["linear_attention"]] = LINEAR_ATTENTION
+    conv_weight: Tensor
+    a_log: Tensor
+    dt_bias: Tensor
+    norm_weight: Tensor
+
+
+@dataclass
+class FusedAttentionLayer(_FusedLayer):
+    """w_in = [q_proj; k_proj; v_proj]; q_norm, k_norm [head_dim]."""
+
+    kind: ClassVar[Literal["full_attention"]] = FULL_ATTENTION
+    q_norm: Tensor
+    k_norm: Tensor
+
+
+FusedLayer = FusedGdnLayer | FusedAttentionLayer
+
+
+def fuse_layer(layer: LayerWeights, device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> FusedLayer:
+    def to(t: Tensor) -> Tensor:
+        return t.to(device=device, dtype=dtype).contiguous()
+
+    rest = dict(
         input_norm=to(layer.input_norm),
         post_norm=to(layer.post_attention_norm),
         w_gate_up=to(torch.cat([layer.mlp_gate, layer.mlp_up])),
         w_down=to(layer.mlp_down),
     )
-    if layer.kind == LINEAR_ATTENTION:
-        return FusedLayer(
-            w_in=to(torch.cat([m.in_proj_qkv, m.in_proj_z, m.in_proj_b, m.in_proj_a])),
-            w_out=to(m.out_proj),
-            conv_weight=to(m.conv_weight.reshape(m.conv_weight.shape[0], -1)),
-            a_log=m.a_log.to(device=device, dtype=torch.float32),
-            dt_bias=m.dt_bias.to(device=device, dtype=torch.float32),
-            norm_weight=to(m.norm_weight),
-            **common,
+    if isinstance(layer, GdnLayerWeights):
+        g = layer.mixer
+        return FusedGdnLayer(
+            w_in=to(torch.cat([g.in_proj_qkv, g.in_proj_z, g.in_proj_b, g.in_proj_a])),
+            w_out=to(g.out_proj),
+            conv_weight=to(g.conv_weight.reshape(g.conv_weight.shape[0], -1)),
+            a_log=g.a_log.to(device=device, dtype=torch.float32),
+            dt_bias=g.dt_bias.to(device=device, dtype=torch.float32),
+            norm_weight=to(g.norm_weight),
+            **rest,
         )
-    if layer.kind == FULL_ATTENTION:
-        return FusedLayer(
-            w_in=to(torch.cat([m.q_proj, m.k_proj, m.v_proj])),
-            w_out=to(m.o_proj),
-            q_norm=to(m.q_norm),
-            k_norm=to(m.k_norm),
-            **common,
-        )
-    raise ValueError(f"unknown layer type {layer.kind!r}")
+    a = layer.mixer
+    return FusedAttentionLayer(
+        w_in=to(torch.cat([a.q_proj, a.k_proj, a.v_proj])),
+        w_out=to(a.o_proj),
+        q_norm=to(a.q_norm),
+        k_norm=to(a.k_norm),
+        **rest,
+    )
 
 
 def plain_layer(f: FusedLayer, config: ModelConfig) -> LayerWeights:
     """The reference's LayerWeights as views into a FusedLayer."""
     inter = config.intermediate_size
-    if f.kind == LINEAR_ATTENTION:
+    rest = dict(
+        input_norm=f.input_norm,
+        post_attention_norm=f.post_norm,
+        mlp_gate=f.w_gate_up[:inter],
+        mlp_up=f.w_gate_up[inter:],
+        mlp_down=f.w_down,
+    )
+    if isinstance(f, FusedGdnLayer):
         c, vd, hv = config.linear_conv_dim, config.linear_value_dim, config.linear_num_value_heads
-        mixer = GdnWeights(
+        gdn = GdnWeights(
             in_proj_qkv=f.w_in[:c],
             in_proj_z=f.w_in[c : c + vd],
             in_proj_b=f.w_in[c + vd : c + vd + hv],
@@ -118,26 +149,18 @@ def plain_layer(f: FusedLayer, config: ModelConfig) -> LayerWeights:
             norm_weight=f.norm_weight,
             out_proj=f.w_out,
         )
-    else:
-        qd = 2 * config.num_attention_heads * config.head_dim
-        kvd = config.num_key_value_heads * config.head_dim
-        mixer = AttentionWeights(
-            q_proj=f.w_in[:qd],
-            k_proj=f.w_in[qd : qd + kvd],
-            v_proj=f.w_in[qd + kvd :],
-            o_proj=f.w_out,
-            q_norm=f.q_norm,
-            k_norm=f.k_norm,
-        )
-    return LayerWeights(
-        kind=f.kind,
-        mixer=mixer,
-        input_norm=f.input_norm,
-        post_attention_norm=f.post_norm,
-        mlp_gate=f.w_gate_up[:inter],
-        mlp_up=f.w_gate_up[inter:],
-        mlp_down=f.w_down,
+        return GdnLayerWeights(mixer=gdn, **rest)
+    qd = 2 * config.num_attention_heads * config.head_dim
+    kvd = config.num_key_value_heads * config.head_dim
+    attention = AttentionWeights(
+        q_proj=f.w_in[:qd],
+        k_proj=f.w_in[qd : qd + kvd],
+        v_proj=f.w_in[qd + kvd :],
+        o_proj=f.w_out,
+        q_norm=f.q_norm,
+        k_norm=f.k_norm,
     )
+    return AttentionLayerWeights(mixer=attention, **rest)
 
 
 def random_layers(config: ModelConfig, seed: int, device) -> tuple[Tensor, list[FusedLayer], Tensor]:
@@ -157,10 +180,9 @@ def random_layers(config: ModelConfig, seed: int, device) -> tuple[Tensor, list[
     def vec(n: int, mean: float, std: float, dtype=bf) -> Tensor:
         return torch.empty(n, device=device, dtype=dtype).normal_(mean, std, generator=gen)
 
-    layers = []
+    layers: list[FusedLayer] = []
     for kind in config.layer_types:
-        common = dict(
-            kind=kind,
+        rest = dict(
             input_norm=vec(d, 0.0, 0.1),
             post_norm=vec(d, 0.0, 0.1),
             w_gate_up=mat(2 * inter, d),
@@ -170,25 +192,25 @@ def random_layers(config: ModelConfig, seed: int, device) -> tuple[Tensor, list[
             hv, vd, c = config.linear_num_value_heads, config.linear_value_dim, config.linear_conv_dim
             a_log = torch.empty(hv, device=device).uniform_(0.0, math.log(16.0), generator=gen)
             layers.append(
-                FusedLayer(
+                FusedGdnLayer(
                     w_in=mat(c + vd + 2 * hv, d),
                     w_out=mat(d, vd, out_scale),
                     conv_weight=mat(c, 4, 1.0),
                     a_log=a_log,
                     dt_bias=vec(hv, 1.0, 0.5, torch.float32),
                     norm_weight=vec(config.linear_value_head_dim, 1.0, 0.1),
-                    **common,
+                    **rest,
                 )
             )
         else:
             hq, hkv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
             layers.append(
-                FusedLayer(
+                FusedAttentionLayer(
                     w_in=mat(2 * hq * hd + 2 * hkv * hd, d),
                     w_out=mat(d, hq * hd, out_scale),
                     q_norm=vec(hd, 0.0, 0.1),
                     k_norm=vec(hd, 0.0, 0.1),
-                    **common,
+                    **rest,
                 )
             )
     embed = torch.empty(config.vocab_size, d, device=device, dtype=bf).normal_(0.0, 1.0, generator=gen)

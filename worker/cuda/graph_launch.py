@@ -45,7 +45,7 @@ try:
 
     from openjev import metrics
 
-    capture_failures = Counter(
+    capture_failures: Counter | None = Counter(
         "openjev_worker_graph_capture_failures",
         "CUDA graph captures that failed (the launch ran eagerly)",
         registry=metrics.worker_registry,
@@ -310,8 +310,8 @@ class GraphLauncher:
             group = groups.setdefault(d.dtype, ([], []))
             group[0].append(d)
             group[1].append(t)
-        for d, t in groups.values():  # one multi-tensor launch per dtype rather than one copy each
-            torch._foreach_copy_(d, t)
+        for dsts, srcs in groups.values():  # one multi-tensor launch per dtype rather than one copy each
+            torch._foreach_copy_(dsts, srcs)
 
     def _forward(self, key: PassKey, **s: torch.Tensor) -> torch.Tensor:
         """The captured work: hidden [N_pad, D] bf16 of the (padded) head rows."""

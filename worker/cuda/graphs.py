@@ -16,9 +16,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.cuda.graphs import _POOL_HANDLE  # the type graph_pool_handle() returns
 
 
 def bucket(n: int, smallest: int = 16) -> int:
@@ -57,7 +60,8 @@ class GraphCache:
         self.num_captures = 0
         self.num_replays = 0
         self._side: torch.cuda.Stream | None = None
-        self._pool = None  # the shared memory pool, made by the first capture into an empty cache
+        # the shared memory pool, made by the first capture into an empty cache
+        self._pool: _POOL_HANDLE | None = None
 
     def __len__(self) -> int:
         return len(self._entries)

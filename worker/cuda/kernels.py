@@ -49,11 +49,16 @@ def _options() -> tuple[str, ...]:
     return ("-arch=sm_90", "-std=c++17", f"-I{folder}", *definitions)
 
 
+def kernel_source(name: str) -> str:
+    """The CUDA source of `cuda/{name}.cu` (see kernel_folder)."""
+    return (kernel_folder() / f"{name}.cu").read_text(encoding="utf-8")
+
+
 @functools.cache
 def _module(name: str):
     import cupy
 
-    code = (kernel_folder() / f"{name}.cu").read_text()
+    code = kernel_source(name)
     options = _options()
     try:
         module = cupy.RawModule(code=code, options=options)

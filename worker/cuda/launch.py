@@ -29,7 +29,8 @@ class KvNode:
 
     def lineage(self) -> list[KvNode]:
         """Root first, self last."""
-        chain, node = [], self
+        chain: list[KvNode] = []
+        node: KvNode | None = self
         while node is not None:
             chain.append(node)
             node = node.parent
@@ -45,7 +46,7 @@ class CudaSegmentState:
     (ancestors' GDN states are not kept alive by it)."""
 
     num_tokens: int
-    gdn: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    gdn: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
     kv: KvNode
 
 

@@ -6,6 +6,8 @@ are on (tests move them to the CPU, where the rotary tables are built).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -16,7 +18,7 @@ from openjev.worker.model import ops
 
 def _spans(cu_seqlens: Tensor) -> list[tuple[int, int]]:
     cu = cu_seqlens.tolist()
-    return list(zip(cu[:-1], cu[1:]))
+    return list(itertools.pairwise(cu))
 
 
 def causal_conv1d_packed(x: Tensor, weight: Tensor, window: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:

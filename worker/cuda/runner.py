@@ -27,7 +27,15 @@ from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, M
 from openjev.worker.cuda import gemm
 from openjev.worker.cuda import kernels as K
 from openjev.worker.cuda.buckets import PassBudget
-from openjev.worker.cuda.fused_weights import FusedLayer, fuse_layer, plain_weights, random_layers, shape_config
+from openjev.worker.cuda.fused_weights import (
+    FusedAttentionLayer,
+    FusedGdnLayer,
+    FusedLayer,
+    fuse_layer,
+    plain_weights,
+    random_layers,
+    shape_config,
+)
 from openjev.worker.cuda.launch import CudaSegmentState, KvNode, Launch, LaunchPlan, plan_launch
 from openjev.worker.runner_api import SegmentResult, SegmentRun
 
@@ -222,7 +230,7 @@ class CudaRunner:
     def _linear(self, x, w):
         return gemm.linear(x, w, self.gemm_rows[tuple(w.shape)])
 
-    def _gdn(self, layer: FusedLayer, index: int, h, launch: Launch, io):
+    def _gdn(self, layer: FusedGdnLayer, index: int, h, launch: Launch, io):
         c = self.config
         C, vd, hv = c.linear_conv_dim, c.linear_value_dim, c.linear_num_value_heads
         proj = self._linear(h, layer.w_in)  # [T, C + Hv*Dv + 2*Hv]
@@ -260,7 +268,7 @@ class CudaRunner:
         io.gdn_out(index, new_windows, final, new_tails)
         return self._linear(K.gated_rms_norm(o, z, layer.norm_weight, c.rms_norm_eps), layer.w_out)
 
-    def _attention(self, layer: FusedLayer, index: int, h, launch: Launch, io):
+    def _attention(self, layer: FusedAttentionLayer, index: int, h, launch: Launch, io):
         c = self.config
         hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         proj = self._linear(h, layer.w_in)  # [T, Hq*2*hd + 2*Hkv*hd]

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
-from openjev.worker.checkpoint.weights import LayerWeights, ModelWeights
+from openjev.worker.checkpoint.config import ModelConfig
+from openjev.worker.checkpoint.weights import GdnLayerWeights, LayerWeights, ModelWeights
 from openjev.worker.model import ops
 from openjev.worker.model.gated_attention import attention_mixer
 from openjev.worker.model.gated_deltanet import gdn_mixer
-from openjev.worker.model.state import LayerState
+from openjev.worker.model.state import AttentionState, GdnState, LayerState
+
+StateT = TypeVar("StateT", GdnState, AttentionState)
 
 
 @dataclass(frozen=True)
@@ -45,13 +48,26 @@ def mlp(x: Tensor, layer: LayerWeights) -> Tensor:
 
 def run_mixer(
     layer: LayerWeights, config: ModelConfig, h: Tensor, launch: PackedLaunch, index: int
-) -> tuple[Tensor, list[LayerState]]:
+) -> tuple[Tensor, Sequence[LayerState]]:
     parents = [p if p is None or isinstance(p, int) else p[index] for p in launch.parents]
-    if layer.kind == LINEAR_ATTENTION:
-        return gdn_mixer(layer.mixer, config, h, launch.spans, parents)
-    if layer.kind == FULL_ATTENTION:
-        return attention_mixer(layer.mixer, config, h, launch.positions, launch.spans, parents)
-    raise ValueError(f"layer {index}: unknown layer type {layer.kind!r}")
+    if isinstance(layer, GdnLayerWeights):
+        return gdn_mixer(layer.mixer, config, h, launch.spans, _states_of(GdnState, parents, index))
+    return attention_mixer(
+        layer.mixer, config, h, launch.positions, launch.spans, _states_of(AttentionState, parents, index)
+    )
+
+
+def _states_of(
+    state_type: type[StateT], parents: Sequence[LayerState | int | None], index: int
+) -> list[StateT | int | None]:
+    """The parents' states of one layer, checked to be that layer's kind of state (an int: the
+    index of an in-pass parent)."""
+    states: list[StateT | int | None] = []
+    for state in parents:
+        if state is not None and not isinstance(state, int | state_type):
+            raise ValueError(f"layer {index}: parent state is a {type(state).__name__}, not a {state_type.__name__}")
+        states.append(state)
+    return states
 
 
 def forward(
@@ -60,7 +76,7 @@ def forward(
     """Returns (final-normed hidden states of launch.head_rows [R, D], and per segment its
     per-layer final states)."""
     x = weights.embed_tokens[launch.token_ids]  # [T_total, D]
-    per_layer_states: list[list[LayerState]] = []
+    per_layer_states: list[Sequence[LayerState]] = []
     last = len(weights.layers) - 1
     head_rows = _padded(list(launch.head_rows))
     for index, layer in enumerate(weights.layers):
@@ -95,7 +111,9 @@ def pack(
 ) -> PackedLaunch:
     """Lay segments back to back, plus one pad segment (token 0 from position 0, never read)
     up to a multiple of ROW_QUANTUM rows. The head reads each reading segment's last row."""
-    spans, positions, flat = [], [], []
+    spans: list[tuple[int, int]] = []
+    positions: list[int] = []
+    flat: list[int] = []
     for ids, start_position in zip(token_ids, start_positions, strict=True):
         begin = len(flat)
         flat.extend(ids)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
+from openjev.worker.checkpoint.config import LINEAR_ATTENTION, LayerKind, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,8 @@ def attention_state_shapes(config: ModelConfig, num_tokens: int) -> dict[str, tu
     return {"keys": (num_tokens, *per_position), "values": (num_tokens, *per_position)}
 
 
-def state_shapes(config: ModelConfig, kind: str, num_tokens: int) -> dict[str, tuple[int, ...]]:
+def state_shapes(config: ModelConfig, kind: LayerKind, num_tokens: int) -> dict[str, tuple[int, ...]]:
     """The shapes of one layer's state after num_tokens positions."""
     if kind == LINEAR_ATTENTION:
         return gdn_state_shapes(config)
-    if kind == FULL_ATTENTION:
-        return attention_state_shapes(config, num_tokens)
-    raise ValueError(f"unknown layer type {kind!r}")
+    return attention_state_shapes(config, num_tokens)

@@ -8,7 +8,6 @@ from openjev.worker.planner.cost import (
     default_cost_model,
 )
 from openjev.worker.planner.plan import (
-    POLICIES,
     PackLimits,
     Plan,
     Reader,
@@ -20,7 +19,6 @@ __all__ = [
     "CPU_COST_MODEL",
     "GPU_COST_MODEL",
     "GDN_CHUNK_TOKENS",
-    "POLICIES",
     "CostModel",
     "PackLimits",
     "Plan",

@@ -6,13 +6,8 @@ Everything here is ints and token ids; the engine turns a `Plan` into runner cal
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-Policy = Literal["off", "default", "shared", "fixed", "auto"]
-ExecutedPolicy = Literal["off", "default", "shared", "fixed"]
-Scope = Literal["none", "within_question", "across_questions"]
-
-POLICIES: tuple[str, ...] = ("off", "default", "shared", "fixed", "auto")
+from openjev.contract.literals import ExecutedPolicy, PrefixPolicy, PrefixScope
 
 
 @dataclass(frozen=True, order=True)
@@ -80,12 +75,12 @@ class Plan:
 
     segments: tuple[Segment, ...]
     launches: tuple[tuple[int, ...], ...]
-    policy: str
-    executed_policy: str
+    policy: PrefixPolicy
+    executed_policy: ExecutedPolicy
     num_submitted_tokens: int
     num_computed_tokens: int
     num_saved_tokens: int
-    scope: Scope
+    scope: PrefixScope
     num_questions: int
     num_candidates_per_question: tuple[int, ...]
 

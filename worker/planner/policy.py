@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from openjev.contract.literals import PREFIX_POLICIES, ExecutedPolicy, PrefixPolicy, PrefixScope
 from openjev.worker.geometry import GDN_CHUNK_TOKENS
 from openjev.worker.planner.cost import CostModel
 from openjev.worker.planner.packing import split_into_segments
 from openjev.worker.planner.passes import pack_passes
-from openjev.worker.planner.plan import POLICIES, PackLimits, Plan, Reader, Scope
+from openjev.worker.planner.plan import PackLimits, Plan, Reader
 from openjev.worker.planner.tree import (
     Prompt,
     TreeNode,
@@ -31,7 +32,7 @@ from openjev.worker.planner.tree import (
 
 def plan_request(
     candidates: Sequence[Sequence[Sequence[int]]],
-    policy: str,
+    policy: PrefixPolicy,
     limits: PackLimits = PackLimits(),
     cost_model: CostModel | None = None,
     max_pass_depth: int = 1 << 16,
@@ -39,8 +40,8 @@ def plan_request(
     """Plan one request. candidates[q][c]: token ids of question q's candidate c (complete,
     chat-wrapped prompts, never empty). `auto` needs a cost model. max_pass_depth: tree levels
     the runner holds in one pass."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown prefix policy {policy!r}; expected one of {POLICIES}")
+    if policy not in PREFIX_POLICIES:
+        raise ValueError(f"unknown prefix policy {policy!r}; expected one of {PREFIX_POLICIES}")
     if not candidates or any(len(q) == 0 for q in candidates):
         raise ValueError("every request needs at least one question with one candidate")
     for q, question in enumerate(candidates):
@@ -58,7 +59,7 @@ def plan_request(
     return _plan_tree(candidates, "default", "auto", limits, max_pass_depth)
 
 
-def build_tree(candidates: Sequence[Sequence[Sequence[int]]], policy: str) -> list[TreeNode]:
+def build_tree(candidates: Sequence[Sequence[Sequence[int]]], policy: ExecutedPolicy) -> list[TreeNode]:
     """The token tree one concrete policy (not auto) runs."""
     prompts: list[Prompt] = [
         (Reader(q, c), tokens) for q, question in enumerate(candidates) for c, tokens in enumerate(question)
@@ -82,7 +83,13 @@ def build_tree(candidates: Sequence[Sequence[Sequence[int]]], policy: str) -> li
     raise ValueError(f"no tree for policy {policy!r}")
 
 
-def _plan_tree(candidates, executed_policy: str, policy: str, limits: PackLimits, max_pass_depth: int) -> Plan:
+def _plan_tree(
+    candidates: Sequence[Sequence[Sequence[int]]],
+    executed_policy: ExecutedPolicy,
+    policy: PrefixPolicy,
+    limits: PackLimits,
+    max_pass_depth: int,
+) -> Plan:
     segments = split_into_segments(build_tree(candidates, executed_policy), limits.chunk_tokens)
     launches = pack_passes(segments, limits, max_pass_depth)
 
@@ -97,13 +104,13 @@ def _plan_tree(candidates, executed_policy: str, policy: str, limits: PackLimits
             lowest[s.parent] = min(lowest[s.parent], lowest[s.index])
             highest[s.parent] = max(highest[s.parent], highest[s.index])
 
-    num_saved_tokens = sum((g - 1) * s.num_tokens for s, g in zip(segments, num_readers))
+    num_saved_tokens = sum((g - 1) * s.num_tokens for s, g in zip(segments, num_readers, strict=True))
     num_computed_tokens = sum(s.num_tokens for s in segments)
     num_submitted_tokens = sum(len(tokens) for q in candidates for tokens in q)
     assert num_submitted_tokens == num_computed_tokens + num_saved_tokens, "tree lost tokens"
 
-    shared_across = any(lo < hi for lo, hi in zip(lowest, highest))
-    scope: Scope
+    shared_across = any(lo < hi for lo, hi in zip(lowest, highest, strict=True))
+    scope: PrefixScope
     if shared_across:
         scope = "across_questions"
     elif num_saved_tokens > 0:

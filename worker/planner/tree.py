@@ -62,9 +62,9 @@ def common_prefix_star(prompts: Sequence[Prompt]) -> list[TreeNode]:
         shared = min(shared, common_prefix_length(sequences[0], s))
     if shared == 0:
         return singletons(prompts)
-    root_readers = tuple(sorted(r for (r, _), s in zip(prompts, sequences) if len(s) == shared))
+    root_readers = tuple(sorted(r for (r, _), s in zip(prompts, sequences, strict=True) if len(s) == shared))
     nodes = [TreeNode(None, 0, sequences[0][:shared], root_readers)]
-    for (reader, _), s in zip(prompts, sequences):
+    for (reader, _), s in zip(prompts, sequences, strict=True):
         if len(s) > shared:
             nodes.append(TreeNode(0, shared, s[shared:], (reader,)))
     return nodes
@@ -92,7 +92,9 @@ def compressed_trie(prompts: Sequence[Prompt], block_tokens: int = 1) -> list[Tr
     keys = [k for k, _ in items]
     nodes: list[TreeNode] = []
     # (lo, hi, key depth, parent node index): keys[lo:hi] agree on their first depth+1 keys.
-    stack = [(lo, hi, 0, None) for lo, hi in reversed(_groups(keys, 0, 0, len(keys)))]
+    stack: list[tuple[int, int, int, int | None]] = [
+        (lo, hi, 0, None) for lo, hi in reversed(_groups(keys, 0, 0, len(keys)))
+    ]
     while stack:
         lo, hi, depth, parent = stack.pop()
         end = depth + common_prefix_length(keys[lo][depth:], keys[hi - 1][depth:])

@@ -144,48 +144,51 @@ def test_capture_on_second_sighting(eager):
     assert L.cache.num_captures == 2 and L.hits == 1 + 2 and L.failures == 0
 
 
+def tree_pass(graph, eager, rng, vocab, rep):
+    """One root -> children -> grandchildren pass through both runners, compared launch by launch."""
+    from openjev.worker.runner_api import SegmentRun
+
+    root, tails = tokens(rng, vocab, 70), [tokens(rng, vocab, n) for n in (12, 1, 33)]
+    grand, fresh = [tokens(rng, vocab, n) for n in (5, 2, 8)], tokens(rng, vocab, 21)
+    g0, e0 = both(graph, eager, lambda r: [SegmentRun(root, 0, None, True, False)])
+    assert_close(g0, e0, f"root {rep}")
+    snapshot = [t.clone() for pair in g0[1][0].gdn.values() for t in pair if t is not None]
+    states = {id(graph): g0[1][0], id(eager): e0[1][0]}
+    g1, e1 = both(
+        graph,
+        eager,
+        lambda r: [SegmentRun(t, 70, states[id(r)], keep_state=i != 1, read_head=True) for i, t in enumerate(tails)],
+    )
+    assert_close(g1, e1, f"children {rep}")
+    after = [t for pair in g0[1][0].gdn.values() for t in pair if t is not None]
+    assert all(torch.equal(a, b) for a, b in zip(snapshot, after, strict=True)), "a launch wrote its parent's state"
+    kids = {id(graph): g1[1], id(eager): e1[1]}
+    g2, e2 = both(
+        graph,
+        eager,
+        lambda r: [
+            SegmentRun(grand[0], 82, kids[id(r)][0], True, True),
+            SegmentRun(grand[1], 103, kids[id(r)][2], False, True),
+            SegmentRun(fresh, 0, None, False, True),
+            SegmentRun(grand[2], 82, kids[id(r)][0], False, True),
+        ],
+    )
+    assert_close(g2, e2, f"grandchildren {rep}")
+    # a graph launch from an eager launch's state, and the other way round
+    t = tokens(rng, vocab, 4)
+    cross = graph.final_hidden([SegmentRun(t, 70, e0[1][0], False, True)])
+    assert_close(cross, eager.final_hidden([SegmentRun(t, 70, g0[1][0], False, True)]), "cross")
+
+
 @pytest.mark.gpu
 def test_tree_launches_through_graphs(eager):
     """root -> 3 children (2 kept) -> grandchildren from 2 parents + a fresh prompt, three times
     (the last pass replays); the parents' states are never written by a launch."""
-    from openjev.worker.runner_api import SegmentRun
-
     graph, rng, vocab = twin(eager, 8), random.Random(2), eager.config.vocab_size
     hits = {}
     for rep in range(3):
         hits[rep] = graph.graphs.hits
-        root, tails = tokens(rng, vocab, 70), [tokens(rng, vocab, n) for n in (12, 1, 33)]
-        grand, fresh = [tokens(rng, vocab, n) for n in (5, 2, 8)], tokens(rng, vocab, 21)
-        g0, e0 = both(graph, eager, lambda r: [SegmentRun(root, 0, None, True, False)])
-        assert_close(g0, e0, f"root {rep}")
-        snapshot = [t.clone() for pair in g0[1][0].gdn.values() for t in pair if t is not None]
-        states = {id(graph): g0[1][0], id(eager): e0[1][0]}
-        g1, e1 = both(
-            graph,
-            eager,
-            lambda r: [
-                SegmentRun(t, 70, states[id(r)], keep_state=i != 1, read_head=True) for i, t in enumerate(tails)
-            ],
-        )
-        assert_close(g1, e1, f"children {rep}")
-        after = [t for pair in g0[1][0].gdn.values() for t in pair if t is not None]
-        assert all(torch.equal(a, b) for a, b in zip(snapshot, after)), "a launch wrote its parent's state"
-        kids = {id(graph): g1[1], id(eager): e1[1]}
-        g2, e2 = both(
-            graph,
-            eager,
-            lambda r: [
-                SegmentRun(grand[0], 82, kids[id(r)][0], True, True),
-                SegmentRun(grand[1], 103, kids[id(r)][2], False, True),
-                SegmentRun(fresh, 0, None, False, True),
-                SegmentRun(grand[2], 82, kids[id(r)][0], False, True),
-            ],
-        )
-        assert_close(g2, e2, f"grandchildren {rep}")
-        # a graph launch from an eager launch's state, and the other way round
-        t = tokens(rng, vocab, 4)
-        cross = graph.final_hidden([SegmentRun(t, 70, e0[1][0], False, True)])
-        assert_close(cross, eager.final_hidden([SegmentRun(t, 70, g0[1][0], False, True)]), "cross")
+        tree_pass(graph, eager, rng, vocab, rep)
     # every pass after the first replays all four launches, though the first grew the buffers
     assert graph.graphs.hits - hits[1] == 8 and graph.graphs.failures == 0, (hits, graph.graphs.hits)
 

@@ -145,7 +145,10 @@ def test_gdn_recurrent_forest_levels(K, ref, variant):
         src = init_idx[n]
         start = slots[src] if src >= 0 else fin[-2 - src] if src < -1 else torch.zeros_like(slots[0])
         s, e = int(cu[n]), int(cu[n + 1])
-        one = lambda t: t[s:e]  # noqa: E731
+
+        def one(t, s=s, e=e):
+            return t[s:e]
+
         e_out, e_fin = ref.gdn_packed(
             one(qn).cpu(),
             one(kn).cpu(),
@@ -189,7 +192,7 @@ def tail_rows(n_rows, H, Hk, width):
 
 def chunked_case(K, lengths, starts, with_init, H=48, Hk=16):
     cu, qn, kn, _, v, g, beta, init = gdn_inputs(lengths, H, Hk)
-    pos = torch.cat([torch.arange(s, s + n, dtype=torch.int32) for s, n in zip(starts, lengths)]).to(DEV)
+    pos = torch.cat([torch.arange(s, s + n, dtype=torch.int32) for s, n in zip(starts, lengths, strict=True)]).to(DEV)
     width = K.gdn_tail_width(Hk, H)
     tails = tail_rows([s % 64 for s in starts], H, Hk, width)
     return cu, qn, kn, v, g, beta, pos, (init if with_init else None), tails
@@ -232,7 +235,7 @@ def test_gdn_chunked_split_is_exact(K, split):
     """A prompt run whole, and as a parent [0, split) plus a child [split, L) launched beside an
     unrelated segment: the child's outputs, final state and tail are the same bits (what makes
     every policy agree with `off` exactly)."""
-    L, H, Hk = 300, 48, 16
+    L = 300
     cu, qn, kn, v, g, beta, pos, _, _ = chunked_case(K, [L], [0], False)
     whole_o, whole_f, whole_t = K.gdn_chunked(qn, kn, v, g, beta, cu, pos, L)
     p_cu = torch.tensor([0, split], dtype=torch.int32, device=DEV)
@@ -280,7 +283,15 @@ def tree_inputs(q_lens, prefix_lens, Hq=24, Hkv=4, D=256):
     kv_rows = torch.tensor(rows, dtype=torch.int32, device=DEV)
     q = torch.randn(Tq, Hq, D, device=DEV).bfloat16()
     qg = torch.randn(Tq, Hq, 2 * D, device=DEV).bfloat16()  # [query | gate] per head
-    return q, k_pool, v_pool, kv_rows, cu_of(q_lens), cu_of([t + p for t, p in zip(q_lens, prefix_lens)]), qg[..., D:]
+    return (
+        q,
+        k_pool,
+        v_pool,
+        kv_rows,
+        cu_of(q_lens),
+        cu_of([t + p for t, p in zip(q_lens, prefix_lens, strict=True)]),
+        qg[..., D:],
+    )
 
 
 @pytest.mark.parametrize("gated", [True, False])

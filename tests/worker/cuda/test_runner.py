@@ -67,7 +67,7 @@ def test_runner_matches_reference_across_tree_splits(runner):
     )
     cases = [
         (root, r1[0]),
-        *[(root + t, r) for t, r in zip(tails, r2)],
+        *[(root + t, r) for t, r in zip(tails, r2, strict=True)],
         (root + tails[0] + grand, r3[0]),
         (fresh, r3[1]),
     ]

@@ -125,7 +125,7 @@ def test_head_score_accumulates_in_fp64_rounds_to_fp32():
     hidden, weight = torch.randn(128), torch.randn(128)
     bias = 0.375
     want = float(
-        torch.tensor(sum(float(a) * float(b) for a, b in zip(hidden, weight)), dtype=torch.float32)
+        torch.tensor(sum(float(a) * float(b) for a, b in zip(hidden, weight, strict=True)), dtype=torch.float32)
         + torch.tensor(bias, dtype=torch.float32)
     )
     got = ops.head_score(hidden, weight, bias)

@@ -3,7 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from openjev.worker.planner import POLICIES, CostModel, PackLimits, build_tree, plan_request
+from openjev.contract.literals import PREFIX_POLICIES
+from openjev.worker.planner import CostModel, PackLimits, build_tree, plan_request
 from openjev.worker.planner.packing import split_into_segments
 from openjev.worker.planner.passes import pack_passes
 from openjev.worker.planner.plan import Reader
@@ -52,9 +53,7 @@ def test_long_node_becomes_a_chain():
         (2, 10, 1, (Reader(0, 1),), False),
     ]
     # Four tokens a pass: the chain runs one piece per pass, the child in its parent's pass.
-    assert pack_passes(segments, PackLimits(max_sequences=16, max_tokens=4, chunk_tokens=4), 8) == [
-        (0,), (1,), (2, 3)
-    ]
+    assert pack_passes(segments, PackLimits(max_sequences=16, max_tokens=4, chunk_tokens=4), 8) == [(0,), (1,), (2, 3)]
     # A runner that holds one level per pass: the child waits for the next pass.
     limits = PackLimits(max_sequences=16, max_tokens=4, chunk_tokens=4)
     assert pack_passes(segments, limits, 1) == [(0,), (1,), (2,), (3,)]
@@ -106,7 +105,7 @@ def requests(draw):
 @settings(max_examples=150, deadline=None)
 @given(
     requests(),
-    st.sampled_from(POLICIES),
+    st.sampled_from(PREFIX_POLICIES),
     st.integers(1, 5),
     st.integers(8, 80),
     st.integers(1, 4),
