@@ -33,6 +33,8 @@ class Process:
     popen: subprocess.Popen
     port: int
     log_path: Path
+    started_at: float = 0.0  # time.monotonic() just before the process was spawned
+    serving_seconds: float | None = None  # from spawn to health SERVING, where a caller waited for it
 
     @property
     def address(self) -> str:
@@ -89,12 +91,13 @@ def start(
         command += ["--listen", "127.0.0.1:0"]
     command += ["--port-file", str(port_file)]
     log_file = open(log_path, "ab")
+    started_at = time.monotonic()
     popen = subprocess.Popen(
         command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
     )
     log_file.close()
     port = _wait_port(popen, port_file, log_path, timeout_seconds)
-    return Process(name, popen, port, log_path)
+    return Process(name, popen, port, log_path, started_at)
 
 
 def free_port() -> int:
@@ -135,11 +138,18 @@ class Pair:
 WORKER_START_SECONDS = 900.0
 
 
-def start_worker(model: Path, workdir: Path, extra_args: list[str] = (), name: str = "worker") -> Process:
+def start_worker(
+    model: Path,
+    workdir: Path,
+    extra_args: list[str] = (),
+    name: str = "worker",
+    timeout_seconds: float = WORKER_START_SECONDS,
+) -> Process:
     worker = start(
-        name, WORKER_MODULE, ["--model", str(model), *extra_args], workdir=workdir, timeout_seconds=WORKER_START_SECONDS
+        name, WORKER_MODULE, ["--model", str(model), *extra_args], workdir=workdir, timeout_seconds=timeout_seconds
     )
-    wait_serving(worker.address)
+    wait_serving(worker.address, timeout_seconds)
+    worker.serving_seconds = time.monotonic() - worker.started_at
     return worker
 
 
@@ -150,8 +160,15 @@ def start_frontend(model: Path, worker_target: str, workdir: Path, extra_args: l
     return frontend
 
 
-def start_pair(model: Path, workdir: Path, *, worker_args: list[str] = (), frontend_args: list[str] = ()) -> Pair:
-    worker = start_worker(model, workdir, list(worker_args))
+def start_pair(
+    model: Path,
+    workdir: Path,
+    *,
+    worker_args: list[str] = (),
+    frontend_args: list[str] = (),
+    worker_timeout_seconds: float = WORKER_START_SECONDS,
+) -> Pair:
+    worker = start_worker(model, workdir, list(worker_args), timeout_seconds=worker_timeout_seconds)
     try:
         frontend = start_frontend(model, worker.address, workdir, list(frontend_args))
         wait_serving(frontend.address)
