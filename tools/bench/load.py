@@ -23,6 +23,7 @@ class Stream:
     cases: list[Case]
     latencies: list[tuple[str, float]] = field(default_factory=list)  # (case, seconds) of OK answers
     errors: int = 0
+    seconds: float = 0.0  # from the start until its last answer
 
 
 def run_streams(arm: Arm, streams: list[Stream], seconds: float, timeout: float) -> float:
@@ -43,6 +44,7 @@ def run_streams(arm: Arm, streams: list[Stream], seconds: float, timeout: float)
             else:
                 stream.errors += 1
             i += 1
+        stream.seconds = time.perf_counter() - started
         client.channel.close()
 
     started = time.perf_counter()
@@ -111,7 +113,9 @@ def mixed_run(
         streams = [Stream("short", part) for part in split_among(short, clients)]
         if with_long:
             streams.append(Stream("long", list(long)))
-        elapsed = run_streams(arm, streams, seconds, timeout)
+        run_streams(arm, streams, seconds, timeout)
+        # the short clients' own time: the long client may still be draining its last request
+        elapsed = max(s.seconds for s in streams if s.label == "short")
         shorts = [t for s in streams if s.label == "short" for _, t in s.latencies]
         longs = [t for s in streams if s.label == "long" for _, t in s.latencies]
         row = {"arm": arm.name, "short_clients": clients, "with_long": with_long}

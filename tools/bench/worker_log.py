@@ -33,7 +33,7 @@ def startup(log_text: str, serving_seconds: float | None, name: str, max_chars: 
     for event in _events(log_text):
         if event.get("event") == "serving":
             break
-        fields = {k: v for k, v in event.items() if k not in _NOISE}
+        fields = {"event": event.get("event"), **{k: v for k, v in event.items() if k not in _NOISE}}
         if event.get("event") == "graphs_ready":
             ready = {k: v for k, v in fields.items() if k != "event"}
         text = json.dumps(fields, ensure_ascii=False)
