@@ -96,8 +96,12 @@ def _header(args, argv, cases, ceilings, extra: list[str]) -> str:
             "",
             f"- command: `python -m openjev.tools.bench.main {command}`",
             f"- card: {card}; commit {commit or 'unknown'}; worker flags: `{args.worker_args or '(none)'}`",
-            f"- {len(cases)} cases, {args.blocks} timed blocks after one warm-up traversal; concurrency 1 per arm, "
-            "one persistent client per arm, arms interleaved per case in a shuffled order"
+            (
+                f"- {len(cases)} cases, {args.blocks} timed blocks after one warm-up traversal; concurrency 1 per arm, "
+                "one persistent client per arm, arms interleaved per case in a shuffled order"
+                if cases
+                else "- no concurrency-1 blocks"
+            )
             + (
                 f"; the transformers arm on {args.transformers_per_group} cases per kind x group only (ratios to it "
                 "are paired on those cases)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 from openjev.tools.bench.harness import Results, percentile
@@ -42,7 +43,7 @@ def targets(
     cases: list[Case],
     arm: str,
     floors: dict[str, float] | None,
-    more: list[tuple[str, str, str]] = (),
+    more: Sequence[tuple[str, str, str]] = (),
 ) -> list[str]:
     """Issue 13's targets, each with its verdict: those at concurrency 1 for `arm` on the JevBench
     split, then `more` (target, measured, verdict) rows from the run's other parts."""
@@ -161,8 +162,8 @@ def render(
     floors: dict[str, float] | None,
     tokens: dict[str, tuple[int, int]],
     header: str,
-    more_targets: list[tuple[str, str, str]] = (),
-    sections: list[str] = (),
+    more_targets: Sequence[tuple[str, str, str]] = (),
+    sections: Sequence[str] = (),
 ) -> str:
     """floors: case -> floor seconds (None without a GPU); tokens: case -> (submitted, shared-plan computed);
     more_targets: rows for the targets table from the run's other parts; sections: lines appended at the end."""
