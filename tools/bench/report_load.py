@@ -10,7 +10,7 @@ from openjev.tools.bench.harness import Results, Sample, percentile
 from openjev.tools.bench.report import _verdict
 
 Target = tuple[str, str, str]
-SWEEP_SETS = {"split": "JevBench split", "short": "split, <= 512 tokens"}
+SWEEP_SETS = {"split": "JevBench split", "short": "split, <= 512 tokens", "": "the run's cases"}
 # issue 13: share of the measured bf16 ceiling at 16 clients, per sweep set
 MATMUL_TARGETS = {"short": 0.55, "split": 0.60}
 TARGET_CLIENTS = 16
@@ -66,7 +66,8 @@ def first_seen(samples: list[Sample], seed: int | None) -> tuple[list[str], list
 
 def matmul_rate(row: dict, matmul_parameters: int) -> float:
     """Achieved FLOP/s of the products: 2 x parameters x tree tokens answered / wall time."""
-    return 2.0 * matmul_parameters * row["tree_tokens"] / row["seconds"] if row["seconds"] else float("nan")
+    seconds = row.get("seconds")  # absent from rows saved before the sweep counted tokens
+    return 2.0 * matmul_parameters * row.get("tree_tokens", 0) / seconds if seconds else float("nan")
 
 
 def sweep(rows: list[dict], matmul_parameters: int | None, ceiling: float | None) -> tuple[list[str], list[Target]]:
@@ -76,8 +77,8 @@ def sweep(rows: list[dict], matmul_parameters: int | None, ceiling: float | None
         "",
         "## Concurrency sweep (closed loop: each client sends its next request when the last answers)",
         "",
-        f"Matmul rate: 2 x {matmul_parameters or 0:,} matmul parameters x tokens of the answered requests' shared "
-        "trees / wall time"
+        f"Matmul rate: 2 x {f'{matmul_parameters:,}' if matmul_parameters else 'unknown'} matmul parameters x "
+        "tokens of the answered requests' shared trees / wall time"
         + (f"; bf16 ceiling measured in this run: {ceiling / 1e12:.0f} TFLOP/s." if ceiling else "; no GPU ceiling."),
         "",
         "| set | arm | clients | requests | errors | req/s | mean ms | p50 ms | p95 ms | tree tokens/s | TFLOP/s "
@@ -88,11 +89,11 @@ def sweep(rows: list[dict], matmul_parameters: int | None, ceiling: float | None
     for row in rows:
         rate = matmul_rate(row, matmul_parameters) if matmul_parameters else float("nan")
         share = rate / ceiling if ceiling else float("nan")
-        label = SWEEP_SETS.get(row.get("set", ""), row.get("set") or "-")
+        label = SWEEP_SETS.get(row.get("set", ""), row.get("set", ""))
         lines.append(
             f"| {label} | {row['arm']} | {row['clients']} | {row['requests']} | {row['errors']} "
             f"| {row['throughput_rps']:.2f} | {row['mean_ms']:.1f} | {row['p50_ms']:.1f} | {row['p95_ms']:.1f} "
-            f"| {row.get('tree_tokens', 0) / row['seconds']:.0f} | {rate / 1e12:.3g} | "
+            f"| {row.get('tree_tokens', 0) / row.get('seconds', float('nan')):.0f} | {rate / 1e12:.3g} | "
             + (f"{100 * share:.1f}% |" if share == share else "- |")
         )
         limit = MATMUL_TARGETS.get(row.get("set", ""))
@@ -111,7 +112,7 @@ def sweep(rows: list[dict], matmul_parameters: int | None, ceiling: float | None
         low, high = min(by_level), max(by_level)
         if high > low:
             lines.append(
-                f"\n{SWEEP_SETS.get(name, name or '-')}: throughput x{by_level[high] / by_level[low]:.2f} "
+                f"\n{SWEEP_SETS.get(name, name)}: throughput x{by_level[high] / by_level[low]:.2f} "
                 f"from {low} to {high} clients."
             )
     return lines, targets
@@ -148,6 +149,8 @@ def mixed(rows: list[dict]) -> tuple[list[str], list[Target]]:
 
 def service(startup: list[dict], peak_bytes: list, weight_bytes: int | None) -> tuple[list[str], list[Target]]:
     """startup: per worker, seconds from spawn to health SERVING and what it logged before serving."""
+    if not startup and not weight_bytes:  # results saved before these were recorded
+        return [], []
     lines, targets = ["", "## Start-up and memory", ""], []
     for i, s in enumerate(startup):
         lines.append(
