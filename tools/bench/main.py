@@ -251,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
             run["header"] += (
                 f"\n- CUDA graphs of worker@{i}: {s['graph_captures']} captures, {s['graph_replays']} replays, "
                 f"{s['graph_capture_failures']} capture failures"
+                + (f", {s['graph_eager_passes']} eager passes" if "graph_eager_passes" in s else "")
             )
     save()
     print(render_saved(args.out, everything))
