@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     tokens = prepare.token_counts(cases, candidates_of)
-    tree_tokens = {n: t[1] for n, t in prepare.token_counts(sweep_sets.get("split", []), candidates_of).items()}
+    swept = list({c.name: c for subset in sweep_sets.values() for c in subset}.values())
+    tree_tokens = {n: t[1] for n, t in prepare.token_counts(swept, candidates_of).items()}
     tree_tokens |= {n: t[1] for n, t in tokens.items()}
     worker_args = shlex.split(args.worker_args)
     config = prepare.model_config(args.model, worker_args)
