@@ -4,6 +4,7 @@
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
 #   steps: tests gdn gates-chunked kernels capacity sweep gemm gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile
+#          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
 # bench-full a call of its own.
 # The device has no package registry: carry these wheels in .whl/ (git-ignored locally via
@@ -87,6 +88,28 @@ for step in "$@"; do
     sweep) timeout 200 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/sweep \
              --worker-args "--synthetic 27b --graph-capture-after 1 --graph-cache-size 512" --arms auto --kinds choice,noul,score \
              --per-group 1 --blocks 1 --sweep 1,4,16 --sweep-seconds 8 --timeout 60 2>$OUT/sweep.log | head -20; tail -3 $OUT/sweep.log ;;
+    # Issue 13, part 1 (expected ~6-7 min: start-up ~2.5 min, 113 s of it graph capture on the 27B shape;
+    # ceilings ~10 s; ~40 first-seen requests x 3 sights ~30 s; ~43 cases x 3 arms x 3 traversals ~3 min,
+    # scaled from bench-quick's 27 s per traversal of 21 cases). First the seed-7 split
+    # (4 per kind x group) before any other traffic, then off/auto/shared and the floor at concurrency 1,
+    # then the seed-7 requests replayed twice; start-up to SERVING and peak memory from the worker.
+    bench-c1) timeout 540 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-c1 \
+             --worker-args "--synthetic 27b" --arms off,auto,shared --kinds choice,noul,score --per-group 4 --blocks 2 \
+             --first-seen-seed 7 --first-seen-per-group 4 --first-seen-replays 2 --sweep "" --timeout 120 \
+             2>$OUT/bench-c1.log | head -40; tail -3 $OUT/bench-c1.log
+             # cut short: render what results.json kept (no peak memory then)
+             [ -f $OUT/bench-c1/report.md ] || python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
+               --out $OUT/bench-c1 --report-only >/dev/null 2>>$OUT/bench-c1.log ;;
+    # Issue 13, part 2 (expected ~6-7 min: start-up ~2.5 min, then 2 sets x 4 levels x ~17 s, then the mixed
+    # run 2 x ~32 s): the auto arm's closed-loop sweep at 1/4/16/32 clients on the whole split and on its
+    # <= 512-token requests (throughput, p50, p95, matmul rate against the measured bf16 ceiling), then
+    # 8 clients of <= 512-token requests alone and beside one client looping the 16,384-token case.
+    bench-load) timeout 540 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-load \
+             --worker-args "--synthetic 27b" --arms auto --blocks 0 --sweep 1,4,16,32 --sweep-sets split,short \
+             --sweep-seconds 15 --mixed-clients 8 --mixed-seconds 30 --timeout 120 2>$OUT/bench-load.log | head -60
+             tail -3 $OUT/bench-load.log
+             [ -f $OUT/bench-load/report.md ] || python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
+               --out $OUT/bench-load --report-only >/dev/null 2>>$OUT/bench-load.log ;;
     profile) timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL \
              --out $OUT/profile.md 2>&1 | tail -30 ;;
   esac

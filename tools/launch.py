@@ -34,6 +34,8 @@ class Process:
     popen: subprocess.Popen
     port: int
     log_path: Path
+    started_at: float = 0.0  # time.monotonic() just before the process was spawned
+    serving_seconds: float | None = None  # from spawn to health SERVING, where a caller waited for it
 
     @property
     def address(self) -> str:
@@ -92,12 +94,13 @@ def start(
         command += ["--listen", "127.0.0.1:0"]
     command += ["--port-file", str(port_file)]
     log_file = open(log_path, "ab")
+    started_at = time.monotonic()
     popen = subprocess.Popen(
         command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
     )
     log_file.close()
     port = _wait_port(popen, port_file, log_path, timeout_seconds)
-    return Process(name, popen, port, log_path)
+    return Process(name, popen, port, log_path, started_at)
 
 
 def free_port() -> int:
@@ -144,6 +147,7 @@ def start_worker(
     extra_args: Sequence[str] = (),
     name: str = "worker",
     python: str | Path = sys.executable,
+    timeout_seconds: float = WORKER_START_SECONDS,
 ) -> Process:
     worker = start(
         name,
@@ -151,9 +155,10 @@ def start_worker(
         ["--model", str(model), *extra_args],
         workdir=workdir,
         python=python,
-        timeout_seconds=WORKER_START_SECONDS,
+        timeout_seconds=timeout_seconds,
     )
-    wait_serving(worker.address)
+    wait_serving(worker.address, timeout_seconds)
+    worker.serving_seconds = time.monotonic() - worker.started_at
     return worker
 
 
@@ -175,9 +180,10 @@ def start_pair(
     worker_args: Sequence[str] = (),
     frontend_args: Sequence[str] = (),
     python: str | Path = sys.executable,
+    worker_timeout_seconds: float = WORKER_START_SECONDS,
 ) -> Pair:
     """Both servers; `python` runs each of them (an installed environment's interpreter)."""
-    worker = start_worker(model, workdir, worker_args, python=python)
+    worker = start_worker(model, workdir, worker_args, python=python, timeout_seconds=worker_timeout_seconds)
     try:
         frontend = start_frontend(model, worker.address, workdir, frontend_args, python=python)
         wait_serving(frontend.address)

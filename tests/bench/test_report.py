@@ -26,7 +26,9 @@ def test_targets_on_the_whole_split():
     text = "\n".join(report.targets(results, cases, "ours-auto", floors))
     mean = (0.055 * (len(cases) - 74) + 0.030 * 74) / len(cases)  # 74 noul requests in the split
     assert f"= {mean / 0.050:.2f}x | met |" in text
-    assert "| noul mean < 40 ms | 30.0 ms | met |" in text
+    assert "| noul mean <= 40 ms | 30.0 ms | met |" in text
+    assert "| p50 <= 1.3x floor p50 | 55.0 ms / 50.0 ms = 1.10x | met |" in text
+    assert "| choice 1-128 mean <= 1.4x its floor | 55.0 ms / 50.0 ms = 1.10x | met |" in text
     assert f"{0.700 / mean:.1f}x over {2 * len(cases)} paired requests | met |" in text
     assert "Estimated for the whole split" not in text  # nothing to weight: the whole split ran
 
@@ -40,7 +42,8 @@ def test_targets_missed_and_split_weighted_estimate():
     assert "missed by" in text and "transformers" not in text
     # weighted by the split's counts (120 of 231 requests are 1-128 tokens) the mean is lower
     weighted = (120 * 0.020 + 111 * 0.200) / 231
-    assert f"| mean <= 1.15x floor | {1e3 * weighted:.1f} ms / 10.0 ms" in text
+    assert f"| mean <= 1.5x floor | {1e3 * weighted:.1f} ms / 10.0 ms" in text
+    assert "| choice 1-128 mean <= 1.4x its floor | 20.0 ms / 10.0 ms = 2.00x | missed by 43% |" in text
 
 
 def test_render_saved_leaves_out_early_blocks(tmp_path):

@@ -1,12 +1,10 @@
 """Timing requests through the frontend: one persistent client per arm, arms interleaved in
-repeated blocks in a shuffled order, a warm-up traversal reported separately, and a
-concurrency sweep."""
+repeated blocks in a shuffled order, a warm-up traversal reported separately. Load from several
+clients at once is in load.py."""
 
 from __future__ import annotations
 
 import random
-import statistics
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -46,7 +44,21 @@ class Sample:
 @dataclass
 class Results:
     samples: list[Sample] = field(default_factory=list)
-    sweep: list[dict] = field(default_factory=list)
+    sweep: list[dict] = field(default_factory=list)  # load.concurrency_sweep rows
+    # a workload of another seed, never sent before: its warm-up block (-1) ran first after start-up
+    first_seen: list[Sample] = field(default_factory=list)
+    mixed: list[dict] = field(default_factory=list)  # load.mixed_run rows
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between the closest ranks; nan for no values."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 class _Client:
@@ -88,14 +100,16 @@ def run_blocks(
     timeout: float = 600.0,
     progress=print,
     after_block=lambda results: None,
+    into: Results | None = None,
 ) -> Results:
-    """after_block(results) runs after every traversal, so a run cut short keeps what it measured."""
+    """after_block(results) runs after every traversal, so a run cut short keeps what it measured;
+    into: Results whose samples grow (a new one when None)."""
     import json
 
     texts = {case.name: json.dumps(case.request, ensure_ascii=False) for case in cases}
     clients = [_Client(arm) for arm in arms]
     rng = random.Random(seed)
-    results = Results()
+    results = Results() if into is None else into
     for block in range(-1, blocks):
         order = list(cases)
         rng.shuffle(order)
@@ -112,61 +126,3 @@ def run_blocks(
     for client in clients:
         client.channel.close()
     return results
-
-
-def _closed_loop(
-    arm: Arm, texts: list[tuple[Case, str]], level: int, seconds: float, timeout: float
-) -> tuple[list[float], int, float]:
-    """`level` clients each send the cases in turn for `seconds`: (sorted OK latencies in seconds,
-    failed requests, elapsed seconds)."""
-    latencies: list[float] = []
-    errors = 0
-    lock = threading.Lock()
-    stop_at = time.perf_counter() + seconds
-
-    def loop(offset: int) -> None:
-        nonlocal errors
-        client = _Client(arm)
-        i = offset
-        while time.perf_counter() < stop_at:
-            case, text = texts[i % len(texts)]
-            sample = client.send(case, text, 0, timeout)
-            with lock:
-                if sample.status == "OK":
-                    latencies.append(sample.latency_seconds)
-                else:
-                    errors += 1
-            i += level
-        client.channel.close()
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=loop, args=(k,)) for k in range(level)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sorted(latencies), errors, time.perf_counter() - started
-
-
-def concurrency_sweep(
-    arm: Arm, cases: list[Case], levels=(1, 4, 16), *, seconds_per_level: float = 20.0, timeout: float = 600.0
-) -> list[dict]:
-    """Closed loop: `level` clients each send the cases in turn for a bounded time."""
-    import json
-
-    texts = [(case, json.dumps(case.request, ensure_ascii=False)) for case in cases]
-    rows = []
-    for level in levels:
-        latencies, errors, elapsed = _closed_loop(arm, texts, level, seconds_per_level, timeout)
-        rows.append(
-            {
-                "clients": level,
-                "requests": len(latencies),
-                "errors": errors,
-                "throughput_rps": len(latencies) / elapsed,
-                "p50_ms": 1e3 * latencies[len(latencies) // 2] if latencies else float("nan"),
-                "p95_ms": 1e3 * latencies[int(0.95 * (len(latencies) - 1))] if latencies else float("nan"),
-                "mean_ms": 1e3 * statistics.fmean(latencies) if latencies else float("nan"),
-            }
-        )
-    return rows

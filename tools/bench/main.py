@@ -1,14 +1,17 @@
 """`openjev bench`: the JevBench-shaped workload through the frontend, arms side by side.
 
-python -m openjev.tools.bench.main --model .openjev/demo-model --out docs/benchmarks/cpu-demo --subset 24
+python -m openjev.tools.bench.main --model .openjev/demo-model --out docs/benchmarks/cpu-demo --per-group 2
 (on a GPU) ... --worker-args "--synthetic 27b" --arms off,auto,shared,transformers
+
+One run, in this order on one worker: first-seen requests (a workload of another seed, before any
+other traffic), the arms at concurrency 1 in interleaved blocks, the first-seen requests replayed,
+the concurrency sweep, the mixed run; then start-up time and peak memory from the worker's log.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import shlex
@@ -19,134 +22,15 @@ from pathlib import Path
 
 from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
 from openjev.tools import launch
-from openjev.tools.bench import harness, report, workload
+from openjev.tools.bench import harness, load, prepare, roofline, worker_log, workload
+from openjev.tools.bench.prepare import longest_tokens_fn, stratified  # noqa: F401 (imported from here)
+from openjev.tools.bench.saved import render_saved, write
 
 # Arm name -> the policy its requests carry.
 POLICY_ARMS: dict[str, PrefixPolicy] = {policy: policy for policy in PREFIX_POLICIES}
 
 
-def longest_tokens_fn(model: Path):
-    from openjev.contract.request import parse_request
-    from openjev.export import load_export_meta
-    from openjev.tokenizer import PromptTokenizer
-
-    meta = load_export_meta(model)
-    tokenizer = PromptTokenizer.from_export(model)
-
-    def candidates(request: dict) -> list[list[list[int]]]:
-        decision = parse_request(request, accepted_models=meta.accepted_model_names)
-        return [tokenizer.encode(list(q.prompts)) for q in decision.questions]
-
-    return meta, candidates, lambda request: max(len(ids) for q in candidates(request) for ids in q)
-
-
-def stratified(cases: list[workload.Case], per_group: int) -> list[workload.Case]:
-    seen: dict[str, int] = {}
-    chosen = []
-    for case in cases:
-        key = report.group_of(case)
-        if seen.get(key, 0) < per_group:
-            chosen.append(case)
-            seen[key] = seen.get(key, 0) + 1
-    return chosen
-
-
-def model_config(model: Path, worker_args: list[str]):
-    if "--synthetic" in worker_args:
-        from openjev.worker.cuda.fused_weights import shape_config
-
-        return shape_config(worker_args[worker_args.index("--synthetic") + 1])
-    from openjev.worker.checkpoint.config import load_model_config
-
-    return load_model_config(model)
-
-
-def worker_exit_stats(log_text: str) -> dict:
-    """The worker's last words: peak device memory and CUDA graph counts (empty without a GPU)."""
-    for line in reversed(log_text.splitlines()):
-        if '"peak_memory"' in line:
-            return json.loads(line)
-    return {}
-
-
-def token_counts(cases, candidates_of) -> dict[str, tuple[int, int]]:
-    """case -> (tokens submitted, tokens of the shared token tree: what the floor computes)."""
-    from openjev.worker.planner.plan import PackLimits
-    from openjev.worker.planner.policy import plan_request
-
-    tokens = {}
-    for case in cases:
-        ids = candidates_of(case.request)
-        tokens[case.name] = (
-            sum(len(t) for q in ids for t in q),
-            plan_request(ids, "shared", PackLimits()).num_computed_tokens,
-        )
-    return tokens
-
-
-def write(out: Path, results, peak, floors, tokens, ceilings, header: str) -> None:
-    (out / "results.json").write_text(
-        json.dumps(
-            {
-                "samples": [s.__dict__ for s in results.samples],
-                "sweep": results.sweep,
-                "tokens": tokens,
-                "floors": floors,
-                "peak_memory_bytes": peak,
-                "header": header,
-                "ceilings": ceilings.__dict__ if ceilings else None,
-            },
-            indent=0,
-        )
-    )
-
-
-def measure_floors(model: Path, worker_args: list[str], tokens):
-    """(ceilings, case -> floor seconds), both None without a GPU. Measured before the servers
-    start, so that the ceilings see an idle card and a run cut short still has its floors."""
-    try:
-        import torch
-    except ImportError:
-        return None, None
-    if not torch.cuda.is_available():
-        return None, None
-    from openjev.tools.bench import roofline
-
-    ceilings = roofline.measure_ceilings()
-    config = model_config(model, worker_args)
-    floors = {name: roofline.floor_seconds(config, t[1], ceilings) for name, t in tokens.items()}
-    torch.cuda.empty_cache()
-    return ceilings, floors
-
-
-def render_saved(out: Path, cases: list[workload.Case], from_block: int = 0, name: str = "report") -> str:
-    """NAME.md and its latency plot from out/results.json (e.g. of a run that was cut short); timed blocks
-    before from_block (0-based) are left out of the tables."""
-    saved = json.loads((out / "results.json").read_text())
-    samples = [harness.Sample(**s) for s in saved["samples"]]
-    results = harness.Results([s for s in samples if s.block < 0 or s.block >= from_block], saved["sweep"])
-    arms = list(dict.fromkeys(s.arm for s in results.samples))
-    names = {s.case for s in results.samples}
-    cases = [c for c in cases if c.name in names]
-    reference = "ours-auto" if "ours-auto" in arms else arms[0]
-    header = saved["header"] + (
-        f"\n- this report leaves out the first {from_block} timed block(s)" if from_block else ""
-    )
-    text = report.render(
-        results,
-        cases,
-        arms,
-        reference_arm=reference,
-        floors=saved["floors"],
-        tokens={k: tuple(v) for k, v in saved["tokens"].items()},
-        header=header,
-    )
-    (out / f"{name}.md").write_text(text)
-    report.plot(results, cases, arms, out / (f"latency-from-block{from_block}.png" if from_block else "latency.png"))
-    return text
-
-
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="openjev bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -158,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--arms", default="off,auto,shared", help="comma list of policies of our worker, plus 'transformers'"
     )
-    p.add_argument("--blocks", type=int, default=3)
+    p.add_argument("--blocks", type=int, default=3, help="timed blocks at concurrency 1 (0: none, nor their warm-up)")
     p.add_argument("--per-group", type=int, default=0, help="at most this many cases per kind x group (0: all)")
     p.add_argument(
         "--kinds", default="", help="comma list: only cases of these kinds (choice, noul, score, multi, capacity)"
@@ -170,8 +54,24 @@ def main(argv: list[str] | None = None) -> None:
         help="the transformers arm runs only this many cases per kind x group (0: as many as the others)",
     )
     p.add_argument("--worker-args", default="", help="extra flags for the workers, e.g. '--synthetic 27b'")
-    p.add_argument("--sweep", default="1,4,16", help="concurrency levels of the auto arm ('' to skip)")
-    p.add_argument("--sweep-seconds", type=float, default=20.0)
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=launch.WORKER_START_SECONDS,
+        help="seconds a worker may take to say SERVING",
+    )
+    p.add_argument(
+        "--first-seen-seed", type=int, default=-1, help="seed of a split never sent before, run first (-1: skip)"
+    )
+    p.add_argument("--first-seen-per-group", type=int, default=0, help="its cases per kind x group (0: all 231)")
+    p.add_argument("--first-seen-replays", type=int, default=2, help="replays of it after the timed blocks")
+    p.add_argument("--sweep", default="1,4,16,32", help="client counts of the auto arm's sweep ('' to skip)")
+    p.add_argument(
+        "--sweep-sets", default="split,short", help="split: the whole JevBench split; short: its <= 512 tokens"
+    )
+    p.add_argument("--sweep-seconds", type=float, default=20.0, help="per level and set")
+    p.add_argument("--mixed-clients", type=int, default=0, help="short-request clients of the mixed run (0: skip)")
+    p.add_argument("--mixed-seconds", type=float, default=30.0, help="each of its two halves (alone, with long)")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--report-only", action="store_true", help="render report.md from --out/results.json and stop")
     p.add_argument(
@@ -180,53 +80,34 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="with --report-only: leave out timed blocks before this one (0-based), writing report-from-blockN.md",
     )
-    args = p.parse_args(argv)
+    return p
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    meta, candidates_of, longest = longest_tokens_fn(args.model)
-    saved_workload = args.out / "workload.jsonl"  # what a run without --workload generated
-    if args.workload and args.workload.exists():
-        cases = workload.read_jsonl(args.workload)
-    elif args.report_only and saved_workload.exists():
-        cases = workload.read_jsonl(saved_workload)
-    else:
-        cases = (
-            workload.jevbench_cases(longest)
-            + workload.multi_question_cases(longest)
-            + workload.capacity_cases(longest, meta.max_length)
-        )
-        workload.write_jsonl(cases, saved_workload)
-    if args.report_only:
-        name = f"report-from-block{args.from_block}" if args.from_block else "report"
-        print(render_saved(args.out, cases, args.from_block, name))
-        return
-    if args.kinds:
-        cases = [c for c in cases if c.kind in args.kinds.split(",")]
-    if args.per_group:
-        cases = stratified(cases, args.per_group)
-    print(f"{len(cases)} cases", file=sys.stderr)
 
-    tokens = token_counts(cases, candidates_of)
-    worker_args = shlex.split(args.worker_args)
-    ceilings, floors = measure_floors(args.model, worker_args, tokens)
+def _header(args, argv, cases, ceilings, extra: list[str]) -> str:
     # The device machine gets a copy of the tree whose git may not match it: the caller names it.
     commit = (
         os.environ.get("OPENJEV_COMMIT")
         or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     )
     card = ceilings.device if ceilings else f"CPU ({platform.processor() or platform.machine()})"
-    header = "\n".join(
+    hf_only = args.transformers_per_group and "transformers" in args.arms.split(",")
+    command = " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    return "\n".join(
         [
             f"# Benchmark {datetime.date.today().isoformat()}",
             "",
-            f"- command: `python -m openjev.tools.bench.main {shlex.join(argv or sys.argv[1:])}`",
+            f"- command: `python -m openjev.tools.bench.main {command}`",
             f"- card: {card}; commit {commit or 'unknown'}; worker flags: `{args.worker_args or '(none)'}`",
-            f"- {len(cases)} cases, {args.blocks} timed blocks after one warm-up traversal; concurrency 1 per arm, "
-            "one persistent client per arm, arms interleaved per case in a shuffled order"
+            (
+                f"- {len(cases)} cases, {args.blocks} timed blocks after one warm-up traversal; concurrency 1 per arm, "
+                "one persistent client per arm, arms interleaved per case in a shuffled order"
+                if cases
+                else "- no concurrency-1 blocks"
+            )
             + (
-                f"; the transformers arm on {args.transformers_per_group} cases per kind x group only "
-                "(ratios to it are paired on those cases)"
-                if args.transformers_per_group and "transformers" in args.arms.split(",")
+                f"; the transformers arm on {args.transformers_per_group} cases per kind x group only (ratios to it "
+                "are paired on those cases)"
+                if hf_only
                 else ""
             ),
             (
@@ -235,65 +116,148 @@ def main(argv: list[str] | None = None) -> None:
                 if ceilings
                 else "- no GPU: no roofline floor"
             ),
+            *extra,
         ]
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta, candidates_of, longest = longest_tokens_fn(args.model)
+    saved_workload = args.out / "workload.jsonl"  # what a run without --workload generated
+    if args.workload and args.workload.exists():
+        everything = workload.read_jsonl(args.workload)
+    elif args.report_only and saved_workload.exists():
+        everything = workload.read_jsonl(saved_workload)
+    else:
+        everything = prepare.generated(longest, meta.max_length)
+        workload.write_jsonl(everything, saved_workload)
+    if args.report_only:
+        name = f"report-from-block{args.from_block}" if args.from_block else "report"
+        print(render_saved(args.out, everything, args.from_block, name))
+        return
+    cases = [c for c in everything if not args.kinds or c.kind in args.kinds.split(",")]
+    cases = stratified(cases, args.per_group) if args.per_group else cases
+    cases = cases if args.blocks > 0 else []
+    levels = [int(x) for x in args.sweep.split(",") if x]
+    sweep_sets = {k: v for k, v in prepare.split_sets(everything).items() if levels and k in args.sweep_sets.split(",")}
+    first_seen = []
+    if args.first_seen_seed >= 0:
+        first_seen = workload.jevbench_cases(longest, args.first_seen_seed)
+        first_seen = stratified(first_seen, args.first_seen_per_group) if args.first_seen_per_group else first_seen
+    long_cases = [c for c in everything if c.kind == "capacity" and c.group == "16k"] if args.mixed_clients else []
+    print(
+        f"{len(cases)} cases; first-seen {len(first_seen)}; sweep sets "
+        + ", ".join(f"{k} {len(v)}" for k, v in sweep_sets.items())
+        + f"; mixed: {len(long_cases)} long",
+        file=sys.stderr,
+    )
+
+    tokens = prepare.token_counts(cases, candidates_of)
+    swept = list({c.name: c for subset in sweep_sets.values() for c in subset}.values())
+    tree_tokens = {n: t[1] for n, t in prepare.token_counts(swept, candidates_of).items()}
+    tree_tokens |= {n: t[1] for n, t in tokens.items()}
+    worker_args = shlex.split(args.worker_args)
+    config = prepare.model_config(args.model, worker_args)
+    ceilings, floors = prepare.measure_floors(config, tokens)
+    extra = []
+    if first_seen:
+        extra.append(
+            f"- first-seen: {len(first_seen)} split requests of seed {args.first_seen_seed}, sent once before any "
+            f"other traffic, replayed {args.first_seen_replays}x after the timed blocks"
+        )
+    if levels:
+        extra.append(f"- sweep: {args.sweep} clients x {args.sweep_seconds:.0f} s on {', '.join(sweep_sets)}")
+    if long_cases:
+        extra.append(f"- mixed run: {args.mixed_clients} short clients, {args.mixed_seconds:.0f} s alone and with long")
+    run = {
+        "header": _header(args, argv, cases, ceilings, extra),
+        "tokens": tokens,
+        "floors": floors,
+        "ceilings": ceilings.__dict__ if ceilings else None,
+        "matmul_parameters": roofline.matmul_parameters(config),
+        "weight_bytes": roofline.weight_bytes_resident(config),
+        "first_seen_seed": args.first_seen_seed if first_seen else None,
+        "startup": [],
+        "peak_memory_bytes": [],
+    }
     arm_names = args.arms.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="openjev-bench-"))
     pairs, arms = [], []
+    results = harness.Results()
+    say = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    save = lambda _=None: write(args.out, results, run)  # noqa: E731
     try:
-        ours = launch.start_pair(args.model, workdir / "ours", worker_args=worker_args)
+        ours = launch.start_pair(
+            args.model, workdir / "ours", worker_args=worker_args, worker_timeout_seconds=args.start_timeout
+        )
         pairs.append(ours)
-        arms += [
-            harness.Arm(f"ours-{name}", ours.frontend.address, POLICY_ARMS[name])
-            for name in arm_names
-            if name in POLICY_ARMS
-        ]
+        say(f"worker SERVING after {ours.worker.serving_seconds:.1f} s")
+        arms += [harness.Arm(f"ours-{n}", ours.frontend.address, POLICY_ARMS[n]) for n in arm_names if n in POLICY_ARMS]
+        auto = next((a for a in arms if a.name == "ours-auto"), arms[0])
+        fresh = harness.Results()
+        if first_seen:
+            # before anything else reaches the worker: what real traffic meets
+            harness.run_blocks([auto], first_seen, blocks=0, seed=1, progress=say, into=fresh, timeout=args.timeout)
+            results.first_seen = fresh.samples
+            save()
         if "transformers" in arm_names:
             hf = launch.start_pair(
-                args.model, workdir / "transformers", worker_args=worker_args + ["--backend", "transformers"]
+                args.model,
+                workdir / "transformers",
+                worker_args=worker_args + ["--backend", "transformers"],
+                worker_timeout_seconds=args.start_timeout,
             )
             pairs.append(hf)
-            only = (
-                frozenset(c.name for c in stratified(cases, args.transformers_per_group))
-                if args.transformers_per_group
-                else None
-            )
+            per = args.transformers_per_group
+            only = frozenset(c.name for c in stratified(cases, per)) if per else None
             arms.append(harness.Arm("transformers", hf.frontend.address, None, only))
-        results = harness.run_blocks(
-            arms,
-            cases,
-            blocks=args.blocks,
-            timeout=args.timeout,
-            progress=lambda m: print(m, file=sys.stderr),
-            after_block=lambda r: write(args.out, r, [], floors, tokens, ceilings, header),
-        )
-        auto = next((a for a in arms if a.name == "ours-auto"), arms[0])
-        if args.sweep:
-            for row in harness.concurrency_sweep(
-                auto,
-                cases,
-                [int(x) for x in args.sweep.split(",")],
-                seconds_per_level=args.sweep_seconds,
+        if cases:
+            harness.run_blocks(
+                arms, cases, blocks=args.blocks, timeout=args.timeout, progress=say, after_block=save, into=results
+            )
+        if first_seen and args.first_seen_replays:
+            replay = harness.Results()
+            blocks = args.first_seen_replays - 1  # run_blocks' own warm-up traversal is the first replay
+            harness.run_blocks([auto], first_seen, blocks=blocks, seed=2, progress=say, into=replay)
+            for sample in replay.samples:
+                sample.block += 1
+            results.first_seen += replay.samples
+            save()
+        for name, subset in sweep_sets.items():
+            results.sweep += load.concurrency_sweep(
+                auto, subset, levels, label=name, tree_tokens=tree_tokens, seconds_per_level=args.sweep_seconds,
                 timeout=args.timeout,
-            ):
-                results.sweep.append({"arm": auto.name, **row})
+            )  # fmt: skip
+            rows = [r for r in results.sweep if r["set"] == name]
+            say(f"sweep {name}: " + ", ".join(f"{r['clients']}: {r['throughput_rps']:.2f} req/s" for r in rows))
+            save()
+        if long_cases:
+            short = sweep_sets.get("short") or prepare.split_sets(everything)["short"]
+            results.mixed = load.mixed_run(
+                auto, short, long_cases, clients=args.mixed_clients, seconds=args.mixed_seconds, timeout=args.timeout
+            )
+            alone, beside = results.mixed
+            say(f"mixed: short p95 {alone['p95_ms']:.1f} ms alone, {beside['p95_ms']:.1f} with long")
     finally:
         for pair in pairs:
             pair.stop()
-    stats = [worker_exit_stats(pair.worker.log_text()) for pair in pairs]
-    peak = [s.get("device_bytes") for s in stats]
-    header += "\n- peak device memory per worker: " + ", ".join(
-        f"{pair.worker.name}@{i}: " + (f"{b / 2**30:.1f} GiB" if b else "n/a")
-        for i, (pair, b) in enumerate(zip(pairs, peak, strict=True))
-    )
-    for i, s in enumerate(stats):
+        run["startup"] = [
+            worker_log.startup(p.worker.log_text(), p.worker.serving_seconds, p.worker.name) for p in pairs
+        ]
+        run["peak_memory_bytes"] = [worker_log.exit_stats(p.worker.log_text()).get("device_bytes") for p in pairs]
+        save()
+    for i, pair in enumerate(pairs):
+        s = worker_log.exit_stats(pair.worker.log_text())
         if "graph_captures" in s:
-            header += (
+            run["header"] += (
                 f"\n- CUDA graphs of worker@{i}: {s['graph_captures']} captures, {s['graph_replays']} replays, "
                 f"{s['graph_capture_failures']} capture failures"
+                + (f", {s['graph_eager_passes']} eager passes" if "graph_eager_passes" in s else "")
             )
-    write(args.out, results, peak, floors, tokens, ceilings, header)
-    print(render_saved(args.out, cases))
+    save()
+    print(render_saved(args.out, everything))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def model_size(config: ModelConfig) -> tuple[int, int]:
     """(weight bytes read per pass in bf16, parameters in matrix products). The embedding table is
     a row gather, not a read of the whole table nor a matrix product, so it counts in neither."""
     params = sum(_numel(shape) for name, shape in expected_shapes(config).items() if name != "embed_tokens.weight")
-    return 2 * params, params
+    return 2 * params, matmul_parameters(config)
 
 
 def floor_seconds(config: ModelConfig, tokens_computed: int, ceilings: Ceilings) -> float:
@@ -68,3 +68,23 @@ def _numel(shape) -> int:
     for s in shape:
         n *= s
     return n
+
+
+def matmul_parameters(config: ModelConfig) -> int:
+    """Weights that every token multiplies in a matrix product. The embedding is a row lookup and
+    the norms, conv1d taps and GDN gate parameters are element-wise, so none of them count; the judge's head is one
+    vector dotted with a few rows, so it counts neither."""
+    d, inter = config.hidden_size, config.intermediate_size
+    mlp = 3 * d * inter  # gate, up, down
+    gdn = d * (config.linear_conv_dim + config.linear_value_dim + 2 * config.linear_num_value_heads)  # qkv, z, b, a
+    gdn += config.linear_value_dim * d  # out_proj
+    hq, hkv, dh = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    attention = d * (2 * hq * dh + 2 * hkv * dh) + hq * dh * d  # q (with its gate), k, v; o
+    per_kind = {"linear_attention": gdn, "full_attention": attention}
+    return sum(mlp + per_kind[kind] for kind in config.layer_types)
+
+
+def weight_bytes_resident(config: ModelConfig) -> int:
+    """bf16 bytes of every weight on the device, the embedding table included (the memory target
+    is peak <= this + 12 GiB)."""
+    return 2 * sum(_numel(shape) for shape in expected_shapes(config).values())
