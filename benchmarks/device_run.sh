@@ -65,7 +65,7 @@ for step in "$@"; do
              --worker-args "--synthetic 27b" 2>$OUT/bench-quick.log | tail -45
          grep -h '"graphs_ready"\|"warm"\|"peak_memory"' /tmp/openjev-bench-*/ours/worker.log | tee -a $OUT/bench-quick.log ;;
     quick-gates) timeout 150 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
-             --synthetic 27b --layers 8 --oracle-cases 5 --limit 40 --out $OUT/gpu-gates.md 2>/tmp/gates.log | tail -12
+             --synthetic 27b --layers 8 --oracle-cases 0 --limit 30 --out $OUT/gpu-gates.md 2>/tmp/gates.log | tail -14
          tail -3 /tmp/gates.log ;;
     gates) timeout 300 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
              --synthetic 27b --layers 8 --oracle-cases 20 --limit 100 --out $OUT/gpu-gates.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
@@ -93,9 +93,9 @@ for step in "$@"; do
     # scaled from bench-quick's 27 s per traversal of 21 cases). First the seed-7 split
     # (4 per kind x group) before any other traffic, then off/auto/shared and the floor at concurrency 1,
     # then the seed-7 requests replayed twice; start-up to SERVING and peak memory from the worker.
-    bench-c1) timeout 540 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-c1 \
-             --worker-args "--synthetic 27b" --arms off,auto,shared --kinds choice,noul,score --per-group 4 --blocks 2 \
-             --first-seen-seed 7 --first-seen-per-group 4 --first-seen-replays 2 --sweep "" --timeout 120 \
+    bench-c1) timeout 420 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-c1 \
+             --worker-args "--synthetic 27b" --arms off,auto,shared --kinds choice,noul,score --per-group 3 --blocks 2 \
+             --first-seen-seed 7 --first-seen-per-group 3 --first-seen-replays 2 --sweep "" --timeout 120 \
              2>$OUT/bench-c1.log | head -40; tail -3 $OUT/bench-c1.log
              # cut short: render what results.json kept (no peak memory then)
              [ -f $OUT/bench-c1/report.md ] || python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
