@@ -22,8 +22,6 @@ log = logs.get("openjev.serving")
 # 64 MiB: a request of 65,536 candidates' token ids fits; anything larger is refused by gRPC
 # itself with RESOURCE_EXHAUSTED before it reaches a servicer.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-# Open HTTP/2 streams one client connection may hold; more wait on the client's side.
-MAX_STREAMS_PER_CONNECTION = 100
 # A connection with no call for this long is closed (its client reconnects when it needs to).
 MAX_CONNECTION_IDLE_MS = 5 * 60 * 1000
 # Servers ping each connection this often and drop it when no answer comes in time, so a vanished
@@ -119,7 +117,9 @@ def build_server(
         # Exclusive bind: gRPC sets SO_REUSEPORT by default, and a second server on a busy port
         # then silently shared its connections.
         ("grpc.so_reuseport", 0),
-        ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        # No per-connection stream cap (grpc.max_concurrent_streams): under sustained load from
+        # 32 clients both servers began refusing every new stream (RST_STREAM REFUSED_STREAM)
+        # and never recovered. The per-class call caps below bound the calls in all.
         ("grpc.max_connection_idle_ms", MAX_CONNECTION_IDLE_MS),
         ("grpc.keepalive_time_ms", SERVER_KEEPALIVE_MS),
         ("grpc.keepalive_timeout_ms", SERVER_KEEPALIVE_TIMEOUT_MS),
