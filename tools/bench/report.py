@@ -35,6 +35,8 @@ def _verdict(value: float, limit: float, below: bool) -> str:
         return "not measured"
     if (value <= limit) if below else (value >= limit):
         return "met"
+    if value == 0 or limit == 0:
+        return "missed"
     return f"missed by {100 * (value / limit - 1 if below else limit / value - 1):.0f}%"
 
 

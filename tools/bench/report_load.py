@@ -110,7 +110,7 @@ def sweep(rows: list[dict], matmul_parameters: int | None, ceiling: float | None
     for name in dict.fromkeys(r.get("set", "") for r in rows):
         by_level = {r["clients"]: r["throughput_rps"] for r in rows if r.get("set", "") == name}
         low, high = min(by_level), max(by_level)
-        if high > low:
+        if high > low and by_level[low] > 0:
             lines.append(
                 f"\n{SWEEP_SETS.get(name, name)}: throughput x{by_level[high] / by_level[low]:.2f} "
                 f"from {low} to {high} clients."
