@@ -106,7 +106,7 @@ for step in "$@"; do
     # 8 clients of <= 512-token requests alone and beside one client looping the 16,384-token case.
     bench-load) timeout 540 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-load \
              --worker-args "--synthetic 27b" --arms auto --blocks 0 --sweep 1,4,16,32 --sweep-sets split,short \
-             --sweep-seconds 15 --mixed-clients 8 --mixed-seconds 30 --timeout 120 2>$OUT/bench-load.log | head -60
+             --sweep-seconds 10 --mixed-clients 8 --mixed-seconds 20 --timeout 120 2>$OUT/bench-load.log | head -60
              tail -3 $OUT/bench-load.log
              [ -f $OUT/bench-load/report.md ] || python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
                --out $OUT/bench-load --report-only >/dev/null 2>>$OUT/bench-load.log ;;
