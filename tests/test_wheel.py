@@ -120,11 +120,12 @@ def test_installed_pair_answers_the_contract_example(base_env, demo_model, tmp_p
     )
     assert installed.resolve().is_relative_to(base_env.parent.parent.resolve()), installed
 
-    # the kernels' sources load through importlib.resources from the installed copy
+    # the kernels' sources load from the installed copy: openjev.kernels is a namespace package
+    # (cuda/ has no __init__.py), and kernel_folder() is where its one portion was installed
     code = (
-        "import importlib.resources, json; from openjev.worker.cuda import kernels; "
+        "import json; from openjev.worker.cuda import kernels; "
         f"print(json.dumps({{n: kernels.kernel_source(n[:-3]) for n in {KERNELS!r}}})); "
-        "print(importlib.resources.files('openjev.kernels'))"
+        "print(kernels.kernel_folder())"
     )
     sources, location = _run(base_env, "-c", code, env={**os.environ, **worker_env}).splitlines()
     assert Path(location).resolve().is_relative_to(base_env.parent.parent.resolve())

@@ -187,15 +187,16 @@ class Scheduler:
         for p in picked:
             chosen.setdefault(p.owner, set()).add(p.segment)
         kept = {owner: kept_after_pass(jobs[owner].tree, segs) for owner, segs in chosen.items()}
-        runs = []
+        runs: list[SegmentRun] = []
         for p in picked:
             job, segment = jobs[p.owner], jobs[p.owner].plan.segments[p.segment]
-            from_earlier = segment.parent is not None and p.parent_in_pass is None
+            # a parent run in an earlier pass hands over its kept state; one in this pass is read in place
+            parent = segment.parent if p.parent_in_pass is None else None
             runs.append(
                 SegmentRun(
                     token_ids=segment.token_ids,
                     start_position=segment.start_position,
-                    parent_state=job.states[segment.parent] if from_earlier else None,
+                    parent_state=job.states[parent] if parent is not None else None,
                     keep_state=p.segment in kept[p.owner],
                     read_head=bool(segment.readers),
                     parent_in_pass=p.parent_in_pass,

@@ -26,13 +26,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from openjev import abi
-from openjev.contract.literals import PREFIX_POLICIES
+from openjev.contract.literals import PREFIX_POLICIES, QuestionKind
 from openjev.contract.request import MAX_CANDIDATES, MAX_CHOICE_CANDIDATES, MAX_SCORE_LEVELS, MIN_SCORE_LEVELS
 from openjev.v1 import decision_pb2 as api
 from openjev.worker.v1 import worker_pb2 as wire
 
 # Candidates per question by kind, as the request contract allows them.
-CANDIDATES_PER_KIND = {
+CANDIDATES_PER_KIND: dict[QuestionKind, tuple[int, int]] = {
     "noul": (1, 1),
     "choice": (1, MAX_CHOICE_CANDIDATES),
     "score": (MIN_SCORE_LEVELS, MAX_SCORE_LEVELS),
@@ -56,7 +56,7 @@ class StreamLimits:
 @dataclass(frozen=True)
 class Collected:
     header: wire.ExecuteHeader
-    kinds: tuple[str, ...]
+    kinds: tuple[QuestionKind, ...]
     candidates: tuple[tuple[array, ...], ...]  # [question][candidate] -> array('I') of ids
     num_tokens: int
 
@@ -65,7 +65,7 @@ def collect(messages: Iterable[wire.ExecuteRequest], limits: StreamLimits) -> Co
     """Read the stream up to its commit. None when it ended without one (the frontend found the
     request invalid part-way through tokenizing, or the client went away)."""
     header: wire.ExecuteHeader | None = None
-    kinds: tuple[str, ...] = ()
+    kinds: tuple[QuestionKind, ...] = ()
     slots: list[list[array | None]] = []
     missing = 0
     num_tokens = 0
@@ -112,12 +112,12 @@ def collect(messages: Iterable[wire.ExecuteRequest], limits: StreamLimits) -> Co
     return None
 
 
-def _check_header(header: wire.ExecuteHeader, limits: StreamLimits) -> tuple[str, ...]:
+def _check_header(header: wire.ExecuteHeader, limits: StreamLimits) -> tuple[QuestionKind, ...]:
     if header.prefix_policy not in _KNOWN_POLICIES:
         raise BadStream(f"unknown prefix policy {header.prefix_policy}")
     if not 1 <= len(header.questions) <= limits.max_questions:
         raise BadStream(f"{len(header.questions)} questions; the worker takes 1 to {limits.max_questions}")
-    kinds = []
+    kinds: list[QuestionKind] = []
     total = 0
     for index, question in enumerate(header.questions):
         try:

@@ -18,7 +18,7 @@ from pathlib import Path
 from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
 from openjev.tools.bench import workload
 from openjev.tools.bench.main import longest_tokens_fn
-from openjev.worker.engine import Engine, QuestionWork
+from openjev.worker.engine import Engine, ExecutionResult, QuestionWork
 from openjev.worker.planner.cost import default_cost_model
 
 # Every policy but the reference it is compared against.
@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         "cases": 0,
     }
     submitted = 0
-    alone: dict[tuple[int, str], list[list[float]]] = {}  # (case, policy) -> head scores run alone
-    works = []
+    alone: dict[tuple[int, PrefixPolicy], list[list[float]]] = {}  # (case, policy) -> head scores run alone
+    works: list[list[QuestionWork]] = []
     for index, case in enumerate(cases):
         if index % 25 == 0:
             print(f"gates: {index}/{len(cases)} requests", file=sys.stderr, flush=True)
@@ -263,14 +263,22 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(0 if passed else 1)
 
 
-def batch_invariance(engine: Engine, works, alone, temperature: float, clients: int, seed: int) -> dict[str, int]:
+def batch_invariance(
+    engine: Engine,
+    works: list[list[QuestionWork]],
+    alone: dict[tuple[int, PrefixPolicy], list[list[float]]],
+    temperature: float,
+    clients: int,
+    seed: int,
+) -> dict[str, int]:
     """Every request again, `clients` at a time through the same engine (so they share forward
     passes) under a random policy each, compared bit for bit with the same request run alone."""
     rng = random.Random(seed)
-    jobs = [(index, rng.choice(("off", *POLICIES))) for index in range(len(works))]
+    choices: tuple[PrefixPolicy, ...] = ("off", *POLICIES)
+    jobs = [(index, rng.choice(choices)) for index in range(len(works))]
     jobs = [(index, policy) for index, policy in jobs if (index, policy) in alone]
 
-    def one(job: tuple[int, str]):
+    def one(job: tuple[int, PrefixPolicy]) -> tuple[tuple[int, PrefixPolicy], ExecutionResult | None]:
         index, policy = job
         try:
             return job, engine.execute(works[index], temperature=temperature, policy=policy)

@@ -29,7 +29,7 @@ import functools
 import logging
 import time
 from collections import OrderedDict
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -38,14 +38,25 @@ from openjev.worker.checkpoint.config import ModelConfig
 from openjev.worker.cuda import kernels as K
 from openjev.worker.cuda.buckets import MAX_STATE_SLOTS, Bucketing, PassBudget, PassKey
 from openjev.worker.cuda.graphs import GraphCache
-from openjev.worker.cuda.launch import Launch, LaunchPlan
+from openjev.worker.cuda.launch import GdnLayers, KvLayers, Launch, LaunchPlan
 
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+
+# Prometheus counters, None on the kernel benchmarks' images (no server packages there).
+cache_hits: Counter | None = None
+cache_misses: Counter | None = None
+capture_failures: Counter | None = None
+eager_fallbacks: Counter | None = None
 try:
     from prometheus_client import Counter
 
     from openjev import metrics
-
-    capture_failures: Counter | None = Counter(
+except ImportError:  # the kernel benchmarks run on images without the server's packages
+    pass
+else:
+    cache_hits, cache_misses = metrics.graph_cache_hits, metrics.graph_cache_misses
+    capture_failures = Counter(
         "openjev_worker_graph_capture_failures",
         "CUDA graph captures that failed (the launch ran eagerly)",
         registry=metrics.worker_registry,
@@ -55,8 +66,6 @@ try:
         "Passes that ran eagerly because no captured graph holds their shape",
         registry=metrics.worker_registry,
     )
-except ImportError:  # the kernel benchmarks run on images without the server's packages
-    metrics = capture_failures = eager_fallbacks = None
 
 log = logging.getLogger(__name__)
 MAX_FAILED_KEYS = 256
@@ -200,8 +209,9 @@ class GraphLauncher:
     # ---- one pass ---------------------------------------------------------------------------
     def _count(self, hit: bool) -> None:
         self.hits, self.misses = self.hits + hit, self.misses + (not hit)
-        if metrics is not None:
-            (metrics.graph_cache_hits if hit else metrics.graph_cache_misses).inc()
+        counter = cache_hits if hit else cache_misses
+        if counter is not None:
+            counter.inc()
 
     def _fallback(self, why: str) -> None:
         self.fallbacks += 1
@@ -225,12 +235,13 @@ class GraphLauncher:
         """(hidden [R, D] bf16 of the head rows in the caller's order, per caller's run its state
         or None), or None."""
         key, why = self.key_of(plan)
-        entry = None if key is None else self.cache.get(key)
+        if key is None:
+            self._count(False)
+            self._fallback(why)
+            return None
+        entry = self.cache.get(key)
         self._count(entry is not None)
         if entry is None:
-            if key is None:
-                self._fallback(why)
-                return None
             if self.warmed or key in self._failed:
                 self._fallback(f"{key} not captured" + (" (capture failed)" if key in self._failed else ""))
                 return None
@@ -290,14 +301,15 @@ class GraphLauncher:
         # pageable sources: the copies are staged before copy_ returns, so the arrays may be freed
         s["idx"][: key.index_size].copy_(torch.from_numpy(host))
         s["kv_rows"][: len(kv_rows)].copy_(torch.from_numpy(kv_rows))
-        dst, src = [], []
+        dst: list[torch.Tensor] = []
+        src: list[torch.Tensor] = []
         for slot, p in enumerate(plan.parents, start=1):
             for g, j in enumerate(m.gdn_layers):
                 dst += [s["win_in"][g, slot], s["st_in"][g, slot]]
                 src += [p.gdn[j][0], p.gdn[j][1]]
                 if m.chunked_gdn:
                     dst.append(s["tail_in"][g, slot])
-                    src.append(p.gdn[j][2])
+                    src.append(p.gdn_tail(j))
         at = key.tokens
         for node in plan.nodes:  # ancestors' K/V rows, in the plan's pool order
             for a, j in enumerate(m.attn_layers):
@@ -339,7 +351,9 @@ class GraphLauncher:
         of the graph's buffers."""
         m, s = self.model, self.statics.buffers
         N = len(plan.runs)
-        gdn, kv = [None] * N, [None] * N
+        # per internal run, None where it keeps no state / materialises no K/V
+        gdn: list[GdnLayers | None] = [None] * N
+        kv: list[KvLayers | None] = [None] * N
         kept = [i for i, run in enumerate(plan.runs) if run.keep_state]
         for k, i in enumerate(kept):
             win, st = s["win_out"][:, k].clone(), s["st_out"][:, k].clone()  # [L, 3, C], [L, Hv, 128, 128]

@@ -16,6 +16,11 @@ import torch
 
 from openjev.worker.runner_api import SegmentRun, pass_depths
 
+# A segment's GDN state per GDN layer index: (conv window, recurrent state, tail or None); and its
+# attention keys/values per attention layer index (see CudaSegmentState and KvNode).
+GdnLayers = dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+KvLayers = dict[int, tuple[torch.Tensor, torch.Tensor]]
+
 
 @dataclass(frozen=True)
 class KvNode:
@@ -25,7 +30,7 @@ class KvNode:
 
     parent: KvNode | None
     num_rows: int
-    kv: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    kv: KvLayers
 
     def lineage(self) -> list[KvNode]:
         """Root first, self last."""
@@ -46,8 +51,15 @@ class CudaSegmentState:
     (ancestors' GDN states are not kept alive by it)."""
 
     num_tokens: int
-    gdn: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    gdn: GdnLayers
     kv: KvNode
+
+    def gdn_tail(self, layer: int) -> torch.Tensor:
+        """The GDN layer's tail: a state the chunked kernel left has one, the serial kernel's none
+        (a runner uses one kernel for all its passes)."""
+        tail = self.gdn[layer][2]
+        assert tail is not None, "a state of the serial GDN kernel has no tail"
+        return tail
 
 
 @dataclass
@@ -167,7 +179,10 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int) -> LaunchPlan:
     plan_runs = [runs[o] for o in order]
     level = [depths[o] for o in order]
     in_parent = [-1 if r.parent_in_pass is None else internal[r.parent_in_pass] for r in plan_runs]
-    ids, positions, cu, heads = [], [], [0], []
+    ids: list[int] = []
+    positions: list[int] = []
+    cu: list[int] = [0]
+    heads: list[int] = []
     for run in plan_runs:
         ids.extend(run.token_ids)
         positions.extend(range(run.start_position, run.start_position + len(run.token_ids)))
@@ -176,13 +191,14 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int) -> LaunchPlan:
             heads.append(len(ids) - 1)
     if max(ids) >= vocab_size or min(ids) < 0:
         raise ValueError("token id outside the vocabulary")
-    head_pos = {}
+    head_pos: dict[int, int] = {}  # caller's index of a reading run -> its row among heads
     for i, run in enumerate(plan_runs):
         if run.read_head:
             head_pos[order[i]] = len(head_pos)
     head_order = [head_pos[o] for o in range(len(runs)) if runs[o].read_head]
-    parents, slots_of = [], {}
-    slot = []
+    parents: list[CudaSegmentState] = []
+    slots_of: dict[int, int] = {}  # id(state) -> its slot
+    slot: list[int] = []
     for run in plan_runs:
         p = run.parent_state
         if p is not None and id(p) not in slots_of:
@@ -191,14 +207,17 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int) -> LaunchPlan:
         slot.append(0 if p is None else slots_of[id(p)])
     gdn_init = [(-2 - in_parent[i]) if in_parent[i] >= 0 else (slot[i] or -1) for i in range(len(plan_runs))]
     win_src = [_window_source(i, m - 3, in_parent, cu, slot) for i in range(len(plan_runs)) for m in range(3)]
-    nodes, offsets, base = [], {}, 0
-    ancestors, in_chain = [], []
+    nodes: list[KvNode] = []
+    offsets: dict[int, int] = {}  # id(node) -> its first row in the pool
+    base = 0
+    ancestors: list[list[tuple[int, int]]] = []
+    in_chain: list[list[int]] = []
     for i, run in enumerate(plan_runs):
         if in_parent[i] >= 0:  # parents precede children in internal order
             ancestors.append(ancestors[in_parent[i]])
             in_chain.append(in_chain[in_parent[i]] + [in_parent[i]])
             continue
-        lineage = [] if run.parent_state is None else run.parent_state.kv.lineage()
+        lineage: list[KvNode] = [] if run.parent_state is None else run.parent_state.kv.lineage()
         for node in lineage:
             if id(node) not in offsets:
                 offsets[id(node)] = base

@@ -36,7 +36,7 @@ from openjev.worker.cuda.fused_weights import (
     random_layers,
     shape_config,
 )
-from openjev.worker.cuda.launch import CudaSegmentState, KvNode, Launch, LaunchPlan, plan_launch
+from openjev.worker.cuda.launch import CudaSegmentState, GdnLayers, KvLayers, KvNode, Launch, LaunchPlan, plan_launch
 from openjev.worker.runner_api import SegmentResult, SegmentRun
 
 DEFAULT_GRAPH_CACHE_SIZE = 128
@@ -195,7 +195,7 @@ class CudaRunner:
             run, p = plan.runs[i], plan.in_parent[i]
             parent = nodes[p] if p >= 0 else (None if run.parent_state is None else run.parent_state.kv)
             nodes[i] = KvNode(parent, len(run.token_ids), kv[i])
-        states = [None] * len(plan.runs)
+        states: list[CudaSegmentState | None] = [None] * len(plan.runs)
         for i, run in enumerate(plan.runs):
             if run.keep_state:
                 states[plan.order[i]] = CudaSegmentState(run.start_position + len(run.token_ids), gdn[i], nodes[i])
@@ -299,8 +299,8 @@ class _EagerIO:
 
     def __init__(self, runner: CudaRunner, plan: LaunchPlan):
         self.r, self.plan = runner, plan
-        self.gdn: list[dict | None] = [{} if run.keep_state else None for run in plan.runs]
-        self.kv: list[dict | None] = [None] * len(plan.runs)
+        self.gdn: list[GdnLayers | None] = [{} if run.keep_state else None for run in plan.runs]
+        self.kv: list[KvLayers | None] = [None] * len(plan.runs)
         for i in plan.materialise:
             self.kv[i] = {}
 
@@ -317,14 +317,14 @@ class _EagerIO:
         states = torch.stack([torch.zeros(hv, 128, 128, device=dev)] + [p.gdn[index][1] for p in parents])
         if not self.r.chunked_gdn:
             return windows, states, None
-        tails = torch.stack([torch.zeros(K.GDN_CHUNK, width, device=dev)] + [p.gdn[index][2] for p in parents])
+        tails = torch.stack([torch.zeros(K.GDN_CHUNK, width, device=dev)] + [p.gdn_tail(index) for p in parents])
         return windows, states, tails
 
     def gdn_out(self, index: int, new_windows, final, tails):
         # per-run clones so a kept state does not pin the whole pass's buffers
-        for i, run in enumerate(self.plan.runs):
-            if run.keep_state:
-                self.gdn[i][index] = (
+        for i, layers in enumerate(self.gdn):
+            if layers is not None:  # a kept run
+                layers[index] = (
                     new_windows[i].clone(),
                     final[i].clone(),
                     None if tails is None else tails[i].clone(),
@@ -342,6 +342,7 @@ class _EagerIO:
 
     def kv_out(self, index: int, k_pool, v_pool):
         cu = self.plan.cu
-        for i in self.plan.materialise:
-            rows = slice(cu[i], cu[i + 1])
-            self.kv[i][index] = (k_pool[rows].clone(), v_pool[rows].clone())
+        for i, layers in enumerate(self.kv):
+            if layers is not None:  # a materialised run (plan.materialise, ascending)
+                rows = slice(cu[i], cu[i + 1])
+                layers[index] = (k_pool[rows].clone(), v_pool[rows].clone())
