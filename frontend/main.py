@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from openjev import config, interceptors, logs, metrics, serving
+from openjev import config, interceptors, logs, metrics, serving, tracing
 from openjev.export import load_export_meta_or_exit
 from openjev.frontend.service import DecisionServicer
 from openjev.frontend.worker_link import WorkerLink
@@ -48,6 +48,20 @@ def parser() -> argparse.ArgumentParser:
         default=0,
         help="serve Prometheus metrics at http://LISTEN_HOST:PORT/metrics (0: off)",
     )
+    p.add_argument(
+        "--http-listen",
+        default="",
+        help="also serve the HTTP/JSON API (POST /v1/systemone, /health, /metrics, /openapi.json) "
+        "at HOST:PORT (empty: off)",
+    )
+    p.add_argument(
+        "--http-max-body-bytes", type=int, default=serving.MAX_MESSAGE_BYTES, help="larger HTTP bodies get 413"
+    )
+    p.add_argument(
+        "--otlp-endpoint",
+        default="",
+        help="export OpenTelemetry traces over OTLP/gRPC, e.g. http://HOST:4317 (empty: off)",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -80,21 +94,50 @@ def main(argv: list[str] | None = None) -> None:
     )
     name = decision_pb2.DESCRIPTOR.services_by_name["DecisionService"].full_name
     observers = {f"/{name}/Decide": metrics.FrontendObserver()}
+    traced = (
+        [tracing.ServerInterceptor({f"/{name}/Decide"})]
+        if tracing.configure("openjev-frontend", args.otlp_endpoint)
+        else []
+    )
     servers.append(
         serving.build_server(
             args.listen,
             lambda s: decision_pb2_grpc.add_DecisionServiceServicer_to_server(servicer, s),
             [name],
-            interceptors=[interceptors.RequestInterceptor(observers, make_ids=True)],
+            interceptors=[*traced, interceptors.RequestInterceptor(observers, make_ids=True)],
         )
     )
     server = servers[0]
     metrics.serve(metrics.frontend_registry, args.listen, args.metrics_port)
+    http = start_http(args, servicer, link) if args.http_listen else None
     link.start()
     if args.port_file:
         args.port_file.write_text(str(server.port))
-    log.info("listening", port=server.port, worker=args.worker)
-    serving.serve_until_signal(server, grace_seconds=args.grace_seconds, on_stop=link.close)
+    log.info("listening", port=server.port, worker=args.worker, http_port=http.port if http else None)
+
+    def stop() -> None:
+        if http is not None:
+            http.wait_stopped()
+        link.close()
+        tracing.shutdown()
+
+    serving.serve_until_signal(
+        server,
+        grace_seconds=args.grace_seconds,
+        on_signal=http.begin_stop if http else lambda: None,
+        on_stop=stop,
+    )
+
+
+def start_http(args, servicer: DecisionServicer, link: WorkerLink):
+    """The HTTP API on its own port; /health is ready exactly when the gRPC health says SERVING."""
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+
+    api = HttpApi(servicer, lambda: link.state.problem, max_body_bytes=args.http_max_body_bytes)
+    http = HttpServer(api, args.http_listen, grace_seconds=args.grace_seconds)
+    http.start()
+    return http
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from openjev import abi, config, interceptors, logs, metrics, serving
+from openjev import abi, config, interceptors, logs, metrics, serving, tracing
 from openjev.export import load_export_meta_or_exit
 from openjev.tokenizer import PromptTokenizer
 from openjev.worker import backends
@@ -91,6 +91,11 @@ def parser() -> argparse.ArgumentParser:
         help="ask frontends to reconnect this often, so that they re-resolve a DNS name "
         "and spread over workers added since (0: never)",
     )
+    p.add_argument(
+        "--otlp-endpoint",
+        default="",
+        help="export OpenTelemetry traces over OTLP/gRPC, e.g. http://HOST:4317 (empty: off)",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -170,7 +175,14 @@ def main(argv: list[str] | None = None) -> None:
         args.listen,
         lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s),
         [name],
-        interceptors=[interceptors.RequestInterceptor({f"/{name}/Execute": metrics.WorkerObserver()}, make_ids=False)],
+        interceptors=[
+            *(
+                [tracing.ServerInterceptor({f"/{name}/Execute"})]
+                if tracing.configure("openjev-worker", args.otlp_endpoint)
+                else []
+            ),
+            interceptors.RequestInterceptor({f"/{name}/Execute": metrics.WorkerObserver()}, make_ids=False),
+        ],
         max_connection_age_seconds=args.max_connection_age_seconds,
     )
     metrics.serve(metrics.worker_registry, args.listen, args.metrics_port)
@@ -179,7 +191,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.port_file:
         args.port_file.write_text(str(server.port))
     log.info("serving", port=server.port, backend=backend, model_id=meta.model_id)
-    serving.serve_until_signal(server, grace_seconds=args.grace_seconds, on_stop=lambda: stop(queue, runner))
+    serving.serve_until_signal(
+        server, grace_seconds=args.grace_seconds, on_stop=lambda: (stop(queue, runner), tracing.shutdown())
+    )
 
 
 def stop(queue: AdmissionQueue, runner) -> None:

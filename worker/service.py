@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from openjev import abi, interceptors, logs
+from openjev import abi, interceptors, logs, tracing
 from openjev.worker.admission import Abandoned, AdmissionQueue, QueueFull
 from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork
 from openjev.worker.v1 import worker_pb2 as wire
@@ -162,13 +162,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         log.debug("execute_accepted", **fields)
         context.send_initial_metadata(())
 
+        # The engine runs on the executor thread: its spans join this call's trace through `parent`.
+        parent = tracing.capture()
+        waiting = tracing.start("queue_wait", queue_depth=self.queue.depth)
+
         def execute() -> ExecutionResult:
-            return self.engine.execute(
-                work,
-                temperature=self.identity.temperature,
-                policy=policy,
-                should_stop=lambda: not context.is_active(),
-            )
+            waiting.end()
+            with tracing.attached(parent), tracing.span("execute", policy=policy or "default"):
+                return self.engine.execute(
+                    work,
+                    temperature=self.identity.temperature,
+                    policy=policy,
+                    should_stop=lambda: not context.is_active(),
+                )
 
         try:
             result, queue_seconds = self.queue.run(execute, is_active=context.is_active)
@@ -184,6 +190,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         except Exception as error:  # never a made-up answer: any failure is INTERNAL
             log.exception("execute", status="INTERNAL", reason=repr(error), **fields)
             context.abort(grpc.StatusCode.INTERNAL, f"inference failed: {error!r}")
+        finally:
+            waiting.end()  # refused or abandoned before its turn
         log.info(
             "execute",
             status="OK",
