@@ -55,6 +55,7 @@ ROUTE = "/v1/systemone"
 RETRY_AFTER_SECONDS = "1"
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _TIMEOUT_HEADER = "x-timeout-seconds"
+MAX_TIMEOUT_SECONDS = 86400.0
 
 # gRPC code of a refusal -> HTTP status; codes not listed are a worker failure (502).
 HTTP_STATUS = {
@@ -134,7 +135,9 @@ class HttpApi:
         # Decide blocks (it streams to the worker over a synchronous channel): one thread each.
         self._pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="http")
         self._observer = metrics.FrontendObserver()
-        self._openapi = json.dumps(openapi_document(max_body_bytes)).encode()
+        accepted = sorted(servicer.meta.accepted_model_names)
+        document = openapi_document(max_body_bytes, accepted, servicer.max_questions)
+        self._openapi = json.dumps(document).encode()
         self.app = Starlette(
             routes=[
                 Route(ROUTE, self.systemone, methods=["POST"]),
@@ -175,8 +178,8 @@ class HttpApi:
                 seconds = float(request.headers[_TIMEOUT_HEADER])
             except ValueError:
                 seconds = -1.0
-            if not 0 < seconds < 1e9:  # also refuses nan
-                return _error(400, f"{_TIMEOUT_HEADER} must be a positive number of seconds", headers)
+            if not 0 < seconds <= MAX_TIMEOUT_SECONDS:  # also refuses nan
+                return _error(400, f"{_TIMEOUT_HEADER} must be a number of seconds in (0, {MAX_TIMEOUT_SECONDS:g}]", headers)
             deadline = time.monotonic() + seconds
         chunks, size = [], 0
         async for chunk in request.stream():

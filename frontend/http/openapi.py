@@ -7,6 +7,7 @@ to it.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from openjev import abi
@@ -16,34 +17,67 @@ _NUMBER_01 = {"type": "number", "minimum": 0, "maximum": 1}
 _PROBABILITIES = {"type": "object", "additionalProperties": _NUMBER_01}
 
 
+def _question(kind: str, criteria: dict[str, Any], *, required: bool) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["type", "instructions", *(["criteria"] if required else [])],
+        "properties": {"type": {"const": kind}, "instructions": _DESCRIPTION, "criteria": criteria},
+    }
+
+
 def _answer(kind: str, properties: dict[str, Any]) -> dict[str, Any]:
     props = {"type": {"const": kind}, **properties}
     return {"type": "object", "required": list(props), "properties": props, "additionalProperties": False}
 
 
 SCHEMAS: dict[str, Any] = {
+    # One schema per type, so that what the document calls valid the server accepts.
     "Question": {
-        "type": "object",
-        "required": ["type", "instructions"],
-        "properties": {
-            "type": {"type": "string", "enum": ["choice", "score", "noul"]},
-            "instructions": _DESCRIPTION,
-            "criteria": {
-                "description": "choice: an object of 1..255 options (value null or a description); "
-                "score: an array of 2..10 levels; noul: absent, or exactly {true, false}",
-                "type": ["object", "array", "null"],
-            },
-        },
+        "oneOf": [
+            {"$ref": "#/components/schemas/ChoiceQuestion"},
+            {"$ref": "#/components/schemas/ScoreQuestion"},
+            {"$ref": "#/components/schemas/NoulQuestion"},
+        ]
     },
+    "ChoiceQuestion": _question(
+        "choice",
+        {
+            "type": "object",
+            "minProperties": 1,
+            "maxProperties": 255,
+            "description": "option -> null (the option is its key) or a description, in order",
+            "additionalProperties": {"type": ["string", "object", "array", "null"]},
+        },
+        required=True,
+    ),
+    "ScoreQuestion": _question(
+        "score",
+        {"type": "array", "minItems": 2, "maxItems": 10, "items": _DESCRIPTION, "description": "levels, lowest first"},
+        required=True,
+    ),
+    "NoulQuestion": _question(
+        "noul",
+        {
+            "type": ["object", "null"],
+            "required": ["true", "false"],
+            "additionalProperties": False,
+            "properties": {"true": _DESCRIPTION, "false": _DESCRIPTION},
+            "description": "what yes and no mean (appended to the instructions)",
+        },
+        required=False,
+    ),
     "DecideRequest": {
         "type": "object",
         "required": ["state", "questions"],
         "properties": {
-            "model": {"type": ["string", "null"], "description": "absent, null, the model id or an alias"},
+            "model": {
+                "type": ["string", "null"],
+                "description": "absent, null, the model id or an alias",
+            },  # enum set per server
             "state": _DESCRIPTION,
             "questions": {
                 "type": "object",
-                "minProperties": 1,
+                "minProperties": 1,  # maxProperties: the server's question limit
                 "description": "question id -> question, answered in this order",
                 "additionalProperties": {"$ref": "#/components/schemas/Question"},
             },
@@ -135,7 +169,7 @@ _REQUEST_ID_HEADER = {
 }
 
 _ERRORS = {
-    "400": "x-timeout-seconds is not a positive number",
+    "400": "x-timeout-seconds is not a number of seconds in (0, 86400]",
     "413": "the body is over the server's limit",
     "415": "the body is not application/json",
     "422": "the request breaks the contract (the same message as gRPC INVALID_ARGUMENT)",
@@ -154,7 +188,12 @@ def _error_response(description: str) -> dict[str, Any]:
     }
 
 
-def openapi_document(max_body_bytes: int) -> dict[str, Any]:
+def openapi_document(max_body_bytes: int, accepted_models: list[str], max_questions: int) -> dict[str, Any]:
+    """The document of one server: the model names it accepts, its question limit."""
+    schemas = copy.deepcopy(SCHEMAS)
+    request = schemas["DecideRequest"]["properties"]
+    request["model"]["enum"] = [None, *sorted(accepted_models)]
+    request["questions"]["maxProperties"] = max_questions
     return {
         "openapi": "3.1.0",
         "info": {
@@ -175,7 +214,7 @@ def openapi_document(max_body_bytes: int) -> dict[str, Any]:
                             "in": "header",
                             "required": False,
                             "description": "deadline of this request; none when absent",
-                            "schema": {"type": "number", "exclusiveMinimum": 0},
+                            "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
                         },
                     ],
                     "requestBody": {
@@ -216,5 +255,5 @@ def openapi_document(max_body_bytes: int) -> dict[str, Any]:
                 }
             },
         },
-        "components": {"schemas": SCHEMAS},
+        "components": {"schemas": schemas},
     }

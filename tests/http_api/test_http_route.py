@@ -10,6 +10,7 @@ import time
 import uuid
 from concurrent import futures
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import httpx
@@ -312,6 +313,9 @@ def test_a_bug_is_500_without_internals(max_body_bytes):
     from openjev.frontend.http.server import HttpServer
 
     class Broken:
+        meta = SimpleNamespace(accepted_model_names=frozenset({"m"}))
+        max_questions = 4
+
         def answer(self, request, context, request_id, fields):
             raise KeyError("secret internal detail")
 
