@@ -94,17 +94,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     name = decision_pb2.DESCRIPTOR.services_by_name["DecisionService"].full_name
     observers = {f"/{name}/Decide": metrics.FrontendObserver()}
-    traced = (
-        [tracing.ServerInterceptor({f"/{name}/Decide"})]
-        if tracing.configure("openjev-frontend", args.otlp_endpoint)
-        else []
-    )
+    traced = tracing.configure("openjev-frontend", args.otlp_endpoint)
     servers.append(
         serving.build_server(
             args.listen,
             lambda s: decision_pb2_grpc.add_DecisionServiceServicer_to_server(servicer, s),
             [name],
-            interceptors=[*traced, interceptors.RequestInterceptor(observers, make_ids=True)],
+            interceptors=[
+                *([tracing.ServerInterceptor({f"/{name}/Decide"})] if traced else []),
+                interceptors.RequestInterceptor(observers, make_ids=True),
+            ],
         )
     )
     server = servers[0]

@@ -171,16 +171,13 @@ def main(argv: list[str] | None = None) -> None:
     metrics.worker_queue_depth.set_function(lambda: queue.depth)
     servicer = WorkerServicer(engine, identity, queue, forced_policy=forced_policy)
     name = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
+    traced = tracing.configure("openjev-worker", args.otlp_endpoint)
     server = serving.build_server(
         args.listen,
         lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s),
         [name],
         interceptors=[
-            *(
-                [tracing.ServerInterceptor({f"/{name}/Execute"})]
-                if tracing.configure("openjev-worker", args.otlp_endpoint)
-                else []
-            ),
+            *([tracing.ServerInterceptor({f"/{name}/Execute"})] if traced else []),
             interceptors.RequestInterceptor({f"/{name}/Execute": metrics.WorkerObserver()}, make_ids=False),
         ],
         max_connection_age_seconds=args.max_connection_age_seconds,
@@ -191,13 +188,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.port_file:
         args.port_file.write_text(str(server.port))
     log.info("serving", port=server.port, backend=backend, model_id=meta.model_id)
-    serving.serve_until_signal(
-        server, grace_seconds=args.grace_seconds, on_stop=lambda: (stop(queue, runner), tracing.shutdown())
-    )
+    serving.serve_until_signal(server, grace_seconds=args.grace_seconds, on_stop=lambda: stop(queue, runner))
 
 
 def stop(queue: AdmissionQueue, runner) -> None:
     queue.close()
+    tracing.shutdown()  # export the spans still buffered
     try:
         import torch
 

@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent import futures
+from typing import Any
 
 import grpc
 import structlog
@@ -179,7 +180,9 @@ class HttpApi:
             except ValueError:
                 seconds = -1.0
             if not 0 < seconds <= MAX_TIMEOUT_SECONDS:  # also refuses nan
-                return _error(400, f"{_TIMEOUT_HEADER} must be a number of seconds in (0, {MAX_TIMEOUT_SECONDS:g}]", headers)
+                return _error(
+                    400, f"{_TIMEOUT_HEADER} must be a number of seconds in (0, {MAX_TIMEOUT_SECONDS:g}]", headers
+                )
             deadline = time.monotonic() + seconds
         chunks, size = [], 0
         async for chunk in request.stream():
@@ -194,7 +197,8 @@ class HttpApi:
         loop = asyncio.get_running_loop()
         answer = loop.run_in_executor(self._pool, self._decide, body, context, request_id, trace_headers)
         gone = asyncio.ensure_future(_disconnected(request))
-        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+        racing: set[asyncio.Future[Any]] = {answer, gone}
+        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
         if not answer.done():
             context.cancel()  # the caller went away: the worker stops at its next pass boundary
         gone.cancel()
