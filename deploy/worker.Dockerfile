@@ -11,11 +11,14 @@ RUN apt-get update \
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY openjev ./openjev
+COPY common ./common
+COPY frontend ./frontend
+COPY worker ./worker
+COPY tools ./tools
 COPY cuda ./cuda
-# Editable, so the kernels are found at /app/cuda next to the package (kernels.CUDA_DIR).
-# torch from PyPI is the CUDA 12 build on Linux; cupy-cuda12x compiles the RawModules.
-RUN pip install -e . "cupy-cuda12x>=13" \
+# torch from PyPI is the CUDA build on Linux; cupy-cuda12x compiles the RawModules (the kernels
+# are package data, found through importlib.resources).
+RUN pip install ".[cuda]" \
  && useradd --system --uid 10001 --create-home --home-dir /home/openjev openjev \
  && mkdir -p /var/lib/openjev/demo-model && chown 10001:10001 /var/lib/openjev/demo-model
 
