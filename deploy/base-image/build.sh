@@ -16,6 +16,7 @@ echo "debootstrap bookworm (minbase + python3) into $ROOT"
 debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates \
   bookworm "$ROOT" "$MIRROR" >"$ROOT.log" 2>&1 || { tail -40 "$ROOT.log"; exit 1; }
 rm -f "$ROOT.log"
+chmod 755 "$ROOT"  # mktemp made it 0700: it becomes the image's / (non-root users must traverse it)
 cp /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/ca-certificates.crt"
 chroot "$ROOT" apt-get clean
 rm -rf "$ROOT"/var/lib/apt/lists/* "$ROOT"/var/cache/apt/*.bin
