@@ -39,7 +39,7 @@ import grpc
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -185,11 +185,14 @@ class HttpApi:
                 )
             deadline = time.monotonic() + seconds
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                return _error(413, too_large, headers)
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    return _error(413, too_large, headers)
+                chunks.append(chunk)
+        except ClientDisconnect:  # gone before the body arrived: nothing to answer, nothing ran
+            return Response(status_code=400)
         body = b"".join(chunks)
 
         context = HttpCallContext(request_id, deadline)
