@@ -23,7 +23,7 @@ COPY cuda ./cuda
 # torch's own dependencies and the rest come from PyPI; the torch above already satisfies the pin.
 RUN pip install ".[worker]" \
  && useradd --system --uid 10001 --create-home --home-dir /home/openjev openjev \
- && mkdir -p /var/lib/openjev/demo-model && chown 10001:10001 /var/lib/openjev/demo-model
+ && mkdir -p /var/lib/openjev && chown 10001:10001 /var/lib/openjev
 
 USER 10001:10001
 ENV OPENJEV_MODEL=/models/open-jev \

@@ -94,7 +94,9 @@ def test_compose_brings_up_worker_then_frontend_healthy():
                 "deploy/frontend.Dockerfile",
             )
             assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).exists()
-            assert any(v.endswith(":/models/open-jev:ro") for v in service["volumes"]), "model mount read-only"
+            mounts = [v.split(":") for v in service["volumes"]]
+            model_dir = service["environment"]["OPENJEV_MODEL"]
+            assert any(m[-1] == "ro" and model_dir.startswith(m[-2]) for m in mounts), "model mount read-only"
         # The HTTP API is on in compose, on a published port.
         http_port = f["environment"]["OPENJEV_HTTP_LISTEN"].rsplit(":", 1)[1]
         assert any(str(p).endswith(f":{http_port}") for p in f["ports"])
