@@ -8,6 +8,7 @@ same bytes; only the transport and the status mapping differ:
 | outcome (gRPC code)                        | HTTP |
 |--------------------------------------------|------|
 | answered (OK)                              | 200  |
+| bearer token missing or unknown            | 401  |
 | body not `application/json`                | 415  |
 | body over `--http-max-body-bytes`          | 413  |
 | bad `x-timeout-seconds` header             | 400  |
@@ -128,9 +129,13 @@ class HttpApi:
         *,
         max_body_bytes: int,
         max_workers: int = 32,
+        authorize: Callable[[str], bool] | None = None,
     ):
         self.servicer = servicer
         self.ready = ready
+        # The public API's bearer-token check, given the `authorization` header ("" when absent);
+        # None: no tokens configured. The same check the gRPC port applies (one token set).
+        self.authorize = authorize
         self.draining = False  # set on SIGTERM: not ready while requests in flight finish
         self.max_body_bytes = max_body_bytes
         # Decide blocks (it streams to the worker over a synchronous channel): one thread each.
@@ -167,6 +172,8 @@ class HttpApi:
         given = request.headers.get(REQUEST_ID_KEY, "")
         request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
         headers = {REQUEST_ID_KEY: request_id}
+        if self.authorize is not None and not self.authorize(request.headers.get("authorization", "")):
+            return _error(401, "missing or unknown bearer token", {**headers, "www-authenticate": "Bearer"})
         if not _is_json(request.headers.get("content-type")):
             return _error(415, "content type must be application/json", headers)
         too_large = f"request body exceeds {self.max_body_bytes} bytes"

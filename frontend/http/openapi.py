@@ -170,6 +170,7 @@ _REQUEST_ID_HEADER = {
 
 _ERRORS = {
     "400": "x-timeout-seconds is not a number of seconds in (0, 86400]",
+    "401": "bearer token missing or unknown (only where the server is given tokens)",
     "413": "the body is over the server's limit",
     "415": "the body is not application/json",
     "422": "the request breaks the contract (the same message as gRPC INVALID_ARGUMENT)",

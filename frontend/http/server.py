@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import threading
 import time
 
@@ -39,7 +40,17 @@ class HttpServer:
     """uvicorn's own start/stop lines are plain text among our JSON lines: only its warnings
     and errors are kept; the frontend logs its HTTP port itself."""
 
-    def __init__(self, api: HttpApi, listen: str, *, grace_seconds: float):
+    def __init__(
+        self,
+        api: HttpApi,
+        listen: str,
+        *,
+        grace_seconds: float,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
+    ):
+        """tls_*: as the gRPC port's (PEM files); a client CA makes client certificates required."""
         self._api = api
         self._socket = _bind(listen)
         self.port: int = self._socket.getsockname()[1]
@@ -51,6 +62,10 @@ class HttpServer:
             access_log=False,
             log_config=None,
             timeout_graceful_shutdown=max(1, round(grace_seconds)),
+            ssl_certfile=tls_cert,
+            ssl_keyfile=tls_key,
+            ssl_ca_certs=tls_client_ca,
+            ssl_cert_reqs=ssl.CERT_REQUIRED if tls_client_ca else ssl.CERT_NONE,
         )
         logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
         self._server = uvicorn.Server(config)

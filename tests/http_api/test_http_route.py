@@ -329,3 +329,37 @@ def test_a_bug_is_500_without_internals(max_body_bytes):
         assert "secret" not in reply.text and reply.headers["x-request-id"]
     finally:
         server.wait_stopped()
+
+
+def test_bearer_tokens_when_configured(max_body_bytes):
+    """With tokens, a request without a known one is 401 before anything else is looked at."""
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+
+    class Echo:
+        meta = SimpleNamespace(accepted_model_names=frozenset({"m"}))
+        max_questions = 4
+
+        def answer(self, request, context, request_id, fields):
+            from openjev.frontend.service import Refused
+
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"reached with {request.request_json}")
+
+    api = HttpApi(Echo(), lambda: None, max_body_bytes=max_body_bytes, authorize=lambda h: h == "Bearer s3cret")  # type: ignore[arg-type]
+    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
+    server.start()
+    url = f"http://127.0.0.1:{server.port}{ROUTE}"
+    try:
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
+            reply = httpx.post(url, content=b"not even json", headers=headers, timeout=10)
+            assert reply.status_code == 401 and reply.headers["www-authenticate"] == "Bearer", headers
+            assert reply.json() == {"error": "missing or unknown bearer token"}
+        reply = httpx.post(
+            url,
+            content=b"{}",
+            headers={"authorization": "Bearer s3cret", "content-type": "application/json"},
+            timeout=10,
+        )
+        assert reply.status_code == 422 and reply.json() == {"error": "reached with {}"}
+    finally:
+        server.wait_stopped()
