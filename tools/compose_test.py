@@ -174,10 +174,18 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(2.0)
                 if in_flight.done():
                     raise Failed(f"the long request ended before down: {in_flight.result().status_code}")
-                down = run([*compose, "down"], env=env, timeout=300)
+                # `stop` is `down` without the removal, so the exit codes can be read in between.
+                stopping = time.monotonic()
+                run([*compose, "stop"], env=env, timeout=300)
+                print(f"[compose-test] stopped in {time.monotonic() - stopping:.1f} s", flush=True)
                 reply = in_flight.result(timeout=120)
             if reply.status_code != 200:
                 raise Failed(f"the request in flight got {reply.status_code}: {reply.text[:300]}")
+            for service in ("frontend-cpu", "worker-cpu"):
+                code = run(["docker", "inspect", "-f", "{{.State.ExitCode}}", f"{PROJECT}-{service}-1"], quiet=True)
+                if code.stdout.strip() != "0":  # 137: killed at the end of stop_grace_period
+                    raise Failed(f"{service} exited {code.stdout.strip()} on SIGTERM, not 0")
+            down = run([*compose, "down"], env=env, timeout=300)
             if "Removed" not in down.stderr and "Removed" not in down.stdout:
                 raise Failed("down removed nothing")
     except (Failed, subprocess.TimeoutExpired) as error:
