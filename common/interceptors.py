@@ -13,6 +13,7 @@ the interceptor
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import time
 import uuid
@@ -194,3 +195,14 @@ def _reset(token: contextvars.Token, bound: dict) -> None:
         structlog.contextvars.reset_contextvars(**bound)
     except ValueError:
         pass
+
+
+@contextlib.contextmanager
+def current_request(info: RequestInfo) -> Iterator[RequestInfo]:
+    """Make `info` the current request for a request served outside gRPC (the HTTP route), so
+    that the servicer's `note_kinds` reaches it."""
+    token = _current.set(info)
+    try:
+        yield info
+    finally:
+        _current.reset(token)

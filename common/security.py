@@ -92,7 +92,10 @@ class BearerAuth(grpc.ServerInterceptor):
         self._tokens = tokens
 
     def _allowed(self, metadata) -> bool:
-        header = dict(metadata or ()).get("authorization", "")
+        return self.allowed(dict(metadata or ()).get("authorization", ""))
+
+    def allowed(self, header: str) -> bool:
+        """Whether an `authorization` header value carries one of the tokens."""
         scheme, _, presented = header.partition(" ")
         if scheme.lower() != "bearer" or not presented:
             return False

@@ -185,9 +185,16 @@ def reflection_pool(service_names: Iterable[str]) -> descriptor_pool.DescriptorP
     return pool
 
 
-def serve_until_signal(server: Server, *, grace_seconds: float, on_stop: Callable[[], None] = lambda: None) -> None:
+def serve_until_signal(
+    server: Server,
+    *,
+    grace_seconds: float,
+    on_stop: Callable[[], None] = lambda: None,
+    on_signal: Callable[[], None] = lambda: None,
+) -> None:
     """Block until SIGTERM/SIGINT; then go NOT_SERVING, refuse new RPCs, let in-flight ones
-    finish within the grace period, and return."""
+    finish within the grace period, and return. on_signal: run at once on the signal (another
+    listener starts draining alongside); on_stop: once the gRPC server has stopped."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -199,6 +206,7 @@ def serve_until_signal(server: Server, *, grace_seconds: float, on_stop: Callabl
         pass
     log.info("shutdown", grace_seconds=grace_seconds)
     server.set_serving(False)
+    on_signal()
     server.grpc_server.stop(grace_seconds).wait()
     on_stop()
     log.info("stopped")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from openjev import config, interceptors, logs, metrics, security, serving
+from openjev import config, interceptors, logs, metrics, security, serving, tracing
 from openjev.config import non_negative_float, port_number, positive_float, positive_int
 from openjev.contract.request import MAX_CANDIDATES, MAX_QUESTIONS, MAX_RENDERED_BYTES
 from openjev.export import load_export_meta_or_exit
@@ -95,6 +95,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-tls-cert", type=Path, default=None, help="this frontend's client certificate (mTLS)")
     p.add_argument("--worker-tls-key", type=Path, default=None, help="PEM private key of --worker-tls-cert")
     p.add_argument("--worker-tls-server-name", default=None, help="the name the workers' certificates carry")
+    p.add_argument(
+        "--http-listen",
+        default="",
+        help="also serve the HTTP/JSON API (POST /v1/systemone, /health, /metrics, /openapi.json) "
+        "at HOST:PORT (empty: off)",
+    )
+    p.add_argument(
+        "--http-max-body-bytes", type=int, default=serving.MAX_MESSAGE_BYTES, help="larger HTTP bodies get 413"
+    )
+    p.add_argument(
+        "--otlp-endpoint",
+        default="",
+        help="export OpenTelemetry traces over OTLP/gRPC, e.g. http://HOST:4317 (empty: off)",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -159,12 +173,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     name = decision_pb2.DESCRIPTOR.services_by_name["DecisionService"].full_name
     observers = {f"/{name}/Decide": metrics.FrontendObserver()}
+    traced = tracing.configure("openjev-frontend", args.otlp_endpoint)
     servers.append(
         serving.build_server(
             args.listen,
             lambda s: decision_pb2_grpc.add_DecisionServiceServicer_to_server(servicer, s),
             [name],
             interceptors=[
+                *([tracing.ServerInterceptor({f"/{name}/Decide"})] if traced else []),
                 interceptors.RequestInterceptor(observers, make_ids=True),
                 *([security.BearerAuth(tokens)] if tokens else []),
             ],
@@ -180,11 +196,50 @@ def main(argv: list[str] | None = None) -> None:
     )
     server = servers[0]
     metrics.serve(metrics.frontend_registry, args.listen, args.metrics_port)
+    http = start_http(args, servicer, link, tokens) if args.http_listen else None
     link.start()
     if args.port_file:
         args.port_file.write_text(str(server.port))
-    log.info("listening", port=server.port, worker=args.worker)
-    serving.serve_until_signal(server, grace_seconds=args.grace_seconds, on_stop=link.close)
+    log.info("listening", port=server.port, worker=args.worker, http_port=http.port if http else None)
+
+    def stop() -> None:
+        if http is not None:
+            http.wait_stopped()
+        link.close()
+        tracing.shutdown()
+
+    serving.serve_until_signal(
+        server,
+        grace_seconds=args.grace_seconds,
+        on_signal=http.begin_stop if http else lambda: None,
+        on_stop=stop,
+    )
+
+
+def start_http(args, servicer: DecisionServicer, link: WorkerLink, tokens: tuple[bytes, ...]):
+    """The HTTP/JSON API beside the gRPC one, with the same bearer tokens and TLS files (so it is
+    no way around either)."""
+    """The HTTP API on its own port; /health is ready exactly when the gRPC health says SERVING."""
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+
+    auth = security.BearerAuth(tokens) if tokens else None
+    api = HttpApi(
+        servicer,
+        lambda: link.state.problem,
+        max_body_bytes=args.http_max_body_bytes,
+        authorize=None if auth is None else (lambda header: auth.allowed(header)),
+    )
+    http = HttpServer(
+        api,
+        args.http_listen,
+        grace_seconds=args.grace_seconds,
+        tls_cert=None if args.tls_cert is None else str(args.tls_cert),
+        tls_key=None if args.tls_key is None else str(args.tls_key),
+        tls_client_ca=None if args.tls_client_ca is None else str(args.tls_client_ca),
+    )
+    http.start()
+    return http
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from concurrent import futures
 
 import grpc
 
-from openjev import abi, interceptors, logs
+from openjev import abi, interceptors, logs, tracing
 from openjev.contract.answers import answer_from_probabilities
 from openjev.contract.errors import PREFIX_POLICY, ContractError
 from openjev.contract.literals import PrefixPolicy
@@ -136,16 +136,22 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         log.info("decide", status="OK", latency_ms=round((time.perf_counter() - started) * 1e3, 3), **fields)
         return response
 
+    def answer(self, request: api.DecideRequest, context, request_id: str, fields: dict) -> api.DecideResponse:
+        """The Decide path without its gRPC status: raises Refused. The HTTP route calls it with
+        a context of its own (openjev.frontend.http.app.HttpCallContext)."""
+        return self._decide(request, context, request_id, fields)
+
     def _decide(self, request, context, request_id: str, fields: dict) -> api.DecideResponse:
         try:
-            decision = parse_request_json(
-                request.request_json,
-                accepted_models=self.meta.accepted_model_names,
-                max_questions=self.max_questions,
-                max_candidates=self.max_candidates,
-                max_rendered_bytes=self.max_rendered_bytes,
-                chat_template_bytes=self._chat_template_bytes,
-            )
+            with tracing.span("validate"):
+                decision = parse_request_json(
+                    request.request_json,
+                    accepted_models=self.meta.accepted_model_names,
+                    max_questions=self.max_questions,
+                    max_candidates=self.max_candidates,
+                    max_rendered_bytes=self.max_rendered_bytes,
+                    chat_template_bytes=self._chat_template_bytes,
+                )
         except ContractError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message) from error
         fields.update(kinds=sorted({q.kind for q in decision.questions}), candidates=decision.num_candidates)
@@ -181,6 +187,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         found too long part-way ends the stream without a commit, so the worker never runs it."""
         refusal: list[ContractError] = []
         token_count = [0]
+        # Tokenizing runs on gRPC's sending thread, overlapped with the worker's reading.
+        worker_span = tracing.start("worker_stream", candidates=decision.num_candidates)
+        tokenize_span = tracing.start("tokenize", parent=worker_span)
 
         def stream():
             header = wire.ExecuteHeader(request_id=request_id, prefix_policy=abi.policy_to_enum(policy))
@@ -207,10 +216,15 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             except ContractError as error:
                 refusal.append(error)
                 return
+            finally:
+                tokenize_span.set_attribute("tokens", token_count[0])
+                tokenize_span.end()
             yield wire.ExecuteRequest(commit=wire.Commit())
 
         call = self.link.stub.Execute(
-            stream(), timeout=self.worker_timeout(context), metadata=[(REQUEST_ID_KEY, request_id)]
+            stream(),
+            timeout=self.worker_timeout(context),
+            metadata=[(REQUEST_ID_KEY, request_id), *tracing.inject(worker_span)],
         )
         context.add_callback(call.cancel)  # the client going away cancels the worker's work
         results: list[wire.QuestionResult | None] = [None] * len(decision.questions)
@@ -231,6 +245,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from error
             code = error.code() if error.code() in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
             raise Refused(code, f"worker: {error.details()}") from error
+        finally:
+            tokenize_span.end()  # a stream that never started or was cut off
+            worker_span.end()
         if refusal:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message)
         self._check_results(decision, results, summary)

@@ -15,6 +15,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from openjev import progress
+
 # Bump when the weights or files a given seed produces change: a stale build is then rebuilt.
 BUILDER_VERSION = 1
 STAMP_FILE = ".demo_build.json"
@@ -83,7 +85,7 @@ def _random_tensors(seed: int) -> tuple[dict, list[float], float]:
         return torch.rand(shape, generator=gen) * (high - low) + low
 
     tensors = {}
-    for name, shape in expected_shapes(config).items():
+    for name, shape in progress.track(list(expected_shapes(config).items()), "demo model: random weights"):
         fan_in = shape[-1]
         if name == "embed_tokens.weight":
             t = normal(shape, 1.0)

@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from openjev import progress
 from openjev.client import Client
 from openjev.contract.literals import PrefixPolicy
 
@@ -207,6 +208,8 @@ def run_load(
     outcomes: list[Outcome] = []
     sent_ids: list[str] = []
     stop_at = time.monotonic() + duration
+    # Bounded by a count and a time: the bar counts requests; its log lines show the time too.
+    bar = progress.Progress(f"soak ({clients} clients, at most {duration:g} s)", len(plan))
 
     def take() -> tuple[bool, int] | None:
         with lock:
@@ -246,6 +249,7 @@ def run_load(
                         outcome = Outcome("valid", error.code().name, time.perf_counter() - started, False, request_id)
                 with lock:
                     outcomes.append(outcome)
+                    bar.advance()
 
     def sample_rss(done: threading.Event) -> None:
         while not done.wait(0.5):
@@ -264,6 +268,7 @@ def run_load(
         t.start()
     for t in threads:
         t.join(duration + timeout + 30)
+    bar.close()
     done.set()
     report.seconds = round(time.monotonic() - started, 2)
     report.requests = len(sent_ids)

@@ -86,12 +86,14 @@ class Engine:
         temperature: float,
         policy: PrefixPolicy | None = None,
         should_stop: Callable[[], bool] = lambda: False,
+        on_start: Callable[[], None] = lambda: None,
     ) -> ExecutionResult:
         """Run every candidate of every question; raises QueueFull, Cancelled or InferenceError.
-        Safe to call from many threads at once: their requests share passes."""
+        Safe to call from many threads at once: their requests share passes. on_start: called
+        when the request's first pass begins."""
         started = time.perf_counter()
         plan = self.plan(questions, policy)
-        head_scores, stats = self.scheduler.run(plan, is_active=lambda: not should_stop())
+        head_scores, stats = self.scheduler.run(plan, is_active=lambda: not should_stop(), on_start=on_start)
         probabilities = []
         for q, (question, scores) in enumerate(zip(questions, head_scores, strict=True)):
             try:

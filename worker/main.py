@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from openjev import config, interceptors, logs, metrics, security, serving
+from openjev import config, interceptors, logs, metrics, security, serving, tracing
 from openjev.config import non_negative_float, non_negative_int, port_number, positive_float, positive_int
 from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
 from openjev.export import load_export_meta_or_exit
@@ -145,6 +145,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tls-client-ca", type=Path, default=None, help="require frontend certificates signed by this CA (mTLS)"
     )
+    p.add_argument(
+        "--otlp-endpoint",
+        default="",
+        help="export OpenTelemetry traces over OTLP/gRPC, e.g. http://HOST:4317 (empty: off)",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -264,11 +269,15 @@ def main(argv: list[str] | None = None) -> None:
         engine, identity, forced_policy=forced_policy, commit_timeout_seconds=args.commit_timeout_seconds
     )
     name = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
+    traced = tracing.configure("openjev-worker", args.otlp_endpoint)
     server = serving.build_server(
         args.listen,
         lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s),
         [name],
-        interceptors=[interceptors.RequestInterceptor({f"/{name}/Execute": metrics.WorkerObserver()}, make_ids=False)],
+        interceptors=[
+            *([tracing.ServerInterceptor({f"/{name}/Execute"})] if traced else []),
+            interceptors.RequestInterceptor({f"/{name}/Execute": metrics.WorkerObserver()}, make_ids=False),
+        ],
         max_connection_age_seconds=args.max_connection_age_seconds,
         limits=call_limits(args, f"/{name}/Execute"),
         credentials=credentials,
@@ -285,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def stop(engine: Engine, runner) -> None:
     engine.close()
+    tracing.shutdown()  # export the spans still buffered
     try:
         import torch
 

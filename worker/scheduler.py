@@ -54,6 +54,7 @@ class PassStats:
 class _Job:
     plan: Plan
     is_active: Callable[[], bool]
+    on_start: Callable[[], None]
     tree: PendingTree = field(init=False)
     scores: list[list[float | None]] = field(init=False)
     children_left: list[int] = field(init=False)
@@ -112,10 +113,16 @@ class Scheduler:
         with self._cond:
             return len(self._jobs)
 
-    def run(self, plan: Plan, is_active: Callable[[], bool] = lambda: True) -> tuple[list[list[float]], PassStats]:
+    def run(
+        self,
+        plan: Plan,
+        is_active: Callable[[], bool] = lambda: True,
+        on_start: Callable[[], None] = lambda: None,
+    ) -> tuple[list[list[float]], PassStats]:
         """Execute one request's plan; returns its head scores per question and candidate.
+        on_start: called (on the scheduler's thread) when its first pass begins.
         Raises QueueFull, Cancelled or InferenceError."""
-        job = self._admit(plan, is_active)
+        job = self._admit(plan, is_active, on_start)
         while not job.done.wait(self._poll_seconds):
             if not is_active():
                 self._cancel(job)
@@ -132,8 +139,8 @@ class Scheduler:
             self._cond.notify_all()
 
     # ---- admission ----------------------------------------------------------------------------
-    def _admit(self, plan: Plan, is_active: Callable[[], bool]) -> _Job:
-        job = _Job(plan, is_active)
+    def _admit(self, plan: Plan, is_active: Callable[[], bool], on_start: Callable[[], None]) -> _Job:
+        job = _Job(plan, is_active, on_start)
         with self._cond:
             if self._closed:
                 raise QueueFull("worker is shutting down")
@@ -207,6 +214,7 @@ class Scheduler:
             job = jobs[owner]
             if job.started_at is None:
                 job.started_at = now
+                job.on_start()
             job.num_passes += 1
             job.num_shared_passes += len(chosen) > 1
         try:

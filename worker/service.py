@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from openjev import abi, interceptors, logs
+from openjev import abi, interceptors, logs, tracing
 from openjev.contract.literals import PrefixPolicy
 from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork, QueueFull
 from openjev.worker.stream import BadStream, CommitTimer, StreamLimits, collect
@@ -146,13 +146,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         log.debug("execute_accepted", **fields)
         context.send_initial_metadata(())
 
+        # Spans: the wait for the first pass (ended by the scheduler's thread) beside the execution.
+        waiting = tracing.start("queue_wait", queue_depth=self.engine.scheduler.depth)
         try:
-            result = self.engine.execute(
-                work,
-                temperature=self.identity.temperature,
-                policy=policy,
-                should_stop=lambda: not context.is_active(),
-            )
+            with tracing.span("execute", policy=policy or "default"):
+                result = self.engine.execute(
+                    work,
+                    temperature=self.identity.temperature,
+                    policy=policy,
+                    should_stop=lambda: not context.is_active(),
+                    on_start=waiting.end,
+                )
         except QueueFull as error:
             log.warning("execute", status="RESOURCE_EXHAUSTED", **fields)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
@@ -165,6 +169,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         except Exception as error:  # never a made-up answer: any failure is INTERNAL
             log.exception("execute", status="INTERNAL", reason=repr(error), **fields)
             context.abort(grpc.StatusCode.INTERNAL, f"inference failed: {error!r}")
+        finally:
+            waiting.end()  # refused or abandoned before its turn
         log.info(
             "execute",
             status="OK",

@@ -53,14 +53,18 @@ def dockerfile(name: str) -> dict:
     return {"text": text, "env": env, **instructions}
 
 
-@pytest.mark.parametrize("name", ["worker", "frontend"])
+@pytest.mark.parametrize("name", ["worker", "worker-cpu", "frontend"])
 def test_images_run_the_tested_entry_points_as_non_root(name):
     image = dockerfile(name)
-    assert json.loads(image["ENTRYPOINT"]) == ["python", "-m", ENTRY[name]]
+    entry = ENTRY[name.split("-")[0]]
+    assert json.loads(image["ENTRYPOINT"]) == ["python", "-m", entry]
     assert image["USER"].split(":")[0] not in ("0", "root")
-    assert set(image["env"]) <= env_vars(ENTRY[name])
+    assert set(image["env"]) <= env_vars(entry)
     listen_port = image["env"]["OPENJEV_LISTEN"].rsplit(":", 1)[1]
-    assert set(image["EXPOSE"].split()) == {listen_port, image["env"]["OPENJEV_METRICS_PORT"]}
+    http_port = (
+        {image["env"]["OPENJEV_HTTP_LISTEN"].rsplit(":", 1)[1]} if "OPENJEV_HTTP_LISTEN" in image["env"] else set()
+    )
+    assert set(image["EXPOSE"].split()) == {listen_port, image["env"]["OPENJEV_METRICS_PORT"], *http_port}
     health = image["HEALTHCHECK"].split("CMD", 1)[1]
     assert json.loads(health.strip()) == ["python", "-m", "openjev.healthcheck", f"127.0.0.1:{listen_port}"]
 
@@ -98,9 +102,18 @@ def test_compose_brings_up_worker_then_frontend_healthy():
                 "openjev.healthcheck",
                 f"127.0.0.1:{listen_port}",
             ]
-            assert service["build"]["dockerfile"] in ("deploy/worker.Dockerfile", "deploy/frontend.Dockerfile")
+            assert service["build"]["dockerfile"] in (
+                "deploy/worker.Dockerfile",
+                "deploy/worker-cpu.Dockerfile",
+                "deploy/frontend.Dockerfile",
+            )
             assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).exists()
-            assert any(v.endswith(":/models/open-jev:ro") for v in service["volumes"]), "model mount read-only"
+            mounts = [v.split(":") for v in service["volumes"]]
+            model_dir = service["environment"]["OPENJEV_MODEL"]
+            assert any(m[-1] == "ro" and model_dir.startswith(m[-2]) for m in mounts), "model mount read-only"
+        # The HTTP API is on in compose, on a published port.
+        http_port = f["environment"]["OPENJEV_HTTP_LISTEN"].rsplit(":", 1)[1]
+        assert any(str(p).endswith(f":{http_port}") for p in f["ports"])
         # The frontend reaches every worker under the name they share.
         target = parse_worker_targets(f["environment"]["OPENJEV_WORKER"])
         assert target.traffic_target.startswith("dns:///")
