@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from openjev import abi
+from openjev.contract.literals import PREFIX_POLICIES
 
 _DESCRIPTION: dict[str, Any] = {"type": ["string", "object", "array"]}
 _NUMBER_01 = {"type": "number", "minimum": 0, "maximum": 1}
@@ -83,7 +83,7 @@ SCHEMAS: dict[str, Any] = {
             },
             "prefix_policy": {
                 "type": ["string", "null"],
-                "enum": [*abi.POLICIES, None],
+                "enum": [*PREFIX_POLICIES, None],
                 "description": "this service's extension: which prompt prefixes may be computed once",
             },
         },
@@ -141,7 +141,7 @@ SCHEMAS: dict[str, Any] = {
                         "required": ["policy", "enabled", "scope", "saved_tokens"],
                         "additionalProperties": False,
                         "properties": {
-                            "policy": {"type": "string", "enum": list(abi.POLICIES)},
+                            "policy": {"type": "string", "enum": list(PREFIX_POLICIES)},
                             "enabled": {"type": "boolean"},
                             "scope": {"type": "string", "enum": ["none", "within_question", "across_questions"]},
                             "saved_tokens": {"type": "integer", "minimum": 0},

@@ -212,14 +212,17 @@ def main(argv: list[str] | None = None) -> None:
             f"| {r['failures']} | {r['saved_tokens']} |"
         )
     o = oracle_row
-    lines += [
-        "",
-        f"Against transformers (`off`, same weights, first {o['cases']} requests): max abs dp {o['max_dp']:.2e}, "
-        f"max abs d score {o['max_dscore']:.2e}, max head-score difference (relative to max(1, |s|)) "
-        f"{o['max_rel_dscore_head']:.2e}, choice changes {o['choice_changes']} "
-        f"(decisive {o['decisive_choice_changes']}), noul flips {o['noul_flips']}.",
-    ]
-    if exact is not None:
+    if o["cases"] == 0:
+        lines += ["", "Not compared with transformers in this run (--oracle-cases 0)."]
+    else:
+        lines += [
+            "",
+            f"Against transformers (`off`, same weights, first {o['cases']} requests): max abs dp {o['max_dp']:.2e}, "
+            f"max abs d score {o['max_dscore']:.2e}, max head-score difference (relative to max(1, |s|)) "
+            f"{o['max_rel_dscore_head']:.2e}, choice changes {o['choice_changes']} "
+            f"(decisive {o['decisive_choice_changes']}), noul flips {o['noul_flips']}.",
+        ]
+    if exact is not None and o["cases"]:
         lines += [
             "",
             f"Against the same weights in fp32 (transformers, same requests), max head-score difference relative to "

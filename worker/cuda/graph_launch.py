@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from openjev import progress
 from openjev.worker.checkpoint.config import ModelConfig
 from openjev.worker.cuda import kernels as K
 from openjev.worker.cuda.buckets import MAX_STATE_SLOTS, Bucketing, PassBudget, PassKey
@@ -171,7 +172,7 @@ class GraphLauncher:
             self.cache.capacity = len(keys)
         t0, mem0 = time.perf_counter(), torch.cuda.memory_reserved(self.model.device)
         self.statics.ensure()
-        for key in keys:
+        for key in progress.track(keys, "CUDA graphs of the pass budget"):
             if key not in self.cache:
                 self._capture(key, self._dummy_plan(key))
         torch.cuda.synchronize(self.model.device)
