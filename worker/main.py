@@ -52,7 +52,10 @@ def parser() -> argparse.ArgumentParser:
         "--prefix-policy", default="auto", choices=PREFIX_POLICIES, help="policy for requests that name none"
     )
     p.add_argument(
-        "--queue-capacity", type=positive_int, default=64, help="requests that may wait for their first pass"
+        "--queue-capacity",
+        type=non_negative_int,
+        default=64,
+        help="requests that may wait for their first pass (0: none while the worker is busy)",
     )
     p.add_argument(
         "--max-launch-sequences",

@@ -5,8 +5,8 @@ One thread owns the runner (one device, one stream) and loops schedule -> execut
 `fill_pass` picks segments in arrival order, the runner executes them as one forward pass, and
 the results land in their requests (head scores, states kept for later passes). A parent's
 state is dropped as soon as its last child has run. Admission is bounded: a request that would
-make more than `capacity` requests wait for their first pass, or more than `max_admitted` be
-held in all, is refused at once (QueueFull).
+make more than `capacity` requests wait for their first pass (0: none may wait while the worker
+is busy), or more than `max_admitted` be held in all, is refused at once (QueueFull).
 Cancellation and deadlines act between passes and free the request's states then.
 
 A request's answer does not depend on what shares its passes: its segments are fixed by its
@@ -93,8 +93,8 @@ class Scheduler:
         on_pass: PassObserver | None = None,
         poll_seconds: float = 0.02,
     ):
-        if capacity < 1:
-            raise ValueError("queue capacity must be at least 1")
+        if capacity < 0:
+            raise ValueError("queue capacity must be >= 0")
         self.runner, self.limits, self.capacity = runner, limits, capacity
         self.max_depth = max(1, int(getattr(runner, "max_pass_depth", 1)))
         # requests held at once: those waiting, and at most a pass's worth of segments' owners
@@ -145,7 +145,8 @@ class Scheduler:
             if self._closed:
                 raise QueueFull("worker is shutting down")
             waiting = sum(j.started_at is None for j in self._jobs)
-            if waiting >= self.capacity or len(self._jobs) >= self.max_admitted:
+            # an idle worker always admits: its next pass takes the request at once
+            if self._jobs and (waiting >= self.capacity or len(self._jobs) >= self.max_admitted):
                 raise QueueFull(f"worker queue is full ({self.capacity} waiting)")
             self._jobs.append(job)
             if self._thread is None:

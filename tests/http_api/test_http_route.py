@@ -261,6 +261,7 @@ def test_worker_failure_is_502_and_no_worker_is_503(demo_model, tmp_path):
         max_length=meta.max_length,
         tokenizer_fingerprint=PromptTokenizer.from_export(demo_model).fingerprint,
         backend="fake",
+        limits=wire.Limits(max_questions=4096, max_candidates=65536),  # compared at connect
     )
 
     class Failing(worker_pb2_grpc.WorkerServiceServicer):
