@@ -59,9 +59,11 @@ bench: demo-model $(VENV)/.installed-test
 		--out benchmarks/results/cpu-demo --per-group 2 --blocks 2 --arms off,auto,shared,transformers \
 		--sweep 1,4 --sweep-seconds 10
 
-# N clients against a worker + frontend on loopback for a bounded time (docs/reliability.md).
+# N clients against a worker + frontend on loopback for a bounded time, with the hostile mix (idle
+# streams, oversized requests, cancellations and deadlines, two worker kills): docs/reliability.md.
 soak: demo-model
-	$(PY) -m openjev.tools.soak --model $(DEMO) --clients 8 --duration 60
+	$(PY) -m openjev.tools.soak --model $(DEMO) --clients 8 --duration 75 --requests 5000 \
+		--hostile idle,oversized,cancel,kill --kills 2 --json .openjev/soak-report.json
 
 # On a GPU host, in an environment with the cuda and test extras (or the device machine's
 # python with the package installed; see docs/benchmarks/index.md).
