@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 import uuid
 from concurrent import futures
@@ -37,6 +38,10 @@ _PASSED_THROUGH = {
     grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.CANCELLED,
 }
+
+
+# How long past its deadline a worker call may stay open before the frontend cancels it itself.
+WATCHDOG_GRACE_SECONDS = 2.0
 
 
 class Refused(Exception):
@@ -221,12 +226,19 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 tokenize_span.end()
             yield wire.ExecuteRequest(commit=wire.Commit())
 
+        timeout = self.worker_timeout(context)
         call = self.link.stub.Execute(
             stream(),
-            timeout=self.worker_timeout(context),
+            timeout=timeout,
             metadata=[(REQUEST_ID_KEY, request_id), *tracing.inject(worker_span)],
         )
         context.add_callback(call.cancel)  # the client going away cancels the worker's work
+        # The call's own deadline did not always end it: after a worker was killed, a call whose
+        # request stream was still tokenizing stayed open far past it (found by the hostile soak).
+        # A timer cancels it shortly after, so no request outlives its bound.
+        watchdog = threading.Timer(timeout + WATCHDOG_GRACE_SECONDS, call.cancel)
+        watchdog.daemon = True
+        watchdog.start()
         results: list[wire.QuestionResult | None] = [None] * len(decision.questions)
         summary = None
         try:
@@ -243,9 +255,12 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         except grpc.RpcError as error:
             if refusal:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from error
+            if watchdog.finished.is_set() and error.code() == grpc.StatusCode.CANCELLED and context.is_active():
+                raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"worker: no answer within {timeout:.1f} s") from error
             code = error.code() if error.code() in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
             raise Refused(code, f"worker: {error.details()}") from error
         finally:
+            watchdog.cancel()
             tokenize_span.end()  # a stream that never started or was cut off
             worker_span.end()
         if refusal:
