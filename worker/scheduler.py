@@ -68,7 +68,7 @@ class _Job:
     num_shared_passes: int = 0
 
     def __post_init__(self) -> None:
-        self.tree = PendingTree.of(self.plan.segments)
+        self.tree = PendingTree(self.plan.segments)
         self.scores = [[None] * n for n in self.plan.num_candidates_per_question]
         self.children_left = [0] * len(self.plan.segments)
         for s in self.plan.segments:
@@ -248,19 +248,19 @@ class Scheduler:
         if job.done.is_set():
             return
         segment = job.plan.segments[index]
-        job.tree.done[index] = True
+        job.tree.mark_done(index)
         if keep:
             if result.state is None:
-                self._fail(job, InferenceError(f"runner returned no state for segment {index}"))
+                self._finish_all([job], InferenceError(f"runner returned no state for segment {index}"))
                 return
             job.states[index] = result.state
         if segment.readers:
             score = result.head_score
             if score is None:
-                self._fail(job, InferenceError(f"runner returned no head score for segment {index}"))
+                self._finish_all([job], InferenceError(f"runner returned no head score for segment {index}"))
                 return
             if not math.isfinite(score):
-                self._fail(job, InferenceError(f"non-finite head score {score} for segment {index}"))
+                self._finish_all([job], InferenceError(f"non-finite head score {score} for segment {index}"))
                 return
             for reader in segment.readers:
                 job.scores[reader.question][reader.candidate] = float(score)
@@ -269,12 +269,6 @@ class Scheduler:
             job.children_left[parent] -= 1
             if job.children_left[parent] == 0:
                 job.states.pop(parent, None)
-
-    def _fail(self, job: _Job, error: BaseException) -> None:
-        with self._cond:
-            if job in self._jobs:
-                self._jobs.remove(job)
-        job.finish(error)
 
     def _finish_all(self, jobs: list[_Job], error: BaseException) -> None:
         with self._cond:

@@ -43,7 +43,7 @@ class PackedLaunch:
 
 def mlp(x: Tensor, layer: LayerWeights) -> Tensor:
     """SiLU-gated MLP. x: [N, D] -> [N, D]."""
-    return ops.linear(F.silu(ops.linear(x, layer.mlp_gate)) * ops.linear(x, layer.mlp_up), layer.mlp_down)
+    return (F.silu(x @ layer.mlp_gate.T) * (x @ layer.mlp_up.T)) @ layer.mlp_down.T
 
 
 def run_mixer(
@@ -96,10 +96,10 @@ def _padded(rows: list[int]) -> list[int]:
     return rows + rows[-1:] * (-len(rows) % ROW_QUANTUM) if rows else rows
 
 
-# Elementwise CPU kernels run a vectorised body and a scalar tail that can round differently, so
-# an element's bits could depend on where it sits in the flattened tensor. Rows padded to a
-# multiple of this leave no tail in any [T, ...] tensor; with ops.linear this makes a row's
-# result independent of the pass it shares.
+# Elementwise CPU kernels run a vectorised body and a scalar tail that can round differently, and
+# CPU BLAS sums products of fewer than 16 rows in another order: an element's bits could depend on
+# what else shares its pass. Rows (and head rows) padded to a multiple of this leave no tail and no
+# short product, so a row's result is independent of the pass it shares.
 ROW_QUANTUM = 16
 
 

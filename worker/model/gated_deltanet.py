@@ -51,9 +51,9 @@ def gdn_mixer(
     parent_states: each segment's starting state, or the index of an earlier segment of this
         launch whose final state it continues from (None: start of prompt).
     Returns (mixer output [T_total, D], each segment's final GdnState)."""
-    mixed_qkv = ops.linear(h, w.in_proj_qkv)  # [T, C], the conv input (and so the conv window)
-    z = ops.linear(h, w.in_proj_z).unflatten(-1, (config.linear_num_value_heads, config.linear_value_head_dim))
-    g, beta = decay_and_beta(ops.linear(h, w.in_proj_a), ops.linear(h, w.in_proj_b), w)
+    mixed_qkv = h @ w.in_proj_qkv.T  # [T, C], the conv input (and so the conv window)
+    z = (h @ w.in_proj_z.T).unflatten(-1, (config.linear_num_value_heads, config.linear_value_head_dim))
+    g, beta = decay_and_beta(h @ w.in_proj_a.T, h @ w.in_proj_b.T, w)
 
     core = h.new_empty(h.shape[0], config.linear_num_value_heads, config.linear_value_head_dim)
     states: list[GdnState] = []
@@ -69,4 +69,4 @@ def gdn_mixer(
         states.append(GdnState(conv_window=window, recurrent=recurrent))
 
     normed = ops.gated_rms_norm(core, z, w.norm_weight, config.rms_norm_eps)
-    return ops.linear(normed.flatten(1), w.out_proj), states
+    return normed.flatten(1) @ w.out_proj.T, states

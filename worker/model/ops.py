@@ -17,21 +17,6 @@ from openjev.worker.geometry import GDN_CHUNK_TOKENS
 L2NORM_EPS = 1e-6
 
 
-# CPU BLAS computes products of a few rows (matrix-vector paths) in another summation order than
-# larger ones; from this many rows on, a row's result does not depend on the other rows.
-MIN_PRODUCT_ROWS = 16
-
-
-def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """x @ weight^T whose rows do not depend on which other rows share the product (batch
-    invariance: a request's answer must not depend on what else shares its pass).
-    x: [T, K]; weight: [N, K]. Returns [T, N]."""
-    rows = x.shape[0]
-    if rows >= MIN_PRODUCT_ROWS:
-        return x @ weight.T
-    return (F.pad(x, (0, 0, 0, MIN_PRODUCT_ROWS - rows)) @ weight.T)[:rows]
-
-
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Zero-centred RMSNorm: x / rms(x) * (1 + weight).
     x: [..., D] any float (e.g. [T, D], or [T, H, Dh] per head); weight: [D]. Computes in fp32,

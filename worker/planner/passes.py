@@ -27,20 +27,30 @@ class Picked:
     parent_in_pass: int | None
 
 
-@dataclass
 class PendingTree:
-    """A request's segments and which of them have run."""
+    """A request's segments and which of them have run. Segments before `first_pending` have
+    all run, so a pass over a request of tens of thousands of candidates does not rescan them."""
 
-    segments: Sequence[Segment]
-    done: list[bool]
-
-    @classmethod
-    def of(cls, segments: Sequence[Segment]) -> PendingTree:
-        return cls(segments, [False] * len(segments))
+    def __init__(self, segments: Sequence[Segment]):
+        self.segments = segments
+        self.done = [False] * len(segments)
+        self.children: list[list[int]] = [[] for _ in segments]
+        for s in segments:
+            if s.parent is not None:
+                self.children[s.parent].append(s.index)
+        self.first_pending = 0
+        self._num_done = 0
 
     @property
     def finished(self) -> bool:
-        return all(self.done)
+        return self._num_done == len(self.segments)
+
+    def mark_done(self, index: int) -> None:
+        if not self.done[index]:
+            self.done[index] = True
+            self._num_done += 1
+            while self.first_pending < len(self.done) and self.done[self.first_pending]:
+                self.first_pending += 1
 
 
 def fill_pass(
@@ -57,11 +67,11 @@ def fill_pass(
         own_left = limits.max_tokens if tokens_per_request is None else tokens_per_request
         position: dict[int, int] = {}  # segment index -> its position in the pass
         depth: dict[int, int] = {}
-        for segment in tree.segments:
+        for segment in tree.segments[tree.first_pending :]:
             i = segment.index
             if tree.done[i]:
                 continue
-            if len(picked) == limits.max_sequences:
+            if len(picked) == limits.max_sequences or min(tokens_left, own_left) == 0:
                 break
             parent = segment.parent
             if parent is None or tree.done[parent]:
@@ -81,11 +91,7 @@ def fill_pass(
 
 def kept_after_pass(tree: PendingTree, chosen: set[int]) -> set[int]:
     """Segments of this pass whose state a later pass needs: some child runs later."""
-    return {
-        s.parent
-        for s in tree.segments
-        if s.parent is not None and s.parent in chosen and s.index not in chosen and not tree.done[s.index]
-    }
+    return {i for i in chosen if any(c not in chosen and not tree.done[c] for c in tree.children[i])}
 
 
 def pack_passes(segments: Sequence[Segment], limits: PackLimits, max_depth: int) -> list[tuple[int, ...]]:
@@ -95,11 +101,11 @@ def pack_passes(segments: Sequence[Segment], limits: PackLimits, max_depth: int)
             raise ValueError(f"segment {s.index} has {s.num_tokens} tokens > {limits.max_tokens}")
         if s.parent is not None and s.parent >= s.index:
             raise ValueError("segments must list parents before children")
-    tree = PendingTree.of(segments)
+    tree = PendingTree(segments)
     passes = []
     while not tree.finished:
         chosen = [p.segment for p in fill_pass([tree], limits, max_depth)]
         for i in chosen:
-            tree.done[i] = True
+            tree.mark_done(i)
         passes.append(tuple(sorted(chosen)))
     return passes
