@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from openjev import logs
 
@@ -90,3 +91,31 @@ def log_config(name: str, args: argparse.Namespace) -> None:
     logs.get(name).info(
         "config", **{k: "<redacted>" if is_secret(k) and v is not None else v for k, v in sorted(vars(args).items())}
     )
+
+
+def add_server_flags(p: argparse.ArgumentParser, *, client: str) -> None:
+    """The flags both servers take: call caps of the idle-prone kinds, shutdown, port file,
+    metrics, TLS, tracing, logging. client: who connects (named in the help)."""
+    p.add_argument("--max-watch-streams", type=positive_int, default=32, help="concurrent health Watch streams")
+    p.add_argument("--max-reflection-streams", type=positive_int, default=8, help="concurrent reflection streams")
+    p.add_argument("--grace-seconds", type=non_negative_float, default=10.0, help="drain time on SIGTERM")
+    p.add_argument(
+        "--port-file", type=Path, default=None, help="write the bound port here once serving (for --listen HOST:0)"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=0,
+        help="serve Prometheus metrics at http://LISTEN_HOST:PORT/metrics (0: off)",
+    )
+    p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate of this server's port (TLS)")
+    p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--tls-client-ca", type=Path, default=None, help=f"require {client} certificates signed by this CA (mTLS)"
+    )
+    p.add_argument(
+        "--otlp-endpoint",
+        default="",
+        help="export OpenTelemetry traces over OTLP/gRPC, e.g. http://HOST:4317 (empty: off)",
+    )
+    p.add_argument("--log-level", default="info")

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from openjev import config, interceptors, logs, metrics, security, serving, tracing
-from openjev.config import non_negative_float, port_number, positive_float, positive_int
+from openjev.config import positive_float, positive_int
 from openjev.contract.request import MAX_CANDIDATES, MAX_QUESTIONS, MAX_RENDERED_BYTES
 from openjev.export import load_export_meta_or_exit
 from openjev.frontend.service import DEFAULT_MAX_REQUEST_TOKENS, DecisionServicer
@@ -58,8 +58,6 @@ def parser() -> argparse.ArgumentParser:
         default=128,
         help="Decide calls served at once; more are refused RESOURCE_EXHAUSTED",
     )
-    p.add_argument("--max-watch-streams", type=positive_int, default=32, help="concurrent health Watch streams")
-    p.add_argument("--max-reflection-streams", type=positive_int, default=8, help="concurrent reflection streams")
     p.add_argument(
         "--tokenizer-threads", type=positive_int, default=2, help="threads that tokenize, shared by all requests"
     )
@@ -72,19 +70,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--worker-refresh-seconds", type=positive_float, default=2.0, help="how often the worker is described again"
     )
-    p.add_argument("--grace-seconds", type=non_negative_float, default=10.0, help="drain time on SIGTERM")
-    p.add_argument(
-        "--port-file", type=Path, default=None, help="write the bound port here once listening (for --listen HOST:0)"
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=port_number,
-        default=0,
-        help="serve Prometheus metrics at http://LISTEN_HOST:PORT/metrics (0: off)",
-    )
-    p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate of the public port (TLS)")
-    p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
-    p.add_argument("--tls-client-ca", type=Path, default=None, help="require client certificates signed by this CA")
     p.add_argument(
         "--auth-token-file",
         type=Path,
@@ -104,12 +89,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--http-max-body-bytes", type=int, default=serving.MAX_MESSAGE_BYTES, help="larger HTTP bodies get 413"
     )
-    p.add_argument(
-        "--otlp-endpoint",
-        default="",
-        help="export OpenTelemetry traces over OTLP/gRPC, e.g. http://HOST:4317 (empty: off)",
-    )
-    p.add_argument("--log-level", default="info")
+    config.add_server_flags(p, client="client")
     return p
 
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from openjev import config, interceptors, logs, metrics, security, serving, tracing
-from openjev.config import non_negative_float, non_negative_int, port_number, positive_float, positive_int
+from openjev.config import non_negative_float, non_negative_int, positive_float, positive_int
 from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
 from openjev.export import load_export_meta_or_exit
 from openjev.limits import CallLimits
@@ -96,8 +96,6 @@ def parser() -> argparse.ArgumentParser:
         default=16,
         help="Execute streams that may be arriving (not yet committed) beside the queue's requests",
     )
-    p.add_argument("--max-watch-streams", type=positive_int, default=32, help="concurrent health Watch streams")
-    p.add_argument("--max-reflection-streams", type=positive_int, default=8, help="concurrent reflection streams")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads of the torch backend")
     p.add_argument(
         "--graph-cache-size",
@@ -126,16 +124,6 @@ def parser() -> argparse.ArgumentParser:
         help="cuda backend: Gated DeltaNet prefill as the token recurrence (faster on the H200, "
         "measured) or the chunked tensor-core form (docs/cuda-kernels.md)",
     )
-    p.add_argument("--grace-seconds", type=non_negative_float, default=10.0, help="drain time on SIGTERM")
-    p.add_argument(
-        "--port-file", type=Path, default=None, help="write the bound port here once serving (for --listen HOST:0)"
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=port_number,
-        default=0,
-        help="serve Prometheus metrics at http://LISTEN_HOST:PORT/metrics (0: off)",
-    )
     p.add_argument(
         "--max-connection-age-seconds",
         type=non_negative_float,
@@ -143,17 +131,7 @@ def parser() -> argparse.ArgumentParser:
         help="ask frontends to reconnect this often, so that they re-resolve a DNS name "
         "and spread over workers added since (0: never)",
     )
-    p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate of this worker (TLS)")
-    p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
-    p.add_argument(
-        "--tls-client-ca", type=Path, default=None, help="require frontend certificates signed by this CA (mTLS)"
-    )
-    p.add_argument(
-        "--otlp-endpoint",
-        default="",
-        help="export OpenTelemetry traces over OTLP/gRPC, e.g. http://HOST:4317 (empty: off)",
-    )
-    p.add_argument("--log-level", default="info")
+    config.add_server_flags(p, client="frontend")
     return p
 
 
