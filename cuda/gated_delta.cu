@@ -86,7 +86,8 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 //             <= -2 row -2 - init_idx[n] of final_state (its parent in the same pass, finished
 //             by an earlier launch of this pass)
 // seg_level:  [N] int32; only segments with seg_level[n] == level run, blocks of the others exit
-//             (a forest pass launches once per tree level on a fixed grid, so graphs can hold it)
+//             (a forest pass launches once per tree level on a fixed grid, so graphs can hold it);
+//             so do blocks of empty segments, whose final_state rows are left as they are
 // out:        [T, H, DV] bf16
 // final_state:[N, H, DK, DV] fp32
 // grid (DV / NCOLS, H, N), block NCOLS / CC * PARTS threads.
@@ -118,9 +119,11 @@ __device__ __forceinline__ void gdn_recurrent(
     const int cg = (tid / PARTS) * CC, part = tid % PARTS;  // first column (in the block), rows
     const int col0 = blockIdx.x * NCOLS;
     const int h = blockIdx.y, n = blockIdx.z;
-    if (seg_level[n] != level) return;  // whole block: no barrier has been reached yet
-    const int hk = h / (H / Hk);
     const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
+    // Whole block, before any barrier. An empty segment (a graph's padding up to its segment
+    // count) has no final state anyone reads: writing its 64 KB a head cost ~2 ms a pass.
+    if (seg_level[n] != level || start == end) return;
+    const int hk = h / (H / Hk);
     const long state_base = ((long)n * H + h) * DK * DV;
     // final_state rows of other segments are only read, never written, by this launch
     const int src = init_idx[n];

@@ -232,8 +232,8 @@ def gdn_recurrent(
     Forest passes (one launch per tree level, all on the same grid):
     init_idx: [N] int32 or None (row n of init_state, or zeros without it): >= 0 a row of
     init_state, -1 zeros, <= -2 row -2 - i of `final` (an in-pass parent an earlier launch finished);
-    seg_level: [N] int32 or None (all 0); only segments with seg_level == level run, the others'
-    rows of out and final are left as they are.
+    seg_level: [N] int32 or None (all 0); only non-empty segments with seg_level == level run, the
+    others' rows of out and final are left as they are.
     Returns (o [T, H, 128] bf16, final_state [N, H, 128, 128] fp32).
     """
     T, H = g.shape
