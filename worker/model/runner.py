@@ -23,7 +23,7 @@ class TorchRunner:
     activations (the GDN recurrent state and the head are fp32 regardless)."""
 
     backend = "torch"
-    max_pass_depth = 1 << 16  # the mixers walk a pass's segments in order, parents first
+    max_pass_depth = 1 << 16  # the mixers take a pass's segments level by level, parents first
 
     def __init__(self, model_dir: Path, *, dtype: torch.dtype = torch.float32, num_threads: int | None = None):
         if num_threads is not None:
