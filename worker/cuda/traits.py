@@ -111,6 +111,71 @@ class ConvTraits:
         return {"CONV_K": self.kernel_size, "CONV_ROWS": self.rows_per_thread}
 
 
+@dataclass(frozen=True)
+class GemmVariant:
+    """gemm_stream.cu: wm x wn warps, each owning mi m16 row tiles x ni n8 column tiles, fed by a
+    cp.async pipeline `stages` k-tiles of 64 columns deep."""
+
+    wm: int
+    wn: int
+    mi: int
+    ni: int
+    stages: int
+
+    @property
+    def code(self) -> int:
+        """Decimal digits wm, wn, mi, ni, then two of stages: the kernel's name and definition."""
+        assert all(0 < d < 10 for d in (self.wm, self.wn, self.mi, self.ni)) and 0 < self.stages < 100
+        return ((self.wm * 10 + self.wn) * 10 + self.mi) * 1000 + self.ni * 100 + self.stages
+
+    @property
+    def name(self) -> str:
+        return f"gemm_stream_{self.code}"
+
+    @property
+    def block_m(self) -> int:
+        return 16 * self.wm * self.mi
+
+    @property
+    def block_n(self) -> int:
+        return 8 * self.wn * self.ni
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wm * self.wn
+
+    @property
+    def smem_bytes(self) -> int:
+        """`stages` tiles of block_m x rows and block_n w rows, 64 bf16 columns each."""
+        return self.stages * (self.block_m + self.block_n) * GEMM_BLOCK_K * BF16_BYTES
+
+
+GEMM_BLOCK_K = 64
+# The menu the host chooses from per product shape and row count (gemm_stream.py); every
+# variant gives a row the same bits (the kernel's header says why).
+GEMM_STREAM = (
+    GemmVariant(1, 2, 1, 1, 12),  # 16 x 16: many blocks for N = 5,120
+    GemmVariant(1, 4, 1, 1, 8),  # 16 x 32
+    GemmVariant(1, 4, 1, 2, 6),  # 16 x 64
+    GemmVariant(1, 8, 1, 2, 4),  # 16 x 128
+    GemmVariant(1, 4, 2, 2, 5),  # 32 x 64
+    GemmVariant(1, 8, 2, 2, 4),  # 32 x 128
+    GemmVariant(2, 4, 2, 2, 4),  # 64 x 64
+    GemmVariant(2, 4, 2, 4, 4),  # 64 x 128
+    GemmVariant(1, 4, 5, 2, 5),  # 80 x 64: 65-80 rows in one tile
+    GemmVariant(1, 8, 5, 2, 4),  # 80 x 128
+    GemmVariant(2, 4, 4, 2, 4),  # 128 x 64
+    GemmVariant(2, 4, 4, 4, 3),  # 128 x 128
+)
+
+
+def gemm_definitions() -> dict[str, int | str]:
+    # no spaces or commas: the definition survives a shell's word splitting (the nvcc line above)
+    # and nvcc's splitting of option values at commas
+    variants = "".join(f"GS({v.code})" for v in GEMM_STREAM)
+    return {"GS_BK": GEMM_BLOCK_K, "GS_VARIANTS": variants}
+
+
 GDN_CHUNKED = GdnChunkTraits()
 ATTENTION = AttentionTraits()
 CONV = ConvTraits()
@@ -118,7 +183,7 @@ CONV = ConvTraits()
 
 def compile_definitions() -> tuple[str, ...]:
     """`-DNAME=value` for every kernel size; every `.cu` module is compiled with all of them."""
-    merged = {**GDN_CHUNKED.definitions(), **ATTENTION.definitions(), **CONV.definitions()}
+    merged = {**GDN_CHUNKED.definitions(), **ATTENTION.definitions(), **CONV.definitions(), **gemm_definitions()}
     return tuple(f"-D{name}={value}" for name, value in sorted(merged.items()))
 
 
