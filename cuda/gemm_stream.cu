@@ -1,6 +1,6 @@
 // Products of few rows that stream the weight: out[M, N] = x[M, K] @ w[N, K]^T, bf16 in and out,
 // fp32 accumulation, on mma.sync m16n8k16 tensor-core steps fed from XOR-swizzled shared memory
-// by a cp.async pipeline of GS_STAGES-deep 64-column k-tiles (16-byte copies, coalesced rows).
+// by a cp.async pipeline STAGES k-tiles deep (16-byte copies, BK columns a tile).
 //
 // Batch invariance: every output element is one fp32 accumulator to which the mma steps add
 // 16 columns of k at a time, in increasing k from 0 to K, whatever the variant's tile shape, the
@@ -8,26 +8,30 @@
 // loaded as zeros and never stored), then rounded once to bf16 (nearest even). So every variant
 // gives a row the same bits at every M. There is no split of K.
 //
-// A variant is (WM, WN, MI, NI, STAGES): WM x WN warps, each owning MI m16 tiles x NI n8 tiles,
-// so a block owns BM = 16 WM MI rows of x and BN = 8 WN NI rows of w. grid (ceil(M / BM),
-// ceil(N / BN)): the row tiles of one weight tile are adjacent block indices, so they run
-// together and the weight tile comes from memory once, from L2 after that. Dynamic shared memory:
-// STAGES (BM + BN) 128 bytes (GemmStreamTraits.smem_bytes on the host).
+// A variant is (WM, WN, MI, NI, BK, STAGES): WM x WN warps, each owning MI m16 tiles x NI n8
+// tiles, so a block owns BM = 16 WM MI rows of x and BN = 8 WN NI rows of w, BK columns of k a
+// pipeline stage. grid (ceil(M / BM), ceil(N / BN)): the row tiles of one weight tile are
+// adjacent block indices, so they run together and the weight tile comes from memory once, from
+// L2 after that. Dynamic shared memory: STAGES (BM + BN) BK 2 bytes (GemmVariant.smem_bytes).
+// Rows of x past M and of w past N are not loaded: their shared memory holds stale values, which
+// reach only outputs of those rows and columns (an mma's rows and columns do not mix), never
+// stored.
 //
-// Requires K % 64 == 0, N % 8 == 0, x rows and w 16-byte aligned (the host checks).
+// Requires K % BK == 0 (the host checks K % 256 == 0 or picks a BK that divides K), N % 8 == 0,
+// x rows and w 16-byte aligned.
 #include "common.cuh"
 
-#if !defined(GS_BK) || !defined(GS_VARIANTS)
+#if !defined(GS_VARIANTS)
 #error "compile with the definitions of openjev.worker.cuda.traits"
 #endif
-static_assert(GS_BK == 64, "a k-tile row is 128 bytes: 8 chunks of 16 bytes, swizzled by row & 7");
-#define GS_ROW_BYTES (GS_BK * 2)
 
 typedef __nv_bfloat16 bf16;
 
-// byte offset of 16-byte chunk c of tile row r: rows 128 bytes apart would put a ldmatrix's
-// eight rows in one bank group; XOR with the row spreads them over all eight.
-__device__ __forceinline__ u32 gs_swz(int r, int c) { return (u32)(r * GS_ROW_BYTES + ((c ^ (r & 7)) << 4)); }
+// byte offset of 16-byte chunk c of tile row r (rows of BK bf16): rows a multiple of 128 bytes
+// apart would put a ldmatrix's eight rows in one bank group; XOR with the row spreads them over
+// all eight.
+template <int BK>
+__device__ __forceinline__ u32 gs_swz(int r, int c) { return (u32)(r * (BK * 2) + ((c ^ (r & 7)) << 4)); }
 
 __device__ __forceinline__ void gs_ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -45,12 +49,14 @@ __device__ __forceinline__ void gs_mma(float* c, const u32* a, u32 b0, u32 b1) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int WM, int WN, int MI, int NI, int STAGES>
+template <int WM, int WN, int MI, int NI, int BK, int STAGES>
 __device__ __forceinline__ void gemm_stream(const bf16* __restrict__ x, long ldx, const bf16* __restrict__ w,
                                             bf16* __restrict__ out, long ldo, int M, int N, int K) {
     constexpr int BM = 16 * WM * MI, BN = 8 * WN * NI, NT = 32 * WM * WN;
-    constexpr int STAGE_BYTES = (BM + BN) * GS_ROW_BYTES;
-    constexpr int CHUNKS = (BM + BN) * 8;  // 16-byte copies a stage
+    constexpr int CPR = BK / 8;  // 16-byte chunks a tile row
+    constexpr int STAGE_BYTES = (BM + BN) * BK * 2;
+    constexpr int CHUNKS = (BM + BN) * CPR;  // 16-byte copies a stage
+    static_assert(BK % 64 == 0, "tile rows of whole 128-byte swizzle periods");
     constexpr int LOADS = (CHUNKS + NT - 1) / NT;
     static_assert(NI == 1 || NI % 2 == 0, "B fragments load in pairs of n8 tiles (or one)");
     static_assert(STAGES >= 2, "a pipeline");
@@ -59,16 +65,16 @@ __device__ __forceinline__ void gemm_stream(const bf16* __restrict__ x, long ldx
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WN, wn = warp % WN;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
-    const int KT = K / GS_BK;
+    const int KT = K / BK;
 
-    // This thread's copies of a stage: source row start, bytes (0: rows past M or N read
-    // nothing and land as zeros), destination offset; the same for every k-tile.
+    // This thread's copies of a stage (source row start, destination offset; the same for every
+    // k-tile), and which of them exist: rows past M or N and chunks past the tile are skipped.
     const bf16* src[LOADS];
-    int bytes[LOADS];
     u32 dst[LOADS];
+    unsigned live = 0;
 #pragma unroll
     for (int j = 0; j < LOADS; ++j) {
-        const int i = tid + j * NT, r = i >> 3, c = i & 7;
+        const int i = tid + j * NT, r = i / CPR, c = i % CPR;
         bool ok;
         if (r < BM) {
             ok = m0 + r < M;
@@ -77,14 +83,15 @@ __device__ __forceinline__ void gemm_stream(const bf16* __restrict__ x, long ldx
             ok = r < BM + BN && n0 + (r - BM) < N;
             src[j] = w + (long)(ok ? n0 + (r - BM) : 0) * K + c * 8;
         }
-        bytes[j] = ok ? 16 : 0;
-        dst[j] = i < CHUNKS ? gs_swz(r, c) : 0xffffffffu;
+        dst[j] = gs_swz<BK>(r, c);
+        if (ok) live |= 1u << j;
     }
+    static_assert(LOADS <= 32, "live copies fit a 32-bit mask");
     auto load = [&](int stage, int kt) {
         const u32 s = base + stage * STAGE_BYTES;
 #pragma unroll
         for (int j = 0; j < LOADS; ++j)
-            if (CHUNKS % NT == 0 || dst[j] != 0xffffffffu) cp_async16(s + dst[j], src[j] + kt * GS_BK, bytes[j]);
+            if (live & (1u << j)) cp_async16(s + dst[j], src[j] + kt * BK, 16);
     };
 
     float acc[MI][NI][4];
@@ -117,17 +124,17 @@ __device__ __forceinline__ void gemm_stream(const bf16* __restrict__ x, long ldx
         }
         const u32 s = base + stage * STAGE_BYTES;
 #pragma unroll
-        for (int kk = 0; kk < GS_BK / 16; ++kk) {
+        for (int kk = 0; kk < BK / 16; ++kk) {
             u32 a[MI][4], b[NI][2];
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi)
-                gs_ldsm_x4(s + gs_swz(a_row + mi * 16, 2 * kk + a_chunk), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+                gs_ldsm_x4(s + gs_swz<BK>(a_row + mi * 16, 2 * kk + a_chunk), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
             if constexpr (NI == 1) {
-                gs_ldsm_x2(s + gs_swz(b_row, 2 * kk + b_chunk), b[0][0], b[0][1]);
+                gs_ldsm_x2(s + gs_swz<BK>(b_row, 2 * kk + b_chunk), b[0][0], b[0][1]);
             } else {
 #pragma unroll
                 for (int ni = 0; ni < NI; ni += 2)
-                    gs_ldsm_x4(s + gs_swz(b_row + ni * 8, 2 * kk + b_chunk), b[ni][0], b[ni][1], b[ni + 1][0],
+                    gs_ldsm_x4(s + gs_swz<BK>(b_row + ni * 8, 2 * kk + b_chunk), b[ni][0], b[ni][1], b[ni + 1][0],
                                b[ni + 1][1]);
             }
 #pragma unroll
@@ -158,12 +165,12 @@ __device__ __forceinline__ void gemm_stream(const bf16* __restrict__ x, long ldx
 }
 
 // One extern "C" kernel per variant the host lists (traits.GEMM_STREAM), named by its code: the
-// decimal digits WM WN MI NI and two of STAGES (nvcc would split a definition at commas).
+// decimal digits WM WN MI NI BK/64, then two of STAGES (nvcc would split a definition at commas).
 #define GS(CODE)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(32 * ((CODE) / 100000) * ((CODE) / 10000 % 10))     \
+    extern "C" __global__ void __launch_bounds__(32 * ((CODE) / 1000000) * ((CODE) / 100000 % 10))  \
         gemm_stream_##CODE(const bf16* __restrict__ x, long ldx, const bf16* __restrict__ w,          \
                            bf16* __restrict__ out, long ldo, int M, int N, int K) {                   \
-        gemm_stream<(CODE) / 100000, (CODE) / 10000 % 10, (CODE) / 1000 % 10, (CODE) / 100 % 10,      \
-                    (CODE) % 100>(x, ldx, w, out, ldo, M, N, K);                                      \
+        gemm_stream<(CODE) / 1000000, (CODE) / 100000 % 10, (CODE) / 10000 % 10, (CODE) / 1000 % 10,  \
+                    64 * ((CODE) / 100 % 10), (CODE) % 100>(x, ldx, w, out, ldo, M, N, K);            \
     }
 GS_VARIANTS

@@ -27,27 +27,33 @@ def variant(code: int) -> GemmVariant:
 
 def choose(m: int, n: int, k: int) -> GemmVariant:
     """A variant for M rows against an [N, K] weight: small tiles of N where the weight has few
-    rows (enough blocks for every multiprocessor), wide ones where x is re-read by many blocks."""
+    rows (enough blocks for every multiprocessor), wide ones where x is re-read by many blocks;
+    long k-tiles where they divide K."""
+    wide = k % 128 == 0
     if m <= 16:
-        return variant(141108 if n <= 8192 else 141206)
+        if n <= 8192:
+            return variant(1211208 if wide else 1211112)
+        return variant(1812104)
     if m <= 32:
-        return variant(142205 if n <= 8192 else 182204)
+        return variant(1422105 if n <= 8192 else 1822104)
     if m <= 64:
-        return variant(242204 if n <= 8192 else 242404)
+        return variant(2422104 if n <= 8192 else 2424104)
     if m <= 80:
-        return variant(145205 if n <= 8192 else 185204)
-    return variant(244204 if n <= 8192 else 244403)
+        return variant(1452105)
+    return variant(2444103)
 
 
-def check(x: torch.Tensor, w: torch.Tensor) -> None:
+def check(x: torch.Tensor, w: torch.Tensor, v: GemmVariant | None = None) -> None:
     """The kernel's requirements, as a ValueError naming the first one broken."""
     if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
         raise ValueError(f"bf16 operands expected, got {x.dtype} and {w.dtype}")
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"x [M, K] and w [N, K] expected, got {tuple(x.shape)} and {tuple(w.shape)}")
     n, k = w.shape
-    if k % traits.GEMM_BLOCK_K or n % 8:
-        raise ValueError(f"K must be a multiple of {traits.GEMM_BLOCK_K} and N of 8, got N={n}, K={k}")
+    if k % 64 or n % 8:
+        raise ValueError(f"K must be a multiple of 64 and N of 8, got N={n}, K={k}")
+    if v is not None and k % v.block_k:
+        raise ValueError(f"variant {v.code} takes K in multiples of {v.block_k}, got K={k}")
     if not w.is_contiguous() or w.data_ptr() % 16:
         raise ValueError("w must be contiguous and 16-byte aligned")
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
@@ -59,6 +65,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, code: int | None = None, out: torch
     check(x, w)
     m, n, k = x.shape[0], w.shape[0], w.shape[1]
     v = choose(m, n, k) if code is None else variant(code)
+    check(x, w, v)
     out = kernels._out(out, (m, n), torch.bfloat16, x.device)
     if m == 0:
         return out

@@ -31,13 +31,15 @@ def rel(out, ref):
 
 
 # (N, K): N not a multiple of any tile width (tail tiles), K of one and of many k-tiles
-SHAPES = [(520, 64), (520, 1024), (1032, 2112)]
+SHAPES = [(520, 256), (520, 1024), (1032, 2304)]
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_every_variant_matches_reference(G, n, k):
     gen = torch.Generator(device=DEV).manual_seed(n * 7 + k)
-    for code in G.VARIANTS:
+    for code, v in G.VARIANTS.items():
+        if k % v.block_k:
+            continue
         for m in (1, 5, 16, 33, 80, 129, 256):
             x, w = rand(m, k, gen=gen), rand(n, k, gen=gen, scale=k**-0.5)
             out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEV)
@@ -75,6 +77,13 @@ def test_rows_are_batch_invariant(G):
             assert torch.equal(got, G.linear(x, w)[offset : offset + m]), f"offset {offset}, M={m}"
 
 
+def test_k_of_one_short_tile(G):
+    """K = 64 (a single k-tile of the 64-column variants); the chosen variant falls back to them."""
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    x, w = rand(3, 64, gen=gen), rand(136, 64, gen=gen, scale=0.125)
+    assert rel(G.linear(x, w), x.double() @ w.double().T) < BF16_TOL
+
+
 def test_rejects_unsupported_shapes(G):
     gen = torch.Generator(device=DEV).manual_seed(5)
     with pytest.raises(ValueError, match="multiple of 64"):
@@ -85,3 +94,27 @@ def test_rejects_unsupported_shapes(G):
         G.linear(rand(4, 128, gen=gen).float(), rand(64, 128, gen=gen))
     with pytest.raises(ValueError, match="no gemm_stream variant"):
         G.linear(rand(4, 128, gen=gen), rand(64, 128, gen=gen), code=1)
+    with pytest.raises(ValueError, match="multiples of 256"):
+        G.linear(rand(4, 128, gen=gen), rand(64, 128, gen=gen), code=1211404)
+
+
+@pytest.mark.parametrize("name", ["gdn_out", "down"])
+def test_rows_keep_cublas_bits_across_the_switch(G, name):
+    """gemm.linear with products of up to 128 rows on gemm_stream and cuBLAS above (padded where
+    cuBLAS splits K): every row count gives each row the bits of the same row in a 2,048-row
+    cuBLAS product, on 27B weight shapes (gdn_out: [5120, 6144]; down: [5120, 17408], where cuBLAS
+    splits K below a few hundred rows). The premise of mixing the two in the runner."""
+    from openjev.worker.cuda import gemm
+    from openjev.worker.cuda.fused_weights import shape_config
+
+    c = shape_config("27b")
+    n, k = {"gdn_out": (c.hidden_size, c.linear_value_dim), "down": (c.hidden_size, c.intermediate_size)}[name]
+    gen = torch.Generator(device=DEV).manual_seed(17)
+    w = rand(n, k, gen=gen, scale=k**-0.5)
+    assert gemm.stream_matches(w), "gemm_stream does not sum in cuBLAS's order for this shape"
+    x = rand(gemm.REFERENCE_ROWS, k, gen=gen)
+    full = torch.nn.functional.linear(x, w)
+    pad = gemm.invariant_from(w)
+    for m in list(range(1, 140)) + [200, 255, 256, 300, 352, 400, 777]:
+        got = gemm.linear(x[:m], w, pad, stream_rows=128)
+        assert torch.equal(got, full[:m]), f"{name}: M={m} (pad {pad})"
