@@ -162,6 +162,7 @@ class GemmVariant:
 GEMM_STREAM = tuple(
     GemmVariant(*v)
     for v in (
+        (1, 1, 1, 1, 128, 6),  # 16 x 8: one warp a block, 640 blocks for N = 5,120
         (1, 2, 1, 1, 64, 12),  # 16 x 16: 320 blocks for N = 5,120
         (1, 2, 1, 1, 128, 8),
         (1, 2, 1, 1, 256, 4),
