@@ -2,9 +2,10 @@
 F.linear, and as the runner calls it: padded per worker/cuda/gemm.py) vs a device-to-device copy,
 for every weight shape of a 27B layer and M in ROWS. GPU only (the device machine).
 
-Timing: CUDA events around each call, the queue kept ahead of the GPU by a sleep kernel at the
-start of each round, methods interleaved within a round, weight copies rotated so that no call
-finds its weight in L2; the median of the rounds. The ceiling is a 2 GiB device copy (bytes read
+Timing: CUDA events around each call, methods interleaved within a round, the median of the
+rounds. Each call takes the next of several weight copies (none finds its weight in L2), the
+copy's dirty lines are evicted before the next call, and a round counts only if the host queued
+all of it while a sleep kernel held the GPU (no launch gap inside a timing): time_methods. The ceiling is a 2 GiB device copy (bytes read
 + written over time, as docs/cuda-kernels.md counts it); a product's rate is its weight bytes
 over its time.
 
@@ -64,23 +65,42 @@ def copy_ceiling(rounds: int = 20) -> float:
     return 2 * src.numel() * 4 / statistics.median(ts)
 
 
-def time_methods(methods: dict, rounds: int) -> dict[str, float]:
-    """Median seconds per call of each method (a callable of the round index)."""
+def time_methods(methods: dict, rounds: int, scrub: torch.Tensor) -> tuple[dict[str, float], dict]:
+    """Median seconds per call of each method, a callable of the call count (it picks the weight
+    copy: each call takes the next one, so none finds its weight in L2 from the call before). An
+    untimed read of `scrub` after the copy evicts the copy's dirty lines, so that the next call
+    does not pay their write-back. A round counts only if the host queued all of it while the GPU
+    still slept (so no timing holds a launch gap); otherwise the sleep doubles and the round is
+    run again."""
     samples: dict[str, list[float]] = {name: [] for name in methods}
-    for r in range(rounds + 2):
-        torch.cuda._sleep(3_000_000)  # keep the GPU busy while the host queues the round
+    sleep, counted, redone, call = 4_000_000, 0, 0, 0
+    while counted < rounds + 2:
+        torch.cuda._sleep(sleep)
+        slept = torch.cuda.Event()
+        slept.record()
         events = []
         for name, fn in methods.items():
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
-            fn(r)
+            fn(call)
             e.record()
+            call += 1
             events.append((name, s, e))
+            if name == "copy":
+                scrub.sum()
+        ahead = not slept.query()
         torch.cuda.synchronize()
-        if r >= 2:  # two warm-up rounds
+        if not ahead:
+            sleep, redone = sleep * 2, redone + 1
+            if redone > 8:
+                raise RuntimeError("the host cannot queue a round ahead of the GPU")
+            continue
+        counted += 1
+        if counted > 2:  # two warm-up rounds
             for name, s, e in events:
                 samples[name].append(s.elapsed_time(e) / 1e3)
-    return {name: statistics.median(ts) for name, ts in samples.items()}
+    medians = {name: statistics.median(ts) for name, ts in samples.items()}
+    return medians, {"sleep_cycles": sleep, "rounds_redone": redone}
 
 
 def cublas_kernels(x: torch.Tensor, w: torch.Tensor) -> list[str]:
@@ -95,20 +115,20 @@ def cublas_kernels(x: torch.Tensor, w: torch.Tensor) -> list[str]:
 
 
 def methods_at(m: int, xs: list, ws: list, pad: int) -> dict:
-    """The timed calls at M rows, each on weight copy r % copies in round r."""
+    """The timed calls at M rows, call i on weight copy i % copies."""
     xm, copies = [t[:m] for t in xs], len(ws)
     flat = torch.empty(ws[0].numel(), dtype=torch.bfloat16, device="cuda")
     methods = {
-        "copy": lambda r: flat.copy_(ws[r % copies].view(-1)),
-        "cublas": lambda r: F.linear(xm[r % copies], ws[r % copies]),
-        "runner": lambda r: gemm.linear(xm[r % copies], ws[r % copies], pad),
+        "copy": lambda i: flat.copy_(ws[i % copies].view(-1)),
+        "cublas": lambda i: F.linear(xm[i % copies], ws[i % copies]),
+        "runner": lambda i: gemm.linear(xm[i % copies], ws[i % copies], pad),
     }
     for code in gemm_stream.VARIANTS:
-        methods[f"v{code}"] = lambda r, c=code: gemm_stream.linear(xm[r % copies], ws[r % copies], code=c)
+        methods[f"v{code}"] = lambda i, c=code: gemm_stream.linear(xm[i % copies], ws[i % copies], code=c)
     return methods
 
 
-def measure_shape(n: int, k: int, rounds: int, gen) -> dict:
+def measure_shape(n: int, k: int, rounds: int, gen, scrub: torch.Tensor) -> dict:
     wbytes = n * k * 2
     copies = max(2, -(-ROTATE_BYTES // wbytes))
     ws = [(torch.randn(n, k, device="cuda", generator=gen) * k**-0.5).bfloat16() for _ in range(copies)]
@@ -140,7 +160,7 @@ def measure_shape(n: int, k: int, rounds: int, gen) -> dict:
         ours = gemm_stream.linear(x[:m], w)
         row["rows_equal_cublas"] = int((ours == cub).all(dim=1).sum())
         row["rows_equal_ours_full"] = bool(torch.equal(ours, ref[:m]))
-        times = time_methods(methods_at(m, xs, ws, pad), rounds)
+        times, row["timing"] = time_methods(methods_at(m, xs, ws, pad), rounds, scrub)
         best = min((t, c) for c, t in times.items() if c.startswith("v"))
         chosen = gemm_stream.choose(m, n, k).code
         row.update(times_s=times, best_variant=best[1], best_s=best[0], chosen_variant=chosen)
@@ -216,6 +236,7 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False  # as the runner
     gen = torch.Generator(device="cuda").manual_seed(0)
     ceiling = copy_ceiling()
+    scrub = torch.randn(2**27, device="cuda")  # 512 MiB, read between a copy and the next call
     products = layer_products()
     wanted = [p for p in args.products.split(",") if p] or list(products)
     shapes: dict = {}
@@ -224,7 +245,7 @@ def main() -> None:
         if same:  # attn_out has gdn_out's shape: measured once, reported under both names
             shapes[name] = shapes[same[0]]
             continue
-        shapes[name] = measure_shape(*products[name], args.rounds, gen)
+        shapes[name] = measure_shape(*products[name], args.rounds, gen, scrub)
         print(f"{name}: done", flush=True)
     print("\n".join(summarise(shapes, ceiling)))
     if args.out:
