@@ -5,9 +5,9 @@ for every weight shape of a 27B layer and M in ROWS. GPU only (the device machin
 Timing: CUDA events around each call, methods interleaved within a round, the median of the
 rounds. Each call takes the next of several weight copies (none finds its weight in L2), the
 copy's dirty lines are evicted before the next call, and a round counts only if the host queued
-all of it while a sleep kernel held the GPU (no launch gap inside a timing): time_methods. The ceiling is a 2 GiB device copy (bytes read
-+ written over time, as docs/cuda-kernels.md counts it); a product's rate is its weight bytes
-over its time.
+all of it while a sleep kernel held the GPU (no launch gap inside a timing): time_methods. The
+ceiling is a 2 GiB device copy (bytes read + written over time, as docs/cuda-kernels.md counts
+it); a product's rate is its weight bytes over its time.
 
 Bit checks: every variant's rows against the chosen variant's at the largest M; gemm_stream
 against cuBLAS at every M and at 2,048 rows (where cuBLAS does not split K); cuBLAS's kernel

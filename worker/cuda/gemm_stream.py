@@ -3,9 +3,10 @@
 Every variant of the kernel sums each output in one fixed order (k ascending, 16 columns a
 tensor-core step, one fp32 accumulator, no split of K), so a row's bits depend neither on M nor
 on the variant: the variant is picked per weight shape and row count for speed alone (`choose`,
-from measurements of benchmarks/gemm_stream.py). Not wired into the runner: whether its rows also
-match cuBLAS's bits at the row counts where cuBLAS takes over is measured by that benchmark, and
-the runner may mix the two only if they do (worker/cuda/gemm.py says why).
+from measurements of benchmarks/gemm_stream.py). On the H200 that order gives every row the bits
+cuBLAS gives it wherever cuBLAS does not split K (all six 27B product shapes, 2,048 rows), so
+products may switch between the two by row count (gemm.linear's stream_rows, after
+gemm.stream_matches). Not wired into the runner yet.
 """
 
 from __future__ import annotations
@@ -26,21 +27,44 @@ def variant(code: int) -> GemmVariant:
 
 
 def choose(m: int, n: int, k: int) -> GemmVariant:
-    """A variant for M rows against an [N, K] weight: small tiles of N where the weight has few
-    rows (enough blocks for every multiprocessor), wide ones where x is re-read by many blocks;
-    long k-tiles where they divide K."""
-    wide = k % 128 == 0
+    """A variant for M rows against an [N, K] weight, from the timings of every variant on the
+    27B product shapes (docs/cuda-kernels.md): for few rows, narrow weight tiles where the weight
+    has few rows (5,120: enough blocks for every multiprocessor) and long k-tiles; 32-row tiles to
+    74 rows there; larger tiles above, where x is re-read by fewer blocks."""
+    k256, k128 = k % 256 == 0, k % 128 == 0
     if m <= 16:
         if n <= 8192:
-            return variant(1211208 if wide else 1211112)
-        return variant(1812104)
-    if m <= 32:
-        return variant(1422105 if n <= 8192 else 1822104)
+            return variant(1211404 if k256 else 1211208 if k128 else 1211112)
+        if n <= 24576:
+            return variant(1422204 if k128 else 1422105)
+        return variant(1411403 if k256 else 1411206 if k128 else 1411108)
+    if m <= 32 or (m <= 80 and n <= 8192):
+        return variant(1422204 if k128 else 1422105)
     if m <= 64:
-        return variant(2422104 if n <= 8192 else 2424104)
+        return variant(2424104)
     if m <= 80:
         return variant(1452105)
+    if m <= 128:
+        return variant(2424104)
     return variant(2444103)
+
+
+# Rows up to which gemm_stream (chosen variant) was faster than the runner's cuBLAS call, per
+# 27B weight shape (N, K), at the row counts measured (1, 8, 16, 32, 64, 74, 128, 256; H200,
+# docs/cuda-kernels.md). 0: cuBLAS at every row count. The down product gains most: cuBLAS
+# splits its K below a few hundred rows, so the runner pads those products (gemm.py).
+STREAM_ROWS = {
+    (16480, 5120): 32,  # GDN in
+    (5120, 6144): 0,  # GDN out, attention out
+    (14336, 5120): 0,  # attention in: within noise of cuBLAS at 1-32 rows
+    (34816, 5120): 16,  # MLP gate + up
+    (5120, 17408): 74,  # MLP down
+}
+
+
+def stream_rows(n: int, k: int) -> int:
+    """STREAM_ROWS for a weight [N, K]; 0 for shapes not measured."""
+    return STREAM_ROWS.get((n, k), 0)
 
 
 def check(x: torch.Tensor, w: torch.Tensor, v: GemmVariant | None = None) -> None:
