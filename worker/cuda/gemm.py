@@ -11,6 +11,12 @@ shapes but makes every product slower (benchmarks/gemm_invariance.py; docs/cuda-
 So each weight shape is probed once at start: the product of M random rows is compared bit for
 bit with the same rows inside a 2,048-row product, for every M up to 320 and multiples of 32 up to
 1,024; products of fewer rows than the smallest M above every mismatch are padded up to it.
+
+Products of few rows can instead go to our weight-streaming kernel (gemm_stream.py), which sums
+every output in one order at every row count. On the H200 that order is cuBLAS's unsplit one, bit
+for bit (benchmarks/gemm_stream.py; docs/cuda-kernels.md), so rows then keep their bits when a
+launch crosses from one to the other. `stream_matches` checks that per weight shape before a
+caller passes `stream_rows` > 0; not wired into the runner yet.
 """
 
 from __future__ import annotations
@@ -53,9 +59,24 @@ def calibrate(weights) -> dict[tuple[int, int], int]:
     return out
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, min_rows: int) -> torch.Tensor:
-    """x @ weight^T, x padded with zero rows up to min_rows first when it has fewer."""
+def stream_matches(weight: torch.Tensor, seed: int = 0) -> bool:
+    """Whether gemm_stream gives every row of a REFERENCE_ROWS-row product the bits cuBLAS gives
+    it there (where cuBLAS does not split K): then the two may share a weight's row counts."""
+    from openjev.worker.cuda import gemm_stream
+
+    gen = torch.Generator(device=weight.device).manual_seed(seed)
+    x = torch.randn(REFERENCE_ROWS, weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
+    return torch.equal(gemm_stream.linear(x, weight), F.linear(x, weight))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, min_rows: int, stream_rows: int = 0) -> torch.Tensor:
+    """x @ weight^T: by gemm_stream up to stream_rows rows (only where stream_matches), else
+    cuBLAS with x padded with zero rows up to min_rows first when it has fewer."""
     m = x.shape[0]
+    if 0 < m <= stream_rows:
+        from openjev.worker.cuda import gemm_stream
+
+        return gemm_stream.linear(x, weight)
     if m >= min_rows:
         return F.linear(x, weight)
     return F.linear(F.pad(x, (0, 0, 0, min_rows - m)), weight)[:m]

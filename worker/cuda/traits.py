@@ -111,6 +111,86 @@ class ConvTraits:
         return {"CONV_K": self.kernel_size, "CONV_ROWS": self.rows_per_thread}
 
 
+@dataclass(frozen=True)
+class GemmVariant:
+    """gemm_stream.cu: wm x wn warps, each owning mi m16 row tiles x ni n8 column tiles, fed by a
+    cp.async pipeline `stages` k-tiles of block_k columns deep."""
+
+    wm: int
+    wn: int
+    mi: int
+    ni: int
+    block_k: int
+    stages: int
+
+    @property
+    def code(self) -> int:
+        """Decimal digits wm, wn, mi, ni, block_k / 64, then two of stages: the kernel's name
+        and its entry in the compile definition."""
+        digits = (self.wm, self.wn, self.mi, self.ni, self.block_k // 64)
+        assert all(0 < d < 10 for d in digits) and self.block_k % 64 == 0 and 1 < self.stages < 100
+        code = 0
+        for d in digits:
+            code = code * 10 + d
+        return code * 100 + self.stages
+
+    @property
+    def name(self) -> str:
+        return f"gemm_stream_{self.code}"
+
+    @property
+    def block_m(self) -> int:
+        return 16 * self.wm * self.mi
+
+    @property
+    def block_n(self) -> int:
+        return 8 * self.wn * self.ni
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wm * self.wn
+
+    @property
+    def smem_bytes(self) -> int:
+        """`stages` tiles of block_m x rows and block_n w rows, block_k bf16 columns each."""
+        return self.stages * (self.block_m + self.block_n) * self.block_k * BF16_BYTES
+
+
+# The menu the host chooses from per product shape and row count (gemm_stream.py); every
+# variant gives a row the same bits (the kernel's header says why). (wm, wn, mi, ni, block_k,
+# stages); block rows x weight rows in the comments.
+GEMM_STREAM = tuple(
+    GemmVariant(*v)
+    for v in (
+        (1, 1, 1, 1, 128, 6),  # 16 x 8: one warp a block, 640 blocks for N = 5,120
+        (1, 2, 1, 1, 64, 12),  # 16 x 16: 320 blocks for N = 5,120
+        (1, 2, 1, 1, 128, 8),
+        (1, 2, 1, 1, 256, 4),
+        (1, 4, 1, 1, 64, 8),  # 16 x 32
+        (1, 4, 1, 1, 128, 6),
+        (1, 4, 1, 1, 256, 3),
+        (1, 4, 1, 2, 64, 6),  # 16 x 64
+        (1, 4, 1, 2, 128, 4),
+        (1, 8, 1, 2, 64, 4),  # 16 x 128
+        (1, 8, 1, 2, 128, 3),
+        (1, 2, 2, 1, 128, 6),  # 32 x 16
+        (1, 4, 2, 2, 64, 5),  # 32 x 64
+        (1, 4, 2, 2, 128, 4),
+        (1, 8, 2, 2, 64, 4),  # 32 x 128
+        (2, 4, 2, 2, 64, 4),  # 64 x 64
+        (2, 4, 2, 4, 64, 4),  # 64 x 128
+        (1, 4, 5, 2, 64, 5),  # 80 x 64: 65-80 rows in one tile
+        (2, 4, 4, 4, 64, 3),  # 128 x 128
+    )
+)
+
+
+def gemm_definitions() -> dict[str, int | str]:
+    # no spaces or commas: the definition survives a shell's word splitting (the nvcc line above)
+    # and nvcc's splitting of option values at commas
+    return {"GS_VARIANTS": "".join(f"GS({v.code})" for v in GEMM_STREAM)}
+
+
 GDN_CHUNKED = GdnChunkTraits()
 ATTENTION = AttentionTraits()
 CONV = ConvTraits()
@@ -118,7 +198,7 @@ CONV = ConvTraits()
 
 def compile_definitions() -> tuple[str, ...]:
     """`-DNAME=value` for every kernel size; every `.cu` module is compiled with all of them."""
-    merged = {**GDN_CHUNKED.definitions(), **ATTENTION.definitions(), **CONV.definitions()}
+    merged = {**GDN_CHUNKED.definitions(), **ATTENTION.definitions(), **CONV.definitions(), **gemm_definitions()}
     return tuple(f"-D{name}={value}" for name, value in sorted(merged.items()))
 
 

@@ -12,8 +12,8 @@ from openjev.worker.cuda import kernels, traits
 KERNELS = kernels.kernel_folder()
 
 
-def _defined(flags: tuple[str, ...]) -> dict[str, int]:
-    return {name: int(value) for name, value in (f[2:].split("=") for f in flags)}
+def _defined(flags: tuple[str, ...]) -> dict[str, int | str]:
+    return {name: int(value) if value.isdigit() else value for name, value in (f[2:].split("=", 1) for f in flags)}
 
 
 def test_every_size_a_kernel_requires_is_passed():
@@ -45,6 +45,29 @@ def test_shared_memory_sizes_follow_the_strides():
     assert traits.ATTENTION.smem_bytes == 3 * 64 * 256 * 2
     # one block per SM must fit the H100/H200's 227 KiB of shared memory
     assert max(g.solve_smem_bytes, g.state_smem_bytes, traits.ATTENTION.smem_bytes) <= 227 * 1024
+
+
+def test_gemm_variants_reach_the_kernel_by_code():
+    """Each variant's code decodes to its numbers the way gemm_stream.cu's GS macro does, is
+    listed once in the definition, and its stages fit the H200's shared memory per block."""
+    listed = re.findall(r"GS\((\d+)\)", str(_defined(traits.compile_definitions())["GS_VARIANTS"]))
+    assert sorted(map(int, listed)) == sorted(v.code for v in traits.GEMM_STREAM)
+    assert len(set(listed)) == len(listed)
+    for v in traits.GEMM_STREAM:
+        c = v.code
+        assert (c // 1000000, c // 100000 % 10, c // 10000 % 10, c // 1000 % 10) == (v.wm, v.wn, v.mi, v.ni)
+        assert (64 * (c // 100 % 10), c % 100) == (v.block_k, v.stages)
+        assert v.smem_bytes == v.stages * (v.block_m + v.block_n) * v.block_k * 2 <= 227 * 1024
+
+
+def test_gemm_choice_divides_k():
+    """The chosen variant's k-tile divides K for every K the kernel takes (multiples of 64)."""
+    from openjev.worker.cuda import gemm_stream
+
+    for k in (64, 128, 192, 256, 5120, 6144, 17408):
+        for n in (8, 5120, 16480, 34816):
+            for m in (1, 16, 17, 32, 33, 64, 74, 80, 81, 128, 129, 4096):
+                assert k % gemm_stream.choose(m, n, k).block_k == 0, (m, n, k)
 
 
 def test_common_header_ships_beside_the_kernels():
