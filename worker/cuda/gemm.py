@@ -15,8 +15,8 @@ bit with the same rows inside a 2,048-row product, for every M up to 320 and mul
 Products of few rows can instead go to our weight-streaming kernel (gemm_stream.py), which sums
 every output in one order at every row count. On the H200 that order is cuBLAS's unsplit one, bit
 for bit (benchmarks/gemm_stream.py; docs/cuda-kernels.md), so rows then keep their bits when a
-launch crosses from one to the other. `stream_matches` checks that per weight shape before a
-caller passes `stream_rows` > 0; not wired into the runner yet.
+launch crosses from one to the other. `stream_plan` checks that per weight shape at start and
+gives the runner each shape's `stream_rows` (0 where the bits differ or it was not faster).
 """
 
 from __future__ import annotations
@@ -67,6 +67,22 @@ def stream_matches(weight: torch.Tensor, seed: int = 0) -> bool:
     gen = torch.Generator(device=weight.device).manual_seed(seed)
     x = torch.randn(REFERENCE_ROWS, weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
     return torch.equal(gemm_stream.linear(x, weight), F.linear(x, weight))
+
+
+def stream_plan(weights) -> dict[tuple[int, int], int]:
+    """(N, K) -> rows up to which products go to gemm_stream: its measured STREAM_ROWS where it
+    gives cuBLAS's bits on this card, else 0."""
+    from openjev.worker.cuda import gemm_stream
+
+    out: dict[tuple[int, int], int] = {}
+    for w in weights:
+        key = tuple(w.shape)
+        if key not in out:
+            rows = gemm_stream.stream_rows(*key)
+            out[key] = rows if rows and stream_matches(w) else 0
+            if rows and not out[key]:
+                log.warning("weight %s: the streaming kernel's bits differ from cuBLAS's; cuBLAS only", key)
+    return out
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, min_rows: int, stream_rows: int = 0) -> torch.Tensor:
