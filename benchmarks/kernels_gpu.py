@@ -95,6 +95,20 @@ def ceilings() -> tuple[float, float]:
     return 2 * src.numel() * 2 / (ms * 1e-3), mma_rate
 
 
+def _fla_case(qn, kn, v, g, beta, init):
+    """flash-linear-attention's chunked gated delta rule on the same inputs (bf16 q, k, v as the
+    model feeds it; q is already scaled), or None where it does not import."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as exc:  # noqa: BLE001 - an optional comparison
+        print(f"fla: not timed ({type(exc).__name__}: {exc})")
+        return None
+    q, k, vv = qn.bfloat16()[None], kn.bfloat16()[None], v.contiguous()[None]
+    return lambda: chunk_gated_delta_rule(
+        q, k, vv, g[None], beta[None], scale=1.0, initial_state=init, output_final_state=True
+    )
+
+
 def cases(T: int):
     """(name, fn, bytes, flops, rate_kind) for the 27B shapes at T tokens (one segment)."""
     r = lambda *s: torch.randn(*s, device=DEV).bfloat16()  # noqa: E731
@@ -119,13 +133,32 @@ def cases(T: int):
         fn = lambda vr=variant: K.gdn_recurrent(qn, kn, kq, v, g, beta, cu, init, variant=vr)  # noqa: E731
         out.append((f"gdn_recurrent_{variant}", fn, gdn_bytes, gdn_flops, "fp32"))
     # chunked (WY) form on tf32 tensor cores, per 64-token chunk and head: k k^T and T [K | V] in
-    # the solve; W S, (e^G q) S, K~^T U, P U and q k^T (once per column half) in the state pass
+    # the solve; W S and K~^T U in the state pass; q k^T, (e^G q) S_c and P U in the output pass
     chunks = -(-T // 64)
-    chunk_flops = 2 * chunks * H * (64 * 64 * 128 + 64 * 64 * 256 + 3 * 64 * 128 * 128 + 3 * 64 * 64 * 128)
-    chunk_bytes = gdn_bytes + chunks * H * 64 * DKV * 4 * 2 * 3  # + W, U~ written once, read by 2 column halves
+    chunk_flops = 2 * chunks * H * (64 * 64 * 128 + 64 * 64 * 256 + 3 * 64 * 128 * 128 + 2 * 64 * 64 * 128)
+    # + scratch traffic per chunk and head in [64, 128] fp32 tiles: W written once, read by 2
+    # column halves; U~ written, read; U written, read; S_c ([128, 128]) written, read
+    chunk_bytes = gdn_bytes + chunks * H * 64 * DKV * 4 * (3 + 2 + 2 + 4)
     pos = torch.arange(T, dtype=torch.int32, device=DEV)
-    fn = lambda: K.gdn_chunked(qn, kn, v, g, beta, cu, pos, T, init)  # noqa: E731
-    out.append(("gdn_chunked", fn, chunk_bytes, chunk_flops, "tf32"))
+    for sv in K.GDN_STATE_VARIANTS:
+        fn = lambda sv=sv: K.gdn_chunked(qn, kn, v, g, beta, cu, pos, T, init, state_variant=sv)  # noqa: E731
+        out.append((f"gdn_chunked_{sv}", fn, chunk_bytes, chunk_flops, "tf32"))
+    # the stages alone (the state pass overwrites U~ with U, so it is timed after a solve)
+    width, max_chunks = K.gdn_tail_width(HK, H), (T + 126) // 64
+    geo = (1, H, HK, max_chunks, width)
+    w = torch.empty(max_chunks + 1, H, 64, DKV, device=DEV)
+    u, sc = torch.empty_like(w), torch.empty(max_chunks + 1, H, DKV, DKV, device=DEV)
+    gc, tl = torch.empty(max_chunks + 1, H, 64, device=DEV), torch.empty(1, 64, width, device=DEV)
+    fin, o = torch.empty(1, H, DKV, DKV, device=DEV), torch.empty(T, H, DKV, device=DEV).bfloat16()
+    solve = lambda: K.gdn_chunk_solve(geo, kn, v, g, beta, cu, pos, tl, tl, w, u, gc)  # noqa: E731
+    state = lambda sv: K.gdn_chunk_state(geo, kn, w, u, gc, cu, pos, tl, init, True, sc, fin, sv)  # noqa: E731
+    for sv in K.GDN_STATE_VARIANTS:
+        out.append((f"gdn_chunked:solve+state_{sv}", lambda sv=sv: (solve(), state(sv)), 0, 0, "bw"))
+    out.append(("gdn_chunked:solve", solve, 0, 0, "bw"))
+    out.append(("gdn_chunked:out", lambda: K.gdn_chunk_out(geo, qn, kn, u, sc, gc, cu, pos, tl, o), 0, 0, "bw"))
+    fla = _fla_case(qn, kn, v, g, beta, init)
+    if fla is not None:
+        out.append(("fla_chunk_gdn", fla, gdn_bytes, chunk_flops, "tf32"))
     q, kv, gate = r(T, HQ, HD), r(2, T, HKV, HD), r(T, HQ, 2 * HD)[..., HD:]
     rows = torch.arange(T, dtype=torch.int32, device=DEV)
     att = lambda: K.tree_attention(q, kv[0], kv[1], rows, cu, cu, T, gate=gate)  # noqa: E731
@@ -257,13 +290,14 @@ def main() -> None:
                 continue
             ms, how = time_op(fn)
             floor = max(nbytes / copy_bw, flops / rates[kind] if rates[kind] else 0.0) * 1e3
+            print(f"  {name} T={T}: {ms:.4f} ms", flush=True)  # as it goes: a run cut short keeps these
             rows.append(
                 dict(
                     op=name + ("" if how == "graph" else "[eager]"),
                     tokens=T,
                     ms=ms,
                     floor_ms=floor,
-                    ratio=ms / floor,
+                    ratio=ms / floor if floor else float("nan"),
                     gbytes=nbytes / 1e9,
                     gflop=flops / 1e9,
                 )
@@ -301,9 +335,9 @@ def main() -> None:
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=1)
     print(f"{result['card']}  copy {copy_bw / 1e12:.2f} TB/s  bf16 GEMM {mma_rate / 1e12:.0f} TFLOP/s")
-    print(f"{'op':24s} {'T':>6s} {'ms':>9s} {'floor':>9s} {'x floor':>8s}")
+    print(f"{'op':28s} {'T':>6s} {'ms':>9s} {'floor':>9s} {'x floor':>8s}")
     for r in rows:
-        print(f"{r['op']:24s} {r['tokens']:6d} {r['ms']:9.4f} {r['floor_ms']:9.4f} {r['ratio']:8.1f}")
+        print(f"{r['op']:28s} {r['tokens']:6d} {r['ms']:9.4f} {r['floor_ms']:9.4f} {r['ratio']:8.1f}")
     for r in result.get("runner", []):
         print(f"runner {r['case']:40s} {r['s'] * 1e3:10.1f} ms  peak {r['peak_gb']:7.2f} GB")
 

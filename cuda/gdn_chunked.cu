@@ -4,8 +4,11 @@
 // fp32 accumulation and an fp32 state (the math: worker/model/ops.py, _delta_rule_chunk):
 //   G = cumsum(g);  A[i][j] = beta_i e^{G_i - G_j} (k_i . k_j) for j < i;  T = (I + A)^-1
 //   W = T (beta e^G K);  U~ = T (beta V)                      (gdn_chunk_solve, all chunks at once)
-//   U = U~ - W S;  O = (e^G Q) S + (Q K^T . e^{G_i - G_j}, j <= i) U
-//   S <- e^{G_C} S + (e^{G_C - G_j} K)^T U                     (gdn_chunk_state, chunk after chunk)
+//   U = U~ - W S_c;  S_{c+1} = e^{G_C} S_c + (e^{G_C - G_j} K)^T U   (gdn_chunk_state: chunk after chunk)
+//   O = (e^G Q) S_c + (Q K^T . e^{G_i - G_j}, j <= i) U        (gdn_chunk_out, all chunks at once)
+// Only the state recurrence is sequential: its pass does the two products that chain S from
+// chunk to chunk, splitting the value columns over blocks, and stores each chunk's start state
+// S_c and U for the output pass, which spreads every (chunk, head) over the GPU.
 //
 // Why chunks sit at absolute positions (multiples of 64 from the sequence start): a chunk sums
 // its tokens in another order than the token recurrence, so a prefix that ended inside a chunk
@@ -25,15 +28,16 @@
 
 using namespace nvcuda;
 
-// Sizes and padded row strides come from the host (traits.GdnChunkTraits), which launches the two
-// kernels with GDN_SOLVE_SMEM and GDN_STATE_SMEM bytes of dynamic shared memory.
+// Sizes and padded row strides come from the host (traits.GdnChunkTraits), which launches the
+// kernels with GDN_SOLVE_SMEM, GDN_STATE_SMEM and GDN_OUT_SMEM bytes of dynamic shared memory.
 #if !defined(GDN_CHUNK) || !defined(GDN_DIM) || !defined(GDN_CHUNK_THREADS) || !defined(GDN_STATE_COLS) || \
-    !defined(GDN_LK) || !defined(GDN_LC) || !defined(GDN_LB) || !defined(GDN_SOLVE_SMEM) || !defined(GDN_STATE_SMEM)
+    !defined(GDN_LK) || !defined(GDN_LC) || !defined(GDN_LB) || !defined(GDN_SOLVE_SMEM) || !defined(GDN_STATE_SMEM) || \
+    !defined(GDN_OUT_SMEM)
 #error "compile with the definitions of openjev.worker.cuda.traits"
 #endif
 #define CH GDN_CHUNK          // chunk length
 #define D GDN_DIM             // key and value head dims
-#define NT GDN_CHUNK_THREADS  // threads a block (8 warps)
+#define NT GDN_CHUNK_THREADS  // threads a block of the solve and output kernels (8 warps)
 #define NCOL GDN_STATE_COLS   // value columns a gdn_chunk_state block owns
 #define LK GDN_LK             // padded row strides (floats): rows start in different banks, 32-byte aligned tiles
 #define LC GDN_LC
@@ -41,7 +45,11 @@ using namespace nvcuda;
 
 // The buffers each kernel carves from its dynamic shared memory, as laid out below.
 static_assert(4 * (CH * LK + CH * LB + 3 * CH * LC + 2 * CH) == GDN_SOLVE_SMEM, "gdn_chunk_solve layout");
-static_assert(4 * (D * LC + 3 * CH * LK + 2 * CH * LC + 3 * CH) == GDN_STATE_SMEM, "gdn_chunk_state layout");
+// gdn_chunk_state: the state columns, then two buffers of one chunk's W, K, U and G
+static_assert(4 * (D * LC + 2 * (2 * CH * LK + CH * LC + CH)) == GDN_STATE_SMEM, "gdn_chunk_state layout");
+static_assert(4 * (2 * CH * LK + CH) == GDN_OUT_SMEM, "gdn_chunk_out layout");
+static_assert(NCOL == CH, "the state pass stores its state columns with the chunk stride LC");
+static_assert(NT == 32 * (D / 16), "gdn_chunk_out: one warp a 16-column strip of the output");
 static_assert(LK >= D && LC >= CH && LB >= 2 * D && LK % 4 == 0 && LC % 4 == 0 && LB % 4 == 0,
               "rows hold a tile row and keep 16-byte alignment");
 
@@ -106,12 +114,13 @@ __device__ __forceinline__ void cp_async_wait_all() {
 }
 
 // One chunk's k rows [64][LK] of key head hk from the tail or the packed rows (zeros past the
-// end), as asynchronous copies: the caller waits (cp_async_wait_all) and syncs.
+// end), as asynchronous copies by NTH threads: the caller waits and syncs.
+template <int NTH = NT>
 __device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, const float* __restrict__ tail_in,
                                        long tail_width, const Seg& s, int r0, int n, int hk, int Hk) {
 #pragma unroll
-    for (int it = 0; it < CH * (D / 4) / NT; ++it) {
-        const int idx = threadIdx.x + it * NT;
+    for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
+        const int idx = threadIdx.x + it * NTH;
         const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
         const bool ok = vr < s.rows;
         const float* src = !ok ? kn
@@ -286,131 +295,279 @@ extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_solve(
     if (tid < CH) gcum[slot * CH + tid] = gs[tid];
 }
 
-// grid (D / NCOL, H, N), block NT, dynamic shared memory GDN_STATE_SMEM.
-// init_state, final_state: [N, H, 128, 128] fp32; final = the state at the segment's last chunk
-// boundary. out: [T, H, 128] bf16 (own rows only).
-extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_state(
-    const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ W,
-    const float* __restrict__ U, const float* __restrict__ gcum, const int* __restrict__ cu,
-    const int* __restrict__ pos, int H, int Hk, int max_chunks, const float* __restrict__ tail_in,
-    long tail_width, const float* __restrict__ init_state, int has_init, __nv_bfloat16* __restrict__ out,
-    float* __restrict__ final_state) {
-    extern __shared__ __align__(128) float smem[];
-    float* Ss = smem;            // [128][LC]  state columns col0 .. col0+63
-    float* Ws = Ss + D * LC;     // [64][LK]   W, then O
-    float* Qs = Ws + CH * LK;    // [64][LK]   q, then e^G q
-    float* Ks = Qs + CH * LK;    // [64][LK]   k, then e^{G_C - G} k
-    float* Us = Ks + CH * LK;    // [64][LC]   U~, then U
-    float* Ps = Us + CH * LC;    // [64][LC]   masked, decayed q k^T
-    float* gs = Ps + CH * LC;    // [64] G
-    float* eq = gs + CH;         // [64] e^G
-    float* ek = eq + CH;         // [64] e^{G_C - G}
+// The sequential pass, grid (D / NCOL, H, N), block NTH, dynamic shared memory GDN_STATE_SMEM.
+// Per chunk only U = U~ - W S and, for a finished chunk, S <- e^{G_C} S + K~^T U; the next
+// chunk's W, K, U~ and G are copied in while this one computes (two buffers). It stores S_c
+// (the state at the chunk's start, [slots, H, 128, 128]) and U (over U~, in place) for
+// gdn_chunk_out. init_state, final_state: [N, H, 128, 128] fp32; final = the state at the
+// segment's last chunk boundary.
+template <int NTH>
+__device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const float* __restrict__ W,
+                                            float* __restrict__ U, const float* __restrict__ gcum,
+                                            const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,
+                                            int max_chunks, const float* __restrict__ tail_in, long tail_width,
+                                            const float* __restrict__ init_state, int has_init,
+                                            float* __restrict__ Sc, float* __restrict__ final_state) {
+    extern __shared__ __align__(128) float state_smem[];
+    constexpr int BUF = 2 * CH * LK + CH * LC + CH;  // one chunk: W [64][LK], K [64][LK], U [64][LC], G [64]
+    constexpr int TJ = NCOL / 16;                     // 16-column tiles of the state a block owns
+    float* Ss = state_smem;                           // [128][LC] state columns col0 .. col0 + NCOL - 1
 
     const int col0 = blockIdx.x * NCOL, h = blockIdx.y, n = blockIdx.z, hk = h / (H / Hk);
     const int tid = threadIdx.x, warp = tid >> 5;
     const Seg s = segment(cu, pos, n, max_chunks);
     const long state_base = ((long)n * H + h) * D * D;
-    for (int idx = tid; idx < D * NCOL; idx += NT) {
+
+    // chunk c's copies into buffer c & 1, one cp.async group
+    auto issue = [&](int c) {
+        float* Wb = Ss + D * LC + (c & 1) * BUF;
+        float* Kb = Wb + CH * LK;
+        float* Ub = Kb + CH * LK;
+        float* gb = Ub + CH * LC;
+        const long slot = (long)(s.first + c) * H + h;
+        load_k<NTH>(Kb, kn, tail_in, tail_width, s, c * CH, n, hk, Hk);
+#pragma unroll
+        for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
+            const int idx = tid + it * NTH;
+            const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
+            cp_async16(Wb + r * LK + d, W + (slot * CH + r) * D + d, true);
+        }
+#pragma unroll
+        for (int it = 0; it < CH * (NCOL / 4) / NTH; ++it) {
+            const int idx = tid + it * NTH;
+            const int r = idx / (NCOL / 4), d = (idx % (NCOL / 4)) * 4;
+            cp_async16(Ub + r * LC + d, U + (slot * CH + r) * D + col0 + d, true);
+        }
+        if (tid < CH / 4) cp_async16(gb + tid * 4, gcum + slot * CH + tid * 4, true);
+        cp_async_commit();
+    };
+
+    for (int idx = tid; idx < D * NCOL; idx += NTH) {
         const int i = idx / NCOL, j = idx % NCOL;
         Ss[i * LC + j] = has_init ? init_state[state_base + (long)i * D + col0 + j] : 0.f;
     }
+    if (s.chunks > 0) issue(0);
     for (int c = 0; c < s.chunks; ++c) {
-        const int r0 = c * CH, valid = min(CH, s.rows - r0);
+        // the other buffer was last read by chunk c - 1, which ended with a barrier
+        if (c + 1 < s.chunks) issue(c + 1);
+        else cp_async_commit();  // an empty group keeps "all but the newest" meaning chunk c
+        cp_async_wait<1>();
+        __syncthreads();
+        float* Wb = Ss + D * LC + (c & 1) * BUF;
+        float* Kb = Wb + CH * LK;
+        float* Ub = Kb + CH * LK;
+        const float* gb = Ub + CH * LC;
         const long slot = (long)(s.first + c) * H + h;
-        __syncthreads();  // the previous chunk is done with every buffer
-        load_k(Ks, kn, tail_in, tail_width, s, r0, n, hk, Hk);
+        const float g_end = gb[CH - 1];
+        // S_c for the output pass
+        for (int idx = tid; idx < D * (NCOL / 4); idx += NTH) {
+            const int i = idx / (NCOL / 4), j = (idx % (NCOL / 4)) * 4;
+            *reinterpret_cast<float4*>(Sc + (slot * D + i) * D + col0 + j) = *reinterpret_cast<const float4*>(Ss + i * LC + j);
+        }
+        // K~ = e^{G_C - G} K in place: only the update below reads it
+        for (int idx = tid; idx < CH * (D / 4); idx += NTH) {
+            const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
+            const float e = __expf(g_end - gb[r]);
+            float4* p = reinterpret_cast<float4*>(Kb + r * LK + d);
+            float4 x = *p;
+            x.x *= e;
+            x.y *= e;
+            x.z *= e;
+            x.w *= e;
+            *p = x;
+        }
+        {  // U = U~ - W S: a warp one 16-row tile by TPW column tiles (W fragments shared)
+            constexpr int TPW = (CH / 16) * TJ / (NTH / 32);
+            static_assert(TPW >= 1 && TJ % TPW == 0, "whole column groups a warp");
+            const int t0 = warp * TPW, ti = t0 / TJ, tj0 = t0 % TJ;
+            Acc u[TPW];
 #pragma unroll
-        for (int it = 0; it < CH * (D / 4) / NT; ++it) {
-            const int idx = tid + it * NT;
-            const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
-            // tail rows have no query here (their outputs belong to the parent)
-            const bool own = vr >= s.tail && vr < s.rows;
-            cp_async16(Qs + r * LK + d, own ? qn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d : qn, own);
-            cp_async16(Ws + r * LK + d, W + (slot * CH + r) * D + d, true);
-        }
-#pragma unroll
-        for (int it = 0; it < CH * (NCOL / 4) / NT; ++it) {
-            const int idx = tid + it * NT;
-            const int r = idx / (NCOL / 4), d = (idx % (NCOL / 4)) * 4;
-            cp_async16(Us + r * LC + d, U + (slot * CH + r) * D + col0 + d, true);
-        }
-        if (tid < CH) gs[tid] = gcum[slot * CH + tid];
-        cp_async_wait_all();
-        __syncthreads();
-        if (tid < CH) {  // per-row decays, read by the masking phase after the next sync
-            eq[tid] = __expf(gs[tid]);
-            ek[tid] = __expf(gs[CH - 1] - gs[tid]);
-        }
-        // P = Q K^T (16 tiles, 2 a warp) and U = U~ - W S (16 tiles, 2 a warp)
-        for (int tile = warp; tile < 16; tile += NT / 32) {
-            const int ti = tile >> 2, tj = tile & 3;
-            Acc p, u;
-            wmma::fill_fragment(p, 0.f);
-            wmma::load_matrix_sync(u, Us + ti * 16 * LC + tj * 16, LC, wmma::mem_row_major);
+            for (int t = 0; t < TPW; ++t)
+                wmma::load_matrix_sync(u[t], Ub + ti * 16 * LC + (tj0 + t) * 16, LC, wmma::mem_row_major);
+#pragma unroll 4
             for (int k0 = 0; k0 < D; k0 += 8) {
-                FragA a, w;
-                FragBT b;
-                FragB st;
-                wmma::load_matrix_sync(a, Qs + ti * 16 * LK + k0, LK);
-                wmma::load_matrix_sync(b, Ks + tj * 16 * LK + k0, LK);
-                wmma::load_matrix_sync(w, Ws + ti * 16 * LK + k0, LK);
-                wmma::load_matrix_sync(st, Ss + k0 * LC + tj * 16, LC);
-                to_tf32(a);
-                to_tf32(b);
+                FragA w;
+                wmma::load_matrix_sync(w, Wb + ti * 16 * LK + k0, LK);
 #pragma unroll
-                for (int t = 0; t < w.num_elements; ++t) w.x[t] = -wmma::__float_to_tf32(w.x[t]);
-                to_tf32(st);
-                wmma::mma_sync(p, a, b, p);
-                wmma::mma_sync(u, w, st, u);
+                for (int e = 0; e < w.num_elements; ++e) w.x[e] = -wmma::__float_to_tf32(w.x[e]);
+#pragma unroll
+                for (int t = 0; t < TPW; ++t) {
+                    FragB st;
+                    wmma::load_matrix_sync(st, Ss + k0 * LC + (tj0 + t) * 16, LC);
+                    to_tf32(st);
+                    wmma::mma_sync(u[t], w, st, u[t]);
+                }
             }
-            wmma::store_matrix_sync(Ps + ti * 16 * LC + tj * 16, p, LC, wmma::mem_row_major);
-            wmma::store_matrix_sync(Us + ti * 16 * LC + tj * 16, u, LC, wmma::mem_row_major);
+#pragma unroll
+            for (int t = 0; t < TPW; ++t) {
+                wmma::store_matrix_sync(Ub + ti * 16 * LC + (tj0 + t) * 16, u[t], LC, wmma::mem_row_major);
+                wmma::store_matrix_sync(U + (slot * CH + ti * 16) * D + col0 + (tj0 + t) * 16, u[t], D,
+                                        wmma::mem_row_major);
+            }
         }
         __syncthreads();
-        const float g_end = gs[CH - 1];
-        for (int idx = tid; idx < CH * CH; idx += NT) {
-            const int i = idx / CH, j = idx % CH;
-            Ps[i * LC + j] = j <= i ? __expf(gs[i] - gs[j]) * Ps[i * LC + j] : 0.f;
-        }
-        for (int idx = tid; idx < CH * D; idx += NT) {
-            const int r = idx / D, d = idx % D;
-            Qs[r * LK + d] *= eq[r];
-            Ks[r * LK + d] *= ek[r];
-        }
-        __syncthreads();
-        // O = (e^G Q) S + P U into Ws (16 tiles, 2 a warp)
-        for (int tile = warp; tile < 16; tile += NT / 32) {
-            const int ti = tile >> 2, tj = tile & 3;
-            Acc o;
-            wmma::fill_fragment(o, 0.f);
-            mma_k<FragA, FragB>(o, Qs + ti * 16 * LK, LK, 1, Ss + tj * 16, LC, LC, D);
-            mma_k<FragA, FragB>(o, Ps + ti * 16 * LC, LC, 1, Us + tj * 16, LC, LC, CH);
-            wmma::store_matrix_sync(Ws + ti * 16 * LK + tj * 16, o, LK, wmma::mem_row_major);
-        }
-        __syncthreads();
-        // own rows out; then, for a finished chunk, S <- e^{G_C} S + K~^T U (32 tiles, 4 a warp)
-        for (int idx = tid; idx < CH * (NCOL / 2); idx += NT) {
-            const int r = idx / (NCOL / 2), d = (idx % (NCOL / 2)) * 2, vr = r0 + r;
-            if (vr >= s.tail && vr < s.rows)
-                *reinterpret_cast<__nv_bfloat162*>(out + ((long)(s.start + vr - s.tail) * H + h) * D + col0 + d) =
-                    __floats2bfloat162_rn(Ws[r * LK + d], Ws[r * LK + d + 1]);
-        }
-        if (valid == CH) {
+        if (s.rows - c * CH >= CH) {  // a finished chunk: S <- e^{G_C} S + K~^T U
+            constexpr int TPB = (D / 16) * TJ / (NTH / 32);
+            static_assert(TPB >= 1 && TJ % TPB == 0, "whole column groups a warp");
+            const int t0 = warp * TPB, ti = t0 / TJ, tj0 = t0 % TJ;
             const float decay = __expf(g_end);
-            for (int tile = warp; tile < 32; tile += NT / 32) {
-                const int ti = tile >> 2, tj = tile & 3;
-                Acc st;
-                wmma::load_matrix_sync(st, Ss + ti * 16 * LC + tj * 16, LC, wmma::mem_row_major);
+            Acc st[TPB];
 #pragma unroll
-                for (int t = 0; t < st.num_elements; ++t) st.x[t] *= decay;
-                mma_k<FragAT, FragB>(st, Ks + ti * 16, LK, LK, Us + tj * 16, LC, LC, CH);
-                wmma::store_matrix_sync(Ss + ti * 16 * LC + tj * 16, st, LC, wmma::mem_row_major);
+            for (int t = 0; t < TPB; ++t) {
+                wmma::load_matrix_sync(st[t], Ss + ti * 16 * LC + (tj0 + t) * 16, LC, wmma::mem_row_major);
+#pragma unroll
+                for (int e = 0; e < st[t].num_elements; ++e) st[t].x[e] *= decay;
             }
+#pragma unroll 2
+            for (int k0 = 0; k0 < CH; k0 += 8) {
+                FragAT a;
+                wmma::load_matrix_sync(a, Kb + k0 * LK + ti * 16, LK);
+                to_tf32(a);
+#pragma unroll
+                for (int t = 0; t < TPB; ++t) {
+                    FragB b;
+                    wmma::load_matrix_sync(b, Ub + k0 * LC + (tj0 + t) * 16, LC);
+                    to_tf32(b);
+                    wmma::mma_sync(st[t], a, b, st[t]);
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < TPB; ++t)
+                wmma::store_matrix_sync(Ss + ti * 16 * LC + (tj0 + t) * 16, st[t], LC, wmma::mem_row_major);
+        }
+        __syncthreads();  // this buffer and the state are done before the next chunk's copies and products
+    }
+    __syncthreads();
+    for (int idx = tid; idx < D * NCOL; idx += NTH) {
+        const int i = idx / NCOL, j = idx % NCOL;
+        final_state[state_base + (long)i * D + col0 + j] = Ss[i * LC + j];
+    }
+}
+
+#define GDN_CHUNK_STATE(NAME, NTH)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(NTH) NAME(                                                          \
+        const float* __restrict__ kn, const float* __restrict__ W, float* __restrict__ U,                           \
+        const float* __restrict__ gcum, const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,     \
+        int max_chunks, const float* __restrict__ tail_in, long tail_width, const float* __restrict__ init_state,   \
+        int has_init, float* __restrict__ Sc, float* __restrict__ final_state) {                                    \
+        chunk_state<NTH>(kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tail_width, init_state, has_init, Sc, \
+                         final_state);                                                                              \
+    }
+GDN_CHUNK_STATE(gdn_chunk_state_w8, 256)
+GDN_CHUNK_STATE(gdn_chunk_state_w16, 512)
+
+// The output pass, grid (max_chunks, H, N), block NT, dynamic shared memory GDN_OUT_SMEM: every
+// chunk of every head at once, from S_c and U of gdn_chunk_state. out: [T, H, 128] bf16, own
+// rows only (tail rows have no query here: their outputs belong to the parent).
+extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_out(
+    const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ U,
+    const float* __restrict__ Sc, const float* __restrict__ gcum, const int* __restrict__ cu,
+    const int* __restrict__ pos, int H, int Hk, int max_chunks, const float* __restrict__ tail_in, long tail_width,
+    __nv_bfloat16* __restrict__ out) {
+    extern __shared__ __align__(128) float smem[];
+    float* Qs = smem;           // [64][LK]  q, then e^G q, then O
+    float* Ks = Qs + CH * LK;   // [64][LK]  k, then P [64][LC]
+    float* gs = Ks + CH * LK;   // [64]      G
+    float* Ps = Ks;
+
+    const int c = blockIdx.x, h = blockIdx.y, n = blockIdx.z, hk = h / (H / Hk);
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const Seg s = segment(cu, pos, n, max_chunks);
+    if (c >= s.chunks) return;
+    const int r0 = c * CH;
+    const long slot = (long)(s.first + c) * H + h;
+
+    load_k(Ks, kn, tail_in, tail_width, s, r0, n, hk, Hk);
+#pragma unroll
+    for (int it = 0; it < CH * (D / 4) / NT; ++it) {
+        const int idx = tid + it * NT;
+        const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
+        const bool own = vr >= s.tail && vr < s.rows;
+        cp_async16(Qs + r * LK + d, own ? qn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d : qn, own);
+    }
+    if (tid < CH / 4) cp_async16(gs + tid * 4, gcum + slot * CH + tid * 4, true);
+    cp_async_wait_all();
+    __syncthreads();
+
+    // Q K^T on the 10 tiles at or below the diagonal: warp w takes tiles w and w + 8
+    Acc p[2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+        const int t = warp + 8 * q;
+        if (t < 10) {
+            const int ti = t < 1 ? 0 : t < 3 ? 1 : t < 6 ? 2 : 3, tj = t - ti * (ti + 1) / 2;
+            wmma::fill_fragment(p[q], 0.f);
+            mma_k<FragA, FragBT>(p[q], Qs + ti * 16 * LK, LK, 1, Ks + tj * 16 * LK, LK, 1, D);
+        }
+    }
+    __syncthreads();  // every warp is done with k: P takes its place
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+        const int t = warp + 8 * q;
+        if (t < 10) {
+            const int ti = t < 1 ? 0 : t < 3 ? 1 : t < 6 ? 2 : 3, tj = t - ti * (ti + 1) / 2;
+            wmma::store_matrix_sync(Ps + ti * 16 * LC + tj * 16, p[q], LC, wmma::mem_row_major);
         }
     }
     __syncthreads();
-    for (int idx = tid; idx < D * NCOL; idx += NT) {
-        const int i = idx / NCOL, j = idx % NCOL;
-        final_state[state_base + (long)i * D + col0 + j] = Ss[i * LC + j];
+    // P[i][j] = e^{G_i - G_j} (q_i . k_j) for j <= i (0 above, inside the diagonal tiles); q <- e^G q
+    for (int idx = tid; idx < CH * CH; idx += NT) {
+        const int i = idx / CH, j = idx % CH;
+        if ((j >> 4) <= (i >> 4)) Ps[i * LC + j] = j <= i ? __expf(gs[i] - gs[j]) * Ps[i * LC + j] : 0.f;
+    }
+    for (int idx = tid; idx < CH * (D / 4); idx += NT) {
+        const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
+        const float e = __expf(gs[r]);
+        float4* ptr = reinterpret_cast<float4*>(Qs + r * LK + d);
+        float4 x = *ptr;
+        x.x *= e;
+        x.y *= e;
+        x.z *= e;
+        x.w *= e;
+        *ptr = x;
+    }
+    __syncthreads();
+
+    // O = (e^G Q) S_c + P U: warp w owns value columns 16w .. 16w + 15 of all 64 rows, reading
+    // its strips of S_c and U from global memory once (each element by one warp)
+    Acc o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wmma::fill_fragment(o[i], 0.f);
+    const float* Sg = Sc + slot * D * D + warp * 16;
+#pragma unroll 4
+    for (int k0 = 0; k0 < D; k0 += 8) {
+        FragB b;
+        wmma::load_matrix_sync(b, Sg + k0 * D, D);
+        to_tf32(b);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            FragA a;
+            wmma::load_matrix_sync(a, Qs + i * 16 * LK + k0, LK);
+            to_tf32(a);
+            wmma::mma_sync(o[i], a, b, o[i]);
+        }
+    }
+    const float* Ug = U + slot * CH * D + warp * 16;
+#pragma unroll
+    for (int k0 = 0; k0 < CH; k0 += 8) {
+        FragB b;
+        wmma::load_matrix_sync(b, Ug + k0 * D, D);
+        to_tf32(b);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if (k0 >= (i + 1) * 16) continue;  // P is zero above the diagonal tiles
+            FragA a;
+            wmma::load_matrix_sync(a, Ps + i * 16 * LC + k0, LC);
+            to_tf32(a);
+            wmma::mma_sync(o[i], a, b, o[i]);
+        }
+    }
+    __syncthreads();  // every warp is done with e^G q and P: O takes q's place
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wmma::store_matrix_sync(Qs + i * 16 * LK + warp * 16, o[i], LK, wmma::mem_row_major);
+    __syncthreads();
+    for (int idx = tid; idx < CH * (D / 8); idx += NT) {
+        const int r = idx / (D / 8), d = (idx % (D / 8)) * 8, vr = r0 + r;
+        if (vr >= s.tail && vr < s.rows) store8(out + ((long)(s.start + vr - s.tail) * H + h) * D + d, Qs + r * LK + d);
     }
 }

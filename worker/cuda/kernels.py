@@ -292,8 +292,27 @@ def gdn_tail_width(num_k_heads: int, num_v_heads: int) -> int:
     return -(-width // 4) * 4
 
 
+# gdn_chunk_state variants: warps a block (value columns split in two halves either way); both
+# give the same bits, w16 measured faster at 512-16,384 tokens (docs/cuda-kernels.md)
+GDN_STATE_VARIANTS = ("w8", "w16")
+GDN_STATE_DEFAULT = "w16"
+
+
 def gdn_chunked(
-    qn, kn, v, g, beta, cu_seqlens, positions, max_q, init_state=None, tail_in=None, out=None, final=None, tail_out=None
+    qn,
+    kn,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    positions,
+    max_q,
+    init_state=None,
+    tail_in=None,
+    out=None,
+    final=None,
+    tail_out=None,
+    state_variant=GDN_STATE_DEFAULT,
 ):
     """Gated delta rule over packed segments in GDN_CHUNK (64) token chunks at absolute positions
     (cuda/gdn_chunked.cu says why and how).
@@ -310,7 +329,7 @@ def gdn_chunked(
     Hk = qn.shape[1]
     N = cu_seqlens.numel() - 1
     assert v.stride(2) == 1 and v.stride(1) == GDN_DIM and H % Hk == 0 and qn.is_contiguous() and kn.is_contiguous()
-    geo = traits.GDN_CHUNKED
+    assert state_variant in GDN_STATE_VARIANTS
     dev, width = g.device, gdn_tail_width(Hk, H)
     out = _out(out, (T, H, GDN_DIM), torch.bfloat16, dev)
     final = _out(final, (N, H, GDN_DIM, GDN_DIM), torch.float32, dev)
@@ -321,13 +340,29 @@ def gdn_chunked(
     max_chunks = (max_q + 2 * GDN_CHUNK - 2) // GDN_CHUNK  # a segment's rows: up to 63 tail rows + max_q
     scratch_chunks = (T + 2 * (GDN_CHUNK - 1) * N) // GDN_CHUNK + 1
     w = torch.empty(scratch_chunks, H, GDN_CHUNK, GDN_DIM, dtype=torch.float32, device=dev)
-    u = torch.empty_like(w)
+    u = torch.empty_like(w)  # U~ from the solve, overwritten with U by the state pass
     gcum = torch.empty(scratch_chunks, H, GDN_CHUNK, dtype=torch.float32, device=dev)
+    chunk_states = torch.empty(scratch_chunks, H, GDN_DIM, GDN_DIM, dtype=torch.float32, device=dev)
+    geo = (N, H, Hk, max_chunks, width)
+    gdn_chunk_solve(geo, kn, v, g, beta, cu_seqlens, positions, tails, tail_out, w, u, gcum)
+    gdn_chunk_state(
+        geo, kn, w, u, gcum, cu_seqlens, positions, tails, init, has_init, chunk_states, final, state_variant
+    )
+    gdn_chunk_out(geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, tails, out)
+    return out, final, tail_out
+
+
+# The three launches of gdn_chunked, separately callable so that the benchmark can time each.
+# geo = (N, H, Hk, max_chunks, tail width); buffers as gdn_chunked allocates them.
+
+
+def gdn_chunk_solve(geo, kn, v, g, beta, cu_seqlens, positions, tails, tail_out, w, u, gcum) -> None:
+    N, H, Hk, max_chunks, width = geo
     _launch(
         "gdn_chunked",
         "gdn_chunk_solve",
         (max_chunks, H, N),
-        (geo.threads,),
+        (traits.GDN_CHUNKED.threads,),
         (
             kn,
             v,
@@ -346,17 +381,51 @@ def gdn_chunked(
             u,
             gcum,
         ),
-        dynamic_smem=geo.solve_smem_bytes,
+        dynamic_smem=traits.GDN_CHUNKED.solve_smem_bytes,
     )
+
+
+def gdn_chunk_state(
+    geo, kn, w, u, gcum, cu_seqlens, positions, tails, init, has_init, chunk_states, final, variant=GDN_STATE_DEFAULT
+) -> None:
+    N, H, Hk, max_chunks, width = geo
+    geom = traits.GDN_CHUNKED
     _launch(
         "gdn_chunked",
-        "gdn_chunk_state",
-        (GDN_DIM // geo.state_columns, H, N),
-        (geo.threads,),
-        (qn, kn, w, u, gcum, cu_seqlens, positions, H, Hk, max_chunks, tails, _i64(width), init, has_init, out, final),
-        dynamic_smem=geo.state_smem_bytes,
+        f"gdn_chunk_state_{variant}",
+        (GDN_DIM // geom.state_columns, H, N),
+        (32 * int(variant[1:]),),
+        (
+            kn,
+            w,
+            u,
+            gcum,
+            cu_seqlens,
+            positions,
+            H,
+            Hk,
+            max_chunks,
+            tails,
+            _i64(width),
+            init,
+            has_init,
+            chunk_states,
+            final,
+        ),
+        dynamic_smem=geom.state_smem_bytes,
     )
-    return out, final, tail_out
+
+
+def gdn_chunk_out(geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, tails, out) -> None:
+    N, H, Hk, max_chunks, width = geo
+    _launch(
+        "gdn_chunked",
+        "gdn_chunk_out",
+        (max_chunks, H, N),
+        (traits.GDN_CHUNKED.threads,),
+        (qn, kn, u, chunk_states, gcum, cu_seqlens, positions, H, Hk, max_chunks, tails, _i64(width), out),
+        dynamic_smem=traits.GDN_CHUNKED.out_smem_bytes,
+    )
 
 
 def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None, out=None):

@@ -26,8 +26,8 @@ class GdnChunkTraits:
 
     chunk: int = GDN_CHUNK_TOKENS
     head_dim: int = GDN_HEAD_DIM  # key and value head dims
-    threads: int = 256  # a block of either kernel (8 warps)
-    state_columns: int = 64  # value columns of the state a gdn_chunk_state block owns
+    threads: int = 256  # a block of the solve and output kernels (8 warps)
+    state_columns: int = 64  # value columns of the state a gdn_chunk_state block owns (= chunk)
     # Floats added to every shared-memory row: rows start in different banks and WMMA tiles stay
     # 32-byte aligned.
     row_pad: int = 4
@@ -56,10 +56,15 @@ class GdnChunkTraits:
 
     @property
     def state_smem_bytes(self) -> int:
-        """gdn_chunk_state: state columns, W, q, k, U, P, G, e^G, e^{G_C - G}."""
+        """gdn_chunk_state: state columns, then two buffers of a chunk's W, k, U and G."""
         c = self.chunk
-        floats = self.head_dim * self.chunk_stride + 3 * c * self.k_stride + 2 * c * self.chunk_stride + 3 * c
-        return FLOAT_BYTES * floats
+        per_chunk = 2 * c * self.k_stride + c * self.chunk_stride + c
+        return FLOAT_BYTES * (self.head_dim * self.chunk_stride + 2 * per_chunk)
+
+    @property
+    def out_smem_bytes(self) -> int:
+        """gdn_chunk_out: q (then e^G q, then O), k (then P), G."""
+        return FLOAT_BYTES * (2 * self.chunk * self.k_stride + self.chunk)
 
     def definitions(self) -> dict[str, int]:
         return {
@@ -72,6 +77,7 @@ class GdnChunkTraits:
             "GDN_LB": self.kv_stride,
             "GDN_SOLVE_SMEM": self.solve_smem_bytes,
             "GDN_STATE_SMEM": self.state_smem_bytes,
+            "GDN_OUT_SMEM": self.out_smem_bytes,
         }
 
 

@@ -230,6 +230,61 @@ def test_gdn_chunked(K, ref, with_init):
         assert torch.equal(got, e_tails[n]), f"tail rows of segment {n} are copies of its inputs"
 
 
+def test_gdn_chunked_batch_invariant(K, ref):
+    """Segments with tails and initial states, one over 11 chunks, packed in one launch: each
+    matches the reference, and its outputs, final state and tail are the same bits when it is
+    launched alone and with either state-pass variant (a result never depends on its neighbours
+    or on how the state pass splits its work)."""
+    lengths = [700, 5, 64, 131, 1, 90]
+    starts = [0, 77, 128, 3, 4095, 640]  # tails of 0, 13, 0, 3, 63, 0 rows
+    cu, qn, kn, v, g, beta, pos, init, tails = chunked_case(K, lengths, starts, True)
+    T, N, H = qn.shape[0], len(lengths), v.shape[1]
+    runs = {}
+    for variant in K.GDN_STATE_VARIANTS:
+        out, fin = poisoned((T, H, 128), torch.bfloat16), poisoned((N, H, 128, 128), torch.float32)
+        tail_out = poisoned(tails.shape, torch.float32)
+        K.gdn_chunked(
+            qn,
+            kn,
+            v,
+            g,
+            beta,
+            cu,
+            pos,
+            max(lengths),
+            init,
+            tails,
+            out=out,
+            final=fin,
+            tail_out=tail_out,
+            state_variant=variant,
+        )
+        runs[variant] = (out, fin, tail_out)
+    out, fin, tail_out = runs[K.GDN_STATE_DEFAULT]
+    for variant, (o2, f2, t2) in runs.items():
+        assert torch.equal(o2, out) and torch.equal(f2, fin), f"state variant {variant} changes bits"
+        for n in range(N):  # the rows past a tail stay NaN-poisoned
+            rows = (starts[n] + lengths[n]) % 64
+            assert torch.equal(t2[n, :rows], tail_out[n, :rows]), f"state variant {variant}: tail {n}"
+    e_out, e_fin, _ = ref.gdn_chunked_packed(
+        qn.cpu(), kn.cpu(), v.cpu(), g.cpu(), beta.cpu(), cu.cpu(), pos.cpu(), init.cpu(), tails.cpu()
+    )
+    per_segment(out, e_out, cu, BF16_TOL, "chunked gdn o")
+    c = cu.tolist()
+    for n in range(N):
+        assert rel(fin[n], e_fin[n]) < TF32_TOL, f"final state {n}"
+        a, b = c[n], c[n + 1]
+        one = torch.tensor([0, b - a], dtype=torch.int32, device=DEV)
+        part = lambda x, a=a, b=b: x[a:b].contiguous()  # noqa: E731
+        o1, f1, t1 = K.gdn_chunked(
+            part(qn), part(kn), v[a:b], part(g), part(beta), one, part(pos), b - a, init[n : n + 1], tails[n : n + 1]
+        )
+        rows = (starts[n] + lengths[n]) % 64
+        assert torch.equal(o1, out[a:b]), f"segment {n} outputs alone vs packed"
+        assert torch.equal(f1[0], fin[n]), f"segment {n} final state alone vs packed"
+        assert torch.equal(t1[0, :rows], tail_out[n, :rows]), f"segment {n} tail alone vs packed"
+
+
 @pytest.mark.parametrize("split", [1, 37, 64, 100, 128, 133])
 def test_gdn_chunked_split_is_exact(K, split):
     """A prompt run whole, and as a parent [0, split) plus a child [split, L) launched beside an
