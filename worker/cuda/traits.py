@@ -27,7 +27,7 @@ class GdnChunkTraits:
     chunk: int = GDN_CHUNK_TOKENS
     head_dim: int = GDN_HEAD_DIM  # key and value head dims
     threads: int = 256  # a block of the solve and output kernels (8 warps)
-    state_columns: int = 64  # value columns of the state a gdn_chunk_state block owns (= chunk)
+    state_columns: int = 64  # value columns a gdn_chunk_state or gdn_chunk_out block owns (= chunk)
     # Floats added to every shared-memory row: rows start in different banks and WMMA tiles stay
     # 32-byte aligned.
     row_pad: int = 4
@@ -48,10 +48,15 @@ class GdnChunkTraits:
         return 2 * self.head_dim + self.row_pad
 
     @property
+    def block_stride(self) -> int:
+        """Row stride (floats) of the solve's 16 x 16 block products."""
+        return 16 + self.row_pad
+
+    @property
     def solve_smem_bytes(self) -> int:
-        """gdn_chunk_solve: k, [k | v], A, T, block products, g, beta."""
+        """gdn_chunk_solve: [k | v], A, T, 3 block products, g, beta (two blocks an SM)."""
         c = self.chunk
-        floats = c * self.k_stride + c * self.kv_stride + 3 * c * self.chunk_stride + 2 * c
+        floats = c * self.kv_stride + 2 * c * self.chunk_stride + 3 * 16 * self.block_stride + 2 * c
         return FLOAT_BYTES * floats
 
     @property
@@ -75,6 +80,7 @@ class GdnChunkTraits:
             "GDN_LK": self.k_stride,
             "GDN_LC": self.chunk_stride,
             "GDN_LB": self.kv_stride,
+            "GDN_LX": self.block_stride,
             "GDN_SOLVE_SMEM": self.solve_smem_bytes,
             "GDN_STATE_SMEM": self.state_smem_bytes,
             "GDN_OUT_SMEM": self.out_smem_bytes,
