@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests gdn gates-chunked kernels capacity sweep gemm gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile
+#   steps: tests gdn gates-chunked kernels capacity sweep gemm gemm-split gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
 # bench-full a call of its own.
@@ -53,6 +53,8 @@ for step in "$@"; do
     kernels) timeout 300 python3 benchmarks/kernels_gpu.py --capacity 27b --out $OUT/kernels-gpu.json 2>&1 \
              | tee $OUT/kernels-gpu.txt | tail -45 ;;
     gemm) timeout 150 python3 benchmarks/gemm_invariance.py 2>&1 | tail -40 | tee $OUT/gemm-invariance.md ;;
+    # the MLP down product: padded, K-split, cuBLAS, gemm_stream against the weight read
+    gemm-split) timeout 200 python3 benchmarks/gemm_split.py --out $OUT/gemm-split.json 2>&1 | tail -14 | tee $OUT/gemm-split.txt ;;
     # gates-N: 40 requests with products padded to N rows (quick comparison); gates: the full gate
     gates-ws0) CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 timeout 150 python3 -m openjev.tools.bench.gates \
              --model .openjev/demo-model --workload $WL --backend cuda --synthetic 27b --layers 8 --oracle-cases 5 \
