@@ -1,8 +1,10 @@
-"""The MLP down product (27B: weight [5120, 17408]) as the runner can call it, against its weight
-read: padded to cuBLAS's invariance threshold (the runner before the K split), in 2 and 4 K
-slices (gemm.split_linear), cuBLAS unpadded (not batch invariant, for reference), gemm_stream,
-and a device copy of the weight. Timing as benchmarks/gemm_stream.py (time_methods: weight copies
-rotated, interleaved, medians). Prints a table; GPU only (the device machine).
+"""The MLP down product (27B: weight [5120, 17408]) against its weight read: padded to cuBLAS's
+invariance threshold (what the runner does), in 2 and 4 K slices of our own (split_linear: each
+slice's product in fp32, the partials added in slice order, so a row's bits do not depend on the
+row count wherever cuBLAS leaves the slices unsplit: split_from probes that), cuBLAS unpadded
+(not batch invariant, for reference), gemm_stream, and a device copy of the weight. Timing as
+benchmarks/gemm_stream.py (time_methods: weight copies rotated, interleaved, medians). Prints a
+table; GPU only (the device machine). Measured on the H200: docs/cuda-kernels.md.
 
     python3 benchmarks/gemm_split.py [--out $OUT/gemm-split.json]
 """
@@ -22,6 +24,25 @@ ROWS = [1, 16, 64, 80, 128, 256, 512, 2048, 4096]
 N, K = 5120, 17408
 
 
+def split_linear(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Tensor:
+    k = weight.shape[1] // parts
+    acc = torch.mm(x[:, :k], weight[:, :k].T, out_dtype=torch.float32)
+    for p in range(1, parts):
+        acc += torch.mm(x[:, p * k : (p + 1) * k], weight[:, p * k : (p + 1) * k].T, out_dtype=torch.float32)
+    return acc.to(x.dtype)
+
+
+def split_from(weight: torch.Tensor, parts_to_try=(2, 4)) -> int:
+    """The fewest slices for which every probed row count gets each row's bits of a 2,048-row
+    product (gemm.PROBE_ROWS, as gemm.invariant_from probes cuBLAS); 1: none."""
+    x = torch.randn(gemm.REFERENCE_ROWS, weight.shape[1], device=weight.device).to(weight.dtype)
+    for parts in parts_to_try:
+        full = split_linear(x, weight, parts)
+        if all(torch.equal(split_linear(x[:m], weight, parts), full[:m]) for m in gemm.PROBE_ROWS):
+            return parts
+    return 1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=15)
@@ -31,7 +52,7 @@ def main() -> None:
     copies = max(2, -(-ROTATE_BYTES // (N * K * 2)))
     ws = [(torch.randn(N, K, device="cuda", generator=gen) * K**-0.5).bfloat16() for _ in range(copies)]
     xs = [torch.randn(max(ROWS), K, device="cuda", generator=gen).bfloat16() for _ in range(copies)]
-    pad, parts = gemm.invariant_from(ws[0]), gemm.split_from(ws[0])
+    pad, parts = gemm.invariant_from(ws[0]), split_from(ws[0])
     ceiling = copy_ceiling()
     scrub = torch.randn(2**27, device="cuda")
     flat = torch.empty(N * K, dtype=torch.bfloat16, device="cuda")
@@ -44,8 +65,8 @@ def main() -> None:
         methods = {
             "copy": lambda i: flat.copy_(ws[i % copies].view(-1)),
             "padded": lambda i, xm=xm: gemm.linear(xm[i % copies], ws[i % copies], pad),
-            "split2": lambda i, xm=xm: gemm.split_linear(xm[i % copies], ws[i % copies], 2),
-            "split4": lambda i, xm=xm: gemm.split_linear(xm[i % copies], ws[i % copies], 4),
+            "split2": lambda i, xm=xm: split_linear(xm[i % copies], ws[i % copies], 2),
+            "split4": lambda i, xm=xm: split_linear(xm[i % copies], ws[i % copies], 4),
             "cublas": lambda i, xm=xm: F.linear(xm[i % copies], ws[i % copies]),
         }
         if m <= 256:

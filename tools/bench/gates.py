@@ -235,15 +235,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{mixed['mismatches']} differ in any bit of any head score from the same request run alone; "
         f"{mixed['failures']} failed.",
     ]
-    split = {shape: parts for shape, parts in getattr(runner, "k_split", {}).items() if parts > 1}
-    padded = {shape: rows for shape, rows in getattr(runner, "gemm_rows", {}).items() if rows > 1 and shape not in split}
+    padded = {shape: rows for shape, rows in getattr(runner, "gemm_rows", {}).items() if rows > 1}
     if args.backend == "cuda":
         lines += [
             "",
             "Products padded to a row count (weight [N, K]: rows): "
             + (", ".join(f"{list(shape)}: {rows}" for shape, rows in padded.items()) or "none")
-            + "; products with K in slices (weight: slices): "
-            + (", ".join(f"{list(shape)}: {parts}" for shape, parts in split.items()) or "none")
             + ".",
         ]
     graphs = getattr(runner, "graphs", None)

@@ -11,10 +11,6 @@ shapes but makes every product slower (benchmarks/gemm_invariance.py; docs/cuda-
 So each weight shape is probed once at start: the product of M random rows is compared bit for
 bit with the same rows inside a 2,048-row product, for every M up to 320 and multiples of 32 up to
 1,024; products of fewer rows than the smallest M above every mismatch are padded up to it.
-Padding a 74-row product to the down weight's 352 rows costs ~45 us a layer on the H200, so such
-shapes first try a K split of our own (split_linear): K in 2 or 4 fixed slices whose products
-cuBLAS does not split, fp32 partials added in slice order, used at every row count. It is taken
-only where the same probe finds every row count bit-identical (split_plan).
 
 Products of few rows can instead go to our weight-streaming kernel (gemm_stream.py), which sums
 every output in one order at every row count. On the H200 that order is cuBLAS's unsplit one, bit
@@ -63,54 +59,6 @@ def calibrate(weights) -> dict[tuple[int, int], int]:
     return out
 
 
-def split_linear(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Tensor:
-    """x @ weight^T with K in `parts` equal slices: each slice's product in fp32 (cuBLAS, unsplit
-    where the slice is small enough), the partials added in slice order, then rounded once. Every
-    row gets the same sums whatever the row count, where each slice's product does (split_from)."""
-    k = weight.shape[1] // parts
-    acc = torch.mm(x[:, :k], weight[:, :k].T, out_dtype=torch.float32)
-    for p in range(1, parts):
-        acc += torch.mm(x[:, p * k : (p + 1) * k], weight[:, p * k : (p + 1) * k].T, out_dtype=torch.float32)
-    return acc.to(x.dtype)
-
-
-def split_from(weight: torch.Tensor, parts_to_try=(2, 4), seed: int = 0) -> int:
-    """The fewest K slices (of parts_to_try) for which split_linear gives every probed row count
-    each row's bits of a REFERENCE_ROWS-row product; 1: none does (or fp32-output products are not
-    available)."""
-    gen = torch.Generator(device=weight.device).manual_seed(seed)
-    x = torch.randn(REFERENCE_ROWS, weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
-    for parts in parts_to_try:
-        if weight.shape[1] % (parts * 64):
-            continue
-        try:
-            full = split_linear(x, weight, parts)
-        except (RuntimeError, TypeError) as e:  # no mm(out_dtype=) on this torch or device
-            log.info("no fp32-output products (%s): K splits not used", str(e).splitlines()[0])
-            return 1
-        if all(torch.equal(split_linear(x[:m], weight, parts), full[:m]) for m in PROBE_ROWS):
-            return parts
-    return 1
-
-
-def split_plan(weights, pad_rows: dict) -> dict[tuple[int, int], int]:
-    """(N, K) -> K slices for shapes cuBLAS would otherwise pad (pad_rows > 1): a split whose
-    slices cuBLAS never splits keeps bits at every row count without the padding's compute."""
-    out: dict[tuple[int, int], int] = {}
-    for w in weights:
-        key = tuple(w.shape)
-        if key not in out:
-            out[key] = split_from(w) if pad_rows.get(key, 1) > 1 else 1
-            if out[key] > 1:
-                log.info(
-                    "products with weight %s: K in %d slices instead of padding to %d rows",
-                    key,
-                    out[key],
-                    pad_rows[key],
-                )
-    return out
-
-
 def stream_matches(weight: torch.Tensor, seed: int = 0) -> bool:
     """Whether gemm_stream gives every row of a REFERENCE_ROWS-row product the bits cuBLAS gives
     it there (where cuBLAS does not split K): then the two may share a weight's row counts."""
@@ -137,14 +85,9 @@ def stream_plan(weights) -> dict[tuple[int, int], int]:
     return out
 
 
-def linear(
-    x: torch.Tensor, weight: torch.Tensor, min_rows: int, stream_rows: int = 0, k_split: int = 1
-) -> torch.Tensor:
-    """x @ weight^T: in k_split slices at every row count when k_split > 1 (split_from); else by
-    gemm_stream up to stream_rows rows (only where stream_matches), else cuBLAS with x padded
-    with zero rows up to min_rows first when it has fewer."""
-    if k_split > 1:
-        return split_linear(x, weight, k_split)
+def linear(x: torch.Tensor, weight: torch.Tensor, min_rows: int, stream_rows: int = 0) -> torch.Tensor:
+    """x @ weight^T: by gemm_stream up to stream_rows rows (only where stream_matches), else
+    cuBLAS with x padded with zero rows up to min_rows first when it has fewer."""
     m = x.shape[0]
     if 0 < m <= stream_rows:
         from openjev.worker.cuda import gemm_stream

@@ -6,7 +6,7 @@ on the variant: the variant is picked per weight shape and row count for speed a
 from measurements of benchmarks/gemm_stream.py). On the H200 that order gives every row the bits
 cuBLAS gives it wherever cuBLAS does not split K (all six 27B product shapes, 2,048 rows), so
 products may switch between the two by row count (gemm.linear's stream_rows, after
-gemm.stream_matches). Not wired into the runner yet.
+gemm.stream_matches; the runner takes gemm.stream_plan at start).
 """
 
 from __future__ import annotations
@@ -50,15 +50,15 @@ def choose(m: int, n: int, k: int) -> GemmVariant:
 
 
 # Rows up to which gemm_stream (chosen variant) was faster than the runner's cuBLAS call, per
-# 27B weight shape (N, K), at the row counts measured (1, 8, 16, 32, 64, 74, 128, 256; H200,
-# docs/cuda-kernels.md). 0: cuBLAS at every row count. The down product gains most: cuBLAS
+# 27B weight shape (N, K), at the row counts measured (1, 8, 16, 32, 64, 74, 128, 256, and 80
+# for down; H200, docs/cuda-kernels.md). Graph passes have 80 rows for 65-80 tokens. 0: cuBLAS at every row count. The down product gains most: cuBLAS
 # splits its K below a few hundred rows, so the runner pads those products (gemm.py).
 STREAM_ROWS = {
     (16480, 5120): 32,  # GDN in
     (5120, 6144): 0,  # GDN out, attention out
     (14336, 5120): 0,  # attention in: within noise of cuBLAS at 1-32 rows
     (34816, 5120): 16,  # MLP gate + up
-    (5120, 17408): 74,  # MLP down
+    (5120, 17408): 80,  # MLP down (80: benchmarks/gemm_split.py, 91.8 against 98.2 us padded)
 }
 
 

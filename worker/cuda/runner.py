@@ -91,10 +91,6 @@ class CudaRunner:
         # Products of few rows stream the weight through our kernel where it was measured faster
         # and gives cuBLAS's bits on this card (checked here); pinned padding (tests) keeps cuBLAS.
         self.stream_rows = gemm.stream_plan(weights) if gemm_min_rows is None else {tuple(w.shape): 0 for w in weights}
-        # shapes cuBLAS splits below some row count: a K split of our own instead of padding
-        self.k_split = (
-            gemm.split_plan(weights, self.gemm_rows) if gemm_min_rows is None else {tuple(w.shape): 1 for w in weights}
-        )
         self.head_weight = head_weight.to(device=embed.device, dtype=torch.float64)
         self.head_bias = float(head_bias)
         self.device = embed.device
@@ -236,7 +232,7 @@ class CudaRunner:
 
     def _linear(self, x, w):
         shape = tuple(w.shape)
-        return gemm.linear(x, w, self.gemm_rows[shape], self.stream_rows[shape], self.k_split[shape])
+        return gemm.linear(x, w, self.gemm_rows[shape], self.stream_rows[shape])
 
     def _gdn(self, layer: FusedGdnLayer, index: int, h, launch: Launch, io):
         c = self.config
