@@ -3,7 +3,11 @@ in-flight gauge returns to zero. Clients here set no deadline: the frontend's ow
 (--worker-deadline-seconds) is what bounds them.
 
 Seen before: after `kill -9` of the worker one request stayed blocked until the client's own
-60 s deadline and `in_flight_requests` stayed at 1 until the frontend restarted."""
+60 s deadline and `in_flight_requests` stayed at 1 until the frontend restarted. The cause: gRPC's
+own retries (grpcio 1.84) of a worker call the worker had not yet accepted delivered the retry's
+failure status but never completed the call's pending receive operations, so grpcio's response
+iterator waited for good, deaf to the deadline and to cancel(). Requests refused part-way through
+tokenizing (over the token limit) are such calls for longest, hence the second test."""
 
 from __future__ import annotations
 
@@ -27,6 +31,19 @@ MEDIUM = {
     "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(6)}}},
 }
 ENDED = {"OK", "UNAVAILABLE", "DEADLINE_EXCEEDED"}
+TOKEN_LIMIT = 32768
+# About 1,030 tokens a candidate: the token limit is passed after the second batch of 16, so the
+# worker call is open, never committed, for as long as the first batches take to tokenize.
+OVER_TOKEN_LIMIT = {
+    "state": "word " * 1000,
+    "questions": {
+        "q": {
+            "type": "choice",
+            "instructions": "pick",
+            "criteria": {str(i): None for i in range(TOKEN_LIMIT // 1000 + 8)},
+        }
+    },
+}
 
 
 def in_flight(metrics_port: int) -> float:
@@ -95,5 +112,80 @@ def test_worker_killed_or_stopped_under_load_never_hangs_a_request(demo_model, t
             time.sleep(0.2)
         assert in_flight(metrics_port) == 0
     finally:
+        frontend.stop()
+        worker.stop()
+
+
+def _refused_part_way(address: str, stop: threading.Event, outcomes: list) -> None:
+    body = api.DecideRequest(request_json=json.dumps(OVER_TOKEN_LIMIT))
+    with Client(address) as client:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                client.stub.Decide(body)  # no deadline: the frontend's cap must bound it
+                code, details = "OK", ""
+            except grpc.RpcError as error:
+                code, details = error.code().name, error.details() or ""
+            outcomes.append((code, details, time.monotonic() - started))
+            if code == "UNAVAILABLE":
+                stop.wait(0.2)  # the worker is down: do not spin
+
+
+def test_worker_killed_while_requests_are_refused_part_way_never_hangs_one(demo_model, tmp_path):
+    """Over-limit requests (refused while tokenizing, their worker call never committed) in flight
+    while the worker is killed, round after round: each ends within the frontend's cap, and the
+    in-flight gauge returns to zero. Before the fix about one round in two left a request hung."""
+    port = launch.free_port()
+    metrics_port = launch.free_port()
+    worker_args = ["--listen", f"127.0.0.1:{port}"]
+    worker = launch.start_worker(demo_model, tmp_path, worker_args)
+    frontend = launch.start_frontend(
+        demo_model,
+        worker.address,
+        tmp_path,
+        [
+            "--worker-refresh-seconds",
+            "0.5",
+            "--worker-deadline-seconds",
+            str(CAP_SECONDS),
+            "--max-request-tokens",
+            str(TOKEN_LIMIT),
+            "--metrics-port",
+            str(metrics_port),
+        ],
+    )
+    outcomes: list = []
+    stop = threading.Event()
+    clients = [
+        threading.Thread(target=_refused_part_way, args=(frontend.address, stop, outcomes), daemon=True)
+        for _ in range(4)
+    ]
+    try:
+        launch.wait_serving(frontend.address)
+        for thread in clients:
+            thread.start()
+        for round_ in range(6):
+            time.sleep(1.0 + 0.37 * (round_ % 3))  # kills land at different points of the tokenizing
+            worker.kill()
+            time.sleep(0.5)
+            worker = launch.start_worker(demo_model, tmp_path, worker_args, name=f"worker-{round_}")
+            launch.wait_serving(frontend.address, timeout_seconds=30)
+        time.sleep(1.0)
+        stop.set()
+        for thread in clients:
+            thread.join(BOUND_SECONDS + 5)
+            assert not thread.is_alive(), "a request outlived its bound"
+        assert {code for code, _, _ in outcomes} <= {"INVALID_ARGUMENT", "UNAVAILABLE", "DEADLINE_EXCEEDED"}, outcomes
+        assert {details for code, details, _ in outcomes if code == "INVALID_ARGUMENT"} == {
+            "request exceeds the token limit"
+        }
+        assert sum(code == "INVALID_ARGUMENT" for code, _, _ in outcomes) >= 6, outcomes
+        assert max(seconds for _, _, seconds in outcomes) < BOUND_SECONDS, outcomes
+        deadline = time.monotonic() + 10
+        while in_flight(metrics_port) != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert in_flight(metrics_port) == 0
+    finally:
+        stop.set()
         frontend.stop()
         worker.stop()
