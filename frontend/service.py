@@ -205,17 +205,25 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
     def _execute(self, decision: DecisionRequest, policy: PrefixPolicy | None, context, request_id: str):
         """Run the request on a worker within the worker deadline; a call no worker accepted
         (one died or refused the connection first) is tried again, tokenized afresh."""
-        deadline = time.monotonic() + self.worker_timeout(context)
-        for attempt in range(1, MAX_ATTEMPTS + 1):
-            try:
-                return self._attempt(decision, policy, context, request_id, deadline - time.monotonic())
-            except _NotAccepted as failure:
-                backoff = RETRY_BACKOFF_SECONDS * 2 ** (attempt - 1)
-                if attempt == MAX_ATTEMPTS or deadline - time.monotonic() <= backoff or not context.is_active():
-                    raise failure.refused from None
-                log.info("worker_retry", request_id=request_id, attempt=attempt, reason=failure.refused.message)
-                time.sleep(backoff)
-        raise AssertionError("unreachable")
+        timeout = self.worker_timeout(context)
+        deadline = time.monotonic() + timeout
+        try:
+            for attempt in range(1, MAX_ATTEMPTS + 1):
+                try:
+                    return self._attempt(decision, policy, context, request_id, deadline - time.monotonic())
+                except _NotAccepted as failure:
+                    backoff = RETRY_BACKOFF_SECONDS * 2 ** (attempt - 1)
+                    if attempt == MAX_ATTEMPTS or deadline - time.monotonic() <= backoff or not context.is_active():
+                        raise failure.refused from None
+                    log.info("worker_retry", request_id=request_id, attempt=attempt, reason=failure.refused.message)
+                    time.sleep(backoff)
+            raise AssertionError("unreachable")
+        except Refused as refused:
+            remaining = context.time_remaining()
+            if refused.code == grpc.StatusCode.DEADLINE_EXCEEDED and (remaining is None or remaining > 0):
+                # this frontend's cap, not the client's deadline, ran out: the metrics must say so
+                interceptors.note_outcome(interceptors.WORKER_DEADLINE)
+            raise
 
     def _attempt(
         self, decision: DecisionRequest, policy: PrefixPolicy | None, context, request_id: str, timeout: float

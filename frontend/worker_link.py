@@ -33,6 +33,11 @@ log = logs.get("openjev.frontend")
 # A restarted worker is tried again within this long (gRPC's default backoff reaches 120 s).
 MAX_RECONNECT_BACKOFF_MS = 5000
 KEEPALIVE_MS = 10_000
+# The longest a probe (Describe, health Check) waits, at least: a busy worker on a loaded host can
+# take longer than a short refresh period to answer, and one late answer marks it down for a whole
+# period, refusing every request meanwhile (seen: the hostile soak, --worker-refresh-seconds 0.5,
+# two shared cores). A worker that is gone fails its probe at once (connection refused).
+MIN_PROBE_TIMEOUT_SECONDS = 2.0
 KEEPALIVE_TIMEOUT_MS = 5_000
 
 
@@ -129,6 +134,7 @@ class WorkerLink:
         self._max_questions = max_questions
         self._max_candidates = max_candidates
         self._refresh_seconds = refresh_seconds
+        self._probe_timeout = max(refresh_seconds, MIN_PROBE_TIMEOUT_SECONDS)
         self._state = LinkState(None, f"worker at {target} has not answered yet", grpc.StatusCode.UNAVAILABLE)
         self._probes: dict[str, _Probe] = {}
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="worker-probe")
@@ -195,13 +201,13 @@ class WorkerLink:
         """(describe, problem, reachable) of one worker."""
         probe = self._probes[endpoint]
         try:
-            describe = probe.worker.Describe(wire.DescribeRequest(), timeout=self._refresh_seconds)
+            describe = probe.worker.Describe(wire.DescribeRequest(), timeout=self._probe_timeout)
         except grpc.RpcError as error:
             return None, f"worker at {endpoint} is unavailable: {error.code().name}", False
         problem = self._incompatibility(describe)
         if problem is None:
             try:
-                reply = probe.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self._refresh_seconds)
+                reply = probe.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self._probe_timeout)
                 if reply.status != health_pb2.HealthCheckResponse.SERVING:
                     problem = f"worker at {endpoint} is not serving"
             except grpc.RpcError as error:

@@ -52,6 +52,17 @@ def in_flight(metrics_port: int) -> float:
     return float(line.split()[1])
 
 
+def outcomes_counted(metrics_port: int) -> dict[str, float]:
+    """openjev_frontend_request_seconds_count summed per outcome label."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("openjev_frontend_request_seconds_count{"):
+            outcome = line.split('outcome="')[1].split('"')[0]
+            counts[outcome] = counts.get(outcome, 0.0) + float(line.split()[-1])
+    return counts
+
+
 def _load(address: str, stop: threading.Event, outcomes: list) -> None:
     body = api.DecideRequest(request_json=json.dumps(MEDIUM), prefix_policy=api.PREFIX_POLICY_OFF)
     with Client(address) as client:
@@ -111,6 +122,12 @@ def test_worker_killed_or_stopped_under_load_never_hangs_a_request(demo_model, t
         while in_flight(metrics_port) != 0 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert in_flight(metrics_port) == 0
+        # The clients set no deadline, so each DEADLINE_EXCEEDED was the frontend's own cap (the
+        # stopped worker): counted as a server-side outcome, never as a client's deadline.
+        counted = outcomes_counted(metrics_port)
+        timed_out = sum(code == "DEADLINE_EXCEEDED" for code, _ in outcomes)
+        assert timed_out > 0 and counted.get("WORKER_DEADLINE_EXCEEDED") == timed_out, (counted, timed_out)
+        assert "DEADLINE_EXCEEDED" not in counted, counted
     finally:
         frontend.stop()
         worker.stop()
