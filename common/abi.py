@@ -21,6 +21,11 @@ from openjev.worker.v1 import worker_pb2 as wire
 
 ABI_VERSION = 1
 
+# Response-header key a worker sends once it accepts an Execute stream (committed and valid).
+# A call that failed before this header came never ran on that worker, so the frontend may try it
+# again elsewhere; empty headers cannot say that, since a failed call reports its headers as empty.
+ACCEPTED_METADATA_KEY = "openjev-accepted"
+
 # Each literal's enum value is its name upper-cased after the enum's prefix (protos/ says so).
 _POLICY_TO_ENUM: dict[PrefixPolicy, api.PrefixPolicy] = {
     name: api.PrefixPolicy.Value(f"PREFIX_POLICY_{name.upper()}") for name in PREFIX_POLICIES

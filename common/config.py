@@ -95,7 +95,7 @@ def log_config(name: str, args: argparse.Namespace) -> None:
 
 def add_server_flags(p: argparse.ArgumentParser, *, client: str) -> None:
     """The flags both servers take: call caps of the idle-prone kinds, shutdown, port file,
-    metrics, TLS, tracing, logging. client: who connects (named in the help)."""
+    metrics, TLS (or --plaintext, asked for), tracing, logging. client: who connects (named in the help)."""
     p.add_argument("--max-watch-streams", type=positive_int, default=32, help="concurrent health Watch streams")
     p.add_argument("--max-reflection-streams", type=positive_int, default=8, help="concurrent reflection streams")
     p.add_argument("--grace-seconds", type=non_negative_float, default=10.0, help="drain time on SIGTERM")
@@ -112,6 +112,12 @@ def add_server_flags(p: argparse.ArgumentParser, *, client: str) -> None:
     p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
     p.add_argument(
         "--tls-client-ca", type=Path, default=None, help=f"require {client} certificates signed by this CA (mTLS)"
+    )
+    p.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="allow plaintext where no certificate is given (a warning is logged); without it a server "
+        "given no certificate refuses to start",
     )
     p.add_argument(
         "--otlp-endpoint",

@@ -95,6 +95,9 @@ class _IdContext:
 # Alerts on server errors leave them out (docs/deploy.md).
 CLIENT_DEADLINE = "DEADLINE_EXCEEDED"
 CLIENT_CANCELLED = "CLIENT_CANCELLED"
+# A deadline of the server's own (the frontend's --worker-deadline-seconds, shorter than the
+# client's): a silent or overloaded worker, which alerts must see.
+WORKER_DEADLINE = "WORKER_DEADLINE_EXCEEDED"
 
 
 def _outcome(context: grpc.ServicerContext, failed: bool, info: RequestInfo) -> str:

@@ -3,8 +3,10 @@
 Certificates and keys are PEM files named by flags (`--tls-cert`, `--tls-key`, `--tls-client-ca`
 on a server; `--worker-tls-ca`, `--worker-tls-cert`, `--worker-tls-key` on the frontend's worker
 channels), each also an `OPENJEV_*` variable like every flag. A server given `--tls-client-ca`
-requires client certificates signed by it (mutual TLS). Without certificates a server speaks
-plaintext and logs a warning saying so.
+requires client certificates signed by it (mutual TLS). A link without certificates (a server's
+port, the frontend's connection to its workers) is plaintext only when asked for with
+`--plaintext` (`OPENJEV_PLAINTEXT=1`), and then logs a warning; otherwise the program refuses to
+start with one line naming the flags (`require_tls`).
 
 Bearer tokens: `--auth-token-file` (one token a line; blank lines and `#` comments skipped) and/or
 the `OPENJEV_AUTH_TOKENS` variable (comma-separated). When any token is configured, every call of
@@ -70,6 +72,16 @@ def channel_credentials(ca: Path | None, cert: Path | None, key: Path | None) ->
         private_key=_read(key, "client key"),
         certificate_chain=_read(cert, "client certificate"),
     )
+
+
+def require_tls(credentials: object | None, *, plaintext: bool, link: str, flags: str) -> None:
+    """Refuse a link without TLS unless plaintext was asked for. link: what would be plaintext
+    ("the public port"); flags: the certificate flags that would give it TLS."""
+    if credentials is None and not plaintext:
+        raise SecurityError(
+            f"{link} has no TLS certificate (set {flags}); pass --plaintext (or OPENJEV_PLAINTEXT=1) "
+            "to run it in plaintext"
+        )
 
 
 def load_tokens(token_file: Path | None, environ: Mapping[str, str] | None = None) -> tuple[bytes, ...]:

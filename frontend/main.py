@@ -107,18 +107,32 @@ def main(argv: list[str] | None = None) -> None:
     args = config.parse_with_env(parser(), argv)
     logs.configure(args.log_level)
     config.log_config("openjev.frontend", args)
-    meta = load_export_meta_or_exit(args.model, "openjev-frontend")
-    tokenizer = PromptTokenizer.from_export(args.model)
     try:
         public_credentials = security.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
         worker_credentials = security.channel_credentials(args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key)
+        security.require_tls(
+            public_credentials, plaintext=args.plaintext, link="the public port", flags="--tls-cert and --tls-key"
+        )
+        security.require_tls(
+            worker_credentials,
+            plaintext=args.plaintext,
+            link="the connection to the workers",
+            flags="--worker-tls-ca, and --worker-tls-cert and --worker-tls-key for mutual TLS",
+        )
         tokens = security.load_tokens(args.auth_token_file)
     except security.SecurityError as error:
         raise SystemExit(f"openjev-frontend: {error}") from None
     if public_credentials is None:
-        log.warning("plaintext", port="public", hint="set --tls-cert and --tls-key to serve TLS")
+        log.warning("plaintext", port="public", reason="--plaintext", hint="set --tls-cert and --tls-key to serve TLS")
     if worker_credentials is None:
-        log.warning("plaintext", port="worker", hint="set --worker-tls-ca (and a client certificate for mTLS)")
+        log.warning(
+            "plaintext",
+            port="worker",
+            reason="--plaintext",
+            hint="set --worker-tls-ca (and a client certificate for mTLS)",
+        )
+    meta = load_export_meta_or_exit(args.model, "openjev-frontend")
+    tokenizer = PromptTokenizer.from_export(args.model)
     servers: list[serving.Server] = []
 
     def on_worker_state(state) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
 import time
 import uuid
 from concurrent import futures
@@ -39,9 +38,11 @@ _PASSED_THROUGH = {
     grpc.StatusCode.CANCELLED,
 }
 
-
-# How long past its deadline a worker call may stay open before the frontend cancels it itself.
-WATCHDOG_GRACE_SECONDS = 2.0
+# A worker call that failed UNAVAILABLE before the worker accepted it ran nowhere: it is tried
+# again (on another worker where there is one) up to this many times in all, within the same
+# deadline, after RETRY_BACKOFF_SECONDS, doubling. gRPC's own retries are off (worker_link.py).
+MAX_ATTEMPTS = 3
+RETRY_BACKOFF_SECONDS = 0.05
 
 
 class Refused(Exception):
@@ -49,6 +50,20 @@ class Refused(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class _NotAccepted(Exception):
+    """A worker call failed UNAVAILABLE before the worker accepted it: it ran nowhere."""
+
+    def __init__(self, refused: Refused):
+        super().__init__(refused.message)
+        self.refused = refused
+
+
+def _accepted(call) -> bool:
+    """Whether the worker accepted the call (its response headers say so). Asked once the call
+    has ended, when its headers, if any came, are in."""
+    return any(key == abi.ACCEPTED_METADATA_KEY for key, _value in call.initial_metadata() or ())
 
 
 def answer_to_proto(question_id: str, answer: dict) -> api.Answer:
@@ -188,7 +203,32 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         return response
 
     def _execute(self, decision: DecisionRequest, policy: PrefixPolicy | None, context, request_id: str):
-        """Stream the tokenized candidates to the worker and collect its answer. A candidate
+        """Run the request on a worker within the worker deadline; a call no worker accepted
+        (one died or refused the connection first) is tried again, tokenized afresh."""
+        timeout = self.worker_timeout(context)
+        deadline = time.monotonic() + timeout
+        try:
+            for attempt in range(1, MAX_ATTEMPTS + 1):
+                try:
+                    return self._attempt(decision, policy, context, request_id, deadline - time.monotonic())
+                except _NotAccepted as failure:
+                    backoff = RETRY_BACKOFF_SECONDS * 2 ** (attempt - 1)
+                    if attempt == MAX_ATTEMPTS or deadline - time.monotonic() <= backoff or not context.is_active():
+                        raise failure.refused from None
+                    log.info("worker_retry", request_id=request_id, attempt=attempt, reason=failure.refused.message)
+                    time.sleep(backoff)
+            raise AssertionError("unreachable")
+        except Refused as refused:
+            remaining = context.time_remaining()
+            if refused.code == grpc.StatusCode.DEADLINE_EXCEEDED and (remaining is None or remaining > 0):
+                # this frontend's cap, not the client's deadline, ran out: the metrics must say so
+                interceptors.note_outcome(interceptors.WORKER_DEADLINE)
+            raise
+
+    def _attempt(
+        self, decision: DecisionRequest, policy: PrefixPolicy | None, context, request_id: str, timeout: float
+    ):
+        """One worker call: stream the tokenized candidates and collect the answer. A candidate
         found too long part-way ends the stream without a commit, so the worker never runs it."""
         refusal: list[ContractError] = []
         token_count = [0]
@@ -226,19 +266,12 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 tokenize_span.end()
             yield wire.ExecuteRequest(commit=wire.Commit())
 
-        timeout = self.worker_timeout(context)
         call = self.link.stub.Execute(
             stream(),
-            timeout=timeout,
+            timeout=max(timeout, 0.001),
             metadata=[(REQUEST_ID_KEY, request_id), *tracing.inject(worker_span)],
         )
         context.add_callback(call.cancel)  # the client going away cancels the worker's work
-        # The call's own deadline did not always end it: after a worker was killed, a call whose
-        # request stream was still tokenizing stayed open far past it (found by the hostile soak).
-        # A timer cancels it shortly after, so no request outlives its bound.
-        watchdog = threading.Timer(timeout + WATCHDOG_GRACE_SECONDS, call.cancel)
-        watchdog.daemon = True
-        watchdog.start()
         results: list[wire.QuestionResult | None] = [None] * len(decision.questions)
         summary = None
         try:
@@ -255,12 +288,12 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         except grpc.RpcError as error:
             if refusal:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from error
-            if watchdog.finished.is_set() and error.code() == grpc.StatusCode.CANCELLED and context.is_active():
-                raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"worker: no answer within {timeout:.1f} s") from error
             code = error.code() if error.code() in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
-            raise Refused(code, f"worker: {error.details()}") from error
+            refused = Refused(code, f"worker: {error.details()}")
+            if code == grpc.StatusCode.UNAVAILABLE and not _accepted(call):
+                raise _NotAccepted(refused) from error
+            raise refused from error
         finally:
-            watchdog.cancel()
             tokenize_span.end()  # a stream that never started or was cut off
             worker_span.end()
         if refusal:

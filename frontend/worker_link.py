@@ -3,11 +3,14 @@ self-description, and whether the frontend may send traffic (every reachable wor
 same ABI version, same tokenizer, same max_length; at least one of them SERVING, and the
 traffic channel connected).
 
-Balancing, failover and health are gRPC's own: round_robin over every address the target names,
-sending only to workers whose `grpc.health.v1` status is SERVING. A request that never reached a
-worker (connection refused or reset before the worker accepted it) is retried on another; the
-worker accepts a request by sending its response headers once the stream is committed, after
-which a lost worker is UNAVAILABLE, never a second execution (see `service_config`)."""
+Balancing and health are gRPC's own: round_robin over every address the target names, sending
+only to workers whose `grpc.health.v1` status is SERVING. Failover is the frontend's
+(`DecisionServicer._execute`): a call that failed UNAVAILABLE before its worker accepted it (the
+worker's response headers carry `abi.ACCEPTED_METADATA_KEY` once the stream is committed) is tried
+again, on another worker where there is one; after acceptance a lost worker is UNAVAILABLE, never
+a second execution. gRPC's own retries are off: with them (grpcio 1.84) a retried call that
+failed could report its status without ever completing its pending reads, and grpcio's response
+iterator then waited for good, past every deadline (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -29,35 +32,18 @@ log = logs.get("openjev.frontend")
 
 # A restarted worker is tried again within this long (gRPC's default backoff reaches 120 s).
 MAX_RECONNECT_BACKOFF_MS = 5000
-# Request messages kept for a retry until the worker accepts the stream; a larger request is
-# not retried (it fails UNAVAILABLE), which is the safe side.
-RETRY_BUFFER_BYTES = 16 * 1024 * 1024
 KEEPALIVE_MS = 10_000
+# The longest a probe (Describe, health Check) waits, at least: a busy worker on a loaded host can
+# take longer than a short refresh period to answer, and one late answer marks it down for a whole
+# period, refusing every request meanwhile (seen: the hostile soak, --worker-refresh-seconds 0.5,
+# two shared cores). A worker that is gone fails its probe at once (connection refused).
+MIN_PROBE_TIMEOUT_SECONDS = 2.0
 KEEPALIVE_TIMEOUT_MS = 5_000
 
 
 def service_config() -> str:
-    """round_robin over SERVING workers; Execute retried only on UNAVAILABLE, which gRPC does
-    only before the worker's response headers arrived, i.e. before it accepted the request."""
-    execute = {"service": wire.DESCRIPTOR.services_by_name["WorkerService"].full_name, "method": "Execute"}
-    return json.dumps(
-        {
-            "loadBalancingConfig": [{"round_robin": {}}],
-            "healthCheckConfig": {"serviceName": ""},
-            "methodConfig": [
-                {
-                    "name": [execute],
-                    "retryPolicy": {
-                        "maxAttempts": 3,
-                        "initialBackoff": "0.05s",
-                        "maxBackoff": "0.5s",
-                        "backoffMultiplier": 2,
-                        "retryableStatusCodes": ["UNAVAILABLE"],
-                    },
-                }
-            ],
-        }
-    )
+    """round_robin over SERVING workers. No retryPolicy: see the module's docstring."""
+    return json.dumps({"loadBalancingConfig": [{"round_robin": {}}], "healthCheckConfig": {"serviceName": ""}})
 
 
 def traffic_channel_options() -> list[tuple[str, object]]:
@@ -65,8 +51,7 @@ def traffic_channel_options() -> list[tuple[str, object]]:
         *serving.channel_options(),
         ("grpc.service_config", service_config()),
         ("grpc.service_config_disable_resolution", 1),  # ours, not one from DNS TXT records
-        ("grpc.enable_retries", 1),
-        ("grpc.per_rpc_retry_buffer_size", RETRY_BUFFER_BYTES),
+        ("grpc.enable_retries", 0),
         ("grpc.initial_reconnect_backoff_ms", 500),
         ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
         # A worker that stops answering (killed host, SIGSTOP, cut network) is found by pings
@@ -149,6 +134,7 @@ class WorkerLink:
         self._max_questions = max_questions
         self._max_candidates = max_candidates
         self._refresh_seconds = refresh_seconds
+        self._probe_timeout = max(refresh_seconds, MIN_PROBE_TIMEOUT_SECONDS)
         self._state = LinkState(None, f"worker at {target} has not answered yet", grpc.StatusCode.UNAVAILABLE)
         self._probes: dict[str, _Probe] = {}
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="worker-probe")
@@ -215,13 +201,13 @@ class WorkerLink:
         """(describe, problem, reachable) of one worker."""
         probe = self._probes[endpoint]
         try:
-            describe = probe.worker.Describe(wire.DescribeRequest(), timeout=self._refresh_seconds)
+            describe = probe.worker.Describe(wire.DescribeRequest(), timeout=self._probe_timeout)
         except grpc.RpcError as error:
             return None, f"worker at {endpoint} is unavailable: {error.code().name}", False
         problem = self._incompatibility(describe)
         if problem is None:
             try:
-                reply = probe.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self._refresh_seconds)
+                reply = probe.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self._probe_timeout)
                 if reply.status != health_pb2.HealthCheckResponse.SERVING:
                     problem = f"worker at {endpoint} is not serving"
             except grpc.RpcError as error:

@@ -65,7 +65,7 @@ def test_frontend_and_cli_answer_without_worker_dependencies(pair, client, demo_
     frontend = launch.start(
         "frontend-base",
         launch.FRONTEND_MODULE,
-        ["--model", str(demo_model), "--worker", pair.worker.address],
+        ["--model", str(demo_model), "--worker", pair.worker.address, "--plaintext"],
         workdir=tmp_path,
         env=env,
     )

@@ -197,5 +197,7 @@ def test_worker_killed_under_load_then_rejoins(cluster, demo_model):
             # Only a request the dead worker had accepted may fail; one that never reached it
             # was retried on the survivor.
             assert request_id in victim_accepted, f"{request_id} failed though no worker had taken it"
-            assert request_id not in answered_by
+            # Never run elsewhere; the victim may have logged it OK just before the kill, the
+            # answer not yet sent (seen under load).
+            assert answered_by.get(request_id) in (None, victim.name), request_id
     assert stream.ok_since(killed_at) >= 6

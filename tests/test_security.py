@@ -6,6 +6,9 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from cryptography.x509.oid import NameOID  # noqa: E402
 
 from openjev.tools import launch  # noqa: E402
+from openjev.tools.soak import log_events  # noqa: E402
 from openjev.v1 import decision_pb2 as api  # noqa: E402
 from openjev.v1 import decision_pb2_grpc  # noqa: E402
 from openjev.worker.v1 import worker_pb2 as wire  # noqa: E402
@@ -171,3 +175,61 @@ def test_worker_requires_a_client_certificate_from_its_ca(tls_pair, pki):
         with grpc.secure_channel(worker.address, credentials) as channel, pytest.raises(grpc.RpcError) as caught:
             worker_pb2_grpc.WorkerServiceStub(channel).Describe(wire.DescribeRequest(), timeout=10)
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def _start_fails(module: str, args: list[str]) -> str:
+    """Run a server that must refuse to start; its last stderr line (earlier ones: the config log)."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENJEV_PLAINTEXT"}
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args, "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and '"listening"' not in done.stderr and '"serving"' not in done.stderr
+    return done.stderr.strip().splitlines()[-1]
+
+
+PLAINTEXT_HINT = "pass --plaintext (or OPENJEV_PLAINTEXT=1) to run it in plaintext"
+
+
+def test_no_certificates_and_no_plaintext_flag_refuses_to_start(demo_model, pki):
+    model = ["--model", str(demo_model)]
+    assert _start_fails(launch.WORKER_MODULE, model) == (
+        "openjev-worker: the worker port has no TLS certificate (set --tls-cert and --tls-key, and "
+        f"--tls-client-ca for mutual TLS); {PLAINTEXT_HINT}"
+    )
+    assert _start_fails(launch.FRONTEND_MODULE, [*model, "--worker", "127.0.0.1:1"]) == (
+        f"openjev-frontend: the public port has no TLS certificate (set --tls-cert and --tls-key); {PLAINTEXT_HINT}"
+    )
+    # TLS on the public port does not make the frontend's connection to its workers plaintext silently
+    tls = ["--tls-cert", str(pki["ca-server"]), "--tls-key", str(pki["ca-server-key"])]
+    assert _start_fails(launch.FRONTEND_MODULE, [*model, "--worker", "127.0.0.1:1", *tls]) == (
+        "openjev-frontend: the connection to the workers has no TLS certificate (set --worker-tls-ca, and "
+        f"--worker-tls-cert and --worker-tls-key for mutual TLS); {PLAINTEXT_HINT}"
+    )
+
+
+def _plaintext_warnings(log_text: str) -> list[dict]:
+    return [r for r in log_events(log_text, "plaintext") if r.get("level") == "warning"]
+
+
+def test_plaintext_when_asked_for_logs_a_warning(demo_model, pair, tmp_path):
+    # the flag (the pair fixture's worker) and the environment variable (this frontend)
+    assert len(_plaintext_warnings(pair.worker.log_text())) == 1
+    frontend = launch.start(
+        "frontend-env",
+        launch.FRONTEND_MODULE,
+        ["--model", str(demo_model), "--worker", "127.0.0.1:1"],
+        workdir=tmp_path,
+        env={"OPENJEV_PLAINTEXT": "1"},
+    )
+    try:
+        with grpc.insecure_channel(frontend.address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING  # plaintext, and no worker yet
+    finally:
+        frontend.stop()
+    assert sorted(r["port"] for r in _plaintext_warnings(frontend.log_text())) == ["public", "worker"]

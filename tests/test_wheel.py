@@ -70,7 +70,12 @@ def base_env(wheel, tmp_path_factory) -> Path:
 def _answers_through_cli(python: Path, demo_model: Path, workdir: Path, worker_env: dict[str, str] | None) -> dict:
     """Worker and frontend started from `python`'s environment; the example sent with its CLI."""
     worker = launch.start(
-        "worker", launch.WORKER_MODULE, ["--model", str(demo_model)], workdir=workdir, python=python, env=worker_env
+        "worker",
+        launch.WORKER_MODULE,
+        ["--model", str(demo_model), "--plaintext"],
+        workdir=workdir,
+        python=python,
+        env=worker_env,
     )
     try:
         launch.wait_serving(worker.address)

@@ -1,7 +1,9 @@
 """Start a worker and a frontend as child processes on loopback and wait until they serve.
 
 Used by `make run`, the end-to-end tests, the benchmark and the soak run, so all of them start
-the servers exactly as an operator would (the same entry points and flags)."""
+the servers exactly as an operator would (the same entry points and flags). On loopback they
+run in plaintext, asked for as an operator must (`--plaintext`); `plaintext=False` leaves it to
+the caller's own TLS flags."""
 
 from __future__ import annotations
 
@@ -141,6 +143,9 @@ class Pair:
 WORKER_START_SECONDS = 900.0
 
 
+PLAINTEXT = "--plaintext"
+
+
 def start_worker(
     model: Path,
     workdir: Path,
@@ -148,11 +153,12 @@ def start_worker(
     name: str = "worker",
     python: str | Path = sys.executable,
     timeout_seconds: float = WORKER_START_SECONDS,
+    plaintext: bool = True,
 ) -> Process:
     worker = start(
         name,
         WORKER_MODULE,
-        ["--model", str(model), *extra_args],
+        ["--model", str(model), *([PLAINTEXT] if plaintext else []), *extra_args],
         workdir=workdir,
         python=python,
         timeout_seconds=timeout_seconds,
@@ -168,8 +174,9 @@ def start_frontend(
     workdir: Path,
     extra_args: Sequence[str] = (),
     python: str | Path = sys.executable,
+    plaintext: bool = True,
 ) -> Process:
-    args = ["--model", str(model), "--worker", worker_target, *extra_args]
+    args = ["--model", str(model), "--worker", worker_target, *([PLAINTEXT] if plaintext else []), *extra_args]
     return start("frontend", FRONTEND_MODULE, args, workdir=workdir, python=python)
 
 

@@ -175,13 +175,21 @@ def main(argv: list[str] | None = None) -> None:
     args = config.parse_with_env(parser(), argv)
     logs.configure(args.log_level)
     config.log_config("openjev.worker", args)
-    meta = load_export_meta_or_exit(args.model, "openjev-worker")
     try:
         credentials = security.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
+        security.require_tls(
+            credentials,
+            plaintext=args.plaintext,
+            link="the worker port",
+            flags="--tls-cert and --tls-key, and --tls-client-ca for mutual TLS",
+        )
     except security.SecurityError as error:
         raise SystemExit(f"openjev-worker: {error}") from None
     if credentials is None:
-        log.warning("plaintext", hint="set --tls-cert, --tls-key and --tls-client-ca for mutual TLS")
+        log.warning(
+            "plaintext", reason="--plaintext", hint="set --tls-cert, --tls-key and --tls-client-ca for mutual TLS"
+        )
+    meta = load_export_meta_or_exit(args.model, "openjev-worker")
     backend = backends.resolve_backend(args.backend)
     runner = backends.build_runner(
         backend,

@@ -140,11 +140,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             kinds=sorted({q.kind for q in work}),
         )
         interceptors.note_kinds(fields["kinds"])
-        # Response headers now mark the request as accepted: the frontend's channel retries an
-        # UNAVAILABLE Execute on another worker only before them, so one this worker was about
-        # to run (queued or executing) fails UNAVAILABLE if it dies, never runs twice silently.
+        # Response headers now mark the request as accepted: the frontend tries an UNAVAILABLE
+        # Execute again on another worker only without them, so one this worker was about to run
+        # (queued or executing) fails UNAVAILABLE if it dies, never runs twice silently.
         log.debug("execute_accepted", **fields)
-        context.send_initial_metadata(())
+        context.send_initial_metadata(((abi.ACCEPTED_METADATA_KEY, "1"),))
 
         # Spans: the wait for the first pass (ended by the scheduler's thread) beside the execution.
         waiting = tracing.start("queue_wait", queue_depth=self.engine.scheduler.depth)

@@ -251,7 +251,7 @@ def test_corrupt_checkpoint_is_refused_at_start_naming_the_file(demo_model, tmp_
     damage, message = CORRUPTIONS[name]
     model = _variant(demo_model, tmp_path, name.replace(" ", "-"), damage)
     out = subprocess.run(
-        [sys.executable, "-m", launch.WORKER_MODULE, "--model", str(model), "--listen", "127.0.0.1:0"],
+        [sys.executable, "-m", launch.WORKER_MODULE, "--model", str(model), "--listen", "127.0.0.1:0", "--plaintext"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -268,7 +268,7 @@ def test_corrupt_export_metadata_is_refused_by_both_servers(demo_model, tmp_path
     (model / "open_jev_export.json").write_text(text[: len(text) // 2])
     for module in (launch.WORKER_MODULE, launch.FRONTEND_MODULE):
         out = subprocess.run(
-            [sys.executable, "-m", module, "--model", str(model), "--listen", "127.0.0.1:0"],
+            [sys.executable, "-m", module, "--model", str(model), "--listen", "127.0.0.1:0", "--plaintext"],
             capture_output=True,
             text=True,
             timeout=120,

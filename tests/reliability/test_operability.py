@@ -36,7 +36,7 @@ def test_second_server_on_a_busy_port_exits_with_one_line(pair, demo_model):
         ("openjev-frontend", launch.FRONTEND_MODULE, pair.frontend.address, ["--worker", pair.worker.address]),
         ("openjev-worker", launch.WORKER_MODULE, pair.worker.address, []),
     ):
-        done = _run(module, ["--model", str(demo_model), "--listen", address, *extra])
+        done = _run(module, ["--model", str(demo_model), "--listen", address, "--plaintext", *extra])
         assert done.returncode == 1, done.stderr
         last = done.stderr.strip().splitlines()[-1]  # earlier lines: the JSON config log
         assert last == f"{program}: cannot listen on {address}: the address is in use or not available"

@@ -5,7 +5,7 @@ request's answer; nothing stays in flight afterwards.
 
 Found by it: a request in flight when the worker was killed could stay blocked in the frontend
 past --worker-deadline-seconds (until the frontend stopped), with the in-flight gauge stuck above
-0; the frontend now cancels a worker call shortly after its deadline itself.
+0 (gRPC's own retries; test_worker_loss.py reproduces it every time and says why).
 
 Memory is reported, not judged, here: 30 s puts the "before" reading inside the allocator's
 growth from the first oversized bodies; `make soak` (75 s) judges it."""
