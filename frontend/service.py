@@ -17,8 +17,9 @@ from openjev.contract.literals import PrefixPolicy
 from openjev.contract.render import dumps_exact
 from openjev.contract.request import MAX_RENDERED_BYTES, DecisionRequest, parse_request_json
 from openjev.export import ExportMeta
+from openjev.frontend import routing
 from openjev.frontend.batches import iter_candidate_batches
-from openjev.frontend.worker_link import WorkerLink
+from openjev.frontend.worker_link import RETRY_BUFFER_BYTES, WorkerLink
 from openjev.interceptors import REQUEST_ID_KEY
 from openjev.tokenizer import PromptTokenizer
 from openjev.v1 import decision_pb2 as api
@@ -45,10 +46,13 @@ WATCHDOG_GRACE_SECONDS = 2.0
 
 
 class Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str, *, unrun: bool = False):
         super().__init__(message)
         self.code = code
         self.message = message
+        # A worker's RESOURCE_EXHAUSTED before it sent any result: its queue was full, the
+        # request never ran there and may go to another worker.
+        self.unrun = unrun
 
 
 def answer_to_proto(question_id: str, answer: dict) -> api.Answer:
@@ -82,6 +86,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         max_rendered_bytes: int = MAX_RENDERED_BYTES,
         tokenizer_threads: int = 2,
         worker_deadline_seconds: float = 120.0,
+        affinity_prefix_bytes: int = routing.DEFAULT_PREFIX_BYTES,
     ):
         self.meta = meta
         self.tokenizer = tokenizer
@@ -91,6 +96,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         self.max_request_tokens = max_request_tokens
         self.max_rendered_bytes = max_rendered_bytes
         self.worker_deadline_seconds = worker_deadline_seconds
+        self.affinity_prefix_bytes = affinity_prefix_bytes
         self._chat_template_bytes = len((tokenizer.chat_prefix + tokenizer.chat_suffix).encode("utf-8"))
         # Tokenizing is the frontend's CPU work: it runs here, batch by batch in arrival order,
         # never on an RPC thread and never more than `tokenizer_threads` batches at once, so a
@@ -227,11 +233,51 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             yield wire.ExecuteRequest(commit=wire.Commit())
 
         timeout = self.worker_timeout(context)
-        call = self.link.stub.Execute(
-            stream(),
-            timeout=timeout,
-            metadata=[(REQUEST_ID_KEY, request_id), *tracing.inject(worker_span)],
-        )
+        deadline = time.monotonic() + timeout
+        metadata = [(REQUEST_ID_KEY, request_id), *tracing.inject(worker_span)]
+        requests = routing.Replay(stream(), RETRY_BUFFER_BYTES)
+
+        def call(stub, messages, extra_metadata=(), seconds=timeout):
+            return self._call(stub, messages, [*metadata, *extra_metadata], seconds, context, len(decision.questions))
+
+        try:
+            if self.link.affinity_stub is None:
+                routing.record(routing.ROUND_ROBIN)
+                results, summary = call(self.link.stub, iter(requests))
+            else:
+                key = routing.affinity_key(decision.state_text, self.affinity_prefix_bytes)
+                try:
+                    results, summary = call(self.link.affinity_stub, iter(requests), [(routing.AFFINITY_HEADER, key)])
+                    routing.record(routing.AFFINITY)
+                except Refused as refused:
+                    if refusal or not (refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED and refused.unrun):
+                        routing.record(routing.AFFINITY)
+                        raise
+                    if not requests.replayable:
+                        routing.record(routing.AFFINITY_NOT_REPLAYED)
+                        raise
+                    # The context's worker refused it unrun (queue full): once more, round-robin.
+                    routing.record(routing.FALLBACK_QUEUE_FULL)
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, refused.message) from refused
+                    results, summary = call(self.link.stub, requests.again(), seconds=remaining)
+        except Refused:
+            if refusal:  # the stream ended early on a contract error: that is the answer
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from None
+            raise
+        finally:
+            tokenize_span.end()  # a stream that never started or was cut off
+            worker_span.end()
+        if refusal:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message)
+        self._check_results(decision, results, summary)
+        return results, summary, token_count[0]
+
+    @staticmethod
+    def _call(stub, requests, metadata, timeout: float, context, num_questions: int):
+        """One Execute call: (results by question index, summary), or Refused."""
+        call = stub.Execute(requests, timeout=timeout, metadata=metadata)
         context.add_callback(call.cancel)  # the client going away cancels the worker's work
         # The call's own deadline did not always end it: after a worker was killed, a call whose
         # request stream was still tokenizing stayed open far past it (found by the hostile soak).
@@ -239,10 +285,12 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         watchdog = threading.Timer(timeout + WATCHDOG_GRACE_SECONDS, call.cancel)
         watchdog.daemon = True
         watchdog.start()
-        results: list[wire.QuestionResult | None] = [None] * len(decision.questions)
+        results: list[wire.QuestionResult | None] = [None] * num_questions
         summary = None
+        received = False
         try:
             for message in call:
+                received = True
                 if message.WhichOneof("item") == "question":
                     index = message.question.question_index
                     if index >= len(results) or results[index] is not None:
@@ -253,20 +301,13 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 else:
                     summary = message.summary
         except grpc.RpcError as error:
-            if refusal:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from error
             if watchdog.finished.is_set() and error.code() == grpc.StatusCode.CANCELLED and context.is_active():
                 raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"worker: no answer within {timeout:.1f} s") from error
             code = error.code() if error.code() in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
-            raise Refused(code, f"worker: {error.details()}") from error
+            raise Refused(code, f"worker: {error.details()}", unrun=not received) from error
         finally:
             watchdog.cancel()
-            tokenize_span.end()  # a stream that never started or was cut off
-            worker_span.end()
-        if refusal:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message)
-        self._check_results(decision, results, summary)
-        return results, summary, token_count[0]
+        return results, summary
 
     @staticmethod
     def _check_results(decision: DecisionRequest, results, summary) -> None:

@@ -7,7 +7,11 @@ Balancing, failover and health are gRPC's own: round_robin over every address th
 sending only to workers whose `grpc.health.v1` status is SERVING. A request that never reached a
 worker (connection refused or reset before the worker accepted it) is retried on another; the
 worker accepts a request by sending its response headers once the stream is committed, after
-which a lost worker is UNAVAILABLE, never a second execution (see `service_config`)."""
+which a lost worker is UNAVAILABLE, never a second execution (see `service_config`).
+
+With context affinity on, a second traffic channel balances the same workers with gRPC's
+`ring_hash` instead (`openjev.frontend.routing`); the round-robin channel stays the one that
+readiness is judged on and that a request refused by a full queue is sent to again."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from openjev import abi, logs, metrics, serving
+from openjev.frontend import routing
 from openjev.frontend.worker_targets import parse_worker_targets
 from openjev.worker.v1 import worker_pb2 as wire
 from openjev.worker.v1 import worker_pb2_grpc
@@ -36,13 +41,17 @@ KEEPALIVE_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
 
 
-def service_config() -> str:
-    """round_robin over SERVING workers; Execute retried only on UNAVAILABLE, which gRPC does
-    only before the worker's response headers arrived, i.e. before it accepted the request."""
+ROUND_ROBIN: dict = {"round_robin": {}}
+
+
+def service_config(balancing: dict = ROUND_ROBIN) -> str:
+    """`balancing` (round_robin, or routing.RING_HASH) over SERVING workers; Execute retried only
+    on UNAVAILABLE, which gRPC does only before the worker's response headers arrived, i.e.
+    before it accepted the request."""
     execute = {"service": wire.DESCRIPTOR.services_by_name["WorkerService"].full_name, "method": "Execute"}
     return json.dumps(
         {
-            "loadBalancingConfig": [{"round_robin": {}}],
+            "loadBalancingConfig": [balancing],
             "healthCheckConfig": {"serviceName": ""},
             "methodConfig": [
                 {
@@ -60,10 +69,10 @@ def service_config() -> str:
     )
 
 
-def traffic_channel_options() -> list[tuple[str, object]]:
+def traffic_channel_options(balancing: dict = ROUND_ROBIN) -> list[tuple[str, object]]:
     return [
         *serving.channel_options(),
-        ("grpc.service_config", service_config()),
+        ("grpc.service_config", service_config(balancing)),
         ("grpc.service_config_disable_resolution", 1),  # ours, not one from DNS TXT records
         ("grpc.enable_retries", 1),
         ("grpc.per_rpc_retry_buffer_size", RETRY_BUFFER_BYTES),
@@ -129,6 +138,7 @@ class WorkerLink:
         on_state: Callable[[LinkState], None] = lambda state: None,
         credentials: grpc.ChannelCredentials | None = None,
         tls_server_name: str | None = None,
+        affinity: bool = False,
     ):
         self.target = target
         self.targets = parse_worker_targets(target)
@@ -140,6 +150,22 @@ class WorkerLink:
             self.targets.traffic_target, [*traffic_channel_options(), *self._tls_options], credentials
         )
         self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
+        # Context affinity: the same workers on a ring_hash channel. It connects to a worker only
+        # when a call is hashed to it, so readiness below stays the round-robin channel's.
+        self.affinity_channel: grpc.Channel | None = None
+        self.affinity_stub: worker_pb2_grpc.WorkerServiceStub | None = None
+        if affinity:
+            routing.enable_request_hash_header()
+            self.affinity_channel = _channel(
+                self.targets.traffic_target,
+                [
+                    *traffic_channel_options(routing.RING_HASH),
+                    ("grpc.min_reconnect_backoff_ms", routing.CONNECT_TIMEOUT_MS),
+                    *self._tls_options,
+                ],
+                credentials,
+            )
+            self.affinity_stub = worker_pb2_grpc.WorkerServiceStub(self.affinity_channel)
         # The probes answer on their own channels; after a worker restarts they can say SERVING
         # while this one still waits out its reconnect backoff, so readiness needs both.
         self._connectivity = grpc.ChannelConnectivity.IDLE
@@ -178,6 +204,8 @@ class WorkerLink:
         self._stop.set()
         self.channel.unsubscribe(self._on_connectivity)
         self.channel.close()
+        if self.affinity_channel is not None:
+            self.affinity_channel.close()
         for probe in self._probes.values():
             probe.channel.close()
         self._pool.shutdown(wait=False)
