@@ -259,6 +259,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                     # The context's worker refused it unrun (queue full): once more, round-robin.
                     routing.record(routing.FALLBACK_QUEUE_FULL)
                     remaining = deadline - time.monotonic()
+                    if not context.is_active():  # the client left: nothing to send again for
+                        raise Refused(grpc.StatusCode.CANCELLED, refused.message) from refused
                     if remaining <= 0:
                         raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, refused.message) from refused
                     results, summary = call(self.link.stub, requests.again(), seconds=remaining)

@@ -1,6 +1,6 @@
 """Two CPU workers behind one round-robin frontend (`--worker-affinity off`), all real
-subprocesses on loopback: round-robin spread,
-a worker killed under a steady stream of requests, and the worker coming back.
+subprocesses on loopback: round-robin spread, a worker killed under a steady stream of requests,
+and the worker coming back.
 
 Which worker ran what is read from the workers' own JSON logs (`execute_accepted` when a
 worker took a request, `execute` with status OK when it answered), keyed by the request id the
