@@ -174,7 +174,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         link_state = self.link.state
         if link_state.problem is not None:
             raise Refused(link_state.status, link_state.problem)
-        results, summary, num_input_tokens = self._execute(decision, policy, context, request_id)
+        results, summary, num_input_tokens = self._execute(decision, policy, context, request_id, fields)
         fields.update(input_tokens=num_input_tokens)
         response = api.DecideResponse(model=self.meta.model_id)
         for question, result in zip(decision.questions, results, strict=True):
@@ -193,7 +193,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         metadata.prefix_cache.saved_tokens = summary.saved_tokens
         return response
 
-    def _execute(self, decision: DecisionRequest, policy: PrefixPolicy | None, context, request_id: str):
+    def _execute(self, decision: DecisionRequest, policy: PrefixPolicy | None, context, request_id: str, fields: dict):
         """Stream the tokenized candidates to the worker and collect its answer. A candidate
         found too long part-way ends the stream without a commit, so the worker never runs it."""
         refusal: list[ContractError] = []
@@ -237,27 +237,31 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         metadata = [(REQUEST_ID_KEY, request_id), *tracing.inject(worker_span)]
         requests = routing.Replay(stream(), RETRY_BUFFER_BYTES)
 
+        def routed(route: tuple[str, str]) -> None:
+            routing.record(route)
+            fields["route"] = route[0]  # the request's log line says how it was routed
+
         def call(stub, messages, extra_metadata=(), seconds=timeout):
             return self._call(stub, messages, [*metadata, *extra_metadata], seconds, context, len(decision.questions))
 
         try:
             if self.link.affinity_stub is None:
-                routing.record(routing.ROUND_ROBIN)
+                routed(routing.ROUND_ROBIN)
                 results, summary = call(self.link.stub, iter(requests))
             else:
                 key = routing.affinity_key(decision.state_text, self.affinity_prefix_bytes)
                 try:
                     results, summary = call(self.link.affinity_stub, iter(requests), [(routing.AFFINITY_HEADER, key)])
-                    routing.record(routing.AFFINITY)
+                    routed(routing.AFFINITY)
                 except Refused as refused:
                     if refusal or not (refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED and refused.unrun):
-                        routing.record(routing.AFFINITY)
+                        routed(routing.AFFINITY)
                         raise
                     if not requests.replayable:
-                        routing.record(routing.AFFINITY_NOT_REPLAYED)
+                        routed(routing.AFFINITY_NOT_REPLAYED)
                         raise
                     # The context's worker refused it unrun (queue full): once more, round-robin.
-                    routing.record(routing.FALLBACK_QUEUE_FULL)
+                    routed(routing.FALLBACK_QUEUE_FULL)
                     remaining = deadline - time.monotonic()
                     if not context.is_active():  # the client left: nothing to send again for
                         raise Refused(grpc.StatusCode.CANCELLED, refused.message) from refused

@@ -91,6 +91,14 @@ def traffic_channel_options(balancing: dict = ROUND_ROBIN) -> list[tuple[str, ob
     ]
 
 
+def affinity_channel_options() -> list[tuple[str, object]]:
+    return [
+        *traffic_channel_options(routing.RING_HASH),
+        # gRPC's minimum connect timeout (the option's other meaning): routing.CONNECT_TIMEOUT_MS
+        ("grpc.min_reconnect_backoff_ms", routing.CONNECT_TIMEOUT_MS),
+    ]
+
+
 @dataclass(frozen=True)
 class LinkState:
     """describe: a compatible worker's last answer (None: none yet). problem: why requests are
@@ -158,11 +166,7 @@ class WorkerLink:
             routing.enable_request_hash_header()
             self.affinity_channel = _channel(
                 self.targets.traffic_target,
-                [
-                    *traffic_channel_options(routing.RING_HASH),
-                    ("grpc.min_reconnect_backoff_ms", routing.CONNECT_TIMEOUT_MS),
-                    *self._tls_options,
-                ],
+                [*affinity_channel_options(), *self._tls_options],
                 credentials,
             )
             self.affinity_stub = worker_pb2_grpc.WorkerServiceStub(self.affinity_channel)

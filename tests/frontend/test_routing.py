@@ -5,6 +5,8 @@ frontend's own service config, over three real in-process gRPC servers that answ
 from __future__ import annotations
 
 import json
+import socket
+import time
 from concurrent import futures
 
 import grpc
@@ -14,7 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from openjev.contract.request import parse_request_json
 from openjev.frontend import routing
 from openjev.frontend.main import affinity_on
-from openjev.frontend.worker_link import traffic_channel_options
+from openjev.frontend.worker_link import affinity_channel_options
 from openjev.worker.v1 import worker_pb2 as wire
 
 
@@ -100,22 +102,20 @@ def named():
         s.server.stop(0)
 
 
-def ring_channel(servers) -> grpc.Channel:
-    target = "ipv4:" + ",".join(f"127.0.0.1:{s.port}" for s in servers)
-    return grpc.insecure_channel(target, options=traffic_channel_options(routing.RING_HASH))
+def ring_channel(servers, ports=()) -> grpc.Channel:
+    target = "ipv4:" + ",".join(f"127.0.0.1:{p}" for p in [*(s.port for s in servers), *ports])
+    return grpc.insecure_channel(target, options=affinity_channel_options())
 
 
-def who(channel: grpc.Channel, key: str) -> str:
+def who(channel: grpc.Channel, key: str, timeout: float = 5.0) -> str:
     call = channel.unary_unary("/t.T/Who")
     try:
-        return call(b"", metadata=[(routing.AFFINITY_HEADER, key)], timeout=5).decode()
+        return call(b"", metadata=[(routing.AFFINITY_HEADER, key)], timeout=timeout).decode()
     except grpc.RpcError as error:
         return f"{error.code().name}: {error.details()}"
 
 
 def wait_until(predicate, seconds: float = 5.0) -> bool:
-    import time
-
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if predicate():
@@ -155,3 +155,21 @@ def test_ring_hash_header_needs_the_environment_variable(named, monkeypatch):
     monkeypatch.delenv(routing.REQUEST_HASH_ENV, raising=False)
     with ring_channel(named) as channel:
         assert who(channel, "k") == "INTERNAL: hash attribute not present"
+
+
+def test_a_server_that_never_answers_holds_its_keys_for_the_connect_timeout_only(named, monkeypatch):
+    """A listening socket that never speaks HTTP/2 (a stopped worker, a black-holed host): the
+    calls hashed to it wait while gRPC connects (20 s by default), then go to the others."""
+    monkeypatch.delenv(routing.REQUEST_HASH_ENV, raising=False)
+    routing.enable_request_hash_header()
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)
+        keys = [f"context-{i}" for i in range(30)]
+        with ring_channel(named[:2], [hole.getsockname()[1]]) as channel, futures.ThreadPoolExecutor(30) as pool:
+            started = time.monotonic()
+            answers = list(pool.map(lambda key: who(channel, key, timeout=15), keys))
+            seconds = time.monotonic() - started
+    assert set(answers) == {"w0", "w1"}, answers
+    limit = routing.CONNECT_TIMEOUT_MS / 1000
+    assert limit <= seconds < limit + 2.0, seconds  # some keys did wait for the hole, not longer
