@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Iterator
 
 from openjev import metrics
@@ -32,6 +33,9 @@ RING_HASH = {"ring_hash_experimental": {"requestHashHeader": AFFINITY_HEADER, "m
 # A worker that takes TCP connections but never answers (stopped, black-holed) holds the calls
 # hashed to it while gRPC connects; this bounds that wait (gRPC's default is 20 s).
 CONNECT_TIMEOUT_MS = 3000
+# What Replay may keep: per request (as the channel's retry buffer, worker_link) and in all.
+REPLAY_REQUEST_BYTES = 16 * 1024 * 1024
+REPLAY_TOTAL_BYTES = 256 * 1024 * 1024
 
 # Label values of metrics.frontend_routed_requests (route, reason).
 AFFINITY = ("affinity", "context")
@@ -62,32 +66,70 @@ def declare_routes() -> None:
         metrics.frontend_routed_requests.labels(*route)
 
 
-class Replay:
-    """Passes an Execute request stream through and keeps its messages, up to max_bytes, so that
-    a request a worker refused before running it can be sent again without tokenizing again.
-    `replayable` only once the commit went out (the worker refuses a full queue after reading
-    it) and everything was kept."""
+class ReplayBudget:
+    """Bytes all requests' Replay buffers may hold together, so that many large requests at once
+    cannot grow the frontend (a request that finds it spent is not replayed)."""
 
-    def __init__(self, source: Iterator[wire.ExecuteRequest], max_bytes: int):
+    def __init__(self, max_bytes: int):
+        self._left = max_bytes
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if n > self._left:
+                return False
+            self._left -= n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self._left += n
+
+
+class Replay:
+    """Passes an Execute request stream through and keeps its messages, up to max_bytes (and
+    what `budget` has left), so that a request a worker refused before running it can be sent
+    again without tokenizing again. `replayable` only once the commit went out (the worker
+    refuses a full queue after reading it) and everything was kept. `close()` gives the bytes
+    back; the servicer calls it when the request ends."""
+
+    def __init__(self, source: Iterator[wire.ExecuteRequest], max_bytes: int, budget: ReplayBudget):
         self._source = source
         self._max_bytes = max_bytes
+        self._budget = budget
         self._kept: list[wire.ExecuteRequest] = []
         self._bytes = 0
         self._overflow = False
         self._committed = False
+        self._lock = threading.Lock()  # gRPC's sending thread fills it, the RPC thread closes it
 
     def __iter__(self) -> Iterator[wire.ExecuteRequest]:
         for message in self._source:
-            if not self._overflow:
-                self._bytes += message.ByteSize()
-                if self._bytes > self._max_bytes:
-                    self._overflow = True
-                    self._kept = []
-                else:
-                    self._kept.append(message)
+            self._keep(message)
             if message.WhichOneof("item") == "commit":
                 self._committed = True
             yield message
+
+    def _keep(self, message: wire.ExecuteRequest) -> None:
+        with self._lock:
+            if self._overflow:
+                return
+            size = message.ByteSize()
+            if self._bytes + size <= self._max_bytes and self._budget.take(size):
+                self._bytes += size
+                self._kept.append(message)
+            else:
+                self._drop()
+
+    def _drop(self) -> None:
+        self._overflow = True
+        self._kept = []
+        self._budget.give(self._bytes)
+        self._bytes = 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
 
     @property
     def replayable(self) -> bool:
@@ -96,4 +138,4 @@ class Replay:
     def again(self) -> Iterator[wire.ExecuteRequest]:
         if not self.replayable:
             raise RuntimeError("this request stream cannot be replayed")
-        return iter(self._kept)
+        return iter(list(self._kept))

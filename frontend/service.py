@@ -19,7 +19,7 @@ from openjev.contract.request import MAX_RENDERED_BYTES, DecisionRequest, parse_
 from openjev.export import ExportMeta
 from openjev.frontend import routing
 from openjev.frontend.batches import iter_candidate_batches
-from openjev.frontend.worker_link import RETRY_BUFFER_BYTES, WorkerLink
+from openjev.frontend.worker_link import WorkerLink
 from openjev.interceptors import REQUEST_ID_KEY
 from openjev.tokenizer import PromptTokenizer
 from openjev.v1 import decision_pb2 as api
@@ -97,6 +97,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         self.max_rendered_bytes = max_rendered_bytes
         self.worker_deadline_seconds = worker_deadline_seconds
         self.affinity_prefix_bytes = affinity_prefix_bytes
+        self._replay_budget = routing.ReplayBudget(routing.REPLAY_TOTAL_BYTES)
         self._chat_template_bytes = len((tokenizer.chat_prefix + tokenizer.chat_suffix).encode("utf-8"))
         # Tokenizing is the frontend's CPU work: it runs here, batch by batch in arrival order,
         # never on an RPC thread and never more than `tokenizer_threads` batches at once, so a
@@ -235,7 +236,6 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         timeout = self.worker_timeout(context)
         deadline = time.monotonic() + timeout
         metadata = [(REQUEST_ID_KEY, request_id), *tracing.inject(worker_span)]
-        requests = routing.Replay(stream(), RETRY_BUFFER_BYTES)
 
         def routed(route: tuple[str, str]) -> None:
             routing.record(route)
@@ -244,11 +244,13 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         def call(stub, messages, extra_metadata=(), seconds=timeout):
             return self._call(stub, messages, [*metadata, *extra_metadata], seconds, context, len(decision.questions))
 
+        requests = None
         try:
             if self.link.affinity_stub is None:
                 routed(routing.ROUND_ROBIN)
-                results, summary = call(self.link.stub, iter(requests))
+                results, summary = call(self.link.stub, stream())
             else:
+                requests = routing.Replay(stream(), routing.REPLAY_REQUEST_BYTES, self._replay_budget)
                 key = routing.affinity_key(decision.state_text, self.affinity_prefix_bytes)
                 try:
                     results, summary = call(self.link.affinity_stub, iter(requests), [(routing.AFFINITY_HEADER, key)])
@@ -273,6 +275,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from None
             raise
         finally:
+            if requests is not None:
+                requests.close()
             tokenize_span.end()  # a stream that never started or was cut off
             worker_span.end()
         if refusal:

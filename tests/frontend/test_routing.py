@@ -53,17 +53,32 @@ def messages(n: int, commit: bool = True):
 
 
 def test_replay_sends_the_same_messages_again_only_after_a_commit():
-    replay = routing.Replay(messages(3), 1 << 20)
+    budget = routing.ReplayBudget(1 << 20)
+    replay = routing.Replay(messages(3), 1 << 20, budget)
     sent = list(replay)
     assert replay.replayable and list(replay.again()) == sent and len(sent) == 5
-    cut = routing.Replay(messages(3, commit=False), 1 << 20)
+    cut = routing.Replay(messages(3, commit=False), 1 << 20, budget)
     list(cut)
     assert not cut.replayable
     with pytest.raises(RuntimeError):
         cut.again()
-    large = routing.Replay(messages(3), 300)  # each batch is over 100 bytes
+    large = routing.Replay(messages(3), 300, budget)  # each batch is over 100 bytes
     assert list(large) == sent
     assert not large.replayable
+
+
+def test_replays_share_one_budget_and_give_it_back():
+    size = sum(m.ByteSize() for m in messages(3))
+    budget = routing.ReplayBudget(size + size // 2)
+    first, second = (routing.Replay(messages(3), 1 << 20, budget) for _ in range(2))
+    list(first)
+    list(second)
+    assert first.replayable and not second.replayable  # the second found the budget spent
+    first.close()
+    second.close()
+    third = routing.Replay(messages(3), 1 << 20, budget)
+    list(third)
+    assert third.replayable and not first.replayable
 
 
 def test_affinity_defaults_to_on_unless_one_fixed_worker():
