@@ -50,8 +50,8 @@ class Refused(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-        # A worker's RESOURCE_EXHAUSTED before it sent any result: its queue was full, the
-        # request never ran there and may go to another worker.
+        # The worker failed the call before sending any result; with RESOURCE_EXHAUSTED (a full
+        # queue) the request never ran there and may go to another worker.
         self.unrun = unrun
 
 
