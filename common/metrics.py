@@ -79,6 +79,13 @@ frontend_worker_up = Gauge(
 frontend_workers_serving = Gauge(
     "openjev_frontend_workers_serving", "Workers the frontend may send traffic to", registry=frontend_registry
 )
+# Recorded by openjev.frontend.routing, once per request that went to a worker (labels there).
+frontend_routed_requests = Counter(
+    "openjev_frontend_routed_requests",
+    "Requests sent to workers, by the route that answered or failed them and why",
+    ["route", "reason"],
+    registry=frontend_registry,
+)
 
 # --- worker -------------------------------------------------------------------------------
 worker_execute_seconds = Histogram(

@@ -9,9 +9,10 @@ from openjev import config, interceptors, logs, metrics, security, serving, trac
 from openjev.config import positive_float, positive_int
 from openjev.contract.request import MAX_CANDIDATES, MAX_QUESTIONS, MAX_RENDERED_BYTES
 from openjev.export import load_export_meta_or_exit
+from openjev.frontend import routing
 from openjev.frontend.service import DEFAULT_MAX_REQUEST_TOKENS, DecisionServicer
 from openjev.frontend.worker_link import WorkerLink
-from openjev.frontend.worker_targets import TargetError
+from openjev.frontend.worker_targets import TargetError, parse_worker_targets
 from openjev.limits import CallLimits
 from openjev.tokenizer import PromptTokenizer
 from openjev.v1 import decision_pb2, decision_pb2_grpc
@@ -36,7 +37,21 @@ def parser() -> argparse.ArgumentParser:
         "--worker",
         default="127.0.0.1:50052",
         help="worker(s): HOST:PORT, IP:PORT,IP:PORT,... or dns:///NAME:PORT (every address "
-        "of NAME); balanced round-robin over the SERVING ones",
+        "of NAME); balanced over the SERVING ones (--worker-affinity)",
+    )
+    p.add_argument(
+        "--worker-affinity",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="send requests with the same context to the same worker (gRPC ring_hash on the state's "
+        "first --affinity-prefix-bytes), round-robin when its queue is full; off: round-robin only; "
+        "auto: on unless --worker is a single IP:PORT",
+    )
+    p.add_argument(
+        "--affinity-prefix-bytes",
+        type=positive_int,
+        default=routing.DEFAULT_PREFIX_BYTES,
+        help="UTF-8 bytes of the state's start that choose its worker",
     )
     p.add_argument("--max-questions", type=_at_most(MAX_QUESTIONS), default=MAX_QUESTIONS)
     p.add_argument("--max-candidates", type=_at_most(MAX_CANDIDATES), default=MAX_CANDIDATES)
@@ -103,6 +118,14 @@ def _at_most(limit: int):
     return check
 
 
+def affinity_on(setting: str, worker: str) -> bool:
+    """auto: on unless the target is one fixed address (then there is nothing to choose)."""
+    if setting != "auto":
+        return setting == "on"
+    fixed = parse_worker_targets(worker).fixed
+    return fixed is None or len(fixed) > 1
+
+
 def main(argv: list[str] | None = None) -> None:
     args = config.parse_with_env(parser(), argv)
     logs.configure(args.log_level)
@@ -151,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
             on_state=on_worker_state,
             credentials=worker_credentials,
             tls_server_name=args.worker_tls_server_name,
+            affinity=affinity_on(args.worker_affinity, args.worker),
         )
     except TargetError as error:
         raise SystemExit(f"openjev-frontend: {error}") from error
@@ -164,7 +188,9 @@ def main(argv: list[str] | None = None) -> None:
         max_rendered_bytes=args.max_rendered_bytes,
         tokenizer_threads=args.tokenizer_threads,
         worker_deadline_seconds=args.worker_deadline_seconds,
+        affinity_prefix_bytes=args.affinity_prefix_bytes,
     )
+    routing.declare_routes()
     name = decision_pb2.DESCRIPTOR.services_by_name["DecisionService"].full_name
     observers = {f"/{name}/Decide": metrics.FrontendObserver()}
     traced = tracing.configure("openjev-frontend", args.otlp_endpoint)

@@ -16,6 +16,7 @@ from openjev.contract.literals import PrefixPolicy
 from openjev.contract.render import dumps_exact
 from openjev.contract.request import MAX_RENDERED_BYTES, DecisionRequest, parse_request_json
 from openjev.export import ExportMeta
+from openjev.frontend import routing
 from openjev.frontend.batches import iter_candidate_batches
 from openjev.frontend.worker_link import WorkerLink
 from openjev.interceptors import REQUEST_ID_KEY
@@ -46,10 +47,13 @@ RETRY_BACKOFF_SECONDS = 0.05
 
 
 class Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str, *, unrun: bool = False):
         super().__init__(message)
         self.code = code
         self.message = message
+        # The worker failed the call before sending any result; with RESOURCE_EXHAUSTED (a full
+        # queue) the request never ran there and may go to another worker.
+        self.unrun = unrun
 
 
 class _NotAccepted(Exception):
@@ -97,6 +101,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         max_rendered_bytes: int = MAX_RENDERED_BYTES,
         tokenizer_threads: int = 2,
         worker_deadline_seconds: float = 120.0,
+        affinity_prefix_bytes: int = routing.DEFAULT_PREFIX_BYTES,
     ):
         self.meta = meta
         self.tokenizer = tokenizer
@@ -106,6 +111,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         self.max_request_tokens = max_request_tokens
         self.max_rendered_bytes = max_rendered_bytes
         self.worker_deadline_seconds = worker_deadline_seconds
+        self.affinity_prefix_bytes = affinity_prefix_bytes
+        self._replay_budget = routing.ReplayBudget(routing.REPLAY_TOTAL_BYTES)
         self._chat_template_bytes = len((tokenizer.chat_prefix + tokenizer.chat_suffix).encode("utf-8"))
         # Tokenizing is the frontend's CPU work: it runs here, batch by batch in arrival order,
         # never on an RPC thread and never more than `tokenizer_threads` batches at once, so a
@@ -183,7 +190,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         link_state = self.link.state
         if link_state.problem is not None:
             raise Refused(link_state.status, link_state.problem)
-        results, summary, num_input_tokens = self._execute(decision, policy, context, request_id)
+        results, summary, num_input_tokens = self._execute(decision, policy, context, request_id, fields)
         fields.update(input_tokens=num_input_tokens)
         response = api.DecideResponse(model=self.meta.model_id)
         for question, result in zip(decision.questions, results, strict=True):
@@ -202,7 +209,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         metadata.prefix_cache.saved_tokens = summary.saved_tokens
         return response
 
-    def _execute(self, decision: DecisionRequest, policy: PrefixPolicy | None, context, request_id: str):
+    def _execute(self, decision: DecisionRequest, policy: PrefixPolicy | None, context, request_id: str, fields: dict):
         """Run the request on a worker within the worker deadline; a call no worker accepted
         (one died or refused the connection first) is tried again, tokenized afresh."""
         timeout = self.worker_timeout(context)
@@ -210,7 +217,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         try:
             for attempt in range(1, MAX_ATTEMPTS + 1):
                 try:
-                    return self._attempt(decision, policy, context, request_id, deadline - time.monotonic())
+                    return self._attempt(decision, policy, context, request_id, deadline - time.monotonic(), fields)
                 except _NotAccepted as failure:
                     backoff = RETRY_BACKOFF_SECONDS * 2 ** (attempt - 1)
                     if attempt == MAX_ATTEMPTS or deadline - time.monotonic() <= backoff or not context.is_active():
@@ -226,10 +233,12 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             raise
 
     def _attempt(
-        self, decision: DecisionRequest, policy: PrefixPolicy | None, context, request_id: str, timeout: float
+        self, decision: DecisionRequest, policy: PrefixPolicy | None, context, request_id: str, timeout: float, fields
     ):
-        """One worker call: stream the tokenized candidates and collect the answer. A candidate
-        found too long part-way ends the stream without a commit, so the worker never runs it."""
+        """One attempt: stream the tokenized candidates to the worker the routing picks and collect
+        the answer. A candidate found too long part-way ends the stream without a commit, so the
+        worker never runs it. With affinity, a request its context's worker refused unrun (queue
+        full) goes once more, round-robin, from the messages kept for it."""
         refusal: list[ContractError] = []
         token_count = [0]
         # Tokenizing runs on gRPC's sending thread, overlapped with the worker's reading.
@@ -266,16 +275,68 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 tokenize_span.end()
             yield wire.ExecuteRequest(commit=wire.Commit())
 
-        call = self.link.stub.Execute(
-            stream(),
-            timeout=max(timeout, 0.001),
-            metadata=[(REQUEST_ID_KEY, request_id), *tracing.inject(worker_span)],
-        )
+        deadline = time.monotonic() + timeout
+        metadata = [(REQUEST_ID_KEY, request_id), *tracing.inject(worker_span)]
+
+        def routed(route: tuple[str, str]) -> None:
+            routing.record(route)
+            fields["route"] = route[0]  # the request's log line says how it was routed
+
+        def call(stub, messages, extra_metadata=(), seconds=timeout):
+            return self._call(stub, messages, [*metadata, *extra_metadata], seconds, context, len(decision.questions))
+
+        requests = None
+        try:
+            if self.link.affinity_stub is None:
+                routed(routing.ROUND_ROBIN)
+                results, summary = call(self.link.stub, stream())
+            else:
+                requests = routing.Replay(stream(), routing.REPLAY_REQUEST_BYTES, self._replay_budget)
+                key = routing.affinity_key(decision.state_text, self.affinity_prefix_bytes)
+                try:
+                    results, summary = call(self.link.affinity_stub, iter(requests), [(routing.AFFINITY_HEADER, key)])
+                    routed(routing.AFFINITY)
+                except Refused as refused:
+                    if refusal or not (refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED and refused.unrun):
+                        routed(routing.AFFINITY)
+                        raise
+                    if not requests.replayable:
+                        routed(routing.AFFINITY_NOT_REPLAYED)
+                        raise
+                    # The context's worker refused it unrun (queue full): once more, round-robin.
+                    routed(routing.FALLBACK_QUEUE_FULL)
+                    remaining = deadline - time.monotonic()
+                    if not context.is_active():  # the client left: nothing to send again for
+                        raise Refused(grpc.StatusCode.CANCELLED, refused.message) from refused
+                    if remaining <= 0:
+                        raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, refused.message) from refused
+                    results, summary = call(self.link.stub, requests.again(), seconds=remaining)
+        except (Refused, _NotAccepted):
+            if refusal:  # the stream ended early on a contract error: that is the answer
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from None
+            raise
+        finally:
+            if requests is not None:
+                requests.close()
+            tokenize_span.end()  # a stream that never started or was cut off
+            worker_span.end()
+        if refusal:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message)
+        self._check_results(decision, results, summary)
+        return results, summary, token_count[0]
+
+    @staticmethod
+    def _call(stub, requests, metadata, timeout: float, context, num_questions: int):
+        """One Execute call: (results by question index, summary); Refused, or _NotAccepted when
+        it failed UNAVAILABLE before the worker accepted it."""
+        call = stub.Execute(requests, timeout=max(timeout, 0.001), metadata=metadata)
         context.add_callback(call.cancel)  # the client going away cancels the worker's work
-        results: list[wire.QuestionResult | None] = [None] * len(decision.questions)
+        results: list[wire.QuestionResult | None] = [None] * num_questions
         summary = None
+        received = False
         try:
             for message in call:
+                received = True
                 if message.WhichOneof("item") == "question":
                     index = message.question.question_index
                     if index >= len(results) or results[index] is not None:
@@ -286,20 +347,12 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 else:
                     summary = message.summary
         except grpc.RpcError as error:
-            if refusal:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from error
             code = error.code() if error.code() in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
-            refused = Refused(code, f"worker: {error.details()}")
+            refused = Refused(code, f"worker: {error.details()}", unrun=not received)
             if code == grpc.StatusCode.UNAVAILABLE and not _accepted(call):
                 raise _NotAccepted(refused) from error
             raise refused from error
-        finally:
-            tokenize_span.end()  # a stream that never started or was cut off
-            worker_span.end()
-        if refusal:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message)
-        self._check_results(decision, results, summary)
-        return results, summary, token_count[0]
+        return results, summary
 
     @staticmethod
     def _check_results(decision: DecisionRequest, results, summary) -> None:

@@ -10,7 +10,11 @@ worker's response headers carry `abi.ACCEPTED_METADATA_KEY` once the stream is c
 again, on another worker where there is one; after acceptance a lost worker is UNAVAILABLE, never
 a second execution. gRPC's own retries are off: with them (grpcio 1.84) a retried call that
 failed could report its status without ever completing its pending reads, and grpcio's response
-iterator then waited for good, past every deadline (docs/reliability.md)."""
+iterator then waited for good, past every deadline (docs/reliability.md).
+
+With context affinity on, a second traffic channel balances the same workers with gRPC's
+`ring_hash` instead (`openjev.frontend.routing`); the round-robin channel stays the one that
+readiness is judged on and that a request refused by a full queue is sent to again."""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from openjev import abi, logs, metrics, serving
+from openjev.frontend import routing
 from openjev.frontend.worker_targets import parse_worker_targets
 from openjev.worker.v1 import worker_pb2 as wire
 from openjev.worker.v1 import worker_pb2_grpc
@@ -41,15 +46,19 @@ MIN_PROBE_TIMEOUT_SECONDS = 2.0
 KEEPALIVE_TIMEOUT_MS = 5_000
 
 
-def service_config() -> str:
-    """round_robin over SERVING workers. No retryPolicy: see the module's docstring."""
-    return json.dumps({"loadBalancingConfig": [{"round_robin": {}}], "healthCheckConfig": {"serviceName": ""}})
+ROUND_ROBIN: dict = {"round_robin": {}}
 
 
-def traffic_channel_options() -> list[tuple[str, object]]:
+def service_config(balancing: dict = ROUND_ROBIN) -> str:
+    """`balancing` (round_robin, or routing.RING_HASH) over SERVING workers. No retryPolicy: see
+    the module's docstring."""
+    return json.dumps({"loadBalancingConfig": [balancing], "healthCheckConfig": {"serviceName": ""}})
+
+
+def traffic_channel_options(balancing: dict = ROUND_ROBIN) -> list[tuple[str, object]]:
     return [
         *serving.channel_options(),
-        ("grpc.service_config", service_config()),
+        ("grpc.service_config", service_config(balancing)),
         ("grpc.service_config_disable_resolution", 1),  # ours, not one from DNS TXT records
         ("grpc.enable_retries", 0),
         ("grpc.initial_reconnect_backoff_ms", 500),
@@ -64,6 +73,14 @@ def traffic_channel_options() -> list[tuple[str, object]]:
         # never idle: readiness below is this channel's connectivity, and an idle channel would
         # only reconnect for traffic that a not-ready frontend no longer receives
         ("grpc.client_idle_timeout_ms", 2**31 - 1),
+    ]
+
+
+def affinity_channel_options() -> list[tuple[str, object]]:
+    return [
+        *traffic_channel_options(routing.RING_HASH),
+        # gRPC's minimum connect timeout (the option's other meaning): routing.CONNECT_TIMEOUT_MS
+        ("grpc.min_reconnect_backoff_ms", routing.CONNECT_TIMEOUT_MS),
     ]
 
 
@@ -114,6 +131,7 @@ class WorkerLink:
         on_state: Callable[[LinkState], None] = lambda state: None,
         credentials: grpc.ChannelCredentials | None = None,
         tls_server_name: str | None = None,
+        affinity: bool = False,
     ):
         self.target = target
         self.targets = parse_worker_targets(target)
@@ -125,6 +143,18 @@ class WorkerLink:
             self.targets.traffic_target, [*traffic_channel_options(), *self._tls_options], credentials
         )
         self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
+        # Context affinity: the same workers on a ring_hash channel. It connects to a worker only
+        # when a call is hashed to it, so readiness below stays the round-robin channel's.
+        self.affinity_channel: grpc.Channel | None = None
+        self.affinity_stub: worker_pb2_grpc.WorkerServiceStub | None = None
+        if affinity:
+            routing.enable_request_hash_header()
+            self.affinity_channel = _channel(
+                self.targets.traffic_target,
+                [*affinity_channel_options(), *self._tls_options],
+                credentials,
+            )
+            self.affinity_stub = worker_pb2_grpc.WorkerServiceStub(self.affinity_channel)
         # The probes answer on their own channels; after a worker restarts they can say SERVING
         # while this one still waits out its reconnect backoff, so readiness needs both.
         self._connectivity = grpc.ChannelConnectivity.IDLE
@@ -164,6 +194,8 @@ class WorkerLink:
         self._stop.set()
         self.channel.unsubscribe(self._on_connectivity)
         self.channel.close()
+        if self.affinity_channel is not None:
+            self.affinity_channel.close()
         for probe in self._probes.values():
             probe.channel.close()
         self._pool.shutdown(wait=False)

@@ -7,7 +7,7 @@ Accepted forms:
 - `dns:///NAME:PORT`               every address NAME resolves to (compose service, Kubernetes
                                   headless service); gRPC re-resolves when a connection drops
 
-Traffic goes through one channel to `traffic_target`, balanced by gRPC's round_robin. The
+Traffic goes to `traffic_target`, balanced by gRPC's round_robin or ring_hash (worker_link). The
 frontend also talks to each worker (`endpoints()`) on its own, to check it is compatible
 before traffic depends on it.
 """

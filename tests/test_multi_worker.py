@@ -1,5 +1,6 @@
-"""Two CPU workers behind one frontend, all real subprocesses on loopback: round-robin spread,
-a worker killed under a steady stream of requests, and the worker coming back.
+"""Two CPU workers behind one round-robin frontend (`--worker-affinity off`), all real
+subprocesses on loopback: round-robin spread, a worker killed under a steady stream of requests,
+and the worker coming back.
 
 Which worker ran what is read from the workers' own JSON logs (`execute_accepted` when a
 worker took a request, `execute` with status OK when it answered), keyed by the request id the
@@ -54,8 +55,12 @@ def cluster(demo_model, tmp_path_factory):
     ports = [launch.free_port(), launch.free_port()]
     with futures.ThreadPoolExecutor(2) as pool:  # both load at once: start-up is most of the cost
         workers = list(pool.map(lambda i: start_worker(demo_model, workdir, ports[i], f"worker-{i}"), range(2)))
+    # Round robin (affinity off): the same request spreads; tests/test_affinity_routing.py has affinity.
     frontend = launch.start_frontend(
-        demo_model, ",".join(w.address for w in workers), workdir, ["--worker-refresh-seconds", "0.5"]
+        demo_model,
+        ",".join(w.address for w in workers),
+        workdir,
+        ["--worker-refresh-seconds", "0.5", "--worker-affinity", "off"],
     )
     state = {"workers": workers, "ports": ports, "frontend": frontend, "workdir": workdir, "extra": []}
     try:

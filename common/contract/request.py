@@ -65,7 +65,7 @@ import json
 import math
 import re
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from openjev.contract import errors
@@ -108,12 +108,14 @@ class Question:
 @dataclass(frozen=True)
 class DecisionRequest:
     """A validated request: `model` as sent (None when absent or null), questions in order.
-    rendered_bytes: UTF-8 bytes of every candidate prompt, chat template excluded."""
+    rendered_bytes: UTF-8 bytes of every candidate prompt, chat template excluded.
+    state_text: the rendered state every prompt starts with (the frontend routes by it)."""
 
     model: str | None
     questions: tuple[Question, ...]
     prefix_policy: PrefixPolicy | None
     rendered_bytes: int = 0
+    state_text: str = field(default="", repr=False, compare=False)
 
     @property
     def num_candidates(self) -> int:
@@ -283,7 +285,11 @@ def _compile(
     if max_rendered_bytes is not None and rendered + chat_template_bytes * num_candidates > max_rendered_bytes:
         raise ContractError(errors.RENDERED_LIMIT)
     return DecisionRequest(
-        model=model, questions=tuple(questions), prefix_policy=prefix_policy, rendered_bytes=rendered
+        model=model,
+        questions=tuple(questions),
+        prefix_policy=prefix_policy,
+        rendered_bytes=rendered,
+        state_text=state_text,
     )
 
 
