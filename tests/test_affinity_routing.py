@@ -253,7 +253,8 @@ def test_worker_killed_under_load_moves_only_its_states(cluster):
         if outcome == "OK":
             assert request_id in by, f"{request_id} answered without a worker logging it"
         elif outcome.startswith("UNAVAILABLE"):  # lost with the worker that had accepted it, never re-run
-            assert request_id in accepted_by_victim and request_id not in by, (request_id, outcome)
+            # (the victim may have logged it answered just before the kill cut the reply off)
+            assert request_id in accepted_by_victim and by.get(request_id) in (None, victim.name), (request_id, outcome)
         else:  # worker 0 full, and full again when tried round-robin
             assert outcome.startswith("RESOURCE_EXHAUSTED") and len(refused[request_id]) == 2, (request_id, outcome)
     counts: dict[str, int] = defaultdict(int)
