@@ -20,8 +20,8 @@ TEMPERATURE = 2.0
 POLICIES = ("off", "default", "shared", "fixed", "auto")
 
 
-def cached_engine(runner, budget: int = 256 << 20, limits: PackLimits = PackLimits()) -> Engine:
-    return Engine(runner, pack_limits=limits, state_cache=build_state_cache(runner, budget, "demo-test"))
+def cached_engine(runner, budget: int = 256 << 20, limits: PackLimits | None = None) -> Engine:
+    return Engine(runner, pack_limits=limits or PackLimits(), state_cache=build_state_cache(runner, budget, "demo-test"))
 
 
 def same_bits(a: ExecutionResult, b: ExecutionResult) -> None:
