@@ -21,7 +21,9 @@ POLICIES = ("off", "default", "shared", "fixed", "auto")
 
 
 def cached_engine(runner, budget: int = 256 << 20, limits: PackLimits | None = None) -> Engine:
-    return Engine(runner, pack_limits=limits or PackLimits(), state_cache=build_state_cache(runner, budget, "demo-test"))
+    return Engine(
+        runner, pack_limits=limits or PackLimits(), state_cache=build_state_cache(runner, budget, "demo-test")
+    )
 
 
 def same_bits(a: ExecutionResult, b: ExecutionResult) -> None:
