@@ -44,34 +44,38 @@ def to_work(tokenizer: PromptTokenizer, obj: dict) -> list[QuestionWork]:
 
 
 def workload_inputs(tokenizer: PromptTokenizer, target_tokens: int, num_pairs: int):
-    """The workload state closest to target_tokens rendered alone, and num_pairs (A, B) of the
-    workload's single-question bodies (distinct kinds and instructions, A != B)."""
+    """The workload state closest to target_tokens (rendered with a question), and up to
+    num_pairs ordered pairs (A, B) of the workload's distinct single questions (by kind and
+    instructions: the workload has three, so at most six pairs)."""
     rows = [json.loads(line)["request"] for line in (REPO / "benchmarks" / "workload.jsonl").read_text().splitlines()]
-    singles = [r["questions"] for r in rows if len(r["questions"]) == 1]
-    unique: list[dict] = []
-    for q in singles:
-        if q not in unique and len(json.dumps(q)) < 2000:
-            unique.append(q)
+    distinct: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        if len(r["questions"]) == 1:
+            (q,) = r["questions"].values()
+            distinct.setdefault((q["type"], q.get("instructions", "")), r["questions"])
+    questions = list(distinct.values())
     states = {json.dumps(r["state"]): r["state"] for r in rows if r["state"] not in ("", None)}
-    probe = unique[0]
 
     def length(state) -> int:
-        return min(len(c) for q in to_work(tokenizer, {"state": state, "questions": probe}) for c in q.candidates)
+        work = to_work(tokenizer, {"state": state, "questions": questions[0]})
+        return min(len(c) for q in work for c in q.candidates)
 
-    state = min(
-        states.values(),
-        key=lambda s: abs(length(s) - target_tokens) if len(json.dumps(s)) < 12000 else 1e9,
-    )
-    step = max(1, len(unique) // (2 * num_pairs))
-    picks = unique[::step][: 2 * num_pairs]
-    pairs = [(picks[2 * i], picks[2 * i + 1]) for i in range(num_pairs)]
+    near = sorted(states.values(), key=lambda s: abs(len(json.dumps(s)) - 4.6 * target_tokens))[:8]
+    state = min(near, key=lambda s: abs(length(s) - target_tokens))
+    pairs = [(a, b) for a in questions for b in questions if a is not b][:num_pairs]
     return state, length(state), pairs
+
+
+def common_prefix(pair: tuple[list[QuestionWork], list[QuestionWork]]) -> int:
+    """Tokens the timed call's first prompt shares with the earlier call's first prompt."""
+    a, b = pair[0][0].candidates[0], pair[1][0].candidates[0]
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--pairs", type=int, default=4, help="question pairs (A asked first, B timed)")
+    parser.add_argument("--pairs", type=int, default=6, help="question pairs (A asked first, B timed)")
     parser.add_argument("--state-tokens", type=int, default=1500)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--model-dir", type=Path, default=Path(".openjev/demo-model"))
@@ -123,25 +127,32 @@ def main() -> None:
         return float(np.quantile(np.asarray(values) * 1e3, f))
 
     print(
-        f"# {datetime.date.today()}  {platform.processor() or platform.machine()}  threads={args.threads} repeats={args.repeats}"
+        f"# {datetime.date.today()}  {platform.processor() or platform.machine()}  "
+        f"threads={args.threads} repeats={args.repeats}"
     )
     print(f"# state: {state_tokens} tokens (rendered with the first question); {len(pairs)} question pairs")
-    print("| pair (timed question) | arm | median ms | IQR ms | vs unseen | tokens (plan) | cache hit tokens |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| earlier -> timed question | shared prefix | arm | median ms | IQR ms | vs unseen "
+        "| tokens (plan) | cache hit tokens |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     ratios = []
     for p, (_a, b) in enumerate(pairs):
-        name = next(iter(b.values())).get("instructions", "")[:40]
+        name = f"{next(iter(_a.values()))['type']} -> {next(iter(b.values()))['type']}"
+        shared = common_prefix(works[p])
         unseen = statistics.median(times["unseen"][p])
         ratios.append(statistics.median(times["seen"][p]) / unseen)
         for arm in ARMS:
             ms = times[arm][p]
             f = facts[arm][p]
             print(
-                f"| {p}: {name} | {arm} | {statistics.median(ms) * 1e3:.1f} | {q(ms, 0.25):.1f}-{q(ms, 0.75):.1f} "
+                f"| {name} | {shared} | {arm} | {statistics.median(ms) * 1e3:.1f} "
+                f"| {q(ms, 0.25):.1f}-{q(ms, 0.75):.1f} "
                 f"| {statistics.median(ms) / unseen:.2f}x | {f['tokens_computed_by_plan']} | {f['cache_hit_tokens']} |"
             )
     print(
-        f"seen / unseen, median over pairs: {statistics.median(ratios):.2f}x (per pair: {', '.join(f'{r:.2f}' for r in ratios)})"
+        f"seen / unseen, median over pairs: {statistics.median(ratios):.2f}x "
+        f"(per pair: {', '.join(f'{r:.2f}' for r in ratios)})"
     )
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"state-cache-cpu-{datetime.date.today()}.json"

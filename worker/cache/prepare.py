@@ -4,10 +4,11 @@ Walking the plan's segments parents first, each one:
 - looks up, when everything above it came from the cache, the deepest cached state on its own
   grid (or at its end): the pieces before it are done, the state is their last piece's, and a
   hit at the end of a segment whose candidates read it needs a cached head score too;
-- if it has children (a branch point or a chunk boundary, `keep_state`) and is at least a grid
-  long, deposits its end state and the states at a few grid points before the end (the last one
-  before the end, then ever farther back: 1, 2, 4, ... grids), where a later request that
-  shares only part of it can hang.
+- if it has children (a branch point or a chunk boundary, `keep_state`), deposits its end state
+  (when it is at least a grid long) and the states at a few grid points before the end (the last
+  one before the end, then ever farther back: 1, 2, 4, ... grids), where a later request that
+  shares only part of it can hang; a prompt that runs alone from its start (a leaf at the root,
+  e.g. a noul question or policy `off`) deposits those grid points too, once per request.
 
 Every cut is one the runner computes exactly (keys.CutRule), so the pieces compute the same bits
 the plan's own segments would: a hit changes which tokens run, never a result.
@@ -71,6 +72,7 @@ def prepare(segments: Sequence[Segment], cache: StateCache) -> Prepared:
     deposits: dict[int, NodeKey] = {}
     hit_tokens = 0
     paths: list[_Path] = []
+    planned: set[NodeKey] = set()  # deposits already planned by this request (prompts sharing a prefix)
     root = _Path(hashlib.sha256(), (), 0, True, None)
     for seg in segments:
         parent = root if seg.parent is None else paths[seg.parent]
@@ -90,7 +92,10 @@ def prepare(segments: Sequence[Segment], cache: StateCache) -> Prepared:
         hit, entry = start, None
         if look and digests:
             hit, entry = _deepest_hit(cache, seg, [*grid, end], key, functools.partial(_prefix, segments, seg.index))
-        points = _deposit_points(cache, seg, grid, hit, anchor, key) if seg.keep_state and hasher is not None else []
+        points: list[int] = []
+        if digests and (seg.keep_state or seg.parent is None):
+            points = [q for q in _deposit_points(cache, seg, grid, hit, anchor, key) if key(q) not in planned]
+            planned.update(key(q) for q in points)
         bounds = sorted({start, end, *(q for q in points if q < end), *([hit] if start < hit < end else [])})
         first = len(pieces)
         for lo, hi in zip(bounds, bounds[1:], strict=False):
@@ -152,7 +157,8 @@ def _deposit_points(cache: StateCache, seg: Segment, grid: list[int], hit: int, 
     `deposits_per_segment` grid points before it, spaced 1, 2, 4, ... grids back; none at or
     before the hit, none already cached."""
     rule, end = cache.rule, seg.end_position
-    points = [end] if seg.num_tokens >= rule.grid else []
+    # a leaf's end (a whole prompt) serves only an identical prompt: its grid points serve more
+    points = [end] if seg.keep_state and seg.num_tokens >= rule.grid else []
     for k in range(cache.deposits_per_segment):
         position = rule.floor(end - 1 - rule.grid * ((1 << k) - 1), anchor)
         if position <= hit:
