@@ -77,6 +77,10 @@ def prepare(segments: Sequence[Segment], cache: StateCache) -> Prepared:
     for seg in segments:
         parent = root if seg.parent is None else paths[seg.parent]
         start, end = seg.start_position, seg.end_position
+        if not parent.cached and not seg.keep_state:  # a leaf under computed work: runs as planned
+            pieces.append((parent.last_piece, seg.token_ids, start, seg.readers))
+            paths.append(_Path(None, (), 0, False, len(pieces) - 1))
+            continue
         anchors, anchor = parent.anchors, parent.anchor
         if not rule.neutral(start, anchor):
             anchors, anchor = (*anchors, start), start
