@@ -41,7 +41,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=None, help="write the raw timings here (JSON)")
     args = p.parse_args(argv)
     bodies = requests()
-    pair = launch.start_pair(args.model, Path(tempfile.mkdtemp(prefix="openjev-conc-")))
+    pair = launch.start_pair(
+        # repeats of the same requests: the state cache would answer them from cached states
+        args.model,
+        Path(tempfile.mkdtemp(prefix="openjev-conc-")),
+        worker_args=["--state-cache-bytes", "0"],
+    )
     try:
         with Client(pair.frontend.address) as client, ThreadPoolExecutor(len(bodies)) as pool:
             expected = [client.decide(b)["answers"] for b in bodies]

@@ -79,7 +79,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=200)
     args = p.parse_args()
     messages = execute_messages(args.model)
-    pair = launch.start_pair(args.model, Path(tempfile.mkdtemp(prefix="openjev-overhead-")))
+    pair = launch.start_pair(
+        # repeats of the same requests: the state cache would answer them from cached states
+        args.model,
+        Path(tempfile.mkdtemp(prefix="openjev-overhead-")),
+        worker_args=["--state-cache-bytes", "0"],
+    )
     bare_server, bare = bare_stream(len(messages), 2)
     single_server, single = bare_stream(1, 1)
     try:

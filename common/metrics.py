@@ -144,6 +144,42 @@ graph_cache_misses = Counter(
 )
 
 
+worker_state_cache_hit_tokens = Counter(
+    "openjev_worker_state_cache_hit_tokens",
+    "Tokens whose states came from the state cache (not computed)",
+    registry=worker_registry,
+)
+worker_state_cache_hits = Counter(
+    "openjev_worker_state_cache_hits", "Requests that hung from at least one cached state", registry=worker_registry
+)
+worker_state_cache_inserts = Counter(
+    "openjev_worker_state_cache_inserts", "States put into the state cache", registry=worker_registry
+)
+worker_state_cache_evictions = Counter(
+    "openjev_worker_state_cache_evictions", "States evicted from the state cache", registry=worker_registry
+)
+worker_state_cache_bytes = Gauge(
+    "openjev_worker_state_cache_bytes", "Bytes of states the state cache holds", registry=worker_registry
+)
+worker_state_cache_budget_bytes = Gauge(
+    "openjev_worker_state_cache_budget_bytes", "The state cache's byte budget (0: off)", registry=worker_registry
+)
+
+
+class StateCacheObserver:
+    """The state cache's listener (openjev.worker.cache.store.CacheListener)."""
+
+    def on_hit(self, tokens: int) -> None:
+        worker_state_cache_hits.inc()
+        worker_state_cache_hit_tokens.inc(tokens)
+
+    def on_insert(self, nbytes: int) -> None:
+        worker_state_cache_inserts.inc()
+
+    def on_evict(self, count: int, nbytes: int) -> None:
+        worker_state_cache_evictions.inc(count)
+
+
 def kind_label(kinds: set[str]) -> str:
     if not kinds:
         return "unknown"

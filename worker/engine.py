@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from openjev.contract.answers import question_probabilities
 from openjev.contract.literals import PREFIX_POLICIES, ExecutedPolicy, PrefixPolicy, PrefixScope, QuestionKind
+from openjev.worker.cache.store import StateCache
 from openjev.worker.planner.cost import CostModel, default_cost_model
 from openjev.worker.planner.plan import PackLimits, Plan
 from openjev.worker.planner.policy import plan_request
@@ -34,7 +35,8 @@ class QuestionWork:
 class ExecutionResult:
     """Per question, in request order: the head score of each candidate and the probabilities
     (noul: [p_no, p_yes]); plus what the plan executed and saved, and how it was scheduled
-    (num_launches: the passes it ran in; queue_seconds: before its first pass)."""
+    (num_launches: the passes it ran in; queue_seconds: before its first pass; cache_hit_tokens:
+    tokens whose states came from the worker's state cache, not part of the plan's accounting)."""
 
     head_scores: list[list[float]]
     probabilities: list[list[float]]
@@ -49,6 +51,7 @@ class ExecutionResult:
     num_shared_passes: int
     queue_seconds: float
     inference_seconds: float
+    cache_hit_tokens: int = 0
 
 
 class Engine:
@@ -61,6 +64,7 @@ class Engine:
         default_policy: PrefixPolicy = "auto",
         queue_capacity: int = 64,
         on_pass: PassObserver | None = None,
+        state_cache: StateCache | None = None,
     ) -> None:
         if default_policy not in PREFIX_POLICIES:
             raise ValueError(f"unknown prefix policy {default_policy!r}; expected one of {PREFIX_POLICIES}")
@@ -68,7 +72,8 @@ class Engine:
         self.pack_limits = pack_limits
         self.cost_model = cost_model if cost_model is not None else default_cost_model(runner.backend)
         self.default_policy = default_policy
-        self.scheduler = Scheduler(runner, pack_limits, queue_capacity, on_pass=on_pass)
+        self.state_cache = state_cache
+        self.scheduler = Scheduler(runner, pack_limits, queue_capacity, on_pass=on_pass, cache=state_cache)
 
     def plan(self, questions: Sequence[QuestionWork], policy: PrefixPolicy | None = None) -> Plan:
         return plan_request(
@@ -114,6 +119,7 @@ class Engine:
             num_shared_passes=stats.num_shared_passes,
             queue_seconds=stats.queue_seconds,
             inference_seconds=time.perf_counter() - started - stats.queue_seconds,
+            cache_hit_tokens=stats.cache_hit_tokens,
         )
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ from openjev.export import load_export_meta_or_exit
 from openjev.limits import CallLimits
 from openjev.tokenizer import PromptTokenizer
 from openjev.worker import backends
+from openjev.worker.cache.sizing import CPU_DEFAULT_BYTES, build_state_cache, gpu_default_bytes
 from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.planner.cost import default_cost_model
 from openjev.worker.planner.plan import PackLimits
@@ -125,6 +126,13 @@ def parser() -> argparse.ArgumentParser:
         "measured) or the chunked tensor-core form (docs/cuda-kernels.md)",
     )
     p.add_argument(
+        "--state-cache-bytes",
+        type=non_negative_int,
+        default=None,
+        help="bytes of tree-node states kept across requests (0: off; default: 256 MiB on the torch "
+        "backend, half the GPU memory free after start-up on cuda; docs/state-cache.md)",
+    )
+    p.add_argument(
         "--max-connection-age-seconds",
         type=non_negative_float,
         default=0.0,
@@ -154,6 +162,13 @@ def call_limits(args: argparse.Namespace, execute: str) -> CallLimits:
         reflection=args.max_reflection_streams,
         work_methods=(execute,),
     )
+
+
+def state_cache_budget(requested: int | None, backend: str) -> int:
+    """The flag's value, else the default rule (openjev.worker.cache.sizing)."""
+    if requested is not None:
+        return requested
+    return gpu_default_bytes() if backend == "cuda" else CPU_DEFAULT_BYTES
 
 
 def warm_up(engine: Engine, runner, temperature: float, policy: PrefixPolicy) -> None:
@@ -225,6 +240,14 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         raise SystemExit(f"openjev-worker: {error}") from None
     cost_model = default_cost_model("cuda" if backend == "cuda" else "torch")
+    revision = meta.checkpoint_revision + (f"+synthetic-{args.synthetic}-seed{args.seed}" if args.synthetic else "")
+    # budget 0 until warm-up is over: the GPU's default is measured after it
+    state_cache = build_state_cache(
+        runner,
+        0,
+        fingerprint=f"{meta.model_id}@{revision}/{backend}/{args.gdn_kernel}/{args.gemm_min_rows}",
+        listener=metrics.StateCacheObserver(),
+    )
     engine = Engine(
         metrics.CountingRunner(runner),
         pack_limits=limits,
@@ -232,12 +255,12 @@ def main(argv: list[str] | None = None) -> None:
         default_policy=args.prefix_policy,
         queue_capacity=args.queue_capacity,
         on_pass=metrics.observe_pass,
+        state_cache=state_cache,
     )
     identity = WorkerIdentity(
         model_id=meta.model_id,
         alias=meta.alias,
-        checkpoint_revision=meta.checkpoint_revision
-        + (f"+synthetic-{args.synthetic}-seed{args.seed}" if args.synthetic else ""),
+        checkpoint_revision=revision,
         temperature=meta.temperature,
         max_length=meta.max_length,
         vocab_size=runner.config.vocab_size,
@@ -274,6 +297,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     metrics.serve(metrics.worker_registry, args.listen, args.metrics_port)
     warm_up(engine, runner, meta.temperature, forced_policy or "shared")
+    if state_cache is not None:
+        state_cache.budget_bytes = state_cache_budget(args.state_cache_bytes, backend)
+        metrics.worker_state_cache_bytes.set_function(lambda: state_cache.nbytes)
+    metrics.worker_state_cache_budget_bytes.set(0 if state_cache is None else state_cache.budget_bytes)
+    log.info("state_cache", budget_bytes=0 if state_cache is None else state_cache.budget_bytes)
     server.set_serving(True)
     if args.port_file:
         args.port_file.write_text(str(server.port))

@@ -11,6 +11,10 @@ Cancellation and deadlines act between passes and free the request's states then
 
 A request's answer does not depend on what shares its passes: its segments are fixed by its
 plan, and the runners compute each segment from its own rows and its parent's state only.
+
+With a state cache (openjev.worker.cache), a request's segments are cut where states are
+deposited or found (cuts the runner computes exactly), the pieces a hit covers start done, and
+deposited states go into the cache as their passes finish.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from openjev.worker.cache.prepare import Prepared, prepare
+from openjev.worker.cache.store import StateCache
 from openjev.worker.planner.passes import PendingTree, fill_pass, kept_after_pass
-from openjev.worker.planner.plan import PackLimits, Plan
+from openjev.worker.planner.plan import PackLimits, Plan, Segment
 from openjev.worker.runner_api import ModelRunner, SegmentResult, SegmentRun
 
 
@@ -43,11 +49,12 @@ class InferenceError(Exception):
 @dataclass
 class PassStats:
     """What one request's execution took: seconds before its first pass, passes it ran in,
-    and how many of those also carried other requests."""
+    how many of those also carried other requests, and the tokens cached states spared it."""
 
     queue_seconds: float
     num_passes: int
     num_shared_passes: int
+    cache_hit_tokens: int = 0
 
 
 @dataclass(eq=False)
@@ -55,6 +62,8 @@ class _Job:
     plan: Plan
     is_active: Callable[[], bool]
     on_start: Callable[[], None]
+    prepared: Prepared | None = None
+    segments: tuple[Segment, ...] = field(init=False)
     tree: PendingTree = field(init=False)
     scores: list[list[float | None]] = field(init=False)
     children_left: list[int] = field(init=False)
@@ -68,12 +77,24 @@ class _Job:
     num_shared_passes: int = 0
 
     def __post_init__(self) -> None:
-        self.tree = PendingTree(self.plan.segments)
+        prepared = self.prepared
+        self.segments = self.plan.segments if prepared is None else prepared.segments
+        self.tree = PendingTree(self.segments)
         self.scores = [[None] * n for n in self.plan.num_candidates_per_question]
-        self.children_left = [0] * len(self.plan.segments)
-        for s in self.plan.segments:
-            if s.parent is not None:
+        if prepared is not None:
+            for i in prepared.done:
+                self.tree.mark_done(i)
+            self.states.update(prepared.states)
+            for reader, score in prepared.scores:
+                self.scores[reader.question][reader.candidate] = score
+        self.children_left = [0] * len(self.segments)
+        for s in self.segments:
+            if s.parent is not None and not self.tree.done[s.index]:
                 self.children_left[s.parent] += 1
+
+    @property
+    def deposits(self) -> dict:
+        return {} if self.prepared is None else self.prepared.deposits
 
     def finish(self, error: BaseException | None = None) -> None:
         self.error = error
@@ -92,6 +113,7 @@ class Scheduler:
         capacity: int = 64,
         on_pass: PassObserver | None = None,
         poll_seconds: float = 0.02,
+        cache: StateCache | None = None,
     ):
         if capacity < 0:
             raise ValueError("queue capacity must be >= 0")
@@ -101,6 +123,7 @@ class Scheduler:
         # already running (the worker sizes its Execute threads from this)
         self.max_admitted = capacity + limits.max_sequences
         self._on_pass = on_pass
+        self.cache = cache
         self._poll_seconds = poll_seconds
         self._jobs: list[_Job] = []  # admitted, in arrival order
         self._cond = threading.Condition()
@@ -122,14 +145,16 @@ class Scheduler:
         """Execute one request's plan; returns its head scores per question and candidate.
         on_start: called (on the scheduler's thread) when its first pass begins.
         Raises QueueFull, Cancelled or InferenceError."""
-        job = self._admit(plan, is_active, on_start)
+        prepared = prepare(plan.segments, self.cache) if self.cache is not None and self.cache.enabled else None
+        job = self._admit(_Job(plan, is_active, on_start, prepared))
         while not job.done.wait(self._poll_seconds):
             if not is_active():
                 self._cancel(job)
         if job.error is not None:
             raise job.error
         assert job.started_at is not None
-        stats = PassStats(job.started_at - job.submitted_at, job.num_passes, job.num_shared_passes)
+        hit_tokens = 0 if prepared is None else prepared.hit_tokens
+        stats = PassStats(job.started_at - job.submitted_at, job.num_passes, job.num_shared_passes, hit_tokens)
         return job.scores, stats  # type: ignore[return-value]  # every score is set once done
 
     def close(self) -> None:
@@ -139,11 +164,15 @@ class Scheduler:
             self._cond.notify_all()
 
     # ---- admission ----------------------------------------------------------------------------
-    def _admit(self, plan: Plan, is_active: Callable[[], bool], on_start: Callable[[], None]) -> _Job:
-        job = _Job(plan, is_active, on_start)
+    def _admit(self, job: _Job) -> _Job:
         with self._cond:
             if self._closed:
                 raise QueueFull("worker is shutting down")
+            if job.tree.finished:  # every score came from the cache: nothing to run, nothing held
+                job.started_at = time.perf_counter()
+                job.on_start()
+                job.finish()
+                return job
             waiting = sum(j.started_at is None for j in self._jobs)
             # an idle worker always admits: its next pass takes the request at once
             if self._jobs and (waiting >= self.capacity or len(self._jobs) >= self.max_admitted):
@@ -197,7 +226,7 @@ class Scheduler:
         kept = {owner: kept_after_pass(jobs[owner].tree, segs) for owner, segs in chosen.items()}
         runs: list[SegmentRun] = []
         for p in picked:
-            job, segment = jobs[p.owner], jobs[p.owner].plan.segments[p.segment]
+            job, segment = jobs[p.owner], jobs[p.owner].segments[p.segment]
             # a parent run in an earlier pass hands over its kept state; one in this pass is read in place
             parent = segment.parent if p.parent_in_pass is None else None
             runs.append(
@@ -205,7 +234,7 @@ class Scheduler:
                     token_ids=segment.token_ids,
                     start_position=segment.start_position,
                     parent_state=job.states[parent] if parent is not None else None,
-                    keep_state=p.segment in kept[p.owner],
+                    keep_state=p.segment in kept[p.owner] or p.segment in job.deposits,
                     read_head=bool(segment.readers),
                     parent_in_pass=p.parent_in_pass,
                 )
@@ -247,7 +276,7 @@ class Scheduler:
     def _update(self, job: _Job, index: int, keep: bool, result: SegmentResult) -> None:
         if job.done.is_set():
             return
-        segment = job.plan.segments[index]
+        segment = job.segments[index]
         job.tree.mark_done(index)
         if keep:
             if result.state is None:
@@ -264,6 +293,10 @@ class Scheduler:
                 return
             for reader in segment.readers:
                 job.scores[reader.question][reader.candidate] = float(score)
+        key = job.deposits.get(index)
+        if key is not None and result.state is not None and self.cache is not None:
+            assert job.prepared is not None
+            self.cache.insert(key, result.state, result.head_score, job.prepared.prefix_tokens(index))
         parent = segment.parent
         if parent is not None:
             job.children_left[parent] -= 1

@@ -49,6 +49,9 @@ class WorkerIdentity:
         )
 
 
+CACHE_HIT_TOKENS_KEY = "openjev-state-cache-hit-tokens"
+
+
 def _responses(result: ExecutionResult):
     for index, (probabilities, scores) in enumerate(zip(result.probabilities, result.head_scores, strict=True)):
         yield wire.ExecuteResponse(
@@ -180,8 +183,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             saved_tokens=result.num_saved_tokens,
             passes=result.num_launches,
             shared_passes=result.num_shared_passes,
+            cache_hit_tokens=result.cache_hit_tokens,
             queue_ms=round(result.queue_seconds * 1e3, 3),
             latency_ms=round((time.perf_counter() - started) * 1e3, 3),
             **fields,
         )
+        # cache hits are not part of the public contract (metadata.prefix_cache counts reuse
+        # inside the request): they travel as trailing metadata, beside logs and metrics
+        context.set_trailing_metadata(((CACHE_HIT_TOKENS_KEY, str(result.cache_hit_tokens)),))
         yield from _responses(result)

@@ -173,11 +173,12 @@ def _worker_status(pair, request_id: str, timeout: float = 20.0) -> str:
 
 @pytest.fixture(scope="module")
 def busy(demo_model, tmp_path_factory, http_pair_factory):
-    """One sequence per launch, nothing may wait: a long request keeps the worker busy for seconds."""
+    """One sequence per launch, nothing may wait: a long request keeps the worker busy for seconds
+    (each time: no state cache, so a resent long request costs the whole computation again)."""
     started = http_pair_factory(
         demo_model,
         tmp_path_factory.mktemp("http-busy"),
-        worker_args=["--max-launch-sequences", "1", "--queue-capacity", "0"],
+        worker_args=["--max-launch-sequences", "1", "--queue-capacity", "0", "--state-cache-bytes", "0"],
     )
     yield started
     started.pair.stop()

@@ -159,6 +159,10 @@ def main(argv: list[str] | None = None) -> None:
     tree_tokens = {n: t[1] for n, t in prepare.token_counts(swept, candidates_of).items()}
     tree_tokens |= {n: t[1] for n, t in tokens.items()}
     worker_args = shlex.split(args.worker_args)
+    if not any(a.startswith("--state-cache-bytes") for a in worker_args):
+        # the blocks replay the same requests: with the state cache on they would time cache
+        # hits, not requests (pass --state-cache-bytes in --worker-args to measure it)
+        worker_args += ["--state-cache-bytes", "0"]
     config = prepare.model_config(args.model, worker_args)
     ceilings, floors = prepare.measure_floors(config, tokens)
     extra = []

@@ -51,8 +51,9 @@ def choose(m: int, n: int, k: int) -> GemmVariant:
 
 # Rows up to which gemm_stream (chosen variant) was faster than the runner's cuBLAS call, per
 # 27B weight shape (N, K), at the row counts measured (1, 8, 16, 32, 64, 74, 128, 256, and 80
-# for down; H200, docs/cuda-kernels.md). Graph passes have 80 rows for 65-80 tokens. 0: cuBLAS at every row count. The down product gains most: cuBLAS
-# splits its K below a few hundred rows, so the runner pads those products (gemm.py).
+# for down; H200, docs/cuda-kernels.md). Graph passes have 80 rows for 65-80 tokens. 0: cuBLAS
+# at every row count. The down product gains most: cuBLAS splits its K below 352 rows, so the
+# runner pads those products (gemm.py).
 STREAM_ROWS = {
     (16480, 5120): 32,  # GDN in
     (5120, 6144): 0,  # GDN out, attention out

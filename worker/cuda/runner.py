@@ -50,6 +50,9 @@ DEFAULT_PASS_DEPTH = 8  # tree levels one pass holds with the serial GDN kernel
 
 class CudaRunner:
     backend = "cuda"
+    # every policy is bit-identical to `off` here (token-serial GDN, or chunks at absolute
+    # positions with a tail; attention tiles aligned to the sequence start): any cut is exact
+    state_cut_anywhere = True
 
     def __init__(
         self,
@@ -134,6 +137,16 @@ class CudaRunner:
     def reference_weights(self):
         """The torch reference's ModelWeights, as views of this runner's weights."""
         return plain_weights(self.config, self.embed, self.layers, self.final_norm)
+
+    def cacheable_state(self, state: CudaSegmentState) -> tuple[CudaSegmentState, int]:
+        """The state as the state cache keeps it (as is: its GDN tensors are per-run clones, its
+        K/V rows per-node clones) and its bytes: the GDN tensors plus the K/V of its whole
+        lineage, counted per entry even where entries share ancestors (so the budget is an
+        upper bound of what the cache pins)."""
+        tensors = [t for layer in state.gdn.values() for t in layer if t is not None]
+        tensors += [t for node in state.kv.lineage() for kv in node.kv.values() for t in kv]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return state, sum(storages.values())
 
     # ---- one pass -------------------------------------------------------------------------
     def run_launch(self, runs: Sequence[SegmentRun]) -> list[SegmentResult]:

@@ -144,12 +144,18 @@ def gated_delta_rule(
     return out.transpose(0, 1).to(v.dtype), s
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, q_offset: int, block_rows: int = 512) -> Tensor:
+# Query rows per attention block, counted from the segment's start. Equal to the GDN chunk so that
+# cutting a segment at a multiple of 64 tokens from its start leaves every block (and so every
+# bit) where it was: the state cache cuts there (openjev.worker.cache.keys).
+ATTENTION_BLOCK_ROWS = GDN_CHUNK_TOKENS
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, q_offset: int, block_rows: int = ATTENTION_BLOCK_ROWS) -> Tensor:
     """Causal GQA attention of a segment's queries over its ancestors' keys and its own.
     q: [T, Hq, D]; k, v: [S, Hkv, D] with S = q_offset + T (ancestors first). Query i sees
     keys 0..q_offset+i. Query head h reads kv head h // (Hq / Hkv). Scale D^-0.5.
     Returns [T, Hq, D] in q.dtype (softmax in fp32). Queries go block_rows at a time so the score
-    matrix stays [Hq, block_rows, S] even for 16k-token prompts."""
+    matrix stays [Hq, block_rows, S] even for 16k-token prompts; a query's bits depend on its block."""
     seq_len, num_q_heads, head_dim = q.shape
     num_keys, num_kv_heads = k.shape[0], k.shape[1]
     if num_keys != q_offset + seq_len:

@@ -3,6 +3,7 @@ held to. It loads an export, packs each launch's segments and runs them in one f
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from openjev.worker.checkpoint.config import ModelConfig, load_model_config
 from openjev.worker.checkpoint.weights import load_weights
 from openjev.worker.model import ops
 from openjev.worker.model.backbone import forward, pack
-from openjev.worker.model.state import SegmentState
+from openjev.worker.model.state import AttentionState, GdnState, SegmentState
 from openjev.worker.runner_api import SegmentResult, SegmentRun, pass_depths
 
 
@@ -24,6 +25,9 @@ class TorchRunner:
 
     backend = "torch"
     max_pass_depth = 1 << 16  # the mixers take a pass's segments level by level, parents first
+    # GDN chunks and attention query blocks run from each segment's start (ops.py): a segment
+    # may be cut exactly only on that 64-token grid (openjev.worker.cache.keys)
+    state_cut_anywhere = False
 
     def __init__(self, model_dir: Path, *, dtype: torch.dtype = torch.float32, num_threads: int | None = None):
         if num_threads is not None:
@@ -69,6 +73,18 @@ class TorchRunner:
         ]
         return hidden, states
 
+    def cacheable_state(self, state: SegmentState) -> tuple[SegmentState, int]:
+        """The state as the state cache keeps it, and its bytes: tensors that are views of a
+        pass's buffers (a root segment's keys) are copied, so the cache pins only its own bytes."""
+        layers = tuple(
+            GdnState(_own(layer.conv_window), _own(layer.recurrent))
+            if isinstance(layer, GdnState)
+            else AttentionState(_own(layer.keys), _own(layer.values))
+            for layer in state.layers
+        )
+        nbytes = sum(getattr(layer, f.name).nbytes for layer in layers for f in dataclasses.fields(layer))
+        return SegmentState(state.num_tokens, layers), nbytes
+
     def run_launch(self, runs: Sequence[SegmentRun]) -> list[SegmentResult]:
         hidden, states = self.final_hidden(runs)
         rows = iter(hidden)
@@ -77,3 +93,10 @@ class TorchRunner:
             score = ops.head_score(next(rows), self.head_weight, self.meta.head_bias) if run.read_head else None
             results.append(SegmentResult(state=state if run.keep_state else None, head_score=score))
         return results
+
+
+def _own(tensor: Tensor) -> Tensor:
+    """The tensor itself if it owns exactly its storage, else a compact copy (same bits)."""
+    if tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.nbytes:
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
