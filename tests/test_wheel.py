@@ -108,6 +108,16 @@ def test_wheel_holds_the_kernels_and_type_marker(wheel):
     assert {n.split("/")[0] for n in names if not n.startswith("openjev_serve-")} == {"openjev"}
 
 
+def test_wheel_holds_every_package_of_the_source_tree(wheel):
+    # pyproject lists packages one by one: a new folder left out installs without it
+    roots = {"common": "openjev", "frontend": "openjev/frontend", "worker": "openjev/worker", "tools": "openjev/tools"}
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for folder, package in roots.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            relative = init.relative_to(REPO / folder).as_posix()
+            assert f"{package}/{relative}" in names, f"{folder}/{relative} is not in the wheel (pyproject packages)"
+
+
 def test_base_install_has_no_worker_dependencies(base_env):
     for module in ("torch", "numpy", "safetensors"):
         done = subprocess.run([base_env, "-c", f"import {module}"], capture_output=True, check=False)
