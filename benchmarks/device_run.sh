@@ -24,6 +24,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fla .whl/fla_core-*.whl \
   .whl/flash_linear_attention-*.whl || true
 # The package itself, non-editable (its folders map onto the openjev namespace; the image has setuptools).
+# A warm machine keeps /tmp from the call before, and pip --target does not replace what is there.
+rm -rf /tmp/oj
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --target /tmp/oj . \
   || exit 1
 export PYTHONPATH=/tmp/oj:/tmp/site
