@@ -1,8 +1,7 @@
 """One forward pass of the hybrid backbone over a launch of packed segments.
 
 Pre-norm residual layers; the layer kind comes from config.layer_types. Dense work (norms,
-projections, MLP) runs once over all rows [T_total, D]; the GDN mixer goes one tree level of
-segments at a time, attention one segment at a time. After the last
+projections, MLP) runs once over all rows [T_total, D]; mixers loop over segments. After the last
 layer's mixer only the rows the head reads go on: the rest feed nothing (states come from mixer
 inputs), so the last MLP and the final norm skip them.
 """

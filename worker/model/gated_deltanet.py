@@ -1,7 +1,7 @@
 """The Gated DeltaNet (linear attention) mixer over a launch's packed rows.
 
-Dense projections run once over all rows; the conv and the delta rule run one tree level of
-segments at a time (gdn_segments), each segment continuing from its parent's GdnState.
+Dense projections run once over all rows; the conv and the delta rule run per segment, each
+continuing from its parent's GdnState.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torch import Tensor
 
 from openjev.worker.checkpoint.config import ModelConfig
 from openjev.worker.checkpoint.weights import GdnWeights
-from openjev.worker.model import gdn_segments, ops
+from openjev.worker.model import ops
 from openjev.worker.model.state import GdnState
 
 
@@ -56,36 +56,17 @@ def gdn_mixer(
     g, beta = decay_and_beta(h @ w.in_proj_a.T, h @ w.in_proj_b.T, w)
 
     core = h.new_empty(h.shape[0], config.linear_num_value_heads, config.linear_value_head_dim)
-    states: list[GdnState | None] = [None] * len(spans)
-    for level in _levels(parent_states):  # in-pass parents' final states before their children
-        parents = [
-            states[source] if isinstance(source, int) else source for source in (parent_states[i] for i in level)
-        ]
-        level_spans = [spans[i] for i in level]
-        conv_out, windows = gdn_segments.causal_conv1d_segments(
-            mixed_qkv, level_spans, w.conv_weight, [None if p is None else p.conv_window for p in parents]
+    states: list[GdnState] = []
+    for (start, end), source in zip(spans, parent_states, strict=True):
+        parent = states[source] if isinstance(source, int) else source
+        conv_out, window = ops.causal_conv1d(
+            mixed_qkv[start:end], w.conv_weight, None if parent is None else parent.conv_window
         )
-        rows = torch.cat([torch.arange(start, end) for start, end in level_spans])
         q, k, v = split_qkv(conv_out, config)
-        core[rows], finals = gdn_segments.gated_delta_rule_segments(
-            q,
-            k,
-            v,
-            g[rows],
-            beta[rows],
-            [end - start for start, end in level_spans],
-            [None if p is None else p.recurrent for p in parents],
+        core[start:end], recurrent = ops.gated_delta_rule(
+            q, k, v, g[start:end], beta[start:end], None if parent is None else parent.recurrent
         )
-        for i, window, final in zip(level, windows, finals, strict=True):
-            states[i] = GdnState(conv_window=window, recurrent=final)
+        states.append(GdnState(conv_window=window, recurrent=recurrent))
 
     normed = ops.gated_rms_norm(core, z, w.norm_weight, config.rms_norm_eps)
-    return normed.flatten(1) @ w.out_proj.T, [state for state in states if state is not None]
-
-
-def _levels(parent_states: Sequence[GdnState | int | None]) -> list[list[int]]:
-    """Segment indices grouped by depth in the pass (0: parent from an earlier pass or none)."""
-    depth: list[int] = []
-    for source in parent_states:
-        depth.append(depth[source] + 1 if isinstance(source, int) else 0)
-    return [[i for i, d in enumerate(depth) if d == level] for level in range(max(depth, default=-1) + 1)]
+    return normed.flatten(1) @ w.out_proj.T, states

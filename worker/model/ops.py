@@ -97,29 +97,28 @@ def gated_delta_rule_recurrent(
 
 def _delta_rule_chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s: Tensor) -> tuple[Tensor, Tensor]:
     """One chunk of the gated delta rule in matrix form (WY / UT transform).
-    q, k: [..., C, Dk]; v: [..., C, Dv]; g, beta: [..., C]; s: [..., Dk, Dv]; all fp32 (leading
-    dims: heads, or segments x heads).
+    q, k: [H, C, Dk]; v: [H, C, Dv]; g, beta: [H, C]; s: [H, Dk, Dv]; all fp32.
 
     Within the chunk, with G_t = sum_{j<=t} g_j and u_t the value written at step t:
         S_t = e^{G_t} S_0 + sum_{j<=t} e^{G_t - G_j} k_j u_j^T
         u_t = beta_t (v_t - e^{G_t} S_0^T k_t - sum_{j<t} e^{G_t - G_j} (k_t.k_j) u_j)
     so (I + A) U = beta V - beta e^G K S_0 with A strictly lower triangular; one triangular
     solve gives all u_t, then outputs and the end state are matrix products."""
-    chunk_len = q.shape[-2]
-    cum_g = g.cumsum(-1)  # [..., C]
+    chunk_len = q.shape[1]
+    cum_g = g.cumsum(-1)  # [H, C]
     causal = torch.ones(chunk_len, chunk_len, dtype=torch.bool, device=q.device).tril()
-    # decay[.., t, j] = e^{G_t - G_j} for j <= t; masked before exp so j > t cannot overflow.
-    decay = (cum_g[..., :, None] - cum_g[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    # decay[h, t, j] = e^{G_t - G_j} for j <= t; masked before exp so j > t cannot overflow.
+    decay = (cum_g[:, :, None] - cum_g[:, None, :]).masked_fill(~causal, float("-inf")).exp()
     strictly_below = torch.ones(chunk_len, chunk_len, dtype=torch.bool, device=q.device).tril(-1)
-    # A[.., t, j] = beta_t e^{G_t - G_j} (k_t . k_j) for j < t.
-    strictly_lower = (beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay).masked_fill(~strictly_below, 0.0)
+    # A[h, t, j] = beta_t e^{G_t - G_j} (k_t . k_j) for j < t.
+    strictly_lower = (beta[:, :, None] * (k @ k.transpose(-1, -2)) * decay).masked_fill(~strictly_below, 0.0)
     system = strictly_lower + torch.eye(chunk_len, device=q.device)
-    rhs = beta[..., :, None] * (v - (cum_g.exp()[..., :, None] * k) @ s)  # [..., C, Dv]
+    rhs = beta[:, :, None] * (v - (cum_g.exp()[:, :, None] * k) @ s)  # [H, C, Dv]
     u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-    scores = (q @ k.transpose(-1, -2)) * decay  # [..., C, C], zero above the diagonal
-    out = (cum_g.exp()[..., :, None] * q) @ s + scores @ u
-    end_decay = (cum_g[..., -1:] - cum_g).exp()  # e^{G_C - G_j}: [..., C]
-    s_end = cum_g[..., -1].exp()[..., None, None] * s + (end_decay[..., :, None] * k).transpose(-1, -2) @ u
+    scores = (q @ k.transpose(-1, -2)) * decay  # [H, C, C], zero above the diagonal
+    out = (cum_g.exp()[:, :, None] * q) @ s + scores @ u
+    end_decay = (cum_g[:, -1:] - cum_g).exp()  # e^{G_C - G_j}: [H, C]
+    s_end = cum_g[:, -1].exp()[:, None, None] * s + (end_decay[:, :, None] * k).transpose(-1, -2) @ u
     return out, s_end
 
 

@@ -24,7 +24,7 @@ class TorchRunner:
     activations (the GDN recurrent state and the head are fp32 regardless)."""
 
     backend = "torch"
-    max_pass_depth = 1 << 16  # the mixers take a pass's segments level by level, parents first
+    max_pass_depth = 1 << 16  # the mixers walk a pass's segments in order, parents first
     # GDN chunks and attention query blocks run from each segment's start (ops.py): a segment
     # may be cut exactly only on that 64-token grid (openjev.worker.cache.keys)
     state_cut_anywhere = False

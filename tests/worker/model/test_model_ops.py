@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from openjev.worker.model import gdn_segments, ops
+from openjev.worker.model import ops
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -133,62 +131,3 @@ def test_head_score_accumulates_in_fp64_rounds_to_fp32():
     got = ops.head_score(hidden, weight, bias)
     assert got == want
     assert got == float(torch.tensor(got, dtype=torch.float32))  # an fp32 value
-
-
-# The GDN conv and delta rule over many segments at once (gdn_segments): the same math as the
-# per-segment references, and every segment's bits independent of the segments beside it.
-HEADS, KEY_DIM, VALUE_DIM, CHANNELS = 4, 32, 32, 256  # the demo model's GDN widths
-
-
-def segments(rng: random.Random, count: int) -> list[dict]:
-    out = []
-    for _ in range(count):
-        n = rng.choice([1, 3, 17, 63, 64, 65, 130, rng.randint(1, 200)])
-        q, k, v, g, beta = delta_rule_inputs(n, HEADS, KEY_DIM, VALUE_DIM)
-        state = torch.randn(HEADS, KEY_DIM, VALUE_DIM) if rng.random() < 0.5 else None
-        window = torch.randn(3, CHANNELS) if rng.random() < 0.5 else None
-        out.append(dict(q=q, k=k, v=v, g=g, beta=beta, state=state, x=torch.randn(n, CHANNELS), window=window))
-    return out
-
-
-def run_together(segs: list[dict], weight: torch.Tensor):
-    cat = lambda name: torch.cat([s[name] for s in segs])  # noqa: E731
-    lengths = [s["q"].shape[0] for s in segs]
-    o, finals = gdn_segments.gated_delta_rule_segments(
-        cat("q"), cat("k"), cat("v"), cat("g"), cat("beta"), lengths, [s["state"] for s in segs]
-    )
-    x = cat("x")
-    spans, at = [], 0
-    for n in lengths:
-        spans.append((at, at + n))
-        at += n
-    conv, windows = gdn_segments.causal_conv1d_segments(x, spans, weight, [s["window"] for s in segs])
-    return o.split(lengths), finals, conv.split(lengths), windows
-
-
-@pytest.mark.parametrize("seed", [0, 1])
-def test_segments_match_the_per_segment_references(seed):
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    segs = segments(rng, 6)
-    weight = torch.randn(CHANNELS, 4)
-    outs, finals, convs, windows = run_together(segs, weight)
-    for s, o, final, conv, window in zip(segs, outs, finals, convs, windows, strict=True):
-        want_o, want_s = ops.gated_delta_rule(s["q"], s["k"], s["v"], s["g"], s["beta"], s["state"])
-        assert rel_err(o, want_o) < 1e-5 and rel_err(final, want_s) < 1e-5
-        want_conv, want_window = ops.causal_conv1d(s["x"], weight, s["window"])
-        assert rel_err(conv, want_conv) < 1e-6
-        assert torch.equal(window, want_window)
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_segments_bits_do_not_depend_on_its_company(seed):
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    segs = segments(rng, 7)
-    weight = torch.randn(CHANNELS, 4)
-    together = run_together(segs, weight)
-    for i, seg in enumerate(segs):
-        alone = run_together([seg], weight)
-        for got, want in zip(together, alone, strict=True):
-            assert torch.equal(got[i], want[0])
