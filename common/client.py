@@ -64,8 +64,14 @@ def response_to_json(response: api.DecideResponse) -> dict[str, Any]:
 class Client:
     """One persistent channel to a frontend."""
 
-    def __init__(self, address: str):
-        self.channel = grpc.insecure_channel(address, options=serving.channel_options())
+    def __init__(self, address: str, credentials: grpc.ChannelCredentials | None = None):
+        """credentials: TLS (grpc.ssl_channel_credentials) for a frontend serving TLS; None: plaintext."""
+        options = serving.channel_options()
+        self.channel = (
+            grpc.insecure_channel(address, options=options)
+            if credentials is None
+            else grpc.secure_channel(address, credentials, options=options)
+        )
         self.stub = decision_pb2_grpc.DecisionServiceStub(self.channel)
 
     def decide(

@@ -1,14 +1,16 @@
-# Open-Jev worker: one per GPU. CUDA runtime + torch + CuPy; the kernels in cuda/*.cu are
-# compiled by CuPy (NVRTC) at start, so the image carries them as source.
+# Open-Jev worker: one per GPU. torch, CuPy and CUDA's user-space libraries all come from PyPI
+# wheels (PyPI's Linux torch 2.13 is the CUDA 13 build; its nvidia-* wheels, plus NVRTC, the
+# runtime and crt headers through the cuda extra); the driver (libcuda) is the host's, mounted by
+# the NVIDIA container toolkit. CuPy compiles the kernels (cuda/*.cu, package data) with NVRTC at
+# start; the build already compiles each once without a GPU (offline_compile), so an image that
+# could not compile them is never built. About 2.8 GB of wheels, 8 GB installed: docs/deploy.md.
 #   docker build -f deploy/worker.Dockerfile -t openjev-worker .
-FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04
+# BASE_IMAGE: any image with Python >= 3.11 as `python` and pip, no CUDA needed (where no registry
+# is reachable, deploy/base-image/build.sh makes one from Debian's packages).
+ARG BASE_IMAGE=python:3.12-slim
+FROM ${BASE_IMAGE}
 
-ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv \
- && rm -rf /var/lib/apt/lists/* \
- && python3 -m venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 # Every package folder: the distribution maps them all into the one `openjev` namespace.
 COPY pyproject.toml README.md ./
@@ -17,12 +19,11 @@ COPY frontend ./frontend
 COPY worker ./worker
 COPY tools ./tools
 COPY cuda ./cuda
-# The cuda extra: the worker's dependencies plus cupy-cuda12x, which compiles the kernels
-# (package data, openjev/kernels/*.cu). torch from PyPI is the CUDA 12 build on Linux.
+# One layer: Docker's vfs storage driver copies the whole filesystem for every layer.
 RUN pip install ".[cuda]" \
  && rm -rf /app/* \
- && useradd --system --uid 10001 --create-home --home-dir /home/openjev openjev \
- && mkdir -p /var/lib/openjev/demo-model && chown 10001:10001 /var/lib/openjev/demo-model
+ && cd / && python -m openjev.worker.cuda.offline_compile \
+ && useradd --system --uid 10001 --create-home --home-dir /home/openjev openjev
 
 # Non-root; the export is mounted read-only at /models/open-jev. CuPy's compiled-kernel cache
 # goes to a writable tmp directory, never next to the model.

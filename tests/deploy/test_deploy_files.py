@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from openjev import healthcheck
 from openjev.config import env_name
 from openjev.frontend.main import parser as frontend_parser
 from openjev.frontend.worker_targets import parse_worker_targets
@@ -86,6 +87,31 @@ def compose() -> dict:
     return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
 
 
+RESET = object()
+
+
+class ComposeLoader(yaml.SafeLoader):
+    """Compose's merge tags: `!reset` removes what the file before it set."""
+
+
+ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
+# Read by the health check in each container, not by the server.
+HEALTHCHECK_ENV = {healthcheck.ENV_PREFIX + flag.upper() for flag in healthcheck.TLS_FLAGS}
+# The servers' plaintext opt-in (branch h14); ignored by servers that have no such flag yet.
+PLAINTEXT_ENV = "OPENJEV_PLAINTEXT"
+TLS_ENV = {
+    launch.WORKER_MODULE: {"OPENJEV_TLS_CERT", "OPENJEV_TLS_KEY", "OPENJEV_TLS_CLIENT_CA"},
+    launch.FRONTEND_MODULE: {
+        "OPENJEV_TLS_CERT",
+        "OPENJEV_TLS_KEY",
+        "OPENJEV_WORKER_TLS_CA",
+        "OPENJEV_WORKER_TLS_CERT",
+        "OPENJEV_WORKER_TLS_KEY",
+    },
+}
+SERVICES = {"worker": "worker", "worker-cpu": "worker", "frontend": "frontend", "frontend-cpu": "frontend"}
+
+
 def test_compose_brings_up_worker_then_frontend_healthy():
     services = compose()["services"]
     for frontend, worker in (("frontend", "worker"), ("frontend-cpu", "worker-cpu")):
@@ -93,7 +119,7 @@ def test_compose_brings_up_worker_then_frontend_healthy():
         assert f["depends_on"] == {worker: {"condition": "service_healthy"}}
         assert set(f["profiles"]) == set(w["profiles"])
         for service, module in ((f, launch.FRONTEND_MODULE), (w, launch.WORKER_MODULE)):
-            assert set(service["environment"]) <= env_vars(module)
+            assert set(service["environment"]) <= env_vars(module) | HEALTHCHECK_ENV
             listen_port = service["environment"]["OPENJEV_LISTEN"].rsplit(":", 1)[1]
             assert service["healthcheck"]["test"] == [
                 "CMD",
@@ -108,7 +134,7 @@ def test_compose_brings_up_worker_then_frontend_healthy():
                 "deploy/frontend.Dockerfile",
             )
             assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).exists()
-            mounts = [v.split(":") for v in service["volumes"]]
+            mounts = [v.split(":") for v in service["volumes"] if not v.endswith(":/certs:ro")]
             model_dir = service["environment"]["OPENJEV_MODEL"]
             assert any(m[-1] == "ro" and model_dir.startswith(m[-2]) for m in mounts), "model mount read-only"
         # The HTTP API is on in compose, on a published port.
@@ -158,12 +184,95 @@ def test_kubernetes_manifests():
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert args["--listen"] == f"0.0.0.0:{ports['grpc']}"
         assert int(args["--metrics-port"]) == ports["metrics"]
-        assert container["readinessProbe"]["grpc"]["port"] == ports["grpc"]
         assert all(m["readOnly"] for m in container["volumeMounts"] if m["mountPath"] == "/models/open-jev")
     service = by_kind[("Service", "openjev-worker")]["spec"]
     assert service["clusterIP"] == "None"  # headless: DNS answers every ready worker
     target = parse_worker_targets(dict(zip(frontend["args"][::2], frontend["args"][1::2], strict=True))["--worker"])
     assert target.name == "openjev-worker" and target.port == service["ports"][0]["port"]
+
+
+@pytest.mark.parametrize(("kind", "name"), [("StatefulSet", "openjev-worker"), ("Deployment", "openjev-frontend")])
+def test_kubernetes_tls_from_a_secret_and_probes_over_tls(kind, name):
+    """TLS flags name files of a Secret mounted read-only; the probes run the health check over
+    TLS against the gRPC port, trusting the same CA, naming the certificate's Service name."""
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in k8s_documents()}
+    pod = by_kind[(kind, name)]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    module = launch.WORKER_MODULE if kind == "StatefulSet" else launch.FRONTEND_MODULE
+    args = dict(zip(container["args"][::2], container["args"][1::2], strict=True))
+    tls = {flag for flag in args if "tls" in flag}
+    assert {env_name(flag[2:].replace("-", "_")) for flag in tls} == TLS_ENV[module]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "tls")
+    assert mount["readOnly"] and all(args[flag].startswith(mount["mountPath"] + "/") for flag in tls)
+    secret = next(v for v in pod["volumes"] if v["name"] == "tls")["secret"]
+    assert secret["secretName"] == f"{name}-tls" and secret["defaultMode"] == 0o440
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]  # the key is readable
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    probes = [container[p] for p in ("startupProbe", "readinessProbe", "livenessProbe") if p in container]
+    assert "readinessProbe" in container
+    for probe in probes:
+        if "tcpSocket" in probe:
+            assert probe["tcpSocket"]["port"] == ports["grpc"]
+            continue
+        command = probe["exec"]["command"]
+        assert command[:3] == ["python", "-m", "openjev.healthcheck"]
+        parsed = healthcheck.parser().parse_args(command[3:])
+        assert parsed.address == f"127.0.0.1:{ports['grpc']}"
+        assert str(parsed.tls_ca) == args.get("--tls-client-ca", args.get("--worker-tls-ca"))
+        assert parsed.tls_server_name == name  # the Service name the certificate carries
+        if module == launch.WORKER_MODULE:  # mTLS: the probe presents a certificate
+            assert (str(parsed.tls_cert), str(parsed.tls_key)) == (args["--tls-cert"], args["--tls-key"])
+        assert probe["timeoutSeconds"] > parsed.timeout
+
+
+def test_compose_serves_tls_with_mounted_certificates():
+    """Both profiles: the frontend serves TLS and dials workers with a client certificate, the
+    workers require one; every certificate path lies in a read-only mount at /certs of that
+    process's own folder of OPENJEV_CERTS_DIR; the health checks speak TLS with the same files."""
+    services = compose()["services"]
+    for name, process in SERVICES.items():
+        service = services[name]
+        module = ENTRY[process]
+        env = service["environment"]
+        assert TLS_ENV[module] <= set(env)
+        assert f"${{OPENJEV_CERTS_DIR:-./certs}}/{process}:/certs:ro" in service["volumes"]
+        paths = [env[k] for k in TLS_ENV[module] | (HEALTHCHECK_ENV & set(env))]
+        assert all(path.startswith("/certs/") for path in paths)
+        assert env["OPENJEV_HEALTHCHECK_TLS_CA"] == env.get("OPENJEV_TLS_CLIENT_CA", env.get("OPENJEV_WORKER_TLS_CA"))
+        if process == "worker":
+            assert env["OPENJEV_HEALTHCHECK_TLS_CERT"] == env["OPENJEV_TLS_CERT"]
+
+
+def test_compose_plaintext_override_removes_every_tls_setting():
+    """`-f docker-compose.plaintext.yml`: the same services with no certificate setting left and
+    the plaintext opt-in set, so no process is half on TLS."""
+    base = compose()["services"]
+    override = yaml.load((DEPLOY / "docker-compose.plaintext.yml").read_text(), Loader=ComposeLoader)["services"]
+    assert set(override) == set(SERVICES)
+    for name, process in SERVICES.items():
+        env = override[name]["environment"]
+        reset = {k for k, v in env.items() if v is RESET}
+        assert reset == {k for k in base[name]["environment"] if k in TLS_ENV[ENTRY[process]] | HEALTHCHECK_ENV}
+        assert {k: v for k, v in env.items() if v is not RESET} == {PLAINTEXT_ENV: "1"}
+
+
+def test_dev_certificate_script_layout(tmp_path):
+    """deploy/make-dev-certs.sh: one folder per process in a Kubernetes TLS Secret's layout, each
+    certificate signed by the CA and naming the compose and Kubernetes names (the running check
+    is tests/deploy/test_dev_certs.py)."""
+    subprocess.run([str(DEPLOY / "make-dev-certs.sh"), str(tmp_path), "10.1.2.3"], check=True, capture_output=True)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
+        "ca.crt", "frontend/ca.crt", "frontend/tls.crt", "frontend/tls.key",
+        "worker/ca.crt", "worker/tls.crt", "worker/tls.key",
+    ]  # fmt: skip
+    for process, names in (("frontend", ["frontend", "openjev-frontend"]), ("worker", ["worker", "openjev-worker"])):
+        show = ["openssl", "x509", "-noout", "-ext", "subjectAltName,extendedKeyUsage"]
+        text = subprocess.run(
+            [*show, "-in", str(tmp_path / process / "tls.crt")], check=True, capture_output=True, text=True
+        ).stdout
+        assert all(f"DNS:{n}," in text or text.rstrip().endswith(f"DNS:{n}") for n in names)
+        assert "IP Address:127.0.0.1" in text and "IP Address:10.1.2.3" in text
+        assert "TLS Web Server Authentication, TLS Web Client Authentication" in text
 
 
 def test_compose_commands_parse():
