@@ -13,7 +13,6 @@ import threading
 import time
 from pathlib import Path
 
-
 # dockerd lives in /usr/sbin, which a user's PATH may lack.
 SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 
