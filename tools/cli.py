@@ -1,6 +1,7 @@
 """`openjev`: the command-line client.
 
-  openjev decide REQUEST.json [--addr HOST:PORT] [--policy P]   print the contract response JSON
+  openjev decide REQUEST.json [--addr HOST:PORT] [--tls-ca CA.pem] [--policy P]
+                                                                 print the contract response JSON
   openjev tokenize REQUEST.json --model DIR                      print token ids per question and candidate
   openjev bench --model DIR --out DIR [...]                      the benchmark (openjev.tools.bench.main)
 Errors print the gRPC status and message and exit non-zero.
@@ -25,7 +26,10 @@ def _read(path: str) -> str:
 def cmd_decide(args) -> int:
     from openjev.client import Client
 
-    with Client(args.addr) as client:
+    credentials = None
+    if args.tls_ca is not None:
+        credentials = grpc.ssl_channel_credentials(root_certificates=args.tls_ca.read_bytes())
+    with Client(args.addr, credentials) as client:
         try:
             response = client.decide(_read(args.request), policy=args.policy, timeout=args.timeout)
         except grpc.RpcError as error:
@@ -63,6 +67,7 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("decide", help="send a contract request JSON, print the response JSON")
     d.add_argument("request", help="request JSON file ('-' for stdin)")
     d.add_argument("--addr", default="127.0.0.1:50051", help="frontend address")
+    d.add_argument("--tls-ca", type=Path, default=None, help="TLS, trusting this CA (PEM); default plaintext")
     d.add_argument("--policy", choices=PREFIX_POLICIES, default=None, help="prefix policy for this request")
     d.add_argument("--timeout", type=float, default=60.0, help="deadline in seconds")
     d.set_defaults(func=cmd_decide)

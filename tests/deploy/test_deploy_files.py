@@ -107,6 +107,7 @@ TLS_ENV = {
         "OPENJEV_WORKER_TLS_CA",
         "OPENJEV_WORKER_TLS_CERT",
         "OPENJEV_WORKER_TLS_KEY",
+        "OPENJEV_WORKER_TLS_SERVER_NAME",
     },
 }
 SERVICES = {"worker": "worker", "worker-cpu": "worker", "frontend": "frontend", "frontend-cpu": "frontend"}
@@ -203,7 +204,10 @@ def test_kubernetes_tls_from_a_secret_and_probes_over_tls(kind, name):
     tls = {flag for flag in args if "tls" in flag}
     assert {env_name(flag[2:].replace("-", "_")) for flag in tls} == TLS_ENV[module]
     mount = next(m for m in container["volumeMounts"] if m["name"] == "tls")
-    assert mount["readOnly"] and all(args[flag].startswith(mount["mountPath"] + "/") for flag in tls)
+    files = tls - {"--worker-tls-server-name"}
+    assert mount["readOnly"] and all(args[flag].startswith(mount["mountPath"] + "/") for flag in files)
+    if module == launch.FRONTEND_MODULE:  # each worker pod is probed by IP: the certificate's name is set
+        assert args["--worker-tls-server-name"] == parse_worker_targets(args["--worker"]).name
     secret = next(v for v in pod["volumes"] if v["name"] == "tls")["secret"]
     assert secret["secretName"] == f"{name}-tls" and secret["defaultMode"] == 0o440
     assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]  # the key is readable
@@ -236,8 +240,11 @@ def test_compose_serves_tls_with_mounted_certificates():
         env = service["environment"]
         assert TLS_ENV[module] <= set(env)
         assert f"${{OPENJEV_CERTS_DIR:-./certs}}/{process}:/certs:ro" in service["volumes"]
-        paths = [env[k] for k in TLS_ENV[module] | (HEALTHCHECK_ENV & set(env))]
+        paths = [env[k] for k in TLS_ENV[module] | (HEALTHCHECK_ENV & set(env)) if not k.endswith("_SERVER_NAME")]
         assert all(path.startswith("/certs/") for path in paths)
+        if process == "frontend":  # each worker is probed by IP: the certificate's name is set
+            worker = services[name.replace("frontend", "worker")]
+            assert env["OPENJEV_WORKER_TLS_SERVER_NAME"] in worker["networks"]["default"]["aliases"]
         assert env["OPENJEV_HEALTHCHECK_TLS_CA"] == env.get("OPENJEV_TLS_CLIENT_CA", env.get("OPENJEV_WORKER_TLS_CA"))
         if process == "worker":
             assert env["OPENJEV_HEALTHCHECK_TLS_CERT"] == env["OPENJEV_TLS_CERT"]

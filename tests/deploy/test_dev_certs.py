@@ -27,11 +27,13 @@ EXAMPLE = json.loads((REPO / "examples" / "contract_example.json").read_text())
 
 
 def tls_env(service: str, certs: Path) -> dict[str, str]:
-    """The service's certificate variables, /certs replaced by its folder of `certs`."""
+    """The service's TLS variables, /certs replaced by its folder of `certs` (the name the
+    frontend expects the workers' certificate to carry stays: the script's certificate has it)."""
     compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"][service]
     mount = next(v for v in compose["volumes"] if v.endswith(":/certs:ro"))
     folder = certs / mount.split(":/certs")[0].rsplit("/", 1)[1]
-    return {k: str(folder / Path(v).name) for k, v in compose["environment"].items() if str(v).startswith("/certs/")}
+    env = {k: str(v) for k, v in compose["environment"].items() if "_TLS_" in k}
+    return {k: str(folder / Path(v).name) if v.startswith("/certs/") else v for k, v in env.items()}
 
 
 def healthcheck(address: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -58,7 +60,10 @@ def tls_stack(demo_model, tmp_path_factory):
     subprocess.run([str(DEPLOY / "make-dev-certs.sh"), str(certs)], check=True, capture_output=True)
     workdir = tmp_path_factory.mktemp("stack")
     worker_env, frontend_env = tls_env("worker-cpu", certs), tls_env("frontend-cpu", certs)
-    worker = launch.start("worker", launch.WORKER_MODULE, ["--model", str(demo_model)], workdir=workdir, env=worker_env)
+    # As in compose: the health check dials the worker at 127.0.0.1, the frontend at another
+    # address its certificate does not name (there the container's IP; here 127.0.0.2).
+    worker_args = ["--model", str(demo_model), "--listen", "0.0.0.0:0"]
+    worker = launch.start("worker", launch.WORKER_MODULE, worker_args, workdir=workdir, env=worker_env)
     frontend = None
     try:
         wait_healthy(worker.address, worker_env)
@@ -66,7 +71,7 @@ def tls_stack(demo_model, tmp_path_factory):
         frontend = launch.start(
             "frontend",
             launch.FRONTEND_MODULE,
-            ["--model", str(demo_model), "--worker", worker.address, "--http-listen", http],
+            ["--model", str(demo_model), "--worker", f"127.0.0.2:{worker.port}", "--http-listen", http],
             workdir=workdir,
             env=frontend_env,
         )
@@ -96,6 +101,15 @@ def test_contract_example_over_tls_on_grpc_and_http(tls_stack):
     with Client(frontend.address, credentials) as client:
         answer = client.decide(EXAMPLE, timeout=60)
     assert list(answer["answers"]) == list(EXAMPLE["questions"])
+    cli = subprocess.run(
+        [sys.executable, "-m", "openjev.tools.cli", "decide", str(REPO / "examples" / "contract_example.json")]
+        + ["--addr", frontend.address, "--tls-ca", str(certs / "ca.crt")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert list(json.loads(cli.stdout)["answers"]) == list(EXAMPLE["questions"])
     tls = ssl.create_default_context(cafile=str(certs / "ca.crt"))
     reply = httpx.post(f"https://{http}/v1/systemone", json=EXAMPLE, timeout=60, verify=tls)
     assert reply.status_code == 200 and list(reply.json()["answers"]) == list(EXAMPLE["questions"])
