@@ -97,7 +97,7 @@ class ComposeLoader(yaml.SafeLoader):
 ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
 # Read by the health check in each container, not by the server.
 HEALTHCHECK_ENV = {healthcheck.ENV_PREFIX + flag.upper() for flag in healthcheck.TLS_FLAGS}
-# The servers' plaintext opt-in (branch h14); ignored by servers that have no such flag yet.
+# The servers' plaintext opt-in (--plaintext).
 PLAINTEXT_ENV = "OPENJEV_PLAINTEXT"
 TLS_ENV = {
     launch.WORKER_MODULE: {"OPENJEV_TLS_CERT", "OPENJEV_TLS_KEY", "OPENJEV_TLS_CLIENT_CA"},
@@ -261,6 +261,7 @@ def test_compose_plaintext_override_removes_every_tls_setting():
         reset = {k for k, v in env.items() if v is RESET}
         assert reset == {k for k in base[name]["environment"] if k in TLS_ENV[ENTRY[process]] | HEALTHCHECK_ENV}
         assert {k: v for k, v in env.items() if v is not RESET} == {PLAINTEXT_ENV: "1"}
+        assert PLAINTEXT_ENV in env_vars(ENTRY[process])
 
 
 def test_dev_certificate_script_layout(tmp_path):

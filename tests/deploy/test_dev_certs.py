@@ -1,7 +1,8 @@
 """The compose file's TLS settings, run for real without a container engine: certificates from
 deploy/make-dev-certs.sh, a worker and a frontend started with exactly the TLS environment the
 compose `cpu` services set (their /certs mount pointed at the script's folders), the health-check
-command the containers run (with their OPENJEV_HEALTHCHECK_* variables), and a client over TLS."""
+command the containers run (with their OPENJEV_HEALTHCHECK_* variables), and a client over TLS;
+and the plaintext override's environment, which must start both servers without certificates."""
 
 from __future__ import annotations
 
@@ -34,6 +35,14 @@ def tls_env(service: str, certs: Path) -> dict[str, str]:
     folder = certs / mount.split(":/certs")[0].rsplit("/", 1)[1]
     env = {k: str(v) for k, v in compose["environment"].items() if "_TLS_" in k}
     return {k: str(folder / Path(v).name) if v.startswith("/certs/") else v for k, v in env.items()}
+
+
+def plaintext_env(service: str) -> dict[str, str]:
+    """What docker-compose.plaintext.yml leaves of the service's TLS settings: its own variables."""
+    loader = type("ComposeLoader", (yaml.SafeLoader,), {})
+    loader.add_constructor("!reset", lambda loader, node: None)
+    override = yaml.load((DEPLOY / "docker-compose.plaintext.yml").read_text(), Loader=loader)
+    return {k: v for k, v in override["services"][service]["environment"].items() if v is not None}
 
 
 def healthcheck(address: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -115,3 +124,27 @@ def test_contract_example_over_tls_on_grpc_and_http(tls_stack):
     assert reply.status_code == 200 and list(reply.json()["answers"]) == list(EXAMPLE["questions"])
     with pytest.raises(httpx.HTTPError):  # no plaintext on the TLS port
         httpx.post(f"http://{http}/v1/systemone", json=EXAMPLE, timeout=10)
+
+
+def test_plaintext_override_starts_both_servers_without_certificates(demo_model, tmp_path):
+    worker = launch.start(
+        "worker", launch.WORKER_MODULE, ["--model", str(demo_model)], workdir=tmp_path, env=plaintext_env("worker-cpu")
+    )
+    frontend = None
+    try:
+        wait_healthy(worker.address, {})  # the health check with no TLS variable: plaintext
+        frontend = launch.start(
+            "frontend",
+            launch.FRONTEND_MODULE,
+            ["--model", str(demo_model), "--worker", worker.address],
+            workdir=tmp_path,
+            env=plaintext_env("frontend-cpu"),
+        )
+        wait_healthy(frontend.address, {})
+        with Client(frontend.address) as client:
+            assert list(client.decide(EXAMPLE, timeout=60)["answers"]) == list(EXAMPLE["questions"])
+        assert '"event": "plaintext"' in frontend.log_text()  # the opt-in warns
+    finally:
+        if frontend is not None:
+            frontend.stop()
+        worker.stop()
