@@ -76,24 +76,22 @@ def _load(address: str, stop: threading.Event, outcomes: list) -> None:
             outcomes.append((code, time.monotonic() - started))
 
 
-def test_worker_killed_or_stopped_under_load_never_hangs_a_request(demo_model, tmp_path):
-    port = launch.free_port()
-    metrics_port = launch.free_port()
-    worker_args = ["--listen", f"127.0.0.1:{port}", "--max-launch-sequences", "1"]
+def _start_pair(demo_model, tmp_path, worker_extra: list[str], frontend_extra: list[str]):
+    """A worker on a known port (the tests restart it there with the same arguments) and a frontend
+    that probes it every 0.5 s and caps its calls at CAP_SECONDS: (worker arguments, metrics port,
+    worker, frontend)."""
+    port, metrics_port = launch.free_port(), launch.free_port()
+    worker_args = ["--listen", f"127.0.0.1:{port}", *worker_extra]
     worker = launch.start_worker(demo_model, tmp_path, worker_args)
+    frontend_args = ["--worker-refresh-seconds", "0.5", "--worker-deadline-seconds", str(CAP_SECONDS)]
     frontend = launch.start_frontend(
-        demo_model,
-        worker.address,
-        tmp_path,
-        [
-            "--worker-refresh-seconds",
-            "0.5",
-            "--worker-deadline-seconds",
-            str(CAP_SECONDS),
-            "--metrics-port",
-            str(metrics_port),
-        ],
+        demo_model, worker.address, tmp_path, [*frontend_args, *frontend_extra, "--metrics-port", str(metrics_port)]
     )
+    return worker_args, metrics_port, worker, frontend
+
+
+def test_worker_killed_or_stopped_under_load_never_hangs_a_request(demo_model, tmp_path):
+    worker_args, metrics_port, worker, frontend = _start_pair(demo_model, tmp_path, ["--max-launch-sequences", "1"], [])
     outcomes: list = []
     try:
         launch.wait_serving(frontend.address)
@@ -152,24 +150,8 @@ def test_worker_killed_while_requests_are_refused_part_way_never_hangs_one(demo_
     """Over-limit requests (refused while tokenizing, their worker call never committed) in flight
     while the worker is killed, round after round: each ends within the frontend's cap, and the
     in-flight gauge returns to zero. Before the fix about one round in two left a request hung."""
-    port = launch.free_port()
-    metrics_port = launch.free_port()
-    worker_args = ["--listen", f"127.0.0.1:{port}"]
-    worker = launch.start_worker(demo_model, tmp_path, worker_args)
-    frontend = launch.start_frontend(
-        demo_model,
-        worker.address,
-        tmp_path,
-        [
-            "--worker-refresh-seconds",
-            "0.5",
-            "--worker-deadline-seconds",
-            str(CAP_SECONDS),
-            "--max-request-tokens",
-            str(TOKEN_LIMIT),
-            "--metrics-port",
-            str(metrics_port),
-        ],
+    worker_args, metrics_port, worker, frontend = _start_pair(
+        demo_model, tmp_path, [], ["--max-request-tokens", str(TOKEN_LIMIT)]
     )
     outcomes: list = []
     stop = threading.Event()
