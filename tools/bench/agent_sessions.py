@@ -35,8 +35,39 @@ from openjev.tools.bench import prepare, sessions, worker_log, workload
 from openjev.tools.bench.harness import Arm, _Client
 
 REPO = Path(__file__).resolve().parents[2]
-HIT_TOKENS = "openjev_worker_state_cache_hit_tokens_total"
-GAUGES = ("openjev_worker_state_cache_bytes", "openjev_worker_state_cache_budget_bytes")
+CACHE = "openjev_worker_state_cache_"
+COUNTERS = ("hit_tokens", "hits", "inserts", "evictions")  # each a `_total` sample
+
+
+class CacheWatch:
+    """The cache-on worker's state-cache series, read after each of its requests: the hit tokens
+    of that request, the largest `bytes` seen, the counters' growth since the watch began."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.first = self.last = self._read()
+        self.bytes_max = 0.0
+
+    def _read(self) -> dict[str, float]:
+        got = scrape(self.url)
+        return {name: got.get(f"{CACHE}{name}_total", 0.0) for name in COUNTERS} | {
+            "bytes": got.get(f"{CACHE}bytes", 0.0),
+            "budget_bytes": got.get(f"{CACHE}budget_bytes", 0.0),
+        }
+
+    def after_request(self) -> int:
+        now = self._read()
+        hit = int(now["hit_tokens"] - self.last["hit_tokens"])
+        self.last, self.bytes_max = now, max(self.bytes_max, now["bytes"])
+        return hit
+
+    def facts(self) -> dict:
+        grown = {name: self.last[name] - self.first[name] for name in COUNTERS}
+        return {
+            "bytes_max": self.bytes_max,
+            "bytes_now": self.last["bytes"],
+            "budget_bytes": self.last["budget_bytes"],
+        } | grown
 
 
 def parser() -> argparse.ArgumentParser:
@@ -116,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     pairs: dict[str, launch.Pair] = {}
     timings: list[sessions.Timing] = []
-    run: dict = {"cache_bytes_seen": [], "budget_bytes": None, "memory": {}}
+    run: dict = {"cache": {}, "memory": {}}
     try:
         for name in ("off", "on"):  # off first: on a GPU the on worker's default budget sees both loaded
             pairs[name] = launch.start_pair(
@@ -133,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         clients["nostate"] = _Client(Arm("nostate", pairs["off"].frontend.address, None))
         rng = random.Random(args.seed)
-        hits_before = scrape(url).get(HIT_TOKENS, 0.0)
+        watch = CacheWatch(url)
         for block in range(-1, args.blocks):
             for agent, k in steps:
                 session = built[agent]
@@ -145,19 +176,14 @@ def main(argv: list[str] | None = None) -> None:
                 for arm in rng.sample(list(clients), len(clients)):
                     case = workload.Case(f"a{agent}-r{k}", "session", arm, texts[arm])
                     sample = clients[arm].send(case, json.dumps(texts[arm], ensure_ascii=False), block, args.timeout)
-                    hit = 0
-                    if arm == "on":
-                        hits_now = scrape(url).get(HIT_TOKENS, 0.0)
-                        hit, hits_before = int(hits_now - hits_before), hits_now
+                    hit = watch.after_request() if arm == "on" else 0
                     if block >= 0:
                         timings.append(
                             sessions.Timing(arm, block, agent, k, sample.latency_seconds, sample.status, hit)
                         )
-            gauges = scrape(url)
-            run["cache_bytes_seen"].append(gauges.get(GAUGES[0]))
-            run["budget_bytes"] = gauges.get(GAUGES[1])
+            run["cache"] = c = watch.facts()
             save(args, argv, built, len(steps), timings, run)  # a run cut short keeps its blocks
-            say(f"block {block}: cache {gauges.get(GAUGES[0], 0) / 2**20:.1f} MiB of {run['budget_bytes'] / 2**20:.0f}")
+            say(f"block {block}: cache {c['bytes_now'] / 2**20:.1f} MiB of {c['budget_bytes'] / 2**20:.0f}")
         for client in clients.values():
             client.channel.close()
         for name, pair in pairs.items():
@@ -205,14 +231,14 @@ def _header(args, argv, built, per_block: int) -> list[str]:
 
 
 def _memory_lines(run: dict) -> list[str]:
-    seen = [b for b in run["cache_bytes_seen"] if b is not None]
-    budget = run["budget_bytes"]
+    c = run["cache"]
     lines = []
-    if seen and budget:
-        inside = "inside" if max(seen) <= budget else "OVER"
+    if c.get("budget_bytes"):
+        inside = "inside" if c["bytes_max"] <= c["budget_bytes"] else "OVER"
         lines.append(
-            f"Cache (cache-on worker, after each block): at most {max(seen) / 2**20:.1f} MiB of a "
-            f"{budget / 2**20:.0f} MiB budget ({inside} it)."
+            f"Cache (cache-on worker, read after each of its requests): at most {c['bytes_max'] / 2**20:.1f} MiB "
+            f"of a {c['budget_bytes'] / 2**20:.0f} MiB budget ({inside} it); warm-up included: "
+            f"{c['inserts']:.0f} inserts, {c['evictions']:.0f} evictions, {c['hits']:.0f} requests with a hit."
         )
     for name, m in run["memory"].items():
         parts = []
