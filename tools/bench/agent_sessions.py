@@ -109,12 +109,13 @@ def peak_rss_bytes(pid: int) -> int | None:
 
 def _commit() -> str:
     # the device machine's copy of the tree may not know its commit: the caller names it
-    return (
-        os.environ.get("OPENJEV_COMMIT")
-        or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
-        ).stdout.strip()
-    )
+    if os.environ.get("OPENJEV_COMMIT"):
+        return os.environ["OPENJEV_COMMIT"]
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    except OSError:
+        return ""
+    return done.stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> None:
