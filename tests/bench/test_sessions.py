@@ -36,6 +36,9 @@ def test_sessions_are_deterministic_and_within_bounds(built):
         grown = longest({"state": s.state, "questions": {"q": q}}) - longest(sessions.no_state(q))
         assert abs(grown - s.state_tokens) <= 2  # BPE may merge a token across the state's edge
     assert len({json.dumps(s.state, sort_keys=True) for s in first}) == 5
+    split = [c for c in workload.read_jsonl(WORKLOAD) if c.kind in ("choice", "noul", "score")]
+    asked = {json.dumps(q, sort_keys=True) for s in first + other for q in s.questions}
+    assert asked <= {json.dumps(q, sort_keys=True) for q in sessions.distinct_questions(split)}
     narrow = build(3, min_requests=4, max_requests=4, max_state_tokens=1500)
     assert all(len(s.questions) == 4 and s.state_tokens <= 1500 for s in narrow)
     with pytest.raises(ValueError, match="states of"):

@@ -1,8 +1,10 @@
 """Agent sessions from the workload, and what their timings say (issue 17's benchmark).
 
 An agent holds one state and asks 4-8 distinct questions about it, one request each, in sequence.
-Sessions are built from `benchmarks/workload.jsonl`: the states of its requests whose state is
-500-4,000 tokens long, and its distinct question objects. The runner is `agent_sessions.py`.
+Sessions are built from the JevBench split of `benchmarks/workload.jsonl` (its choice, noul and
+score requests; the capacity and multi-question cases probe limits, e.g. 33 options): the states
+of its requests that are 500-4,000 tokens long, and its distinct questions. The runner is
+`agent_sessions.py`.
 
 The no-state reference is the same question with `"state": ""`: the contract's empty state, which
 renders the prompt template with nothing in the state slot, so it is the least a question can cost
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from openjev.tools.bench.harness import percentile
+from openjev.tools.bench.report import JEVBENCH_KINDS
 from openjev.tools.bench.workload import Case
 
 TARGET_RATIO = 1.3  # later requests (cache on) / the same question with no state
@@ -85,6 +88,7 @@ def build_sessions(
     questions, all drawn with `seed`. Too few states or questions is an error, not fewer sessions."""
     if not 1 <= min_requests <= max_requests:
         raise ValueError(f"requests per session: {min_requests}..{max_requests}")
+    cases = [c for c in cases if c.kind in JEVBENCH_KINDS]
     questions = distinct_questions(cases)
     if len(questions) < max_requests:
         raise ValueError(f"the workload has {len(questions)} distinct questions, fewer than {max_requests}")
