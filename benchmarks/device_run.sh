@@ -5,6 +5,7 @@
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
 #   steps: tests gdn gates-chunked kernels capacity sweep gemm gemm-split gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
+#          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
 # bench-full a call of its own.
 # The device has no package registry: carry these wheels in .whl/ (git-ignored locally via
@@ -116,6 +117,17 @@ for step in "$@"; do
              tail -3 $OUT/bench-load.log
              [ -f $OUT/bench-load/report.md ] || python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
                --out $OUT/bench-load --report-only >/dev/null 2>>$OUT/bench-load.log ;;
+    # Issue 17 (expected ~5-6 min: two worker start-ups of ~115 s each, graph capture included; then a
+    # warm-up and 2 timed blocks of 6 agents x 4-8 requests over one 500-4,000-token state each, every
+    # step sent to the cache-off worker, the cache-on worker and, with no state, the cache-off worker:
+    # ~36 steps x ~0.4 s a block). Both workers share the GPU; the cache-off one starts first, so the
+    # cache-on one's default budget (half the memory free after its start-up) is measured with both
+    # loaded. A run cut short keeps its finished blocks in report.md / results.json.
+    agent-sessions) timeout 540 python3 -m openjev.tools.bench.agent_sessions --model .openjev/demo-model --workload $WL \
+             --out $OUT/agent-sessions --worker-args "--synthetic 27b" --agents 6 --blocks 2 --timeout 120 \
+             2>$OUT/agent-sessions.log | tail -30; tail -4 $OUT/agent-sessions.log
+             grep -h '"state_cache"\|"graphs_ready"\|"peak_memory"' /tmp/openjev-sessions-*/*/worker.log \
+               | tee -a $OUT/agent-sessions.log ;;
     profile) timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL \
              --out $OUT/profile.md 2>&1 | tail -30 ;;
   esac
