@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import tempfile
 import time
@@ -39,13 +40,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", type=Path, default=Path(".openjev/demo-model"))
     p.add_argument("--blocks", type=int, default=7)
     p.add_argument("--out", type=Path, default=None, help="write the raw timings here (JSON)")
+    p.add_argument("--worker-args", default="", help="more worker flags, e.g. '--threads 1'")
     args = p.parse_args(argv)
     bodies = requests()
     pair = launch.start_pair(
         # repeats of the same requests: the state cache would answer them from cached states
         args.model,
         Path(tempfile.mkdtemp(prefix="openjev-conc-")),
-        worker_args=["--state-cache-bytes", "0"],
+        worker_args=["--state-cache-bytes", "0", *shlex.split(args.worker_args)],
     )
     try:
         with Client(pair.frontend.address) as client, ThreadPoolExecutor(len(bodies)) as pool:

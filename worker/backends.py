@@ -29,6 +29,13 @@ def resolve_backend(requested: str) -> str:
     return requested
 
 
+# Models this narrow run faster on one torch thread: their products are too small for intra-op
+# threads to pay for their synchronisation, and the frontend on the same cores gets the other (the
+# demo model on 2 cores: 8 short requests 0.154 s in sequence with 1 thread, 0.264 s with 2;
+# docs/benchmarks/index.md). Wider models keep torch's default, one thread per core.
+ONE_THREAD_HIDDEN_SIZE = 1024
+
+
 def build_runner(
     backend: str,
     model_dir: Path,
@@ -44,8 +51,11 @@ def build_runner(
     if backend == "torch":
         if synthetic is not None:
             raise SystemExit("--synthetic needs a GPU (--backend cuda or transformers)")
+        from openjev.worker.checkpoint.config import load_model_config
         from openjev.worker.model.runner import TorchRunner
 
+        if threads is None and load_model_config(model_dir).hidden_size <= ONE_THREAD_HIDDEN_SIZE:
+            threads = 1
         return TorchRunner(model_dir, num_threads=threads)
     if backend == "transformers" and synthetic is None:
         import torch

@@ -97,7 +97,12 @@ def parser() -> argparse.ArgumentParser:
         default=16,
         help="Execute streams that may be arriving (not yet committed) beside the queue's requests",
     )
-    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads of the torch backend")
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="CPU threads of the torch backend (default: 1 for models of hidden size <= 1024, else one per core)",
+    )
     p.add_argument(
         "--graph-cache-size",
         type=non_negative_int,
