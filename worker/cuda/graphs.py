@@ -2,12 +2,12 @@
 
 A launch's many small kernels cost more in host launch overhead than on the GPU at short
 lengths; replaying a captured graph costs one launch. Inputs are padded by the caller to a shape
-bucket (`bucket`, `fine_bucket`), written into the graph's static input buffers, and the graph is
+bucket (`fine_bucket`), written into the graph's static input buffers, and the graph is
 replayed; the least recently used graph is dropped once `capacity` graphs are held.
 
 All graphs of one cache share one memory pool, so a graph costs its instantiated kernel list,
 not its own copy of every intermediate buffer. That is safe because the cache's graphs replay
-one at a time on one stream and each replay's outputs are copied out (`run`'s contract) before
+one at a time on one stream and each replay's outputs are copied out (`replay`'s contract) before
 another graph replays and reuses their memory as its scratch.
 """
 
@@ -22,14 +22,6 @@ import torch
 
 if TYPE_CHECKING:
     from torch.cuda.graphs import _POOL_HANDLE  # the type graph_pool_handle() returns
-
-
-def bucket(n: int, smallest: int = 16) -> int:
-    """The smallest power-of-two multiple of `smallest` that holds n."""
-    size = smallest
-    while size < n:
-        size *= 2
-    return size
 
 
 def fine_bucket(n: int, smallest: int = 16, steps: int = 8) -> int:
@@ -108,18 +100,6 @@ class GraphCache:
         entry.graph.replay()
         self.num_replays += 1
         return entry.outputs
-
-    def run(self, key: Hashable, fn: Callable[..., Any], inputs: dict[str, torch.Tensor]) -> Any:
-        """Replay the graph for key (capturing it first if needed) on these inputs, which must
-        match the shapes/dtypes it was captured with. Returns the graph's static outputs: copy
-        what you need before the next replay of any graph of this cache."""
-        entry = self.get(key)
-        if entry is None:
-            entry = self.capture(key, fn, {name: t.clone() for name, t in inputs.items()})
-        else:
-            for name, t in inputs.items():
-                entry.inputs[name].copy_(t)
-        return self.replay(entry)
 
     def clear(self) -> None:
         self._entries.clear()
