@@ -383,18 +383,21 @@ def run_load(
         )
         return Outcome(kind, code, 0.0, good, request_id, started, detail=error.details() or "")
 
+    def expect_refusal(client: Client, kind: str, text: str, message: str) -> Outcome:
+        """Send a request that must be refused with `message`; its outcome."""
+        request_id, started = begin(kind)
+        try:
+            client.decide(text, timeout=timeout, request_id=request_id)
+            return Outcome(kind, "OK", 0.0, False, request_id, started)
+        except grpc.RpcError as error:
+            return refusal(kind, request_id, started, error, message)
+
     def client_loop() -> None:
         with Client(address) as client:
             while (item := take()) is not None:
                 is_invalid, pick = item
                 if is_invalid:
-                    text, message = invalid[pick % len(invalid)]
-                    request_id, started = begin("invalid")
-                    try:
-                        client.decide(text, timeout=timeout, request_id=request_id)
-                        outcome = Outcome("invalid", "OK", 0.0, False, request_id, started)
-                    except grpc.RpcError as error:
-                        outcome = refusal("invalid", request_id, started, error, message)
+                    outcome = expect_refusal(client, "invalid", *invalid[pick % len(invalid)])
                 else:
                     index = pick % len(valid)
                     request, policy = valid[index]
@@ -417,14 +420,8 @@ def run_load(
         with Client(address) as client:
             i = 0
             while not stop.is_set():
-                text, message = oversized[i % len(oversized)]
+                outcome = expect_refusal(client, "oversized", *oversized[i % len(oversized)])
                 i += 1
-                request_id, started = begin("oversized")
-                try:
-                    client.decide(text, timeout=timeout, request_id=request_id)
-                    outcome = Outcome("oversized", "OK", 0.0, False, request_id, started)
-                except grpc.RpcError as error:
-                    outcome = refusal("oversized", request_id, started, error, message)
                 finish(outcome)
                 stop.wait(0.5)
 
