@@ -20,9 +20,11 @@ Token ids are kept as array('I') (4 bytes an id), never as lists of Python ints 
 
 from __future__ import annotations
 
+import heapq
 import threading
+import time
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from openjev import abi
@@ -135,23 +137,62 @@ def _check_header(header: wire.ExecuteHeader, limits: StreamLimits) -> tuple[Que
     return tuple(kinds)
 
 
+class _Deadlines:
+    """One daemon thread that calls each scheduled function at its time, unless cancelled first:
+    a timer thread started per request would cost a thread start on every Execute."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._cancelled: set[int] = set()
+        self._next_id = 0
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, seconds: float, fn: Callable[[], None]) -> int:
+        with self._cond:
+            self._next_id += 1
+            heapq.heappush(self._heap, (time.monotonic() + seconds, self._next_id, fn))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="commit-deadlines", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return self._next_id
+
+    def cancel(self, handle: int) -> None:
+        with self._cond:
+            if any(entry[1] == handle for entry in self._heap):
+                self._cancelled.add(handle)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    self._cond.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
+                _, handle, fn = heapq.heappop(self._heap)
+                if handle in self._cancelled:
+                    self._cancelled.discard(handle)
+                    continue
+            fn()
+
+
+_deadlines = _Deadlines()
+
+
 class CommitTimer:
     """Cancels a stream that has not committed within `seconds`: an Execute that never commits
     would otherwise hold its thread and call slot for as long as its caller likes."""
 
     def __init__(self, seconds: float | None, cancel):
         self.expired = False
-        self._timer: threading.Timer | None = None
+        self._handle: int | None = None
         if seconds:
 
             def expire() -> None:
                 self.expired = True
                 cancel()
 
-            self._timer = threading.Timer(seconds, expire)
-            self._timer.daemon = True
-            self._timer.start()
+            self._handle = _deadlines.schedule(seconds, expire)
 
     def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._handle is not None:
+            _deadlines.cancel(self._handle)
