@@ -62,6 +62,9 @@ class _NotAccepted(Exception):
     def __init__(self, refused: Refused):
         super().__init__(refused.message)
         self.refused = refused
+        # set when the call was the round-robin resend after a full queue: the retry stays
+        # round-robin, so the context's full worker is not asked a third time
+        self.after_queue_full = False
 
 
 def _accepted(call) -> bool:
@@ -214,11 +217,14 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         (one died or refused the connection first) is tried again, tokenized afresh."""
         timeout = self.worker_timeout(context)
         deadline = time.monotonic() + timeout
+        affinity = self.link.affinity_stub is not None
         try:
             for attempt in range(1, MAX_ATTEMPTS + 1):
                 try:
-                    return self._attempt(decision, policy, context, request_id, deadline - time.monotonic(), fields)
+                    remaining = deadline - time.monotonic()
+                    return self._attempt(decision, policy, context, request_id, remaining, fields, affinity)
                 except _NotAccepted as failure:
+                    affinity = affinity and not failure.after_queue_full
                     backoff = RETRY_BACKOFF_SECONDS * 2 ** (attempt - 1)
                     if attempt == MAX_ATTEMPTS or deadline - time.monotonic() <= backoff or not context.is_active():
                         raise failure.refused from None
@@ -233,12 +239,20 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             raise
 
     def _attempt(
-        self, decision: DecisionRequest, policy: PrefixPolicy | None, context, request_id: str, timeout: float, fields
+        self,
+        decision: DecisionRequest,
+        policy: PrefixPolicy | None,
+        context,
+        request_id: str,
+        timeout: float,
+        fields,
+        affinity: bool,
     ):
         """One attempt: stream the tokenized candidates to the worker the routing picks and collect
         the answer. A candidate found too long part-way ends the stream without a commit, so the
         worker never runs it. With affinity, a request its context's worker refused unrun (queue
-        full) goes once more, round-robin, from the messages kept for it."""
+        full) goes once more, round-robin, from the messages kept for it; if that resend reached no
+        worker, the retry stays round-robin."""
         refusal: list[ContractError] = []
         token_count = [0]
         # Tokenizing runs on gRPC's sending thread, overlapped with the worker's reading.
@@ -287,8 +301,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
         requests = None
         try:
-            if self.link.affinity_stub is None:
-                routed(routing.ROUND_ROBIN)
+            if self.link.affinity_stub is None or not affinity:
+                routed(routing.ROUND_ROBIN if self.link.affinity_stub is None else routing.FALLBACK_QUEUE_FULL)
                 results, summary = call(self.link.stub, stream())
             else:
                 requests = routing.Replay(stream(), routing.REPLAY_REQUEST_BYTES, self._replay_budget)
@@ -310,7 +324,11 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                         raise Refused(grpc.StatusCode.CANCELLED, refused.message) from refused
                     if remaining <= 0:
                         raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, refused.message) from refused
-                    results, summary = call(self.link.stub, requests.again(), seconds=remaining)
+                    try:
+                        results, summary = call(self.link.stub, requests.again(), seconds=remaining)
+                    except _NotAccepted as failure:
+                        failure.after_queue_full = True
+                        raise
         except (Refused, _NotAccepted):
             if refusal:  # the stream ended early on a contract error: that is the answer
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from None
