@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests gdn gates-chunked kernels capacity sweep gemm gemm-split gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile
+#   steps: tests gdn gates-chunked kernels capacity sweep gemm gemm-split gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile state-hit
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -128,6 +128,10 @@ for step in "$@"; do
              2>$OUT/agent-sessions.log | tail -30; tail -4 $OUT/agent-sessions.log
              grep -h '"state_cache"\|"graphs_ready"\|"peak_memory"' /tmp/openjev-sessions-*/*/worker.log \
                | tee -a $OUT/agent-sessions.log ;;
+    # Issue 17: a cached-state question's device time by kernel family against the same question with
+    # no state, at several state lengths (27B shape, graphs captured on first sight; ~3 min)
+    state-hit) timeout 300 python3 benchmarks/profile_state_hit.py --model .openjev/demo-model --out $OUT/state-hit.md \
+             2>&1 | tail -14 ;;
     profile) timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL \
              --out $OUT/profile.md 2>&1 | tail -30 ;;
   esac
