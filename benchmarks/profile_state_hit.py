@@ -13,7 +13,10 @@ interleaved, then one torch.profiler run of each with device time per kernel fam
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime
+import io
+import pstats
 import statistics
 import time
 from pathlib import Path
@@ -41,6 +44,7 @@ def main() -> None:
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--shape", default="27b")
     p.add_argument("--sentences", type=int, nargs="+", default=[0, 40, 120, 240])
+    p.add_argument("--host", action="store_true", help="also cProfile the host work of the last state's arms")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
 
@@ -101,10 +105,40 @@ def main() -> None:
                 f"{result.num_computed_tokens} | {result.cache_hit_tokens} | {1e3 * device:.1f} | {top} |"
             )
         print(lines[-2], lines[-1], sep="\n", flush=True)
+    if args.host:
+        for name, eng, st in (("hit", engine, state), ("no state", plain, "")):
+            lines += ["", f"Host work of 3 more {name} requests (cProfile: request and scheduler threads):", "```"]
+            lines += host_profile(eng, [work(st, ask()) for _ in range(3)], meta.temperature).splitlines() + ["```"]
     text = "\n".join(lines)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+
+
+def host_profile(engine: Engine, works: list, temperature: float) -> str:
+    """Top functions by own time over `works`, both the request thread and the scheduler's
+    thread (its `_step`) profiled."""
+    prof = cProfile.Profile()
+    step = engine.scheduler._step
+
+    def profiled_step(jobs):
+        prof.enable()
+        try:
+            step(jobs)
+        finally:
+            prof.disable()
+
+    engine.scheduler._step = profiled_step  # type: ignore[method-assign]
+    outer = cProfile.Profile()
+    for w in works:
+        outer.enable()
+        engine.execute(w, temperature=temperature, policy="auto")
+        outer.disable()
+    engine.scheduler._step = step  # type: ignore[method-assign]
+    out = io.StringIO()
+    for p in (outer, prof):
+        pstats.Stats(p, stream=out).sort_stats("tottime").print_stats(14)
+    return "\n".join(line for line in out.getvalue().splitlines() if line.strip())
 
 
 if __name__ == "__main__":
