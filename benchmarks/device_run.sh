@@ -130,7 +130,7 @@ for step in "$@"; do
                | tee -a $OUT/agent-sessions.log ;;
     # Issue 17: a cached-state question's device time by kernel family against the same question with
     # no state, at several state lengths (27B shape, graphs captured on first sight; ~3 min)
-    state-hit) timeout 300 python3 benchmarks/profile_state_hit.py --model .openjev/demo-model --sentences 240 --host --out $OUT/state-hit.md \
+    state-hit) timeout 300 python3 benchmarks/profile_state_hit.py --model .openjev/demo-model --host --out $OUT/state-hit.md \
              2>&1 | tail -100 ;;
     profile) timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL \
              --out $OUT/profile.md 2>&1 | tail -30 ;;

@@ -25,6 +25,7 @@ import torch
 from profile_requests import profiled
 
 from openjev.tools.bench.main import longest_tokens_fn
+from openjev.worker import scheduler as scheduler_module
 from openjev.worker.cache.sizing import build_state_cache
 from openjev.worker.cuda.runner import CudaRunner
 from openjev.worker.engine import Engine, QuestionWork
@@ -128,11 +129,29 @@ def host_profile(engine: Engine, works: list, temperature: float) -> str:
         finally:
             prof.disable()
 
+    spent = {"plan": 0.0, "prepare": 0.0}
+
+    def timed(name: str, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - start
+
+        return wrapper
+
+    plan, prep = engine.plan, scheduler_module.prepare
     engine.scheduler._step = profiled_step  # type: ignore[method-assign]
+    engine.plan = timed("plan", plan)  # type: ignore[method-assign]
+    scheduler_module.prepare = timed("prepare", prep)
     for w in works:
         engine.execute(w, temperature=temperature, policy="auto")
-    engine.scheduler._step = step  # type: ignore[method-assign]
+    engine.scheduler._step, engine.plan, scheduler_module.prepare = step, plan, prep  # type: ignore[method-assign]
     out = io.StringIO()
+    out.write(
+        ", ".join(f"{k} {1e3 * v / len(works):.2f} ms" for k, v in spent.items()) + " a request (request thread)\n"
+    )
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)
     return "\n".join(line for line in out.getvalue().splitlines() if line.strip())
 

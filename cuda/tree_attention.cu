@@ -11,7 +11,16 @@
 // kv_rows: [cu_k[N]] int32;  cu_q, cu_k: [N+1] int32
 // gate:    [Tq, Hq, 256] bf16 view (strides gate_st, gate_sh in elements), used if has_gate
 // out:     [Tq, Hq, 256] bf16
-// grid (ceil(max T_n / BM), Hq, N), block NT (4 warps x 16 query rows), ATTN_SMEM (96 KiB) dynamic smem.
+// grid (ceil(max T_n * G / BM), Hkv, N), block NT (4 warps x 16 query rows), ATTN_SMEM (96 KiB)
+// dynamic smem, G = Hq / Hkv.
+//
+// A block's BM query rows are (token, head) pairs of one segment and one KV head: row r of the
+// segment is token r / G, query head hkv * G + r % G. The G heads that read one KV head share its
+// tiles, so a segment of few tokens (a candidate under a long cached context) loads each K/V tile
+// once rather than G times, and fills a tile with G times as many real rows. Every row's
+// arithmetic is what it would be in any other block: the key tiles sit at fixed logical
+// positions, and a tile past a row's causal limit leaves its running max, sum and output as they
+// were (alpha 1, p 0), so results do not depend on how rows are grouped into blocks.
 //
 // Flash-attention-2 structure on mma.sync m16n8k16 (bf16 -> fp32), ldmatrix from XOR-swizzled
 // shared memory (512-byte rows would otherwise put a ldmatrix's 8 rows in one bank group).
@@ -69,22 +78,23 @@ extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(
     const u32 sK = sQ + BM * HD * 2;
     const u32 sV = sK + BN * HD * 2;
 
-    const int n = blockIdx.z, h = blockIdx.y;
-    const int hkv = h / (Hq / Hkv);
-    const int q0 = cu_q[n], Tn = cu_q[n + 1] - q0;
+    const int n = blockIdx.z, hkv = blockIdx.y;
+    const int G = Hq / Hkv;
+    const int q0 = cu_q[n], Tn = cu_q[n + 1] - q0, Rn = Tn * G;
     const int k0 = cu_k[n], Sn = cu_k[n + 1] - k0;
     const int q_offset = Sn - Tn;
     // heaviest (last) query tiles first, so the tail of the grid is short ones
     const int tile = gridDim.x - 1 - blockIdx.x;
-    const int i0 = tile * BM;
-    if (i0 >= Tn) return;
+    const int r0 = tile * BM;
+    if (r0 >= Rn) return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
     // Q tile; rows past the segment load zeros (never written out)
     for (int idx = tid; idx < BM * CHUNKS; idx += NT) {
         const int r = idx / CHUNKS, c = idx % CHUNKS;
-        const bool ok = i0 + r < Tn;
-        const __nv_bfloat16* src = q + ((long)(q0 + (ok ? i0 + r : 0)) * Hq + h) * HD + c * 8;
+        const bool ok = r0 + r < Rn;
+        const int row = ok ? r0 + r : 0;
+        const __nv_bfloat16* src = q + ((long)(q0 + row / G) * Hq + hkv * G + row % G) * HD + c * 8;
         cp_async16(sQ + swz(r, c), src, ok ? 16 : 0);
     }
 
@@ -94,9 +104,10 @@ extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(
     for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m_r[2] = {NEG_INF, NEG_INF}, l_r[2] = {0.f, 0.f};
     const int g = lane >> 2, t4 = lane & 3;
-    const int row_a = i0 + warp * 16 + g;  // this thread's two query rows: row_a, row_a + 8
+    const int row_a = r0 + warp * 16 + g;  // this thread's two query rows: row_a, row_a + 8
+    const int tok[2] = {row_a / G, (row_a + 8) / G};
 
-    const int last_key = q_offset + min(i0 + BM, Tn) - 1;
+    const int last_key = q_offset + (min(r0 + BM, Rn) - 1) / G;
     const int n_tiles = last_key / BN + 1;
     for (int kt = 0; kt < n_tiles; ++kt) {
         const int j0 = kt * BN;
@@ -134,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(
         }
 
         // mask (causal within the segment's logical keys, and the tile's tail), online softmax
-        const bool need_mask = j0 + BN - 1 > q_offset + i0 || j0 + BN > Sn;
+        const bool need_mask = j0 + BN - 1 > q_offset + r0 / G || j0 + BN > Sn;
         float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
         for (int nt = 0; nt < BN / 8; ++nt) {
@@ -143,8 +154,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(
                 float val = s[nt][e] * sl2;
                 if (need_mask) {
                     const int j = j0 + nt * 8 + 2 * t4 + (e & 1);
-                    const int i = row_a + ((e >> 1) << 3);
-                    if (j > q_offset + i || j >= Sn) val = NEG_INF;
+                    if (j > q_offset + tok[e >> 1] || j >= Sn) val = NEG_INF;
                 }
                 s[nt][e] = val;
                 mx[e >> 1] = fmaxf(mx[e >> 1], val);
@@ -203,18 +213,19 @@ extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int i = row_a + r * 8;
-        if (i >= Tn) continue;
+        const int row = row_a + r * 8;
+        if (row >= Rn) continue;
         const float inv = 1.f / l_r[r];
-        const long tok = q0 + i;
-        __nv_bfloat16* dst = out + (tok * Hq + h) * HD;
+        const long t = q0 + tok[r];
+        const int h = hkv * G + row % G;
+        __nv_bfloat16* dst = out + (t * Hq + h) * HD;
 #pragma unroll
         for (int nt = 0; nt < HD / 8; ++nt) {
             const int d = nt * 8 + 2 * t4;
             float x0 = o[nt][2 * r] * inv, x1 = o[nt][2 * r + 1] * inv;
             if (has_gate) {
                 const float2 gv = __bfloat1622float2(
-                    *reinterpret_cast<const __nv_bfloat162*>(gate + tok * gate_st + h * gate_sh + d));
+                    *reinterpret_cast<const __nv_bfloat162*>(gate + t * gate_st + h * gate_sh + d));
                 x0 *= 1.f / (1.f + __expf(-gv.x));
                 x1 *= 1.f / (1.f + __expf(-gv.y));
             }

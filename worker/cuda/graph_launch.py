@@ -87,9 +87,10 @@ class PassModel(Protocol):
         """Capturable device work: hidden [R, D] bf16 of the head rows."""
         ...
 
-    def states_of(self, plan: LaunchPlan, gdn: list, kv: list) -> list:
+    def states_of(self, plan: LaunchPlan, gdn: list, kv: list, blocks: tuple[list, list] | None = None) -> list:
         """Per caller's run its kept state or None, from per internal run gdn[i] (layer ->
-        (window, state, tail)) and kv[i] (layer -> (keys, values)), None where absent."""
+        (window, state, tail)) and kv[i] (layer -> (keys, values)), None where absent; blocks:
+        per internal run the stacked K/V and GDN tensors those are views of."""
         ...
 
 
@@ -304,7 +305,17 @@ class GraphLauncher:
         s["kv_rows"][: len(kv_rows)].copy_(torch.from_numpy(kv_rows))
         dst: list[torch.Tensor] = []
         src: list[torch.Tensor] = []
+        # a state or node a captured pass made is one stacked tensor: one copy, not one a layer
         for slot, p in enumerate(plan.parents, start=1):
+            if p.gdn_block is not None:
+                win, st, tail = p.gdn_block
+                dst += [s["win_in"][:, slot], s["st_in"][:, slot]]
+                src += [win, st]
+                if m.chunked_gdn:
+                    assert tail is not None, "a state of the serial GDN kernel has no tail"
+                    dst.append(s["tail_in"][:, slot])
+                    src.append(tail)
+                continue
             for g, j in enumerate(m.gdn_layers):
                 dst += [s["win_in"][g, slot], s["st_in"][g, slot]]
                 src += [p.gdn[j][0], p.gdn[j][1]]
@@ -313,10 +324,14 @@ class GraphLauncher:
                     src.append(p.gdn_tail(j))
         at = key.tokens
         for node in plan.nodes:  # ancestors' K/V rows, in the plan's pool order
-            for a, j in enumerate(m.attn_layers):
-                for kv in (0, 1):
-                    dst.append(s["kv"][a, kv, at : at + node.num_rows])
-                    src.append(node.kv[j][kv])
+            if node.block is not None:
+                dst.append(s["kv"][:, :, at : at + node.num_rows])
+                src.append(node.block)
+            else:
+                for a, j in enumerate(m.attn_layers):
+                    for kv in (0, 1):
+                        dst.append(s["kv"][a, kv, at : at + node.num_rows])
+                        src.append(node.kv[j][kv])
             at += node.num_rows
         groups: dict[torch.dtype, tuple[list, list]] = {}
         for d, t in zip(dst, src, strict=True):
@@ -355,18 +370,22 @@ class GraphLauncher:
         # per internal run, None where it keeps no state / materialises no K/V
         gdn: list[GdnLayers | None] = [None] * N
         kv: list[KvLayers | None] = [None] * N
+        gdn_blocks: list = [None] * N
+        kv_blocks: list = [None] * N
         kept = [i for i, run in enumerate(plan.runs) if run.keep_state]
         for k, i in enumerate(kept):
             win, st = s["win_out"][:, k].clone(), s["st_out"][:, k].clone()  # [L, 3, C], [L, Hv, 128, 128]
-            tail = s["tail_out"][:, k].clone() if m.chunked_gdn else [None] * len(m.gdn_layers)
-            gdn[i] = {j: (win[g], st[g], tail[g]) for g, j in enumerate(m.gdn_layers)}
+            tail = s["tail_out"][:, k].clone() if m.chunked_gdn else None
+            gdn_blocks[i] = (win, st, tail)
+            gdn[i] = {j: (win[g], st[g], None if tail is None else tail[g]) for g, j in enumerate(m.gdn_layers)}
         for i in plan.materialise:
             rows = s["kv"][:, :, plan.cu[i] : plan.cu[i + 1]].clone()  # [La, 2, t, Hkv, 256]
+            kv_blocks[i] = rows
             kv[i] = {j: (rows[a, 0], rows[a, 1]) for a, j in enumerate(m.attn_layers)}
         hidden = hidden[: len(plan.heads)]
         if plan.head_order is not None:
             hidden = hidden[torch.as_tensor(plan.head_order, device=hidden.device)]
-        return hidden.clone(), m.states_of(plan, gdn, kv)
+        return hidden.clone(), m.states_of(plan, gdn, kv, (kv_blocks, gdn_blocks))
 
 
 class _StaticIO:

@@ -447,7 +447,8 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
         assert gate.stride(2) == 1
         gate_t, st, sh, has_gate = gate, gate.stride(0), gate.stride(1), True
     geo = traits.ATTENTION
-    grid = ((max_q_len + geo.block_q - 1) // geo.block_q, Hq, N)
+    # a block's rows are (token, head) pairs of the Hq / Hkv heads that share one KV head
+    grid = ((max_q_len * (Hq // Hkv) + geo.block_q - 1) // geo.block_q, Hkv, N)
     _launch(
         "tree_attention",
         "tree_attention_fwd",

@@ -26,11 +26,13 @@ KvLayers = dict[int, tuple[torch.Tensor, torch.Tensor]]
 class KvNode:
     """One segment's own attention keys/values, linked to its parent's: the chain root-to-self
     is every position the segment's children attend to. kv: per attention layer index,
-    (keys, values) [t, Hkv, 256] bf16."""
+    (keys, values) [t, Hkv, 256] bf16; block: where a captured pass made them, the one tensor
+    [La, 2, t, Hkv, 256] they are views of (attention layers in order), copied in one piece."""
 
     parent: KvNode | None
     num_rows: int
     kv: KvLayers
+    block: torch.Tensor | None = None
 
     def lineage(self) -> list[KvNode]:
         """Root first, self last."""
@@ -48,11 +50,14 @@ class CudaSegmentState:
     recurrent [Hv, 128, 128] fp32, tail): with the serial GDN kernel the state at the end and tail
     None; with the chunked one the state at the last multiple of 64 positions and tail [64, width]
     fp32, the k, v, g, beta rows after it (kernels.gdn_chunked); kv: the attention chain
-    (ancestors' GDN states are not kept alive by it)."""
+    (ancestors' GDN states are not kept alive by it); gdn_block: where a captured pass made the
+    GDN tensors, the stacked (windows [L, 3, C], states [L, Hv, 128, 128], tails [L, 64, width] or
+    None) they are views of (GDN layers in order), copied in one piece each."""
 
     num_tokens: int
     gdn: GdnLayers
     kv: KvNode
+    gdn_block: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
 
     def gdn_tail(self, layer: int) -> torch.Tensor:
         """The GDN layer's tail: a state the chunked kernel left has one, the serial kernel's none

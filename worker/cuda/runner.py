@@ -201,20 +201,23 @@ class CudaRunner:
             hidden = hidden[torch.as_tensor(plan.head_order, device=dev)]
         return hidden, self.states_of(plan, io.gdn, io.kv)
 
-    def states_of(self, plan: LaunchPlan, gdn: list, kv: list) -> list:
+    def states_of(self, plan: LaunchPlan, gdn: list, kv: list, blocks: tuple[list, list] | None = None) -> list:
         """Per run of the caller's order its kept state (CudaSegmentState) or None, from per
         internal run gdn[i] (GDN layer -> (window, state, tail)) and kv[i] (attention layer ->
         (keys, values)) of the kept runs, kv[i] also of their in-pass ancestors: those become
-        KvNodes of the chain (their GDN states are not kept)."""
+        KvNodes of the chain (their GDN states are not kept). blocks: per internal run the
+        stacked tensors those are views of (KvNode.block, CudaSegmentState.gdn_block), if any."""
+        kv_blocks, gdn_blocks = blocks or ([None] * len(plan.runs), [None] * len(plan.runs))
         nodes: dict[int, KvNode] = {}
         for i in plan.materialise:  # ascending: in-pass parents first
             run, p = plan.runs[i], plan.in_parent[i]
             parent = nodes[p] if p >= 0 else (None if run.parent_state is None else run.parent_state.kv)
-            nodes[i] = KvNode(parent, len(run.token_ids), kv[i])
+            nodes[i] = KvNode(parent, len(run.token_ids), kv[i], kv_blocks[i])
         states: list[CudaSegmentState | None] = [None] * len(plan.runs)
         for i, run in enumerate(plan.runs):
             if run.keep_state:
-                states[plan.order[i]] = CudaSegmentState(run.start_position + len(run.token_ids), gdn[i], nodes[i])
+                end = run.start_position + len(run.token_ids)
+                states[plan.order[i]] = CudaSegmentState(end, gdn[i], nodes[i], gdn_blocks[i])
         return states
 
     def forward_device(self, launch: Launch, io):

@@ -362,6 +362,37 @@ def test_tree_attention(K, ref, gated):
     per_segment(out, exp, cu_q, BF16_TOL, "attention")
 
 
+def test_tree_attention_rows_do_not_depend_on_grouping(K):
+    """A segment's rows are the same bits alone, packed beside others (different block
+    groupings of (token, head) rows), and split into a parent whose keys its child reads as
+    ancestors (how prefix policies and cached states cut a prompt)."""
+    q_lens, prefix_lens = [300, 3, 77, 1, 40], [0, 1500, 0, 2100, 64]
+    q, kp, vp, rows, cu_q, cu_k, gate = tree_inputs(q_lens, prefix_lens)
+    packed = K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate)
+    for n in range(len(q_lens)):
+        qs, ks = slice(cu_q[n], cu_q[n + 1]), slice(cu_k[n], cu_k[n + 1])
+        one = lambda t: torch.tensor([0, t], dtype=torch.int32, device=DEV)  # noqa: E731
+        alone = K.tree_attention(
+            q[qs].contiguous(),
+            kp,
+            vp,
+            rows[ks].contiguous(),
+            one(q_lens[n]),
+            one(ks.stop - ks.start),
+            q_lens[n],
+            gate=gate[qs],
+        )
+        assert torch.equal(alone, packed[qs]), f"segment {n} alone"
+    # segment 0 (300 tokens, no ancestors) cut at 130: the child's keys are the parent's rows then its own
+    split, T = 130, q_lens[0]
+    own = rows[:T]
+    cut_cu_q = torch.tensor([0, split, T], dtype=torch.int32, device=DEV)
+    cut_rows = torch.cat([own[:split], own])
+    cut_cu_k = torch.tensor([0, split, split + T], dtype=torch.int32, device=DEV)
+    cut = K.tree_attention(q[:T].contiguous(), kp, vp, cut_rows, cut_cu_q, cut_cu_k, T - split, gate=gate[:T])
+    assert torch.equal(cut, packed[:T]), "parent + child equals the whole segment"
+
+
 def test_add_rms_norm(K, ref):
     T, D = 77, 5120
     w = (torch.randn(D, device=DEV) * 0.1).bfloat16()
