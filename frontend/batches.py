@@ -14,10 +14,12 @@ INVALID_ARGUMENT (the worker never answers a request whose stream did not comple
 that must not send anything for an invalid request uses `tokenize_request`, which tokenizes
 everything first.
 
-Each candidate is tokenized whole. Reusing the state's tokens across candidates would save
-work, but the pre-tokenizer's regex may join the state's last characters with the text after
-it (whitespace runs, letters after an apostrophe), so a split at the state's end is not exact
-for every state; the rendered-size and token limits bound the cost instead.
+A split at the state's end is not exact for every state (the pre-tokenizer's regex may join the
+state's last characters with the text after it: whitespace runs, letters after an apostrophe),
+so prompts are cut only where the tokenizer provably starts afresh, after a line feed that a
+non-whitespace character follows (`openjev.pieces`): the pieces a request's candidates share,
+and those an earlier request already had, are encoded once. The ids are those of whole-text
+encoding, bit for bit.
 """
 
 from __future__ import annotations

@@ -408,8 +408,8 @@ class _StaticIO:
         if self.key.kept:
             g, k = self.g[index], self.keep.numel()
             for name, t in (("win_out", new_windows), ("st_out", final), ("tail_out", tails)):
-                if t is not None:
-                    self.s[name][g, :k].copy_(t.index_select(0, self.keep))
+                if t is not None:  # straight into the slots: no temporary of 8 states a layer
+                    torch.index_select(t, 0, self.keep, out=self.s[name][g, :k])
 
     def kv_pools(self, index: int, T: int):
         """(keys, values [rows, Hkv, 256] bf16, row of the first ancestor row): own rows from 0."""

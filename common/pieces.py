@@ -1,0 +1,110 @@
+"""Exact piecewise tokenization: prompts cut where the Qwen3.5 tokenizer provably starts afresh,
+each piece encoded once and remembered.
+
+A request's candidates repeat one state and question, and an agent's next request repeats the
+state again; encoding every prompt whole costs the state's length once per candidate per request.
+Cut right after a line feed that a non-whitespace character follows, and the ids of the whole are
+the ids of the part before the cut followed by the ids of the part after it:
+- special tokens are matched first, on the raw text; none contains whitespace, none strips it
+  (lstrip/rstrip off), so no match spans the line feed;
+- NFC: a line feed is a starter that composes with nothing, so normalizing never crosses it;
+- pre-tokenizer regex (QWEN3_5_PAT_STR): a match that holds the line feed can grow only over
+  whitespace or [\\r\\n], and the character after the cut is neither, so a match ends exactly at
+  the cut. No match before it reads past the cut: the one lookahead, `\\s+(?!\\S)`, comes after
+  `\\s*[\\r\\n]+` in the alternation, which already matches any whitespace run that ends in a line
+  feed. With no look-behind, matching after the cut starts as on a fresh string;
+- byte-level mapping (no prefix space, no regex of its own) and BPE act within one pre-token.
+This holds for that configuration only: `PieceEncoder.applies` checks a tokenizer.json for it and
+the caller encodes whole otherwise. tests/test_tokenizer_pieces.py compares piecewise and whole
+encoding on random texts built from the characters that matter here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+# zero-width: after "\n", before a character str.isspace() calls non-space. Python's \s is a
+# superset of the Unicode White_Space the regex's \s means, so every cut found is a safe one.
+CUT = re.compile(r"(?<=\n)(?=\S)")
+MEMO_CHARS = 8 << 20  # text remembered (about 4-8 bytes of ids per char on top)
+MAX_PIECE_CHARS = 1 << 20  # a longer piece is encoded, not remembered
+
+EncodeBatch = Callable[[list[str]], list[list[int]]]
+
+
+class PieceEncoder:
+    """Encodes texts piece by piece through `encode_batch` (texts -> ids, no special tokens
+    added), remembering up to `max_chars` characters of pieces (least recently used first out)."""
+
+    def __init__(self, encode_batch: EncodeBatch, max_chars: int = MEMO_CHARS):
+        self._encode_batch = encode_batch
+        self._max_chars = max_chars
+        self._memo: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def applies(tokenizer_json: dict, pattern: str) -> bool:
+        """Whether a tokenizer.json is the configuration the cut was proven for."""
+        pre = tokenizer_json.get("pre_tokenizer") or {}
+        steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+        if not steps or len(steps) != 2:
+            return False
+        split, byte_level = steps
+        added = tokenizer_json.get("added_tokens") or []
+        return (
+            tokenizer_json.get("normalizer") == {"type": "NFC"}
+            and split == {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+            and byte_level.get("type") == "ByteLevel"
+            and byte_level.get("add_prefix_space") is False
+            and byte_level.get("use_regex") is False
+            and (tokenizer_json.get("model") or {}).get("type") == "BPE"
+            and all(not t.get("lstrip") and not t.get("rstrip") and not re.search(r"\s", t["content"]) for t in added)
+        )
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer_json: str, pattern: str, encode_batch: EncodeBatch) -> PieceEncoder | None:
+        return cls(encode_batch) if cls.applies(json.loads(tokenizer_json), pattern) else None
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        split = [CUT.split(text) for text in texts]
+        found: dict[str, tuple[int, ...]] = {}
+        with self._lock:
+            for pieces in split:
+                for piece in pieces:
+                    if piece not in found:
+                        ids = self._memo.get(piece)
+                        if ids is not None:
+                            self._memo.move_to_end(piece)
+                            found[piece] = ids
+        missing = list({piece for pieces in split for piece in pieces if piece not in found})
+        if missing:
+            for piece, ids in zip(missing, self._encode_batch(missing), strict=True):
+                found[piece] = tuple(ids)
+            self._remember({piece: found[piece] for piece in missing})
+        with self._lock:
+            self.hits += len(found) - len(missing)
+            self.misses += len(missing)
+        out = []
+        for pieces in split:
+            ids: list[int] = []
+            for piece in pieces:
+                ids.extend(found[piece])
+            out.append(ids)
+        return out
+
+    def _remember(self, new: dict[str, tuple[int, ...]]) -> None:
+        with self._lock:
+            for piece, ids in new.items():
+                if len(piece) > MAX_PIECE_CHARS or piece in self._memo:
+                    continue
+                self._memo[piece] = ids
+                self._chars += len(piece)
+            while self._chars > self._max_chars and self._memo:
+                old, _ = self._memo.popitem(last=False)
+                self._chars -= len(old)
