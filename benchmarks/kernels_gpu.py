@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import itertools
 import json
 import statistics
 
@@ -165,6 +166,17 @@ def cases(T: int):
     att_flops = 4 * HQ * HD * T * (T + 1) / 2
     att_bytes = 2 * (2 * T * HQ * HD + 2 * T * HKV * HD + T * HQ * HD)
     out.append(("tree_attention", att, att_bytes, att_flops, "mma"))
+    # a state-cache hit: a 40-token question and 8 five-token candidates under T cached keys
+    lens = [40] + [5] * 8
+    ctx_cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=DEV)
+    ctx_rows = torch.cat(
+        [torch.cat([rows, T + ctx_cu[i] + torch.arange(n, device=DEV, dtype=torch.int32)]) for i, n in enumerate(lens)]
+    )
+    ctx_cu_k = torch.tensor([0, *itertools.accumulate(T + n for n in lens)], dtype=torch.int32, device=DEV)
+    cq, ckv = r(sum(lens), HQ, HD), r(2, T + sum(lens), HKV, HD)
+    ctx = lambda: K.tree_attention(cq, ckv[0], ckv[1], ctx_rows, ctx_cu, ctx_cu_k, max(lens))  # noqa: E731
+    ctx_flops = 4 * HQ * HD * sum(lens) * T
+    out.append(("tree_attention:cached_context", ctx, 2 * (T * 2 * HKV * HD), ctx_flops, "mma"))
     qt, kt, vt = q.transpose(0, 1)[None], kv[0].transpose(0, 1)[None], kv[1].transpose(0, 1)[None]
     sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)  # noqa: E731
     out.append(("torch_sdpa(ref)", sdpa, att_bytes, att_flops, "mma"))
@@ -278,7 +290,7 @@ def main() -> None:
     ap.add_argument("--out", default="kernels_gpu.json")
     ap.add_argument("--tokens", default="512,4096,16384")
     ap.add_argument("--capacity", default="", help="also run CudaRunner end to end on this shape")
-    ap.add_argument("--ops", default="", help="only ops whose name contains this")
+    ap.add_argument("--ops", default="", help="only ops whose name contains one of these (comma-separated)")
     args = ap.parse_args()
     torch.manual_seed(0)
     copy_bw, mma_rate = ceilings()
@@ -286,7 +298,7 @@ def main() -> None:
     rows = []
     for T in [int(t) for t in args.tokens.split(",") if t]:
         for name, fn, nbytes, flops, kind in cases(T):
-            if args.ops not in name:
+            if not any(op in name for op in args.ops.split(",")):
                 continue
             ms, how = time_op(fn)
             floor = max(nbytes / copy_bw, flops / rates[kind] if rates[kind] else 0.0) * 1e3
