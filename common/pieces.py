@@ -23,30 +23,32 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 # zero-width: after "\n", before a character str.isspace() calls non-space. Python's \s is a
 # superset of the Unicode White_Space the regex's \s means, so every cut found is a safe one.
 CUT = re.compile(r"(?<=\n)(?=\S)")
-MEMO_CHARS = 8 << 20  # text remembered (about 4-8 bytes of ids per char on top)
+MEMO_BYTES = 32 << 20  # pieces' text and ids remembered, counted as the objects' sizes
 MAX_PIECE_CHARS = 1 << 20  # a longer piece is encoded, not remembered
+ENTRY_OVERHEAD = 100  # the dict slot and the array's header, roughly
 
 EncodeBatch = Callable[[list[str]], list[list[int]]]
 
 
 class PieceEncoder:
     """Encodes texts piece by piece through `encode_batch` (texts -> ids, no special tokens
-    added), remembering up to `max_chars` characters of pieces (least recently used first out)."""
+    added), remembering pieces up to `max_bytes` (text and ids; least recently used first out)."""
 
-    def __init__(self, encode_batch: EncodeBatch, max_chars: int = MEMO_CHARS):
+    def __init__(self, encode_batch: EncodeBatch, max_bytes: int = MEMO_BYTES):
         self._encode_batch = encode_batch
-        self._max_chars = max_chars
-        self._memo: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._chars = 0
+        self._max_bytes = max_bytes
+        self._memo: OrderedDict[str, array] = OrderedDict()
+        self.nbytes = 0
         self._lock = threading.Lock()
-        self.hits = self.misses = 0
 
     @staticmethod
     def applies(tokenizer_json: dict, pattern: str) -> bool:
@@ -73,7 +75,7 @@ class PieceEncoder:
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         split = [CUT.split(text) for text in texts]
-        found: dict[str, tuple[int, ...]] = {}
+        found: dict[str, array] = {}
         with self._lock:
             for pieces in split:
                 for piece in pieces:
@@ -85,11 +87,8 @@ class PieceEncoder:
         missing = list({piece for pieces in split for piece in pieces if piece not in found})
         if missing:
             for piece, ids in zip(missing, self._encode_batch(missing), strict=True):
-                found[piece] = tuple(ids)
+                found[piece] = array("I", ids)
             self._remember({piece: found[piece] for piece in missing})
-        with self._lock:
-            self.hits += len(found) - len(missing)
-            self.misses += len(missing)
         out = []
         for pieces in split:
             ids: list[int] = []
@@ -98,13 +97,17 @@ class PieceEncoder:
             out.append(ids)
         return out
 
-    def _remember(self, new: dict[str, tuple[int, ...]]) -> None:
+    def _remember(self, new: dict[str, array]) -> None:
         with self._lock:
             for piece, ids in new.items():
                 if len(piece) > MAX_PIECE_CHARS or piece in self._memo:
                     continue
                 self._memo[piece] = ids
-                self._chars += len(piece)
-            while self._chars > self._max_chars and self._memo:
-                old, _ = self._memo.popitem(last=False)
-                self._chars -= len(old)
+                self.nbytes += _cost(piece, ids)
+            while self.nbytes > self._max_bytes and self._memo:
+                old, ids = self._memo.popitem(last=False)
+                self.nbytes -= _cost(old, ids)
+
+
+def _cost(piece: str, ids: array) -> int:
+    return sys.getsizeof(piece) + ids.itemsize * len(ids) + ENTRY_OVERHEAD

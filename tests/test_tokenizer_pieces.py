@@ -79,10 +79,10 @@ def test_workload_prompts_match_whole_encoding(prompt_tokenizer):
 
 
 def test_the_memo_stays_inside_its_budget(prompt_tokenizer):
-    pieces = PieceEncoder(lambda batch: whole(prompt_tokenizer, batch), max_chars=100)
+    pieces = PieceEncoder(lambda batch: whole(prompt_tokenizer, batch), max_bytes=2000)
     texts = [f"line {i}\n" * 3 + f"tail {i}" for i in range(50)]
     assert pieces.encode(texts) == whole(prompt_tokenizer, texts)
-    assert pieces._chars <= 100 and len(pieces._memo) > 0
+    assert 0 < pieces.nbytes <= 2000 and 5 < len(pieces._memo) < 100
 
 
 @pytest.mark.parametrize(
