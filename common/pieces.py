@@ -79,22 +79,20 @@ class PieceEncoder:
         with self._lock:
             for pieces in split:
                 for piece in pieces:
-                    if piece not in found:
-                        ids = self._memo.get(piece)
-                        if ids is not None:
-                            self._memo.move_to_end(piece)
-                            found[piece] = ids
+                    if piece not in found and piece in self._memo:
+                        self._memo.move_to_end(piece)
+                        found[piece] = self._memo[piece]
         missing = list({piece for pieces in split for piece in pieces if piece not in found})
         if missing:
-            for piece, ids in zip(missing, self._encode_batch(missing), strict=True):
-                found[piece] = array("I", ids)
+            for piece, encoded in zip(missing, self._encode_batch(missing), strict=True):
+                found[piece] = array("I", encoded)
             self._remember({piece: found[piece] for piece in missing})
-        out = []
+        out: list[list[int]] = []
         for pieces in split:
-            ids: list[int] = []
+            joined: list[int] = []
             for piece in pieces:
-                ids.extend(found[piece])
-            out.append(ids)
+                joined.extend(found[piece])
+            out.append(joined)
         return out
 
     def _remember(self, new: dict[str, array]) -> None:
