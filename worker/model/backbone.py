@@ -20,7 +20,7 @@ from openjev.worker.checkpoint.config import ModelConfig
 from openjev.worker.checkpoint.weights import GdnLayerWeights, LayerWeights, ModelWeights
 from openjev.worker.model import ops
 from openjev.worker.model.gated_attention import attention_mixer
-from openjev.worker.model.gated_deltanet import gdn_mixer
+from openjev.worker.model.gated_deltanet import ConvPlan, conv_plan, gdn_mixer
 from openjev.worker.model.state import AttentionState, GdnState, LayerState
 
 StateT = TypeVar("StateT", GdnState, AttentionState)
@@ -47,11 +47,11 @@ def mlp(x: Tensor, layer: LayerWeights) -> Tensor:
 
 
 def run_mixer(
-    layer: LayerWeights, config: ModelConfig, h: Tensor, launch: PackedLaunch, index: int
+    layer: LayerWeights, config: ModelConfig, h: Tensor, launch: PackedLaunch, index: int, plan: ConvPlan
 ) -> tuple[Tensor, Sequence[LayerState]]:
     parents = [p if p is None or isinstance(p, int) else p[index] for p in launch.parents]
     if isinstance(layer, GdnLayerWeights):
-        return gdn_mixer(layer.mixer, config, h, launch.spans, _states_of(GdnState, parents, index))
+        return gdn_mixer(layer.mixer, config, h, launch.spans, _states_of(GdnState, parents, index), plan)
     return attention_mixer(
         layer.mixer, config, h, launch.positions, launch.spans, _states_of(AttentionState, parents, index)
     )
@@ -79,8 +79,10 @@ def forward(
     per_layer_states: list[Sequence[LayerState]] = []
     last = len(weights.layers) - 1
     head_rows = _padded(list(launch.head_rows))
+    plan = conv_plan(launch.spans, launch.parents, config.linear_conv_kernel_dim)  # one for all GDN layers
     for index, layer in enumerate(weights.layers):
-        mixed, states = run_mixer(layer, config, ops.rms_norm(x, layer.input_norm, config.rms_norm_eps), launch, index)
+        normed = ops.rms_norm(x, layer.input_norm, config.rms_norm_eps)
+        mixed, states = run_mixer(layer, config, normed, launch, index, plan)
         per_layer_states.append(states)
         x = x + mixed
         if index == last:
