@@ -19,6 +19,22 @@ from openjev.worker.geometry import GDN_CHUNK_TOKENS
 L2NORM_EPS = 1e-6
 
 
+def linear(x: Tensor, weight: Tensor, threads: int | None = None) -> Tensor:
+    """x @ weight.T with the product on `threads` intra-op threads (None: the caller's count);
+    the ops around it stay on the caller's count, as small ops run faster on one. The product's
+    bits do not depend on its thread count (checked for the model's shapes and padded row counts
+    in tests/worker/model/test_model_ops.py), so a pass's row count, which picks the threads,
+    changes no answer."""
+    before = torch.get_num_threads()
+    if threads is None or threads == before:
+        return x @ weight.T
+    torch.set_num_threads(threads)
+    try:
+        return x @ weight.T
+    finally:
+        torch.set_num_threads(before)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Zero-centred RMSNorm: x / rms(x) * (1 + weight).
     x: [..., D] any float (e.g. [T, D], or [T, H, Dh] per head); weight: [D]. Computes in fp32,
@@ -131,23 +147,26 @@ def _delta_rule_chunk(
     solve gives all u_t, then outputs and the end state are matrix products. With S_0 = 0 (a
     prompt's first chunk) its terms are left out: adding zeros would change no bit."""
     above, not_below = _chunk_masks(q.shape[1], q.device)
+    # torch.bmm and in-place steps: the products and roundings of the plain expressions, without
+    # matmul's dispatch and the temporaries (a chunk's ops are tiny, so their overhead is its cost)
     cum_g = g.cumsum(-1)  # [H, C]
     # decay[h, t, j] = e^{G_t - G_j} for j <= t; masked before exp so j > t cannot overflow.
-    decay = (cum_g[:, :, None] - cum_g[:, None, :]).masked_fill(above, float("-inf")).exp()
+    decay = (cum_g[:, :, None] - cum_g[:, None, :]).masked_fill_(above, float("-inf")).exp_()
     k_t = k.transpose(-1, -2)
     # A[h, t, j] = beta_t e^{G_t - G_j} (k_t . k_j) for j < t. The solve is told the diagonal is
     # one (unitriangular) and never reads it, so I + A needs no identity added.
-    strictly_lower = (beta[:, :, None] * (k @ k_t) * decay).masked_fill(not_below, 0.0)
+    beta_col = beta[:, :, None]
+    strictly_lower = torch.bmm(k, k_t).mul_(beta_col).mul_(decay).masked_fill_(not_below, 0.0)
     if s is None:
-        rhs = beta[:, :, None] * v
+        rhs = beta_col * v
     else:
         start_decay = cum_g.exp()[:, :, None]
-        rhs = beta[:, :, None] * (v - (start_decay * k) @ s)  # [H, C, Dv]
+        rhs = beta_col * (v - torch.bmm(start_decay * k, s))  # [H, C, Dv]
     u = torch.linalg.solve_triangular(strictly_lower, rhs, upper=False, unitriangular=True)
-    scores = (q @ k_t) * decay  # [H, C, C], zero above the diagonal
-    out = scores @ u if s is None else (start_decay * q) @ s + scores @ u
-    end_decay = (cum_g[:, -1:] - cum_g).exp()  # e^{G_C - G_j}: [H, C]
-    s_end = (end_decay[:, :, None] * k).transpose(-1, -2) @ u
+    scores = torch.bmm(q, k_t).mul_(decay)  # [H, C, C], zero above the diagonal
+    out = torch.bmm(scores, u) if s is None else torch.bmm(start_decay * q, s) + torch.bmm(scores, u)
+    end_decay = (cum_g[:, -1:] - cum_g).exp_()  # e^{G_C - G_j}: [H, C]
+    s_end = torch.bmm((end_decay[:, :, None] * k).transpose(-1, -2), u)
     if s is not None:
         s_end = cum_g[:, -1].exp()[:, None, None] * s + s_end
     return out, s_end
@@ -214,11 +233,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offset: int, block_rows: int = 
         grouped = q[first:last].reshape(rows, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         # [Hkv, group * rows, D]: kv head j's row i * rows + t is query head j * group + i, token t
         grouped = grouped.reshape(num_kv_heads, group * rows, head_dim)
-        scores = (grouped @ keys[:, :visible].transpose(-1, -2)) * head_dim**-0.5  # [Hkv, group*rows, visible]
+        scores = torch.bmm(grouped, keys[:, :visible].transpose(-1, -2)).mul_(head_dim**-0.5)
         masked = key_pos[None, :visible] > key_pos[q_offset + first : visible, None]  # key after query
-        scores = scores.unflatten(1, (group, rows)).masked_fill(masked, float("-inf"))
+        scores = scores.unflatten(1, (group, rows)).masked_fill_(masked, float("-inf"))  # [Hkv, group, rows, S]
         weights = torch.softmax(scores.float(), dim=-1).to(q.dtype).flatten(1, 2)
-        block = weights @ values[:, :visible]  # [Hkv, group*rows, D]
+        block = torch.bmm(weights, values[:, :visible])  # [Hkv, group*rows, D]
         out[first:last] = block.unflatten(1, (group, rows)).permute(2, 0, 1, 3).reshape(rows, num_q_heads, head_dim)
     return out
 
