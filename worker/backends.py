@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 
@@ -35,9 +34,6 @@ def resolve_backend(requested: str) -> str:
 # demo model on 2 cores: 8 short requests 0.154 s in sequence with 1 thread, 0.264 s with 2;
 # docs/benchmarks/index.md). Wider models keep torch's default, one thread per core.
 ONE_THREAD_HIDDEN_SIZE = 1024
-# ...except the dense products of passes of at least this many rows (concurrent requests sharing
-# a pass), which run on one thread per core: there the products are big enough to split.
-WIDE_PASS_ROWS = 256
 
 
 def build_runner(
@@ -59,8 +55,7 @@ def build_runner(
         from openjev.worker.model.runner import TorchRunner
 
         if threads is None and load_model_config(model_dir).hidden_size <= ONE_THREAD_HIDDEN_SIZE:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-            return TorchRunner(model_dir, num_threads=1, product_threads=cores, product_rows=WIDE_PASS_ROWS)
+            threads = 1
         return TorchRunner(model_dir, num_threads=threads)
     if backend == "transformers" and synthetic is None:
         import torch

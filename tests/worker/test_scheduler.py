@@ -10,7 +10,6 @@ import time
 import pytest
 
 from openjev.worker.engine import Engine, QuestionWork
-from openjev.worker.model.backbone import ROW_QUANTUM
 from openjev.worker.planner import CPU_COST_MODEL, PackLimits
 from openjev.worker.runner_api import SegmentRun
 from openjev.worker.scheduler import QueueFull
@@ -23,16 +22,6 @@ def torch_runner(demo_model):
     from openjev.worker.model.runner import TorchRunner
 
     return TorchRunner(demo_model, num_threads=2)
-
-
-@pytest.fixture(scope="module")
-def split_runner(demo_model):
-    """The small-model default: one thread, and the products of passes of WIDE_PASS_ROWS rows or
-    more on two threads."""
-    from openjev.worker.backends import WIDE_PASS_ROWS
-    from openjev.worker.model.runner import TorchRunner
-
-    return TorchRunner(demo_model, num_threads=1, product_threads=2, product_rows=WIDE_PASS_ROWS)
 
 
 class PassLog:
@@ -107,10 +96,8 @@ def test_a_shared_tree_runs_in_one_pass(torch_runner):
     )
 
 
-@pytest.mark.parametrize("runner_name", ["torch_runner", "split_runner"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_answers_are_bit_identical_alone_and_sharing_passes(request, runner_name, seed):
-    torch_runner = request.getfixturevalue(runner_name)
+def test_answers_are_bit_identical_alone_and_sharing_passes(torch_runner, seed):
     rng = random.Random(seed)
     contexts = [[rng.randrange(1000, 5000) for _ in range(rng.randint(20, 200))] for _ in range(3)]
     requests = [random_request(rng, rng.choice(contexts)) for _ in range(6)]
@@ -118,15 +105,11 @@ def test_answers_are_bit_identical_alone_and_sharing_passes(request, runner_name
     # A small budget so that requests split across passes in varying company; the same budget
     # alone, since it decides where long nodes are cut.
     limits = PackLimits(max_sequences=7, max_tokens=600, chunk_tokens=128)
-    alone_log, mixed_log = PassLog(torch_runner), PassLog(torch_runner)
-    alone = Engine(alone_log, cost_model=CPU_COST_MODEL, pack_limits=limits)
+    alone = Engine(torch_runner, cost_model=CPU_COST_MODEL, pack_limits=limits)
     expected = [alone.execute(r, temperature=TEMPERATURE, policy=p) for r, p in zip(requests, policies, strict=True)]
-    mixed = Engine(mixed_log, cost_model=CPU_COST_MODEL, pack_limits=limits)
+    mixed = Engine(PassLog(torch_runner), cost_model=CPU_COST_MODEL, pack_limits=limits)
     got = run_concurrently(mixed, requests, policies)
     assert any(r.num_shared_passes for r in got), "no pass carried two requests"
-    if runner_name == "split_runner":  # passes on both sides of the row count where products split
-        rows = [-(-sum(n for n, _ in p) // ROW_QUANTUM) * ROW_QUANTUM for p in alone_log.passes + mixed_log.passes]
-        assert min(rows) < torch_runner.product_rows <= max(rows)
     for want, have in zip(expected, got, strict=True):
         assert have.head_scores == want.head_scores  # bit for bit
         assert have.probabilities == want.probabilities

@@ -41,26 +41,19 @@ class PackedLaunch:
     head_rows: tuple[int, ...]
 
 
-def mlp(x: Tensor, layer: LayerWeights, threads: int | None = None) -> Tensor:
-    """SiLU-gated MLP. x: [N, D] -> [N, D]; threads: the products' (ops.linear)."""
-    hidden = F.silu(ops.linear(x, layer.mlp_gate, threads)) * ops.linear(x, layer.mlp_up, threads)
-    return ops.linear(hidden, layer.mlp_down, threads)
+def mlp(x: Tensor, layer: LayerWeights) -> Tensor:
+    """SiLU-gated MLP. x: [N, D] -> [N, D]."""
+    return (F.silu(x @ layer.mlp_gate.T) * (x @ layer.mlp_up.T)) @ layer.mlp_down.T
 
 
 def run_mixer(
-    layer: LayerWeights,
-    config: ModelConfig,
-    h: Tensor,
-    launch: PackedLaunch,
-    index: int,
-    plan: ConvPlan,
-    threads: int | None = None,
+    layer: LayerWeights, config: ModelConfig, h: Tensor, launch: PackedLaunch, index: int, plan: ConvPlan
 ) -> tuple[Tensor, Sequence[LayerState]]:
     parents = [p if p is None or isinstance(p, int) else p[index] for p in launch.parents]
     if isinstance(layer, GdnLayerWeights):
-        return gdn_mixer(layer.mixer, config, h, launch.spans, _states_of(GdnState, parents, index), plan, threads)
+        return gdn_mixer(layer.mixer, config, h, launch.spans, _states_of(GdnState, parents, index), plan)
     return attention_mixer(
-        layer.mixer, config, h, launch.positions, launch.spans, _states_of(AttentionState, parents, index), threads
+        layer.mixer, config, h, launch.positions, launch.spans, _states_of(AttentionState, parents, index)
     )
 
 
@@ -78,10 +71,10 @@ def _states_of(
 
 
 def forward(
-    weights: ModelWeights, config: ModelConfig, launch: PackedLaunch, product_threads: int | None = None
+    weights: ModelWeights, config: ModelConfig, launch: PackedLaunch
 ) -> tuple[Tensor, list[tuple[LayerState, ...]]]:
     """Returns (final-normed hidden states of launch.head_rows [R, D], and per segment its
-    per-layer final states). product_threads: intra-op threads of the dense products."""
+    per-layer final states)."""
     x = weights.embed_tokens[launch.token_ids]  # [T_total, D]
     per_layer_states: list[Sequence[LayerState]] = []
     last = len(weights.layers) - 1
@@ -89,12 +82,12 @@ def forward(
     plan = conv_plan(launch.spans, launch.parents, config.linear_conv_kernel_dim)  # one for all GDN layers
     for index, layer in enumerate(weights.layers):
         normed = ops.rms_norm(x, layer.input_norm, config.rms_norm_eps)
-        mixed, states = run_mixer(layer, config, normed, launch, index, plan, product_threads)
+        mixed, states = run_mixer(layer, config, normed, launch, index, plan)
         per_layer_states.append(states)
         x = x + mixed
         if index == last:
             x = x[head_rows]
-        x = x + mlp(ops.rms_norm(x, layer.post_attention_norm, config.rms_norm_eps), layer, product_threads)
+        x = x + mlp(ops.rms_norm(x, layer.post_attention_norm, config.rms_norm_eps), layer)
     hidden = ops.rms_norm(x, weights.final_norm, config.rms_norm_eps)[: len(launch.head_rows)]
     per_segment = [tuple(layer_states[s] for layer_states in per_layer_states) for s in range(len(launch.spans))]
     return hidden, per_segment

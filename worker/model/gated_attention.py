@@ -31,19 +31,17 @@ def attention_mixer(
     positions: Tensor,
     spans: Sequence[tuple[int, int]],
     parent_states: Sequence[AttentionState | int | None],
-    threads: int | None = None,
 ) -> tuple[Tensor, list[AttentionState]]:
     """h: [T_total, D] normed hidden rows; positions: [T_total] int64 rotary positions;
     spans: each segment's [start, end) rows; parent_states: each segment's ancestors' keys/values,
-    or the index of an earlier segment of this launch whose keys/values it continues;
-    threads: the products' (ops.linear).
+    or the index of an earlier segment of this launch whose keys/values it continues.
     Returns (mixer output [T_total, D], each segment's AttentionState covering all its positions)."""
     num_heads, num_kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     eps = config.rms_norm_eps
-    query, gate = split_query_gate(ops.linear(h, w.q_proj, threads), num_heads, head_dim)
+    query, gate = split_query_gate(h @ w.q_proj.T, num_heads, head_dim)
     query = ops.rms_norm(query, w.q_norm, eps)
-    keys = ops.rms_norm(ops.linear(h, w.k_proj, threads).unflatten(-1, (num_kv_heads, head_dim)), w.k_norm, eps)
-    values = ops.linear(h, w.v_proj, threads).unflatten(-1, (num_kv_heads, head_dim))
+    keys = ops.rms_norm((h @ w.k_proj.T).unflatten(-1, (num_kv_heads, head_dim)), w.k_norm, eps)
+    values = (h @ w.v_proj.T).unflatten(-1, (num_kv_heads, head_dim))
     query = ops.apply_rotary(query, positions, config.rotary_dim, config.rope_theta)
     keys = ops.apply_rotary(keys, positions, config.rotary_dim, config.rope_theta)
 
@@ -61,4 +59,4 @@ def attention_mixer(
         states.append(AttentionState(keys=all_keys, values=all_values))
 
     gated = out.flatten(1) * torch.sigmoid(gate.flatten(1))
-    return ops.linear(gated, w.o_proj, threads), states
+    return gated @ w.o_proj.T, states

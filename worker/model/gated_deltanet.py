@@ -108,18 +108,17 @@ def gdn_mixer(
     spans: Sequence[tuple[int, int]],
     parent_states: Sequence[GdnState | int | None],
     plan: ConvPlan | None = None,
-    threads: int | None = None,
 ) -> tuple[Tensor, list[GdnState]]:
     """h: [T_total, D] normed hidden rows of all segments; spans: each segment's [start, end) rows;
     parent_states: each segment's starting state, or the index of an earlier segment of this
         launch whose final state it continues from (None: start of prompt); plan: the pass's
-        conv_plan (built here if not given); threads: the products' (ops.linear).
+        conv_plan (built here if not given).
     Returns (mixer output [T_total, D], each segment's final GdnState)."""
     if plan is None:
         plan = conv_plan(spans, parent_states, w.conv_weight.shape[1])
-    mixed_qkv = ops.linear(h, w.in_proj_qkv, threads)  # [T, C], the conv input (and so the conv window)
-    z = ops.linear(h, w.in_proj_z, threads).unflatten(-1, (config.linear_num_value_heads, config.linear_value_head_dim))
-    g, beta = decay_and_beta(ops.linear(h, w.in_proj_a, threads), ops.linear(h, w.in_proj_b, threads), w)
+    mixed_qkv = h @ w.in_proj_qkv.T  # [T, C], the conv input (and so the conv window)
+    z = (h @ w.in_proj_z.T).unflatten(-1, (config.linear_num_value_heads, config.linear_value_head_dim))
+    g, beta = decay_and_beta(h @ w.in_proj_a.T, h @ w.in_proj_b.T, w)
     # The conv and the per-row q/k/v preparation run over all rows at once (row-local arithmetic);
     # only the recurrence walks the segments, each from its parent's state.
     conv_out, windows = packed_conv(mixed_qkv, w.conv_weight, plan, parent_states)
@@ -145,4 +144,4 @@ def gdn_mixer(
     core = core.transpose(0, 1).contiguous().to(h.dtype)
 
     normed = ops.gated_rms_norm(core, z, w.norm_weight, config.rms_norm_eps)
-    return ops.linear(normed.flatten(1), w.out_proj, threads), states
+    return normed.flatten(1) @ w.out_proj.T, states

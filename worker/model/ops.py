@@ -19,22 +19,6 @@ from openjev.worker.geometry import GDN_CHUNK_TOKENS
 L2NORM_EPS = 1e-6
 
 
-def linear(x: Tensor, weight: Tensor, threads: int | None = None) -> Tensor:
-    """x @ weight.T with the product on `threads` intra-op threads (None: the caller's count);
-    the ops around it stay on the caller's count, as small ops run faster on one. The product's
-    bits do not depend on its thread count (checked for the model's shapes and padded row counts
-    in tests/worker/model/test_model_ops.py), so a pass's row count, which picks the threads,
-    changes no answer."""
-    before = torch.get_num_threads()
-    if threads is None or threads == before:
-        return x @ weight.T
-    torch.set_num_threads(threads)
-    try:
-        return x @ weight.T
-    finally:
-        torch.set_num_threads(before)
-
-
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Zero-centred RMSNorm: x / rms(x) * (1 + weight).
     x: [..., D] any float (e.g. [T, D], or [T, H, Dh] per head); weight: [D]. Computes in fp32,

@@ -29,20 +29,9 @@ class TorchRunner:
     # may be cut exactly only on that 64-token grid (openjev.worker.cache.keys)
     state_cut_anywhere = False
 
-    def __init__(
-        self,
-        model_dir: Path,
-        *,
-        dtype: torch.dtype = torch.float32,
-        num_threads: int | None = None,
-        product_threads: int | None = None,
-        product_rows: int = 0,
-    ):
-        """num_threads: torch's intra-op threads (None: torch's default); product_threads: the dense
-        products' threads in passes of at least product_rows rows (None: num_threads)."""
+    def __init__(self, model_dir: Path, *, dtype: torch.dtype = torch.float32, num_threads: int | None = None):
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        self.product_threads, self.product_rows = product_threads, product_rows
         self.meta: ExportMeta = load_export_meta(model_dir)
         self.config: ModelConfig = load_model_config(model_dir)
         self.dtype = dtype
@@ -77,8 +66,7 @@ class TorchRunner:
             [run.read_head for run in runs],
         )
         with torch.inference_mode():
-            wide = len(launch.token_ids) >= self.product_rows
-            hidden, layer_states = forward(self.weights, self.config, launch, self.product_threads if wide else None)
+            hidden, layer_states = forward(self.weights, self.config, launch)
         states = [
             SegmentState(num_tokens=run.start_position + len(run.token_ids), layers=layers)
             for run, layers in zip(runs, layer_states[: len(runs)], strict=True)  # not the pad segment

@@ -131,21 +131,3 @@ def test_head_score_accumulates_in_fp64_rounds_to_fp32():
     got = ops.head_score(hidden, weight, bias)
     assert got == want
     assert got == float(torch.tensor(got, dtype=torch.float32))  # an fp32 value
-
-
-@pytest.mark.parametrize(
-    ("in_dim", "out_dim"), [(128, 384), (384, 128), (128, 512), (128, 256), (128, 128), (256, 128), (128, 4)]
-)
-def test_products_on_two_threads_equal_one_thread_bit_for_bit(in_dim, out_dim):
-    """The premise of ops.linear's threads (and of batch invariance with them): a product's
-    elements have the same bits on one thread and on two, at every padded row count."""
-    weight = torch.randn(out_dim, in_dim)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        for rows in range(16, 1040, 16):
-            x = torch.randn(rows, in_dim)
-            assert torch.equal(ops.linear(x, weight, threads=2), x @ weight.T), rows
-            assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(before)
