@@ -28,8 +28,9 @@ StateT = TypeVar("StateT", GdnState, AttentionState)
 
 @dataclass(frozen=True)
 class PackedLaunch:
-    """token_ids: [T_total] int64, all segments' tokens back to back; positions: [T_total] int64
-    rotary positions; spans: each segment's [start, end) rows; parents: per segment, its
+    """token_ids: [T_total] int64, all segments' tokens back to back, then pad rows up to the row
+    quantum (in no span: the mixers leave them zero); positions: [T_total] int64 rotary
+    positions; spans: each segment's [start, end) rows; parents: per segment, its
     parent's per-layer states from an earlier pass, or the index of an earlier segment of this
     pass, or None (start of prompt); head_rows: rows whose final hidden state is wanted, in
     output order."""
@@ -79,7 +80,9 @@ def forward(
     per_layer_states: list[Sequence[LayerState]] = []
     last = len(weights.layers) - 1
     head_rows = _padded(list(launch.head_rows))
-    plan = conv_plan(launch.spans, launch.parents, config.linear_conv_kernel_dim)  # one for all GDN layers
+    plan = conv_plan(
+        launch.spans, launch.parents, config.linear_conv_kernel_dim, len(launch.token_ids)
+    )  # one for all GDN layers
     for index, layer in enumerate(weights.layers):
         normed = ops.rms_norm(x, layer.input_norm, config.rms_norm_eps)
         mixed, states = run_mixer(layer, config, normed, launch, index, plan)
@@ -111,8 +114,9 @@ def pack(
     parents: Sequence[tuple[LayerState, ...] | int | None],
     read_head: Sequence[bool],
 ) -> PackedLaunch:
-    """Lay segments back to back, plus one pad segment (token 0 from position 0, never read)
-    up to a multiple of ROW_QUANTUM rows. The head reads each reading segment's last row."""
+    """Lay segments back to back, plus pad rows (token 0 from position 0, in no segment: only the
+    row-wise dense work sees them) up to a multiple of ROW_QUANTUM rows. The head reads each
+    reading segment's last row."""
     spans: list[tuple[int, int]] = []
     positions: list[int] = []
     flat: list[int] = []
@@ -122,15 +126,12 @@ def pack(
         spans.append((begin, len(flat)))
         positions.extend(range(start_position, start_position + len(ids)))
     num_pad = -len(flat) % ROW_QUANTUM
-    if num_pad:
-        spans.append((len(flat), len(flat) + num_pad))
-        flat.extend([0] * num_pad)
-        positions.extend(range(num_pad))
-        parents = [*parents, None]
+    flat.extend([0] * num_pad)
+    positions.extend(range(num_pad))
     return PackedLaunch(
         token_ids=torch.tensor(flat, dtype=torch.int64),
         positions=torch.tensor(positions, dtype=torch.int64),
         spans=tuple(spans),
         parents=tuple(parents),
-        head_rows=tuple(end - 1 for (_, end), reads in zip(spans, read_head, strict=False) if reads),
+        head_rows=tuple(end - 1 for (_, end), reads in zip(spans, read_head, strict=True) if reads),
     )

@@ -34,7 +34,8 @@ def attention_mixer(
 ) -> tuple[Tensor, list[AttentionState]]:
     """h: [T_total, D] normed hidden rows; positions: [T_total] int64 rotary positions;
     spans: each segment's [start, end) rows; parent_states: each segment's ancestors' keys/values,
-    or the index of an earlier segment of this launch whose keys/values it continues.
+    or the index of an earlier segment of this launch whose keys/values it continues; rows after
+    the last span are padding (their output is zero).
     Returns (mixer output [T_total, D], each segment's AttentionState covering all its positions)."""
     num_heads, num_kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     eps = config.rms_norm_eps
@@ -46,6 +47,7 @@ def attention_mixer(
     keys = ops.apply_rotary(keys, positions, config.rotary_dim, config.rope_theta)
 
     out = torch.empty_like(query)
+    out[spans[-1][1] if spans else 0 :] = 0  # pad rows after the last span: in no segment
     states: list[AttentionState] = []
     for (start, end), source in zip(spans, parent_states, strict=True):
         parent = states[source] if isinstance(source, int) else source

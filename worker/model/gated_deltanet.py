@@ -55,10 +55,10 @@ class ConvPlan:
     outside: tuple[int, ...]
 
 
-def conv_plan(spans: Sequence[tuple[int, int]], sources: Sequence[object], num_taps: int) -> ConvPlan:
+def conv_plan(spans: Sequence[tuple[int, int]], sources: Sequence[object], num_taps: int, num_rows: int) -> ConvPlan:
     """sources: per segment None (start of prompt), the index of an in-pass parent segment, or a
-    state from an earlier pass (anything else)."""
-    num_rows = spans[-1][1] if spans else 0
+    state from an earlier pass (anything else); num_rows: the pass's rows, pad rows (in no span,
+    read as a stream of their own) included."""
     zero_row, width = num_rows, num_taps - 1
     shifted = [list(range(-width + j, num_rows - width + j)) for j in range(width)]
     windows: list[list[int]] = []
@@ -111,11 +111,12 @@ def gdn_mixer(
 ) -> tuple[Tensor, list[GdnState]]:
     """h: [T_total, D] normed hidden rows of all segments; spans: each segment's [start, end) rows;
     parent_states: each segment's starting state, or the index of an earlier segment of this
-        launch whose final state it continues from (None: start of prompt); plan: the pass's
+        launch whose final state it continues from (None: start of prompt); rows after the last
+        span are padding (their output is zero); plan: the pass's
         conv_plan (built here if not given).
     Returns (mixer output [T_total, D], each segment's final GdnState)."""
     if plan is None:
-        plan = conv_plan(spans, parent_states, w.conv_weight.shape[1])
+        plan = conv_plan(spans, parent_states, w.conv_weight.shape[1], h.shape[0])
     mixed_qkv = h @ w.in_proj_qkv.T  # [T, C], the conv input (and so the conv window)
     z = (h @ w.in_proj_z.T).unflatten(-1, (config.linear_num_value_heads, config.linear_value_head_dim))
     g, beta = decay_and_beta(h @ w.in_proj_a.T, h @ w.in_proj_b.T, w)
@@ -128,6 +129,7 @@ def gdn_mixer(
     gh, betah = g.T.contiguous(), beta.float().T.contiguous()
 
     core = vh.new_empty(vh.shape)  # [Hv, T, Dv]
+    core[:, spans[-1][1] if spans else 0 :] = 0  # pad rows: in no segment, read by nothing
     states: list[GdnState] = []
     for index, ((start, end), source) in enumerate(zip(spans, parent_states, strict=True)):
         parent = states[source] if isinstance(source, int) else source
