@@ -218,8 +218,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offset: int, block_rows: int = 
         # [Hkv, group * rows, D]: kv head j's row i * rows + t is query head j * group + i, token t
         grouped = grouped.reshape(num_kv_heads, group * rows, head_dim)
         scores = torch.bmm(grouped, keys[:, :visible].transpose(-1, -2)).mul_(head_dim**-0.5)
-        masked = key_pos[None, :visible] > key_pos[q_offset + first : visible, None]  # key after query
-        scores = scores.unflatten(1, (group, rows)).masked_fill_(masked, float("-inf"))  # [Hkv, group, rows, S]
+        scores = scores.unflatten(1, (group, rows))  # [Hkv, group, rows, visible]
+        # every row sees every key before the block's first query: only the block's own keys can
+        # lie after a query, so only those columns are masked
+        own = slice(q_offset + first, visible)
+        scores[..., own].masked_fill_(key_pos[None, own] > key_pos[own, None], float("-inf"))
         weights = torch.softmax(scores.float(), dim=-1).to(q.dtype).flatten(1, 2)
         block = torch.bmm(weights, values[:, :visible])  # [Hkv, group*rows, D]
         out[first:last] = block.unflatten(1, (group, rows)).permute(2, 0, 1, 3).reshape(rows, num_q_heads, head_dim)
