@@ -3,7 +3,8 @@
 Pre-norm residual layers; the layer kind comes from config.layer_types. Dense work (norms,
 projections, MLP) runs once over all rows [T_total, D]; mixers loop over segments. After the last
 layer's mixer only the rows the head reads go on: the rest feed nothing (states come from mixer
-inputs), so the last MLP and the final norm skip them.
+inputs), so the last MLP and the final norm skip them, and a last attention layer makes its
+queries and outputs for those rows alone (keys and values, the states, for all).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from openjev.worker.checkpoint.config import ModelConfig
-from openjev.worker.checkpoint.weights import GdnLayerWeights, LayerWeights, ModelWeights
+from openjev.worker.checkpoint.weights import AttentionLayerWeights, GdnLayerWeights, LayerWeights, ModelWeights
 from openjev.worker.model import ops
 from openjev.worker.model.gated_attention import attention_mixer
 from openjev.worker.model.gated_deltanet import ConvPlan, conv_plan, gdn_mixer
@@ -48,13 +49,19 @@ def mlp(x: Tensor, layer: LayerWeights) -> Tensor:
 
 
 def run_mixer(
-    layer: LayerWeights, config: ModelConfig, h: Tensor, launch: PackedLaunch, index: int, plan: ConvPlan
+    layer: LayerWeights,
+    config: ModelConfig,
+    h: Tensor,
+    launch: PackedLaunch,
+    index: int,
+    plan: ConvPlan,
+    query_rows: Sequence[int] | None = None,
 ) -> tuple[Tensor, Sequence[LayerState]]:
     parents = [p if p is None or isinstance(p, int) else p[index] for p in launch.parents]
     if isinstance(layer, GdnLayerWeights):
         return gdn_mixer(layer.mixer, config, h, launch.spans, _states_of(GdnState, parents, index), plan)
     return attention_mixer(
-        layer.mixer, config, h, launch.positions, launch.spans, _states_of(AttentionState, parents, index)
+        layer.mixer, config, h, launch.positions, launch.spans, _states_of(AttentionState, parents, index), query_rows
     )
 
 
@@ -85,11 +92,16 @@ def forward(
     )  # one for all GDN layers
     for index, layer in enumerate(weights.layers):
         normed = ops.rms_norm(x, layer.input_norm, config.rms_norm_eps)
-        mixed, states = run_mixer(layer, config, normed, launch, index, plan)
+        if index == last and isinstance(layer, AttentionLayerWeights):
+            # only the head rows go on: the last attention layer asks queries of them alone
+            mixed, states = run_mixer(layer, config, normed, launch, index, plan, head_rows)
+            x = x[head_rows] + mixed
+        else:
+            mixed, states = run_mixer(layer, config, normed, launch, index, plan)
+            x = x + mixed
+            if index == last:
+                x = x[head_rows]
         per_layer_states.append(states)
-        x = x + mixed
-        if index == last:
-            x = x[head_rows]
         x = x + mlp(ops.rms_norm(x, layer.post_attention_norm, config.rms_norm_eps), layer)
     hidden = ops.rms_norm(x, weights.final_norm, config.rms_norm_eps)[: len(launch.head_rows)]
     per_segment = [tuple(layer_states[s] for layer_states in per_layer_states) for s in range(len(launch.spans))]
