@@ -3,7 +3,8 @@
 Pre-norm residual layers; the layer kind comes from config.layer_types. Dense work (norms,
 projections, MLP) runs once over all rows [T_total, D]; mixers loop over segments. After the last
 layer's mixer only the rows the head reads go on: the rest feed nothing (states come from mixer
-inputs), so the last MLP and the final norm skip them.
+inputs), so the last MLP and the final norm skip them, and a last attention layer makes its
+queries and outputs for those rows alone (keys and values, the states, for all).
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from openjev.worker.checkpoint.config import ModelConfig
-from openjev.worker.checkpoint.weights import GdnLayerWeights, LayerWeights, ModelWeights
+from openjev.worker.checkpoint.weights import AttentionLayerWeights, GdnLayerWeights, LayerWeights, ModelWeights
 from openjev.worker.model import ops
 from openjev.worker.model.gated_attention import attention_mixer
-from openjev.worker.model.gated_deltanet import gdn_mixer
+from openjev.worker.model.gated_deltanet import ConvPlan, conv_plan, gdn_mixer
 from openjev.worker.model.state import AttentionState, GdnState, LayerState
 
 StateT = TypeVar("StateT", GdnState, AttentionState)
@@ -28,8 +29,9 @@ StateT = TypeVar("StateT", GdnState, AttentionState)
 
 @dataclass(frozen=True)
 class PackedLaunch:
-    """token_ids: [T_total] int64, all segments' tokens back to back; positions: [T_total] int64
-    rotary positions; spans: each segment's [start, end) rows; parents: per segment, its
+    """token_ids: [T_total] int64, all segments' tokens back to back, then pad rows up to the row
+    quantum (in no span: the mixers leave them zero); positions: [T_total] int64 rotary
+    positions; spans: each segment's [start, end) rows; parents: per segment, its
     parent's per-layer states from an earlier pass, or the index of an earlier segment of this
     pass, or None (start of prompt); head_rows: rows whose final hidden state is wanted, in
     output order."""
@@ -47,13 +49,19 @@ def mlp(x: Tensor, layer: LayerWeights) -> Tensor:
 
 
 def run_mixer(
-    layer: LayerWeights, config: ModelConfig, h: Tensor, launch: PackedLaunch, index: int
+    layer: LayerWeights,
+    config: ModelConfig,
+    h: Tensor,
+    launch: PackedLaunch,
+    index: int,
+    plan: ConvPlan,
+    query_rows: Sequence[int] | None = None,
 ) -> tuple[Tensor, Sequence[LayerState]]:
     parents = [p if p is None or isinstance(p, int) else p[index] for p in launch.parents]
     if isinstance(layer, GdnLayerWeights):
-        return gdn_mixer(layer.mixer, config, h, launch.spans, _states_of(GdnState, parents, index))
+        return gdn_mixer(layer.mixer, config, h, launch.spans, _states_of(GdnState, parents, index), plan)
     return attention_mixer(
-        layer.mixer, config, h, launch.positions, launch.spans, _states_of(AttentionState, parents, index)
+        layer.mixer, config, h, launch.positions, launch.spans, _states_of(AttentionState, parents, index), query_rows
     )
 
 
@@ -79,12 +87,21 @@ def forward(
     per_layer_states: list[Sequence[LayerState]] = []
     last = len(weights.layers) - 1
     head_rows = _padded(list(launch.head_rows))
+    plan = conv_plan(
+        launch.spans, launch.parents, config.linear_conv_kernel_dim, len(launch.token_ids)
+    )  # one for all GDN layers
     for index, layer in enumerate(weights.layers):
-        mixed, states = run_mixer(layer, config, ops.rms_norm(x, layer.input_norm, config.rms_norm_eps), launch, index)
+        normed = ops.rms_norm(x, layer.input_norm, config.rms_norm_eps)
+        if index == last and isinstance(layer, AttentionLayerWeights):
+            # only the head rows go on: the last attention layer asks queries of them alone
+            mixed, states = run_mixer(layer, config, normed, launch, index, plan, head_rows)
+            x = x[head_rows] + mixed
+        else:
+            mixed, states = run_mixer(layer, config, normed, launch, index, plan)
+            x = x + mixed
+            if index == last:
+                x = x[head_rows]
         per_layer_states.append(states)
-        x = x + mixed
-        if index == last:
-            x = x[head_rows]
         x = x + mlp(ops.rms_norm(x, layer.post_attention_norm, config.rms_norm_eps), layer)
     hidden = ops.rms_norm(x, weights.final_norm, config.rms_norm_eps)[: len(launch.head_rows)]
     per_segment = [tuple(layer_states[s] for layer_states in per_layer_states) for s in range(len(launch.spans))]
@@ -109,8 +126,9 @@ def pack(
     parents: Sequence[tuple[LayerState, ...] | int | None],
     read_head: Sequence[bool],
 ) -> PackedLaunch:
-    """Lay segments back to back, plus one pad segment (token 0 from position 0, never read)
-    up to a multiple of ROW_QUANTUM rows. The head reads each reading segment's last row."""
+    """Lay segments back to back, plus pad rows (token 0 from position 0, in no segment: only the
+    row-wise dense work sees them) up to a multiple of ROW_QUANTUM rows. The head reads each
+    reading segment's last row."""
     spans: list[tuple[int, int]] = []
     positions: list[int] = []
     flat: list[int] = []
@@ -120,15 +138,12 @@ def pack(
         spans.append((begin, len(flat)))
         positions.extend(range(start_position, start_position + len(ids)))
     num_pad = -len(flat) % ROW_QUANTUM
-    if num_pad:
-        spans.append((len(flat), len(flat) + num_pad))
-        flat.extend([0] * num_pad)
-        positions.extend(range(num_pad))
-        parents = [*parents, None]
+    flat.extend([0] * num_pad)
+    positions.extend(range(num_pad))
     return PackedLaunch(
         token_ids=torch.tensor(flat, dtype=torch.int64),
         positions=torch.tensor(positions, dtype=torch.int64),
         spans=tuple(spans),
         parents=tuple(parents),
-        head_rows=tuple(end - 1 for (_, end), reads in zip(spans, read_head, strict=False) if reads),
+        head_rows=tuple(end - 1 for (_, end), reads in zip(spans, read_head, strict=True) if reads),
     )

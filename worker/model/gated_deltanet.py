@@ -7,6 +7,7 @@ continuing from its parent's GdnState.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,33 +41,109 @@ def split_qkv(mixed: Tensor, config: ModelConfig) -> tuple[Tensor, Tensor, Tenso
     return q, k, v.reshape(seq_len, config.linear_num_value_heads, config.linear_value_head_dim)
 
 
+@dataclass(frozen=True)
+class ConvPlan:
+    """Where each packed row's conv inputs come from, the same for every GDN layer of a pass.
+    Rows are gathered from [the pass's conv inputs (T rows); one zero row; each segment's
+    window from an earlier pass (K-1 rows each, in segment order)].
+    shifted: [K-1, T] int64, shifted[j][t] = the row holding the input K-1-j steps before row t;
+    windows: [N, K-1] int64, each segment's last K-1 inputs (its final conv window);
+    outside: indices of the segments whose window comes from an earlier pass."""
+
+    shifted: Tensor
+    windows: Tensor
+    outside: tuple[int, ...]
+
+
+def conv_plan(spans: Sequence[tuple[int, int]], sources: Sequence[object], num_taps: int, num_rows: int) -> ConvPlan:
+    """sources: per segment None (start of prompt), the index of an in-pass parent segment, or a
+    state from an earlier pass (anything else); num_rows: the pass's rows, pad rows (in no span,
+    read as a stream of their own) included."""
+    zero_row, width = num_rows, num_taps - 1
+    shifted = [list(range(-width + j, num_rows - width + j)) for j in range(width)]
+    windows: list[list[int]] = []
+    outside: list[int] = []
+    for index, ((start, end), source) in enumerate(zip(spans, sources, strict=True)):
+        if source is None:
+            context = [zero_row] * width
+        elif isinstance(source, int):
+            context = windows[source]
+        else:
+            first = num_rows + 1 + width * len(outside)
+            context = list(range(first, first + width))
+            outside.append(index)
+        inputs = context + list(range(start, end))  # the segment's inputs, from K-1 before its first row
+        windows.append(inputs[-width:])
+        for j in range(width):  # row start + i, tap j reads inputs[i + j]; only i + j < K-1 lies before
+            for i in range(min(width - j, end - start)):
+                shifted[j][start + i] = context[i + j]
+    return ConvPlan(
+        shifted=torch.tensor(shifted, dtype=torch.int64).reshape(width, num_rows),
+        windows=torch.tensor(windows, dtype=torch.int64).reshape(len(spans), width),
+        outside=tuple(outside),
+    )
+
+
+def packed_conv(
+    mixed_qkv: Tensor, weight: Tensor, plan: ConvPlan, parents: Sequence[GdnState | int | None]
+) -> tuple[Tensor, Tensor]:
+    """The causal conv of every segment at once: each row's taps gathered as the plan says (its
+    own segment's rows, its in-pass parent's, an earlier window, or zeros), the same arithmetic
+    per element as ops.causal_conv1d on the segment alone.
+    Returns (silu(conv) [T, C], each segment's final window [N, K-1, C])."""
+    earlier = []
+    for index in plan.outside:
+        state = parents[index]
+        assert isinstance(state, GdnState)
+        earlier.append(state.conv_window.to(mixed_qkv.dtype))
+    rows = torch.cat([mixed_qkv, mixed_qkv.new_zeros(1, mixed_qkv.shape[1]), *earlier])
+    shifted = [rows[index] for index in plan.shifted]
+    return ops.conv_taps([*shifted, mixed_qkv], weight), rows[plan.windows]
+
+
 def gdn_mixer(
     w: GdnWeights,
     config: ModelConfig,
     h: Tensor,
     spans: Sequence[tuple[int, int]],
     parent_states: Sequence[GdnState | int | None],
+    plan: ConvPlan | None = None,
 ) -> tuple[Tensor, list[GdnState]]:
     """h: [T_total, D] normed hidden rows of all segments; spans: each segment's [start, end) rows;
     parent_states: each segment's starting state, or the index of an earlier segment of this
-        launch whose final state it continues from (None: start of prompt).
+        launch whose final state it continues from (None: start of prompt); rows after the last
+        span are padding (their output is zero); plan: the pass's
+        conv_plan (built here if not given).
     Returns (mixer output [T_total, D], each segment's final GdnState)."""
+    if plan is None:
+        plan = conv_plan(spans, parent_states, w.conv_weight.shape[1], h.shape[0])
     mixed_qkv = h @ w.in_proj_qkv.T  # [T, C], the conv input (and so the conv window)
     z = (h @ w.in_proj_z.T).unflatten(-1, (config.linear_num_value_heads, config.linear_value_head_dim))
     g, beta = decay_and_beta(h @ w.in_proj_a.T, h @ w.in_proj_b.T, w)
+    # The conv and the per-row q/k/v preparation run over all rows at once (row-local arithmetic);
+    # only the recurrence walks the segments, each from its parent's state.
+    conv_out, windows = packed_conv(mixed_qkv, w.conv_weight, plan, parent_states)
+    q, k, v = split_qkv(conv_out, config)
+    # head-major fp32 once for all rows; each segment reads its columns
+    qh, kh, vh = (t.float().transpose(0, 1).contiguous() for t in (q, k, v))
+    gh, betah = g.T.contiguous(), beta.float().T.contiguous()
 
-    core = h.new_empty(h.shape[0], config.linear_num_value_heads, config.linear_value_head_dim)
+    core = vh.new_empty(vh.shape)  # [Hv, T, Dv]
+    core[:, spans[-1][1] if spans else 0 :] = 0  # pad rows: in no segment, read by nothing
     states: list[GdnState] = []
-    for (start, end), source in zip(spans, parent_states, strict=True):
+    for index, ((start, end), source) in enumerate(zip(spans, parent_states, strict=True)):
         parent = states[source] if isinstance(source, int) else source
-        conv_out, window = ops.causal_conv1d(
-            mixed_qkv[start:end], w.conv_weight, None if parent is None else parent.conv_window
+        rows = slice(start, end)
+        core[:, rows], recurrent = ops.gated_delta_rule_heads(
+            qh[:, rows],
+            kh[:, rows],
+            vh[:, rows],
+            gh[:, rows],
+            betah[:, rows],
+            None if parent is None else parent.recurrent,
         )
-        q, k, v = split_qkv(conv_out, config)
-        core[start:end], recurrent = ops.gated_delta_rule(
-            q, k, v, g[start:end], beta[start:end], None if parent is None else parent.recurrent
-        )
-        states.append(GdnState(conv_window=window, recurrent=recurrent))
+        states.append(GdnState(conv_window=windows[index], recurrent=recurrent))
+    core = core.transpose(0, 1).contiguous().to(h.dtype)
 
     normed = ops.gated_rms_norm(core, z, w.norm_weight, config.rms_norm_eps)
     return normed.flatten(1) @ w.out_proj.T, states

@@ -7,6 +7,8 @@ transformers is the oracle within 1e-4.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -60,18 +62,27 @@ def apply_rotary(x: Tensor, positions: Tensor, rotary_dim: int, theta: float) ->
     return torch.cat([x_rot * cos + rotated_half * sin, x_pass], dim=-1)
 
 
+def conv_taps(shifted: Sequence[Tensor], weight: Tensor) -> Tensor:
+    """silu(sum_j shifted[j] * weight[:, j]), summed in tap order by separate elementwise products
+    and additions, so an element's bits depend only on its own inputs (however many rows share
+    the call). shifted[j]: [T, C], the inputs K-1-j steps back; weight: [C, K]."""
+    out = shifted[0] * weight[:, 0]
+    for j in range(1, weight.shape[1]):
+        out = out + shifted[j] * weight[:, j]
+    return F.silu(out)
+
+
 def causal_conv1d(x: Tensor, weight: Tensor, window: Tensor | None) -> tuple[Tensor, Tensor]:
     """Depthwise causal conv + SiLU, continuing from the previous inputs.
     x: [T, C]; weight: [C, K] (tap K-1 multiplies the current input); window: [K-1, C], the
     K-1 inputs before x (None: zeros, the start of a prompt).
     Returns (silu(conv(x)) [T, C] in x.dtype, new window [K-1, C] = the last K-1 inputs)."""
-    num_taps = weight.shape[1]
+    num_taps, seq_len = weight.shape[1], x.shape[0]
     if window is None:
         window = x.new_zeros(num_taps - 1, x.shape[1])
     padded = torch.cat([window.to(x.dtype), x], dim=0)  # [T + K - 1, C]
-    taps = padded.unfold(0, num_taps, 1)  # [T, C, K]: taps[t, c, j] = padded[t + j, c]
-    out = (taps * weight[None]).sum(-1)
-    return F.silu(out), padded[-(num_taps - 1) :].clone()
+    out = conv_taps([padded[j : j + seq_len] for j in range(num_taps)], weight)
+    return out, padded[-(num_taps - 1) :].clone()
 
 
 def gated_delta_rule_recurrent(
@@ -95,30 +106,53 @@ def gated_delta_rule_recurrent(
     return out, s
 
 
-def _delta_rule_chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s: Tensor) -> tuple[Tensor, Tensor]:
+_CHUNK_MASKS: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}
+
+
+def _chunk_masks(chunk_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(above the diagonal, on or above it) of a [chunk_len, chunk_len] chunk, built once."""
+    masks = _CHUNK_MASKS.get((chunk_len, device))
+    if masks is None:
+        ones = torch.ones(chunk_len, chunk_len, dtype=torch.bool, device=device)
+        masks = _CHUNK_MASKS[(chunk_len, device)] = (~ones.tril(), ~ones.tril(-1))
+    return masks
+
+
+def _delta_rule_chunk(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s: Tensor | None
+) -> tuple[Tensor, Tensor]:
     """One chunk of the gated delta rule in matrix form (WY / UT transform).
-    q, k: [H, C, Dk]; v: [H, C, Dv]; g, beta: [H, C]; s: [H, Dk, Dv]; all fp32.
+    q, k: [H, C, Dk]; v: [H, C, Dv]; g, beta: [H, C]; s: [H, Dk, Dv] or None (zeros); all fp32.
 
     Within the chunk, with G_t = sum_{j<=t} g_j and u_t the value written at step t:
         S_t = e^{G_t} S_0 + sum_{j<=t} e^{G_t - G_j} k_j u_j^T
         u_t = beta_t (v_t - e^{G_t} S_0^T k_t - sum_{j<t} e^{G_t - G_j} (k_t.k_j) u_j)
     so (I + A) U = beta V - beta e^G K S_0 with A strictly lower triangular; one triangular
-    solve gives all u_t, then outputs and the end state are matrix products."""
-    chunk_len = q.shape[1]
+    solve gives all u_t, then outputs and the end state are matrix products. With S_0 = 0 (a
+    prompt's first chunk) its terms are left out: adding zeros would change no bit."""
+    above, not_below = _chunk_masks(q.shape[1], q.device)
+    # torch.bmm and in-place steps: the products and roundings of the plain expressions, without
+    # matmul's dispatch and the temporaries (a chunk's ops are tiny, so their overhead is its cost)
     cum_g = g.cumsum(-1)  # [H, C]
-    causal = torch.ones(chunk_len, chunk_len, dtype=torch.bool, device=q.device).tril()
     # decay[h, t, j] = e^{G_t - G_j} for j <= t; masked before exp so j > t cannot overflow.
-    decay = (cum_g[:, :, None] - cum_g[:, None, :]).masked_fill(~causal, float("-inf")).exp()
-    strictly_below = torch.ones(chunk_len, chunk_len, dtype=torch.bool, device=q.device).tril(-1)
-    # A[h, t, j] = beta_t e^{G_t - G_j} (k_t . k_j) for j < t.
-    strictly_lower = (beta[:, :, None] * (k @ k.transpose(-1, -2)) * decay).masked_fill(~strictly_below, 0.0)
-    system = strictly_lower + torch.eye(chunk_len, device=q.device)
-    rhs = beta[:, :, None] * (v - (cum_g.exp()[:, :, None] * k) @ s)  # [H, C, Dv]
-    u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-    scores = (q @ k.transpose(-1, -2)) * decay  # [H, C, C], zero above the diagonal
-    out = (cum_g.exp()[:, :, None] * q) @ s + scores @ u
-    end_decay = (cum_g[:, -1:] - cum_g).exp()  # e^{G_C - G_j}: [H, C]
-    s_end = cum_g[:, -1].exp()[:, None, None] * s + (end_decay[:, :, None] * k).transpose(-1, -2) @ u
+    decay = (cum_g[:, :, None] - cum_g[:, None, :]).masked_fill_(above, float("-inf")).exp_()
+    k_t = k.transpose(-1, -2)
+    # A[h, t, j] = beta_t e^{G_t - G_j} (k_t . k_j) for j < t. The solve is told the diagonal is
+    # one (unitriangular) and never reads it, so I + A needs no identity added.
+    beta_col = beta[:, :, None]
+    strictly_lower = torch.bmm(k, k_t).mul_(beta_col).mul_(decay).masked_fill_(not_below, 0.0)
+    if s is None:
+        rhs = beta_col * v
+    else:
+        start_decay = cum_g.exp()[:, :, None]
+        rhs = beta_col * (v - torch.bmm(start_decay * k, s))  # [H, C, Dv]
+    u = torch.linalg.solve_triangular(strictly_lower, rhs, upper=False, unitriangular=True)
+    scores = torch.bmm(q, k_t).mul_(decay)  # [H, C, C], zero above the diagonal
+    out = torch.bmm(scores, u) if s is None else torch.bmm(start_decay * q, s) + torch.bmm(scores, u)
+    end_decay = (cum_g[:, -1:] - cum_g).exp_()  # e^{G_C - G_j}: [H, C]
+    s_end = torch.bmm((end_decay[:, :, None] * k).transpose(-1, -2), u)
+    if s is not None:
+        s_end = cum_g[:, -1].exp()[:, None, None] * s + s_end
     return out, s_end
 
 
@@ -129,18 +163,29 @@ def gated_delta_rule(
     q, k: [T, H, Dk] (L2-normalized, q scaled by Dk^-0.5, k heads repeated to the v heads);
     v: [T, H, Dv]; g: [T, H] log decay (<= 0); beta: [T, H]; state: [H, Dk, Dv] fp32 or None.
     Returns (o [T, H, Dv] in v.dtype, final state [H, Dk, Dv] fp32). fp32 math throughout."""
-    # Head-major fp32 copies: [H, T, D] and [H, T].
-    qh, kh, vh = (t.float().transpose(0, 1) for t in (q, k, v))
-    gh, betah = g.float().T, beta.float().T
-    num_heads, seq_len, key_dim = kh.shape
-    s = qh.new_zeros(num_heads, key_dim, vh.shape[-1]) if state is None else state.float()
+    qh, kh, vh = (t.float().transpose(0, 1).contiguous() for t in (q, k, v))
+    out, s = gated_delta_rule_heads(
+        qh, kh, vh, g.float().T.contiguous(), beta.float().T.contiguous(), state, chunk_size
+    )
+    return out.transpose(0, 1).to(v.dtype), s
+
+
+def gated_delta_rule_heads(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None, chunk_size: int = GDN_CHUNK_TOKENS
+) -> tuple[Tensor, Tensor]:
+    """gated_delta_rule on head-major fp32 inputs: q, k [H, T, Dk]; v [H, T, Dv]; g, beta [H, T].
+    Returns (o [H, T, Dv] fp32, final state [H, Dk, Dv] fp32)."""
+    num_heads, seq_len, key_dim = k.shape
+    if seq_len == 0:
+        return v.new_zeros(v.shape), v.new_zeros(num_heads, key_dim, v.shape[-1]) if state is None else state.float()
+    s = None if state is None else state.float()
     outs = []
     for start in range(0, seq_len, chunk_size):
         chunk = slice(start, min(start + chunk_size, seq_len))
-        o, s = _delta_rule_chunk(qh[:, chunk], kh[:, chunk], vh[:, chunk], gh[:, chunk], betah[:, chunk], s)
+        o, s = _delta_rule_chunk(q[:, chunk], k[:, chunk], v[:, chunk], g[:, chunk], beta[:, chunk], s)
         outs.append(o)
-    out = torch.cat(outs, dim=1) if outs else vh.new_zeros(vh.shape)
-    return out.transpose(0, 1).to(v.dtype), s
+    assert s is not None
+    return (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]), s
 
 
 # Query rows per attention block, counted from the segment's start. Equal to the GDN chunk so that
@@ -160,18 +205,27 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offset: int, block_rows: int = 
     if num_keys != q_offset + seq_len:
         raise ValueError(f"attention: {num_keys} keys, expected q_offset + T = {q_offset + seq_len}")
     group = num_q_heads // num_kv_heads
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
+    # Grouped queries: the `group` query heads of one kv head are stacked as rows of one product
+    # against that head's keys, so keys and values are laid out head-major once, never repeated.
+    keys = k.transpose(0, 1).contiguous()  # [Hkv, S, D]
+    values = v.transpose(0, 1).contiguous()
+    key_pos = torch.arange(num_keys, device=q.device)
     out = torch.empty_like(q)
     for first in range(0, seq_len, block_rows):
         last = min(first + block_rows, seq_len)
-        visible = q_offset + last  # keys beyond the block's last query are masked for every row
-        scores = torch.einsum("thd,shd->hts", q[first:last], k[:visible]) * head_dim**-0.5
-        query_pos = torch.arange(first, last, device=q.device) + q_offset
-        key_pos = torch.arange(visible, device=q.device)
-        scores = scores.masked_fill(key_pos[None, None, :] > query_pos[None, :, None], float("-inf"))
-        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        out[first:last] = torch.einsum("hts,shd->thd", weights, v[:visible])
+        rows, visible = last - first, q_offset + last  # keys beyond the block's last query are masked for every row
+        grouped = q[first:last].reshape(rows, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        # [Hkv, group * rows, D]: kv head j's row i * rows + t is query head j * group + i, token t
+        grouped = grouped.reshape(num_kv_heads, group * rows, head_dim)
+        scores = torch.bmm(grouped, keys[:, :visible].transpose(-1, -2)).mul_(head_dim**-0.5)
+        scores = scores.unflatten(1, (group, rows))  # [Hkv, group, rows, visible]
+        # every row sees every key before the block's first query: only the block's own keys can
+        # lie after a query, so only those columns are masked
+        own = slice(q_offset + first, visible)
+        scores[..., own].masked_fill_(key_pos[None, own] > key_pos[own, None], float("-inf"))
+        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype).flatten(1, 2)
+        block = torch.bmm(weights, values[:, :visible])  # [Hkv, group*rows, D]
+        out[first:last] = block.unflatten(1, (group, rows)).permute(2, 0, 1, 3).reshape(rows, num_q_heads, head_dim)
     return out
 
 

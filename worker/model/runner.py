@@ -69,7 +69,7 @@ class TorchRunner:
             hidden, layer_states = forward(self.weights, self.config, launch)
         states = [
             SegmentState(num_tokens=run.start_position + len(run.token_ids), layers=layers)
-            for run, layers in zip(runs, layer_states[: len(runs)], strict=True)  # not the pad segment
+            for run, layers in zip(runs, layer_states, strict=True)
         ]
         return hidden, states
 

@@ -70,3 +70,28 @@ def test_wrong_start_position_is_refused(runner):
     [parent] = runner.run_launch([SegmentRun(ids[:4], 0, None, keep_state=True, read_head=False)])
     with pytest.raises(ValueError, match="start_position"):
         runner.run_launch([SegmentRun(ids[4:], 5, parent.state, keep_state=False, read_head=True)])
+
+
+def test_last_layer_asks_queries_of_the_head_rows_alone(runner):
+    """The last attention layer's queries and outputs for the head rows only (each the last row
+    of a segment, one row asked twice as the row padding does) equal those rows of the whole
+    layer, and its keys/values (the states) are the whole layer's bit for bit; a row that ends
+    no segment is refused."""
+    from openjev.worker.checkpoint.weights import AttentionLayerWeights
+    from openjev.worker.model.gated_attention import attention_mixer
+
+    layer = runner.weights.layers[-1]
+    assert isinstance(layer, AttentionLayerWeights)
+    torch.manual_seed(3)
+    h = torch.randn(48, runner.config.hidden_size)
+    positions = torch.tensor(list(range(20)) + list(range(20, 48)))
+    spans, parents = [(0, 20), (20, 48)], [None, 0]
+    with torch.inference_mode():
+        whole, whole_states = attention_mixer(layer.mixer, runner.config, h, positions, spans, parents)
+        asked, states = attention_mixer(layer.mixer, runner.config, h, positions, spans, parents, [19, 47, 47])
+        assert asked.shape == (3, runner.config.hidden_size)
+        assert (asked - whole[[19, 47, 47]]).abs().max().item() <= 1e-5 * whole.abs().max().item()
+        for got, want in zip(states, whole_states, strict=True):
+            assert torch.equal(got.keys, want.keys) and torch.equal(got.values, want.values)
+        with pytest.raises(ValueError, match="not the last row"):
+            attention_mixer(layer.mixer, runner.config, h, positions, spans, parents, [18])
