@@ -45,9 +45,9 @@ def num_attention_pairs(plan: Plan) -> int:
 # predicts the measured off and shared latencies). A launch's fixed cost is Python and per-layer
 # op dispatch; the attention term is large because the CPU path materializes the score matrices.
 CPU_COST_MODEL = CostModel(
-    seconds_per_launch=5.0e-3,
-    seconds_per_token=9.2e-5,
-    seconds_per_attention_pair=6.5e-8,
+    seconds_per_launch=5.7e-3,
+    seconds_per_token=8.4e-5,
+    seconds_per_attention_pair=2.4e-8,
 )
 
 # GPU: the 27B shape on one H200 (docs/prefix-reuse.md). Launch = the weight read, ~54 GB at
