@@ -15,9 +15,9 @@ import time
 
 import grpc
 import pytest
-from conftest import HYPOTHESIS  # tests/reliability/conftest.py (rootdir-relative, no packages)
 from hypothesis import event, given
 from hypothesis import strategies as st
+from hypothesis_profiles import HYPOTHESIS
 
 from openjev import serving
 from openjev.contract import errors

@@ -12,9 +12,9 @@ import uuid
 
 import grpc
 import pytest
-from conftest import HYPOTHESIS
 from hypothesis import given
 from hypothesis import strategies as st
+from hypothesis_profiles import HYPOTHESIS
 
 from openjev.tools import launch
 from openjev.tools.soak import log_events

@@ -8,7 +8,7 @@ import random
 import threading
 
 import pytest
-from conftest import session_request, states_of, to_work
+from cache_requests import session_request, states_of, to_work
 
 from openjev.worker.cache.sizing import build_state_cache
 from openjev.worker.engine import Engine, ExecutionResult, QuestionWork
