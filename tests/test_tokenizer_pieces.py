@@ -102,3 +102,13 @@ def test_other_tokenizer_configurations_are_encoded_whole(tokenizer_json, tmp_pa
     path.write_text(json.dumps(document))
     Tokenizer.from_file(str(path))  # still a valid file
     assert PromptTokenizer(path, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX).pieces is None
+
+
+def test_every_character_after_a_line_feed(prompt_tokenizer):
+    """Each code point below U+3100 (and a few above) right after a cut, with letters, spaces,
+    punctuation and a combining mark around it: what a regex or normalizer disagreement with
+    str.isspace() would break."""
+    chars = [chr(c) for c in range(0x3100) if not 0xD800 <= c < 0xE000] + ["\u180e", "\ufeff", "\U0001f600"]
+    texts = [pre + c + post for c in chars for pre, post in (("a\n", "b"), ("x.\n", " \u0301"))]
+    pieces = PieceEncoder(lambda batch: whole(prompt_tokenizer, batch))
+    assert pieces.encode(texts) == whole(prompt_tokenizer, texts)
