@@ -29,6 +29,8 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from tokenizers import Tokenizer
+
 # zero-width: after "\n", before a character str.isspace() calls non-space. Python's \s is a
 # superset of the Unicode White_Space the regex's \s means, so every cut found is a safe one.
 CUT = re.compile(r"(?<=\n)(?=\S)")
@@ -52,7 +54,8 @@ class PieceEncoder:
 
     @staticmethod
     def applies(tokenizer_json: dict, pattern: str) -> bool:
-        """Whether a tokenizer.json is the configuration the cut was proven for."""
+        """Whether a tokenizer.json's configuration (its normalizer, pre_tokenizer, model type and
+        added tokens) is the one the cut was proven for."""
         pre = tokenizer_json.get("pre_tokenizer") or {}
         steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
         if not steps or len(steps) != 2:
@@ -70,8 +73,21 @@ class PieceEncoder:
         )
 
     @classmethod
-    def for_tokenizer(cls, tokenizer_json: str, pattern: str, encode_batch: EncodeBatch) -> PieceEncoder | None:
-        return cls(encode_batch) if cls.applies(json.loads(tokenizer_json), pattern) else None
+    def for_tokenizer(cls, tokenizer: Tokenizer, pattern: str, encode_batch: EncodeBatch) -> PieceEncoder | None:
+        """An encoder where the loaded tokenizer's configuration (read from its parts, not by
+        parsing its multi-MB file again) is the proven one, else None."""
+        config = {
+            "normalizer": None if tokenizer.normalizer is None else json.loads(tokenizer.normalizer.__getstate__()),
+            "pre_tokenizer": None
+            if tokenizer.pre_tokenizer is None
+            else json.loads(tokenizer.pre_tokenizer.__getstate__()),
+            "model": {"type": type(tokenizer.model).__name__},
+            "added_tokens": [
+                {"content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip}
+                for t in tokenizer.get_added_tokens_decoder().values()
+            ],
+        }
+        return cls(encode_batch) if cls.applies(config, pattern) else None
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         split = [CUT.split(text) for text in texts]

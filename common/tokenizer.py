@@ -154,7 +154,7 @@ class PromptTokenizer:
         # encode_batch_fast skips the offsets we never read; same ids (tokenizers >= 0.21).
         self._encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
         # None where the file is not the configuration pieces.py proves its cut for
-        self.pieces = PieceEncoder.for_tokenizer(data.decode("utf-8"), QWEN3_5_PAT_STR, self._encode_whole)
+        self.pieces = PieceEncoder.for_tokenizer(self.tokenizer, QWEN3_5_PAT_STR, self._encode_whole)
 
     @classmethod
     def from_export(cls, export_dir: str | Path) -> PromptTokenizer:
