@@ -44,12 +44,7 @@ class Prepared:
 
     def prefix_tokens(self, index: int) -> bytes:
         """The tokens before the end of piece `index` (what a deposit is keyed and checked by)."""
-        chain: list[Sequence[int]] = []
-        at: int | None = index
-        while at is not None:
-            chain.append(self.segments[at].token_ids)
-            at = self.segments[at].parent
-        return b"".join(token_bytes(tokens) for tokens in reversed(chain))
+        return b"".join(token_bytes(tokens) for tokens in _path(self.segments, index))
 
 
 @dataclass(frozen=True)
@@ -172,12 +167,17 @@ def _deposit_points(cache: StateCache, seg: Segment, grid: list[int], hit: int, 
     return [q for q in kept if not cache.contains(key(q))]
 
 
-def _prefix(segments: Sequence[Segment], index: int, position: int) -> bytes:
-    """The tokens before `position` on the path of plan segment `index`."""
+def _path(segments: Sequence[Segment], index: int) -> list[Sequence[int]]:
+    """The token ids of segment `index` and its ancestors, root first."""
     chain: list[Sequence[int]] = []
     at: int | None = index
     while at is not None:
         chain.append(segments[at].token_ids)
         at = segments[at].parent
-    tokens = [t for part in reversed(chain) for t in part]
+    return chain[::-1]
+
+
+def _prefix(segments: Sequence[Segment], index: int, position: int) -> bytes:
+    """The tokens before `position` on the path of plan segment `index`."""
+    tokens = [t for part in _path(segments, index) for t in part]
     return token_bytes(tokens[:position])
