@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests gdn gates-chunked kernels capacity sweep gemm gemm-split gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile state-hit attention
+#   steps: tests gdn gdn-serial gates-chunked kernels capacity sweep gemm gemm-split gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile state-hit attention
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -50,6 +50,9 @@ for step in "$@"; do
          timeout 150 python3 benchmarks/kernels_gpu.py --ops gdn --out $OUT/gdn-kernels.json 2>&1 | tee $OUT/gdn-kernels.txt \
            | grep -v "^  " | tail -30
          [ $rc = 0 ] || exit 1 ;;
+    # every serial-recurrence variant, short to long (one segment a launch), ~1 min
+    gdn-serial) timeout 200 python3 benchmarks/kernels_gpu.py --ops gdn_recurrent --tokens 64,256,1024,4096 \
+           --out $OUT/gdn-serial.json 2>&1 | tee $OUT/gdn-serial.txt | grep -v "^  " | tail -50 ;;
     gates-chunked) timeout 150 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
              --synthetic 27b --layers 8 --oracle-cases 0 --limit 40 --gdn-kernel chunked --out $OUT/gates-chunked.md 2>/tmp/gates.log | head -12 ;;
     # every kernel against its two ceilings, then the runner end to end (capacity, peak memory)

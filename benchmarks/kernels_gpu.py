@@ -130,7 +130,7 @@ def cases(T: int):
     init = torch.randn(1, H, DKV, DKV, device=DEV) * 0.1
     gdn_bytes = T * (2 * HK * DKV * 4 + HK * 4 + H * DKV * 2 * 2 + 2 * H * 4) + 2 * H * DKV * DKV * 4
     gdn_flops = T * H * DKV * DKV * 7  # S^T k, S^T q (FMA = 2), decay+update (3)
-    for variant in [K.GDN_DEFAULT]:  # the other variants were slower (docs/cuda-kernels.md)
+    for variant in K.GDN_VARIANTS:
         fn = lambda vr=variant: K.gdn_recurrent(qn, kn, kq, v, g, beta, cu, init, variant=vr)  # noqa: E731
         out.append((f"gdn_recurrent_{variant}", fn, gdn_bytes, gdn_flops, "fp32"))
     # chunked (WY) form on tf32 tensor cores, per 64-token chunk and head: k k^T and T [K | V] in

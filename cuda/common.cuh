@@ -40,6 +40,10 @@ __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_gen
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+// 4-byte form (cp.async allows .cg for 16 bytes only)
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }

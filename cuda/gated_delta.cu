@@ -220,6 +220,114 @@ __device__ __forceinline__ void gdn_recurrent(
             final_state[state_base + (long)(part * R + i) * DV + col0 + cg + c] = S[i][c];
 }
 
+// One column a thread, its DK rows over PARTS adjacent lanes (R = DK / PARTS each), and the next
+// CP tokens' k, q, v, g, beta, q.k copied (cp.async) into the other of two shared-memory buffers
+// while this CP run: the serial form above exposes a global load's latency every CT tokens and
+// keeps few warps (5.8 an SM on the 27B shape), each a long dependent chain per token; here more
+// lanes share a column (shorter chains, 4 shuffle rounds) and the copies overlap the tokens.
+// Tokens past the segment's end are zero-filled: k = q = v = 0, g = 0 (e^g = 1), beta = 0, an
+// exact no-op on S. The arithmetic per token is the serial form's with CC = 1.
+template <int PARTS, int NCOLS>
+__device__ __forceinline__ void gdn_recurrent_pipe(
+    const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
+    const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
+    const float* __restrict__ beta, const int* __restrict__ cu_seqlens, int H, int Hk,
+    const float* __restrict__ init_state, long init_stride, const int* __restrict__ init_idx,
+    const int* __restrict__ seg_level, int level, __nv_bfloat16* __restrict__ out,
+    float* __restrict__ final_state) {
+    constexpr int R = DK / PARTS;
+    constexpr int RP = R + 4;  // padded: the PARTS row groups start in different banks
+    constexpr int NT = NCOLS * PARTS;
+    constexpr int CP = 8;  // tokens a buffer
+    static_assert(R % 4 == 0 && NCOLS % 8 == 0 && PARTS <= 32, "16-byte copies; a column within a warp");
+    __shared__ __align__(16) float k_s[2][CP][PARTS * RP];
+    __shared__ __align__(16) float q_s[2][CP][PARTS * RP];
+    __shared__ __align__(16) __nv_bfloat16 v_s[2][CP][NCOLS];
+    __shared__ float gbk_s[2][3][CP];  // g, beta, q.k as given
+
+    const int tid = threadIdx.x, c = tid / PARTS, part = tid % PARTS;
+    const int col0 = blockIdx.x * NCOLS;
+    const int h = blockIdx.y, n = blockIdx.z;
+    const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
+    if (seg_level[n] != level || start == end) return;  // see gdn_recurrent
+    const int hk = h / (H / Hk);
+    const int src = init_idx[n];
+    const float* init = src >= 0    ? init_state + (long)src * init_stride + (long)h * DK * DV
+                        : src < -1 ? final_state + ((long)(-2 - src) * H + h) * DK * DV
+                                   : init_state;  // not read
+
+    auto stage = [&](int buf, int cs) {
+        const int cnt = min(CP, end - cs);
+        for (int idx = tid; idx < CP * (DK / 4); idx += NT) {
+            const int t = idx / (DK / 4), d = (idx % (DK / 4)) * 4;
+            const int dst = (d / R) * RP + d % R;
+            const bool ok = t < cnt;
+            const long at = ((long)(ok ? cs + t : cs) * Hk + hk) * DK + d;
+            cp_async16(smem_addr(&k_s[buf][t][dst]), kn + at, ok ? 16 : 0);
+            cp_async16(smem_addr(&q_s[buf][t][dst]), qn + at, ok ? 16 : 0);
+        }
+        for (int idx = tid; idx < CP * (NCOLS / 8); idx += NT) {
+            const int t = idx / (NCOLS / 8), ch = idx % (NCOLS / 8);
+            const bool ok = t < cnt;
+            cp_async16(smem_addr(&v_s[buf][t][ch * 8]), v + (long)(ok ? cs + t : cs) * v_stride + h * DV + col0 + ch * 8,
+                       ok ? 16 : 0);
+        }
+        if (tid < 3 * CP) {
+            const int which = tid / CP, t = tid % CP;
+            const long at = t < cnt ? cs + t : cs;
+            const float* p = which == 0 ? g + at * H + h : which == 1 ? beta + at * H + h : kq + at * Hk + hk;
+            cp_async4(smem_addr(&gbk_s[buf][which][t]), p, t < cnt ? 4 : 0);
+        }
+        cp_async_commit();
+    };
+
+    stage(0, start);
+    float S[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) S[i] = src != -1 ? init[(long)(part * R + i) * DV + col0 + c] : 0.f;
+
+    int buf = 0;
+    for (int cs = start; cs < end; cs += CP) {
+        if (cs + CP < end) stage(buf ^ 1, cs + CP);
+        else cp_async_commit();  // an empty group keeps the wait count below uniform
+        cp_async_wait<1>();
+        __syncthreads();  // buffer buf landed for every thread
+        const int cnt = min(CP, end - cs);
+#pragma unroll
+        for (int t = 0; t < CP; ++t) {
+            const float eg = __expf(gbk_s[buf][0][t]);
+            float kr[R];
+            float a0 = 0.f, a1 = 0.f, b0 = 0.f, b1 = 0.f;
+#pragma unroll
+            for (int i = 0; i < R; i += 4) {
+                const float4 k4 = *reinterpret_cast<const float4*>(&k_s[buf][t][part * RP + i]);
+                const float4 q4 = *reinterpret_cast<const float4*>(&q_s[buf][t][part * RP + i]);
+                kr[i] = k4.x; kr[i + 1] = k4.y; kr[i + 2] = k4.z; kr[i + 3] = k4.w;
+                a0 = fmaf(S[i], k4.x, a0); a1 = fmaf(S[i + 1], k4.y, a1);
+                b0 = fmaf(S[i], q4.x, b0); b1 = fmaf(S[i + 1], q4.y, b1);
+                a0 = fmaf(S[i + 2], k4.z, a0); a1 = fmaf(S[i + 3], k4.w, a1);
+                b0 = fmaf(S[i + 2], q4.z, b0); b1 = fmaf(S[i + 3], q4.w, b1);
+            }
+            float kv = a0 + a1, sq = b0 + b1;
+#pragma unroll
+            for (int o = 1; o < PARTS; o <<= 1) {
+                kv += __shfl_xor_sync(0xffffffffu, kv, o);
+                sq += __shfl_xor_sync(0xffffffffu, sq, o);
+            }
+            const float delta = gbk_s[buf][1][t] * (__bfloat162float(v_s[buf][t][c]) - eg * kv);
+            if (part == 0 && t < cnt)
+                out[((long)(cs + t) * H + h) * DV + col0 + c] = __float2bfloat16(fmaf(eg, sq, gbk_s[buf][2][t] * delta));
+#pragma unroll
+            for (int i = 0; i < R; ++i) S[i] = fmaf(S[i], eg, kr[i] * delta);
+        }
+        __syncthreads();  // every thread is done with buf before the next round refills it
+        buf ^= 1;
+    }
+    const long state_base = ((long)n * H + h) * DK * DV;
+#pragma unroll
+    for (int i = 0; i < R; ++i) final_state[state_base + (long)(part * R + i) * DV + col0 + c] = S[i];
+}
+
 #define GDN_ARGS                                                                               \
     const float *__restrict__ qn, const float *__restrict__ kn, const float *__restrict__ kq,  \
         const __nv_bfloat16 *__restrict__ v, long v_stride, const float *__restrict__ g,       \
@@ -245,3 +353,13 @@ GDN_VARIANT(gdn_recurrent_p16c32x4, 16, 32, 4)
 // was slower, not faster: docs/cuda-kernels.md), so fewer rows per thread should be faster:
 // 8 rows, 1 column, 64 warps per head.
 GDN_VARIANT(gdn_recurrent_p16c16x1, 16, 16, 1)
+
+#define GDN_PIPE_VARIANT(name, P, NC)                                                        \
+    extern "C" __global__ void __launch_bounds__(NC * P) name(GDN_ARGS) {                   \
+        gdn_recurrent_pipe<P, NC>(GDN_PASS);                                                 \
+    }
+// pipelined, one column a thread: s{threads per column}c{columns per block}
+GDN_PIPE_VARIANT(gdn_recurrent_s8c16, 8, 16)
+GDN_PIPE_VARIANT(gdn_recurrent_s16c16, 16, 16)
+GDN_PIPE_VARIANT(gdn_recurrent_s16c8, 16, 8)
+GDN_PIPE_VARIANT(gdn_recurrent_s32c8, 32, 8)

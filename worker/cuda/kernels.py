@@ -204,6 +204,11 @@ GDN_VARIANTS = {
     "p8c32x4": (8, 32, 4),
     "p16c32x4": (16, 32, 4),
     "p16c16x1": (16, 16, 1),
+    # pipelined (gdn_recurrent_pipe): v's rows must be 16-byte aligned
+    "s8c16": (8, 16, 1),
+    "s16c16": (16, 16, 1),
+    "s16c8": (16, 8, 1),
+    "s32c8": (32, 8, 1),
 }
 GDN_DEFAULT = "p4c16x1"  # the fastest variant on an H200 (docs/cuda-kernels.md)
 
@@ -241,6 +246,8 @@ def gdn_recurrent(
     N = cu_seqlens.numel() - 1
     assert v.stride(2) == 1 and v.stride(1) == GDN_DIM and H % Hk == 0
     parts, cols, per_thread = GDN_VARIANTS[variant]
+    if variant.startswith("s"):
+        assert v.data_ptr() % 16 == 0 and v.stride(0) % 8 == 0, "v rows must be 16-byte aligned"
     dev = g.device
     out = _out(out, (T, H, GDN_DIM), torch.bfloat16, dev)
     final = _out(final, (N, H, GDN_DIM, GDN_DIM), torch.float32, dev)
