@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests gdn gdn-serial gates-chunked kernels capacity sweep gemm gemm-split gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile state-hit attention
+#   steps: tests gdn gdn-serial gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile state-hit attention
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -64,6 +64,9 @@ for step in "$@"; do
     gemm) timeout 150 python3 benchmarks/gemm_invariance.py 2>&1 | tail -40 | tee $OUT/gemm-invariance.md ;;
     # the MLP down product: padded, K-split, cuBLAS, gemm_stream against the weight read
     gemm-split) timeout 200 python3 benchmarks/gemm_split.py --out $OUT/gemm-split.json 2>&1 | tail -14 | tee $OUT/gemm-split.txt ;;
+    # gemm_stream's variants against cuBLAS, the runner's call and the weight copy (PRODUCTS: all if unset)
+    gemm-stream) timeout 400 python3 benchmarks/gemm_stream.py --products "${PRODUCTS:-}" --out $OUT/gemm-stream.json 2>&1 \
+           | tee $OUT/gemm-stream.txt | tail -40 ;;
     # gates-N: 40 requests with products padded to N rows (quick comparison); gates: the full gate
     gates-ws0) CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 timeout 150 python3 -m openjev.tools.bench.gates \
              --model .openjev/demo-model --workload $WL --backend cuda --synthetic 27b --layers 8 --oracle-cases 5 \

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from openjev.worker.cuda import gemm, gemm_stream
 from openjev.worker.cuda.fused_weights import shape_config
 
-ROWS = [1, 8, 16, 32, 64, 74, 128, 256]
+ROWS = [1, 8, 16, 32, 48, 64, 74, 96, 128, 256]
 ROTATE_BYTES = 600 * 2**20  # weight copies per shape: at least this much, 10x the L2
 
 

@@ -2,7 +2,7 @@
 //
 // Two kernels:
 //   gdn_prepare: conv output -> L2-normalized q (times Dk^-0.5) and k in fp32, g and beta in fp32.
-//   gdn_recurrent_p{4,8}: the exact per-token recurrence
+//   gdn_recurrent_p*, gdn_recurrent_s8c16 (pipelined, the default): the exact per-token recurrence
 //       S <- e^g S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q
 //     with each segment starting from its parent's state and writing its final state.
 //
@@ -349,17 +349,11 @@ GDN_VARIANT(gdn_recurrent_p4c32x2, 4, 32, 2)
 GDN_VARIANT(gdn_recurrent_p8c32x2, 8, 32, 2)
 GDN_VARIANT(gdn_recurrent_p8c32x4, 8, 32, 4)
 GDN_VARIANT(gdn_recurrent_p16c32x4, 16, 32, 4)
-// Not timed yet: a warp's own instruction count per token sets the pace (more columns per thread
-// was slower, not faster: docs/cuda-kernels.md), so fewer rows per thread should be faster:
-// 8 rows, 1 column, 64 warps per head.
-GDN_VARIANT(gdn_recurrent_p16c16x1, 16, 16, 1)
 
 #define GDN_PIPE_VARIANT(name, P, NC)                                                        \
     extern "C" __global__ void __launch_bounds__(NC * P) name(GDN_ARGS) {                   \
         gdn_recurrent_pipe<P, NC>(GDN_PASS);                                                 \
     }
 // pipelined, one column a thread: s{threads per column}c{columns per block}
+// (s16c16, s16c8 and s32c8 were slower at 64-4,096 tokens: docs/cuda-kernels.md)
 GDN_PIPE_VARIANT(gdn_recurrent_s8c16, 8, 16)
-GDN_PIPE_VARIANT(gdn_recurrent_s16c16, 16, 16)
-GDN_PIPE_VARIANT(gdn_recurrent_s16c8, 16, 8)
-GDN_PIPE_VARIANT(gdn_recurrent_s32c8, 32, 8)
