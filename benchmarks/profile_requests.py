@@ -6,7 +6,8 @@ and from torch.profiler the device time per kernel family plus the share of the 
 device was idle (host work: Python, planning, launches, copies of state).
 
     PYTHONPATH=. python3 benchmarks/profile_requests.py --model .openjev/demo-model \
-        --workload benchmarks/workload.jsonl [--out profile.md]
+        --workload benchmarks/workload.jsonl [--out profile.md] [--cases noul:1-128,score:129-512]
+        [--graphs-only]
 """
 
 from __future__ import annotations
@@ -81,11 +82,13 @@ def main() -> None:
     p.add_argument("--workload", type=Path, required=True)
     p.add_argument("--shape", default="27b")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--cases", default="noul:1-128,choice:2049-4096", help="kind:group of each request profiled")
+    p.add_argument("--graphs-only", action="store_true", help="skip the eager arm")
     args = p.parse_args()
 
     meta, candidates_of, _ = longest_tokens_fn(args.model)
     cases = workload.read_jsonl(args.workload)
-    chosen = [pick(cases, "noul", "1-128"), pick(cases, "choice", "2049-4096")]
+    chosen = [pick(cases, *spec.split(":")) for spec in args.cases.split(",")]
     graph = CudaRunner.synthetic(args.shape, seed=0, graph_capture_after=1)
     eager = CudaRunner(
         graph.config,
@@ -114,7 +117,7 @@ def main() -> None:
         work = [QuestionWork(kind, tuple(tuple(t) for t in q)) for kind, q in zip(kinds, ids, strict=True)]
         submitted = sum(len(t) for q in ids for t in q)
         lines += [f"## {case.name}: {sum(len(q) for q in ids)} candidates, {submitted} tokens submitted", ""]
-        for name, runner in (("graphs", graph), ("eager", eager)):
+        for name, runner in (("graphs", graph),) + (() if args.graphs_only else (("eager", eager),)):
             engine = Engine(runner, cost_model=default_cost_model("cuda"))
             wall = timed(engine, work, meta.temperature)
             result = engine.execute(work, temperature=meta.temperature, policy="auto")

@@ -4,6 +4,7 @@ worker (`Execute`, the internal stream the frontend would send), interleaved, ne
 bare cost of gRPC's Python streaming with the same message pattern and no work at all.
 
     .venv/bin/python benchmarks/service_overhead.py [--model .openjev/demo-model] [--repeats 200]
+        [--case NAME]   (a request of benchmarks/workload.jsonl instead of the small noul one)
 """
 
 from __future__ import annotations
@@ -36,10 +37,19 @@ REQUEST = {
 }
 
 
-def execute_messages(model: Path) -> list[wire.ExecuteRequest]:
-    """What the frontend streams for REQUEST: header, one batch, commit."""
+def workload_request(name: str) -> dict:
+    with open(Path(__file__).parent / "workload.jsonl") as f:
+        for line in f:
+            case = json.loads(line)
+            if case["name"] == name:
+                return case["request"]
+    raise SystemExit(f"no case {name!r} in benchmarks/workload.jsonl")
+
+
+def execute_messages(model: Path, request: dict) -> list[wire.ExecuteRequest]:
+    """What the frontend streams for the request: header, its batches, commit."""
     meta, tokenizer = load_export_meta(model), PromptTokenizer.from_export(model)
-    decision = parse_request(REQUEST, accepted_models=meta.accepted_model_names)
+    decision = parse_request(request, accepted_models=meta.accepted_model_names)
     header = wire.ExecuteHeader(request_id="overhead", prefix_policy=abi.policy_to_enum("auto"))
     for q in decision.questions:
         header.questions.add(kind=abi.kind_to_enum(q.kind), num_candidates=len(q.prompts))
@@ -77,8 +87,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=Path(".openjev/demo-model"))
     p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--case", default="", help="a request of benchmarks/workload.jsonl by name")
     args = p.parse_args()
-    messages = execute_messages(args.model)
+    request = workload_request(args.case) if args.case else REQUEST
+    messages = execute_messages(args.model, request)
     pair = launch.start_pair(
         # repeats of the same requests: the state cache would answer them from cached states
         args.model,
@@ -95,7 +107,7 @@ def main() -> None:
         frontend = decision_pb2_grpc.DecisionServiceStub(
             grpc.insecure_channel(pair.frontend.address, options=channel_options())
         )
-        text = json.dumps(REQUEST)
+        text = json.dumps(request)
 
         def via_frontend() -> float:
             reply = frontend.Decide(

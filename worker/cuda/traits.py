@@ -193,11 +193,7 @@ GEMM_STREAM = tuple(
         (2, 4, 2, 4, 64, 4),  # 64 x 128
         (1, 4, 5, 2, 64, 5),  # 80 x 64: 65-80 rows in one tile
         (2, 4, 4, 4, 64, 3),  # 128 x 128
-        # warps stacked along the rows, narrow weight tiles: many blocks for N = 5,120 at 32-80 rows
-        (2, 1, 1, 4, 128, 4),  # 32 x 32
-        (4, 1, 1, 4, 128, 3),  # 64 x 32
-        (5, 1, 1, 4, 128, 3),  # 80 x 32
-        (5, 1, 1, 2, 128, 4),  # 80 x 16
+        (2, 1, 1, 4, 128, 4),  # 32 x 32, warps stacked along rows: the down product at 33-64 rows
     )
 )
 
