@@ -93,9 +93,7 @@ def gdn_inputs(lengths, H=48, Hk=16):
     return cu, qn, kn, kq, v, g, beta, init
 
 
-@pytest.mark.parametrize(
-    "variant", ["p4c16x1", "p4c32x2", "p8c32x2", "p8c32x4", "p16c32x4", "s8c16"]
-)
+@pytest.mark.parametrize("variant", ["p4c16x1", "p4c32x2", "p8c32x2", "p8c32x4", "p16c32x4", "s8c16"])
 @pytest.mark.parametrize("with_init", [True, False])
 def test_gdn_recurrent(K, ref, variant, with_init):
     cu, qn, kn, kq, v, g, beta, init = gdn_inputs(LENGTHS)
