@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests gdn gdn-serial gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid state-hit attention
+#   steps: tests gdn gdn-serial ncu-gdn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid state-hit attention
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -53,6 +53,16 @@ for step in "$@"; do
     # every serial-recurrence variant, short to long (one segment a launch), ~1 min
     gdn-serial) timeout 200 python3 benchmarks/kernels_gpu.py --ops gdn_recurrent --tokens 64,256,1024,4096 \
            --out $OUT/gdn-serial.json 2>&1 | tee $OUT/gdn-serial.txt | grep -v "^  " | tail -50 ;;
+    # the default recurrence under Nsight Compute (where the runtime lets it read counters) and its SASS
+    ncu-gdn) D=$(python3 -m openjev.worker.cuda.traits)
+           nvcc -arch=sm_90 -std=c++17 -cubin -Icuda $D cuda/gated_delta.cu -o /tmp/gd.cubin \
+             && cuobjdump -sass -fun gdn_recurrent_s8c16 /tmp/gd.cubin > $OUT/gdn-s8c16.sass
+           timeout 240 ncu --clock-control none --kernel-name regex:gdn_recurrent --launch-skip 1 --launch-count 2 \
+             --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+             --section Occupancy --section LaunchStats python3 benchmarks/gdn_probe.py --tokens 4096 > $OUT/ncu-gdn.txt 2>&1
+           timeout 120 ncu --clock-control none --kernel-name regex:gdn_recurrent --launch-skip 1 --launch-count 1 \
+             python3 benchmarks/gdn_probe.py --tokens 4096 --variant p4c16x1 > $OUT/ncu-gdn-p4.txt 2>&1
+           grep -E "Stall|Warp Cycles|Issued|Eligible|Duration|Throughput|Bank|Achieved Occ" $OUT/ncu-gdn.txt | head -60 ;;
     gates-chunked) timeout 150 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
              --synthetic 27b --layers 8 --oracle-cases 0 --limit 40 --gdn-kernel chunked --out $OUT/gates-chunked.md 2>/tmp/gates.log | head -12 ;;
     # every kernel against its two ceilings, then the runner end to end (capacity, peak memory)
