@@ -2,7 +2,7 @@
 //
 // Two kernels:
 //   gdn_prepare: conv output -> L2-normalized q (times Dk^-0.5) and k in fp32, g and beta in fp32.
-//   gdn_recurrent_p*, gdn_recurrent_s8c16 (pipelined, the default): the exact per-token recurrence
+//   gdn_recurrent_p*, gdn_recurrent_s* (pipelined; s8c16x1 the default): the exact per-token recurrence
 //       S <- e^g S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q
 //     with each segment starting from its parent's state and writing its final state.
 //
@@ -220,14 +220,14 @@ __device__ __forceinline__ void gdn_recurrent(
             final_state[state_base + (long)(part * R + i) * DV + col0 + cg + c] = S[i][c];
 }
 
-// One column a thread, its DK rows over PARTS adjacent lanes (R = DK / PARTS each), and the next
-// CP tokens' k, q, v, g, beta, q.k copied (cp.async) into the other of two shared-memory buffers
-// while this CP run: the serial form above exposes a global load's latency every CT tokens and
-// keeps few warps (5.8 an SM on the 27B shape), each a long dependent chain per token; here more
-// lanes share a column (shorter chains, 4 shuffle rounds) and the copies overlap the tokens.
+// Pipelined: the next CP tokens' k, q, v, g, beta, q.k are copied (cp.async) into the other of two
+// shared-memory buffers while this CP run, so no global load's latency is exposed (the serial
+// form above waits for one every CT tokens). A thread holds R = DK / PARTS rows of CC columns;
+// every k and q value it reads from shared memory feeds CC columns: shared-memory reads, not
+// arithmetic, set the pace of this recurrence (Nsight Compute on the H200, docs/cuda-kernels.md).
 // Tokens past the segment's end are zero-filled: k = q = v = 0, g = 0 (e^g = 1), beta = 0, an
-// exact no-op on S. The arithmetic per token is the serial form's with CC = 1.
-template <int PARTS, int NCOLS>
+// exact no-op on S. The arithmetic of a column is the serial form's.
+template <int PARTS, int NCOLS, int CC>
 __device__ __forceinline__ void gdn_recurrent_pipe(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
     const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
@@ -237,7 +237,7 @@ __device__ __forceinline__ void gdn_recurrent_pipe(
     float* __restrict__ final_state) {
     constexpr int R = DK / PARTS;
     constexpr int RP = R + 4;  // padded: the PARTS row groups start in different banks
-    constexpr int NT = NCOLS * PARTS;
+    constexpr int NT = NCOLS / CC * PARTS;
     constexpr int CP = 8;  // tokens a buffer
     static_assert(R % 4 == 0 && NCOLS % 8 == 0 && PARTS <= 32, "16-byte copies; a column within a warp");
     __shared__ __align__(16) float k_s[2][CP][PARTS * RP];
@@ -245,7 +245,7 @@ __device__ __forceinline__ void gdn_recurrent_pipe(
     __shared__ __align__(16) __nv_bfloat16 v_s[2][CP][NCOLS];
     __shared__ float gbk_s[2][3][CP];  // g, beta, q.k as given
 
-    const int tid = threadIdx.x, c = tid / PARTS, part = tid % PARTS;
+    const int tid = threadIdx.x, c0 = (tid / PARTS) * CC, part = tid % PARTS;
     const int col0 = blockIdx.x * NCOLS;
     const int h = blockIdx.y, n = blockIdx.z;
     const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
@@ -272,8 +272,8 @@ __device__ __forceinline__ void gdn_recurrent_pipe(
             cp_async16(smem_addr(&v_s[buf][t][ch * 8]), v + (long)(ok ? cs + t : cs) * v_stride + h * DV + col0 + ch * 8,
                        ok ? 16 : 0);
         }
-        if (tid < 3 * CP) {
-            const int which = tid / CP, t = tid % CP;
+        for (int idx = tid; idx < 3 * CP; idx += NT) {
+            const int which = idx / CP, t = idx % CP;
             const long at = t < cnt ? cs + t : cs;
             const float* p = which == 0 ? g + at * H + h : which == 1 ? beta + at * H + h : kq + at * Hk + hk;
             cp_async4(smem_addr(&gbk_s[buf][which][t]), p, t < cnt ? 4 : 0);
@@ -282,9 +282,11 @@ __device__ __forceinline__ void gdn_recurrent_pipe(
     };
 
     stage(0, start);
-    float S[R];
+    float S[R][CC];
 #pragma unroll
-    for (int i = 0; i < R; ++i) S[i] = src != -1 ? init[(long)(part * R + i) * DV + col0 + c] : 0.f;
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int c = 0; c < CC; ++c) S[i][c] = src != -1 ? init[(long)(part * R + i) * DV + col0 + c0 + c] : 0.f;
 
     int buf = 0;
     for (int cs = start; cs < end; cs += CP) {
@@ -297,35 +299,53 @@ __device__ __forceinline__ void gdn_recurrent_pipe(
         for (int t = 0; t < CP; ++t) {
             const float eg = __expf(gbk_s[buf][0][t]);
             float kr[R];
-            float a0 = 0.f, a1 = 0.f, b0 = 0.f, b1 = 0.f;
+            float a[CC][2], b[CC][2];
+#pragma unroll
+            for (int c = 0; c < CC; ++c) a[c][0] = a[c][1] = b[c][0] = b[c][1] = 0.f;
 #pragma unroll
             for (int i = 0; i < R; i += 4) {
                 const float4 k4 = *reinterpret_cast<const float4*>(&k_s[buf][t][part * RP + i]);
                 const float4 q4 = *reinterpret_cast<const float4*>(&q_s[buf][t][part * RP + i]);
                 kr[i] = k4.x; kr[i + 1] = k4.y; kr[i + 2] = k4.z; kr[i + 3] = k4.w;
-                a0 = fmaf(S[i], k4.x, a0); a1 = fmaf(S[i + 1], k4.y, a1);
-                b0 = fmaf(S[i], q4.x, b0); b1 = fmaf(S[i + 1], q4.y, b1);
-                a0 = fmaf(S[i + 2], k4.z, a0); a1 = fmaf(S[i + 3], k4.w, a1);
-                b0 = fmaf(S[i + 2], q4.z, b0); b1 = fmaf(S[i + 3], q4.w, b1);
-            }
-            float kv = a0 + a1, sq = b0 + b1;
 #pragma unroll
-            for (int o = 1; o < PARTS; o <<= 1) {
-                kv += __shfl_xor_sync(0xffffffffu, kv, o);
-                sq += __shfl_xor_sync(0xffffffffu, sq, o);
+                for (int c = 0; c < CC; ++c) {
+                    a[c][0] = fmaf(S[i][c], k4.x, a[c][0]); a[c][1] = fmaf(S[i + 1][c], k4.y, a[c][1]);
+                    b[c][0] = fmaf(S[i][c], q4.x, b[c][0]); b[c][1] = fmaf(S[i + 1][c], q4.y, b[c][1]);
+                    a[c][0] = fmaf(S[i + 2][c], k4.z, a[c][0]); a[c][1] = fmaf(S[i + 3][c], k4.w, a[c][1]);
+                    b[c][0] = fmaf(S[i + 2][c], q4.z, b[c][0]); b[c][1] = fmaf(S[i + 3][c], q4.w, b[c][1]);
+                }
             }
-            const float delta = gbk_s[buf][1][t] * (__bfloat162float(v_s[buf][t][c]) - eg * kv);
-            if (part == 0 && t < cnt)
-                out[((long)(cs + t) * H + h) * DV + col0 + c] = __float2bfloat16(fmaf(eg, sq, gbk_s[buf][2][t] * delta));
+            float kv[CC], sq[CC];
 #pragma unroll
-            for (int i = 0; i < R; ++i) S[i] = fmaf(S[i], eg, kr[i] * delta);
+            for (int c = 0; c < CC; ++c) { kv[c] = a[c][0] + a[c][1]; sq[c] = b[c][0] + b[c][1]; }
+#pragma unroll
+            for (int o = 1; o < PARTS; o <<= 1)
+#pragma unroll
+                for (int c = 0; c < CC; ++c) {
+                    kv[c] += __shfl_xor_sync(0xffffffffu, kv[c], o);
+                    sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], o);
+                }
+            const float bt = gbk_s[buf][1][t], kqt = gbk_s[buf][2][t];
+            float delta[CC];
+#pragma unroll
+            for (int c = 0; c < CC; ++c) {
+                delta[c] = bt * (__bfloat162float(v_s[buf][t][c0 + c]) - eg * kv[c]);
+                if (part == 0 && t < cnt)
+                    out[((long)(cs + t) * H + h) * DV + col0 + c0 + c] = __float2bfloat16(fmaf(eg, sq[c], kqt * delta[c]));
+            }
+#pragma unroll
+            for (int i = 0; i < R; ++i)
+#pragma unroll
+                for (int c = 0; c < CC; ++c) S[i][c] = fmaf(S[i][c], eg, kr[i] * delta[c]);
         }
         __syncthreads();  // every thread is done with buf before the next round refills it
         buf ^= 1;
     }
     const long state_base = ((long)n * H + h) * DK * DV;
 #pragma unroll
-    for (int i = 0; i < R; ++i) final_state[state_base + (long)(part * R + i) * DV + col0 + c] = S[i];
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int c = 0; c < CC; ++c) final_state[state_base + (long)(part * R + i) * DV + col0 + c0 + c] = S[i][c];
 }
 
 #define GDN_ARGS                                                                               \
@@ -350,10 +370,16 @@ GDN_VARIANT(gdn_recurrent_p8c32x2, 8, 32, 2)
 GDN_VARIANT(gdn_recurrent_p8c32x4, 8, 32, 4)
 GDN_VARIANT(gdn_recurrent_p16c32x4, 16, 32, 4)
 
-#define GDN_PIPE_VARIANT(name, P, NC)                                                        \
-    extern "C" __global__ void __launch_bounds__(NC * P) name(GDN_ARGS) {                   \
-        gdn_recurrent_pipe<P, NC>(GDN_PASS);                                                 \
+#define GDN_PIPE_VARIANT(name, P, NC, CC)                                                    \
+    extern "C" __global__ void __launch_bounds__(NC / CC * P) name(GDN_ARGS) {              \
+        gdn_recurrent_pipe<P, NC, CC>(GDN_PASS);                                             \
     }
-// pipelined, one column a thread: s{threads per column}c{columns per block}
-// (s16c16, s16c8 and s32c8 were slower at 64-4,096 tokens: docs/cuda-kernels.md)
-GDN_PIPE_VARIANT(gdn_recurrent_s8c16, 8, 16)
+// pipelined: s{threads per column group}c{columns per block}x{columns per thread}
+GDN_PIPE_VARIANT(gdn_recurrent_s8c16x1, 8, 16, 1)
+GDN_PIPE_VARIANT(gdn_recurrent_s8c16x2, 8, 16, 2)
+GDN_PIPE_VARIANT(gdn_recurrent_s8c32x2, 8, 32, 2)
+GDN_PIPE_VARIANT(gdn_recurrent_s16c16x2, 16, 16, 2)
+GDN_PIPE_VARIANT(gdn_recurrent_s16c32x2, 16, 32, 2)
+GDN_PIPE_VARIANT(gdn_recurrent_s8c32x4, 8, 32, 4)
+GDN_PIPE_VARIANT(gdn_recurrent_s16c32x4, 16, 32, 4)
+GDN_PIPE_VARIANT(gdn_recurrent_s4c32x2, 4, 32, 2)
