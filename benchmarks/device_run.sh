@@ -56,7 +56,7 @@ for step in "$@"; do
     # the default recurrence under Nsight Compute (where the runtime lets it read counters) and its SASS
     ncu-gdn) D=$(python3 -m openjev.worker.cuda.traits)
            nvcc -arch=sm_90 -std=c++17 -cubin -Icuda $D cuda/gated_delta.cu -o /tmp/gd.cubin \
-             && cuobjdump -sass -fun gdn_recurrent_s8c16x1 /tmp/gd.cubin > $OUT/gdn-s8c16x1.sass
+             && cuobjdump -sass -fun gdn_recurrent_s8c32x2 /tmp/gd.cubin > $OUT/gdn-s8c32x2.sass
            timeout 240 ncu --clock-control none --kernel-name regex:gdn_recurrent --launch-skip 1 --launch-count 2 \
              --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
              --section Occupancy --section LaunchStats python3 benchmarks/gdn_probe.py --tokens 4096 > $OUT/ncu-gdn.txt 2>&1

@@ -1,7 +1,7 @@
 """One launch of a GDN recurrence variant on 27B shapes (one segment of T tokens, an initial
 state), for a profiler to look at: `ncu --kernel-name regex:gdn_recurrent python3 benchmarks/gdn_probe.py`.
 
-    python3 benchmarks/gdn_probe.py [--tokens 4096] [--variant s8c16x1]
+    python3 benchmarks/gdn_probe.py [--tokens 4096] [--variant s8c32x2]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 //
 // Two kernels:
 //   gdn_prepare: conv output -> L2-normalized q (times Dk^-0.5) and k in fp32, g and beta in fp32.
-//   gdn_recurrent_p*, gdn_recurrent_s* (pipelined; s8c16x1 the default): the exact per-token recurrence
+//   gdn_recurrent_p*, gdn_recurrent_s* (pipelined; s8c32x2 the default): the exact per-token recurrence
 //       S <- e^g S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q
 //     with each segment starting from its parent's state and writing its final state.
 //
@@ -365,21 +365,14 @@ __device__ __forceinline__ void gdn_recurrent_pipe(
 
 // p{threads per column group}c{columns per block}x{columns per thread}
 GDN_VARIANT(gdn_recurrent_p4c16x1, 4, 16, 1)
-GDN_VARIANT(gdn_recurrent_p4c32x2, 4, 32, 2)
 GDN_VARIANT(gdn_recurrent_p8c32x2, 8, 32, 2)
-GDN_VARIANT(gdn_recurrent_p8c32x4, 8, 32, 4)
-GDN_VARIANT(gdn_recurrent_p16c32x4, 16, 32, 4)
 
 #define GDN_PIPE_VARIANT(name, P, NC, CC)                                                    \
     extern "C" __global__ void __launch_bounds__(NC / CC * P) name(GDN_ARGS) {              \
         gdn_recurrent_pipe<P, NC, CC>(GDN_PASS);                                             \
     }
 // pipelined: s{threads per column group}c{columns per block}x{columns per thread}
+// (s8c16x2, s16c16x2, s16c32x2, s8c32x4, s16c32x4, s4c32x2 and the serial p8c32x4, p16c32x4,
+// p4c32x2 were slower at 64-4,096 tokens: docs/cuda-kernels.md)
 GDN_PIPE_VARIANT(gdn_recurrent_s8c16x1, 8, 16, 1)
-GDN_PIPE_VARIANT(gdn_recurrent_s8c16x2, 8, 16, 2)
 GDN_PIPE_VARIANT(gdn_recurrent_s8c32x2, 8, 32, 2)
-GDN_PIPE_VARIANT(gdn_recurrent_s16c16x2, 16, 16, 2)
-GDN_PIPE_VARIANT(gdn_recurrent_s16c32x2, 16, 32, 2)
-GDN_PIPE_VARIANT(gdn_recurrent_s8c32x4, 8, 32, 4)
-GDN_PIPE_VARIANT(gdn_recurrent_s16c32x4, 16, 32, 4)
-GDN_PIPE_VARIANT(gdn_recurrent_s4c32x2, 4, 32, 2)
