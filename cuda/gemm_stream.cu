@@ -17,14 +17,6 @@
 // reach only outputs of those rows and columns (an mma's rows and columns do not mix), never
 // stored.
 //
-// SWAP: the weight is the mma's A operand (m16 tiles of weight rows) and x its B operand (n8
-// tiles of x rows), so a block holds BM weight rows and BN x rows. A block then reads each k-tile
-// of x from shared memory once per weight m16 tile instead of once per warp column: at 33-256 x
-// rows and 5,120 weight rows, where many narrow blocks are needed, shared-memory reads of x were
-// what bounded the unswapped tiles. Each output is still one fp32 accumulator summed in k order,
-// 16 columns an mma, from the same products, so the bits are the unswapped kernel's (checked
-// against cuBLAS by the tests and at start by gemm.stream_matches).
-//
 // Requires K % BK == 0 (the host checks K % 256 == 0 or picks a BK that divides K), N % 8 == 0,
 // x rows and w 16-byte aligned.
 #include "common.cuh"
@@ -57,10 +49,9 @@ __device__ __forceinline__ void gs_mma(float* c, const u32* a, u32 b0, u32 b1) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int WM, int WN, int MI, int NI, int BK, int STAGES, bool SWAP>
+template <int WM, int WN, int MI, int NI, int BK, int STAGES>
 __device__ __forceinline__ void gemm_stream(const bf16* __restrict__ x, long ldx, const bf16* __restrict__ w,
                                             bf16* __restrict__ out, long ldo, int M, int N, int K) {
-    // BM rows of the A operand, BN of the B operand (x rows and weight rows; swapped under SWAP)
     constexpr int BM = 16 * WM * MI, BN = 8 * WN * NI, NT = 32 * WM * WN;
     constexpr int CPR = BK / 8;  // 16-byte chunks a tile row
     constexpr int STAGE_BYTES = (BM + BN) * BK * 2;
@@ -73,12 +64,7 @@ __device__ __forceinline__ void gemm_stream(const bf16* __restrict__ x, long ldx
     const u32 base = smem_addr(smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WN, wn = warp % WN;
-    // first x row and first weight row of the block (grid: x row tiles, weight row tiles)
-    const int m0 = blockIdx.x * (SWAP ? BN : BM), n0 = blockIdx.y * (SWAP ? BM : BN);
-    const bf16* a_src = SWAP ? w : x;
-    const bf16* b_src = SWAP ? x : w;
-    const long lda = SWAP ? (long)K : ldx, ldb = SWAP ? ldx : (long)K;
-    const int a0 = SWAP ? n0 : m0, a_lim = SWAP ? N : M, b0 = SWAP ? m0 : n0, b_lim = SWAP ? M : N;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int KT = K / BK;
 
     // This thread's copies of a stage (source row start, destination offset; the same for every
@@ -91,11 +77,11 @@ __device__ __forceinline__ void gemm_stream(const bf16* __restrict__ x, long ldx
         const int i = tid + j * NT, r = i / CPR, c = i % CPR;
         bool ok;
         if (r < BM) {
-            ok = a0 + r < a_lim;
-            src[j] = a_src + (long)(ok ? a0 + r : 0) * lda + c * 8;
+            ok = m0 + r < M;
+            src[j] = x + (long)(ok ? m0 + r : 0) * ldx + c * 8;
         } else {
-            ok = r < BM + BN && b0 + (r - BM) < b_lim;
-            src[j] = b_src + (long)(ok ? b0 + (r - BM) : 0) * ldb + c * 8;
+            ok = r < BM + BN && n0 + (r - BM) < N;
+            src[j] = w + (long)(ok ? n0 + (r - BM) : 0) * K + c * 8;
         }
         dst[j] = gs_swz<BK>(r, c);
         if (ok) live |= 1u << j;
@@ -159,23 +145,7 @@ __device__ __forceinline__ void gemm_stream(const bf16* __restrict__ x, long ldx
         if (++stage == STAGES) stage = 0;
     }
 
-    // c0, c1: A row lane / 4, B rows 2 (lane % 4) + {0, 1}; c2, c3: the A row 8 below
-    if constexpr (SWAP) {  // A rows are weight rows (output columns), B rows x rows
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi) {
-            const int c = n0 + wm * 16 * MI + mi * 16 + (lane >> 2);
-#pragma unroll
-            for (int ni = 0; ni < NI; ++ni) {
-                const int r = m0 + wn * 8 * NI + ni * 8 + 2 * (lane & 3);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int rr = r + (e & 1), cc = c + ((e >> 1) << 3);
-                    if (rr < M && cc < N) out[(long)rr * ldo + cc] = __float2bfloat16_rn(acc[mi][ni][e]);
-                }
-            }
-        }
-        return;
-    }
+    // c0, c1: row lane / 4, columns 2 (lane % 4) + {0, 1}; c2, c3: the row 8 below
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi) {
         const int r = m0 + wm * 16 * MI + mi * 16 + (lane >> 2);
@@ -195,14 +165,12 @@ __device__ __forceinline__ void gemm_stream(const bf16* __restrict__ x, long ldx
 }
 
 // One extern "C" kernel per variant the host lists (traits.GEMM_STREAM), named by its code: the
-// decimal digits SWAP (only when 1) WM WN MI NI (NI / 2 under SWAP) BK/64, then two of STAGES
-// (nvcc would split a definition at commas).
-#define GS(CODE)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * ((CODE) / 1000000 % 10) * ((CODE) / 100000 % 10)) \
-        gemm_stream_##CODE(const bf16* __restrict__ x, long ldx, const bf16* __restrict__ w,           \
-                           bf16* __restrict__ out, long ldo, int M, int N, int K) {                    \
-        gemm_stream<(CODE) / 1000000 % 10, (CODE) / 100000 % 10, (CODE) / 10000 % 10,                  \
-                    (CODE) / 1000 % 10 * ((CODE) / 10000000 + 1), 64 * ((CODE) / 100 % 10), (CODE) % 100,      \
-                    ((CODE) / 10000000) != 0>(x, ldx, w, out, ldo, M, N, K);                                  \
+// decimal digits WM WN MI NI BK/64, then two of STAGES (nvcc would split a definition at commas).
+#define GS(CODE)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * ((CODE) / 1000000) * ((CODE) / 100000 % 10))  \
+        gemm_stream_##CODE(const bf16* __restrict__ x, long ldx, const bf16* __restrict__ w,          \
+                           bf16* __restrict__ out, long ldo, int M, int N, int K) {                   \
+        gemm_stream<(CODE) / 1000000, (CODE) / 100000 % 10, (CODE) / 10000 % 10, (CODE) / 1000 % 10,  \
+                    64 * ((CODE) / 100 % 10), (CODE) % 100>(x, ldx, w, out, ldo, M, N, K);            \
     }
 GS_VARIANTS

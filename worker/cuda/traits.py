@@ -134,16 +134,14 @@ class GemmVariant:
     ni: int
     block_k: int
     stages: int
-    swap: bool = False  # the weight as the mma's A operand: m16 tiles of weight rows, n8 of x rows
 
     @property
     def code(self) -> int:
-        """Decimal digits 1 if swap (else none), wm, wn, mi, ni (ni / 2 if swap), block_k / 64,
-        then two of stages: the kernel's name and its entry in the compile definition."""
-        assert not self.swap or self.ni % 2 == 0
-        digits = (self.wm, self.wn, self.mi, self.ni // 2 if self.swap else self.ni, self.block_k // 64)
+        """Decimal digits wm, wn, mi, ni, block_k / 64, then two of stages: the kernel's name
+        and its entry in the compile definition."""
+        digits = (self.wm, self.wn, self.mi, self.ni, self.block_k // 64)
         assert all(0 < d < 10 for d in digits) and self.block_k % 64 == 0 and 1 < self.stages < 100
-        code = int(self.swap)
+        code = 0
         for d in digits:
             code = code * 10 + d
         return code * 100 + self.stages
@@ -154,13 +152,11 @@ class GemmVariant:
 
     @property
     def block_m(self) -> int:
-        """x rows a block holds."""
-        return 8 * self.wn * self.ni if self.swap else 16 * self.wm * self.mi
+        return 16 * self.wm * self.mi
 
     @property
     def block_n(self) -> int:
-        """Weight rows a block holds."""
-        return 16 * self.wm * self.mi if self.swap else 8 * self.wn * self.ni
+        return 8 * self.wn * self.ni
 
     @property
     def threads(self) -> int:
@@ -198,15 +194,6 @@ GEMM_STREAM = tuple(
         (1, 4, 5, 2, 64, 5),  # 80 x 64: 65-80 rows in one tile
         (2, 4, 4, 4, 64, 3),  # 128 x 128
         (2, 1, 1, 4, 128, 4),  # 32 x 32, warps stacked along rows: the down product at 33-64 rows
-        # swapped (x rows x weight rows): a warp's x fragments serve all its weight tiles
-        (2, 1, 1, 4, 128, 4, True),  # 32 x 32
-        (4, 1, 1, 4, 128, 4, True),  # 32 x 64
-        (2, 1, 1, 10, 128, 3, True),  # 80 x 32
-        (2, 1, 2, 10, 64, 4, True),  # 80 x 64
-        (4, 1, 1, 10, 64, 4, True),  # 80 x 64
-        (2, 1, 1, 16, 64, 4, True),  # 128 x 32
-        (2, 2, 1, 8, 64, 4, True),  # 128 x 32
-        (4, 1, 1, 16, 64, 3, True),  # 128 x 64
     )
 )
 

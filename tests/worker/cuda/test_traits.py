@@ -58,13 +58,8 @@ def test_gemm_variants_reach_the_kernel_by_code():
     assert len(set(listed)) == len(listed)
     for v in traits.GEMM_STREAM:
         c = v.code
-        swap = c // 10000000
-        ni = c // 1000 % 10 * (swap + 1)
-        assert (c // 1000000 % 10, c // 100000 % 10, c // 10000 % 10, ni) == (v.wm, v.wn, v.mi, v.ni)
-        assert (64 * (c // 100 % 10), c % 100, bool(swap)) == (v.block_k, v.stages, v.swap)
-        # x rows and weight rows a block holds: the mma operands' tiles, swapped or not
-        a_rows, b_rows = 16 * v.wm * v.mi, 8 * v.wn * v.ni
-        assert (v.block_m, v.block_n) == ((b_rows, a_rows) if v.swap else (a_rows, b_rows))
+        assert (c // 1000000, c // 100000 % 10, c // 10000 % 10, c // 1000 % 10) == (v.wm, v.wn, v.mi, v.ni)
+        assert (64 * (c // 100 % 10), c % 100) == (v.block_k, v.stages)
         assert v.smem_bytes == v.stages * (v.block_m + v.block_n) * v.block_k * 2 <= 227 * 1024
 
 
