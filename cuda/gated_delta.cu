@@ -222,9 +222,9 @@ __device__ __forceinline__ void gdn_recurrent(
 
 // Pipelined: the next CP tokens' k, q, v, g, beta, q.k are copied (cp.async) into the other of two
 // shared-memory buffers while this CP run, so no global load's latency is exposed (the serial
-// form above waits for one every CT tokens). A thread holds R = DK / PARTS rows of CC columns;
-// every k and q value it reads from shared memory feeds CC columns: shared-memory reads, not
-// arithmetic, set the pace of this recurrence (Nsight Compute on the H200, docs/cuda-kernels.md).
+// form above waits for one every CT tokens). A thread holds R = DK / PARTS rows of CC columns, so
+// every k and q value it reads from shared memory feeds CC columns (with one column a thread,
+// shared memory was 71% busy on the H200; two columns gained 8%: docs/cuda-kernels.md).
 // Tokens past the segment's end are zero-filled: k = q = v = 0, g = 0 (e^g = 1), beta = 0, an
 // exact no-op on S. The arithmetic of a column is the serial form's.
 template <int PARTS, int NCOLS, int CC>
