@@ -59,12 +59,6 @@ def parser() -> argparse.ArgumentParser:
         help="requests that may wait for their first pass (0: none while the worker is busy)",
     )
     p.add_argument(
-        "--coalesce-ms",
-        type=non_negative_float,
-        default=2.0,
-        help="an idle worker's next pass waits up to this long for requests already arriving (0: never)",
-    )
-    p.add_argument(
         "--max-launch-sequences",
         type=positive_int,
         default=64,
@@ -267,7 +261,6 @@ def main(argv: list[str] | None = None) -> None:
         queue_capacity=args.queue_capacity,
         on_pass=metrics.observe_pass,
         state_cache=state_cache,
-        coalesce_seconds=args.coalesce_ms / 1e3,
     )
     identity = WorkerIdentity(
         model_id=meta.model_id,

@@ -9,12 +9,6 @@ make more than `capacity` requests wait for their first pass (0: none may wait w
 is busy), or more than `max_admitted` be held in all, is refused at once (QueueFull).
 Cancellation and deadlines act between passes and free the request's states then.
 
-Arrivals: a request whose stream is being read or planned holds an `Arrival`. When the worker is
-idle and a pass is about to start, it waits up to `coalesce_seconds` for the arrivals then in
-flight to be admitted, so requests sent together share their first pass instead of the first
-one running alone while the rest queue behind it. A request with nothing else in flight (one
-client) never waits.
-
 A request's answer does not depend on what shares its passes: its segments are fixed by its
 plan, and the runners compute each segment from its own rows and its parent's state only.
 
@@ -111,28 +105,6 @@ class _Job:
 PassObserver = Callable[[int, int, float], None]  # (requests, tokens, seconds) of each pass
 
 
-class Arrival:
-    """A request on its way in: counted from `begin` (its first message) until `end` (admitted,
-    refused, or its stream failed). Both are idempotent; nothing counts after `end`."""
-
-    def __init__(self, scheduler: Scheduler):
-        self._scheduler = scheduler
-        self._state = "new"  # -> "counted" -> "ended", or "new" -> "ended"
-
-    def begin(self) -> None:
-        with self._scheduler._cond:
-            if self._state == "new":
-                self._state = "counted"
-                self._scheduler._arriving += 1
-
-    def end(self) -> None:
-        with self._scheduler._cond:  # re-entrant: _admit calls this with the lock held
-            if self._state == "counted":
-                self._scheduler._arriving -= 1
-                self._scheduler._cond.notify_all()
-            self._state = "ended"
-
-
 class Scheduler:
     def __init__(
         self,
@@ -142,12 +114,9 @@ class Scheduler:
         on_pass: PassObserver | None = None,
         poll_seconds: float = 0.02,
         cache: StateCache | None = None,
-        coalesce_seconds: float = 0.002,
     ):
         if capacity < 0:
             raise ValueError("queue capacity must be >= 0")
-        if coalesce_seconds < 0:
-            raise ValueError("coalesce_seconds must be >= 0")
         self.runner, self.limits, self.capacity = runner, limits, capacity
         self.max_depth = max(1, int(getattr(runner, "max_pass_depth", 1)))
         # requests held at once: those waiting, and at most a pass's worth of segments' owners
@@ -157,9 +126,7 @@ class Scheduler:
         self.cache = cache
         self._poll_seconds = poll_seconds
         self._jobs: list[_Job] = []  # admitted, in arrival order
-        self._cond = threading.Condition()  # re-entrant: Arrival.end may run under it
-        self._arriving = 0
-        self.coalesce_seconds = coalesce_seconds
+        self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
 
@@ -169,26 +136,17 @@ class Scheduler:
         with self._cond:
             return len(self._jobs)
 
-    def arrival(self) -> Arrival:
-        """A request's arrival, to `begin` when its first message comes in (module docstring)."""
-        return Arrival(self)
-
     def run(
         self,
         plan: Plan,
         is_active: Callable[[], bool] = lambda: True,
         on_start: Callable[[], None] = lambda: None,
-        arrival: Arrival | None = None,
     ) -> tuple[list[list[float]], PassStats]:
         """Execute one request's plan; returns its head scores per question and candidate.
-        on_start: called (on the scheduler's thread) when its first pass begins; arrival: the
-        request's, ended at admission. Raises QueueFull, Cancelled or InferenceError."""
-        try:
-            prepared = prepare(plan.segments, self.cache) if self.cache is not None and self.cache.enabled else None
-            job = self._admit(_Job(plan, is_active, on_start, prepared), arrival)
-        finally:
-            if arrival is not None:
-                arrival.end()
+        on_start: called (on the scheduler's thread) when its first pass begins.
+        Raises QueueFull, Cancelled or InferenceError."""
+        prepared = prepare(plan.segments, self.cache) if self.cache is not None and self.cache.enabled else None
+        job = self._admit(_Job(plan, is_active, on_start, prepared))
         while not job.done.wait(self._poll_seconds):
             if not is_active():
                 self._cancel(job)
@@ -206,10 +164,8 @@ class Scheduler:
             self._cond.notify_all()
 
     # ---- admission ----------------------------------------------------------------------------
-    def _admit(self, job: _Job, arrival: Arrival | None = None) -> _Job:
+    def _admit(self, job: _Job) -> _Job:
         with self._cond:
-            if arrival is not None:  # admitted or refused under one lock: a lingering loop sees both
-                arrival.end()
             if self._closed:
                 raise QueueFull("worker is shutting down")
             if job.tree.finished:  # every score came from the cache: nothing to run, nothing held
@@ -246,7 +202,6 @@ class Scheduler:
                     self._cond.wait()
                 if not self._jobs:
                     return
-                self._linger()
                 self._drop_cancelled()
                 jobs = list(self._jobs)
             if jobs:
@@ -254,18 +209,6 @@ class Scheduler:
                     self._step(jobs)
                 except Exception as error:  # a bug here must not leave waiters hanging
                     self._finish_all(jobs, InferenceError(f"scheduler failed: {error!r}"))
-
-    def _linger(self) -> None:
-        """An idle worker's next pass waits (up to coalesce_seconds) for requests still arriving.
-        Called with the lock held."""
-        if not self._arriving or any(j.started_at is not None for j in self._jobs):
-            return
-        deadline = time.perf_counter() + self.coalesce_seconds
-        while self._arriving and not self._closed:
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                return
-            self._cond.wait(left)
 
     def _drop_cancelled(self) -> None:
         for job in list(self._jobs):

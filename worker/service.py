@@ -111,21 +111,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         )
 
     def Execute(self, request_iterator, context):
-        # counted from the first message until admission, so an idle worker's next pass can
-        # wait briefly for requests sent at the same time (scheduler.Arrival)
-        arrival = self.engine.scheduler.arrival()
-
-        def messages():
-            for message in request_iterator:
-                arrival.begin()
-                yield message
-
-        try:
-            yield from self._execute(messages(), context, arrival)
-        finally:
-            arrival.end()
-
-    def _execute(self, request_iterator, context, arrival):
         started = time.perf_counter()
         request_id = dict(context.invocation_metadata()).get(interceptors.REQUEST_ID_KEY, "")
         fields = {"request_id": request_id}
@@ -174,7 +159,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                     policy=policy,
                     should_stop=lambda: not context.is_active(),
                     on_start=waiting.end,
-                    arrival=arrival,
                 )
         except QueueFull as error:
             log.warning("execute", status="RESOURCE_EXHAUSTED", **fields)
