@@ -61,7 +61,7 @@ for step in "$@"; do
              --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
              --section Occupancy --section LaunchStats python3 benchmarks/gdn_probe.py --tokens 4096 > $OUT/ncu-gdn.txt 2>&1
            timeout 120 ncu --clock-control none --kernel-name regex:gdn_recurrent --launch-skip 1 --launch-count 1 \
-             python3 benchmarks/gdn_probe.py --tokens 4096 --variant p4c16x1 > $OUT/ncu-gdn-p4.txt 2>&1
+             python3 benchmarks/gdn_probe.py --tokens 4096 --variant s8c16x1 > $OUT/ncu-gdn-x1.txt 2>&1
            grep -E "Stall|Warp Cycles|Issued|Eligible|Duration|Throughput|Bank|Achieved Occ" $OUT/ncu-gdn.txt | head -60 ;;
     gates-chunked) timeout 150 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
              --synthetic 27b --layers 8 --oracle-cases 0 --limit 40 --gdn-kernel chunked --out $OUT/gates-chunked.md 2>/tmp/gates.log | head -12 ;;

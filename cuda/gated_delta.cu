@@ -2,7 +2,7 @@
 //
 // Two kernels:
 //   gdn_prepare: conv output -> L2-normalized q (times Dk^-0.5) and k in fp32, g and beta in fp32.
-//   gdn_recurrent_p*, gdn_recurrent_s* (pipelined; s8c32x2 the default): the exact per-token recurrence
+//   gdn_recurrent_s*: the exact per-token recurrence (s8c32x2 the default)
 //       S <- e^g S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q
 //     with each segment starting from its parent's state and writing its final state.
 //
@@ -19,7 +19,6 @@
 #endif
 #define DK GDN_DIM
 #define DV GDN_DIM
-#define CT 16     // tokens staged in shared memory at a time
 
 // conv_out: [T, conv_stride] bf16 whose first 2*Hk*DK columns are q then k.
 // a, b:     [T, H] bf16 with row stride ab_stride (views into the fused projection)
@@ -95,140 +94,18 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 // Per token, with S the state before it: kv = S^T k and sq = S^T q are independent sums over
 // the same registers (interleaved chains, one shuffle round for both); then
 //   delta = beta (v - e^g kv),  o = e^g sq + (q.k) delta,  S <- e^g S + k delta^T,
-// so o needs no second pass over the updated state. A thread holds R = DK/PARTS rows of CC
-// columns: every thread must read its R entries of k and q from shared memory each token, so
-// CC > 1 divides that traffic by CC (and still ran slower: docs/cuda-kernels.md).
-template <int PARTS, int NCOLS, int CC>
-__device__ __forceinline__ void gdn_recurrent(
-    const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
-    const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
-    const float* __restrict__ beta, const int* __restrict__ cu_seqlens, int H, int Hk,
-    const float* __restrict__ init_state, long init_stride, const int* __restrict__ init_idx,
-    const int* __restrict__ seg_level, int level, __nv_bfloat16* __restrict__ out,
-    float* __restrict__ final_state) {
-    constexpr int R = DK / PARTS;       // state rows per thread
-    constexpr int RP = R + 4;           // padded: the PARTS row groups start in different banks
-    constexpr int NT = NCOLS / CC * PARTS;
-    __shared__ __align__(16) float k_s[CT][PARTS * RP];
-    __shared__ __align__(16) float q_s[CT][PARTS * RP];
-    __shared__ float v_s[CT][NCOLS];
-    __shared__ float o_s[CT][NCOLS];
-    __shared__ float g_s[CT], b_s[CT], kq_s[CT];
-
-    const int tid = threadIdx.x;
-    const int cg = (tid / PARTS) * CC, part = tid % PARTS;  // first column (in the block), rows
-    const int col0 = blockIdx.x * NCOLS;
-    const int h = blockIdx.y, n = blockIdx.z;
-    const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
-    // Whole block, before any barrier. An empty segment (a graph's padding up to its segment
-    // count) has no final state anyone reads: writing its 64 KB a head cost ~2 ms a pass.
-    if (seg_level[n] != level || start == end) return;
-    const int hk = h / (H / Hk);
-    const long state_base = ((long)n * H + h) * DK * DV;
-    // final_state rows of other segments are only read, never written, by this launch
-    const int src = init_idx[n];
-    const float* init = src >= 0    ? init_state + (long)src * init_stride + (long)h * DK * DV
-                        : src < -1 ? final_state + ((long)(-2 - src) * H + h) * DK * DV
-                                   : init_state;  // not read
-
-    float S[R][CC];
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int c = 0; c < CC; ++c)
-            S[i][c] = src != -1 ? init[(long)(part * R + i) * DV + col0 + cg + c] : 0.f;
-
-    for (int cs = start; cs < end; cs += CT) {
-        const int cnt = min(CT, end - cs);
-        __syncthreads();  // the previous chunk's o_s has been written out
-        // Tokens past the segment end are staged as k = q = 0, beta = 0, e^g = 1: an exact
-        // no-op on S, so the token loop below has a fixed trip count and unrolls.
-        for (int idx = tid; idx < CT * (DK / 4); idx += NT) {
-            const int t = idx / (DK / 4), d = (idx % (DK / 4)) * 4;
-            const int dst = (d / R) * RP + d % R;
-            float4 k4 = make_float4(0.f, 0.f, 0.f, 0.f), q4 = k4;
-            if (t < cnt) {
-                const long src = ((long)(cs + t) * Hk + hk) * DK + d;
-                k4 = *reinterpret_cast<const float4*>(kn + src);
-                q4 = *reinterpret_cast<const float4*>(qn + src);
-            }
-            *reinterpret_cast<float4*>(&k_s[t][dst]) = k4;
-            *reinterpret_cast<float4*>(&q_s[t][dst]) = q4;
-        }
-        for (int idx = tid; idx < CT * NCOLS; idx += NT) {
-            const int t = idx / NCOLS, c = idx % NCOLS;
-            v_s[t][c] = t < cnt ? __bfloat162float(v[(long)(cs + t) * v_stride + h * DV + col0 + c]) : 0.f;
-        }
-        if (tid < CT) {
-            const bool ok = tid < cnt;
-            g_s[tid] = ok ? __expf(g[(long)(cs + tid) * H + h]) : 1.f;
-            b_s[tid] = ok ? beta[(long)(cs + tid) * H + h] : 0.f;
-            kq_s[tid] = ok ? kq[(long)(cs + tid) * Hk + hk] : 0.f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int t = 0; t < CT; ++t) {
-            const float eg = g_s[t];
-            float kr[R];
-            float a[CC][2], b[CC][2];
-#pragma unroll
-            for (int c = 0; c < CC; ++c) a[c][0] = a[c][1] = b[c][0] = b[c][1] = 0.f;
-#pragma unroll
-            for (int i = 0; i < R; i += 4) {
-                const float4 k4 = *reinterpret_cast<const float4*>(&k_s[t][part * RP + i]);
-                const float4 q4 = *reinterpret_cast<const float4*>(&q_s[t][part * RP + i]);
-                kr[i] = k4.x; kr[i + 1] = k4.y; kr[i + 2] = k4.z; kr[i + 3] = k4.w;
-#pragma unroll
-                for (int c = 0; c < CC; ++c) {
-                    a[c][0] = fmaf(S[i][c], k4.x, a[c][0]); a[c][1] = fmaf(S[i + 1][c], k4.y, a[c][1]);
-                    b[c][0] = fmaf(S[i][c], q4.x, b[c][0]); b[c][1] = fmaf(S[i + 1][c], q4.y, b[c][1]);
-                    a[c][0] = fmaf(S[i + 2][c], k4.z, a[c][0]); a[c][1] = fmaf(S[i + 3][c], k4.w, a[c][1]);
-                    b[c][0] = fmaf(S[i + 2][c], q4.z, b[c][0]); b[c][1] = fmaf(S[i + 3][c], q4.w, b[c][1]);
-                }
-            }
-            float kv[CC], sq[CC], delta[CC];
-#pragma unroll
-            for (int c = 0; c < CC; ++c) { kv[c] = a[c][0] + a[c][1]; sq[c] = b[c][0] + b[c][1]; }
-#pragma unroll
-            for (int o = 1; o < PARTS; o <<= 1) {
-#pragma unroll
-                for (int c = 0; c < CC; ++c) {
-                    kv[c] += __shfl_xor_sync(0xffffffffu, kv[c], o);
-                    sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], o);
-                }
-            }
-#pragma unroll
-            for (int c = 0; c < CC; ++c) {
-                delta[c] = b_s[t] * (v_s[t][cg + c] - eg * kv[c]);
-                if (part == 0) o_s[t][cg + c] = fmaf(eg, sq[c], kq_s[t] * delta[c]);
-            }
-#pragma unroll
-            for (int i = 0; i < R; ++i)
-#pragma unroll
-                for (int c = 0; c < CC; ++c) S[i][c] = fmaf(S[i][c], eg, kr[i] * delta[c]);
-        }
-        __syncthreads();
-        for (int idx = tid; idx < cnt * NCOLS; idx += NT) {
-            const int t = idx / NCOLS, c = idx % NCOLS;
-            out[((long)(cs + t) * H + h) * DV + col0 + c] = __float2bfloat16(o_s[t][c]);
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int c = 0; c < CC; ++c)
-            final_state[state_base + (long)(part * R + i) * DV + col0 + cg + c] = S[i][c];
-}
-
+// so o needs no second pass over the updated state. Each thread holds R = DK / PARTS rows of CC
+// columns; a column's PARTS threads are adjacent lanes, so its sums are shuffle reductions.
+//
 // Pipelined: the next CP tokens' k, q, v, g, beta, q.k are copied (cp.async) into the other of two
-// shared-memory buffers while this CP run, so no global load's latency is exposed (the serial
-// form above waits for one every CT tokens). A thread holds R = DK / PARTS rows of CC columns, so
-// every k and q value it reads from shared memory feeds CC columns (with one column a thread,
-// shared memory was 71% busy on the H200; two columns gained 8%: docs/cuda-kernels.md).
+// shared-memory buffers while this CP run, so no global load's latency is exposed (an earlier
+// form that loaded 16 tokens and then waited for them was 1.25x slower at 1,024-4,096 tokens).
+// Every k and q value a thread reads from shared memory feeds its CC columns (with one column a
+// thread, shared memory was 71% busy on the H200; two columns gained 8%: docs/cuda-kernels.md).
 // Tokens past the segment's end are zero-filled: k = q = v = 0, g = 0 (e^g = 1), beta = 0, an
 // exact no-op on S. The arithmetic of a column is the serial form's.
 template <int PARTS, int NCOLS, int CC>
-__device__ __forceinline__ void gdn_recurrent_pipe(
+__device__ __forceinline__ void gdn_recurrent(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
     const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
     const float* __restrict__ beta, const int* __restrict__ cu_seqlens, int H, int Hk,
@@ -249,8 +126,11 @@ __device__ __forceinline__ void gdn_recurrent_pipe(
     const int col0 = blockIdx.x * NCOLS;
     const int h = blockIdx.y, n = blockIdx.z;
     const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
-    if (seg_level[n] != level || start == end) return;  // see gdn_recurrent
+    // Whole block, before any barrier. An empty segment (a graph's padding up to its segment
+    // count) has no final state anyone reads: writing its 64 KB a head cost ~2 ms a pass.
+    if (seg_level[n] != level || start == end) return;
     const int hk = h / (H / Hk);
+    // final_state rows of other segments are only read, never written, by this launch
     const int src = init_idx[n];
     const float* init = src >= 0    ? init_state + (long)src * init_stride + (long)h * DK * DV
                         : src < -1 ? final_state + ((long)(-2 - src) * H + h) * DK * DV
@@ -358,21 +238,12 @@ __device__ __forceinline__ void gdn_recurrent_pipe(
 #define GDN_PASS                                                                                \
     qn, kn, kq, v, v_stride, g, beta, cu_seqlens, H, Hk, init_state, init_stride, init_idx,   \
         seg_level, level, out, final_state
-#define GDN_VARIANT(name, P, NC, CC)                                                         \
+#define GDN_VARIANT(name, P, NC, CC)                                                    \
     extern "C" __global__ void __launch_bounds__(NC / CC * P) name(GDN_ARGS) {              \
-        gdn_recurrent<P, NC, CC>(GDN_PASS);                                                  \
+        gdn_recurrent<P, NC, CC>(GDN_PASS);                                             \
     }
-
-// p{threads per column group}c{columns per block}x{columns per thread}
-GDN_VARIANT(gdn_recurrent_p4c16x1, 4, 16, 1)
-GDN_VARIANT(gdn_recurrent_p8c32x2, 8, 32, 2)
-
-#define GDN_PIPE_VARIANT(name, P, NC, CC)                                                    \
-    extern "C" __global__ void __launch_bounds__(NC / CC * P) name(GDN_ARGS) {              \
-        gdn_recurrent_pipe<P, NC, CC>(GDN_PASS);                                             \
-    }
-// pipelined: s{threads per column group}c{columns per block}x{columns per thread}
-// (s8c16x2, s16c16x2, s16c32x2, s8c32x4, s16c32x4, s4c32x2 and the serial p8c32x4, p16c32x4,
-// p4c32x2 were slower at 64-4,096 tokens: docs/cuda-kernels.md)
-GDN_PIPE_VARIANT(gdn_recurrent_s8c16x1, 8, 16, 1)
-GDN_PIPE_VARIANT(gdn_recurrent_s8c32x2, 8, 32, 2)
+// s{threads per column group}c{columns per block}x{columns per thread}; the other shapes timed
+// (and the earlier unpipelined kernel's p* variants) were slower at 64-4,096 tokens
+// (docs/cuda-kernels.md)
+GDN_VARIANT(gdn_recurrent_s8c16x1, 8, 16, 1)
+GDN_VARIANT(gdn_recurrent_s8c32x2, 8, 32, 2)

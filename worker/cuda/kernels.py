@@ -197,13 +197,7 @@ def gdn_prepare(conv_out, a, b, A_log, dt_bias, num_k_heads, out=None):
 
 
 # name -> (threads per column group, columns per block, columns per thread)
-GDN_VARIANTS = {
-    "p4c16x1": (4, 16, 1),
-    "p8c32x2": (8, 32, 2),
-    # pipelined (gdn_recurrent_pipe): v's rows must be 16-byte aligned
-    "s8c16x1": (8, 16, 1),
-    "s8c32x2": (8, 32, 2),
-}
+GDN_VARIANTS = {"s8c16x1": (8, 16, 1), "s8c32x2": (8, 32, 2)}
 GDN_DEFAULT = "s8c32x2"  # the fastest variant on an H200 at 64 to 4,096 tokens (docs/cuda-kernels.md)
 
 
@@ -240,8 +234,7 @@ def gdn_recurrent(
     N = cu_seqlens.numel() - 1
     assert v.stride(2) == 1 and v.stride(1) == GDN_DIM and H % Hk == 0
     parts, cols, per_thread = GDN_VARIANTS[variant]
-    if variant.startswith("s"):
-        assert v.data_ptr() % 16 == 0 and v.stride(0) % 8 == 0, "v rows must be 16-byte aligned"
+    assert v.data_ptr() % 16 == 0 and v.stride(0) % 8 == 0, "v rows must be 16-byte aligned (cp.async)"
     dev = g.device
     out = _out(out, (T, H, GDN_DIM), torch.bfloat16, dev)
     final = _out(final, (N, H, GDN_DIM, GDN_DIM), torch.float32, dev)

@@ -93,7 +93,7 @@ def gdn_inputs(lengths, H=48, Hk=16):
     return cu, qn, kn, kq, v, g, beta, init
 
 
-@pytest.mark.parametrize("variant", ["p4c16x1", "p8c32x2", "s8c16x1", "s8c32x2"])
+@pytest.mark.parametrize("variant", ["s8c16x1", "s8c32x2"])
 @pytest.mark.parametrize("with_init", [True, False])
 def test_gdn_recurrent(K, ref, variant, with_init):
     cu, qn, kn, kq, v, g, beta, init = gdn_inputs(LENGTHS)
@@ -109,7 +109,7 @@ def test_gdn_recurrent(K, ref, variant, with_init):
         assert rel(fin[n], e_fin[n]) < FP32_TOL, f"final state {n}"
 
 
-@pytest.mark.parametrize("variant", ["p4c16x1", "p8c32x2", "s8c16x1", "s8c32x2"])
+@pytest.mark.parametrize("variant", ["s8c16x1", "s8c32x2"])
 def test_gdn_recurrent_forest_levels(K, ref, variant):
     """One launch per level on a fixed grid: level-0 segments start from rows of a strided slot
     buffer (or zeros), deeper ones from their in-pass parent's final state; each segment equals
