@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests gdn gdn-serial ncu-gdn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid state-hit attention
+#   steps: tests gdn gdn-serial gdn-cross ncu-gdn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid state-hit attention
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -53,6 +53,14 @@ for step in "$@"; do
     # every serial-recurrence variant, short to long (one segment a launch), ~1 min
     gdn-serial) timeout 200 python3 benchmarks/kernels_gpu.py --ops gdn_recurrent --tokens 64,256,1024,4096 \
            --out $OUT/gdn-serial.json 2>&1 | tee $OUT/gdn-serial.txt | grep -v "^  " | tail -50 ;;
+    # the recurrence against the chunked kernel at short lengths, then the SM clock while a
+    # 676-token request runs (is the recurrence slower inside a pass because the clock drops?)
+    gdn-cross) timeout 120 python3 benchmarks/kernels_gpu.py --ops gdn_recurrent_s8c32x2,gdn_chunked_w8 \
+             --tokens 64,128,256,512,1024 --out $OUT/gdn-cross.json 2>&1 | grep -v "^  " | tail -14
+           nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv -lms 100 > $OUT/clocks.csv & smi=$!
+           timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL --graphs-only \
+             --cases noul:513-2048 --out $OUT/profile-clock.md 2>&1 | grep -E "graphs:|GDN|GEMM"
+           kill $smi ;;
     # the default recurrence under Nsight Compute (where the runtime lets it read counters) and its SASS
     ncu-gdn) D=$(python3 -m openjev.worker.cuda.traits)
            nvcc -arch=sm_90 -std=c++17 -cubin -Icuda $D cuda/gated_delta.cu -o /tmp/gd.cubin \
