@@ -103,7 +103,7 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 // Every k and q value a thread reads from shared memory feeds its CC columns (with one column a
 // thread, shared memory was 71% busy on the H200; two columns gained 8%: docs/cuda-kernels.md).
 // Tokens past the segment's end are zero-filled: k = q = v = 0, g = 0 (e^g = 1), beta = 0, an
-// exact no-op on S. The arithmetic of a column is the serial form's.
+// exact no-op on S, so the token loop has a fixed trip count and unrolls.
 template <int PARTS, int NCOLS, int CC>
 __device__ __forceinline__ void gdn_recurrent(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
