@@ -41,8 +41,9 @@ from openjev.worker.runner_api import SegmentResult, SegmentRun
 
 DEFAULT_GRAPH_CACHE_SIZE = 128
 DEFAULT_GRAPH_CAPTURE_AFTER = 2
-# "serial": the token recurrence (gated_delta.cu), faster on the H200 at every length measured
-# (timings in docs/cuda-kernels.md); "chunked": the tensor-core WY form (gdn_chunked.cu). Both
+# "serial": the token recurrence (gated_delta.cu), the default: it takes multi-level passes and
+# is the faster below ~256 tokens a segment; "chunked": the tensor-core WY form (gdn_chunked.cu),
+# faster above that on the H200 but one level a pass (timings in docs/cuda-kernels.md). Both
 # agree exactly across policies.
 GDN_KERNELS = ("serial", "chunked")
 DEFAULT_PASS_DEPTH = 8  # tree levels one pass holds with the serial GDN kernel
