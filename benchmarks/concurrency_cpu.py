@@ -23,6 +23,7 @@ from pathlib import Path
 
 from openjev.client import Client
 from openjev.tools import launch
+from openjev.tools.soak import log_events
 
 
 def requests() -> list[dict]:
@@ -90,8 +91,7 @@ def how_requests_rode(worker_log: Path, per_block: int) -> dict[str, list[dict]]
     """The worker's `execute` log events of the timed blocks, by arm. The worker logs a request
     before it answers, so its log holds the warm-up round, then per block the sequential round and
     the concurrent round, each complete before the next begins."""
-    events = [json.loads(line) for line in worker_log.read_text().splitlines() if '"execute"' in line]
-    done = [e for e in events if e.get("event") == "execute" and e.get("status") == "OK"][per_block:]
+    done = [e for e in log_events(worker_log.read_text(), "execute") if e.get("status") == "OK"][per_block:]
     riding: dict[str, list[dict]] = {"sequential": [], "concurrent": []}
     for start in range(0, len(done) - 2 * per_block + 1, 2 * per_block):
         riding["sequential"] += done[start : start + per_block]

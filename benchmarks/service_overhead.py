@@ -26,6 +26,7 @@ from openjev.frontend.batches import iter_candidate_batches
 from openjev.serving import channel_options
 from openjev.tokenizer import PromptTokenizer
 from openjev.tools import launch
+from openjev.tools.bench import workload
 from openjev.v1 import decision_pb2 as api
 from openjev.v1 import decision_pb2_grpc
 from openjev.worker.v1 import worker_pb2 as wire
@@ -38,11 +39,9 @@ REQUEST = {
 
 
 def workload_request(name: str) -> dict:
-    with open(Path(__file__).parent / "workload.jsonl") as f:
-        for line in f:
-            case = json.loads(line)
-            if case["name"] == name:
-                return case["request"]
+    for case in workload.read_jsonl(Path(__file__).parent / "workload.jsonl"):
+        if case.name == name:
+            return case.request
     raise SystemExit(f"no case {name!r} in benchmarks/workload.jsonl")
 
 
