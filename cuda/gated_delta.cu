@@ -84,12 +84,14 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 // init_idx:   [N] int32, where segment n starts: >= 0 row init_idx[n] of init_state; -1 zeros;
 //             <= -2 row -2 - init_idx[n] of final_state (its parent in the same pass, finished
 //             by an earlier launch of this pass)
-// seg_level:  [N] int32; only segments with seg_level[n] == level run, blocks of the others exit
-//             (a forest pass launches once per tree level on a fixed grid, so graphs can hold it);
-//             so do blocks of empty segments, whose final_state rows are left as they are
+// level_off:  [levels + 1] int32; this launch runs segments level_off[level] .. level_off[level + 1] - 1
+//             (a forest pass orders its segments by level and launches once per level on a fixed
+//             grid, so graphs can hold it); grid.z blocks a (column block, head) take those segments
+//             in turn. Segments outside every range (a graph's pad and empty segments) never run and
+//             their out and final_state rows are left as they are; so are empty segments'.
 // out:        [T, H, DV] bf16
 // final_state:[N, H, DK, DV] fp32
-// grid (DV / NCOLS, H, N), block NCOLS / CC * PARTS threads.
+// grid (DV / NCOLS, H, Z) for any Z >= 1, block NCOLS / CC * PARTS threads.
 //
 // Per token, with S the state before it: kv = S^T k and sq = S^T q are independent sums over
 // the same registers (interleaved chains, one shuffle round for both); then
@@ -110,7 +112,7 @@ __device__ __forceinline__ void gdn_recurrent(
     const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
     const float* __restrict__ beta, const int* __restrict__ cu_seqlens, int H, int Hk,
     const float* __restrict__ init_state, long init_stride, const int* __restrict__ init_idx,
-    const int* __restrict__ seg_level, int level, __nv_bfloat16* __restrict__ out,
+    const int* __restrict__ level_off, int level, __nv_bfloat16* __restrict__ out,
     float* __restrict__ final_state) {
     constexpr int R = DK / PARTS;
     constexpr int RP = R + 4;  // padded: the PARTS row groups start in different banks
@@ -124,108 +126,110 @@ __device__ __forceinline__ void gdn_recurrent(
 
     const int tid = threadIdx.x, c0 = (tid / PARTS) * CC, part = tid % PARTS;
     const int col0 = blockIdx.x * NCOLS;
-    const int h = blockIdx.y, n = blockIdx.z;
-    const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
-    // Whole block, before any barrier. An empty segment (a graph's padding up to its segment
-    // count) has no final state anyone reads: writing its 64 KB a head cost ~2 ms a pass.
-    if (seg_level[n] != level || start == end) return;
-    const int hk = h / (H / Hk);
-    // final_state rows of other segments are only read, never written, by this launch
-    const int src = init_idx[n];
-    const float* init = src >= 0    ? init_state + (long)src * init_stride + (long)h * DK * DV
-                        : src < -1 ? final_state + ((long)(-2 - src) * H + h) * DK * DV
-                                   : init_state;  // not read
+    const int h = blockIdx.y, hk = h / (H / Hk);
+    // A grid over the level's own segments, not over the pass's padded segment count: blocks that
+    // exit at once still cost ~10 us a launch over 65 segments (docs/cuda-kernels.md).
+    const int last = level_off[level + 1];
+    for (int n = level_off[level] + blockIdx.z; n < last; n += gridDim.z) {
+        const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
+        if (start == end) continue;  // whole block: an empty segment has no state anyone reads
+        // final_state rows of other segments are only read, never written, by this launch
+        const int src = init_idx[n];
+        const float* init = src >= 0    ? init_state + (long)src * init_stride + (long)h * DK * DV
+                            : src < -1 ? final_state + ((long)(-2 - src) * H + h) * DK * DV
+                                       : init_state;  // not read
 
-    auto stage = [&](int buf, int cs) {
-        const int cnt = min(CP, end - cs);
-        for (int idx = tid; idx < CP * (DK / 4); idx += NT) {
-            const int t = idx / (DK / 4), d = (idx % (DK / 4)) * 4;
-            const int dst = (d / R) * RP + d % R;
-            const bool ok = t < cnt;
-            const long at = ((long)(ok ? cs + t : cs) * Hk + hk) * DK + d;
-            cp_async16(smem_addr(&k_s[buf][t][dst]), kn + at, ok ? 16 : 0);
-            cp_async16(smem_addr(&q_s[buf][t][dst]), qn + at, ok ? 16 : 0);
-        }
-        for (int idx = tid; idx < CP * (NCOLS / 8); idx += NT) {
-            const int t = idx / (NCOLS / 8), ch = idx % (NCOLS / 8);
-            const bool ok = t < cnt;
-            cp_async16(smem_addr(&v_s[buf][t][ch * 8]), v + (long)(ok ? cs + t : cs) * v_stride + h * DV + col0 + ch * 8,
-                       ok ? 16 : 0);
-        }
-        for (int idx = tid; idx < 3 * CP; idx += NT) {
-            const int which = idx / CP, t = idx % CP;
-            const long at = t < cnt ? cs + t : cs;
-            const float* p = which == 0 ? g + at * H + h : which == 1 ? beta + at * H + h : kq + at * Hk + hk;
-            cp_async4(smem_addr(&gbk_s[buf][which][t]), p, t < cnt ? 4 : 0);
-        }
-        cp_async_commit();
-    };
-
-    stage(0, start);
-    float S[R][CC];
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int c = 0; c < CC; ++c) S[i][c] = src != -1 ? init[(long)(part * R + i) * DV + col0 + c0 + c] : 0.f;
-
-    int buf = 0;
-    for (int cs = start; cs < end; cs += CP) {
-        if (cs + CP < end) stage(buf ^ 1, cs + CP);
-        else cp_async_commit();  // an empty group keeps the wait count below uniform
-        cp_async_wait<1>();
-        __syncthreads();  // buffer buf landed for every thread
-        const int cnt = min(CP, end - cs);
-#pragma unroll
-        for (int t = 0; t < CP; ++t) {
-            const float eg = __expf(gbk_s[buf][0][t]);
-            float kr[R];
-            float a[CC][2], b[CC][2];
-#pragma unroll
-            for (int c = 0; c < CC; ++c) a[c][0] = a[c][1] = b[c][0] = b[c][1] = 0.f;
-#pragma unroll
-            for (int i = 0; i < R; i += 4) {
-                const float4 k4 = *reinterpret_cast<const float4*>(&k_s[buf][t][part * RP + i]);
-                const float4 q4 = *reinterpret_cast<const float4*>(&q_s[buf][t][part * RP + i]);
-                kr[i] = k4.x; kr[i + 1] = k4.y; kr[i + 2] = k4.z; kr[i + 3] = k4.w;
-#pragma unroll
-                for (int c = 0; c < CC; ++c) {
-                    a[c][0] = fmaf(S[i][c], k4.x, a[c][0]); a[c][1] = fmaf(S[i + 1][c], k4.y, a[c][1]);
-                    b[c][0] = fmaf(S[i][c], q4.x, b[c][0]); b[c][1] = fmaf(S[i + 1][c], q4.y, b[c][1]);
-                    a[c][0] = fmaf(S[i + 2][c], k4.z, a[c][0]); a[c][1] = fmaf(S[i + 3][c], k4.w, a[c][1]);
-                    b[c][0] = fmaf(S[i + 2][c], q4.z, b[c][0]); b[c][1] = fmaf(S[i + 3][c], q4.w, b[c][1]);
-                }
+        auto stage = [&](int buf, int cs) {
+            const int cnt = min(CP, end - cs);
+            for (int idx = tid; idx < CP * (DK / 4); idx += NT) {
+                const int t = idx / (DK / 4), d = (idx % (DK / 4)) * 4;
+                const int dst = (d / R) * RP + d % R;
+                const bool ok = t < cnt;
+                const long at = ((long)(ok ? cs + t : cs) * Hk + hk) * DK + d;
+                cp_async16(smem_addr(&k_s[buf][t][dst]), kn + at, ok ? 16 : 0);
+                cp_async16(smem_addr(&q_s[buf][t][dst]), qn + at, ok ? 16 : 0);
             }
-            float kv[CC], sq[CC];
-#pragma unroll
-            for (int c = 0; c < CC; ++c) { kv[c] = a[c][0] + a[c][1]; sq[c] = b[c][0] + b[c][1]; }
-#pragma unroll
-            for (int o = 1; o < PARTS; o <<= 1)
-#pragma unroll
-                for (int c = 0; c < CC; ++c) {
-                    kv[c] += __shfl_xor_sync(0xffffffffu, kv[c], o);
-                    sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], o);
-                }
-            const float bt = gbk_s[buf][1][t], kqt = gbk_s[buf][2][t];
-            float delta[CC];
-#pragma unroll
-            for (int c = 0; c < CC; ++c) {
-                delta[c] = bt * (__bfloat162float(v_s[buf][t][c0 + c]) - eg * kv[c]);
-                if (part == 0 && t < cnt)
-                    out[((long)(cs + t) * H + h) * DV + col0 + c0 + c] = __float2bfloat16(fmaf(eg, sq[c], kqt * delta[c]));
+            for (int idx = tid; idx < CP * (NCOLS / 8); idx += NT) {
+                const int t = idx / (NCOLS / 8), ch = idx % (NCOLS / 8);
+                const bool ok = t < cnt;
+                cp_async16(smem_addr(&v_s[buf][t][ch * 8]), v + (long)(ok ? cs + t : cs) * v_stride + h * DV + col0 + ch * 8,
+                           ok ? 16 : 0);
             }
-#pragma unroll
-            for (int i = 0; i < R; ++i)
-#pragma unroll
-                for (int c = 0; c < CC; ++c) S[i][c] = fmaf(S[i][c], eg, kr[i] * delta[c]);
+            for (int idx = tid; idx < 3 * CP; idx += NT) {
+                const int which = idx / CP, t = idx % CP;
+                const long at = t < cnt ? cs + t : cs;
+                const float* p = which == 0 ? g + at * H + h : which == 1 ? beta + at * H + h : kq + at * Hk + hk;
+                cp_async4(smem_addr(&gbk_s[buf][which][t]), p, t < cnt ? 4 : 0);
+            }
+            cp_async_commit();
+        };
+
+        stage(0, start);
+        float S[R][CC];
+    #pragma unroll
+        for (int i = 0; i < R; ++i)
+    #pragma unroll
+            for (int c = 0; c < CC; ++c) S[i][c] = src != -1 ? init[(long)(part * R + i) * DV + col0 + c0 + c] : 0.f;
+
+        int buf = 0;
+        for (int cs = start; cs < end; cs += CP) {
+            if (cs + CP < end) stage(buf ^ 1, cs + CP);
+            else cp_async_commit();  // an empty group keeps the wait count below uniform
+            cp_async_wait<1>();
+            __syncthreads();  // buffer buf landed for every thread
+            const int cnt = min(CP, end - cs);
+    #pragma unroll
+            for (int t = 0; t < CP; ++t) {
+                const float eg = __expf(gbk_s[buf][0][t]);
+                float kr[R];
+                float a[CC][2], b[CC][2];
+    #pragma unroll
+                for (int c = 0; c < CC; ++c) a[c][0] = a[c][1] = b[c][0] = b[c][1] = 0.f;
+    #pragma unroll
+                for (int i = 0; i < R; i += 4) {
+                    const float4 k4 = *reinterpret_cast<const float4*>(&k_s[buf][t][part * RP + i]);
+                    const float4 q4 = *reinterpret_cast<const float4*>(&q_s[buf][t][part * RP + i]);
+                    kr[i] = k4.x; kr[i + 1] = k4.y; kr[i + 2] = k4.z; kr[i + 3] = k4.w;
+    #pragma unroll
+                    for (int c = 0; c < CC; ++c) {
+                        a[c][0] = fmaf(S[i][c], k4.x, a[c][0]); a[c][1] = fmaf(S[i + 1][c], k4.y, a[c][1]);
+                        b[c][0] = fmaf(S[i][c], q4.x, b[c][0]); b[c][1] = fmaf(S[i + 1][c], q4.y, b[c][1]);
+                        a[c][0] = fmaf(S[i + 2][c], k4.z, a[c][0]); a[c][1] = fmaf(S[i + 3][c], k4.w, a[c][1]);
+                        b[c][0] = fmaf(S[i + 2][c], q4.z, b[c][0]); b[c][1] = fmaf(S[i + 3][c], q4.w, b[c][1]);
+                    }
+                }
+                float kv[CC], sq[CC];
+    #pragma unroll
+                for (int c = 0; c < CC; ++c) { kv[c] = a[c][0] + a[c][1]; sq[c] = b[c][0] + b[c][1]; }
+    #pragma unroll
+                for (int o = 1; o < PARTS; o <<= 1)
+    #pragma unroll
+                    for (int c = 0; c < CC; ++c) {
+                        kv[c] += __shfl_xor_sync(0xffffffffu, kv[c], o);
+                        sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], o);
+                    }
+                const float bt = gbk_s[buf][1][t], kqt = gbk_s[buf][2][t];
+                float delta[CC];
+    #pragma unroll
+                for (int c = 0; c < CC; ++c) {
+                    delta[c] = bt * (__bfloat162float(v_s[buf][t][c0 + c]) - eg * kv[c]);
+                    if (part == 0 && t < cnt)
+                        out[((long)(cs + t) * H + h) * DV + col0 + c0 + c] = __float2bfloat16(fmaf(eg, sq[c], kqt * delta[c]));
+                }
+    #pragma unroll
+                for (int i = 0; i < R; ++i)
+    #pragma unroll
+                    for (int c = 0; c < CC; ++c) S[i][c] = fmaf(S[i][c], eg, kr[i] * delta[c]);
+            }
+            __syncthreads();  // every thread is done with buf before the next round refills it
+            buf ^= 1;
         }
-        __syncthreads();  // every thread is done with buf before the next round refills it
-        buf ^= 1;
+        const long state_base = ((long)n * H + h) * DK * DV;
+    #pragma unroll
+        for (int i = 0; i < R; ++i)
+    #pragma unroll
+            for (int c = 0; c < CC; ++c) final_state[state_base + (long)(part * R + i) * DV + col0 + c0 + c] = S[i][c];
     }
-    const long state_base = ((long)n * H + h) * DK * DV;
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int c = 0; c < CC; ++c) final_state[state_base + (long)(part * R + i) * DV + col0 + c0 + c] = S[i][c];
 }
 
 #define GDN_ARGS                                                                               \
@@ -233,11 +237,11 @@ __device__ __forceinline__ void gdn_recurrent(
         const __nv_bfloat16 *__restrict__ v, long v_stride, const float *__restrict__ g,       \
         const float *__restrict__ beta, const int *__restrict__ cu_seqlens, int H, int Hk,     \
         const float *__restrict__ init_state, long init_stride, const int *__restrict__ init_idx, \
-        const int *__restrict__ seg_level, int level, __nv_bfloat16 *__restrict__ out,         \
+        const int *__restrict__ level_off, int level, __nv_bfloat16 *__restrict__ out,         \
         float *__restrict__ final_state
 #define GDN_PASS                                                                                \
     qn, kn, kq, v, v_stride, g, beta, cu_seqlens, H, Hk, init_state, init_stride, init_idx,   \
-        seg_level, level, out, final_state
+        level_off, level, out, final_state
 #define GDN_VARIANT(name, P, NC, CC)                                                    \
     extern "C" __global__ void __launch_bounds__(NC / CC * P) name(GDN_ARGS) {              \
         gdn_recurrent<P, NC, CC>(GDN_PASS);                                             \

@@ -63,7 +63,7 @@ class PassKey:
             ("heads", N),
             ("slot", N),
             ("gdn_init", N),
-            ("level", N),
+            ("level_off", self.levels + 1),
             ("win_src", 3 * N),
             ("keep", MAX_STATE_SLOTS if self.kept else 1),
         ]

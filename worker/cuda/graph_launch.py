@@ -4,9 +4,10 @@ Eagerly a pass costs Python plus ~20 kernel launches a layer; at short lengths t
 exceeds the GPU time (27B: 130 ms for a 74-token request whose device work is 20 ms). A graph
 fixes every device-side shape, so each pass is padded to its key:
 - tokens T -> T_pad; the T_pad - T pad tokens (id 0, positions 0..) form one extra segment after
-  the real ones, level 0, no parent, never kept, its outputs ignored; empty segments fill the
-  segment count up to N_pad. Pad rows can hold garbage and stay harmless: conv, recurrence and
-  attention mix rows only within a segment (or from its ancestors), GEMMs and norms not at all.
+  the real ones, no parent, never kept, its outputs ignored, in no level's range (the GDN
+  recurrence skips it); empty segments fill the segment count up to N_pad. Pad rows can hold
+  garbage and stay harmless: conv, recurrence and attention mix rows only within a segment (or
+  from its ancestors), GEMMs and norms not at all.
 - levels: the pass's depth rounded up; the extra recurrence launches find no segment of theirs.
 - the attention pool of each layer is one static buffer: the pass's own keys from row 0,
   ancestors' rows (copied in before the replay) from row T_pad; kv_rows indexes it.
@@ -287,12 +288,12 @@ class GraphLauncher:
             "heads": plan.heads,
             "slot": plan.slot,
             "gdn_init": plan.gdn_init + [-1] * (key.segments - N),
-            "level": plan.level,
+            "level_off": plan.level_off(key.levels),  # the pad and empty segments in no range
             # the pad and empty segments read slot 0's zero window
             "win_src": plan.win_src + [-1 - m for _ in range(key.segments - N) for m in range(3)],
             "keep": [i for i, run in enumerate(plan.runs) if run.keep_state],
         }
-        fill = {"keep": N}  # unused entries: the pad segment; others 0 (slot 0, level 0, row 0)
+        fill = {"keep": N}  # unused entries: the pad segment; others 0 (slot 0, row 0)
         host = np.zeros(key.index_size, dtype=np.int32)
         for name, (at, n) in key.layout().items():
             v = np.asarray(values[name], dtype=np.int32)
@@ -356,7 +357,7 @@ class GraphLauncher:
             max_q=key.max_q,
             slot=v["slot"],
             gdn_init=v["gdn_init"],
-            level=v["level"],
+            level_off=v["level_off"],
             num_levels=key.levels,
             win_src=v["win_src"],
         )

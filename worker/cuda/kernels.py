@@ -199,6 +199,10 @@ def gdn_prepare(conv_out, a, b, A_log, dt_bias, num_k_heads, out=None):
 # name -> (threads per column group, columns per block, columns per thread)
 GDN_VARIANTS = {"s8c16x1": (8, 16, 1), "s8c32x2": (8, 32, 2)}
 GDN_DEFAULT = "s8c32x2"  # the fastest variant on an H200 at 64 to 4,096 tokens (docs/cuda-kernels.md)
+# blocks a (column block, head) over a level's segments, each taking every 16th: enough to fill
+# the GPU with short segments, and few enough that a pass's padded segment count costs no grid of
+# blocks that only exit
+GDN_LEVEL_BLOCKS = 16
 
 
 def gdn_recurrent(
@@ -214,7 +218,7 @@ def gdn_recurrent(
     out=None,
     final=None,
     init_idx=None,
-    seg_level=None,
+    level_off=None,
     level: int = 0,
 ):
     """Gated delta rule over packed segments.
@@ -222,11 +226,12 @@ def gdn_recurrent(
     qn, kn: [T, Hk, 128] fp32; kq: [T, Hk] fp32 (qn . kn); v: [T, H, 128] bf16 view (token stride
     free, inner contiguous); g, beta: [T, H] fp32; cu_seqlens: [N+1] int32;
     init_state: [*, H, 128, 128] fp32 (dim 0 may be strided) or None (zeros).
-    Forest passes (one launch per tree level, all on the same grid):
+    Forest passes (segments ordered by level, one launch per level, all on the same grid):
     init_idx: [N] int32 or None (row n of init_state, or zeros without it): >= 0 a row of
     init_state, -1 zeros, <= -2 row -2 - i of `final` (an in-pass parent an earlier launch finished);
-    seg_level: [N] int32 or None (all 0); only non-empty segments with seg_level == level run, the
-    others' rows of out and final are left as they are.
+    level_off: [levels + 1] int32 or None ([0, N]); this launch runs the non-empty segments
+    level_off[level] .. level_off[level + 1] - 1, the others' rows of out and final are left as
+    they are.
     Returns (o [T, H, 128] bf16, final_state [N, H, 128, 128] fp32).
     """
     T, H = g.shape
@@ -244,9 +249,9 @@ def gdn_recurrent(
             if init_state is not None
             else torch.full((N,), -1, dtype=torch.int32, device=dev)
         )
-    if seg_level is None:
-        seg_level = torch.zeros(N, dtype=torch.int32, device=dev)
-    assert init_idx.dtype == torch.int32 and seg_level.dtype == torch.int32
+    if level_off is None:
+        level_off = torch.tensor([0, N], dtype=torch.int32, device=dev)
+    assert init_idx.dtype == torch.int32 and level_off.dtype == torch.int32
     if init_state is None:
         init, stride = final, 0  # never read: no init_idx is >= 0 then
     else:
@@ -255,7 +260,7 @@ def gdn_recurrent(
     _launch(
         "gated_delta",
         f"gdn_recurrent_{variant}",
-        (GDN_DIM // cols, H, N),
+        (GDN_DIM // cols, H, min(N, GDN_LEVEL_BLOCKS)),
         (cols // per_thread * parts,),
         (
             qn,
@@ -271,7 +276,7 @@ def gdn_recurrent(
             init,
             _i64(stride),
             init_idx,
-            seg_level,
+            level_off,
             level,
             out,
             final,

@@ -114,6 +114,11 @@ class LaunchPlan:
     def num_kept(self) -> int:
         return sum(run.keep_state for run in self.runs)
 
+    def level_off(self, levels: int) -> list[int]:
+        """[levels + 1]: the runs of level d are d's range off[d] .. off[d + 1] - 1 (levels may
+        exceed num_levels: the extra ranges are empty)."""
+        return [sum(d < k for d in self.level) for k in range(levels + 1)]
+
     def kv_rows(self, anc_base: int):
         """(rows [sum S_n] int32: pool row of each segment's logical keys, cu_k [N+1]) for a pool
         holding this pass's own rows from row 0 and the ancestor nodes' rows from anc_base."""
@@ -132,9 +137,9 @@ class Launch:
     """A pass's device-side indices. ids: [T] int32; cu: [N+1] int32; pos: [T] int32 positions;
     head_idx: [R] int32 rows the head reads (None: no head rows); rope: (cos, sin) [T,
     rotary_dim/2] fp32; kv_rows: [sum S_n] int32 pool row of each segment's logical keys; cu_k:
-    [N+1] int32; max_q: the attention grid's longest segment; slot, gdn_init, level: [N] int32
-    (LaunchPlan); num_levels: recurrence launches per GDN layer; win_src: [3N] int32
-    (LaunchPlan.win_src)."""
+    [N+1] int32; max_q: the attention grid's longest segment; slot, gdn_init: [N] int32
+    (LaunchPlan); level_off: [num_levels + 1] int32 (LaunchPlan.level_off); num_levels: recurrence
+    launches per GDN layer; win_src: [3N] int32 (LaunchPlan.win_src)."""
 
     ids: torch.Tensor
     cu: torch.Tensor
@@ -146,7 +151,7 @@ class Launch:
     max_q: int
     slot: torch.Tensor
     gdn_init: torch.Tensor
-    level: torch.Tensor
+    level_off: torch.Tensor
     num_levels: int
     win_src: torch.Tensor
 

@@ -192,7 +192,7 @@ class CudaRunner:
             max_q=plan.max_q,
             slot=as_i32(plan.slot),
             gdn_init=as_i32(plan.gdn_init),
-            level=as_i32(plan.level),
+            level_off=as_i32(plan.level_off(plan.num_levels)),
             num_levels=plan.num_levels,
             win_src=as_i32(plan.win_src),
         )
@@ -282,7 +282,7 @@ class CudaRunner:
                     out=o,
                     final=final,
                     init_idx=launch.gdn_init,
-                    seg_level=launch.level,
+                    level_off=launch.level_off,
                     level=level,
                 )
             new_tails = None

@@ -138,7 +138,7 @@ def device_launch(plan, T_pad_rows: int = 0) -> Launch:
         max_q=plan.max_q,
         slot=i32(plan.slot),
         gdn_init=i32(plan.gdn_init),
-        level=i32(plan.level),
+        level_off=i32(plan.level_off(plan.num_levels)),
         num_levels=plan.num_levels,
         win_src=i32(plan.win_src),
     )
@@ -160,10 +160,11 @@ def test_forest_indices_give_each_run_its_whole_prompt(seed):
     windows = launch.windows(rows["x"], slot_windows)
     slot_states = [torch.zeros(DK, DV, dtype=torch.float64)] + [p.gdn[GDN_LAYER][1] for p in plan.parents]
     final: list = [None] * len(inner)
+    off = plan.level_off(plan.num_levels + 1)
+    assert off[-1] == off[-2] == len(inner)
     for level in range(plan.num_levels):  # kernels.gdn_recurrent, one launch per level
-        for i in range(len(inner)):
-            if plan.level[i] != level:
-                continue
+        for i in range(off[level], off[level + 1]):
+            assert plan.level[i] == level
             src = plan.gdn_init[i]
             init = slot_states[src] if src >= 0 else final[-2 - src] if src < -1 else torch.zeros(DK, DV).double()
             own = {k: v[plan.cu[i] : plan.cu[i + 1]] for k, v in rows.items()}

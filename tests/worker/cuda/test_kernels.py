@@ -109,13 +109,34 @@ def test_gdn_recurrent(K, ref, variant, with_init):
         assert rel(fin[n], e_fin[n]) < FP32_TOL, f"final state {n}"
 
 
+def test_gdn_recurrent_level_range(K, ref):
+    """A level of more segments than the grid has blocks a head (each block takes several in
+    turn), empty ones among them; segments outside the level's range (a graph's pad segment) are
+    not run: their rows stay as they were."""
+    lengths = [(n * 7) % 23 for n in range(2 * K.GDN_LEVEL_BLOCKS + 5)] + [9]  # zeros among them
+    cu, qn, kn, kq, v, g, beta, init = gdn_inputs(lengths)
+    T, N, H = qn.shape[0], len(lengths), v.shape[1]
+    out, fin = poisoned((T, H, 128), torch.bfloat16), poisoned((N, H, 128, 128), torch.float32)
+    off = torch.tensor([0, N - 1], dtype=torch.int32, device=DEV)
+    K.gdn_recurrent(qn, kn, kq, v, g, beta, cu, init, out=out, final=fin, level_off=off)
+    e_out, e_fin = ref.gdn_packed(qn.cpu(), kn.cpu(), v.cpu(), g.cpu(), beta.cpu(), cu.cpu(), init.cpu())
+    last = int(cu[N - 1])
+    per_segment(out[:last], e_out[:last], cu[:N], BF16_TOL, "gdn o")
+    for n in range(N - 1):
+        if lengths[n]:
+            assert rel(fin[n], e_fin[n]) < FP32_TOL, f"final state {n}"
+        else:
+            assert torch.isnan(fin[n]).all(), f"empty segment {n}'s final state was written"
+    assert torch.isnan(out[last:]).all() and torch.isnan(fin[N - 1]).all(), "a segment outside the range ran"
+
+
 @pytest.mark.parametrize("variant", ["s8c16x1", "s8c32x2"])
 def test_gdn_recurrent_forest_levels(K, ref, variant):
     """One launch per level on a fixed grid: level-0 segments start from rows of a strided slot
     buffer (or zeros), deeper ones from their in-pass parent's final state; each segment equals
     the reference started from the same state, and bit-equals the same segment launched alone."""
     lengths = (37, 5, 1, 70, 16, 3, 2)
-    level = [0, 0, 0, 1, 1, 2, 3]
+    level_off = [0, 3, 5, 6, 7, 7]  # levels 0-3 and an empty fifth: segments by level
     # sources: slot 2, zeros, slot 1; parents 0, 1; parent 3; parent 5
     init_idx = [2, -1, 1, -2 - 0, -2 - 1, -2 - 3, -2 - 5]
     cu, qn, kn, kq, v, g, beta, _ = gdn_inputs(lengths)
@@ -137,7 +158,7 @@ def test_gdn_recurrent_forest_levels(K, ref, variant):
             out=out,
             final=fin,
             init_idx=i32(init_idx),
-            seg_level=i32(level),
+            level_off=i32(level_off),
             level=d,
         )
     assert not torch.isnan(out).any() and not torch.isnan(fin).any()
