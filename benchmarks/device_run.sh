@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests gdn gdn-serial gdn-cross ncu-gdn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid state-hit attention
+#   steps: tests gdn gdn-serial gdn-cross gdn-in-pass ncu-gdn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid state-hit attention
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -61,6 +61,8 @@ for step in "$@"; do
            timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL --graphs-only \
              --cases noul:513-2048 --out $OUT/profile-clock.md 2>&1 | grep -E "graphs:|GDN|GEMM"
            kill $smi ;;
+    # the recurrence after an idle GPU against after a pass's worth of products (clock, caches)
+    gdn-in-pass) timeout 120 python3 benchmarks/gdn_in_pass.py --out $OUT/gdn-in-pass.json 2>&1 | tail -6 ;;
     # the default recurrence under Nsight Compute (where the runtime lets it read counters) and its SASS
     ncu-gdn) D=$(python3 -m openjev.worker.cuda.traits)
            nvcc -arch=sm_90 -std=c++17 -cubin -Icuda $D cuda/gated_delta.cu -o /tmp/gd.cubin \

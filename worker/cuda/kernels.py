@@ -249,8 +249,8 @@ def gdn_recurrent(
             if init_state is not None
             else torch.full((N,), -1, dtype=torch.int32, device=dev)
         )
-    if level_off is None:
-        level_off = torch.tensor([0, N], dtype=torch.int32, device=dev)
+    if level_off is None:  # [0, N], made on the device: capturable
+        level_off = torch.arange(0, 2 * N, max(N, 1), dtype=torch.int32, device=dev)[:2]
     assert init_idx.dtype == torch.int32 and level_off.dtype == torch.int32
     if init_state is None:
         init, stride = final, 0  # never read: no init_idx is >= 0 then
