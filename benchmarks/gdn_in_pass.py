@@ -1,9 +1,9 @@
-"""Is the GDN recurrence slower inside a pass because of what runs before it? The same launch (one
-segment of T tokens, 27B shapes, the inputs of kernels_gpu.py, replayed from a CUDA graph) timed
-with CUDA events after
-(a) a sleep kernel (an idle, cool GPU), (b) bf16 products like a pass's (the MLP's down product
-at T rows, `--heat` of them back to back), (c) the same products, then a sleep of 1 ms. Arms
-interleaved, medians and spreads of `--rounds`.
+"""Is the GDN recurrence slower inside a pass because of what runs before it? The same launch
+(one segment of T tokens, 27B shapes, the inputs of kernels_gpu.py, replayed from a CUDA graph)
+timed with CUDA events after (a) a sleep kernel (an idle, cool GPU), (b) bf16 products like a
+pass's (the MLP's down product at T rows, `--heat` of them back to back), (c) the same products,
+then a sleep of 1 ms. Arms interleaved, medians and spreads of `--rounds`. Last, the durations
+torch's profiler reports for (b), as benchmarks/profile_requests.py reads them.
 
     python3 benchmarks/gdn_in_pass.py [--tokens 676] [--heat 24] [--rounds 30] [--out FILE.json]
 """
@@ -63,6 +63,17 @@ def main() -> None:
         ts = ts[3:]  # the first rounds warm clocks and caches
         rows.append({"arm": name, "median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts)})
         print(f"{name:<46} {statistics.median(ts):>10.4f} {min(ts):>8.4f} {max(ts):>8.4f}")
+    # the same launches as profile_requests.py sees them: the profiler's kernel durations
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            heat()
+            graph.replay()
+        torch.cuda.synchronize()
+    traced = [e.device_time_total * 1e-3 for e in prof.events() if "gdn_recurrent" in e.name]
+    rows.append({"arm": "profiler's duration, after products", "median_ms": statistics.median(traced)})
+    print(f"{'profiler duration, after products':<46} {statistics.median(traced):>10.4f} ({len(traced)} launches)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"tokens": args.tokens, "heat": args.heat, "rounds": args.rounds, "rows": rows}, f, indent=1)
