@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests gdn gdn-serial gdn-cross gdn-in-pass ncu-gdn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid state-hit attention
+#   steps: tests gdn gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid state-hit attention
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -63,6 +63,13 @@ for step in "$@"; do
            kill $smi ;;
     # the recurrence after an idle GPU against after a pass's worth of products (clock, caches)
     gdn-in-pass) timeout 120 python3 benchmarks/gdn_in_pass.py --out $OUT/gdn-in-pass.json 2>&1 | tail -6 ;;
+    # the recurrence inside a 676-token request's pass against the same segment alone, under Nsight Compute
+    ncu-pass) M=sm__cycles_elapsed.avg.per_second,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum
+           timeout 240 ncu --clock-control none --kernel-name regex:gdn_recurrent --launch-skip 60 --launch-count 2 --metrics $M \
+             python3 benchmarks/gdn_probe.py --request noul:513-2048 > $OUT/ncu-pass.txt 2>&1
+           timeout 100 ncu --clock-control none --kernel-name regex:gdn_recurrent --launch-skip 1 --launch-count 2 --metrics $M \
+             python3 benchmarks/gdn_probe.py --tokens 676 > $OUT/ncu-alone.txt 2>&1
+           grep -E "gdn_recurrent|per_second|cycles_active|inst_executed|grid_size|warps_active|duration" $OUT/ncu-pass.txt $OUT/ncu-alone.txt | head -40 ;;
     # the default recurrence under Nsight Compute (where the runtime lets it read counters) and its SASS
     ncu-gdn) D=$(python3 -m openjev.worker.cuda.traits)
            nvcc -arch=sm_90 -std=c++17 -cubin -Icuda $D cuda/gated_delta.cu -o /tmp/gd.cubin \
