@@ -61,8 +61,8 @@ for step in "$@"; do
            timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL --graphs-only \
              --cases noul:513-2048 --out $OUT/profile-clock.md 2>&1 | grep -E "graphs:|GDN|GEMM"
            kill $smi ;;
-    # the recurrence after an idle GPU against after a pass's worth of products (clock, caches)
-    gdn-in-pass) timeout 120 python3 benchmarks/gdn_in_pass.py --out $OUT/gdn-in-pass.json 2>&1 | tail -6 ;;
+    # one level of the recurrence alone and in a pass's padded grid, with and without the blocks-an-SM cap
+    gdn-in-pass) timeout 120 python3 benchmarks/gdn_in_pass.py --out $OUT/gdn-in-pass.json 2>&1 | tail -12 ;;
     # the recurrence inside a 676-token request's pass against the same segment alone, under Nsight Compute
     ncu-pass) M=sm__cycles_elapsed.avg.per_second,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum
            timeout 240 ncu --clock-control none --kernel-name regex:gdn_recurrent --launch-skip 60 --launch-count 2 --metrics $M \

@@ -1,11 +1,16 @@
-"""Is the GDN recurrence slower inside a pass because of what runs before it? The same launch
-(one segment of T tokens, 27B shapes, the inputs of kernels_gpu.py, replayed from a CUDA graph)
-timed with CUDA events after (a) a sleep kernel (an idle, cool GPU), (b) bf16 products like a
-pass's (the MLP's down product at T rows, `--heat` of them back to back), (c) the same products,
-then a sleep of 1 ms. Arms interleaved, medians and spreads of `--rounds`. Last, the durations
-torch's profiler reports for (b), as benchmarks/profile_requests.py reads them.
+"""Why the GDN recurrence ran slower inside a pass than alone, and whether capping its resident
+blocks an SM (kernels.GDN_BLOCKS_PER_SM) mends it. One level of segments on 27B shapes, replayed
+from CUDA graphs, timed with CUDA events, arms interleaved; medians and spreads of `--rounds`:
+- alone: a grid for exactly the level's segments;
+- in a pass's grid: the same segments first among `--segments` (a graph's padded segment
+  count), the level's range covering only them, so the other blocks exit at once;
+each with and without the cap. Levels: one segment of `--tokens`, and `--children` short ones.
 
-    python3 benchmarks/gdn_in_pass.py [--tokens 676] [--heat 24] [--rounds 30] [--out FILE.json]
+A first form of this script (commit 07f4a3a) timed one 676-token segment after an idle GPU and
+after 24 down products: the same 0.26 ms either way, so the clock was not the cause.
+
+    python3 benchmarks/gdn_in_pass.py [--tokens 676] [--children 7x30] [--segments 65] [--rounds 30]
+        [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -15,68 +20,83 @@ import json
 import statistics
 
 import torch
-from kernels_gpu import cases
 
 from openjev.worker.cuda import kernels as K
 
-SLEEP_CYCLES = 2_000_000  # ~1 ms at the H200's clock
+H, HK, D = 48, 16, 128
+DEV = "cuda"
+
+
+def level_inputs(lengths: list[int], pad_to: int):
+    """Inputs of one level: `lengths` segments, then empty ones up to `pad_to` segments."""
+    T = sum(lengths)
+    cu = torch.tensor([0] + [sum(lengths[: i + 1]) for i in range(len(lengths))] + [T] * (pad_to - len(lengths)))
+    qn = torch.nn.functional.normalize(torch.randn(T, HK, D, device=DEV), dim=-1) * D**-0.5
+    kn = torch.nn.functional.normalize(torch.randn(T, HK, D, device=DEV), dim=-1)
+    conv = torch.randn(T, 2 * HK * D + H * D, device=DEV).bfloat16()
+    return dict(
+        qn=qn,
+        kn=kn,
+        kq=(qn * kn).sum(-1),
+        v=conv[:, 2 * HK * D :].unflatten(1, (H, D)),
+        g=-torch.rand(T, H, device=DEV) * 0.5 - 0.01,
+        beta=torch.rand(T, H, device=DEV),
+        cu_seqlens=cu.to(torch.int32).to(DEV),
+        level_off=torch.tensor([0, len(lengths)], dtype=torch.int32, device=DEV),
+    )
+
+
+def captured(inputs: dict, cap: int | None) -> torch.cuda.CUDAGraph:
+    K.GDN_BLOCKS_PER_SM = cap
+    a = inputs
+    run = lambda: K.gdn_recurrent(  # noqa: E731
+        a["qn"], a["kn"], a["kq"], a["v"], a["g"], a["beta"], a["cu_seqlens"], level_off=a["level_off"]
+    )
+    run()  # compiles, sets the kernel's attributes
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=676)
-    p.add_argument("--heat", type=int, default=24)
+    p.add_argument("--children", default="7x30", help="COUNTxTOKENS: a level of short segments")
+    p.add_argument("--segments", type=int, default=65)
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--out", default="")
     args = p.parse_args()
-    recurrence = {name: fn for name, fn, *_ in cases(args.tokens)}[f"gdn_recurrent_{K.GDN_DEFAULT}"]
-    x = torch.randn(args.tokens, 17408, device="cuda").bfloat16()
-    w = torch.randn(5120, 17408, device="cuda").bfloat16() * 0.01
-
-    def heat() -> None:
-        for _ in range(args.heat):
-            torch.nn.functional.linear(x, w)
-
-    before = {
-        "idle (sleep kernel)": lambda: torch.cuda._sleep(SLEEP_CYCLES),
-        f"after {args.heat} down products": heat,
-        f"after {args.heat} down products, then 1 ms sleep": lambda: (heat(), torch.cuda._sleep(SLEEP_CYCLES)),
-    }
-    recurrence()  # compiles
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        recurrence()
-    times: dict[str, list[float]] = {name: [] for name in before}
+    count, length = (int(x) for x in args.children.split("x"))
+    default_cap = K.GDN_BLOCKS_PER_SM
+    graphs = {}
+    for level, lengths in ((f"1 x {args.tokens}", [args.tokens]), (f"{count} x {length}", [length] * count)):
+        for grid, pad_to in (("alone", len(lengths)), (f"in a {args.segments}-segment grid", args.segments)):
+            inputs = level_inputs(lengths, pad_to)
+            for cap in (None, 2):
+                graphs[(level, grid, f"{cap or 'no'} cap")] = captured(inputs, cap)
+    K.GDN_BLOCKS_PER_SM = default_cap
+    times: dict[tuple, list[float]] = {arm: [] for arm in graphs}
     for _ in range(args.rounds + 3):
-        for name, pre in before.items():  # interleaved: drift lands on every arm alike
+        for arm, graph in graphs.items():  # interleaved: drift lands on every arm alike
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            pre()
+            torch.cuda._sleep(1_000_000)  # the host queues the replay while the GPU is busy
             start.record()
             graph.replay()
             end.record()
             torch.cuda.synchronize()
-            times[name].append(start.elapsed_time(end))
+            times[arm].append(start.elapsed_time(end))
+    print(f"{torch.cuda.get_device_name()}: gdn_recurrent_{K.GDN_DEFAULT}, ms")
+    print(f"{'level':<12} {'grid':<24} {'blocks an SM':<13} {'median':>8} {'min':>8} {'max':>8}")
     rows = []
-    print(f"{torch.cuda.get_device_name()}: gdn_recurrent_{K.GDN_DEFAULT}, one segment of {args.tokens} tokens")
-    print(f"{'before the launch':<46} {'median ms':>10} {'min':>8} {'max':>8}")
-    for name, ts in times.items():
-        ts = ts[3:]  # the first rounds warm clocks and caches
-        rows.append({"arm": name, "median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts)})
-        print(f"{name:<46} {statistics.median(ts):>10.4f} {min(ts):>8.4f} {max(ts):>8.4f}")
-    # the same launches as profile_requests.py sees them: the profiler's kernel durations
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            heat()
-            graph.replay()
-        torch.cuda.synchronize()
-    traced = [e.device_time_total * 1e-3 for e in prof.events() if "gdn_recurrent" in e.name]
-    rows.append({"arm": "profiler's duration, after products", "median_ms": statistics.median(traced)})
-    print(f"{'profiler duration, after products':<46} {statistics.median(traced):>10.4f} ({len(traced)} launches)")
+    for (level, grid, cap), ts in times.items():
+        ts = ts[3:]
+        med = statistics.median(ts)
+        rows.append(dict(level=level, grid=grid, cap=cap, median_ms=med, min_ms=min(ts), max_ms=max(ts)))
+        print(f"{level:<12} {grid:<24} {cap:<13} {med:>8.4f} {min(ts):>8.4f} {max(ts):>8.4f}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"tokens": args.tokens, "heat": args.heat, "rounds": args.rounds, "rows": rows}, f, indent=1)
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -203,6 +203,28 @@ GDN_DEFAULT = "s8c32x2"  # the fastest variant on an H200 at 64 to 4,096 tokens 
 # the GPU with short segments, and few enough that a pass's padded segment count costs no grid of
 # blocks that only exit
 GDN_LEVEL_BLOCKS = 16
+# Resident recurrence blocks an SM may hold. With a pass's grid, whose blocks of absent segments
+# exit at once, the block scheduler stacked up to 4 of the live ones on some SMs: a 676-token
+# segment took 320-407 us in a pass against 243 us alone, with the same instructions and clock
+# (Nsight Compute, docs/cuda-kernels.md). Shared memory the kernel does not use holds it to 2,
+# as alone. None: no cap.
+GDN_BLOCKS_PER_SM: int | None = 2
+
+
+@functools.cache
+def _smem_cap(module: str, name: str, blocks_per_sm: int | None) -> int:
+    """Dynamic shared memory (bytes, unused) that leaves room for at most `blocks_per_sm` blocks
+    of the kernel on an SM; 0 for no cap."""
+    if not blocks_per_sm:
+        return 0
+    import cupy
+
+    per_sm = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["sharedMemPerMultiprocessor"]
+    static = _kernel(module, name).shared_size_bytes
+    pad = per_sm // (blocks_per_sm + 1) + 1 - static  # one block more does not fit
+    kernel = _kernel(module, name, pad)
+    kernel.preferred_shared_memory_carveout = 100  # all of it shared memory, so `blocks_per_sm` do fit
+    return pad
 
 
 def gdn_recurrent(
@@ -257,9 +279,10 @@ def gdn_recurrent(
     else:
         assert init_state.shape[1:] == (H, GDN_DIM, GDN_DIM) and init_state[0].is_contiguous()
         init, stride = init_state, init_state.stride(0)
+    name = f"gdn_recurrent_{variant}"
     _launch(
         "gated_delta",
-        f"gdn_recurrent_{variant}",
+        name,
         (GDN_DIM // cols, H, min(N, GDN_LEVEL_BLOCKS)),
         (cols // per_thread * parts,),
         (
@@ -281,6 +304,7 @@ def gdn_recurrent(
             out,
             final,
         ),
+        dynamic_smem=_smem_cap("gated_delta", name, GDN_BLOCKS_PER_SM),
     )
     return out, final
 
