@@ -62,7 +62,7 @@ for step in "$@"; do
              --cases noul:513-2048 --out $OUT/profile-clock.md 2>&1 | grep -E "graphs:|GDN|GEMM"
            kill $smi ;;
     # one level of the recurrence alone and in a pass's padded grid, with and without the blocks-an-SM cap
-    gdn-in-pass) timeout 120 python3 benchmarks/gdn_in_pass.py --out $OUT/gdn-in-pass.json 2>&1 | tail -12 ;;
+    gdn-in-pass) timeout 120 python3 benchmarks/gdn_in_pass.py --out $OUT/gdn-in-pass.json 2>&1 | tail -20 ;;
     # the recurrence inside a 676-token request's pass against the same segment alone, under Nsight Compute
     ncu-pass) M=sm__cycles_elapsed.avg.per_second,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum
            timeout 240 ncu --clock-control none --kernel-name regex:gdn_recurrent --launch-skip 60 --launch-count 2 --metrics $M \
@@ -85,7 +85,7 @@ for step in "$@"; do
     # every kernel against its two ceilings, then the runner end to end (capacity, peak memory)
     # tree attention alone (whole prompts and a cached-context hit) beside torch SDPA; ~1 min
     attention) timeout 200 python3 benchmarks/kernels_gpu.py --ops tree_attention,sdpa --out $OUT/attention-gpu.json 2>&1 \
-             | tee $OUT/attention-gpu.txt | tail -12 ;;
+             | tee $OUT/attention-gpu.txt | tail -20 ;;
     kernels) timeout 300 python3 benchmarks/kernels_gpu.py --capacity 27b --out $OUT/kernels-gpu.json 2>&1 \
              | tee $OUT/kernels-gpu.txt | tail -45 ;;
     gemm) timeout 150 python3 benchmarks/gemm_invariance.py 2>&1 | tail -40 | tee $OUT/gemm-invariance.md ;;

@@ -112,7 +112,7 @@ __device__ __forceinline__ void gdn_recurrent(
     const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
     const float* __restrict__ beta, const int* __restrict__ cu_seqlens, int H, int Hk,
     const float* __restrict__ init_state, long init_stride, const int* __restrict__ init_idx,
-    const int* __restrict__ level_off, int level, __nv_bfloat16* __restrict__ out,
+    const int* __restrict__ level_off, int level, int seg_x, __nv_bfloat16* __restrict__ out,
     float* __restrict__ final_state) {
     constexpr int R = DK / PARTS;
     constexpr int RP = R + 4;  // padded: the PARTS row groups start in different banks
@@ -125,12 +125,14 @@ __device__ __forceinline__ void gdn_recurrent(
     __shared__ float gbk_s[2][3][CP];  // g, beta, q.k as given
 
     const int tid = threadIdx.x, c0 = (tid / PARTS) * CC, part = tid % PARTS;
-    const int col0 = blockIdx.x * NCOLS;
-    const int h = blockIdx.y, hk = h / (H / Hk);
+    // segment slots along x (seg_x) or z
+    const int col0 = (seg_x ? blockIdx.y : blockIdx.x) * NCOLS;
+    const int h = seg_x ? blockIdx.z : blockIdx.y, hk = h / (H / Hk);
+    const int slot = seg_x ? blockIdx.x : blockIdx.z, slots = seg_x ? gridDim.x : gridDim.z;
     // A grid over the level's own segments, not over the pass's padded segment count: blocks that
     // exit at once still cost ~10 us a launch over 65 segments (docs/cuda-kernels.md).
     const int last = level_off[level + 1];
-    for (int n = level_off[level] + blockIdx.z; n < last; n += gridDim.z) {
+    for (int n = level_off[level] + slot; n < last; n += slots) {
         const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
         if (start == end) continue;  // whole block: an empty segment has no state anyone reads
         // final_state rows of other segments are only read, never written, by this launch
@@ -237,11 +239,11 @@ __device__ __forceinline__ void gdn_recurrent(
         const __nv_bfloat16 *__restrict__ v, long v_stride, const float *__restrict__ g,       \
         const float *__restrict__ beta, const int *__restrict__ cu_seqlens, int H, int Hk,     \
         const float *__restrict__ init_state, long init_stride, const int *__restrict__ init_idx, \
-        const int *__restrict__ level_off, int level, __nv_bfloat16 *__restrict__ out,         \
+        const int *__restrict__ level_off, int level, int seg_x, __nv_bfloat16 *__restrict__ out,         \
         float *__restrict__ final_state
 #define GDN_PASS                                                                                \
     qn, kn, kq, v, v_stride, g, beta, cu_seqlens, H, Hk, init_state, init_stride, init_idx,   \
-        level_off, level, out, final_state
+        level_off, level, seg_x, out, final_state
 #define GDN_VARIANT(name, P, NC, CC)                                                    \
     extern "C" __global__ void __launch_bounds__(NC / CC * P) name(GDN_ARGS) {              \
         gdn_recurrent<P, NC, CC>(GDN_PASS);                                             \

@@ -209,6 +209,7 @@ GDN_LEVEL_BLOCKS = 16
 # (Nsight Compute, docs/cuda-kernels.md). Shared memory the kernel does not use holds it to 2,
 # as alone. None: no cap.
 GDN_BLOCKS_PER_SM: int | None = 2
+GDN_SEGMENTS_X = False  # segment slots along grid x (fastest), not z
 
 
 @functools.cache
@@ -279,11 +280,11 @@ def gdn_recurrent(
     else:
         assert init_state.shape[1:] == (H, GDN_DIM, GDN_DIM) and init_state[0].is_contiguous()
         init, stride = init_state, init_state.stride(0)
-    name = f"gdn_recurrent_{variant}"
+    name, slots = f"gdn_recurrent_{variant}", min(N, GDN_LEVEL_BLOCKS)
     _launch(
         "gated_delta",
         name,
-        (GDN_DIM // cols, H, min(N, GDN_LEVEL_BLOCKS)),
+        (slots, GDN_DIM // cols, H) if GDN_SEGMENTS_X else (GDN_DIM // cols, H, slots),
         (cols // per_thread * parts,),
         (
             qn,
@@ -301,6 +302,7 @@ def gdn_recurrent(
             init_idx,
             level_off,
             level,
+            int(GDN_SEGMENTS_X),
             out,
             final,
         ),
