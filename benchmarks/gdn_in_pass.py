@@ -1,16 +1,17 @@
-"""Why the GDN recurrence ran slower inside a pass than alone, and whether capping its resident
-blocks an SM (kernels.GDN_BLOCKS_PER_SM) mends it. One level of segments on 27B shapes, replayed
+"""The GDN recurrence inside a pass against alone: one level of segments on 27B shapes, replayed
 from CUDA graphs, timed with CUDA events, arms interleaved; medians and spreads of `--rounds`:
-- alone: a grid for exactly the level's segments;
+- alone: the level's segments only;
 - in a pass's grid: the same segments first among `--segments` (a graph's padded segment
-  count), the level's range covering only them, so the other blocks exit at once;
-each with and without the cap, segment slots along the grid's z or x (fastest). Levels: one
-`--levels`, each COUNTxTOKENS.
+  count), the level's range covering only them.
+Levels: `--levels`, each COUNTxTOKENS.
 
-A first form of this script (commit 07f4a3a) timed one 676-token segment after an idle GPU and
-after 24 down products: the same 0.26 ms either way, so the clock was not the cause.
+Earlier forms of this script: commit 07f4a3a timed one 676-token segment after an idle GPU and
+after 24 down products (the same 0.26 ms: the clock was not why the recurrence ran slower in a
+pass); commit 122dca5 timed the grid of one block per (segment, column block, head), with and
+without a cap of 2 blocks an SM, segments along the grid's z or x (docs/cuda-kernels.md), which
+led to the work-taking schedule of gated_delta.cu.
 
-    python3 benchmarks/gdn_in_pass.py [--levels 1x676,7x30,2x300] [--segments 65] [--rounds 30]
+    python3 benchmarks/gdn_in_pass.py [--levels 1x676,7x30,2x300,33x20] [--segments 65] [--rounds 30]
         [--out FILE.json]
 """
 
@@ -47,13 +48,12 @@ def level_inputs(lengths: list[int], pad_to: int):
     )
 
 
-def captured(inputs: dict, cap: int | None, seg_x: bool) -> torch.cuda.CUDAGraph:
-    K.GDN_BLOCKS_PER_SM, K.GDN_SEGMENTS_X = cap, seg_x
+def captured(inputs: dict) -> torch.cuda.CUDAGraph:
     a = inputs
     run = lambda: K.gdn_recurrent(  # noqa: E731
         a["qn"], a["kn"], a["kq"], a["v"], a["g"], a["beta"], a["cu_seqlens"], level_off=a["level_off"]
     )
-    run()  # compiles, sets the kernel's attributes
+    run()  # compiles
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
@@ -62,23 +62,18 @@ def captured(inputs: dict, cap: int | None, seg_x: bool) -> torch.cuda.CUDAGraph
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--levels", default="1x676,7x30,2x300", help="COUNTxTOKENS, ...: segments of one level")
+    p.add_argument("--levels", default="1x676,7x30,2x300,33x20", help="COUNTxTOKENS, ...: segments of one level")
     p.add_argument("--segments", type=int, default=65)
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--out", default="")
     args = p.parse_args()
     levels = [[int(n) for n in spec.split("x")] for spec in args.levels.split(",")]
-    defaults = K.GDN_BLOCKS_PER_SM, K.GDN_SEGMENTS_X
     graphs, keep = {}, []
     for level, lengths in ((f"{count} x {length}", [length] * count) for count, length in levels):
         for grid, pad_to in (("alone", len(lengths)), (f"in a {args.segments}-segment grid", args.segments)):
             inputs = level_inputs(lengths, pad_to)
             keep.append(inputs)  # a graph holds its inputs' addresses, not the tensors
-            for cap in (None, 2):
-                for seg_x in (False, True):
-                    arm = (level, grid, f"{cap or 'no'} cap", "x" if seg_x else "z")
-                    graphs[arm] = captured(inputs, cap, seg_x)
-    K.GDN_BLOCKS_PER_SM, K.GDN_SEGMENTS_X = defaults
+            graphs[(level, grid)] = captured(inputs)
     times: dict[tuple, list[float]] = {arm: [] for arm in graphs}
     for _ in range(args.rounds + 3):
         for arm, graph in graphs.items():  # interleaved: drift lands on every arm alike
@@ -90,13 +85,13 @@ def main() -> None:
             torch.cuda.synchronize()
             times[arm].append(start.elapsed_time(end))
     print(f"{torch.cuda.get_device_name()}: gdn_recurrent_{K.GDN_DEFAULT}, ms")
-    print(f"{'level':<12} {'grid':<24} {'blocks an SM':<13} {'slots':<6} {'median':>8} {'min':>8} {'max':>8}")
+    print(f"{'level':<12} {'grid':<24} {'median':>8} {'min':>8} {'max':>8}")
     rows = []
-    for (level, grid, cap, axis), ts in times.items():
+    for (level, grid), ts in times.items():
         ts = ts[3:]
         med = statistics.median(ts)
-        rows.append(dict(level=level, grid=grid, cap=cap, axis=axis, median_ms=med, min_ms=min(ts), max_ms=max(ts)))
-        print(f"{level:<12} {grid:<24} {cap:<13} {axis:<6} {med:>8.4f} {min(ts):>8.4f} {max(ts):>8.4f}")
+        rows.append(dict(level=level, grid=grid, median_ms=med, min_ms=min(ts), max_ms=max(ts)))
+        print(f"{level:<12} {grid:<24} {med:>8.4f} {min(ts):>8.4f} {max(ts):>8.4f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "rows": rows}, f, indent=1)

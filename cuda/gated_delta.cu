@@ -86,12 +86,23 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 //             by an earlier launch of this pass)
 // level_off:  [levels + 1] int32; this launch runs segments level_off[level] .. level_off[level + 1] - 1
 //             (a forest pass orders its segments by level and launches once per level on a fixed
-//             grid, so graphs can hold it); grid.z blocks a (column block, head) take those segments
-//             in turn. Segments outside every range (a graph's pad and empty segments) never run and
-//             their out and final_state rows are left as they are; so are empty segments'.
+//             grid, so graphs can hold it). Segments outside the range (a graph's pad and empty
+//             segments) never run and their out and final_state rows are left as they are; so
+//             are empty segments'.
+// sched:      [2 + GDN_SCHED_SMS] int32, zeros before the launch and again after it (the last block resets
+//             them): a ticket counter, a count of finished blocks, workers per SM. Launches that
+//             share it must not overlap (one stream).
 // out:        [T, H, DV] bf16
 // final_state:[N, H, DK, DV] fp32
-// grid (DV / NCOLS, H, Z) for any Z >= 1, block NCOLS / CC * PARTS threads.
+// grid (G) for any G (4 x the SMs: every resident slot), block NCOLS / CC * PARTS threads.
+//
+// Work items are (segment, column block, head) of the level, taken in order by atomic tickets
+// by "workers": blocks that found fewer than L workers on their SM (L = items / SMs rounded up,
+// 1 to 4); the other blocks exit at once. Why not one block an item on a grid sized for the
+// pass's padded segment count: blocks of absent segments exit at once, and then the block
+// scheduler stacked up to 4 live blocks on some SMs while others had none, so one 676-token
+// segment took 0.32 ms in a pass's grid against 0.24 alone (docs/cuda-kernels.md). An item is
+// computed the same way whichever block takes it, so the bits do not depend on the schedule.
 //
 // Per token, with S the state before it: kv = S^T k and sq = S^T q are independent sums over
 // the same registers (interleaved chains, one shuffle round for both); then
@@ -112,8 +123,8 @@ __device__ __forceinline__ void gdn_recurrent(
     const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
     const float* __restrict__ beta, const int* __restrict__ cu_seqlens, int H, int Hk,
     const float* __restrict__ init_state, long init_stride, const int* __restrict__ init_idx,
-    const int* __restrict__ level_off, int level, int seg_x, __nv_bfloat16* __restrict__ out,
-    float* __restrict__ final_state) {
+    const int* __restrict__ level_off, int level, int* __restrict__ sched, int num_sms,
+    __nv_bfloat16* __restrict__ out, float* __restrict__ final_state) {
     constexpr int R = DK / PARTS;
     constexpr int RP = R + 4;  // padded: the PARTS row groups start in different banks
     constexpr int NT = NCOLS / CC * PARTS;
@@ -125,14 +136,27 @@ __device__ __forceinline__ void gdn_recurrent(
     __shared__ float gbk_s[2][3][CP];  // g, beta, q.k as given
 
     const int tid = threadIdx.x, c0 = (tid / PARTS) * CC, part = tid % PARTS;
-    // segment slots along x (seg_x) or z
-    const int col0 = (seg_x ? blockIdx.y : blockIdx.x) * NCOLS;
-    const int h = seg_x ? blockIdx.z : blockIdx.y, hk = h / (H / Hk);
-    const int slot = seg_x ? blockIdx.x : blockIdx.z, slots = seg_x ? gridDim.x : gridDim.z;
-    // A grid over the level's own segments, not over the pass's padded segment count: blocks that
-    // exit at once still cost ~10 us a launch over 65 segments (docs/cuda-kernels.md).
-    const int last = level_off[level + 1];
-    for (int n = level_off[level] + slot; n < last; n += slots) {
+    const int first = level_off[level], nseg = level_off[level + 1] - first;
+    constexpr int CB = DV / NCOLS;  // column blocks a head
+    const int items = nseg * CB * H;
+    __shared__ int s_item, s_worker;
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    smid &= GDN_SCHED_SMS - 1;  // %smid may exceed the SM count (disabled SMs keep their numbers)
+    if (tid == 0) {
+        const int limit = min(4, max(1, (items + num_sms - 1) / num_sms));
+        s_worker = atomicAdd(&sched[2 + smid], 1) < limit;
+        if (!s_worker) atomicSub(&sched[2 + smid], 1);
+    }
+    __syncthreads();
+    while (s_worker) {
+        if (tid == 0) s_item = atomicAdd(&sched[0], 1);
+        __syncthreads();
+        const int item = s_item;
+        __syncthreads();  // every thread read s_item before thread 0 takes the next ticket
+        if (item >= items) break;
+        const int n = first + item / (CB * H), h = item / CB % H, hk = h / (H / Hk);
+        const int col0 = item % CB * NCOLS;
         const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
         if (start == end) continue;  // whole block: an empty segment has no state anyone reads
         // final_state rows of other segments are only read, never written, by this launch
@@ -232,6 +256,11 @@ __device__ __forceinline__ void gdn_recurrent(
     #pragma unroll
             for (int c = 0; c < CC; ++c) final_state[state_base + (long)(part * R + i) * DV + col0 + c0 + c] = S[i][c];
     }
+    if (tid == 0) {
+        if (s_worker) atomicSub(&sched[2 + smid], 1);
+        __threadfence();
+        if (atomicAdd(&sched[1], 1) == (int)gridDim.x - 1) sched[0] = sched[1] = 0;  // the last block
+    }
 }
 
 #define GDN_ARGS                                                                               \
@@ -239,11 +268,12 @@ __device__ __forceinline__ void gdn_recurrent(
         const __nv_bfloat16 *__restrict__ v, long v_stride, const float *__restrict__ g,       \
         const float *__restrict__ beta, const int *__restrict__ cu_seqlens, int H, int Hk,     \
         const float *__restrict__ init_state, long init_stride, const int *__restrict__ init_idx, \
-        const int *__restrict__ level_off, int level, int seg_x, __nv_bfloat16 *__restrict__ out,         \
+        const int *__restrict__ level_off, int level, int *__restrict__ sched, int num_sms,   \
+        __nv_bfloat16 *__restrict__ out,         \
         float *__restrict__ final_state
 #define GDN_PASS                                                                                \
     qn, kn, kq, v, v_stride, g, beta, cu_seqlens, H, Hk, init_state, init_stride, init_idx,   \
-        level_off, level, seg_x, out, final_state
+        level_off, level, sched, num_sms, out, final_state
 #define GDN_VARIANT(name, P, NC, CC)                                                    \
     extern "C" __global__ void __launch_bounds__(NC / CC * P) name(GDN_ARGS) {              \
         gdn_recurrent<P, NC, CC>(GDN_PASS);                                             \

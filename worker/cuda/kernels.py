@@ -199,33 +199,14 @@ def gdn_prepare(conv_out, a, b, A_log, dt_bias, num_k_heads, out=None):
 # name -> (threads per column group, columns per block, columns per thread)
 GDN_VARIANTS = {"s8c16x1": (8, 16, 1), "s8c32x2": (8, 32, 2)}
 GDN_DEFAULT = "s8c32x2"  # the fastest variant on an H200 at 64 to 4,096 tokens (docs/cuda-kernels.md)
-# blocks a (column block, head) over a level's segments, each taking every 16th: enough to fill
-# the GPU with short segments, and few enough that a pass's padded segment count costs no grid of
-# blocks that only exit
-GDN_LEVEL_BLOCKS = 16
-# Resident recurrence blocks an SM may hold. With a pass's grid, whose blocks of absent segments
-# exit at once, the block scheduler stacked up to 4 of the live ones on some SMs: a 676-token
-# segment took 320-407 us in a pass against 243 us alone, with the same instructions and clock
-# (Nsight Compute, docs/cuda-kernels.md). Shared memory the kernel does not use holds it to 2,
-# as alone. None: no cap.
-GDN_BLOCKS_PER_SM: int | None = 2
-GDN_SEGMENTS_X = False  # segment slots along grid x (fastest), not z
 
 
 @functools.cache
-def _smem_cap(module: str, name: str, blocks_per_sm: int | None) -> int:
-    """Dynamic shared memory (bytes, unused) that leaves room for at most `blocks_per_sm` blocks
-    of the kernel on an SM; 0 for no cap."""
-    if not blocks_per_sm:
-        return 0
-    import cupy
-
-    per_sm = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["sharedMemPerMultiprocessor"]
-    static = _kernel(module, name).shared_size_bytes
-    pad = per_sm // (blocks_per_sm + 1) + 1 - static  # one block more does not fit
-    kernel = _kernel(module, name, pad)
-    kernel.preferred_shared_memory_carveout = 100  # all of it shared memory, so `blocks_per_sm` do fit
-    return pad
+def gdn_schedule(device: torch.device) -> tuple[torch.Tensor, int]:
+    """(the recurrence's schedule counters, zeros between launches; the device's SM count). Made
+    at a runner's start (CudaRunner), not while a graph is captured."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return torch.zeros(2 + traits.GDN_SCHED_SMS, dtype=torch.int32, device=device), sms
 
 
 def gdn_recurrent(
@@ -280,11 +261,11 @@ def gdn_recurrent(
     else:
         assert init_state.shape[1:] == (H, GDN_DIM, GDN_DIM) and init_state[0].is_contiguous()
         init, stride = init_state, init_state.stride(0)
-    name, slots = f"gdn_recurrent_{variant}", min(N, GDN_LEVEL_BLOCKS)
+    sched, sms = gdn_schedule(dev)
     _launch(
         "gated_delta",
-        name,
-        (slots, GDN_DIM // cols, H) if GDN_SEGMENTS_X else (GDN_DIM // cols, H, slots),
+        f"gdn_recurrent_{variant}",
+        (4 * sms,),  # every resident slot at 4 blocks an SM; workers take the items (gated_delta.cu)
         (cols // per_thread * parts,),
         (
             qn,
@@ -302,11 +283,11 @@ def gdn_recurrent(
             init_idx,
             level_off,
             level,
-            int(GDN_SEGMENTS_X),
+            sched,
+            sms,
             out,
             final,
         ),
-        dynamic_smem=_smem_cap("gated_delta", name, GDN_BLOCKS_PER_SM),
     )
     return out, final
 

@@ -98,6 +98,7 @@ class CudaRunner:
         self.head_weight = head_weight.to(device=embed.device, dtype=torch.float64)
         self.head_bias = float(head_bias)
         self.device = embed.device
+        K.gdn_schedule(self.device)  # made now, not while a pass is captured
         self.gdn_layers = [j for j, layer in enumerate(layers) if layer.kind == LINEAR_ATTENTION]
         self.attn_layers = [j for j, layer in enumerate(layers) if layer.kind == FULL_ATTENTION]
         if graph_cache_size < 0:

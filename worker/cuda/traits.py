@@ -18,6 +18,8 @@ from openjev.worker.geometry import ATTN_HEAD_DIM, CONV_KERNEL_SIZE, GDN_CHUNK_T
 
 FLOAT_BYTES = 4
 BF16_BYTES = 2
+# gated_delta.cu's per-SM worker counters of the recurrence's schedule: above any %smid
+GDN_SCHED_SMS = 1024
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,13 @@ CONV = ConvTraits()
 
 def compile_definitions() -> tuple[str, ...]:
     """`-DNAME=value` for every kernel size; every `.cu` module is compiled with all of them."""
-    merged = {**GDN_CHUNKED.definitions(), **ATTENTION.definitions(), **CONV.definitions(), **gemm_definitions()}
+    merged = {
+        **GDN_CHUNKED.definitions(),
+        **ATTENTION.definitions(),
+        **CONV.definitions(),
+        **gemm_definitions(),
+        "GDN_SCHED_SMS": GDN_SCHED_SMS,
+    }
     return tuple(f"-D{name}={value}" for name, value in sorted(merged.items()))
 
 

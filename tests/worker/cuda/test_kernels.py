@@ -110,15 +110,20 @@ def test_gdn_recurrent(K, ref, variant, with_init):
 
 
 def test_gdn_recurrent_level_range(K, ref):
-    """A level of more segments than the grid has blocks a head (each block takes several in
-    turn), empty ones among them; segments outside the level's range (a graph's pad segment) are
-    not run: their rows stay as they were."""
-    lengths = [(n * 7) % 23 for n in range(2 * K.GDN_LEVEL_BLOCKS + 5)] + [9]  # zeros among them
+    """A level of more items (segment, column block, head) than the grid has blocks, so workers
+    take several in turn, empty segments among them; segments outside the level's range (a
+    graph's pad segment) are not run: their rows stay as they were. Run twice: the schedule's
+    counters are back at zero after a launch."""
+    lengths = [(n * 7) % 23 for n in range(37)] + [9]  # zeros among them
     cu, qn, kn, kq, v, g, beta, init = gdn_inputs(lengths)
     T, N, H = qn.shape[0], len(lengths), v.shape[1]
     out, fin = poisoned((T, H, 128), torch.bfloat16), poisoned((N, H, 128, 128), torch.float32)
     off = torch.tensor([0, N - 1], dtype=torch.int32, device=DEV)
     K.gdn_recurrent(qn, kn, kq, v, g, beta, cu, init, out=out, final=fin, level_off=off)
+    assert not K.gdn_schedule(qn.device)[0].any(), "the schedule's counters were left non-zero"
+    again = K.gdn_recurrent(qn, kn, kq, v, g, beta, cu, init, out=out.clone(), final=fin.clone(), level_off=off)
+    for a, b in zip(again, (out, fin), strict=True):  # bit-equal, NaN rows (not run) included
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
     e_out, e_fin = ref.gdn_packed(qn.cpu(), kn.cpu(), v.cpu(), g.cpu(), beta.cpu(), cu.cpu(), init.cpu())
     last = int(cu[N - 1])
     per_segment(out[:last], e_out[:last], cu[:N], BF16_TOL, "gdn o")
