@@ -90,7 +90,7 @@ for step in "$@"; do
              | tee $OUT/kernels-gpu.txt | tail -45 ;;
     gemm) timeout 150 python3 benchmarks/gemm_invariance.py 2>&1 | tail -40 | tee $OUT/gemm-invariance.md ;;
     # the MLP down product: padded, K-split, cuBLAS, gemm_stream against the weight read
-    gemm-split) timeout 200 python3 benchmarks/gemm_split.py --out $OUT/gemm-split.json 2>&1 | tail -14 | tee $OUT/gemm-split.txt ;;
+    gemm-split) timeout 200 python3 benchmarks/gemm_split.py --rows "${ROWS:-1,16,64,80,128,256,512,2048,4096}" --out $OUT/gemm-split.json 2>&1 | tail -16 | tee $OUT/gemm-split.txt ;;
     # gemm_stream's variants against cuBLAS, the runner's call and the weight copy (PRODUCTS: all if unset)
     gemm-stream) timeout 400 python3 benchmarks/gemm_stream.py --products "${PRODUCTS:-}" --out $OUT/gemm-stream.json 2>&1 \
            | tee $OUT/gemm-stream.txt | tail -40 ;;

@@ -241,6 +241,8 @@ def main(argv: list[str] | None = None) -> None:
             "",
             "Products padded to a row count (weight [N, K]: rows): "
             + (", ".join(f"{list(shape)}: {rows}" for shape, rows in padded.items()) or "none")
+            + "; below it through cuBLASLt unsplit instead: "
+            + (", ".join(str(list(shape)) for shape in getattr(runner, "lt", {})) or "none")
             + ".",
         ]
     graphs = getattr(runner, "graphs", None)

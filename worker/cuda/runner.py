@@ -95,6 +95,9 @@ class CudaRunner:
         # Products of few rows stream the weight through our kernel where it was measured faster
         # and gives cuBLAS's bits on this card (checked here); pinned padding (tests) keeps cuBLAS.
         self.stream_rows = gemm.stream_plan(weights) if gemm_min_rows is None else {tuple(w.shape): 0 for w in weights}
+        # ...and products below the padding threshold go to cuBLASLt unsplit where it has the bits
+        # and is faster (checked here)
+        self.lt = gemm.lt_plan(weights, self.gemm_rows, self.stream_rows) if gemm_min_rows is None else {}
         self.head_weight = head_weight.to(device=embed.device, dtype=torch.float64)
         self.head_bias = float(head_bias)
         self.device = embed.device
@@ -250,7 +253,7 @@ class CudaRunner:
 
     def _linear(self, x, w):
         shape = tuple(w.shape)
-        return gemm.linear(x, w, self.gemm_rows[shape], self.stream_rows[shape])
+        return gemm.linear(x, w, self.gemm_rows[shape], self.stream_rows[shape], self.lt.get(shape))
 
     def _gdn(self, layer: FusedGdnLayer, index: int, h, launch: Launch, io):
         c = self.config

@@ -1,0 +1,52 @@
+"""cuBLASLt with an unsplit algorithm (cublaslt.py): on the card, the MLP down product's rows get
+the bits cuBLAS gives them in a long (unsplit) product at every row count below the padding
+threshold, and the product is right. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.gpu
+
+N, K = 5120, 17408  # the 27B MLP down weight, which cuBLAS splits below ~352 rows
+
+
+@pytest.fixture(scope="module")
+def down():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    return (torch.randn(N, K, device="cuda", generator=gen) * K**-0.5).bfloat16()
+
+
+def test_unsplit_rows_keep_the_long_products_bits(down):
+    from openjev.worker.cuda import cublaslt, gemm
+
+    lt = cublaslt.UnsplitLinear(N, K)
+    assert gemm.lt_mismatch(lt, down, [1, 2, 17, 64, 81, 96, 128, 200, 255, 320, 351]) == ""
+    x = torch.randn(96, K, device="cuda").bfloat16()
+    exact = x.double() @ down.double().T
+    assert ((lt(x, down).double() - exact).norm() / exact.norm()).item() < 1e-2
+
+
+def test_unsplit_rejects_other_shapes(down):
+    from openjev.worker.cuda import cublaslt
+
+    lt = cublaslt.UnsplitLinear(N, K)
+    with pytest.raises(ValueError):
+        lt(torch.randn(8, K - 64, device="cuda").bfloat16(), down[:, : K - 64].contiguous())
+    with pytest.raises(ValueError):
+        lt(torch.randn(8, K, device="cuda"), down)
+
+
+def test_runner_routes_padded_rows_through_lt(down):
+    """gemm.linear with an UnsplitLinear gives the padded product's bits below the threshold."""
+    from openjev.worker.cuda import cublaslt, gemm
+
+    lt, pad = cublaslt.UnsplitLinear(N, K), gemm.invariant_from(down)
+    for m in (81, pad - 1):
+        x = torch.randn(m, K, device="cuda").bfloat16()
+        assert torch.equal(gemm.linear(x, down, pad, 0, lt), gemm.linear(x, down, pad)), m
+    assert torch.equal(F.linear(x, down)[:0], gemm.linear(x[:0], down, pad, 0, lt))
