@@ -5,6 +5,13 @@ bare cost of gRPC's Python streaming with the same message pattern and no work a
 
     .venv/bin/python benchmarks/service_overhead.py [--model .openjev/demo-model] [--repeats 200]
         [--case NAME]   (a request of benchmarks/workload.jsonl instead of the small noul one)
+        [--baseline-python OTHER/.venv/bin/python]
+
+--baseline-python starts a second worker and frontend with another environment's interpreter
+(another checkout's editable install: the code before a change) and interleaves its two arms with
+this checkout's, so a before/after comparison shares every moment's machine load. The worker's
+inference_seconds (which includes its planning) and the whole latency are printed too: a change
+must not buy its overhead back inside the model.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from concurrent import futures
@@ -63,6 +71,24 @@ def execute_messages(model: Path, request: dict) -> list[wire.ExecuteRequest]:
     return messages + [wire.ExecuteRequest(commit=wire.Commit())]
 
 
+def via_frontend(address: str, text: str):
+    """An arm: Decide through the frontend at `address`; returns the worker's inference_seconds."""
+    stub = decision_pb2_grpc.DecisionServiceStub(grpc.insecure_channel(address, options=channel_options()))
+    request = api.DecideRequest(request_json=text, prefix_policy=abi.policy_to_enum("auto"))
+    return lambda: stub.Decide(request, timeout=30).metadata.inference_seconds
+
+
+def via_worker(address: str, messages: list[wire.ExecuteRequest]):
+    """An arm: the frontend's Execute stream straight to the worker at `address`."""
+    stub = worker_pb2_grpc.WorkerServiceStub(grpc.insecure_channel(address, options=channel_options()))
+
+    def arm() -> float:
+        replies = stub.Execute(iter(messages), timeout=30)
+        return [m.summary for m in replies if m.WhichOneof("item") == "summary"][0].inference_seconds
+
+    return arm
+
+
 def bare_stream(up: int, down: int):
     """A server whose stream method reads `up` messages and answers `down`, doing nothing else."""
 
@@ -87,38 +113,34 @@ def main() -> None:
     p.add_argument("--model", type=Path, default=Path(".openjev/demo-model"))
     p.add_argument("--repeats", type=int, default=200)
     p.add_argument("--case", default="", help="a request of benchmarks/workload.jsonl by name")
+    p.add_argument("--baseline-python", type=Path, help="another environment's python: its servers are arms too")
     args = p.parse_args()
     request = workload_request(args.case) if args.case else REQUEST
     messages = execute_messages(args.model, request)
-    pair = launch.start_pair(
-        # repeats of the same requests: the state cache would answer them from cached states
-        args.model,
-        Path(tempfile.mkdtemp(prefix="openjev-overhead-")),
-        worker_args=["--state-cache-bytes", "0"],
-    )
-    bare_server, bare = bare_stream(len(messages), 2)
+    workdir = Path(tempfile.mkdtemp(prefix="openjev-overhead-"))
+    # repeats of the same requests: the state cache would answer them from cached states
+    no_cache = ["--state-cache-bytes", "0"]
+    pairs = {}
+    try:
+        for suffix, python in [("", None), (", baseline", args.baseline_python)][: 1 + bool(args.baseline_python)]:
+            (workdir / (suffix or "this")).mkdir()
+            pairs[suffix] = launch.start_pair(
+                args.model, workdir / (suffix or "this"), worker_args=no_cache, python=python or sys.executable
+            )
+    except BaseException:
+        for pair in pairs.values():
+            pair.stop()
+        raise
+    num_down = len(messages[0].header.questions) + 1  # a result per question, then the summary
+    bare_server, bare = bare_stream(len(messages), num_down)
     single_server, single = bare_stream(1, 1)
     try:
-        launch.wait_serving(pair.frontend.address)
-        worker = worker_pb2_grpc.WorkerServiceStub(
-            grpc.insecure_channel(pair.worker.address, options=channel_options())
-        )
-        frontend = decision_pb2_grpc.DecisionServiceStub(
-            grpc.insecure_channel(pair.frontend.address, options=channel_options())
-        )
         text = json.dumps(request)
-
-        def via_frontend() -> float:
-            reply = frontend.Decide(
-                api.DecideRequest(request_json=text, prefix_policy=abi.policy_to_enum("auto")), timeout=30
-            )
-            return reply.metadata.inference_seconds
-
-        def via_worker() -> float:
-            summary = [
-                m.summary for m in worker.Execute(iter(messages), timeout=30) if m.WhichOneof("item") == "summary"
-            ]
-            return summary[0].inference_seconds
+        arms = {}
+        for suffix, pair in pairs.items():
+            launch.wait_serving(pair.frontend.address)
+            arms[f"frontend (Decide){suffix}"] = via_frontend(pair.frontend.address, text)
+            arms[f"worker (Execute){suffix}"] = via_worker(pair.worker.address, messages)
 
         def no_model(call):
             def arm() -> float:
@@ -127,29 +149,33 @@ def main() -> None:
 
             return arm
 
-        arms = {
-            "frontend (Decide)": via_frontend,
-            "worker (Execute)": via_worker,
-            f"bare gRPC stream, {len(messages)} up / 2 down": no_model(bare),
+        arms |= {
+            f"bare gRPC stream, {len(messages)} up / {num_down} down": no_model(bare),
             "bare gRPC stream, 1 up / 1 down": no_model(single),
         }
-        outside = {name: [] for name in arms}
+        outside: dict[str, list[float]] = {name: [] for name in arms}
+        model: dict[str, list[float]] = {name: [] for name in arms}
         for rep in range(args.repeats + 10):
             for name, fn in arms.items():  # interleaved: drift lands on every arm alike
                 started = time.perf_counter()
                 inference = fn()
                 if rep >= 10:
                     outside[name].append(1e3 * (time.perf_counter() - started - inference))
+                    model[name].append(1e3 * inference)
     finally:
         bare_server.stop(None)
         single_server.stop(None)
-        pair.stop()
+        for pair in pairs.values():
+            pair.stop()
     print(f"ms outside inference, {args.repeats} interleaved repeats\n")
-    print("| path | p10 | p50 | p90 |")
-    print("|---|---|---|---|")
+    # inference_seconds also holds the worker's planning: the latency column counts everything
+    print("| path | p10 | p50 | p90 | model p50 | latency p50 |")
+    print("|---|---|---|---|---|---|")
     for name, values in outside.items():
         q = statistics.quantiles(values, n=10)
-        print(f"| {name} | {q[0]:.2f} | {statistics.median(values):.2f} | {q[-1]:.2f} |")
+        inside = f"{statistics.median(model[name]):.2f}" if any(model[name]) else "-"
+        latency = statistics.median(a + b for a, b in zip(values, model[name], strict=True))
+        print(f"| {name} | {q[0]:.2f} | {statistics.median(values):.2f} | {q[-1]:.2f} | {inside} | {latency:.2f} |")
 
 
 if __name__ == "__main__":

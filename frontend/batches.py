@@ -24,7 +24,9 @@ encoding, bit for bit.
 
 from __future__ import annotations
 
+import threading
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -36,6 +38,42 @@ from openjev.tokenizer import PromptTokenizer
 # What `encode` is run through: a bounded executor's submit-and-wait in the server, or a plain
 # call. Lets the frontend keep tokenization off its RPC threads without this module knowing.
 Encode = Callable[[list[str]], list[list[int]]]
+
+
+class EncodeGate:
+    """Runs `encode` on the caller's thread, at most `slots` calls at once, the others waiting
+    their turn in arrival order. The frontend calls it from gRPC's sending thread of each worker
+    call (never an RPC thread), so a large request shares the CPU with small ones, batch by
+    batch, instead of holding it. Where a free slot exists nothing waits: a small request's
+    batch is encoded with no thread hand-off (a pool's submit-and-wait costs two wake-ups)."""
+
+    def __init__(self, encode: Encode, slots: int):
+        if slots < 1:
+            raise ValueError("slots must be positive")
+        self._encode = encode
+        self._free = slots
+        self._turns: deque[threading.Lock] = deque()  # held locks of waiters, first come first
+        self._lock = threading.Lock()
+
+    def __call__(self, prompts: list[str]) -> list[list[int]]:
+        with self._lock:
+            turn = None
+            if self._free and not self._turns:
+                self._free -= 1
+            else:
+                turn = threading.Lock()
+                turn.acquire()
+                self._turns.append(turn)
+        if turn is not None:
+            turn.acquire()  # released by the call that hands its slot over
+        try:
+            return self._encode(prompts)
+        finally:
+            with self._lock:
+                if self._turns:
+                    self._turns.popleft().release()  # the slot passes on, never freed in between
+                else:
+                    self._free += 1
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,10 @@ def parser() -> argparse.ArgumentParser:
         help="Decide calls served at once; more are refused RESOURCE_EXHAUSTED",
     )
     p.add_argument(
-        "--tokenizer-threads", type=positive_int, default=2, help="threads that tokenize, shared by all requests"
+        "--tokenizer-threads",
+        type=positive_int,
+        default=2,
+        help="batches tokenized at once, by all requests together (on gRPC's sending threads)",
     )
     p.add_argument(
         "--worker-deadline-seconds",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from concurrent import futures
 
 import grpc
 
@@ -17,7 +16,7 @@ from openjev.contract.render import dumps_exact
 from openjev.contract.request import MAX_RENDERED_BYTES, DecisionRequest, parse_request_json
 from openjev.export import ExportMeta
 from openjev.frontend import routing
-from openjev.frontend.batches import iter_candidate_batches
+from openjev.frontend.batches import EncodeGate, iter_candidate_batches
 from openjev.frontend.worker_link import WorkerLink
 from openjev.interceptors import REQUEST_ID_KEY
 from openjev.tokenizer import PromptTokenizer
@@ -117,16 +116,12 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         self.affinity_prefix_bytes = affinity_prefix_bytes
         self._replay_budget = routing.ReplayBudget(routing.REPLAY_TOTAL_BYTES)
         self._chat_template_bytes = len((tokenizer.chat_prefix + tokenizer.chat_suffix).encode("utf-8"))
-        # Tokenizing is the frontend's CPU work: it runs here, batch by batch in arrival order,
-        # never on an RPC thread and never more than `tokenizer_threads` batches at once, so a
-        # large request shares the CPU with small ones instead of holding it.
-        self._tokenize_pool = futures.ThreadPoolExecutor(tokenizer_threads, thread_name_prefix="tokenize")
+        # Tokenizing is the frontend's CPU work: batch by batch in arrival order, never more
+        # than `tokenizer_threads` batches at once (on gRPC's sending threads, see EncodeGate).
+        self._encode = EncodeGate(self.tokenizer.encode, tokenizer_threads)
 
     def close(self) -> None:
-        self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
-
-    def _encode(self, prompts: list[str]) -> list[list[int]]:
-        return self._tokenize_pool.submit(self.tokenizer.encode, prompts).result()
+        """Nothing to release: tokenizing holds no threads of its own."""
 
     def worker_timeout(self, context) -> float:
         """The worker call's deadline: the client's, capped at worker_deadline_seconds (also when

@@ -139,11 +139,16 @@ def _check_header(header: wire.ExecuteHeader, limits: StreamLimits) -> tuple[Que
 
 class _Deadlines:
     """One daemon thread that calls each scheduled function at its time, unless cancelled first:
-    a timer thread started per request would cost a thread start on every Execute."""
+    a timer thread started per request would cost a thread start on every Execute.
+
+    Every request schedules and cancels one deadline, so both are O(1) on the request path:
+    cancelling forgets the function (the heap entry is dropped when it comes due), and the
+    thread is woken only when a new deadline is earlier than every pending one (with one
+    timeout for all, only when none is pending)."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._cancelled: set[int] = set()
+        self._heap: list[tuple[float, int]] = []
+        self._pending: dict[int, Callable[[], None]] = {}  # scheduled and not cancelled
         self._next_id = 0
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -151,28 +156,29 @@ class _Deadlines:
     def schedule(self, seconds: float, fn: Callable[[], None]) -> int:
         with self._cond:
             self._next_id += 1
-            heapq.heappush(self._heap, (time.monotonic() + seconds, self._next_id, fn))
+            entry = (time.monotonic() + seconds, self._next_id)
+            heapq.heappush(self._heap, entry)
+            self._pending[self._next_id] = fn
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="commit-deadlines", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if self._heap[0] is entry:  # the thread sleeps until an earlier deadline otherwise
+                self._cond.notify()
             return self._next_id
 
     def cancel(self, handle: int) -> None:
         with self._cond:
-            if any(entry[1] == handle for entry in self._heap):
-                self._cancelled.add(handle)
+            self._pending.pop(handle, None)
 
     def _loop(self) -> None:
         while True:
             with self._cond:
                 while not self._heap or self._heap[0][0] > time.monotonic():
                     self._cond.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
-                _, handle, fn = heapq.heappop(self._heap)
-                if handle in self._cancelled:
-                    self._cancelled.discard(handle)
-                    continue
-            fn()
+                _, handle = heapq.heappop(self._heap)
+                fn = self._pending.pop(handle, None)
+            if fn is not None:
+                fn()
 
 
 _deadlines = _Deadlines()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from openjev.contract import errors
 from openjev.contract.errors import ContractError
 from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX
 from openjev.contract.request import parse_request
-from openjev.frontend.batches import TokenizedCandidate, iter_candidate_batches, tokenize_request
+from openjev.frontend.batches import EncodeGate, TokenizedCandidate, iter_candidate_batches, tokenize_request
 from openjev.tokenizer import PromptTokenizer, write_tokenizer_json
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "contract" / "data" / "tokenization_cases.json").read_text())
@@ -102,3 +104,69 @@ def test_invalid_arguments(tokenizer):
         next(iter_candidate_batches(golden_request(), tokenizer, 16384, batch_size=0))
     with pytest.raises(ValueError):
         next(iter_candidate_batches(golden_request(), tokenizer, 0))
+
+
+class Recorder:
+    """An encode that records who ran, how many ran at once, and holds "held" prompts until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.running: list[str] = []
+        self.order: list[str] = []
+        self.peak = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, prompts: list[str]) -> list[list[int]]:
+        with self.lock:
+            self.running.append(prompts[0])
+            self.order.append(prompts[0])
+            self.peak = max(self.peak, len(self.running))
+        if prompts[0].startswith("held"):
+            self.release.wait(10)
+        with self.lock:
+            self.running.remove(prompts[0])
+        return [[len(p)] for p in prompts]
+
+
+def run_through(gate: EncodeGate, recorder: Recorder, first: list[str], then: list[str]) -> None:
+    """`first` take the slots and hold them; `then` arrive one by one and must wait."""
+    threads = []
+    for name in [*first, *then]:
+        threads.append(threading.Thread(target=gate, args=([name],)))
+        threads[-1].start()
+        deadline = time.monotonic() + 5
+        while name in first and name not in recorder.running and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if name in then:
+            time.sleep(0.05)
+    assert recorder.order == first
+    recorder.release.set()
+    for thread in threads:
+        thread.join(10)
+
+
+def test_encode_gate_lets_waiters_in_in_arrival_order():
+    recorder = Recorder()
+    gate = EncodeGate(recorder, slots=1)
+    run_through(gate, recorder, ["held"], ["w1", "w2", "w3"])
+    assert recorder.order == ["held", "w1", "w2", "w3"]
+    assert recorder.peak == 1
+
+
+def test_encode_gate_runs_at_most_its_slots_at_once():
+    recorder = Recorder()
+    gate = EncodeGate(recorder, slots=2)
+    run_through(gate, recorder, ["held-a", "held-b"], ["held-c", "held-d", "held-e"])
+    assert sorted(recorder.order) == ["held-a", "held-b", "held-c", "held-d", "held-e"]
+    assert recorder.peak == 2
+    assert gate(["abc"]) == [[3]]  # every slot came back
+
+
+def test_encode_gate_passes_on_errors_and_frees_the_slot():
+    def fail(prompts: list[str]) -> list[list[int]]:
+        raise ValueError("bad")
+
+    gate = EncodeGate(fail, slots=1)
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            gate(["x"])

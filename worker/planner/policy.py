@@ -52,6 +52,10 @@ def plan_request(
         return _plan_tree(candidates, policy, policy, limits, max_pass_depth)
     if cost_model is None:
         raise ValueError("policy 'auto' needs a cost model")
+    if len(candidates) == 1 and len(candidates[0]) == 1:
+        # One prompt: the shared and the off tree are the same single node, so their costs tie
+        # and auto runs `default`; planning it alone skips two plans (a noul request's case).
+        return _plan_tree(candidates, "default", "auto", limits, max_pass_depth)
     shared = _plan_tree(candidates, "shared", "auto", limits, max_pass_depth)
     off = _plan_tree(candidates, "off", "auto", limits, max_pass_depth)
     if cost_model.estimated_seconds(shared) < cost_model.estimated_seconds(off):

@@ -1,5 +1,6 @@
 """Policies: the executed tree and exactly what it saved, on request shapes that matter."""
 
+import dataclasses
 import itertools
 
 import pytest
@@ -200,6 +201,19 @@ def test_auto_picks_shared_when_cheaper_than_off_else_default():
     assert plan_request(contract_like(), "auto", cost_model=GPU_COST_MODEL).executed_policy == "shared"
     with pytest.raises(ValueError):
         plan_request(long_shared, "auto")
+
+
+@pytest.mark.parametrize("num_tokens", [1, 70, 2048, 5000])
+@pytest.mark.parametrize("cost_model", [CPU_COST_MODEL, GPU_COST_MODEL], ids=["cpu", "gpu"])
+def test_auto_with_one_prompt_is_what_comparing_the_trees_gives(num_tokens, cost_model):
+    """auto plans one prompt without building the shared and off trees: they tie, so the
+    comparison would pick default, and the plan must be that one exactly."""
+    candidates = [[fresh(num_tokens)]]
+    limits = PackLimits(chunk_tokens=2048)
+    shared, off = (plan_request(candidates, p, limits) for p in ("shared", "off"))
+    assert cost_model.estimated_seconds(shared) == cost_model.estimated_seconds(off)
+    expected = dataclasses.replace(plan_request(candidates, "default", limits), policy="auto")
+    assert plan_request(candidates, "auto", limits, cost_model) == expected
 
 
 def test_rejects_bad_input():
