@@ -102,6 +102,7 @@ class UnsplitLinear:
         workspace = c_uint64(0)
         _check(lib.cublasLtMatmulPreferenceSetAttribute(self.pref, PREF_MAX_WORKSPACE_BYTES, byref(workspace), 8), "ws")
         self.plans: dict[int, tuple[c_void_p, c_void_p, _Algo] | None] = {}
+        self.rows: frozenset[int] = frozenset()  # row counts gemm.linear sends here (gemm.lt_plan)
         self.alpha, self.beta = c_float(1.0), c_float(0.0)
 
     def _layout(self, rows: int, cols: int, ld: int) -> c_void_p:

@@ -18,9 +18,9 @@ for bit (benchmarks/gemm_stream.py; docs/cuda-kernels.md), so rows then keep the
 launch crosses from one to the other. `stream_plan` checks that per weight shape at start and
 gives the runner each shape's `stream_rows` (0 where the bits differ or it was not faster).
 
-Between stream_rows and the padding threshold, products can go instead to cuBLASLt with an
-algorithm that does not split K (cublaslt.py): the same order again, at the rows' own count.
-`lt_plan` checks the bits at every such row count and times it against padding at start.
+Below the padding threshold, products can go instead to cuBLASLt with an algorithm that does
+not split K (cublaslt.py): the same order again, at the rows' own count. `lt_plan` checks the
+bits at every such row count and, at start, times it against the other path per row count.
 """
 
 from __future__ import annotations
@@ -91,34 +91,40 @@ def stream_plan(weights) -> dict[tuple[int, int], int]:
 
 def lt_plan(weights, min_rows: dict, stream_rows: dict) -> dict:
     """(N, K) -> a cublaslt.UnsplitLinear for the padded shapes (min_rows > 1) where, on this card,
-    it gives every row count between stream_rows and min_rows the bits of a REFERENCE_ROWS-row
-    cuBLAS product and is faster than the padded product; shapes without one are left out."""
+    it gives every row count below min_rows the bits of a REFERENCE_ROWS-row cuBLAS product; its
+    `rows` are the row counts where it was faster than the runner's other path (gemm_stream up to
+    stream_rows, the padded product above). Shapes without one are left out."""
     from openjev.worker.cuda import cublaslt
 
     out: dict = {}
+    seen: set = set()
     for w in weights:
         key = tuple(w.shape)
-        if key in out or min_rows.get(key, 1) <= 1:
+        if key in seen or min_rows.get(key, 1) <= 1:
             continue
+        seen.add(key)
         try:
             lt = cublaslt.UnsplitLinear(*key)
-            why = lt_mismatch(lt, w, range(stream_rows.get(key, 0) + 1, min_rows[key]))
+            rows = [m for m in range(1, min_rows[key]) if lt.plan(m) is not None]  # others: no unsplit algorithm
+            why = lt_mismatch(lt, w, rows)
         except Exception as error:  # an optional speed-up probed at start: any failure keeps the padding
             why = repr(error)
-        if not why:
-            padded, unsplit = time_pair(w, min_rows[key], lt, rows=(96, 192, min_rows[key] - 32))
-            why = "" if unsplit < padded else f"not faster ({1e6 * unsplit:.0f} against {1e6 * padded:.0f} us)"
-            log.info("weight %s: cuBLASLt unsplit %.0f us against padded %.0f us", key, 1e6 * unsplit, 1e6 * padded)
         if why:
             log.warning("weight %s: products below %d rows stay padded: %s", key, min_rows[key], why)
-        else:
+            continue
+        lt.rows, saved = faster_rows(w, lt, min_rows[key], stream_rows.get(key, 0), rows)
+        log.info(
+            "weight %s: cuBLASLt unsplit at %d of %d row counts below %d (%.0f us saved, summed over them)",
+            key, len(lt.rows), min_rows[key] - 1, min_rows[key], 1e6 * saved,
+        )  # fmt: skip
+        if lt.rows:
             out[key] = lt
     return out
 
 
 def lt_mismatch(lt, weight: torch.Tensor, rows, seed: int = 0) -> str:
     """'' when lt gives every row count in `rows` the bits of a REFERENCE_ROWS-row product, else
-    the first row count that differs or has no unsplit algorithm."""
+    the first row count that differs (or has no unsplit algorithm)."""
     gen = torch.Generator(device=weight.device).manual_seed(seed)
     x = torch.randn(REFERENCE_ROWS, weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
     full = F.linear(x, weight)
@@ -130,37 +136,44 @@ def lt_mismatch(lt, weight: torch.Tensor, rows, seed: int = 0) -> str:
     return ""
 
 
-def time_pair(weight: torch.Tensor, min_rows: int, lt, rows, reps: int = 5) -> tuple[float, float]:
-    """(padded, lt) seconds summed over `rows`, medians of `reps` interleaved CUDA-event timings."""
+def faster_rows(weight, lt, min_rows: int, stream_rows: int, rows, reps: int = 5) -> tuple[frozenset, float]:
+    """(row counts where lt beat the other path, seconds saved summed over them): medians of
+    `reps` interleaved CUDA-event timings a row count, after one untimed round."""
     import statistics
 
-    samples: dict[str, list[float]] = {"padded": [], "lt": []}
+    x_all = torch.randn(max(rows, default=1), weight.shape[1], device=weight.device).to(weight.dtype)
+    faster, saved = set(), 0.0
     for m in rows:
-        x = torch.randn(m, weight.shape[1], device=weight.device).to(weight.dtype)
+        x = x_all[:m]
+        arms = {"other": lambda x=x: linear(x, weight, min_rows, stream_rows), "lt": lambda x=x: lt(x, weight)}
+        samples: dict[str, list[float]] = {name: [] for name in arms}
         for rep in range(reps + 1):
-            for name, fn in (("padded", lambda x=x: linear(x, weight, min_rows)), ("lt", lambda x=x: lt(x, weight))):
+            for name, fn in arms.items():
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 fn()
                 end.record()
                 end.synchronize()
-                if rep:  # the first round warms up
+                if rep:
                     samples[name].append(start.elapsed_time(end) / 1e3)
-    per = {name: statistics.median(ts) * len(rows) for name, ts in samples.items()}
-    return per["padded"], per["lt"]
+        other, mine = (statistics.median(samples[name]) for name in ("other", "lt"))
+        if mine < other:
+            faster.add(m)
+            saved += other - mine
+    return frozenset(faster), saved
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, min_rows: int, stream_rows: int = 0, lt=None) -> torch.Tensor:
-    """x @ weight^T: by gemm_stream up to stream_rows rows (only where stream_matches); below
-    min_rows by `lt` (a cublaslt.UnsplitLinear from lt_plan) if given, else cuBLAS with x padded
-    with zero rows up to min_rows; cuBLAS from min_rows."""
+    """x @ weight^T: by `lt` (a cublaslt.UnsplitLinear from lt_plan) at its row counts; else by
+    gemm_stream up to stream_rows rows (only where stream_matches); else cuBLAS, with x padded
+    with zero rows up to min_rows first when it has fewer."""
     m = x.shape[0]
+    if lt is not None and m in lt.rows:
+        return lt(x, weight)
     if 0 < m <= stream_rows:
         from openjev.worker.cuda import gemm_stream
 
         return gemm_stream.linear(x, weight)
     if m >= min_rows:
         return F.linear(x, weight)
-    if lt is not None and m > 0:
-        return lt(x, weight)
     return F.linear(F.pad(x, (0, 0, 0, min_rows - m)), weight)[:m]

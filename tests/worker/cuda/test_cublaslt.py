@@ -41,12 +41,13 @@ def test_unsplit_rejects_other_shapes(down):
         lt(torch.randn(8, K, device="cuda"), down)
 
 
-def test_runner_routes_padded_rows_through_lt(down):
-    """gemm.linear with an UnsplitLinear gives the padded product's bits below the threshold."""
+def test_linear_routes_rows_through_lt(down):
+    """gemm.linear through an UnsplitLinear at its rows gives the padded product's bits."""
     from openjev.worker.cuda import cublaslt, gemm
 
     lt, pad = cublaslt.UnsplitLinear(N, K), gemm.invariant_from(down)
-    for m in (81, pad - 1):
+    lt.rows = frozenset(range(1, pad))
+    for m in (5, 81, pad - 1):
         x = torch.randn(m, K, device="cuda").bfloat16()
         assert torch.equal(gemm.linear(x, down, pad, 0, lt), gemm.linear(x, down, pad)), m
     assert torch.equal(F.linear(x, down)[:0], gemm.linear(x[:0], down, pad, 0, lt))
