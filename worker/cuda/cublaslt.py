@@ -101,8 +101,9 @@ class UnsplitLinear:
         _check(lib.cublasLtMatmulPreferenceCreate(byref(self.pref)), "preference")
         workspace = c_uint64(0)
         _check(lib.cublasLtMatmulPreferenceSetAttribute(self.pref, PREF_MAX_WORKSPACE_BYTES, byref(workspace), 8), "ws")
-        self.plans: dict[int, tuple[c_void_p, c_void_p, _Algo] | None] = {}
-        self.rows: frozenset[int] = frozenset()  # row counts gemm.linear sends here (gemm.lt_plan)
+        self._found: dict[int, tuple[c_void_p, c_void_p, list[_Algo]]] = {}
+        # per row count the algorithm gemm.linear sends its products to (set by gemm.lt_plan)
+        self.chosen: dict[int, _Algo] = {}
         self.alpha, self.beta = c_float(1.0), c_float(0.0)
 
     def _layout(self, rows: int, cols: int, ld: int) -> c_void_p:
@@ -110,10 +111,14 @@ class UnsplitLinear:
         _check(self.lib.cublasLtMatrixLayoutCreate(byref(layout), R_16BF, rows, cols, ld), "layout")
         return layout
 
-    def plan(self, m: int):
-        """(x layout, out layout, algorithm) for M rows, or None when no unsplit algorithm is
-        offered (cached)."""
-        if m not in self.plans:
+    @property
+    def rows(self) -> frozenset[int]:
+        return frozenset(self.chosen)
+
+    def candidates(self, m: int) -> list[_Algo]:
+        """The algorithms cuBLASLt's heuristic offers for M rows with no workspace, no split of K
+        and no reduction scheme, best first (cached)."""
+        if m not in self._found:
             x_layout, out_layout = self._layout(self.k, m, self.k), self._layout(self.n, m, self.n)
             found, count = (_Heuristic * HEURISTICS)(), c_int(0)
             status = self.lib.cublasLtMatmulAlgoGetHeuristic(
@@ -121,24 +126,29 @@ class UnsplitLinear:
                 byref(count),
             )  # fmt: skip
             _check(status, "heuristic")
-            self.plans[m] = None
-            for h in found[: count.value]:
-                if h.state == 0 and h.workspace_size == 0 and _config(self.lib, h.algo, CONFIG_SPLITK_NUM) <= 1:
-                    if _config(self.lib, h.algo, CONFIG_REDUCTION_SCHEME) == 0:
-                        self.plans[m] = (x_layout, out_layout, h.algo)
-                        break
-        return self.plans[m]
+            unsplit = [
+                h.algo
+                for h in found[: count.value]
+                if h.state == 0
+                and h.workspace_size == 0
+                and _config(self.lib, h.algo, CONFIG_SPLITK_NUM) <= 1
+                and _config(self.lib, h.algo, CONFIG_REDUCTION_SCHEME) == 0
+            ]
+            self._found[m] = (x_layout, out_layout, unsplit)
+        return self._found[m][2]
 
-    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, algo: _Algo | None = None) -> torch.Tensor:
+        """x @ w^T by `algo`, else the one chosen for M rows, else the heuristic's first."""
         m = x.shape[0]
         if w.shape != (self.n, self.k) or x.shape[1] != self.k:
             raise ValueError(f"x {tuple(x.shape)} and w {tuple(w.shape)} against a [{self.n}, {self.k}] plan")
         if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or not (x.is_contiguous() and w.is_contiguous()):
             raise ValueError("contiguous bf16 operands expected")
-        plan = self.plan(m)
-        if plan is None:
+        found = self.candidates(m)
+        algo = algo or self.chosen.get(m) or (found[0] if found else None)
+        if algo is None:
             raise RuntimeError(f"cuBLASLt offers no unsplit algorithm for {m} x {self.n} x {self.k}")
-        x_layout, out_layout, algo = plan
+        x_layout, out_layout, _ = self._found[m]
         out = torch.empty(m, self.n, dtype=torch.bfloat16, device=x.device)
         stream = c_void_p(torch.cuda.current_stream(x.device).cuda_stream)
         alpha, beta = byref(self.alpha), byref(self.beta)

@@ -18,14 +18,16 @@ for bit (benchmarks/gemm_stream.py; docs/cuda-kernels.md), so rows then keep the
 launch crosses from one to the other. `stream_plan` checks that per weight shape at start and
 gives the runner each shape's `stream_rows` (0 where the bits differ or it was not faster).
 
-Below the padding threshold, products can go instead to cuBLASLt with an algorithm that does
-not split K (cublaslt.py): the same order again, at the rows' own count. `lt_plan` checks the
-bits at every such row count and, at start, times it against the other path per row count.
+Products can also go to cuBLASLt with an algorithm that does not split K (cublaslt.py): the
+same order again, at the rows' own count, so no padding. `lt_plan` checks the bits of each
+algorithm at each row count passes have and, at start, times them against the other path.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -89,78 +91,68 @@ def stream_plan(weights) -> dict[tuple[int, int], int]:
     return out
 
 
-def lt_plan(weights, min_rows: dict, stream_rows: dict) -> dict:
-    """(N, K) -> a cublaslt.UnsplitLinear for the padded shapes (min_rows > 1) where, on this card,
-    it gives every row count below min_rows the bits of a REFERENCE_ROWS-row cuBLAS product; its
-    `rows` are the row counts where it was faster than the runner's other path (gemm_stream up to
-    stream_rows, the padded product above). Shapes without one are left out."""
+def lt_plan(weights, min_rows: dict, stream_rows: dict, rows) -> dict:
+    """(N, K) -> a cublaslt.UnsplitLinear whose `chosen` algorithm at each of `rows` (the row
+    counts passes have: graph buckets) gives every row the bits of a REFERENCE_ROWS-row cuBLAS
+    product and was faster, timed here, than the runner's other path (gemm_stream, cuBLAS, or
+    cuBLAS padded); shapes with no such row count are left out. Any failure keeps the other path."""
     from openjev.worker.cuda import cublaslt
 
     out: dict = {}
     seen: set = set()
     for w in weights:
         key = tuple(w.shape)
-        if key in seen or min_rows.get(key, 1) <= 1:
+        if key in seen:
             continue
         seen.add(key)
         try:
             lt = cublaslt.UnsplitLinear(*key)
-            rows = [m for m in range(1, min_rows[key]) if lt.plan(m) is not None]  # others: no unsplit algorithm
-            why = lt_mismatch(lt, w, rows)
-        except Exception as error:  # an optional speed-up probed at start: any failure keeps the padding
-            why = repr(error)
-        if why:
-            log.warning("weight %s: products below %d rows stay padded: %s", key, min_rows[key], why)
+            saved = choose_algorithms(lt, w, min_rows.get(key, 1), stream_rows.get(key, 0), rows)
+        except Exception as error:  # an optional speed-up probed at start
+            log.warning("weight %s: no cuBLASLt algorithms (%r)", key, error)
             continue
-        lt.rows, saved = faster_rows(w, lt, min_rows[key], stream_rows.get(key, 0), rows)
         log.info(
-            "weight %s: cuBLASLt unsplit at %d of %d row counts below %d (%.0f us saved, summed over them)",
-            key, len(lt.rows), min_rows[key] - 1, min_rows[key], 1e6 * saved,
+            "weight %s: cuBLASLt unsplit at %d of %d row counts (%s), %.0f us saved summed over them",
+            key, len(lt.rows), len(rows), ",".join(map(str, sorted(lt.rows))) or "none", 1e6 * saved,
         )  # fmt: skip
         if lt.rows:
             out[key] = lt
     return out
 
 
-def lt_mismatch(lt, weight: torch.Tensor, rows, seed: int = 0) -> str:
-    """'' when lt gives every row count in `rows` the bits of a REFERENCE_ROWS-row product, else
-    the first row count that differs (or has no unsplit algorithm)."""
-    gen = torch.Generator(device=weight.device).manual_seed(seed)
-    x = torch.randn(REFERENCE_ROWS, weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
-    full = F.linear(x, weight)
-    for m in rows:
-        if lt.plan(m) is None:
-            return f"no unsplit algorithm at {m} rows"
-        if not torch.equal(lt(x[:m], weight), full[:m]):
-            return f"bits differ at {m} rows"
-    return ""
-
-
-def faster_rows(weight, lt, min_rows: int, stream_rows: int, rows, reps: int = 5) -> tuple[frozenset, float]:
-    """(row counts where lt beat the other path, seconds saved summed over them): medians of
-    `reps` interleaved CUDA-event timings a row count, after one untimed round."""
+def choose_algorithms(lt, weight: torch.Tensor, min_rows: int, stream_rows: int, rows, reps: int = 5) -> float:
+    """Set lt.chosen: at each row count the fastest of cuBLASLt's unsplit algorithms that gives
+    the bits of a REFERENCE_ROWS-row product, where it beat the other path (medians of `reps`
+    interleaved CUDA-event timings after one untimed round). Returns the seconds saved, summed."""
     import statistics
 
-    x_all = torch.randn(max(rows, default=1), weight.shape[1], device=weight.device).to(weight.dtype)
-    faster, saved = set(), 0.0
+    gen = torch.Generator(device=weight.device).manual_seed(0)
+    x_all = torch.randn(REFERENCE_ROWS, weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
+    full = F.linear(x_all, weight)
+    saved = 0.0
     for m in rows:
         x = x_all[:m]
-        arms = {"other": lambda x=x: linear(x, weight, min_rows, stream_rows), "lt": lambda x=x: lt(x, weight)}
-        samples: dict[str, list[float]] = {name: [] for name in arms}
+        exact = [a for a in lt.candidates(m) if torch.equal(lt(x, weight, a), full[:m])]
+        if not exact:
+            continue
+        arms: dict[int, Callable[[], torch.Tensor]] = {-1: functools.partial(linear, x, weight, min_rows, stream_rows)}
+        arms.update({i: functools.partial(lt, x, weight, a) for i, a in enumerate(exact)})
+        samples: dict[int, list[float]] = {i: [] for i in arms}
         for rep in range(reps + 1):
-            for name, fn in arms.items():
+            for i, fn in arms.items():
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 fn()
                 end.record()
                 end.synchronize()
-                if rep:
-                    samples[name].append(start.elapsed_time(end) / 1e3)
-        other, mine = (statistics.median(samples[name]) for name in ("other", "lt"))
-        if mine < other:
-            faster.add(m)
-            saved += other - mine
-    return frozenset(faster), saved
+                if rep:  # the first round warms up
+                    samples[i].append(start.elapsed_time(end) / 1e3)
+        median = {i: statistics.median(ts) for i, ts in samples.items()}
+        best = min(median, key=median.__getitem__)
+        if best >= 0:
+            lt.chosen[m] = exact[best]
+            saved += median[-1] - median[best]
+    return saved
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, min_rows: int, stream_rows: int = 0, lt=None) -> torch.Tensor:
@@ -168,7 +160,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, min_rows: int, stream_rows: in
     gemm_stream up to stream_rows rows (only where stream_matches); else cuBLAS, with x padded
     with zero rows up to min_rows first when it has fewer."""
     m = x.shape[0]
-    if lt is not None and m in lt.rows:
+    if lt is not None and m in lt.chosen:
         return lt(x, weight)
     if 0 < m <= stream_rows:
         from openjev.worker.cuda import gemm_stream

@@ -26,7 +26,7 @@ import torch
 from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from openjev.worker.cuda import gemm
 from openjev.worker.cuda import kernels as K
-from openjev.worker.cuda.buckets import PassBudget
+from openjev.worker.cuda.buckets import Bucketing, PassBudget
 from openjev.worker.cuda.fused_weights import (
     FusedAttentionLayer,
     FusedGdnLayer,
@@ -47,6 +47,7 @@ DEFAULT_GRAPH_CAPTURE_AFTER = 2
 # agree exactly across policies.
 GDN_KERNELS = ("serial", "chunked")
 DEFAULT_PASS_DEPTH = 8  # tree levels one pass holds with the serial GDN kernel
+LT_ROWS = 1024  # graph passes up to this many tokens get products timed against cuBLASLt's at start
 
 
 class CudaRunner:
@@ -95,9 +96,10 @@ class CudaRunner:
         # Products of few rows stream the weight through our kernel where it was measured faster
         # and gives cuBLAS's bits on this card (checked here); pinned padding (tests) keeps cuBLAS.
         self.stream_rows = gemm.stream_plan(weights) if gemm_min_rows is None else {tuple(w.shape): 0 for w in weights}
-        # ...and products below the padding threshold go to cuBLASLt unsplit where it has the bits
-        # and is faster (checked here)
-        self.lt = gemm.lt_plan(weights, self.gemm_rows, self.stream_rows) if gemm_min_rows is None else {}
+        # ...and, at the row counts of graph passes up to LT_ROWS, to cuBLASLt's fastest unsplit
+        # algorithm where it has the bits and beat those (checked and timed here)
+        tuned = [t for t in Bucketing(self.budget).token_steps() if t <= LT_ROWS]
+        self.lt = gemm.lt_plan(weights, self.gemm_rows, self.stream_rows, tuned) if gemm_min_rows is None else {}
         self.head_weight = head_weight.to(device=embed.device, dtype=torch.float64)
         self.head_bias = float(head_bias)
         self.device = embed.device

@@ -22,10 +22,16 @@ def down():
 
 
 def test_unsplit_rows_keep_the_long_products_bits(down):
-    from openjev.worker.cuda import cublaslt, gemm
+    from openjev.worker.cuda import cublaslt
 
     lt = cublaslt.UnsplitLinear(N, K)
-    assert gemm.lt_mismatch(lt, down, [1, 2, 17, 64, 81, 96, 128, 200, 255, 320, 351]) == ""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(2048, K, device="cuda", generator=gen).bfloat16()
+    full = F.linear(x, down)
+    for m in (1, 2, 17, 64, 81, 96, 128, 200, 255, 320, 351):
+        assert lt.candidates(m), f"no unsplit algorithm at {m} rows"
+        for a in lt.candidates(m):
+            assert torch.equal(lt(x[:m], down, a), full[:m]), m
     x = torch.randn(96, K, device="cuda").bfloat16()
     exact = x.double() @ down.double().T
     assert ((lt(x, down).double() - exact).norm() / exact.norm()).item() < 1e-2
@@ -41,12 +47,26 @@ def test_unsplit_rejects_other_shapes(down):
         lt(torch.randn(8, K, device="cuda"), down)
 
 
+def test_lt_plan_chooses_exact_faster_algorithms(down):
+    """lt_plan picks, per row count, an algorithm with the long product's bits (gemm.linear then
+    gives the padded product's bits there); where it picks none the padded path stays."""
+    from openjev.worker.cuda import gemm
+
+    pad, rows = gemm.invariant_from(down), [5, 80, 96, 128, 160, 256, 320]
+    lt = gemm.lt_plan([down], {(N, K): pad}, {(N, K): 0}, rows).get((N, K))
+    assert lt is not None and lt.rows <= set(rows), "cuBLASLt unsplit was faster nowhere below the padding"
+    for m in rows:
+        x = torch.randn(m, K, device="cuda").bfloat16()
+        assert torch.equal(gemm.linear(x, down, pad, 0, lt), gemm.linear(x, down, pad)), m
+
+
 def test_linear_routes_rows_through_lt(down):
     """gemm.linear through an UnsplitLinear at its rows gives the padded product's bits."""
     from openjev.worker.cuda import cublaslt, gemm
 
     lt, pad = cublaslt.UnsplitLinear(N, K), gemm.invariant_from(down)
-    lt.rows = frozenset(range(1, pad))
+    for m in (5, 81, pad - 1):
+        lt.chosen[m] = lt.candidates(m)[0]
     for m in (5, 81, pad - 1):
         x = torch.randn(m, K, device="cuda").bfloat16()
         assert torch.equal(gemm.linear(x, down, pad, 0, lt), gemm.linear(x, down, pad)), m
