@@ -241,8 +241,8 @@ def main(argv: list[str] | None = None) -> None:
             "",
             "Products padded to a row count (weight [N, K]: rows): "
             + (", ".join(f"{list(shape)}: {rows}" for shape, rows in padded.items()) or "none")
-            + "; below it through cuBLASLt unsplit instead: "
-            + (", ".join(str(list(shape)) for shape in getattr(runner, "lt", {})) or "none")
+            + ". Through cuBLASLt's unsplit algorithms instead (weight: row counts): "
+            + ("; ".join(f"{list(s)}: {sorted(lt.rows)}" for s, lt in getattr(runner, "lt", {}).items()) or "none")
             + ".",
         ]
     graphs = getattr(runner, "graphs", None)
