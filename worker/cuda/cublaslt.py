@@ -125,7 +125,8 @@ class UnsplitLinear:
                 self.handle, self.desc, self.w_layout, x_layout, out_layout, out_layout, self.pref, HEURISTICS, found,
                 byref(count),
             )  # fmt: skip
-            _check(status, "heuristic")
+            if status:  # e.g. not supported for this shape: no candidates here
+                count.value = 0
             unsplit = [
                 h.algo
                 for h in found[: count.value]
