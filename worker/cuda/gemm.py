@@ -96,8 +96,11 @@ def lt_plan(weights, min_rows: dict, stream_rows: dict, rows) -> dict:
     counts passes have: graph buckets) gives every row the bits of a REFERENCE_ROWS-row cuBLAS
     product and was faster, timed here, than the runner's other path (gemm_stream, cuBLAS, or
     cuBLAS padded); shapes with no such row count are left out. Any failure keeps the other path."""
+    import time
+
     from openjev.worker.cuda import cublaslt
 
+    started = time.perf_counter()
     out: dict = {}
     seen: set = set()
     for w in weights:
@@ -117,6 +120,7 @@ def lt_plan(weights, min_rows: dict, stream_rows: dict, rows) -> dict:
         )  # fmt: skip
         if lt.rows:
             out[key] = lt
+    log.info("cuBLASLt algorithms checked and timed in %.1f s", time.perf_counter() - started)
     return out
 
 
