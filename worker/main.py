@@ -181,9 +181,6 @@ def warm_up(engine: Engine, runner, temperature: float, policy: PrefixPolicy) ->
     (no request within capacity then pays a capture or an eager pass), and one tiny request
     goes through the whole path (lazy kernels, allocator growth)."""
     started = time.perf_counter()
-    products = getattr(runner, "products_plan", None)  # the CUDA runner's choices made at its start
-    if products is not None:
-        log.info("products", **products)
     ready = getattr(runner, "warm_up", None)
     if ready is not None:
         log.info("graphs_capturing", note="every pass shape of the budget, before SERVING")

@@ -17,7 +17,6 @@ launch overhead). See graph_launch.py.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -91,7 +90,6 @@ class CudaRunner:
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
         # rows to pad each weight shape's products to (gemm.py); None: probe them on this card
         weights = [w for layer in layers for w in (layer.w_in, layer.w_out, layer.w_gate_up, layer.w_down)]
-        started = time.perf_counter()
         self.gemm_rows = (
             gemm.calibrate(weights) if gemm_min_rows is None else {tuple(w.shape): gemm_min_rows for w in weights}
         )
@@ -102,13 +100,6 @@ class CudaRunner:
         # algorithm where it has the bits and beat those (checked and timed here)
         tuned = [t for t in Bucketing(self.budget).token_steps() if t <= LT_ROWS]
         self.lt = gemm.lt_plan(weights, self.gemm_rows, self.stream_rows, tuned) if gemm_min_rows is None else {}
-        name = lambda shape: "x".join(map(str, shape))  # noqa: E731
-        self.products_plan = {  # logged by the worker at start ("products")
-            "padded_rows": {name(s): r for s, r in self.gemm_rows.items() if r > 1},
-            "stream_rows": {name(s): r for s, r in self.stream_rows.items() if r},
-            "cublaslt_rows": {name(s): sorted(lt.rows) for s, lt in self.lt.items()},
-            "seconds": round(time.perf_counter() - started, 1),
-        }
         self.head_weight = head_weight.to(device=embed.device, dtype=torch.float64)
         self.head_bias = float(head_bias)
         self.device = embed.device
