@@ -1,6 +1,7 @@
 """Products of few rows against the weight read: gemm_stream (every variant) vs cuBLAS (torch
-F.linear, and as the runner calls it: padded per worker/cuda/gemm.py) vs a device-to-device copy,
-for every weight shape of a 27B layer and M in ROWS. GPU only (the device machine).
+F.linear, and as the runner called it before 2026-12-01: padded per worker/cuda/gemm.py; and "now":
+gemm.linear with gemm_stream and cuBLASLt's unsplit algorithms chosen as the runner chooses them)
+vs a device-to-device copy, for every weight shape of a 27B layer and M in ROWS. GPU only.
 
 Timing: CUDA events around each call, methods interleaved within a round, the median of the
 rounds. Each call takes the next of several weight copies (none finds its weight in L2), the
@@ -25,7 +26,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from openjev.worker.cuda import gemm, gemm_stream
+from openjev.worker.cuda import cublaslt, gemm, gemm_stream
 from openjev.worker.cuda.fused_weights import shape_config
 
 ROWS = [1, 8, 16, 32, 48, 64, 74, 96, 128, 256]
@@ -114,14 +115,17 @@ def cublas_kernels(x: torch.Tensor, w: torch.Tensor) -> list[str]:
     return sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
 
 
-def methods_at(m: int, xs: list, ws: list, pad: int) -> dict:
-    """The timed calls at M rows, call i on weight copy i % copies."""
+def methods_at(m: int, xs: list, ws: list, pad: int, stream: int, lt) -> dict:
+    """The timed calls at M rows, call i on weight copy i % copies. "runner": cuBLAS as the runner
+    called it before cuBLASLt (padded); "now": gemm.linear with gemm_stream up to `stream` rows and
+    the cuBLASLt algorithms chosen as the runner chooses them at start (gemm.choose_algorithms)."""
     xm, copies = [t[:m] for t in xs], len(ws)
     flat = torch.empty(ws[0].numel(), dtype=torch.bfloat16, device="cuda")
     methods = {
         "copy": lambda i: flat.copy_(ws[i % copies].view(-1)),
         "cublas": lambda i: F.linear(xm[i % copies], ws[i % copies]),
         "runner": lambda i: gemm.linear(xm[i % copies], ws[i % copies], pad),
+        "now": lambda i: gemm.linear(xm[i % copies], ws[i % copies], pad, stream, lt),
     }
     for code in gemm_stream.VARIANTS:
         methods[f"v{code}"] = lambda i, c=code: gemm_stream.linear(xm[i % copies], ws[i % copies], code=c)
@@ -134,7 +138,10 @@ def measure_shape(n: int, k: int, rounds: int, gen, scrub: torch.Tensor) -> dict
     ws = [(torch.randn(n, k, device="cuda", generator=gen) * k**-0.5).bfloat16() for _ in range(copies)]
     xs = [torch.randn(max(ROWS), k, device="cuda", generator=gen).bfloat16() for _ in range(copies)]
     pad = gemm.invariant_from(ws[0])  # what the runner pads this shape's products to
+    stream, lt = gemm_stream.stream_rows(n, k), cublaslt.UnsplitLinear(n, k)
+    gemm.choose_algorithms(lt, ws[0], pad, stream, ROWS)  # as the runner does at start
     result: dict = {"N": n, "K": k, "weight_bytes": wbytes, "runner_pad_rows": pad, "rows": {}}
+    result["cublaslt_rows"] = sorted(lt.rows)
 
     # bits: every variant against the chosen one at the largest M; ours against cuBLAS
     x, w = xs[0], ws[0]
@@ -160,7 +167,7 @@ def measure_shape(n: int, k: int, rounds: int, gen, scrub: torch.Tensor) -> dict
         ours = gemm_stream.linear(x[:m], w)
         row["rows_equal_cublas"] = int((ours == cub).all(dim=1).sum())
         row["rows_equal_ours_full"] = bool(torch.equal(ours, ref[:m]))
-        times, row["timing"] = time_methods(methods_at(m, xs, ws, pad), rounds, scrub)
+        times, row["timing"] = time_methods(methods_at(m, xs, ws, pad, stream, lt), rounds, scrub)
         best = min((t, c) for c, t in times.items() if c.startswith("v"))
         chosen = gemm_stream.choose(m, n, k).code
         row.update(times_s=times, best_variant=best[1], best_s=best[0], chosen_variant=chosen)
@@ -192,8 +199,8 @@ def summarise(shapes: dict, ceiling: float) -> list[str]:
         "",
         "Summed over a layer's products: weight bytes / summed time, as a fraction of the copy ceiling",
         "",
-        "| layer | M | floor us | cuBLAS | runner | ours best | ours chosen | min(ours chosen, runner) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| layer | M | floor us | cuBLAS | runner | ours best | ours chosen | min(ours chosen, runner) | now |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for layer, names in LAYERS.items():
         if not all(p in shapes for p in names):
@@ -208,6 +215,8 @@ def summarise(shapes: dict, ceiling: float) -> list[str]:
                 "chosen": sum(r["times_s"][f"v{r['chosen_variant']}"] for r in rows),
                 # a dispatcher per product: ours (chosen variant) or the runner's cuBLAS call
                 "dispatch": sum(min(r["times_s"][f"v{r['chosen_variant']}"], r["times_s"]["runner"]) for r in rows),
+                # what the runner does since 2026-12-01: gemm_stream, cuBLASLt's chosen algorithms, padding
+                "now": sum(r["times_s"]["now"] for r in rows),
             }
             cells = " | ".join(f"{t * 1e6:.0f} us, {b / t / ceiling:.0%}" for t in cols.values())
             lines.append(f"| {layer} | {m} | {b / ceiling * 1e6:.0f} | {cells} |")
