@@ -61,7 +61,7 @@ for step in "$@"; do
            timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL --graphs-only \
              --cases noul:513-2048 --out $OUT/profile-clock.md 2>&1 | grep -E "graphs:|GDN|GEMM"
            kill $smi ;;
-    # one level of the recurrence alone and in a pass's padded grid, with and without the blocks-an-SM cap
+    # one level of the recurrence alone and first among a pass's padded segments (the work-taking schedule)
     gdn-in-pass) timeout 120 python3 benchmarks/gdn_in_pass.py --out $OUT/gdn-in-pass.json 2>&1 | tail -20 ;;
     # the recurrence inside a 676-token request's pass against the same segment alone, under Nsight Compute
     ncu-pass) M=sm__cycles_elapsed.avg.per_second,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum

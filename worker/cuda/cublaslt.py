@@ -5,8 +5,8 @@ bits would depend on its launch's row count; the runner pads those products to 3
 ~100 us where the product of 96-320 rows needs far less. cuBLASLt lets us ask for an algorithm
 with no workspace and take only one that reports no split of K: it then sums each output in k
 order in one fp32 accumulator, the order of cuBLAS's own unsplit kernels, so rows keep the bits a
-padded or long product gives them. gemm.lt_plan checks that bit for bit on the card at start, at
-every row count it would serve, before the runner uses it.
+padded or long product gives them. gemm.lt_plan checks that bit for bit on the card at start,
+for every algorithm at every row count it would serve, and picks the fastest by timing.
 
 No extra package: the library is the one torch already loaded. Launches go on torch's current
 stream, so they can be captured in CUDA graphs.
@@ -84,8 +84,9 @@ def _config(lib: ctypes.CDLL, algo: _Algo, attr: int) -> int:
 
 
 class UnsplitLinear:
-    """x [M, K] @ w [N, K]^T -> bf16 [M, N] for one weight shape, each M by the first algorithm
-    cuBLASLt's heuristic offers with no workspace, no split of K and no reduction scheme."""
+    """x [M, K] @ w [N, K]^T -> bf16 [M, N] for one weight shape, by one of the algorithms
+    cuBLASLt's heuristic offers with no workspace, no split of K and no reduction scheme: the
+    one `chosen` for M (gemm.lt_plan), else the heuristic's first."""
 
     def __init__(self, n: int, k: int):
         self.n, self.k = n, k

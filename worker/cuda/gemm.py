@@ -38,11 +38,24 @@ REFERENCE_ROWS = 2048
 PROBE_ROWS = list(range(1, 321)) + list(range(352, 1025, 32))
 
 
+def reference_rows(weight: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """REFERENCE_ROWS seeded random rows for products with `weight` [N, K], in its dtype."""
+    gen = torch.Generator(device=weight.device).manual_seed(seed)
+    return torch.randn(REFERENCE_ROWS, weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
+
+
+def one_per_shape(weights) -> dict[tuple[int, int], torch.Tensor]:
+    """(N, K) -> the first weight of that shape: the start-up probes run once a shape."""
+    out: dict[tuple[int, int], torch.Tensor] = {}
+    for w in weights:
+        out.setdefault(tuple(w.shape), w)
+    return out
+
+
 def invariant_from(weight: torch.Tensor, seed: int = 0) -> int:
     """The smallest probed row count M such that every probed count >= M gives each row the same
     bits as in a REFERENCE_ROWS-row product with this weight [N, K] (1: all probes agree)."""
-    gen = torch.Generator(device=weight.device).manual_seed(seed)
-    x = torch.randn(REFERENCE_ROWS, weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
+    x = reference_rows(weight, seed)
     full = F.linear(x, weight)
     worst = 0
     for m in PROBE_ROWS:
@@ -56,12 +69,10 @@ def invariant_from(weight: torch.Tensor, seed: int = 0) -> int:
 def calibrate(weights) -> dict[tuple[int, int], int]:
     """(N, K) -> rows to pad smaller products to, for each distinct shape among weights."""
     out: dict[tuple[int, int], int] = {}
-    for w in weights:
-        key = tuple(w.shape)
-        if key not in out:
-            out[key] = invariant_from(w)
-            if out[key] > 1:
-                log.info("products with weight %s are padded to %d rows (row results vary below)", key, out[key])
+    for key, w in one_per_shape(weights).items():
+        out[key] = invariant_from(w)
+        if out[key] > 1:
+            log.info("products with weight %s are padded to %d rows (row results vary below)", key, out[key])
     return out
 
 
@@ -70,8 +81,7 @@ def stream_matches(weight: torch.Tensor, seed: int = 0) -> bool:
     it there (where cuBLAS does not split K): then the two may share a weight's row counts."""
     from openjev.worker.cuda import gemm_stream
 
-    gen = torch.Generator(device=weight.device).manual_seed(seed)
-    x = torch.randn(REFERENCE_ROWS, weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
+    x = reference_rows(weight, seed)
     return torch.equal(gemm_stream.linear(x, weight), F.linear(x, weight))
 
 
@@ -81,13 +91,11 @@ def stream_plan(weights) -> dict[tuple[int, int], int]:
     from openjev.worker.cuda import gemm_stream
 
     out: dict[tuple[int, int], int] = {}
-    for w in weights:
-        key = tuple(w.shape)
-        if key not in out:
-            rows = gemm_stream.stream_rows(*key)
-            out[key] = rows if rows and stream_matches(w) else 0
-            if rows and not out[key]:
-                log.warning("weight %s: the streaming kernel's bits differ from cuBLAS's; cuBLAS only", key)
+    for key, w in one_per_shape(weights).items():
+        rows = gemm_stream.stream_rows(*key)
+        out[key] = rows if rows and stream_matches(w) else 0
+        if rows and not out[key]:
+            log.warning("weight %s: the streaming kernel's bits differ from cuBLAS's; cuBLAS only", key)
     return out
 
 
@@ -102,12 +110,7 @@ def lt_plan(weights, min_rows: dict, stream_rows: dict, rows) -> dict:
 
     started = time.perf_counter()
     out: dict = {}
-    seen: set = set()
-    for w in weights:
-        key = tuple(w.shape)
-        if key in seen:
-            continue
-        seen.add(key)
+    for key, w in one_per_shape(weights).items():
         try:
             lt = cublaslt.UnsplitLinear(*key)
             saved = choose_algorithms(lt, w, min_rows.get(key, 1), stream_rows.get(key, 0), rows)
@@ -130,8 +133,7 @@ def choose_algorithms(lt, weight: torch.Tensor, min_rows: int, stream_rows: int,
     interleaved CUDA-event timings after one untimed round). Returns the seconds saved, summed."""
     import statistics
 
-    gen = torch.Generator(device=weight.device).manual_seed(0)
-    x_all = torch.randn(REFERENCE_ROWS, weight.shape[1], device=weight.device, generator=gen).to(weight.dtype)
+    x_all = reference_rows(weight)
     full = F.linear(x_all, weight)
     saved = 0.0
     for m in rows:

@@ -98,8 +98,10 @@ class CudaRunner:
         self.stream_rows = gemm.stream_plan(weights) if gemm_min_rows is None else {tuple(w.shape): 0 for w in weights}
         # ...and, at the row counts of graph passes up to LT_ROWS, to cuBLASLt's fastest unsplit
         # algorithm where it has the bits and beat those (checked and timed here)
-        tuned = [t for t in Bucketing(self.budget).token_steps() if t <= LT_ROWS]
-        self.lt = gemm.lt_plan(weights, self.gemm_rows, self.stream_rows, tuned) if gemm_min_rows is None else {}
+        self.lt = {}
+        if gemm_min_rows is None:
+            tuned = [t for t in Bucketing(self.budget).token_steps() if t <= LT_ROWS]
+            self.lt = gemm.lt_plan(weights, self.gemm_rows, self.stream_rows, tuned)
         self.head_weight = head_weight.to(device=embed.device, dtype=torch.float64)
         self.head_bias = float(head_bias)
         self.device = embed.device
