@@ -7,7 +7,7 @@ device was idle (host work: Python, planning, launches, copies of state).
 
     PYTHONPATH=. python3 benchmarks/profile_requests.py --model .openjev/demo-model \
         --workload benchmarks/workload.jsonl [--out profile.md] [--cases noul:1-128,score:129-512]
-        [--graphs-only]
+        [--graphs-only] [--host]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from profile_state_hit import host_profile  # this folder is on sys.path when run as a script
 
 from openjev.tools.bench import roofline, workload
 from openjev.tools.bench.main import longest_tokens_fn
@@ -59,21 +60,41 @@ def timed(engine: Engine, work, temperature: float, repeats: int = 5) -> float:
     return statistics.median(samples)
 
 
-def profiled(engine: Engine, work, temperature: float) -> tuple[dict[str, float], float, float]:
-    """(device seconds per family, device seconds in all, wall seconds) of one execution."""
-    from torch.profiler import ProfilerActivity, profile
+def profiled(engine: Engine, work, temperature: float) -> tuple[dict[str, float], float, float, dict[str, float]]:
+    """(device seconds per family, device seconds in all, wall seconds, idle seconds by where) of
+    one execution. Idle: before the first kernel (host work before the launch), between kernels
+    (launch gaps, host waits inside the request) and after the last (results to the host)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
-        engine.execute(work, temperature=temperature, policy="auto")
-        torch.cuda.synchronize()
+        with record_function("openjev_request"):
+            engine.execute(work, temperature=temperature, policy="auto")
+            torch.cuda.synchronize()
         wall = time.perf_counter() - start
     per = defaultdict(float)
+    spans = []
+    request = None
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time_total > 0:
             per[family(event.name)] += event.device_time_total * 1e-6
-    return dict(per), sum(per.values()), wall
+            spans.append((event.time_range.start, event.time_range.end))
+        elif event.name == "openjev_request":
+            request = event.time_range
+    idle: dict[str, float] = {}
+    if spans and request is not None:  # profiler times are microseconds on one clock
+        spans.sort()
+        gaps, reach = 0.0, spans[0][1]
+        for s, e in spans[1:]:
+            gaps += max(0.0, s - reach)
+            reach = max(reach, e)
+        idle = {
+            "before the first kernel": 1e-6 * max(0.0, spans[0][0] - request.start),
+            "between kernels": 1e-6 * gaps,
+            "after the last kernel": 1e-6 * max(0.0, request.end - reach),
+        }
+    return dict(per), sum(per.values()), wall, idle
 
 
 def main() -> None:
@@ -84,6 +105,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--cases", default="noul:1-128,choice:2049-4096", help="kind:group of each request profiled")
     p.add_argument("--graphs-only", action="store_true", help="skip the eager arm")
+    p.add_argument("--host", action="store_true", help="also cProfile the scheduler thread's host work (graphs)")
     args = p.parse_args()
 
     meta, candidates_of, _ = longest_tokens_fn(args.model)
@@ -122,7 +144,7 @@ def main() -> None:
             wall = timed(engine, work, meta.temperature)
             result = engine.execute(work, temperature=meta.temperature, policy="auto")
             floor = roofline.floor_seconds(runner.config, result.num_computed_tokens, ceilings)
-            per, device, profiled_wall = profiled(engine, work, meta.temperature)
+            per, device, profiled_wall, idle = profiled(engine, work, meta.temperature)
             lines += [
                 f"### {name}: {1e3 * wall:.1f} ms median wall (floor {1e3 * floor:.1f} ms for "
                 f"{result.num_computed_tokens} computed tokens, {result.num_launches} launches: {wall / floor:.2f}x)",
@@ -130,12 +152,17 @@ def main() -> None:
                 f"Profiled run: wall {1e3 * profiled_wall:.1f} ms, device busy {1e3 * device:.1f} ms, device idle "
                 f"{1e3 * max(0.0, profiled_wall - device):.1f} ms (host work; the profiler itself adds some).",
                 "",
+                "Idle, by where: " + ", ".join(f"{where} {1e3 * s:.2f} ms" for where, s in idle.items()),
+                "",
                 "| kernel family | device ms | share of device time |",
                 "|---|---|---|",
             ]
             for fam, seconds in sorted(per.items(), key=lambda kv: -kv[1]):
                 lines.append(f"| {fam} | {1e3 * seconds:.2f} | {100 * seconds / device:.0f}% |")
             lines.append("")
+            if args.host and name == "graphs":
+                lines += ["Host work of 5 more requests (cProfile of the scheduler thread):", "```"]
+                lines += host_profile(engine, [work] * 5, meta.temperature).splitlines() + ["```", ""]
     text = "\n".join(lines)
     print(text)
     if args.out:
