@@ -175,6 +175,7 @@ for step in "$@"; do
              --cases noul:1-128,choice:1-128,score:129-512,choice:129-512,noul:513-2048 --out $OUT/profile-mid.md 2>&1 | tail -60 ;;
     # where a short request's host time goes: the idle split and a cProfile of the scheduler thread
     profile-host) timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL --graphs-only \
-             --host --cases noul:1-128,choice:1-128 --out $OUT/profile-host.md 2>&1 | grep -E "graphs:|Idle|a request" ;;
+             --host --cases noul:1-128,choice:1-128 --out $OUT/profile-host.md > $OUT/profile-host.txt 2>&1
+           grep -E "graphs:|Idle|a request" $OUT/profile-host.txt; tail -3 $OUT/profile-host.txt ;;
   esac
 done

@@ -13,17 +13,20 @@ device was idle (host work: Python, planning, launches, copies of state).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime
+import io
+import pstats
 import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
-from profile_state_hit import host_profile  # this folder is on sys.path when run as a script
 
 from openjev.tools.bench import roofline, workload
 from openjev.tools.bench.main import longest_tokens_fn
+from openjev.worker import scheduler as scheduler_module
 from openjev.worker.cuda.runner import CudaRunner
 from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.planner.cost import default_cost_model
@@ -95,6 +98,46 @@ def profiled(engine: Engine, work, temperature: float) -> tuple[dict[str, float]
             "after the last kernel": 1e-6 * max(0.0, request.end - reach),
         }
     return dict(per), sum(per.values()), wall, idle
+
+
+def host_profile(engine: Engine, works: list, temperature: float) -> str:
+    """Top functions by own time on the scheduler's thread (its `_step`) over `works` (Python
+    3.12 lets one cProfile run at a time, so the request thread is left out)."""
+    prof = cProfile.Profile()
+    step = engine.scheduler._step
+
+    def profiled_step(jobs):
+        prof.enable()
+        try:
+            step(jobs)
+        finally:
+            prof.disable()
+
+    spent = {"plan": 0.0, "prepare": 0.0}
+
+    def timed(name: str, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - start
+
+        return wrapper
+
+    plan, prep = engine.plan, scheduler_module.prepare
+    engine.scheduler._step = profiled_step  # type: ignore[method-assign]
+    engine.plan = timed("plan", plan)  # type: ignore[method-assign]
+    scheduler_module.prepare = timed("prepare", prep)
+    for w in works:
+        engine.execute(w, temperature=temperature, policy="auto")
+    engine.scheduler._step, engine.plan, scheduler_module.prepare = step, plan, prep  # type: ignore[method-assign]
+    out = io.StringIO()
+    out.write(
+        ", ".join(f"{k} {1e3 * v / len(works):.2f} ms" for k, v in spent.items()) + " a request (request thread)\n"
+    )
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)
+    return "\n".join(line for line in out.getvalue().splitlines() if line.strip())
 
 
 def main() -> None:

@@ -13,19 +13,15 @@ interleaved, then one torch.profiler run of each with device time per kernel fam
 from __future__ import annotations
 
 import argparse
-import cProfile
 import datetime
-import io
-import pstats
 import statistics
 import time
 from pathlib import Path
 
 import torch
-from profile_requests import profiled
+from profile_requests import host_profile, profiled
 
 from openjev.tools.bench.main import longest_tokens_fn
-from openjev.worker import scheduler as scheduler_module
 from openjev.worker.cache.sizing import build_state_cache
 from openjev.worker.cuda.runner import CudaRunner
 from openjev.worker.engine import Engine, QuestionWork
@@ -97,7 +93,7 @@ def main() -> None:
             result = eng.execute(w, temperature=meta.temperature, policy="auto")
             q2 = ask()  # the profiled run: one more fresh question
             w = work(state, q2) if name == "hit" else work("", q2)
-            per, device, _ = profiled(eng, w, meta.temperature)
+            per, device, _, _ = profiled(eng, w, meta.temperature)
             top = ", ".join(
                 f"{f.split(' (')[0]} {1e3 * s:.1f}" for f, s in sorted(per.items(), key=lambda kv: -kv[1])[:4]
             )
@@ -114,46 +110,6 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
-
-
-def host_profile(engine: Engine, works: list, temperature: float) -> str:
-    """Top functions by own time on the scheduler's thread (its `_step`) over `works` (Python
-    3.12 lets one cProfile run at a time, so the request thread is left out)."""
-    prof = cProfile.Profile()
-    step = engine.scheduler._step
-
-    def profiled_step(jobs):
-        prof.enable()
-        try:
-            step(jobs)
-        finally:
-            prof.disable()
-
-    spent = {"plan": 0.0, "prepare": 0.0}
-
-    def timed(name: str, fn):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[name] += time.perf_counter() - start
-
-        return wrapper
-
-    plan, prep = engine.plan, scheduler_module.prepare
-    engine.scheduler._step = profiled_step  # type: ignore[method-assign]
-    engine.plan = timed("plan", plan)  # type: ignore[method-assign]
-    scheduler_module.prepare = timed("prepare", prep)
-    for w in works:
-        engine.execute(w, temperature=temperature, policy="auto")
-    engine.scheduler._step, engine.plan, scheduler_module.prepare = step, plan, prep  # type: ignore[method-assign]
-    out = io.StringIO()
-    out.write(
-        ", ".join(f"{k} {1e3 * v / len(works):.2f} ms" for k, v in spent.items()) + " a request (request thread)\n"
-    )
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)
-    return "\n".join(line for line in out.getvalue().splitlines() if line.strip())
 
 
 if __name__ == "__main__":
