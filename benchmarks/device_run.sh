@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests gdn gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host state-hit attention
+#   steps: tests gdn gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host state-hit attention
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -70,6 +70,11 @@ for step in "$@"; do
            timeout 100 ncu --clock-control none --kernel-name regex:gdn_recurrent --launch-skip 1 --launch-count 2 --metrics $M \
              python3 benchmarks/gdn_probe.py --tokens 676 > $OUT/ncu-alone.txt 2>&1
            grep -E "gdn_recurrent|per_second|cycles_active|inst_executed|grid_size|warps_active|duration" $OUT/ncu-pass.txt $OUT/ncu-alone.txt | head -40 ;;
+    # the chunked kernel's three launches at 4,096 tokens under Nsight Compute
+    ncu-chunked) timeout 240 ncu --clock-control none --kernel-name regex:gdn_chunk --launch-skip 3 --launch-count 3 \
+             --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
+             --section LaunchStats python3 benchmarks/gdn_probe.py --tokens 4096 --case gdn_chunked_w8 > $OUT/ncu-chunked.txt 2>&1
+           grep -E "gdn_chunk|Duration|Throughput|Stall|Warp Cycles|Eligible|Issued|Achieved Occ|Registers|Block Limit" $OUT/ncu-chunked.txt | head -90 ;;
     # the default recurrence under Nsight Compute (where the runtime lets it read counters) and its SASS
     ncu-gdn) D=$(python3 -m openjev.worker.cuda.traits)
            nvcc -arch=sm_90 -std=c++17 -cubin -Icuda $D cuda/gated_delta.cu -o /tmp/gd.cubin \

@@ -4,7 +4,7 @@ state; the inputs of kernels_gpu.py), three times, for a profiler to look at:
 workload request run three times through the engine on the synthetic 27B runner (graphs)
 instead, so the profiler sees the recurrence inside a pass.
 
-    python3 benchmarks/gdn_probe.py [--tokens 4096] [--variant s8c32x2]
+    python3 benchmarks/gdn_probe.py [--tokens 4096] [--variant s8c32x2 | --case gdn_chunked_w8]
     python3 benchmarks/gdn_probe.py --request noul:513-2048 --model .openjev/demo-model
 """
 
@@ -43,13 +43,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--variant", default=K.GDN_DEFAULT)
+    p.add_argument("--case", default="", help="any kernels_gpu.py case name instead (e.g. gdn_chunked_w8)")
     p.add_argument("--request", default="", help="kind:group of a workload request (benchmarks/profile_requests.py)")
     p.add_argument("--model", type=Path, default=Path(".openjev/demo-model"))
     args = p.parse_args()
     if args.request:
         in_pass(args.request, args.model)
         return
-    run = {name: fn for name, fn, *_ in cases(args.tokens)}[f"gdn_recurrent_{args.variant}"]
+    run = {name: fn for name, fn, *_ in cases(args.tokens)}[args.case or f"gdn_recurrent_{args.variant}"]
     for _ in range(3):  # the first compiles; the profiler looks at every launch it is told to
         run()
     torch.cuda.synchronize()
