@@ -17,7 +17,7 @@ from openjev.worker.cuda import reference, traits
 from openjev.worker.cuda.kernels import gdn_tail_width
 
 G = traits.GDN_CHUNKED
-CH, D, NT, NCOL = G.chunk, G.head_dim, G.threads, G.state_columns
+CH, D, NT, NTO, NCOL = G.chunk, G.head_dim, G.threads, G.out_threads, G.state_columns
 LK, LC, LB, LX = G.k_stride, G.chunk_stride, G.kv_stride, G.block_stride
 lane = np.arange(32)
 gq = lane >> 2
@@ -69,6 +69,11 @@ def mma(c, a, b):
     C[gq + 8, 2 * tq + 1] = c[3]
     C = C + A @ B
     return [C[gq, 2 * tq], C[gq, 2 * tq + 1], C[gq + 8, 2 * tq], C[gq + 8, 2 * tq + 1]]
+
+
+def scale_rows(c, lo, hi):
+    """A C fragment with rows g scaled by lo and rows g + 8 by hi (per lane)."""
+    return [c[0] * lo, c[1] * lo, c[2] * hi, c[3] * hi]
 
 
 def zero4():
@@ -161,9 +166,6 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
     for i in range(CH):
         for j in range(CH):
             smem[As + i * LC + j] = bv[i] * np.exp(Gv[i] - Gv[j]) * smem[As + i * LC + j] if j < i else 0.0
-    for r in range(CH):
-        smem[Bs + r * LB : Bs + r * LB + D] = bv[r] * np.exp(Gv[r]) * smem[Bs + r * LB : Bs + r * LB + D]
-        smem[Bs + r * LB + D : Bs + r * LB + 2 * D] *= bv[r]
     A = lambda i, j: smem[As + i * LC + j]
     for w in range(4):
         b0 = w * 16
@@ -176,33 +178,30 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
             if (j >> 4) > (i >> 4):
                 smem[Ts + i * LC + j] = 0.0
     for dist in range(1, 4):
-        pairs = 4 - dist
-        for idx in range(pairs * 256):
-            p = idx // 256
-            bi = dist + p
-            bj = p
-            r = (idx % 256) >> 4
-            col = idx & 15
-            smem[Xs + (p * 16 + r) * LX + col] = sum(
-                A(bi * 16 + r, kk) * smem[Ts + kk * LC + bj * 16 + col] for kk in range(bj * 16, bi * 16)
-            )
-        for idx in range(pairs * 256):
-            p = idx // 256
-            bi = dist + p
-            bj = p
-            r = (idx % 256) >> 4
-            col = idx & 15
-            acc = sum(
-                smem[Ts + (bi * 16 + r) * LC + bi * 16 + m] * smem[Xs + (p * 16 + m) * LX + col] for m in range(r + 1)
-            )
-            smem[Ts + (bi * 16 + r) * LC + bj * 16 + col] = -acc
+        for warp in range(NT // 32):
+            p, half = warp >> 1, warp & 1
+            if p >= 4 - dist:
+                continue
+            bi, bj = dist + p, p
+            n0 = bj * 16 + half * 8
+            x = zero4()
+            for k0 in range(bj * 16, bi * 16, 8):
+                x = mma(x, load_a(smem, As + bi * 16 * LC + k0, LC, 1), load_b(smem, Ts + k0 * LC + n0, LC, 1))
+            X = Xs + p * 16 * LX + half * 8
+            store_c(smem, X, LX, x)
+            y = zero4()
+            for k0 in (0, 8):
+                y = mma(y, load_a(smem, Ts + bi * 16 * LC + bi * 16 + k0, LC, 1), load_b(smem, X + k0 * LX, LX, 1))
+            store_c(smem, Ts + bi * 16 * LC + n0, LC, [-e for e in y])
     slot = (s["first"] + c) * H + h
     for warp in range(NT // 32):
         ti = warp >> 1
         j0 = (warp & 1) * 16
         acc = [zero4() for _ in range(16)]
+        scale = bv * np.exp(Gv) if warp % 2 == 0 else bv  # T's columns: diag(beta e^G) for W, diag(beta) for U~
         for k0 in range(0, CH, 8):
-            a = load_a(smem, Ts + ti * 16 * LC + k0, LC, 1)
+            t = load_a(smem, Ts + ti * 16 * LC + k0, LC, 1)
+            a = [t[0] * scale[k0 + tq], t[1] * scale[k0 + tq], t[2] * scale[k0 + tq + 4], t[3] * scale[k0 + tq + 4]]
             for j in range(16):
                 acc[j] = mma(acc[j], a, load_b(smem, Bs + k0 * LB + (j0 + j) * 8, LB, 1))
         dst, base = (U if warp & 1 else W), slot * CH * D + ti * 16 * D
@@ -235,6 +234,9 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
 
     for i in range(D):
         smem[Ss + i * LC : Ss + i * LC + NCOL] = init[sb + i * D + col0 : sb + i * D + col0 + NCOL] if has_init else 0.0
+        if s["chunks"] > 0:
+            at = ((s["first"] * H + h) * D + i) * D + col0
+            Sc[at : at + NCOL] = smem[Ss + i * LC : Ss + i * LC + NCOL]
     if s["chunks"] > 0:
         issue(0)
     for c in range(s["chunks"]):
@@ -246,10 +248,6 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
         gb = Ub + CH * LC
         slot = (s["first"] + c) * H + h
         g_end = smem[gb + CH - 1]
-        for i in range(D):
-            Sc[(slot * D + i) * D + col0 : (slot * D + i) * D + col0 + NCOL] = smem[Ss + i * LC : Ss + i * LC + NCOL]
-        for r in range(CH):
-            smem[Kb + r * LK : Kb + r * LK + D] *= np.exp(g_end - smem[gb + r])
         TPW = (CH // 16) * TN // (NTH // 32)
         for warp in range(NTH // 32):
             t0 = warp * TPW
@@ -260,9 +258,10 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
                 w = [-x for x in load_a(smem, Wb + ti * 16 * LK + k0, LK, 1)]
                 for j in range(TPW):
                     u[j] = mma(u[j], w, load_b(smem, Ss + k0 * LC + n0 + j * 8, LC, 1))
+            dlo, dhi = np.exp(g_end - smem[gb + ti * 16 + gq]), np.exp(g_end - smem[gb + ti * 16 + gq + 8])
             for j in range(TPW):
-                store_c(smem, Ub + ti * 16 * LC + n0 + j * 8, LC, u[j])
                 store_c(U, (slot * CH + ti * 16) * D + col0 + n0 + j * 8, D, u[j])
+                store_c(smem, Ub + ti * 16 * LC + n0 + j * 8, LC, scale_rows(u[j], dlo, dhi))
         if s["rows"] - c * CH >= CH:
             TPB = (D // 16) * TN // (NTH // 32)
             decay = np.exp(g_end)
@@ -280,6 +279,8 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
             for ti, n0, st in new.values():
                 for j in range(TPB):
                     store_c(smem, Ss + ti * 16 * LC + n0 + j * 8, LC, st[j])
+                    if c + 1 < s["chunks"]:
+                        store_c(Sc, ((slot + H) * D + ti * 16) * D + col0 + n0 + j * 8, D, st[j])
     for i in range(D):
         final[sb + i * D + col0 : sb + i * D + col0 + NCOL] = smem[Ss + i * LC : Ss + i * LC + NCOL]
 
@@ -290,7 +291,7 @@ def out_pass(bx, h, n, qn, kn, U, Sc, gcum, cu, pos, H, Hk, max_chunks, tail_in,
     Ks = CH * LK
     gs = 2 * CH * LK
     Ps = Ks
-    c = bx >> 1
+    c = bx
     hk = h // (H // Hk)
     s = segment(cu, pos, n, max_chunks)
     if c >= s["chunks"]:
@@ -308,10 +309,9 @@ def out_pass(bx, h, n, qn, kn, U, Sc, gcum, cu, pos, H, Hk, max_chunks, tail_in,
         )
     smem[gs : gs + CH] = gcum[slot * CH : slot * CH + CH]
     pv = {}
-    for warp in range(NT // 32):
-        col = (bx & 1) * NCOL + warp * 8
-        for q in range(3):
-            t = warp + q * (NT // 32)
+    for warp in range(NTO // 32):
+        for q in range(-(-20 // (NTO // 32))):
+            t = warp + q * (NTO // 32)
             if t >= 20:
                 continue
             ti, tj = lower_tile(t >> 1)
@@ -326,8 +326,8 @@ def out_pass(bx, h, n, qn, kn, U, Sc, gcum, cu, pos, H, Hk, max_chunks, tail_in,
             pv[t] = (ti, tj, p)
     for t, (ti, tj, p) in pv.items():
         store_c(smem, Ps + ti * 16 * LC + tj * 16 + (t & 1) * 8, LC, p)
-    for warp in range(NT // 32):
-        col = (bx & 1) * NCOL + warp * 8
+    for warp in range(NTO // 32):
+        col = warp * 8
         Sg = slot * D * D + col
         Ug = slot * CH * D + col
         o = [zero4() for _ in range(4)]
@@ -400,7 +400,7 @@ def run(lengths, starts, H=2, Hk=1, NTH=512, seed=0):
                 )
     for n in range(N):
         for h in range(H):
-            for bx in range(2 * max_chunks):
+            for bx in range(max_chunks):
                 out_pass(bx, h, n, fl(qn), fl(kn), U, Sc, gcum, cu, pos, H, Hk, max_chunks, fl(tails), tw, out)
     t = lambda x: torch.tensor(x, dtype=torch.float64)
     e_out, e_fin, e_tails = reference.gdn_chunked_packed(

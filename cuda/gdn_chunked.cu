@@ -4,7 +4,7 @@
 // fp32 accumulation and an fp32 state (the math: worker/model/ops.py, _delta_rule_chunk):
 //   G = cumsum(g);  A[i][j] = beta_i e^{G_i - G_j} (k_i . k_j) for j < i;  T = (I + A)^-1
 //   W = T (beta e^G K);  U~ = T (beta V)                      (gdn_chunk_solve, all chunks at once)
-//   U = U~ - W S_c;  S_{c+1} = e^{G_C} S_c + (e^{G_C - G_j} K)^T U   (gdn_chunk_state: chunk after chunk)
+//   U = U~ - W S_c;  S_{c+1} = e^{G_C} S_c + K^T (e^{G_C - G_j} U)   (gdn_chunk_state: chunk after chunk)
 //   O = (e^G Q) S_c + (Q K^T . e^{G_i - G_j}, j <= i) U        (gdn_chunk_out, all chunks at once)
 // Products are mma.sync m16n8k8 on tf32 (fragments below). Only the state recurrence is
 // sequential: its pass does the two products that chain S from chunk to chunk, splitting the
@@ -29,13 +29,14 @@
 // kernels with GDN_SOLVE_SMEM, GDN_STATE_SMEM and GDN_OUT_SMEM bytes of dynamic shared memory.
 #if !defined(GDN_CHUNK) || !defined(GDN_DIM) || !defined(GDN_CHUNK_THREADS) || !defined(GDN_STATE_COLS) || \
     !defined(GDN_LK) || !defined(GDN_LC) || !defined(GDN_LB) || !defined(GDN_LX) || !defined(GDN_SOLVE_SMEM) || \
-    !defined(GDN_STATE_SMEM) || !defined(GDN_OUT_SMEM)
+    !defined(GDN_STATE_SMEM) || !defined(GDN_OUT_SMEM) || !defined(GDN_OUT_THREADS)
 #error "compile with the definitions of openjev.worker.cuda.traits"
 #endif
 #define CH GDN_CHUNK          // chunk length
 #define D GDN_DIM             // key and value head dims
 #define NT GDN_CHUNK_THREADS  // threads a block of the solve and output kernels (8 warps)
-#define NCOL GDN_STATE_COLS   // value columns a gdn_chunk_state or gdn_chunk_out block owns
+#define NCOL GDN_STATE_COLS   // value columns a gdn_chunk_state block owns
+#define NTO GDN_OUT_THREADS   // threads a gdn_chunk_out block (a warp an 8-column strip of all D)
 #define LK GDN_LK             // padded row strides (floats): rows start in different banks
 #define LC GDN_LC
 #define LB GDN_LB
@@ -47,7 +48,7 @@ static_assert(4 * (CH * LB + 2 * CH * LC + 3 * 16 * LX + 2 * CH) == GDN_SOLVE_SM
 static_assert(4 * (D * LC + 2 * (2 * CH * LK + CH * LC + CH)) == GDN_STATE_SMEM, "gdn_chunk_state layout");
 static_assert(4 * (2 * CH * LK + CH) == GDN_OUT_SMEM, "gdn_chunk_out layout");
 static_assert(NCOL == CH && 2 * NCOL == D, "state columns use the chunk stride LC; two column halves");
-static_assert(NT == 32 * (NCOL / 8), "gdn_chunk_out: one warp an 8-column strip of its half");
+static_assert(NTO == 32 * (D / 8), "gdn_chunk_out: one warp an 8-column strip");
 static_assert(LK >= D && LC >= CH && LB >= 2 * D && LX >= 16 && LK % 2 == 0 && LC % 2 == 0 && LB % 4 == 0 &&
                   LK % 4 == 0 && LC % 4 == 0,
               "rows hold a tile row; 16-byte copies, 8-byte fragment pairs");
@@ -102,11 +103,43 @@ __device__ __forceinline__ void store_c(float* p, int rs, const float (&c)[4], L
     *reinterpret_cast<float2*>(p + (l.g + 8) * rs + 2 * l.t) = make_float2(c[2], c[3]);
 }
 
+// The same fragments as plain floats (for scaling, or for mma3)
+__device__ __forceinline__ void load_af(float (&a)[4], const float* p, int rs, int ks, Lane l) {
+    a[0] = p[l.g * rs + l.t * ks];
+    a[1] = p[(l.g + 8) * rs + l.t * ks];
+    a[2] = p[l.g * rs + (l.t + 4) * ks];
+    a[3] = p[(l.g + 8) * rs + (l.t + 4) * ks];
+}
+
+__device__ __forceinline__ void load_bf(float (&b)[2], const float* p, int ks, int ns, Lane l) {
+    b[0] = p[l.t * ks + l.g * ns];
+    b[1] = p[(l.t + 4) * ks + l.g * ns];
+}
+
 __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], const u32 (&b)[2]) {
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// c += a b at about fp32 accuracy on tf32 tensor cores: x = hi + lo with hi, lo tf32, and
+// hi*hi + hi*lo + lo*hi (the small terms first). For the inverse's block products, where plain
+// tf32 operands would add a rounding the scalar substitution does not have.
+__device__ __forceinline__ void split(float x, u32& hi, u32& lo) {
+    hi = tf32(x);
+    lo = tf32(x - __uint_as_float(hi));
+}
+
+__device__ __forceinline__ void mma3(float (&c)[4], const float (&a)[4], const float (&b)[2]) {
+    u32 ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) split(a[e], ah[e], al[e]);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) split(b[e], bh[e], bl[e]);
+    mma(c, al, bh);
+    mma(c, ah, bl);
+    mma(c, ah, bh);
 }
 
 // The 10 16 x 16 tiles at or below the diagonal of a 64 x 64 product, numbered row by row.
@@ -266,11 +299,6 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
         const int i = idx / CH, j = idx % CH;
         As[i * LC + j] = j < i ? bs[i] * __expf(gs[i] - gs[j]) * As[i * LC + j] : 0.f;
     }
-    for (int idx = tid; idx < CH * D; idx += NT) {
-        const int r = idx / D, d = idx % D;
-        Bs[r * LB + d] = bs[r] * __expf(gs[r]) * Bs[r * LB + d];
-        Bs[r * LB + D + d] *= bs[r];
-    }
     __syncthreads();
 
     // T = (I + A)^-1 by 16x16 blocks. Diagonal blocks by forward substitution, a warp each
@@ -291,40 +319,56 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
         if ((j >> 4) > (i >> 4)) Ts[i * LC + j] = 0.f;
     }
     __syncthreads();
-    // off-diagonal blocks, one distance at a time: T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj
-    // (pair p = bj of a distance keeps its block product in Xs[p])
+    // off-diagonal blocks, one distance at a time: T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj, each
+    // (block pair, 8-column half) a warp, on tensor cores at fp32 accuracy (mma3); the pair's
+    // sum X lands in Xs[pair] for its second product
     for (int dist = 1; dist < 4; ++dist) {
-        const int pairs = 4 - dist;
-        for (int idx = tid; idx < pairs * 256; idx += NT) {
-            const int p = idx / 256, bi = dist + p, bj = p, r = (idx % 256) >> 4, col = idx & 15;
-            float acc = 0.f;
-            for (int kk = bj * 16; kk < bi * 16; ++kk)
-                acc = fmaf(As[(bi * 16 + r) * LC + kk], Ts[kk * LC + bj * 16 + col], acc);
-            Xs[(p * 16 + r) * LX + col] = acc;
-        }
-        __syncthreads();
-        for (int idx = tid; idx < pairs * 256; idx += NT) {
-            const int p = idx / 256, bi = dist + p, bj = p, r = (idx % 256) >> 4, col = idx & 15;
-            float acc = 0.f;
-            for (int m = 0; m <= r; ++m)
-                acc = fmaf(Ts[(bi * 16 + r) * LC + bi * 16 + m], Xs[(p * 16 + m) * LX + col], acc);
-            Ts[(bi * 16 + r) * LC + bj * 16 + col] = -acc;
+        const int p = warp >> 1, half = warp & 1;
+        if (p < 4 - dist) {
+            const int bi = dist + p, bj = p, n0 = bj * 16 + half * 8;
+            float x[4] = {0.f, 0.f, 0.f, 0.f};
+            for (int k0 = bj * 16; k0 < bi * 16; k0 += 8) {
+                float a[4], b[2];
+                load_af(a, As + bi * 16 * LC + k0, LC, 1, l);
+                load_bf(b, Ts + k0 * LC + n0, LC, 1, l);
+                mma3(x, a, b);
+            }
+            float* X = Xs + p * 16 * LX + half * 8;
+            store_c(X, LX, x, l);
+            __syncwarp();
+            float y[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int k0 = 0; k0 < 16; k0 += 8) {
+                float a[4], b[2];
+                load_af(a, Ts + bi * 16 * LC + bi * 16 + k0, LC, 1, l);
+                load_bf(b, X + k0 * LX, LX, 1, l);
+                mma3(y, a, b);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) y[e] = -y[e];
+            store_c(Ts + bi * 16 * LC + n0, LC, y, l);
         }
         __syncthreads();
     }
 
-    // [W | U~] = T [beta e^G K | beta V]: warp w one 16-row tile by 16 8-column tiles (W for even
-    // warps, U~ for odd ones), its T fragment shared by the 16, straight to the scratch
+    // [W | U~] = (T diag(beta e^G)) K | (T diag(beta)) V: warp w one 16-row tile by 16 8-column
+    // tiles (W for even warps, U~ for odd ones), its scaled T fragment shared by the 16, straight
+    // to the scratch (scaling T's columns, not K's and V's rows: no pass over [k | v])
     const long slot = (long)(s.first + c) * H + h;
     {
         const int ti = warp >> 1, j0 = (warp & 1) * 16;
+        const bool is_w = (warp & 1) == 0;
         float acc[16][4];
 #pragma unroll
         for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 #pragma unroll 2
         for (int k0 = 0; k0 < CH; k0 += 8) {
-            u32 a[4];
-            load_a(a, Ts + ti * 16 * LC + k0, LC, 1, l);
+            float t[4];
+            load_af(t, Ts + ti * 16 * LC + k0, LC, 1, l);
+            const int k_lo = k0 + l.t, k_hi = k_lo + 4;
+            const float s_lo = is_w ? bs[k_lo] * __expf(gs[k_lo]) : bs[k_lo];
+            const float s_hi = is_w ? bs[k_hi] * __expf(gs[k_hi]) : bs[k_hi];
+            const u32 a[4] = {tf32(t[0] * s_lo), tf32(t[1] * s_lo), tf32(t[2] * s_hi), tf32(t[3] * s_hi)};
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
                 u32 b[2];
@@ -340,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
 }
 
 // The sequential pass, grid (D / NCOL, H, N), block NTH, dynamic shared memory GDN_STATE_SMEM.
-// Per chunk only U = U~ - W S and, for a finished chunk, S <- e^{G_C} S + K~^T U; the next
+// Per chunk only U = U~ - W S and, for a finished chunk, S <- e^{G_C} S + K^T (e^{G_C - G} U); the next
 // chunk's W, K, U~ and G are copied in while this one computes (two buffers). It stores S_c
 // (the state at the chunk's start, [slots, H, 128, 128]) and U (over U~, in place) for
 // gdn_chunk_out. init_state, final_state: [N, H, 128, 128] fp32; final = the state at the
@@ -387,9 +431,13 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
         cp_async_commit();
     };
 
+    // S_0, into shared memory and (the first chunk's start state) into Sc; later chunks' start
+    // states are stored from the registers of the update that makes them
     for (int idx = tid; idx < D * NCOL; idx += NTH) {
         const int i = idx / NCOL, j = idx % NCOL;
-        Ss[i * LC + j] = has_init ? init_state[state_base + (long)i * D + col0 + j] : 0.f;
+        const float x = has_init ? init_state[state_base + (long)i * D + col0 + j] : 0.f;
+        Ss[i * LC + j] = x;
+        if (s.chunks > 0) Sc[((long)s.first * H + h) * D * D + (long)i * D + col0 + j] = x;
     }
     if (s.chunks > 0) issue(0);
     for (int c = 0; c < s.chunks; ++c) {
@@ -404,23 +452,6 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
         const float* gb = Ub + CH * LC;
         const long slot = (long)(s.first + c) * H + h;
         const float g_end = gb[CH - 1];
-        // S_c for the output pass
-        for (int idx = tid; idx < D * (NCOL / 4); idx += NTH) {
-            const int i = idx / (NCOL / 4), j = (idx % (NCOL / 4)) * 4;
-            *reinterpret_cast<float4*>(Sc + (slot * D + i) * D + col0 + j) = *reinterpret_cast<const float4*>(Ss + i * LC + j);
-        }
-        // K~ = e^{G_C - G} K in place: only the update below reads it
-        for (int idx = tid; idx < CH * (D / 4); idx += NTH) {
-            const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
-            const float e = __expf(g_end - gb[r]);
-            float4* p = reinterpret_cast<float4*>(Kb + r * LK + d);
-            float4 x = *p;
-            x.x *= e;
-            x.y *= e;
-            x.z *= e;
-            x.w *= e;
-            *p = x;
-        }
         {  // U = U~ - W S: a warp one 16-row tile by TPW 8-column tiles (its W fragments shared)
             constexpr int TPW = (CH / 16) * TN / (NTH / 32);
             static_assert(TPW >= 1 && TN % TPW == 0, "whole column groups a warp");
@@ -441,14 +472,18 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                     mma(u[j], w, b);
                 }
             }
+            // U to global for the output pass; e^{G_C - G_r} U to shared memory for the update
+            // below (the decay of K~ = e^{G_C - G} K moved onto U's rows: one pass over K fewer)
+            const float dlo = __expf(g_end - gb[ti * 16 + l.g]), dhi = __expf(g_end - gb[ti * 16 + l.g + 8]);
 #pragma unroll
             for (int j = 0; j < TPW; ++j) {
-                store_c(Ub + ti * 16 * LC + n0 + j * 8, LC, u[j], l);
                 store_c(U + (slot * CH + ti * 16) * D + col0 + n0 + j * 8, D, u[j], l);
+                const float su[4] = {u[j][0] * dlo, u[j][1] * dlo, u[j][2] * dhi, u[j][3] * dhi};
+                store_c(Ub + ti * 16 * LC + n0 + j * 8, LC, su, l);
             }
         }
         __syncthreads();
-        if (s.rows - c * CH >= CH) {  // a finished chunk: S <- e^{G_C} S + K~^T U
+        if (s.rows - c * CH >= CH) {  // a finished chunk: S <- e^{G_C} S + K^T (e^{G_C - G} U)
             constexpr int TPB = (D / 16) * TN / (NTH / 32);
             static_assert(TPB >= 1 && TN % TPB == 0, "whole column groups a warp");
             const int t0 = warp * TPB, ti = t0 / TN, n0 = (t0 % TN) * 8;
@@ -463,7 +498,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
 #pragma unroll 2
             for (int k0 = 0; k0 < CH; k0 += 8) {
                 u32 a[4];
-                load_a(a, Kb + k0 * LK + ti * 16, 1, LK, l);  // (i, k) = K~[k][i]
+                load_a(a, Kb + k0 * LK + ti * 16, 1, LK, l);  // (i, k) = K[k][i]
 #pragma unroll
                 for (int j = 0; j < TPB; ++j) {
                     u32 b[2];
@@ -471,8 +506,14 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                     mma(st[j], a, b);
                 }
             }
+            // S_{c+1}: to shared memory for the next chunk, and as that chunk's start state to Sc
+            const bool next = c + 1 < s.chunks;
+            float* sc_next = Sc + (slot + H) * D * D + (long)(ti * 16) * D + col0 + n0;
 #pragma unroll
-            for (int j = 0; j < TPB; ++j) store_c(Ss + ti * 16 * LC + n0 + j * 8, LC, st[j], l);
+            for (int j = 0; j < TPB; ++j) {
+                store_c(Ss + ti * 16 * LC + n0 + j * 8, LC, st[j], l);
+                if (next) store_c(sc_next + j * 8, D, st[j], l);
+            }
         }
         __syncthreads();  // this buffer and the state are done before the next chunk's copies and products
     }
@@ -495,12 +536,12 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
 GDN_CHUNK_STATE(gdn_chunk_state_w8, 256)
 GDN_CHUNK_STATE(gdn_chunk_state_w16, 512)
 
-// The output pass, grid (2 max_chunks, H, N) (chunk and value-column half), block NT, dynamic
-// shared memory GDN_OUT_SMEM: every chunk of every head at once, from S_c and U of
-// gdn_chunk_state. Warp w owns the 8 value columns col0 + 8w of all 64 rows; its S_c and U
-// fragments are loaded from global memory first, while the q and k rows copy in and P forms.
+// The output pass, grid (max_chunks, H, N), block NTO, dynamic shared memory GDN_OUT_SMEM: every
+// chunk of every head at once, from S_c and U of gdn_chunk_state. Warp w owns the 8 value
+// columns 8w of all 64 rows; its S_c and U fragments are loaded from global memory first, while
+// the q and k rows copy in and P forms (once a chunk: one block holds all columns).
 // out: [T, H, 128] bf16, own rows only (tail rows have no query: their outputs belong to the parent).
-extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_out(
+extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ U,
     const float* __restrict__ Sc, const float* __restrict__ gcum, const int* __restrict__ cu,
     const int* __restrict__ pos, int H, int Hk, int max_chunks, const float* __restrict__ tail_in, long tail_width,
@@ -511,8 +552,8 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_out(
     float* gs = Ks + CH * LK;   // [64]      G
     float* Ps = Ks;
 
-    const int c = blockIdx.x >> 1, h = blockIdx.y, n = blockIdx.z, hk = h / (H / Hk);
-    const int col = (blockIdx.x & 1) * NCOL + (threadIdx.x >> 5) * 8;  // this warp's value columns
+    const int c = blockIdx.x, h = blockIdx.y, n = blockIdx.z, hk = h / (H / Hk);
+    const int col = (threadIdx.x >> 5) * 8;  // this warp's value columns
     const int tid = threadIdx.x, warp = tid >> 5;
     const Lane l = lane_of();
     const Seg s = segment(cu, pos, n, max_chunks);
@@ -520,10 +561,10 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_out(
     const int r0 = c * CH;
     const long slot = (long)(s.first + c) * H + h;
 
-    load_k(Ks, kn, tail_in, tail_width, s, r0, n, hk, Hk);
+    load_k<NTO>(Ks, kn, tail_in, tail_width, s, r0, n, hk, Hk);
 #pragma unroll
-    for (int it = 0; it < CH * (D / 4) / NT; ++it) {
-        const int idx = tid + it * NT;
+    for (int it = 0; it < CH * (D / 4) / NTO; ++it) {
+        const int idx = tid + it * NTO;
         const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
         const bool own = vr >= s.tail && vr < s.rows;
         cp_async16(Qs + r * LK + d, own ? qn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d : qn, own);
@@ -548,11 +589,12 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_out(
     __syncthreads();
 
     // P = (q k^T) e^{G_i - G_j}, j <= i: the 10 16 x 16 tiles at or below the diagonal as 20
-    // 16 x 8 tiles (up to 3 a warp), masked and decayed in registers
-    float p[3][4];
+    // 16 x 8 tiles (up to 2 a warp), masked and decayed in registers
+    constexpr int PT = (20 + NTO / 32 - 1) / (NTO / 32);
+    float p[PT][4];
 #pragma unroll
-    for (int q = 0; q < 3; ++q) {
-        const int t = warp + q * (NT / 32);
+    for (int q = 0; q < PT; ++q) {
+        const int t = warp + q * (NTO / 32);
         if (t < 20) {
             int ti, tj;
             lower_tile(t >> 1, ti, tj);
@@ -574,8 +616,8 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_out(
     }
     __syncthreads();  // every warp is done with k: P takes its place
 #pragma unroll
-    for (int q = 0; q < 3; ++q) {
-        const int t = warp + q * (NT / 32);
+    for (int q = 0; q < PT; ++q) {
+        const int t = warp + q * (NTO / 32);
         if (t < 20) {
             int ti, tj;
             lower_tile(t >> 1, ti, tj);

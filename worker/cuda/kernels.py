@@ -428,8 +428,8 @@ def gdn_chunk_out(geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, tai
     _launch(
         "gdn_chunked",
         "gdn_chunk_out",
-        (2 * max_chunks, H, N),  # chunk x value-column half
-        (traits.GDN_CHUNKED.threads,),
+        (max_chunks, H, N),
+        (traits.GDN_CHUNKED.out_threads,),
         (qn, kn, u, chunk_states, gcum, cu_seqlens, positions, H, Hk, max_chunks, tails, _i64(width), out),
         dynamic_smem=traits.GDN_CHUNKED.out_smem_bytes,
     )

@@ -28,8 +28,9 @@ class GdnChunkTraits:
 
     chunk: int = GDN_CHUNK_TOKENS
     head_dim: int = GDN_HEAD_DIM  # key and value head dims
-    threads: int = 256  # a block of the solve and output kernels (8 warps)
-    state_columns: int = 64  # value columns a gdn_chunk_state or gdn_chunk_out block owns (= chunk)
+    threads: int = 256  # a block of the solve kernel (8 warps)
+    out_threads: int = 512  # a block of the output kernel: a warp an 8-column strip of all 128
+    state_columns: int = 64  # value columns a gdn_chunk_state block owns (= chunk)
     # Floats added to every shared-memory row: rows start in different banks and WMMA tiles stay
     # 32-byte aligned.
     row_pad: int = 4
@@ -78,6 +79,7 @@ class GdnChunkTraits:
             "GDN_CHUNK": self.chunk,
             "GDN_DIM": self.head_dim,
             "GDN_CHUNK_THREADS": self.threads,
+            "GDN_OUT_THREADS": self.out_threads,
             "GDN_STATE_COLS": self.state_columns,
             "GDN_LK": self.k_stride,
             "GDN_LC": self.chunk_stride,
