@@ -141,22 +141,23 @@ def cases(T: int):
     # column halves; U~ written, read; U written, read; S_c ([128, 128]) written, read
     chunk_bytes = gdn_bytes + chunks * H * 64 * DKV * 4 * (3 + 2 + 2 + 4)
     pos = torch.arange(T, dtype=torch.int32, device=DEV)
+    width, max_chunks = K.gdn_tail_width(HK, H), (T + 126) // 64
+    src = K.ChunkSources.per_segment(1, H, width, DEV, init)  # made once: the runner's slots hold states
     for sv in K.GDN_STATE_VARIANTS:
-        fn = lambda sv=sv: K.gdn_chunked(qn, kn, v, g, beta, cu, pos, T, init, state_variant=sv)  # noqa: E731
+        fn = lambda sv=sv: K.gdn_chunked(qn, kn, v, g, beta, cu, pos, T, state_variant=sv, sources=src)  # noqa: E731
         out.append((f"gdn_chunked_{sv}", fn, chunk_bytes, chunk_flops, "tf32"))
     # the stages alone (the state pass overwrites U~ with U, so it is timed after a solve)
-    width, max_chunks = K.gdn_tail_width(HK, H), (T + 126) // 64
     geo = (1, H, HK, max_chunks, width)
     w = torch.empty(max_chunks + 1, H, 64, DKV, device=DEV)
     u, sc = torch.empty_like(w), torch.empty(max_chunks + 1, H, DKV, DKV, device=DEV)
     gc, tl = torch.empty(max_chunks + 1, H, 64, device=DEV), torch.empty(1, 64, width, device=DEV)
     fin, o = torch.empty(1, H, DKV, DKV, device=DEV), torch.empty(T, H, DKV, device=DEV).bfloat16()
-    solve = lambda: K.gdn_chunk_solve(geo, kn, v, g, beta, cu, pos, tl, tl, w, u, gc)  # noqa: E731
-    state = lambda sv: K.gdn_chunk_state(geo, kn, w, u, gc, cu, pos, tl, init, True, sc, fin, sv)  # noqa: E731
+    solve = lambda: K.gdn_chunk_solve(geo, kn, v, g, beta, cu, pos, src, tl, w, u, gc)  # noqa: E731
+    state = lambda sv: K.gdn_chunk_state(geo, kn, w, u, gc, cu, pos, src, 0, sc, fin, sv)  # noqa: E731
     for sv in K.GDN_STATE_VARIANTS:
         out.append((f"gdn_chunked:solve+state_{sv}", lambda sv=sv: (solve(), state(sv)), 0, 0, "bw"))
     out.append(("gdn_chunked:solve", solve, 0, 0, "bw"))
-    out.append(("gdn_chunked:out", lambda: K.gdn_chunk_out(geo, qn, kn, u, sc, gc, cu, pos, tl, o), 0, 0, "bw"))
+    out.append(("gdn_chunked:out", lambda: K.gdn_chunk_out(geo, qn, kn, u, sc, gc, cu, pos, src, o), 0, 0, "bw"))
     fla = _fla_case(qn, kn, v, g, beta, init)
     if fla is not None:
         out.append(("fla_chunk_gdn", fla, gdn_bytes, chunk_flops, "tf32"))

@@ -20,9 +20,14 @@
 // a row depends only on rows at or before it, and the missing rows are zeros that only ever meet
 // exact zeros (T and the causal masks are zero above the diagonal).
 //
-// A segment n starts at position pos[cu[n]]; its virtual rows are tail (pos mod 64 rows, from
-// tail_in[n]) then its own cu[n+1] - cu[n] tokens. Row layout of a tail buffer (fp32):
-//   [k: Hk*128 | v: H*128 | g: H | beta: H]  (tail_width floats a row, 64 rows a segment).
+// A segment n starts at position pos[cu[n]]; its virtual rows are tail (pos mod 64 rows) then its
+// own cu[n+1] - cu[n] tokens. Tail row r comes from tail_src[64 n + r]: >= 0 a packed row of
+// this launch (an in-pass ancestor's token), < 0 row -1 - src of `tails`, the flattened tail
+// buffers of kept states (row layout, fp32: [k: Hk*128 | v: H*128 | g: H | beta: H], tail_width
+// floats a row, 64 rows a state). So a pass may hold parents and children: the solve and output
+// kernels run once over all of them, the state pass once per level (level_off ranges), a child
+// starting from its in-pass parent's final state (the state at that parent's last boundary,
+// where the child's first chunk starts).
 #include "common.cuh"
 
 // Sizes and padded row strides come from the host (traits.GdnChunkTraits), which launches the
@@ -182,18 +187,23 @@ __device__ __forceinline__ void cp_async_wait_all() {
 
 // One chunk's k rows [64][LD] of key head hk from the tail or the packed rows (zeros past the
 // end), as asynchronous copies by NTH threads: the caller waits and syncs.
+// Where virtual row vr of segment n comes from: a packed row (>= 0) or -1 - e, row e of the tails.
+__device__ __forceinline__ int row_source(const int* __restrict__ tail_src, const Seg& s, int n, int vr) {
+    return vr < s.tail ? tail_src[n * CH + vr] : s.start + vr - s.tail;
+}
+
 template <int NTH = NT, int LD = LK>
-__device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, const float* __restrict__ tail_in,
-                                       long tail_width, const Seg& s, int r0, int n, int hk, int Hk) {
+__device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, const int* __restrict__ tail_src,
+                                       const float* __restrict__ tails, long tail_width, const Seg& s, int r0, int n,
+                                       int hk, int Hk) {
 #pragma unroll
     for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
         const int idx = threadIdx.x + it * NTH;
         const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
         const bool ok = vr < s.rows;
-        const float* src = !ok ? kn
-                           : vr < s.tail ? tail_in + ((long)n * CH + vr) * tail_width + hk * D + d
-                                         : kn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d;
-        cp_async16(Ks + r * LD + d, src, ok);
+        const int src = ok ? row_source(tail_src, s, n, vr) : 0;
+        const float* from = src >= 0 ? kn + ((long)src * Hk + hk) * D + d : tails + (long)(-1 - src) * tail_width + hk * D + d;
+        cp_async16(Ks + r * LD + d, from, ok);
     }
 }
 
@@ -203,9 +213,9 @@ __device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, 
 extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     const float* __restrict__ kn, const __nv_bfloat16* __restrict__ v, long v_stride,
     const float* __restrict__ g, const float* __restrict__ beta, const int* __restrict__ cu,
-    const int* __restrict__ pos, int H, int Hk, int max_chunks, const float* __restrict__ tail_in,
-    float* __restrict__ tail_out, long tail_width, float* __restrict__ W, float* __restrict__ U,
-    float* __restrict__ gcum) {
+    const int* __restrict__ pos, int H, int Hk, int max_chunks, const int* __restrict__ tail_src,
+    const float* __restrict__ tails, float* __restrict__ tail_out, long tail_width, float* __restrict__ W,
+    float* __restrict__ U, float* __restrict__ gcum) {
     extern __shared__ __align__(128) float smem[];
     float* Bs = smem;              // [64][LB]   k | v, then beta e^G k | beta v
     float* As = Bs + CH * LB;      // [64][LC]   k k^T, then A
@@ -222,17 +232,18 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     const int tid = threadIdx.x, warp = tid >> 5;
     const Lane l = lane_of();
 
-    load_k<NT, LB>(Bs, kn, tail_in, tail_width, s, r0, n, hk, Hk);
+    load_k<NT, LB>(Bs, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
 #pragma unroll
     for (int it = 0; it < CH * (D / 4) / NT; ++it) {  // v rows: 4 values a thread per step
         const int idx = tid + it * NT;
         const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
         float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
         if (vr < s.rows) {
-            if (vr < s.tail) {
-                x = *reinterpret_cast<const float4*>(tail_in + ((long)n * CH + vr) * tail_width + Hk * D + h * D + d);
+            const int src = row_source(tail_src, s, n, vr);
+            if (src < 0) {
+                x = *reinterpret_cast<const float4*>(tails + (long)(-1 - src) * tail_width + Hk * D + h * D + d);
             } else {
-                const uint2 raw = *reinterpret_cast<const uint2*>(v + (long)(s.start + vr - s.tail) * v_stride + h * D + d);
+                const uint2 raw = *reinterpret_cast<const uint2*>(v + (long)src * v_stride + h * D + d);
                 const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
                 const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
                 x = make_float4(lo.x, lo.y, hi.x, hi.y);
@@ -244,13 +255,14 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
         const int vr = r0 + tid;
         float gv = 0.f, bv = 0.f;
         if (vr < s.rows) {
-            if (vr < s.tail) {
-                const float* row = tail_in + ((long)n * CH + vr) * tail_width + Hk * D + H * D;
+            const int src = row_source(tail_src, s, n, vr);
+            if (src < 0) {
+                const float* row = tails + (long)(-1 - src) * tail_width + Hk * D + H * D;
                 gv = row[h];
                 bv = row[H + h];
             } else {
-                gv = g[(long)(s.start + vr - s.tail) * H + h];
-                bv = beta[(long)(s.start + vr - s.tail) * H + h];
+                gv = g[(long)src * H + h];
+                bv = beta[(long)src * H + h];
             }
         }
         gs[tid] = gv;
@@ -387,25 +399,34 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
 // Per chunk only U = U~ - W S and, for a finished chunk, S <- e^{G_C} S + K^T (e^{G_C - G} U); the next
 // chunk's W, K, U~ and G are copied in while this one computes (two buffers). It stores S_c
 // (the state at the chunk's start, [slots, H, 128, 128]) and U (over U~, in place) for
-// gdn_chunk_out. init_state, final_state: [N, H, 128, 128] fp32; final = the state at the
-// segment's last chunk boundary.
+// gdn_chunk_out. One launch runs the segments of one level, level_off[level] ..
+// level_off[level + 1] - 1; segment n starts from init_idx[n]: > 0 state slot init_slots[idx]
+// ([1 + S, H, 128, 128] fp32), -1 zeros, -2 - p the final state of in-pass parent p (which an
+// earlier level's launch wrote). final_state: [N, H, 128, 128] fp32, the state at each segment's
+// last chunk boundary.
 template <int NTH>
 __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const float* __restrict__ W,
                                             float* __restrict__ U, const float* __restrict__ gcum,
                                             const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,
-                                            int max_chunks, const float* __restrict__ tail_in, long tail_width,
-                                            const float* __restrict__ init_state, int has_init,
-                                            float* __restrict__ Sc, float* __restrict__ final_state) {
+                                            int max_chunks, const int* __restrict__ tail_src,
+                                            const float* __restrict__ tails, long tail_width,
+                                            const float* __restrict__ init_slots, const int* __restrict__ init_idx,
+                                            const int* __restrict__ level_off, int level, float* __restrict__ Sc,
+                                            float* __restrict__ final_state) {
     extern __shared__ __align__(128) float state_smem[];
     constexpr int BUF = 2 * CH * LK + CH * LC + CH;  // one chunk: W [64][LK], K [64][LK], U [64][LC], G [64]
     constexpr int TN = NCOL / 8;                      // 8-column tiles of the state a block owns
     float* Ss = state_smem;                           // [128][LC] state columns col0 .. col0 + NCOL - 1
 
     const int col0 = blockIdx.x * NCOL, h = blockIdx.y, n = blockIdx.z, hk = h / (H / Hk);
+    if (n < level_off[level] || n >= level_off[level + 1]) return;  // another level's segment
     const int tid = threadIdx.x, warp = tid >> 5;
     const Lane l = lane_of();
     const Seg s = segment(cu, pos, n, max_chunks);
     const long state_base = ((long)n * H + h) * D * D;
+    const int from = init_idx[n];
+    const float* init = from > 0 ? init_slots + ((long)from * H + h) * D * D
+                                 : from <= -2 ? final_state + ((long)(-2 - from) * H + h) * D * D : nullptr;
 
     // chunk c's copies into buffer c & 1, one cp.async group
     auto issue = [&](int c) {
@@ -414,7 +435,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
         float* Ub = Kb + CH * LK;
         float* gb = Ub + CH * LC;
         const long slot = (long)(s.first + c) * H + h;
-        load_k<NTH>(Kb, kn, tail_in, tail_width, s, c * CH, n, hk, Hk);
+        load_k<NTH>(Kb, kn, tail_src, tails, tail_width, s, c * CH, n, hk, Hk);
 #pragma unroll
         for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
             const int idx = tid + it * NTH;
@@ -435,7 +456,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
     // states are stored from the registers of the update that makes them
     for (int idx = tid; idx < D * NCOL; idx += NTH) {
         const int i = idx / NCOL, j = idx % NCOL;
-        const float x = has_init ? init_state[state_base + (long)i * D + col0 + j] : 0.f;
+        const float x = init != nullptr ? init[(long)i * D + col0 + j] : 0.f;
         Ss[i * LC + j] = x;
         if (s.chunks > 0) Sc[((long)s.first * H + h) * D * D + (long)i * D + col0 + j] = x;
     }
@@ -528,10 +549,11 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
     extern "C" __global__ void __launch_bounds__(NTH) NAME(                                                          \
         const float* __restrict__ kn, const float* __restrict__ W, float* __restrict__ U,                           \
         const float* __restrict__ gcum, const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,     \
-        int max_chunks, const float* __restrict__ tail_in, long tail_width, const float* __restrict__ init_state,   \
-        int has_init, float* __restrict__ Sc, float* __restrict__ final_state) {                                    \
-        chunk_state<NTH>(kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tail_width, init_state, has_init, Sc, \
-                         final_state);                                                                              \
+        int max_chunks, const int* __restrict__ tail_src, const float* __restrict__ tails, long tail_width,         \
+        const float* __restrict__ init_slots, const int* __restrict__ init_idx, const int* __restrict__ level_off,   \
+        int level, float* __restrict__ Sc, float* __restrict__ final_state) {                                        \
+        chunk_state<NTH>(kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_src, tails, tail_width, init_slots,        \
+                         init_idx, level_off, level, Sc, final_state);                                               \
     }
 GDN_CHUNK_STATE(gdn_chunk_state_w8, 256)
 GDN_CHUNK_STATE(gdn_chunk_state_w16, 512)
@@ -544,8 +566,8 @@ GDN_CHUNK_STATE(gdn_chunk_state_w16, 512)
 extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ U,
     const float* __restrict__ Sc, const float* __restrict__ gcum, const int* __restrict__ cu,
-    const int* __restrict__ pos, int H, int Hk, int max_chunks, const float* __restrict__ tail_in, long tail_width,
-    __nv_bfloat16* __restrict__ out) {
+    const int* __restrict__ pos, int H, int Hk, int max_chunks, const int* __restrict__ tail_src,
+    const float* __restrict__ tails, long tail_width, __nv_bfloat16* __restrict__ out) {
     extern __shared__ __align__(128) float smem[];
     float* Qs = smem;           // [64][LK]  q
     float* Ks = Qs + CH * LK;   // [64][LK]  k, then P [64][LC]
@@ -561,7 +583,7 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     const int r0 = c * CH;
     const long slot = (long)(s.first + c) * H + h;
 
-    load_k<NTO>(Ks, kn, tail_in, tail_width, s, r0, n, hk, Hk);
+    load_k<NTO>(Ks, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
 #pragma unroll
     for (int it = 0; it < CH * (D / 4) / NTO; ++it) {
         const int idx = tid + it * NTO;

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from openjev.worker.cuda.graphs import fine_bucket
+from openjev.worker.geometry import GDN_CHUNK_TOKENS
 
 MAX_STATE_SLOTS = 8  # external parents / kept states a captured pass holds (~150 MB each, 27B shape)
 LEVEL_STEPS = (1, 2, 4, 8)
@@ -51,6 +52,7 @@ class PassKey:
     kept: bool  # kept states are copied out (MAX_STATE_SLOTS slots)
     segments: int  # N_pad
     max_q: int  # attention grid rows (multiple of 64)
+    tail_rows: bool = False  # the chunked GDN kernel's tail sources (64 a segment) in the index buffer
 
     def layout(self) -> dict[str, tuple[int, int]]:
         """name -> (offset, length) in the int32 index buffer."""
@@ -65,6 +67,7 @@ class PassKey:
             ("gdn_init", N),
             ("level_off", self.levels + 1),
             ("win_src", 3 * N),
+            ("tail_src", GDN_CHUNK_TOKENS * N if self.tail_rows else 0),
             ("keep", MAX_STATE_SLOTS if self.kept else 1),
         ]
         out, at = {}, 0
@@ -81,10 +84,10 @@ class PassKey:
 class Bucketing:
     """Pass -> PassKey under one budget; None (with the reason) for passes outside it."""
 
-    def __init__(self, budget: PassBudget):
+    def __init__(self, budget: PassBudget, tail_rows: bool = False):
         if budget.tokens < 1 or budget.depth < 1 or budget.segments < budget.depth or budget.context < 0:
             raise ValueError(f"bad pass budget {budget}")
-        self.budget = budget
+        self.budget, self.tail_rows = budget, tail_rows
 
     def token_steps(self) -> list[int]:
         """Every T_pad a pass within budget can have, ascending."""
@@ -101,7 +104,7 @@ class Bucketing:
 
     def make(self, tokens_pad: int, levels: int, kept: bool) -> PassKey:
         segments = min(self.budget.segments, tokens_pad) + 1
-        return PassKey(tokens_pad, levels, kept, segments, 64 * -(-tokens_pad // 64))
+        return PassKey(tokens_pad, levels, kept, segments, 64 * -(-tokens_pad // 64), self.tail_rows)
 
     def keys(self) -> list[PassKey]:
         """Every key a pass within budget maps to (what warm_up captures)."""

@@ -144,7 +144,7 @@ class GraphLauncher:
         if capture_after < 1:
             raise ValueError("capture_after must be at least 1")
         self.model, self.cache, self.capture_after = model, GraphCache(capacity), capture_after
-        self.bucketing = Bucketing(budget or PassBudget())
+        self.bucketing = Bucketing(budget or PassBudget(), tail_rows=model.chunked_gdn)
         self.statics = _Statics(model, self.bucketing)
         self.hits = self.misses = self.failures = self.fallbacks = 0
         self.warmed = False
@@ -207,7 +207,7 @@ class GraphLauncher:
             kept = key.kept and d == key.levels - 1
             parent = d - 1 if d else None
             runs.append(SegmentRun([0] * (n if d == 0 else 1), n + d - 1 if d else 0, None, kept, True, parent))
-        return plan_launch(runs, self.model.config.vocab_size)
+        return plan_launch(runs, self.model.config.vocab_size, tail_sources=self.model.chunked_gdn)
 
     # ---- one pass ---------------------------------------------------------------------------
     def _count(self, hit: bool) -> None:
@@ -291,6 +291,7 @@ class GraphLauncher:
             "level_off": plan.level_off(key.levels),  # the pad and empty segments in no range
             # the pad and empty segments read slot 0's zero window
             "win_src": plan.win_src + [-1 - m for _ in range(key.segments - N) for m in range(3)],
+            "tail_src": plan.tail_src,  # the pad and empty segments have no tail rows
             "keep": [i for i, run in enumerate(plan.runs) if run.keep_state],
         }
         fill = {"keep": N}  # unused entries: the pad segment; others 0 (slot 0, row 0)
@@ -360,6 +361,7 @@ class GraphLauncher:
             level_off=v["level_off"],
             num_levels=key.levels,
             win_src=v["win_src"],
+            tail_src=v["tail_src"] if key.tail_rows else None,
         )
         return m.forward_device(launch, _StaticIO(m, s, key, v["keep"]))
 

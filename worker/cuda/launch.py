@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from openjev.worker.geometry import GDN_CHUNK_TOKENS
 from openjev.worker.runner_api import SegmentRun, pass_depths
 
 # A segment's GDN state per GDN layer index: (conv window, recurrent state, tail or None); and its
@@ -83,6 +84,9 @@ class LaunchPlan:
     zeros, -2 - p the final state of in-pass parent p).
     win_src: [3N] per run and conv window row m (positions start-3+m): >= 0 the packed row of
     x, < 0 row -1 - v of the slots' windows flattened [(1 + P) * 3, C] (slot 0: zeros).
+    tail_src: [64N] for the chunked GDN kernel (else empty), per run and tail row r (position
+    start - start % 64 + r, r < start % 64): >= 0 the packed row of an in-pass ancestor, < 0 row
+    -1 - v of the slots' tails flattened [(1 + P) * 64, width] (kernels.ChunkSources).
     nodes: distinct ancestor KvNodes of kept states, `base` rows in all; ancestors[n]: (row
     among them, rows) of run n's ancestor nodes, root first; in_chain[n]: run n's in-pass
     ancestors (internal indices), root first.
@@ -103,6 +107,7 @@ class LaunchPlan:
     slot: list[int]
     gdn_init: list[int]
     win_src: list[int]
+    tail_src: list[int]
     nodes: list[KvNode]
     base: int
     ancestors: list[list[tuple[int, int]]]
@@ -139,7 +144,8 @@ class Launch:
     rotary_dim/2] fp32; kv_rows: [sum S_n] int32 pool row of each segment's logical keys; cu_k:
     [N+1] int32; max_q: the attention grid's longest segment; slot, gdn_init: [N] int32
     (LaunchPlan); level_off: [num_levels + 1] int32 (LaunchPlan.level_off); num_levels: recurrence
-    launches per GDN layer; win_src: [3N] int32 (LaunchPlan.win_src)."""
+    launches per GDN layer; win_src: [3N] int32 (LaunchPlan.win_src); tail_src: [64N] int32
+    (LaunchPlan.tail_src), None with the serial GDN kernel."""
 
     ids: torch.Tensor
     cu: torch.Tensor
@@ -154,6 +160,7 @@ class Launch:
     level_off: torch.Tensor
     num_levels: int
     win_src: torch.Tensor
+    tail_src: torch.Tensor | None = None
 
     def __post_init__(self):
         # derived once a pass, shared by every GDN layer's window gather (capturable ops)
@@ -171,10 +178,10 @@ class Launch:
         return picked.view(-1, 3, x.shape[1])
 
 
-def plan_launch(runs: Sequence[SegmentRun], vocab_size: int) -> LaunchPlan:
+def plan_launch(runs: Sequence[SegmentRun], vocab_size: int, tail_sources: bool = False) -> LaunchPlan:
     """Validate a forest pass and lay it out on the host: runs ordered by level, token rows,
-    segment bounds, head rows, state sources, conv window sources and the attention pool (each
-    distinct ancestor node's rows once)."""
+    segment bounds, head rows, state sources, conv window sources, the chunked GDN kernel's tail
+    row sources (tail_sources) and the attention pool (each distinct ancestor node's rows once)."""
     depths = pass_depths(runs)
     for run in runs:
         parent = run.parent_state
@@ -217,6 +224,10 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int) -> LaunchPlan:
         slot.append(0 if p is None else slots_of[id(p)])
     gdn_init = [(-2 - in_parent[i]) if in_parent[i] >= 0 else (slot[i] or -1) for i in range(len(plan_runs))]
     win_src = [_window_source(i, m - 3, in_parent, cu, slot) for i in range(len(plan_runs)) for m in range(3)]
+    starts = [run.start_position for run in plan_runs]
+    tail_src: list[int] = []
+    if tail_sources:
+        tail_src = [src for i in range(len(plan_runs)) for src in _tail_sources(i, in_parent, cu, slot, starts)]
     nodes: list[KvNode] = []
     offsets: dict[int, int] = {}  # id(node) -> its first row in the pool
     base = 0
@@ -251,6 +262,7 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int) -> LaunchPlan:
         slot=slot,
         gdn_init=gdn_init,
         win_src=win_src,
+        tail_src=tail_src,
         nodes=nodes,
         base=base,
         ancestors=ancestors,
@@ -273,3 +285,24 @@ def _window_source(n: int, rel: int, in_parent: list[int], cu: list[int], slot: 
             return cu[p] + length + rel
         rel += length
         n = p
+
+
+def _tail_sources(n: int, in_parent: list[int], cu: list[int], slot: list[int], starts: list[int]) -> list[int]:
+    """LaunchPlan.tail_src of run n: its tail rows are positions from the 64-multiple at or
+    below its start; each comes from the in-pass ancestor holding it, else from the external
+    parent's tail (row position % 64: that tail starts at the same multiple of 64)."""
+    chunk, start = GDN_CHUNK_TOKENS, starts[n]
+    out = [0] * chunk
+    for r in range(start % chunk):
+        p, m = start - start % chunk + r, n
+        while True:
+            q = in_parent[m]
+            if q < 0:
+                assert slot[m] > 0, "a run from position 0 has no tail"
+                out[r] = -1 - (slot[m] * chunk + p % chunk)
+                break
+            if p >= starts[q]:
+                out[r] = cu[q] + p - starts[q]
+                break
+            m = q
+    return out

@@ -41,12 +41,12 @@ from openjev.worker.runner_api import SegmentResult, SegmentRun
 
 DEFAULT_GRAPH_CACHE_SIZE = 128
 DEFAULT_GRAPH_CAPTURE_AFTER = 2
-# "serial": the token recurrence (gated_delta.cu), the default: it takes multi-level passes and
-# is the faster below ~256 tokens a segment; "chunked": the tensor-core WY form (gdn_chunked.cu),
-# faster above that on the H200 but one level a pass (timings in docs/cuda-kernels.md). Both
-# agree exactly across policies.
+# "serial": the token recurrence (gated_delta.cu), the default, the faster below ~256 tokens a
+# segment; "chunked": the tensor-core WY form (gdn_chunked.cu), faster above that on the H200
+# (timings in docs/cuda-kernels.md). Both take multi-level passes and agree exactly across
+# policies.
 GDN_KERNELS = ("serial", "chunked")
-DEFAULT_PASS_DEPTH = 8  # tree levels one pass holds with the serial GDN kernel
+DEFAULT_PASS_DEPTH = 8  # tree levels one pass holds
 LT_ROWS = 1024  # graph passes up to this many tokens get products timed against cuBLASLt's at start
 
 
@@ -77,8 +77,7 @@ class CudaRunner:
             raise ValueError(f"gdn_kernel must be one of {GDN_KERNELS}, not {gdn_kernel!r}")
         # chunked: kept GDN states also carry their unfinished chunk's rows (a tail)
         self.chunked_gdn = gdn_kernel == "chunked"
-        # the chunked kernel has no per-level launch: its passes hold one level
-        self.max_pass_depth = 1 if self.chunked_gdn else max_pass_depth
+        self.max_pass_depth = max_pass_depth
         self.budget = PassBudget(
             tokens=max_pass_tokens,
             segments=max(max_pass_segments, self.max_pass_depth),
@@ -174,7 +173,7 @@ class CudaRunner:
         """Final-normed hidden rows [R, D] bf16 of the reading runs and each run's state, both in
         the order of `runs`. Replayed from a CUDA graph when the cache is on and holds the pass's
         key, else eager."""
-        plan = plan_launch(runs, self.config.vocab_size)
+        plan = plan_launch(runs, self.config.vocab_size, tail_sources=self.chunked_gdn)
         if plan.num_levels > self.max_pass_depth:
             raise ValueError(f"a pass of {plan.num_levels} levels; this runner holds {self.max_pass_depth}")
         if self.graphs is not None:
@@ -203,6 +202,7 @@ class CudaRunner:
             level_off=as_i32(plan.level_off(plan.num_levels)),
             num_levels=plan.num_levels,
             win_src=as_i32(plan.win_src),
+            tail_src=as_i32(plan.tail_src) if self.chunked_gdn else None,
         )
         io = _EagerIO(self, plan)
         hidden = self.forward_device(launch, io)
@@ -269,10 +269,21 @@ class CudaRunner:
         z, b, a = proj[:, C : C + vd], proj[:, C + vd : C + vd + hv], proj[:, C + vd + hv :]
         qn, kn, g, beta, kq = K.gdn_prepare(conv, a, b, layer.a_log, layer.dt_bias, c.linear_num_key_heads)
         v = conv[:, 2 * c.linear_key_dim :].unflatten(1, (hv, 128))
-        if self.chunked_gdn:  # one level: every segment starts from its slot (0: zeros)
-            init = None if slot_states is None else slot_states.index_select(0, launch.slot)
-            tails = None if slot_tails is None else slot_tails.index_select(0, launch.slot)
-            o, final, new_tails = K.gdn_chunked(qn, kn, v, g, beta, launch.cu, launch.pos, launch.max_q, init, tails)
+        if self.chunked_gdn:  # solve and output once, the state pass once per level
+            N = launch.cu.numel() - 1
+            final = torch.empty(N, hv, 128, 128, dtype=torch.float32, device=h.device)
+            width = K.gdn_tail_width(c.linear_num_key_heads, hv)
+            sources = K.ChunkSources(
+                init_slots=final if slot_states is None else slot_states,  # no slot is read without parents
+                init_idx=launch.gdn_init,
+                tails=final.view(-1)[:width].view(1, width) if slot_tails is None else slot_tails.flatten(0, 1),
+                tail_src=launch.tail_src,
+                level_off=launch.level_off,
+                num_levels=launch.num_levels,
+            )
+            o, final, new_tails = K.gdn_chunked(
+                qn, kn, v, g, beta, launch.cu, launch.pos, launch.max_q, final=final, sources=sources
+            )
         else:  # one launch per level on a fixed grid: parents' finals before children start
             T, N = h.shape[0], launch.cu.numel() - 1
             o = torch.empty(T, hv, 128, dtype=torch.bfloat16, device=h.device)

@@ -147,7 +147,7 @@ def device_launch(plan, T_pad_rows: int = 0) -> Launch:
 @pytest.mark.parametrize("seed", range(12))
 def test_forest_indices_give_each_run_its_whole_prompt(seed):
     runs, segs = random_forest(seed, requests=1 + seed % 4, depth=1 + seed % 5)
-    plan = plan_launch(runs, vocab_size=2)
+    plan = plan_launch(runs, vocab_size=2, tail_sources=True)
     inner = [segs[o] for o in plan.order]
     # levels: sorted, each run one below its in-pass parent
     assert plan.level == sorted(plan.level)
@@ -171,6 +171,12 @@ def test_forest_indices_give_each_run_its_whole_prompt(seed):
             final[i] = recurrence(own, init)
     kv_rows, cu_k = plan.kv_rows(len(plan.ids))
     pool = torch.cat([rows["marker"]] + [nd.kv[ATTN_LAYER][0] for nd in plan.nodes])
+    # each kept state's tail rows (its positions from its last 64-multiple), slot-major, 64 a slot
+    ext_tails = torch.full(((1 + len(plan.parents)) * 64,), -1, dtype=torch.long)
+    for slot, p in enumerate(plan.parents, start=1):
+        prefix = next(s.prefix for s in inner if s.ext is p)["marker"]
+        first = p.num_tokens - p.num_tokens % 64
+        ext_tails[slot * 64 : slot * 64 + p.num_tokens - first] = prefix[first:]
     for i, seg in enumerate(inner):
         whole = cat(prompt_of(seg))
         before = whole["x"][: whole["x"].shape[0] - seg.feats["x"].shape[0]]
@@ -178,6 +184,12 @@ def test_forest_indices_give_each_run_its_whole_prompt(seed):
         assert torch.equal(final[i], recurrence(whole, torch.zeros(DK, DV, dtype=torch.float64))), (seed, i)
         keys = pool[torch.as_tensor(kv_rows[cu_k[i] : cu_k[i + 1]], dtype=torch.long)]
         assert torch.equal(keys, whole["marker"]), (seed, i, "attention keys")
+        # the chunked kernel's tail rows: positions from the 64-multiple below the start
+        start = runs[plan.order[i]].start_position
+        for r in range(start % 64):
+            src = plan.tail_src[64 * i + r]
+            got = rows["marker"][src] if src >= 0 else ext_tails[-1 - src]
+            assert got == whole["marker"][start - start % 64 + r], (seed, i, r, "tail row")
 
 
 @pytest.mark.parametrize("seed", range(6))

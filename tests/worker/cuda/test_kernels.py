@@ -470,3 +470,29 @@ def test_silu_mul_and_gather(K, ref):
     idx = torch.tensor([3, 32, 0, 3], dtype=torch.int32, device=DEV)
     got = K.gather_rows(src, idx, out=poisoned((4, 5120), torch.bfloat16))
     assert torch.equal(got, src[idx.long()])
+
+
+@pytest.mark.parametrize("split", [1, 37, 64, 100, 128, 133])
+def test_gdn_chunked_in_pass_parent_is_exact(K, split):
+    """A parent [0, split) and its child [split, L) in one launch, two levels (the child's tail
+    rows are the parent's packed rows, its state the parent's final): the same bits as the
+    prompt run whole."""
+    L = 300
+    cu, qn, kn, v, g, beta, pos, _, _ = chunked_case(K, [L], [0], False)
+    whole_o, whole_f, whole_t = K.gdn_chunked(qn, kn, v, g, beta, cu, pos, L)
+    H, width = v.shape[1], K.gdn_tail_width(kn.shape[1], v.shape[1])
+    tail = split % 64
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEV)  # noqa: E731
+    src = K.ChunkSources(
+        init_slots=torch.zeros(1, H, 128, 128, device=DEV),
+        init_idx=i32([-1, -2]),  # the child starts from run 0's final state
+        tails=torch.zeros(64, width, device=DEV),
+        tail_src=i32([0] * 64 + [split - tail + r for r in range(tail)] + [0] * (64 - tail)),
+        level_off=i32([0, 1, 2]),
+        num_levels=2,
+    )
+    two_cu = i32([0, split, L])
+    o, f, t = K.gdn_chunked(qn, kn, v, g, beta, two_cu, pos, max(split, L - split), sources=src)
+    assert torch.equal(o, whole_o), "outputs"
+    assert torch.equal(f[1], whole_f[0]), "the child's final state"
+    assert torch.equal(t[1, : L % 64], whole_t[0, : L % 64]), "the child's tail"
