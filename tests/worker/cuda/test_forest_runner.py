@@ -1,4 +1,4 @@
-"""Forest passes on the GPU: one pass over parents and children gives bit for bit what one pass
+"""Forest passes on the GPU, with each GDN kernel: one pass over parents and children gives bit for bit what one pass
 per tree level gives and what each whole prompt run alone (policy `off`) gives; a request's
 results do not depend on what shares its pass; graph replays equal eager passes bit for bit;
 warm_up captures every key of the budget and nothing is captured after it.
@@ -26,9 +26,9 @@ def _runner(**options):
     return CudaRunner.synthetic("small", seed=5, num_layers=8, **BUDGET, **options)
 
 
-@pytest.fixture(scope="module")
-def eager():
-    return _runner(graph_cache_size=0)
+@pytest.fixture(scope="module", params=["serial", "chunked"])
+def eager(request):
+    return _runner(graph_cache_size=0, gdn_kernel=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +45,7 @@ def warmed(eager):
         graph_cache_size=1,
         graph_capture_after=1,
         gemm_min_rows=1,
+        gdn_kernel="chunked" if eager.chunked_gdn else "serial",
         **BUDGET,
     )  # capacity 1: warm_up must raise it to its key count
     runner.gemm_rows = dict(eager.gemm_rows)  # the same product padding as the eager runner
