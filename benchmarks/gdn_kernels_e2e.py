@@ -38,11 +38,8 @@ def main() -> None:
 
     meta, candidates_of, _ = longest_tokens_fn(args.model)
     cases = workload.read_jsonl(args.workload)
-    chosen = [
-        next(c for c in cases if c.kind == k and c.group == g)
-        for k in ("choice", "noul", "score")
-        for g in workload.GROUP_NAMES
-    ]
+    kinds_groups = [(k, g) for k in ("choice", "noul", "score") for g in workload.GROUP_NAMES]
+    chosen = [next(c for c in cases if (c.kind, c.group) == kg) for kg in kinds_groups]
     serial = CudaRunner.synthetic(args.shape, seed=0, graph_capture_after=1)
     chunked = CudaRunner(
         serial.config,
