@@ -147,8 +147,12 @@ def alone(runner, nodes):
 def assert_same_state(a, b, what):
     assert a.num_tokens == b.num_tokens, what
     for j in b.gdn:
-        for x, y in zip(a.gdn[j], b.gdn[j], strict=True):
-            assert (x is None and y is None) or torch.equal(x, y), (what, j)
+        (wa, sa, ta), (wb, sb, tb) = a.gdn[j], b.gdn[j]
+        assert torch.equal(wa, wb) and torch.equal(sa, sb), (what, j)
+        # the chunked kernel's tail: only rows up to the end's position in its chunk are written
+        # (nothing reads the rest)
+        rows = a.num_tokens % 64
+        assert (ta is None and tb is None) or torch.equal(ta[:rows], tb[:rows]), (what, j, "tail")
     la, lb = a.kv.lineage(), b.kv.lineage()
     for j in lb[-1].kv:
         for kv in (0, 1):
