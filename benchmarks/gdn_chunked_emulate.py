@@ -2,7 +2,9 @@
 reference.gdn_chunked_packed: every tile choice, stride, offset and loop of the three kernels,
 with mma.sync m16n8k8 fragments laid out as the kernel assumes (the PTX ISA's), in fp64 without
 tf32 rounding. It checks the kernels' index logic without a GPU, not the hardware's layouts, and
-must be kept in step with the .cu by hand.
+must be kept in step with the .cu by hand. It runs each (chunk, head) and state item directly and
+reads tail rows from per-segment buffers: the kernels' work tickets, the chunk list and the tail
+row sources (tail_src) are not emulated (the GPU tests check them).
 
     python benchmarks/gdn_chunked_emulate.py    (about a minute on one core)
 """

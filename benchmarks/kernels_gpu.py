@@ -152,12 +152,13 @@ def cases(T: int):
     u, sc = torch.empty_like(w), torch.empty(max_chunks + 1, H, DKV, DKV, device=DEV)
     gc, tl = torch.empty(max_chunks + 1, H, 64, device=DEV), torch.empty(1, 64, width, device=DEV)
     fin, o = torch.empty(1, H, DKV, DKV, device=DEV), torch.empty(T, H, DKV, device=DEV).bfloat16()
-    solve = lambda: K.gdn_chunk_solve(geo, kn, v, g, beta, cu, pos, src, tl, w, u, gc)  # noqa: E731
+    plan = K.gdn_chunk_plan(cu, pos, max_chunks, max_chunks)
+    solve = lambda: K.gdn_chunk_solve(geo, kn, v, g, beta, cu, pos, src, tl, w, u, gc, plan)  # noqa: E731
     state = lambda sv: K.gdn_chunk_state(geo, kn, w, u, gc, cu, pos, src, 0, sc, fin, sv)  # noqa: E731
     for sv in K.GDN_STATE_VARIANTS:
         out.append((f"gdn_chunked:solve+state_{sv}", lambda sv=sv: (solve(), state(sv)), 0, 0, "bw"))
     out.append(("gdn_chunked:solve", solve, 0, 0, "bw"))
-    out.append(("gdn_chunked:out", lambda: K.gdn_chunk_out(geo, qn, kn, u, sc, gc, cu, pos, src, o), 0, 0, "bw"))
+    out.append(("gdn_chunked:out", lambda: K.gdn_chunk_out(geo, qn, kn, u, sc, gc, cu, pos, src, o, plan), 0, 0, "bw"))
     fla = _fla_case(qn, kn, v, g, beta, init)
     if fla is not None:
         out.append(("fla_chunk_gdn", fla, gdn_bytes, chunk_flops, "tf32"))

@@ -33,6 +33,7 @@
 // Sizes and padded row strides come from the host (traits.GdnChunkTraits), which launches the
 // kernels with GDN_SOLVE_SMEM, GDN_STATE_SMEM and GDN_OUT_SMEM bytes of dynamic shared memory.
 #if !defined(GDN_CHUNK) || !defined(GDN_DIM) || !defined(GDN_CHUNK_THREADS) || !defined(GDN_STATE_COLS) || \
+    !defined(GDN_PLAN_THREADS) || \
     !defined(GDN_LK) || !defined(GDN_LC) || !defined(GDN_LB) || !defined(GDN_LX) || !defined(GDN_SOLVE_SMEM) || \
     !defined(GDN_STATE_SMEM) || !defined(GDN_OUT_SMEM) || !defined(GDN_OUT_THREADS)
 #error "compile with the definitions of openjev.worker.cuda.traits"
@@ -173,6 +174,55 @@ __device__ __forceinline__ Seg segment(const int* cu, const int* pos, int n, int
     return s;
 }
 
+// Work by ticket: the grids are a few blocks an SM and every block takes (chunk, head) or (state
+// columns, head, segment) items until none is left, so a pass's padded segments cost no empty
+// blocks (tens of thousands of them at 4,096 tokens, each holding an SM's shared memory while it
+// exits). counters: [ticket, done], zeros between launches; the last block out resets them
+// (launches on one stream never overlap). All threads call next_item; slot: a shared int.
+__device__ __forceinline__ int next_item(int* counters, int* slot) {
+    __syncthreads();  // the previous item is done with shared memory (and with *slot)
+    if (threadIdx.x == 0) *slot = atomicAdd(&counters[0], 1);
+    __syncthreads();
+    return *slot;
+}
+
+__device__ __forceinline__ void finish_items(int* counters) {
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&counters[1], 1) == (int)(gridDim.x * gridDim.y * gridDim.z) - 1) {
+            counters[0] = 0;
+            counters[1] = 0;
+            __threadfence();
+        }
+    }
+}
+
+// The launch's chunks in segment order: list[0] = their count, list[1 + slot] = (n << 16) | c
+// for chunk c of segment n (slot = the chunk's scratch slot, segment(...).first + c). One block
+// of GDN_PLAN_THREADS threads, a segment a thread (N <= GDN_PLAN_THREADS).
+extern "C" __global__ void __launch_bounds__(GDN_PLAN_THREADS) gdn_chunk_plan(const int* __restrict__ cu,
+                                                                            const int* __restrict__ pos, int N,
+                                                                            int max_chunks, int* __restrict__ list) {
+    __shared__ int first[GDN_PLAN_THREADS];
+    const int n = threadIdx.x;
+    int chunks = 0;
+    if (n < N) {
+        const int a = cu[n], own = cu[n + 1] - a;
+        chunks = own > 0 ? min(((pos[a] & (CH - 1)) + own + CH - 1) / CH, max_chunks) : 0;
+    }
+    first[n] = chunks;
+    __syncthreads();
+    for (int step = 1; step < GDN_PLAN_THREADS; step <<= 1) {  // inclusive prefix sum
+        const int add = n >= step ? first[n - step] : 0;
+        __syncthreads();
+        first[n] += add;
+        __syncthreads();
+    }
+    const int at = first[n] - chunks;
+    for (int c = 0; c < chunks; ++c) list[1 + at + c] = (n << 16) | c;
+    if (n == GDN_PLAN_THREADS - 1) list[0] = first[n];
+}
+
 // 16 bytes global -> shared without a register round trip; zeros where !valid (src then unread).
 // Every thread issues all of a chunk's copies before waiting: a block per SM (the shared memory
 // these kernels take) cannot hide one load's latency at a time, which is what plain loads did.
@@ -215,7 +265,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     const float* __restrict__ g, const float* __restrict__ beta, const int* __restrict__ cu,
     const int* __restrict__ pos, int H, int Hk, int max_chunks, const int* __restrict__ tail_src,
     const float* __restrict__ tails, float* __restrict__ tail_out, long tail_width, float* __restrict__ W,
-    float* __restrict__ U, float* __restrict__ gcum) {
+    float* __restrict__ U, float* __restrict__ gcum, const int* __restrict__ list, int* __restrict__ counters) {
     extern __shared__ __align__(128) float smem[];
     float* Bs = smem;              // [64][LB]   k | v, then beta e^G k | beta v
     float* As = Bs + CH * LB;      // [64][LC]   k k^T, then A
@@ -224,9 +274,13 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     float* gs = Xs + 3 * 16 * LX;  // [64] g, then G
     float* bs = gs + CH;           // [64] beta
 
-    const int c = blockIdx.x, h = blockIdx.y, n = blockIdx.z, hk = h / (H / Hk);
+    __shared__ int ticket;
+    for (;;) {
+    const int item = next_item(counters, &ticket);
+    if (item >= list[0] * H) break;
+    const int slot_c = item / H, h = item % H, hk = h / (H / Hk);
+    const int n = list[1 + slot_c] >> 16, c = list[1 + slot_c] & 0xffff;
     const Seg s = segment(cu, pos, n, max_chunks);
-    if (c >= s.chunks) return;
     const int r0 = c * CH, valid = min(CH, s.rows - r0);
     const bool unfinished = valid < CH;  // only a segment's last chunk can be
     const int tid = threadIdx.x, warp = tid >> 5;
@@ -393,6 +447,8 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
         for (int j = 0; j < 16; ++j) store_c(dst + j * 8, D, acc[j], l);
     }
     if (tid < CH) gcum[slot * CH + tid] = gs[tid];
+    }
+    finish_items(counters);
 }
 
 // The sequential pass, grid (D / NCOL, H, N), block NTH, dynamic shared memory GDN_STATE_SMEM.
@@ -412,14 +468,19 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                                             const float* __restrict__ tails, long tail_width,
                                             const float* __restrict__ init_slots, const int* __restrict__ init_idx,
                                             const int* __restrict__ level_off, int level, float* __restrict__ Sc,
-                                            float* __restrict__ final_state) {
+                                            float* __restrict__ final_state, int* __restrict__ counters) {
     extern __shared__ __align__(128) float state_smem[];
     constexpr int BUF = 2 * CH * LK + CH * LC + CH;  // one chunk: W [64][LK], K [64][LK], U [64][LC], G [64]
     constexpr int TN = NCOL / 8;                      // 8-column tiles of the state a block owns
     float* Ss = state_smem;                           // [128][LC] state columns col0 .. col0 + NCOL - 1
 
-    const int col0 = blockIdx.x * NCOL, h = blockIdx.y, n = blockIdx.z, hk = h / (H / Hk);
-    if (n < level_off[level] || n >= level_off[level + 1]) return;  // another level's segment
+    __shared__ int ticket;
+    const int n0 = level_off[level], items = (level_off[level + 1] - n0) * H * (D / NCOL);
+    for (;;) {
+    const int item = next_item(counters, &ticket);
+    if (item >= items) break;
+    const int n = n0 + item / (H * (D / NCOL)), h = item / (D / NCOL) % H, col0 = item % (D / NCOL) * NCOL;
+    const int hk = h / (H / Hk);
     const int tid = threadIdx.x, warp = tid >> 5;
     const Lane l = lane_of();
     const Seg s = segment(cu, pos, n, max_chunks);
@@ -543,6 +604,8 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
         const int i = idx / NCOL, j = idx % NCOL;
         final_state[state_base + (long)i * D + col0 + j] = Ss[i * LC + j];
     }
+    }
+    finish_items(counters);
 }
 
 #define GDN_CHUNK_STATE(NAME, NTH)                                                                                   \
@@ -551,9 +614,9 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
         const float* __restrict__ gcum, const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,     \
         int max_chunks, const int* __restrict__ tail_src, const float* __restrict__ tails, long tail_width,         \
         const float* __restrict__ init_slots, const int* __restrict__ init_idx, const int* __restrict__ level_off,   \
-        int level, float* __restrict__ Sc, float* __restrict__ final_state) {                                        \
+        int level, float* __restrict__ Sc, float* __restrict__ final_state, int* __restrict__ counters) {             \
         chunk_state<NTH>(kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_src, tails, tail_width, init_slots,        \
-                         init_idx, level_off, level, Sc, final_state);                                               \
+                         init_idx, level_off, level, Sc, final_state, counters);                                     \
     }
 GDN_CHUNK_STATE(gdn_chunk_state_w8, 256)
 GDN_CHUNK_STATE(gdn_chunk_state_w16, 512)
@@ -567,21 +630,26 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ U,
     const float* __restrict__ Sc, const float* __restrict__ gcum, const int* __restrict__ cu,
     const int* __restrict__ pos, int H, int Hk, int max_chunks, const int* __restrict__ tail_src,
-    const float* __restrict__ tails, long tail_width, __nv_bfloat16* __restrict__ out) {
+    const float* __restrict__ tails, long tail_width, __nv_bfloat16* __restrict__ out, const int* __restrict__ list,
+    int* __restrict__ counters) {
     extern __shared__ __align__(128) float smem[];
     float* Qs = smem;           // [64][LK]  q
     float* Ks = Qs + CH * LK;   // [64][LK]  k, then P [64][LC]
     float* gs = Ks + CH * LK;   // [64]      G
     float* Ps = Ks;
 
-    const int c = blockIdx.x, h = blockIdx.y, n = blockIdx.z, hk = h / (H / Hk);
+    __shared__ int ticket;
+    for (;;) {
+    const int item = next_item(counters, &ticket);
+    if (item >= list[0] * H) break;
+    const int slot_c = item / H, h = item % H, hk = h / (H / Hk);
+    const int n = list[1 + slot_c] >> 16, c = list[1 + slot_c] & 0xffff;
     const int col = (threadIdx.x >> 5) * 8;  // this warp's value columns
     const int tid = threadIdx.x, warp = tid >> 5;
     const Lane l = lane_of();
     const Seg s = segment(cu, pos, n, max_chunks);
-    if (c >= s.chunks) return;
     const int r0 = c * CH;
-    const long slot = (long)(s.first + c) * H + h;
+    const long slot = (long)slot_c * H + h;
 
     load_k<NTO>(Ks, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
 #pragma unroll
@@ -691,4 +759,6 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
                     __floats2bfloat162_rn(o[i][2 * e], o[i][2 * e + 1]);
         }
     }
+    }
+    finish_items(counters);
 }

@@ -382,24 +382,39 @@ def gdn_chunked(
     u = torch.empty_like(w)  # U~ from the solve, overwritten with U by the state pass
     gcum = torch.empty(scratch_chunks, H, GDN_CHUNK, dtype=torch.float32, device=dev)
     chunk_states = torch.empty(scratch_chunks, H, GDN_DIM, GDN_DIM, dtype=torch.float32, device=dev)
+    chunk_list = gdn_chunk_plan(cu_seqlens, positions, max_chunks, scratch_chunks)
     geo = (N, H, Hk, max_chunks, width)
-    gdn_chunk_solve(geo, kn, v, g, beta, cu_seqlens, positions, sources, tail_out, w, u, gcum)
+    gdn_chunk_solve(geo, kn, v, g, beta, cu_seqlens, positions, sources, tail_out, w, u, gcum, chunk_list)
     for level in range(sources.num_levels):  # parents' final states before their children start
         gdn_chunk_state(geo, kn, w, u, gcum, cu_seqlens, positions, sources, level, chunk_states, final, state_variant)
-    gdn_chunk_out(geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, sources, out)
+    gdn_chunk_out(geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, sources, out, chunk_list)
     return out, final, tail_out
+
+
+def gdn_chunk_plan(cu_seqlens, positions, max_chunks: int, slots: int) -> torch.Tensor:
+    """[1 + slots] int32: the launch's chunk count, then per chunk (segment << 16) | chunk index,
+    in scratch-slot order (cuda/gdn_chunked.cu); made on the device, so capturable."""
+    N = cu_seqlens.numel() - 1
+    assert N <= traits.GDN_CHUNKED.plan_threads, f"{N} segments in one chunked GDN launch"
+    chunk_list = torch.empty(1 + slots, dtype=torch.int32, device=cu_seqlens.device)
+    threads = traits.GDN_CHUNKED.plan_threads
+    _launch("gdn_chunked", "gdn_chunk_plan", (1,), (threads,), (cu_seqlens, positions, N, max_chunks, chunk_list))
+    return chunk_list
 
 
 # The launches of gdn_chunked, separately callable so that the benchmark can time each.
 # geo = (N, H, Hk, max_chunks, tail width); buffers as gdn_chunked allocates them.
 
 
-def gdn_chunk_solve(geo, kn, v, g, beta, cu_seqlens, positions, src: ChunkSources, tail_out, w, u, gcum) -> None:
+def gdn_chunk_solve(
+    geo, kn, v, g, beta, cu_seqlens, positions, src: ChunkSources, tail_out, w, u, gcum, chunk_list
+) -> None:
     N, H, Hk, max_chunks, width = geo
+    counters, sms = gdn_schedule(kn.device)
     _launch(
         "gdn_chunked",
         "gdn_chunk_solve",
-        (max_chunks, H, N),
+        (2 * sms,),  # two blocks an SM take the (chunk, head) items
         (traits.GDN_CHUNKED.threads,),
         (
             kn,
@@ -419,6 +434,8 @@ def gdn_chunk_solve(geo, kn, v, g, beta, cu_seqlens, positions, src: ChunkSource
             w,
             u,
             gcum,
+            chunk_list,
+            counters,
         ),
         dynamic_smem=traits.GDN_CHUNKED.solve_smem_bytes,
     )
@@ -430,10 +447,11 @@ def gdn_chunk_state(
     """The state pass over the segments of one level (src.level_off)."""
     N, H, Hk, max_chunks, width = geo
     geom = traits.GDN_CHUNKED
+    counters, sms = gdn_schedule(kn.device)
     _launch(
         "gdn_chunked",
         f"gdn_chunk_state_{variant}",
-        (GDN_DIM // geom.state_columns, H, N),
+        (sms,),  # a block an SM takes the level's (columns, head, segment) items
         (32 * int(variant[1:]),),
         (
             kn,
@@ -454,20 +472,24 @@ def gdn_chunk_state(
             level,
             chunk_states,
             final,
+            counters,
         ),
         dynamic_smem=geom.state_smem_bytes,
     )
 
 
-def gdn_chunk_out(geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, src: ChunkSources, out) -> None:
+def gdn_chunk_out(
+    geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, src: ChunkSources, out, chunk_list
+) -> None:
     N, H, Hk, max_chunks, width = geo
+    counters, sms = gdn_schedule(kn.device)
     _launch(
         "gdn_chunked",
         "gdn_chunk_out",
-        (max_chunks, H, N),
+        (sms,),  # a block an SM takes the (chunk, head) items
         (traits.GDN_CHUNKED.out_threads,),
         (qn, kn, u, chunk_states, gcum, cu_seqlens, positions, H, Hk, max_chunks)
-        + (src.tail_src, src.tails, _i64(width), out),
+        + (src.tail_src, src.tails, _i64(width), out, chunk_list, counters),
         dynamic_smem=traits.GDN_CHUNKED.out_smem_bytes,
     )
 

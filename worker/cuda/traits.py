@@ -30,6 +30,7 @@ class GdnChunkTraits:
     head_dim: int = GDN_HEAD_DIM  # key and value head dims
     threads: int = 256  # a block of the solve kernel (8 warps)
     out_threads: int = 512  # a block of the output kernel: a warp an 8-column strip of all 128
+    plan_threads: int = 1024  # gdn_chunk_plan: a segment a thread, so a launch holds at most this many
     state_columns: int = 64  # value columns a gdn_chunk_state block owns (= chunk)
     # Floats added to every shared-memory row: rows start in different banks and WMMA tiles stay
     # 32-byte aligned.
@@ -80,6 +81,7 @@ class GdnChunkTraits:
             "GDN_DIM": self.head_dim,
             "GDN_CHUNK_THREADS": self.threads,
             "GDN_OUT_THREADS": self.out_threads,
+            "GDN_PLAN_THREADS": self.plan_threads,
             "GDN_STATE_COLS": self.state_columns,
             "GDN_LK": self.k_stride,
             "GDN_LC": self.chunk_stride,
