@@ -1,8 +1,8 @@
 """Whole requests through the engine with each GDN kernel: the serial recurrence against the
 chunked (WY) kernel, on the synthetic 27B runner (CUDA graphs), one workload request per kind and
 length group. The two runners share the weights and the product paths chosen at start; each
-request runs alternately on each (rounds
-interleaved, so drift lands on both alike) after one untimed warm-up that captures its graphs.
+request runs alternately on each (rounds interleaved, so drift lands on both alike) after one
+untimed warm-up that captures its graphs.
 Prints per request the computed tokens, the median and spread of each arm, and their ratio, then
 the checks that both arms gave the same choices (their bits differ: the kernels sum in other
 orders).
