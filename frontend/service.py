@@ -286,12 +286,15 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             return self._route(call, replayable, ended_early, decision, context, deadline, fields, affinity)
 
         def send_unary(request: wire.ExecuteUnaryRequest):
+            fields["worker_method"] = "ExecuteUnary"  # the request's log line says which call ran it
+
             def call(stub, extra_metadata, seconds):
                 return self._call_unary(stub, request, [*metadata, *extra_metadata], seconds, context, num_questions)
 
             return route(call, lambda: True)  # the request is its own replay
 
         def send_stream(messages: Iterator[wire.ExecuteRequest], refusal: list[ContractError]):
+            fields["worker_method"] = "Execute"
             # With affinity the messages are kept (routing.Replay) for one round-robin resend.
             kept = None
             if self.link.affinity_stub is not None and affinity:
