@@ -1,7 +1,9 @@
 """Time a request spends outside the model: latency minus the worker's inference_seconds, for one
 small request sent (a) to the frontend (`Decide`, the whole service) and (b) straight to the
-worker (`Execute`, the internal stream the frontend would send), interleaved, next to (c) the
-bare cost of gRPC's Python streaming with the same message pattern and no work at all.
+worker (`Execute`, the internal stream, and `ExecuteUnary`, the one message the frontend sends
+for a request of one batch where the worker serves it), interleaved, next to (c) the bare cost
+of gRPC's Python streaming with the same message pattern, and of a unary call, with no work at
+all.
 
     .venv/bin/python benchmarks/service_overhead.py [--model .openjev/demo-model] [--repeats 200]
         [--case NAME]   (a request of benchmarks/workload.jsonl instead of the small noul one)
@@ -71,6 +73,14 @@ def execute_messages(model: Path, request: dict) -> list[wire.ExecuteRequest]:
     return messages + [wire.ExecuteRequest(commit=wire.Commit())]
 
 
+def unary_request(messages: list[wire.ExecuteRequest]) -> wire.ExecuteUnaryRequest:
+    """The same request as ExecuteUnary's one message."""
+    request = wire.ExecuteUnaryRequest(header=messages[0].header)
+    for message in messages[1:-1]:
+        request.candidates.extend(message.batch.candidates)
+    return request
+
+
 def via_frontend(address: str, text: str):
     """An arm: Decide through the frontend at `address`; returns the worker's inference_seconds."""
     stub = decision_pb2_grpc.DecisionServiceStub(grpc.insecure_channel(address, options=channel_options()))
@@ -87,6 +97,17 @@ def via_worker(address: str, messages: list[wire.ExecuteRequest]):
         return [m.summary for m in replies if m.WhichOneof("item") == "summary"][0].inference_seconds
 
     return arm
+
+
+def via_worker_unary(address: str, request: wire.ExecuteUnaryRequest):
+    """An arm: ExecuteUnary straight to the worker at `address` (a future, as the frontend calls it)."""
+    stub = worker_pb2_grpc.WorkerServiceStub(grpc.insecure_channel(address, options=channel_options()))
+    return lambda: stub.ExecuteUnary.future(request, timeout=30).result().summary.inference_seconds
+
+
+def serves_unary(address: str) -> bool:
+    stub = worker_pb2_grpc.WorkerServiceStub(grpc.insecure_channel(address, options=channel_options()))
+    return stub.Describe(wire.DescribeRequest(), timeout=30).execute_unary
 
 
 def bare_stream(up: int, down: int):
@@ -106,6 +127,17 @@ def bare_stream(up: int, down: int):
     server.start()
     call = grpc.insecure_channel(f"127.0.0.1:{port}").stream_stream("/bare.Bare/S")
     return server, lambda: list(call(iter([b"q"] * up)))
+
+
+def bare_unary():
+    """A server whose unary method answers at once; called as a future, as the frontend does."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: b"r")
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bare.Bare", {"U": handler}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    call = grpc.insecure_channel(f"127.0.0.1:{port}").unary_unary("/bare.Bare/U")
+    return server, lambda: call.future(b"q").result()
 
 
 def main() -> None:
@@ -134,6 +166,7 @@ def main() -> None:
     num_down = len(messages[0].header.questions) + 1  # a result per question, then the summary
     bare_server, bare = bare_stream(len(messages), num_down)
     single_server, single = bare_stream(1, 1)
+    unary_server, unary = bare_unary()
     try:
         text = json.dumps(request)
         arms = {}
@@ -141,6 +174,8 @@ def main() -> None:
             launch.wait_serving(pair.frontend.address)
             arms[f"frontend (Decide){suffix}"] = via_frontend(pair.frontend.address, text)
             arms[f"worker (Execute){suffix}"] = via_worker(pair.worker.address, messages)
+            if serves_unary(pair.worker.address):
+                arms[f"worker (ExecuteUnary){suffix}"] = via_worker_unary(pair.worker.address, unary_request(messages))
 
         def no_model(call):
             def arm() -> float:
@@ -152,6 +187,7 @@ def main() -> None:
         arms |= {
             f"bare gRPC stream, {len(messages)} up / {num_down} down": no_model(bare),
             "bare gRPC stream, 1 up / 1 down": no_model(single),
+            "bare gRPC unary (future)": no_model(unary),
         }
         outside: dict[str, list[float]] = {name: [] for name in arms}
         model: dict[str, list[float]] = {name: [] for name in arms}
@@ -165,6 +201,7 @@ def main() -> None:
     finally:
         bare_server.stop(None)
         single_server.stop(None)
+        unary_server.stop(None)
         for pair in pairs.values():
             pair.stop()
     print(f"ms outside inference, {args.repeats} interleaved repeats\n")

@@ -3,7 +3,9 @@
 Bump ABI_VERSION whenever protos/openjev/worker/v1 changes incompatibly (a field removed,
 renumbered or retyped, a message's meaning changed). A frontend refuses a worker whose version
 differs; tests/test_protos.py holds the descriptor fingerprint this version was released with, so
-a schema change without a bump fails there.
+a schema change without a bump fails there. A compatible addition keeps the version: an optional
+method (ExecuteUnary) is offered in Describe (`execute_unary`), and a frontend calls it only where
+every worker offers it, so older peers on either side keep working.
 """
 
 from __future__ import annotations

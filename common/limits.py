@@ -11,7 +11,7 @@ and gRPC's own `maximum_concurrent_rpcs` equals the pool size, so:
 - calls of other classes still find a thread: health checks and Describe answer while Decide is
   saturated, and Decide answers while idle Watch/reflection streams are held.
 
-Classes: `work` (Decide, Execute), `watch` (health Watch streams), `reflection`, and `unary`
+Classes: `work` (Decide, Execute, ExecuteUnary), `watch` (health Watch streams), `reflection`, and `unary`
 (everything else: health Check, Describe, DescribeModel).
 """
 

@@ -24,6 +24,7 @@ from prometheus_client import (
 )
 
 from openjev.interceptors import Observer, RequestInfo
+from openjev.worker.v1 import worker_pb2 as wire
 
 # Agents expect tens of milliseconds; long CPU-path or 16k-token requests reach seconds.
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -203,10 +204,11 @@ class FrontendObserver(Observer):
 
 
 class WorkerObserver(Observer):
-    """Execute: latency by kind and outcome; token counts from the summary message it sends."""
+    """Execute and ExecuteUnary: latency by kind and outcome; token counts from the summary
+    message (Execute) or reply (ExecuteUnary) it sends."""
 
     def on_response(self, info: RequestInfo, message) -> None:
-        if message.WhichOneof("item") != "summary":
+        if isinstance(message, wire.ExecuteResponse) and message.WhichOneof("item") != "summary":
             return
         s = message.summary
         worker_submitted_tokens.inc(s.submitted_tokens)

@@ -35,6 +35,9 @@ from openjev.contract.errors import ContractError, too_long_message
 from openjev.contract.request import DecisionRequest
 from openjev.tokenizer import PromptTokenizer
 
+# Candidates per batch: a request of at most this many is sent to the worker in one message.
+BATCH_CANDIDATES = 16
+
 # What `encode` is run through: a bounded executor's submit-and-wait in the server, or a plain
 # call. Lets the frontend keep tokenization off its RPC threads without this module knowing.
 Encode = Callable[[list[str]], list[list[int]]]
@@ -87,7 +90,7 @@ def iter_candidate_batches(
     request: DecisionRequest,
     tokenizer: PromptTokenizer,
     max_length: int,
-    batch_size: int = 16,
+    batch_size: int = BATCH_CANDIDATES,
     *,
     max_tokens: int | None = None,
     encode: Encode | None = None,

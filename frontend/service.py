@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -16,7 +17,7 @@ from openjev.contract.render import dumps_exact
 from openjev.contract.request import MAX_RENDERED_BYTES, DecisionRequest, parse_request_json
 from openjev.export import ExportMeta
 from openjev.frontend import routing
-from openjev.frontend.batches import EncodeGate, iter_candidate_batches
+from openjev.frontend.batches import BATCH_CANDIDATES, EncodeGate, iter_candidate_batches
 from openjev.frontend.worker_link import WorkerLink
 from openjev.interceptors import REQUEST_ID_KEY
 from openjev.tokenizer import PromptTokenizer
@@ -70,6 +71,34 @@ def _accepted(call) -> bool:
     """Whether the worker accepted the call (its response headers say so). Asked once the call
     has ended, when its headers, if any came, are in."""
     return any(key == abi.ACCEPTED_METADATA_KEY for key, _value in call.initial_metadata() or ())
+
+
+class _NoUnary(Exception):
+    """The worker answered ExecuteUnary UNIMPLEMENTED (a worker from before it): nothing ran."""
+
+
+def _failure(call, code: grpc.StatusCode, details: str | None, *, unrun: bool) -> Exception:
+    """A failed worker call as the servicer reports it: Refused, or _NotAccepted when it failed
+    UNAVAILABLE before the worker accepted it."""
+    code = code if code in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
+    refused = Refused(code, f"worker: {details}", unrun=unrun)
+    if code == grpc.StatusCode.UNAVAILABLE and not _accepted(call):
+        return _NotAccepted(refused)
+    return refused
+
+
+def _place(results: list, question: wire.QuestionResult) -> None:
+    index = question.question_index
+    if index >= len(results) or results[index] is not None:
+        raise Refused(grpc.StatusCode.INTERNAL, f"worker returned question {index} twice or out of range")
+    results[index] = question
+
+
+def _as_stream(request: wire.ExecuteUnaryRequest):
+    """An ExecuteUnary request as the Execute stream of the same request."""
+    yield wire.ExecuteRequest(header=request.header)
+    yield wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=request.candidates))
+    yield wire.ExecuteRequest(commit=wire.Commit())
 
 
 def answer_to_proto(question_id: str, answer: dict) -> api.Answer:
@@ -243,100 +272,195 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         fields,
         affinity: bool,
     ):
-        """One attempt: stream the tokenized candidates to the worker the routing picks and collect
-        the answer. A candidate found too long part-way ends the stream without a commit, so the
-        worker never runs it. With affinity, a request its context's worker refused unrun (queue
-        full) goes once more, round-robin, from the messages kept for it; if that resend reached no
-        worker, the retry stays round-robin."""
-        refusal: list[ContractError] = []
-        token_count = [0]
-        # Tokenizing runs on gRPC's sending thread, overlapped with the worker's reading.
-        worker_span = tracing.start("worker_stream", candidates=decision.num_candidates)
-        tokenize_span = tracing.start("tokenize", parent=worker_span)
-
-        def stream():
-            header = wire.ExecuteHeader(request_id=request_id, prefix_policy=abi.policy_to_enum(policy))
-            for question in decision.questions:
-                header.questions.add(kind=abi.kind_to_enum(question.kind), num_candidates=len(question.prompts))
-            yield wire.ExecuteRequest(header=header)
-            try:
-                for batch in iter_candidate_batches(
-                    decision,
-                    self.tokenizer,
-                    self.meta.max_length,
-                    max_tokens=self.max_request_tokens,
-                    encode=self._encode,
-                ):
-                    message = wire.ExecuteRequest()
-                    for candidate in batch:
-                        token_count[0] += len(candidate.token_ids)
-                        message.batch.candidates.add(
-                            question_index=candidate.question_index,
-                            candidate_index=candidate.candidate_index,
-                            token_ids=candidate.token_ids,
-                        )
-                    yield message
-            except ContractError as error:
-                refusal.append(error)
-                return
-            finally:
-                tokenize_span.set_attribute("tokens", token_count[0])
-                tokenize_span.end()
-            yield wire.ExecuteRequest(commit=wire.Commit())
-
+        """One attempt on the worker the routing picks (`_route`): one ExecuteUnary call for a
+        request that fits one batch when the workers serve it, else the Execute stream. A worker
+        without ExecuteUnary (UNIMPLEMENTED: it ran nothing) gets the same candidates as a
+        stream, and the link chooses streams until its workers say otherwise."""
         deadline = time.monotonic() + timeout
+        # Tokenizing runs on gRPC's sending thread (stream) or on this one (unary), in this span.
+        worker_span = tracing.start("worker_stream", candidates=decision.num_candidates)
         metadata = [(REQUEST_ID_KEY, request_id), *tracing.inject(worker_span)]
+        num_questions = len(decision.questions)
+
+        def route(call, replayable, ended_early=lambda: False):
+            return self._route(call, replayable, ended_early, decision, context, deadline, fields, affinity)
+
+        def send_unary(request: wire.ExecuteUnaryRequest):
+            fields["worker_method"] = "ExecuteUnary"  # the request's log line says which call ran it
+
+            def call(stub, extra_metadata, seconds):
+                return self._call_unary(stub, request, [*metadata, *extra_metadata], seconds, context, num_questions)
+
+            return route(call, lambda: True)  # the request is its own replay
+
+        def send_stream(messages: Iterator[wire.ExecuteRequest], refusal: list[ContractError]):
+            fields["worker_method"] = "Execute"
+            # With affinity the messages are kept (routing.Replay) for one round-robin resend.
+            kept = None
+            if self.link.affinity_stub is not None and affinity:
+                kept = routing.Replay(messages, routing.REPLAY_REQUEST_BYTES, self._replay_budget)
+            calls = [0]
+
+            def call(stub, extra_metadata, seconds):
+                payload = messages if kept is None else iter(kept) if not calls[0] else kept.again()
+                calls[0] += 1
+                return self._call(stub, payload, [*metadata, *extra_metadata], seconds, context, num_questions)
+
+            try:
+                return route(call, lambda: kept is not None and kept.replayable, lambda: bool(refusal))
+            except (Refused, _NotAccepted):
+                if refusal:  # the stream ended early on a contract error: that is the answer
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from None
+                raise
+            finally:
+                if kept is not None:
+                    kept.close()
+
+        try:
+            if self.link.state.execute_unary and decision.num_candidates <= BATCH_CANDIDATES:
+                request, num_tokens = self._unary_request(decision, policy, request_id, worker_span)
+                try:
+                    results, summary = send_unary(request)
+                except _NoUnary:
+                    self.link.note_no_execute_unary()
+                    log.info("worker_no_execute_unary", request_id=request_id)
+                    results, summary = send_stream(_as_stream(request), [])
+            else:
+                refusal: list[ContractError] = []
+                token_count = [0]
+                tokenize_span = tracing.start("tokenize", parent=worker_span)
+                try:
+                    stream = self._stream(decision, policy, request_id, refusal, token_count, tokenize_span)
+                    results, summary = send_stream(stream, refusal)
+                finally:
+                    tokenize_span.end()  # a stream that never started or was cut off
+                if refusal:
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message)
+                num_tokens = token_count[0]
+        finally:
+            worker_span.end()
+        self._check_results(decision, results, summary)
+        return results, summary, num_tokens
+
+    def _header(self, decision: DecisionRequest, policy: PrefixPolicy | None, request_id: str) -> wire.ExecuteHeader:
+        header = wire.ExecuteHeader(request_id=request_id, prefix_policy=abi.policy_to_enum(policy))
+        for question in decision.questions:
+            header.questions.add(kind=abi.kind_to_enum(question.kind), num_candidates=len(question.prompts))
+        return header
+
+    def _batches(self, decision: DecisionRequest):
+        return iter_candidate_batches(
+            decision,
+            self.tokenizer,
+            self.meta.max_length,
+            BATCH_CANDIDATES,
+            max_tokens=self.max_request_tokens,
+            encode=self._encode,
+        )
+
+    def _unary_request(
+        self, decision: DecisionRequest, policy: PrefixPolicy | None, request_id: str, worker_span
+    ) -> tuple[wire.ExecuteUnaryRequest, int]:
+        """The whole request in one message, tokenized on this thread (through the same gate as
+        the streams' batches) before anything is sent: a candidate that is too long is
+        INVALID_ARGUMENT with no worker call at all."""
+        request = wire.ExecuteUnaryRequest(header=self._header(decision, policy, request_id))
+        num_tokens = 0
+        tokenize_span = tracing.start("tokenize", parent=worker_span)
+        try:
+            for batch in self._batches(decision):
+                for candidate in batch:
+                    num_tokens += len(candidate.token_ids)
+                    request.candidates.add(
+                        question_index=candidate.question_index,
+                        candidate_index=candidate.candidate_index,
+                        token_ids=candidate.token_ids,
+                    )
+        except ContractError as error:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message) from None
+        finally:
+            tokenize_span.set_attribute("tokens", num_tokens)
+            tokenize_span.end()
+        return request, num_tokens
+
+    def _stream(
+        self,
+        decision: DecisionRequest,
+        policy: PrefixPolicy | None,
+        request_id: str,
+        refusal: list[ContractError],
+        token_count: list[int],
+        tokenize_span,
+    ) -> Iterator[wire.ExecuteRequest]:
+        """The Execute stream: header, each batch as it is tokenized, commit. A candidate found too
+        long part-way ends it without a commit (into `refusal`), so the worker never runs it."""
+        yield wire.ExecuteRequest(header=self._header(decision, policy, request_id))
+        try:
+            for batch in self._batches(decision):
+                message = wire.ExecuteRequest()
+                for candidate in batch:
+                    token_count[0] += len(candidate.token_ids)
+                    message.batch.candidates.add(
+                        question_index=candidate.question_index,
+                        candidate_index=candidate.candidate_index,
+                        token_ids=candidate.token_ids,
+                    )
+                yield message
+        except ContractError as error:
+            refusal.append(error)
+            return
+        finally:
+            tokenize_span.set_attribute("tokens", token_count[0])
+            tokenize_span.end()
+        yield wire.ExecuteRequest(commit=wire.Commit())
+
+    def _route(
+        self,
+        call: Callable,
+        replayable: Callable[[], bool],
+        ended_early: Callable[[], bool],
+        decision: DecisionRequest,
+        context,
+        deadline: float,
+        fields,
+        affinity: bool,
+    ):
+        """`call(stub, extra_metadata, seconds)` on the channel the routing picks. With affinity,
+        a request its context's worker refused unrun (queue full) goes once more, round-robin,
+        if `replayable()` (never one that `ended_early()` on a contract error); if that resend
+        reached no worker, the retry stays round-robin."""
 
         def routed(route: tuple[str, str]) -> None:
             routing.record(route)
             fields["route"] = route[0]  # the request's log line says how it was routed
 
-        def call(stub, messages, extra_metadata=(), seconds=timeout):
-            return self._call(stub, messages, [*metadata, *extra_metadata], seconds, context, len(decision.questions))
-
-        requests = None
+        if self.link.affinity_stub is None or not affinity:
+            routed(routing.ROUND_ROBIN if self.link.affinity_stub is None else routing.FALLBACK_QUEUE_FULL)
+            return call(self.link.stub, (), deadline - time.monotonic())
+        key = routing.affinity_key(decision.state_text, self.affinity_prefix_bytes)
         try:
-            if self.link.affinity_stub is None or not affinity:
-                routed(routing.ROUND_ROBIN if self.link.affinity_stub is None else routing.FALLBACK_QUEUE_FULL)
-                results, summary = call(self.link.stub, stream())
-            else:
-                requests = routing.Replay(stream(), routing.REPLAY_REQUEST_BYTES, self._replay_budget)
-                key = routing.affinity_key(decision.state_text, self.affinity_prefix_bytes)
-                try:
-                    results, summary = call(self.link.affinity_stub, iter(requests), [(routing.AFFINITY_HEADER, key)])
-                    routed(routing.AFFINITY)
-                except Refused as refused:
-                    if refusal or not (refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED and refused.unrun):
-                        routed(routing.AFFINITY)
-                        raise
-                    if not requests.replayable:
-                        routed(routing.AFFINITY_NOT_REPLAYED)
-                        raise
-                    # The context's worker refused it unrun (queue full): once more, round-robin.
-                    routed(routing.FALLBACK_QUEUE_FULL)
-                    remaining = deadline - time.monotonic()
-                    if not context.is_active():  # the client left: nothing to send again for
-                        raise Refused(grpc.StatusCode.CANCELLED, refused.message) from refused
-                    if remaining <= 0:
-                        raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, refused.message) from refused
-                    try:
-                        results, summary = call(self.link.stub, requests.again(), seconds=remaining)
-                    except _NotAccepted as failure:
-                        failure.after_queue_full = True
-                        raise
-        except (Refused, _NotAccepted):
-            if refusal:  # the stream ended early on a contract error: that is the answer
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from None
-            raise
-        finally:
-            if requests is not None:
-                requests.close()
-            tokenize_span.end()  # a stream that never started or was cut off
-            worker_span.end()
-        if refusal:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message)
-        self._check_results(decision, results, summary)
-        return results, summary, token_count[0]
+            answer = call(self.link.affinity_stub, [(routing.AFFINITY_HEADER, key)], deadline - time.monotonic())
+            routed(routing.AFFINITY)
+            return answer
+        except Refused as refused:
+            if ended_early() or not (refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED and refused.unrun):
+                routed(routing.AFFINITY)
+                raise
+            if not replayable():
+                routed(routing.AFFINITY_NOT_REPLAYED)
+                raise
+            # The context's worker refused it unrun (queue full): once more, round-robin.
+            routed(routing.FALLBACK_QUEUE_FULL)
+            remaining = deadline - time.monotonic()
+            if not context.is_active():  # the client left: nothing to send again for
+                raise Refused(grpc.StatusCode.CANCELLED, refused.message) from refused
+            if remaining <= 0:
+                raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, refused.message) from refused
+            try:
+                return call(self.link.stub, (), remaining)
+            except _NotAccepted as failure:
+                failure.after_queue_full = True
+                raise
 
     @staticmethod
     def _call(stub, requests, metadata, timeout: float, context, num_questions: int):
@@ -351,21 +475,31 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             for message in call:
                 received = True
                 if message.WhichOneof("item") == "question":
-                    index = message.question.question_index
-                    if index >= len(results) or results[index] is not None:
-                        raise Refused(
-                            grpc.StatusCode.INTERNAL, f"worker returned question {index} twice or out of range"
-                        )
-                    results[index] = message.question
+                    _place(results, message.question)
                 else:
                     summary = message.summary
         except grpc.RpcError as error:
-            code = error.code() if error.code() in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
-            refused = Refused(code, f"worker: {error.details()}", unrun=not received)
-            if code == grpc.StatusCode.UNAVAILABLE and not _accepted(call):
-                raise _NotAccepted(refused) from error
-            raise refused from error
+            raise _failure(call, error.code(), error.details(), unrun=not received) from error
         return results, summary
+
+    @staticmethod
+    def _call_unary(stub, request, metadata, timeout: float, context, num_questions: int):
+        """One ExecuteUnary call: as `_call`, or _NoUnary when the worker does not serve it. A
+        future, not a blocking call: only a future can be cancelled when the client goes away."""
+        future = stub.ExecuteUnary.future(request, timeout=max(timeout, 0.001), metadata=metadata)
+        context.add_callback(future.cancel)
+        try:
+            response = future.result()
+        except (grpc.RpcError, grpc.FutureCancelledError):
+            code = future.code()
+            if code == grpc.StatusCode.UNIMPLEMENTED and not _accepted(future):
+                raise _NoUnary() from None
+            # whatever failed, no result came: a reply is all or nothing
+            raise _failure(future, code, future.details(), unrun=True) from None
+        results: list[wire.QuestionResult | None] = [None] * num_questions
+        for question in response.questions:
+            _place(results, question)
+        return results, (response.summary if response.HasField("summary") else None)
 
     @staticmethod
     def _check_results(decision: DecisionRequest, results, summary) -> None:

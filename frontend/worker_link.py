@@ -22,7 +22,7 @@ import json
 import threading
 from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -87,12 +87,15 @@ def affinity_channel_options() -> list[tuple[str, object]]:
 @dataclass(frozen=True)
 class LinkState:
     """describe: a compatible worker's last answer (None: none yet). problem: why requests are
-    refused (None: traffic may flow). workers: each known worker -> its problem (None: usable)."""
+    refused (None: traffic may flow). workers: each known worker -> its problem (None: usable).
+    execute_unary: every worker that answered Describe serves ExecuteUnary (a request may land
+    on any of them)."""
 
     describe: wire.DescribeResponse | None
     problem: str | None
     status: grpc.StatusCode
     workers: tuple[tuple[str, str | None], ...] = ()
+    execute_unary: bool = False
 
 
 def _channel(target: str, options: list, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
@@ -229,6 +232,12 @@ class WorkerLink:
         self._on_state(state)
         return state
 
+    def note_no_execute_unary(self) -> None:
+        """A worker answered ExecuteUnary UNIMPLEMENTED (replaced by an older one since the last
+        Describe): streams only, until the next refresh finds every worker serving it again."""
+        with self._changed:
+            self._state = replace(self._state, execute_unary=False)
+
     def _check(self, endpoint: str) -> tuple[wire.DescribeResponse | None, str | None, bool]:
         """(describe, problem, reachable) of one worker."""
         probe = self._probes[endpoint]
@@ -266,7 +275,9 @@ class WorkerLink:
                         grpc.StatusCode.UNAVAILABLE,
                         workers,
                     )
-                return LinkState(describe, None, grpc.StatusCode.OK, workers)
+                described = [d for d, _p, _r in answers if d is not None]
+                unary = all(d.execute_unary for d in described)
+                return LinkState(describe, None, grpc.StatusCode.OK, workers, execute_unary=unary)
         if not answers:
             problem = f"worker at {self.target} is unavailable: no address resolved"
         elif len(answers) == 1:

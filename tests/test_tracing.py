@@ -71,8 +71,9 @@ def _one(spans: list[dict], **match) -> dict:
 
 
 def _check_request_trace(spans: list[dict], root: dict) -> None:
-    """validate, worker_stream (with tokenize) under the frontend's root; the worker's Execute
-    under worker_stream, its queue wait and execution under Execute: one trace, two processes."""
+    """validate, worker_stream (with tokenize) under the frontend's root; the worker's call (a
+    small request: ExecuteUnary) under worker_stream, its queue wait and execution under that
+    call: one trace, two processes."""
     trace = root["trace"]
     mine = [s for s in spans if s["trace"] == trace]
     assert {s["service"] for s in mine} == {"openjev-frontend", "openjev-worker"}
@@ -82,7 +83,7 @@ def _check_request_trace(spans: list[dict], root: dict) -> None:
     assert validate["parent"] == stream["parent"] == root["span"]
     assert tokenize["parent"] == stream["span"]
     assert tokenize["attributes"]["tokens"].int_value > 0
-    execute_call = _one(mine, service="openjev-worker", name="openjev.worker.v1.WorkerService/Execute")
+    execute_call = _one(mine, service="openjev-worker", name="openjev.worker.v1.WorkerService/ExecuteUnary")
     assert execute_call["parent"] == stream["span"]
     waiting = _one(mine, name="queue_wait")
     execution = _one(mine, name="execute")

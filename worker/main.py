@@ -156,16 +156,17 @@ def _rows(text: str) -> int | None:
     return int(text)
 
 
-def call_limits(args: argparse.Namespace, execute: str) -> CallLimits:
-    """Execute calls: every request the scheduler may hold (those in passes and those waiting,
-    Scheduler.max_admitted) and the streams still arriving. With a thread for each, a full queue
+def call_limits(args: argparse.Namespace, work_methods: tuple[str, ...]) -> CallLimits:
+    """Execute and ExecuteUnary calls: every request the scheduler may hold (those in passes and
+    those waiting, Scheduler.max_admitted) and the streams still arriving (an ExecuteUnary call
+    arrives whole before it takes a thread, and is checked at once). With a thread for each, a full queue
     is what refuses (RESOURCE_EXHAUSTED from the scheduler), never a thread pool that makes the
     rest wait unseen."""
     return CallLimits(
         work=args.queue_capacity + args.max_launch_sequences + args.max_collecting,
         watch=args.max_watch_streams,
         reflection=args.max_reflection_streams,
-        work_methods=(execute,),
+        work_methods=work_methods,
     )
 
 
@@ -286,17 +287,18 @@ def main(argv: list[str] | None = None) -> None:
         engine, identity, forced_policy=forced_policy, commit_timeout_seconds=args.commit_timeout_seconds
     )
     name = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
+    work_methods = (f"/{name}/Execute", f"/{name}/ExecuteUnary")
     traced = tracing.configure("openjev-worker", args.otlp_endpoint)
     server = serving.build_server(
         args.listen,
         lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s),
         [name],
         interceptors=[
-            *([tracing.ServerInterceptor({f"/{name}/Execute"})] if traced else []),
-            interceptors.RequestInterceptor({f"/{name}/Execute": metrics.WorkerObserver()}, make_ids=False),
+            *([tracing.ServerInterceptor(set(work_methods))] if traced else []),
+            interceptors.RequestInterceptor(dict.fromkeys(work_methods, metrics.WorkerObserver()), make_ids=False),
         ],
         max_connection_age_seconds=args.max_connection_age_seconds,
-        limits=call_limits(args, f"/{name}/Execute"),
+        limits=call_limits(args, work_methods),
         credentials=credentials,
         program="openjev-worker",
     )

@@ -10,7 +10,7 @@ import grpc
 from openjev import abi, interceptors, logs, tracing
 from openjev.contract.literals import PrefixPolicy
 from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork, QueueFull
-from openjev.worker.stream import BadStream, CommitTimer, StreamLimits, collect
+from openjev.worker.stream import BadStream, Collected, CommitTimer, StreamLimits, collect, collect_unary
 from openjev.worker.v1 import worker_pb2 as wire
 from openjev.worker.v1 import worker_pb2_grpc
 
@@ -52,25 +52,30 @@ class WorkerIdentity:
 CACHE_HIT_TOKENS_KEY = "openjev-state-cache-hit-tokens"
 
 
-def _responses(result: ExecutionResult):
+def _question_results(result: ExecutionResult):
     for index, (probabilities, scores) in enumerate(zip(result.probabilities, result.head_scores, strict=True)):
-        yield wire.ExecuteResponse(
-            question=wire.QuestionResult(question_index=index, probabilities=probabilities, head_scores=scores)
-        )
-    yield wire.ExecuteResponse(
-        summary=wire.ExecutionSummary(
-            policy=abi.policy_to_enum(result.policy),
-            executed_policy=abi.policy_to_enum(result.executed_policy),
-            prefix_enabled=result.enabled,
-            scope=abi.scope_to_enum(result.scope),
-            saved_tokens=result.num_saved_tokens,
-            computed_tokens=result.num_computed_tokens,
-            submitted_tokens=result.num_submitted_tokens,
-            num_launches=result.num_launches,
-            inference_seconds=result.inference_seconds,
-            queue_seconds=result.queue_seconds,
-        )
+        yield wire.QuestionResult(question_index=index, probabilities=probabilities, head_scores=scores)
+
+
+def _summary(result: ExecutionResult) -> wire.ExecutionSummary:
+    return wire.ExecutionSummary(
+        policy=abi.policy_to_enum(result.policy),
+        executed_policy=abi.policy_to_enum(result.executed_policy),
+        prefix_enabled=result.enabled,
+        scope=abi.scope_to_enum(result.scope),
+        saved_tokens=result.num_saved_tokens,
+        computed_tokens=result.num_computed_tokens,
+        submitted_tokens=result.num_submitted_tokens,
+        num_launches=result.num_launches,
+        inference_seconds=result.inference_seconds,
+        queue_seconds=result.queue_seconds,
     )
+
+
+def _responses(result: ExecutionResult):
+    for question in _question_results(result):
+        yield wire.ExecuteResponse(question=question)
+    yield wire.ExecuteResponse(summary=_summary(result))
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
@@ -108,6 +113,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             tokenizer_fingerprint=i.tokenizer_fingerprint,
             backend=i.backend,
             default_prefix_policy=abi.policy_to_enum(i.default_policy),
+            execute_unary=True,
         )
 
     def Execute(self, request_iterator, context):
@@ -134,6 +140,23 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             log.info("execute", status="DISCARDED", reason="stream ended without commit", **fields)
             interceptors.note_outcome("DISCARDED")
             return
+        yield from _responses(self._run(collected, context, started, fields))
+
+    def ExecuteUnary(self, request, context):
+        """Execute's committed stream in one message, its answer in one reply."""
+        started = time.perf_counter()
+        request_id = dict(context.invocation_metadata()).get(interceptors.REQUEST_ID_KEY, "")
+        fields = {"request_id": request_id}
+        try:
+            collected = collect_unary(request, self._stream_limits)
+        except BadStream as error:
+            log.warning("execute", status="INVALID_ARGUMENT", reason=str(error), **fields)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed execute request: {error}")
+        result = self._run(collected, context, started, fields)
+        return wire.ExecuteUnaryResponse(questions=list(_question_results(result)), summary=_summary(result))
+
+    def _run(self, collected: Collected, context, started: float, fields: dict) -> ExecutionResult:
+        """Accept a checked request, execute it, log it; aborts with the failure's status."""
         header = collected.header
         work = [QuestionWork(kind, ids) for kind, ids in zip(collected.kinds, collected.candidates, strict=True)]
         policy = self.forced_policy or abi.policy_from_enum(header.prefix_policy)
@@ -191,4 +214,4 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         # cache hits are not part of the public contract (metadata.prefix_cache counts reuse
         # inside the request): they travel as trailing metadata, beside logs and metrics
         context.set_trailing_metadata(((CACHE_HIT_TOKENS_KEY, str(result.cache_hit_tokens)),))
-        yield from _responses(result)
+        return result

@@ -1,10 +1,11 @@
-"""Read and validate an Execute stream: header, candidate batches, commit.
+"""Read and validate an Execute stream (header, candidate batches, commit) or an ExecuteUnary
+request (header and candidates in one message, checked as a committed stream).
 
 The worker trusts no caller: anyone who reaches its port can send any stream, so everything is
 checked here as if the frontend did not exist, and nothing reaches the engine before the whole
 stream is known valid (every check runs before the commit is accepted). Any violation raises
 `BadStream` with a message naming what is wrong; the servicer answers it INVALID_ARGUMENT as
-"malformed execute stream: {message}".
+"malformed execute stream: {message}" (ExecuteUnary: "malformed execute request: {message}").
 
 Checked, in stream order:
 - the first message is a header, and there is only one; an empty message is an error;
@@ -14,7 +15,7 @@ Checked, in stream order:
 - each candidate: indices inside the header's shape, not sent twice; 1..max_length token ids,
   every id inside the tokenizer's range (specials included, padding rows of the embedding
   excluded); the running token total within max_tokens;
-- at commit: every candidate present.
+- at commit (for ExecuteUnary: in its one message): every candidate present.
 Token ids are kept as array('I') (4 bytes an id), never as lists of Python ints (28+ bytes each).
 """
 
@@ -66,52 +67,73 @@ class Collected:
 def collect(messages: Iterable[wire.ExecuteRequest], limits: StreamLimits) -> Collected | None:
     """Read the stream up to its commit. None when it ended without one (the frontend found the
     request invalid part-way through tokenizing, or the client went away)."""
-    header: wire.ExecuteHeader | None = None
-    kinds: tuple[QuestionKind, ...] = ()
-    slots: list[list[array | None]] = []
-    missing = 0
-    num_tokens = 0
+    collector: _Collector | None = None
     for message in messages:
         item = message.WhichOneof("item")
         if item == "header":
-            if header is not None:
+            if collector is not None:
                 raise BadStream("second header")
-            header = message.header
-            kinds = _check_header(header, limits)
-            slots = [[None] * q.num_candidates for q in header.questions]
-            missing = sum(q.num_candidates for q in header.questions)
+            collector = _Collector(message.header, limits)
         elif item == "batch":
-            if header is None:
+            if collector is None:
                 raise BadStream("batch before header")
-            for candidate in message.batch.candidates:
-                q, c = candidate.question_index, candidate.candidate_index
-                if q >= len(slots) or c >= len(slots[q]):
-                    raise BadStream(f"candidate ({q}, {c}) is outside the header's questions and candidates")
-                if slots[q][c] is not None:
-                    raise BadStream(f"candidate ({q}, {c}) sent twice")
-                ids = array("I", candidate.token_ids)
-                if not 1 <= len(ids) <= limits.max_length:
-                    raise BadStream(f"candidate ({q}, {c}) has {len(ids)} tokens; expected 1 to {limits.max_length}")
-                if max(ids) >= limits.num_token_ids:
-                    raise BadStream(
-                        f"candidate ({q}, {c}) has token id {max(ids)}, outside the tokenizer's "
-                        f"range 0..{limits.num_token_ids - 1}"
-                    )
-                num_tokens += len(ids)
-                if limits.max_tokens is not None and num_tokens > limits.max_tokens:
-                    raise BadStream(f"request exceeds the worker's limit of {limits.max_tokens} tokens")
-                slots[q][c] = ids
-                missing -= 1
+            collector.add(message.batch.candidates)
         elif item == "commit":
-            if header is None:
+            if collector is None:
                 raise BadStream("commit before header")
-            if missing:
-                raise BadStream(f"{missing} candidates missing at commit")
-            candidates = tuple(tuple(ids for ids in question if ids is not None) for question in slots)
-            return Collected(header, kinds, candidates, num_tokens)
+            return collector.finish("at commit")
         else:
             raise BadStream("empty message (no header, batch or commit)")
     return None
+
+
+def collect_unary(request: wire.ExecuteUnaryRequest, limits: StreamLimits) -> Collected:
+    """An ExecuteUnary request: its header and candidates, checked as a committed stream's."""
+    if not request.HasField("header"):
+        raise BadStream("no header")
+    collector = _Collector(request.header, limits)
+    collector.add(request.candidates)
+    return collector.finish("")
+
+
+class _Collector:
+    """One request's candidates as they arrive, each checked against the header and the limits."""
+
+    def __init__(self, header: wire.ExecuteHeader, limits: StreamLimits):
+        self.header = header
+        self.kinds = _check_header(header, limits)
+        self.limits = limits
+        self.slots: list[list[array | None]] = [[None] * q.num_candidates for q in header.questions]
+        self.missing = sum(q.num_candidates for q in header.questions)
+        self.num_tokens = 0
+
+    def add(self, candidates: Iterable[wire.Candidate]) -> None:
+        limits, slots = self.limits, self.slots
+        for candidate in candidates:
+            q, c = candidate.question_index, candidate.candidate_index
+            if q >= len(slots) or c >= len(slots[q]):
+                raise BadStream(f"candidate ({q}, {c}) is outside the header's questions and candidates")
+            if slots[q][c] is not None:
+                raise BadStream(f"candidate ({q}, {c}) sent twice")
+            ids = array("I", candidate.token_ids)
+            if not 1 <= len(ids) <= limits.max_length:
+                raise BadStream(f"candidate ({q}, {c}) has {len(ids)} tokens; expected 1 to {limits.max_length}")
+            if max(ids) >= limits.num_token_ids:
+                raise BadStream(
+                    f"candidate ({q}, {c}) has token id {max(ids)}, outside the tokenizer's "
+                    f"range 0..{limits.num_token_ids - 1}"
+                )
+            self.num_tokens += len(ids)
+            if limits.max_tokens is not None and self.num_tokens > limits.max_tokens:
+                raise BadStream(f"request exceeds the worker's limit of {limits.max_tokens} tokens")
+            slots[q][c] = ids
+            self.missing -= 1
+
+    def finish(self, where: str) -> Collected:
+        if self.missing:
+            raise BadStream(" ".join(filter(None, [f"{self.missing} candidates missing", where])))
+        candidates = tuple(tuple(ids for ids in question if ids is not None) for question in self.slots)
+        return Collected(self.header, self.kinds, candidates, self.num_tokens)
 
 
 def _check_header(header: wire.ExecuteHeader, limits: StreamLimits) -> tuple[QuestionKind, ...]:

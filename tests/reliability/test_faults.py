@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from concurrent import futures
 from pathlib import Path
 
@@ -88,15 +89,19 @@ class _FaultyRunner:
 
 
 class _BadWorker(worker_pb2_grpc.WorkerServiceServicer):
+    """Answers Execute, and ExecuteUnary where its Describe offers it, with the fault `mode`."""
+
     def __init__(self, describe: wire.DescribeResponse, real):
         self.describe = describe
         self.real = real  # a real WorkerServicer over _FaultyRunner
         self.mode = "nan"
+        self.calls = {"Execute": 0, "ExecuteUnary": 0}
 
     def Describe(self, request, context):
         return self.describe
 
     def Execute(self, request_iterator, context):
+        self.calls["Execute"] += 1
         if self.mode.startswith("runner:"):
             yield from self.real.Execute(request_iterator, context)
             return
@@ -104,10 +109,26 @@ class _BadWorker(worker_pb2_grpc.WorkerServiceServicer):
         for message in request_iterator:
             if message.WhichOneof("item") == "header":
                 header = message.header
-        n = len(header.questions)
+        for question, summary in self._replies(len(header.questions), context):
+            yield wire.ExecuteResponse(question=question) if summary is None else wire.ExecuteResponse(summary=summary)
+
+    def ExecuteUnary(self, request, context):
+        self.calls["ExecuteUnary"] += 1
+        if self.mode.startswith("runner:"):
+            return self.real.ExecuteUnary(request, context)
+        reply = wire.ExecuteUnaryResponse()
+        for question, summary in self._replies(len(request.header.questions), context):
+            if summary is None:
+                reply.questions.append(question)
+            else:
+                reply.summary.CopyFrom(summary)
+        return reply
+
+    def _replies(self, n: int, context):
+        """(question result, None) or (None, summary), in the order a stream would send them."""
 
         def result(index, probabilities):
-            return wire.ExecuteResponse(question=wire.QuestionResult(question_index=index, probabilities=probabilities))
+            return wire.QuestionResult(question_index=index, probabilities=probabilities), None
 
         good = [[0.5, 0.5]] * n
         if self.mode == "abort":
@@ -130,14 +151,15 @@ class _BadWorker(worker_pb2_grpc.WorkerServiceServicer):
         elif self.mode == "missing":
             yield result(0, [0.5, 0.5])
         if self.mode != "no_summary":
-            yield wire.ExecuteResponse(summary=wire.ExecutionSummary())
+            yield None, wire.ExecutionSummary()
         else:
             for i in range(n):
                 yield result(i, [0.5, 0.5])
 
 
-@pytest.fixture(scope="module")
-def bad_worker(demo_model, tmp_path_factory):
+@pytest.fixture(scope="module", params=["Execute", "ExecuteUnary"])
+def bad_worker(demo_model, tmp_path_factory, request):
+    """The faulty worker behind a real frontend, offering ExecuteUnary or not (the path tested)."""
     from openjev.export import load_export_meta
     from openjev.tokenizer import PromptTokenizer
     from openjev.worker.engine import Engine
@@ -154,6 +176,7 @@ def bad_worker(demo_model, tmp_path_factory):
         tokenizer_fingerprint=fingerprint,
         backend="fake",
         limits=wire.Limits(max_questions=4096, max_candidates=65536),  # compared at connect
+        execute_unary=request.param == "ExecuteUnary",
     )
     identity = WorkerIdentity(
         meta.model_id,
@@ -189,6 +212,10 @@ def bad_worker(demo_model, tmp_path_factory):
     server.stop(0)
 
 
+def bad_worker_path(fake: _BadWorker) -> str:
+    return "ExecuteUnary" if fake.describe.execute_unary else "Execute"
+
+
 @pytest.mark.parametrize(
     "mode,reason",
     [
@@ -211,9 +238,11 @@ def test_malformed_or_non_finite_worker_result_is_internal(bad_worker, mode, rea
     fake, runner, frontend = bad_worker
     fake.mode = mode
     runner.mode = mode.removeprefix("runner:")
-    request_id = f"fault-{mode}"
+    request_id = f"fault-{mode}-{uuid.uuid4().hex[:8]}"
+    calls = dict(fake.calls)
     with Client(frontend.address) as client, pytest.raises(grpc.RpcError) as caught:
         client.decide(SMALL, timeout=30, request_id=request_id)
+    assert {m: n - calls[m] for m, n in fake.calls.items() if n != calls[m]} == {bad_worker_path(fake): 1}
     assert caught.value.code() == grpc.StatusCode.INTERNAL
     assert reason in caught.value.details()
     time.sleep(0.1)

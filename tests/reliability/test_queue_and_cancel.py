@@ -21,6 +21,13 @@ LONG = {
     "state": "word " * 2000,
     "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(16)}}},
 }
+# 17 candidates: one more than a batch, so the frontend streams it (Execute) instead of sending
+# it in one ExecuteUnary call; the deadline and cancellation tests run both ways.
+LONG_STREAMED = {
+    "state": LONG["state"],
+    "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(17)}}},
+}
+WAYS = [pytest.param(LONG, "ExecuteUnary", id="unary"), pytest.param(LONG_STREAMED, "Execute", id="stream")]
 SMALL = {"state": "hi", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
 LONG_SECONDS = 6.0  # well under the ~8 s the long request takes
 
@@ -50,16 +57,28 @@ def worker_line(worker, request_id, timeout=10.0) -> dict:
     raise AssertionError(f"worker logged nothing for {request_id}")
 
 
+def frontend_method(pair, request_id) -> str:
+    """The worker call the frontend made for the request (its `decide` log line says)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        lines = [r for r in log_events(pair.frontend.log_text(), "decide") if r.get("request_id") == request_id]
+        if lines:
+            return lines[0]["worker_method"]
+        time.sleep(0.05)
+    raise AssertionError(f"frontend logged nothing for {request_id}")
+
+
 @pytest.fixture
 def stub(busy_pair):
     with Client(busy_pair.frontend.address) as c:
         yield c.stub
 
 
-def test_deadline_propagates_and_work_stops_at_next_launch(busy_pair, stub):
+@pytest.mark.parametrize(("long", "method"), WAYS)
+def test_deadline_propagates_and_work_stops_at_next_launch(busy_pair, stub, long, method):
     long_id = rid("deadline")
     started = time.monotonic()
-    future = send(stub, LONG, long_id, timeout=1.5)
+    future = send(stub, long, long_id, timeout=1.5)
     with pytest.raises(grpc.RpcError) as caught:
         future.result()
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -67,20 +86,23 @@ def test_deadline_propagates_and_work_stops_at_next_launch(busy_pair, stub):
     line = worker_line(busy_pair.worker, long_id)
     assert line["status"] == "CANCELLED" and "before it finished" in line["reason"]  # stopped mid-request
     assert line["seen_at"] - started < LONG_SECONDS / 2  # at a launch boundary, not at the end
+    assert frontend_method(busy_pair, long_id) == method
     small_started = time.monotonic()
     send(stub, SMALL, rid("after")).result()
     assert time.monotonic() - small_started < 2  # the worker is free again
 
 
-def test_client_cancel_propagates_to_the_worker(busy_pair, stub):
+@pytest.mark.parametrize(("long", "method"), WAYS)
+def test_client_cancel_propagates_to_the_worker(busy_pair, stub, long, method):
     long_id = rid("cancel")
-    future = send(stub, LONG, long_id)
+    future = send(stub, long, long_id)
     time.sleep(1.0)
     cancelled_at = time.monotonic()
     assert future.cancel()
     line = worker_line(busy_pair.worker, long_id)
     assert line["status"] == "CANCELLED"
     assert line["seen_at"] - cancelled_at < 2.5
+    assert frontend_method(busy_pair, long_id) == method
     started = time.monotonic()
     send(stub, SMALL, rid("after")).result()
     assert time.monotonic() - started < 2

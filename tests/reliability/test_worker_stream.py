@@ -1,10 +1,13 @@
-"""The worker trusts no caller: Execute streams sent straight to a real worker on loopback.
+"""The worker trusts no caller: Execute streams and ExecuteUnary requests sent straight to a real
+worker on loopback.
 
 Hypothesis builds a valid stream and then, or not, breaks it one way (unknown enums and kinds,
 candidate counts a kind does not allow, token ids beyond the tokenizer, indices out of range or
 repeated, missing candidates, messages out of order, empty messages). A broken stream must get
 INVALID_ARGUMENT "malformed execute stream: ..." and never run the model (the worker's log shows
-no executed request for it); a valid one gets a complete answer. Never INTERNAL or UNKNOWN."""
+no executed request for it); a valid one gets a complete answer. Never INTERNAL or UNKNOWN.
+ExecuteUnary gets the same breaks that one message can carry (and a missing header): "malformed
+execute request: ...", or, when valid, the answer the same request gets as a stream, bit for bit."""
 
 from __future__ import annotations
 
@@ -81,12 +84,17 @@ BREAKS = (
     "commit_first",
     "too_many_tokens",
 )
+# What one ExecuteUnary message can break: no message order, but a header that may be missing.
+UNARY_BREAKS = (
+    *(b for b in BREAKS if b not in ("batch_before_header", "second_header", "empty_message", "commit_first")),
+    "no_header",
+)
 
 
-@st.composite
-def streams(draw):
+def _request(draw, breaks):
+    """(broken, shape, header, candidates): a request, broken one way of `breaks` or not."""
     shape = draw(questions)
-    broken = draw(st.sampled_from(BREAKS))
+    broken = draw(st.sampled_from(breaks))
     header = wire.ExecuteHeader(request_id="hyp", prefix_policy=api.PREFIX_POLICY_OFF)
     for kind, n in shape:
         header.questions.append(_shape(kind, n))
@@ -132,6 +140,12 @@ def streams(draw):
         del candidates[draw(st.integers(0, len(candidates) - 1))]
     elif broken == "too_many_tokens":
         candidates[0].token_ids.extend([7] * 4001)
+    return broken, shape, header, candidates
+
+
+@st.composite
+def streams(draw):
+    broken, shape, header, candidates = _request(draw, BREAKS)
     messages = [wire.ExecuteRequest(header=header)]
     split = draw(st.integers(1, max(1, len(candidates))))
     for start in range(0, len(candidates), split):
@@ -173,6 +187,59 @@ def test_every_stream_is_answered_whole_or_refused_before_running(worker, stub, 
     for result, (kind, n) in zip(results, shape, strict=True):
         assert len(result.probabilities) == (2 if kind == "noul" else n)
     assert replies[-1].WhichOneof("item") == "summary"
+
+
+@st.composite
+def unary_requests(draw):
+    broken, shape, header, candidates = _request(draw, UNARY_BREAKS)
+    request = wire.ExecuteUnaryRequest(candidates=draw(st.permutations(candidates)))
+    if broken != "no_header":
+        request.header.CopyFrom(header)
+    return broken, shape, request
+
+
+@HYPOTHESIS
+@given(case=unary_requests())
+def test_every_unary_request_is_answered_as_its_stream_or_refused_before_running(worker, stub, case):
+    broken, shape, request = case
+    request_id = f"hyp-{uuid.uuid4().hex[:10]}"
+    try:
+        reply = stub.ExecuteUnary(request, timeout=60, metadata=[("x-request-id", request_id)])
+    except grpc.RpcError as error:
+        assert broken != "none", error
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (broken, error.code(), error.details())
+        assert error.details().startswith("malformed execute request: "), error.details()
+        assert not _executed(worker, request_id)
+        return
+    assert broken == "none", f"{broken} was answered"
+    assert [r.question_index for r in reply.questions] == list(range(len(shape)))
+    assert reply.HasField("summary")
+    stream = [
+        wire.ExecuteRequest(header=request.header),
+        wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=request.candidates)),
+        wire.ExecuteRequest(commit=wire.Commit()),
+    ]
+    streamed = list(stub.Execute(iter(stream), timeout=60))
+    assert [r.question for r in streamed[:-1]] == list(reply.questions)  # probabilities and head scores
+    expected, got = streamed[-1].summary, reply.summary
+    for field in ("policy", "executed_policy", "prefix_enabled", "scope", "saved_tokens", "submitted_tokens"):
+        assert getattr(got, field) == getattr(expected, field), field
+
+
+def test_unary_without_header_is_refused(stub):
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ExecuteUnary(wire.ExecuteUnaryRequest(candidates=[wire.Candidate(token_ids=[1])]), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == "malformed execute request: no header"
+
+
+def test_unary_missing_candidates_are_refused(stub):
+    header = wire.ExecuteHeader(questions=[_shape("choice", 3)])
+    request = wire.ExecuteUnaryRequest(header=header, candidates=[wire.Candidate(candidate_index=1, token_ids=[1])])
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ExecuteUnary(request, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == "malformed execute request: 2 candidates missing"
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,7 @@ class Limits(_message.Message):
     def __init__(self, max_questions: _Optional[int] = ..., max_candidates: _Optional[int] = ..., max_batch_candidates: _Optional[int] = ..., max_launch_sequences: _Optional[int] = ..., max_launch_tokens: _Optional[int] = ..., queue_capacity: _Optional[int] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("abi_version", "model_id", "alias", "checkpoint_revision", "temperature", "max_length", "limits", "tokenizer_fingerprint", "backend", "default_prefix_policy")
+    __slots__ = ("abi_version", "model_id", "alias", "checkpoint_revision", "temperature", "max_length", "limits", "tokenizer_fingerprint", "backend", "default_prefix_policy", "execute_unary")
     ABI_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ALIAS_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class DescribeResponse(_message.Message):
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_PREFIX_POLICY_FIELD_NUMBER: _ClassVar[int]
+    EXECUTE_UNARY_FIELD_NUMBER: _ClassVar[int]
     abi_version: int
     model_id: str
     alias: str
@@ -61,7 +62,8 @@ class DescribeResponse(_message.Message):
     tokenizer_fingerprint: str
     backend: str
     default_prefix_policy: _decision_pb2.PrefixPolicy
-    def __init__(self, abi_version: _Optional[int] = ..., model_id: _Optional[str] = ..., alias: _Optional[str] = ..., checkpoint_revision: _Optional[str] = ..., temperature: _Optional[float] = ..., max_length: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., tokenizer_fingerprint: _Optional[str] = ..., backend: _Optional[str] = ..., default_prefix_policy: _Optional[_Union[_decision_pb2.PrefixPolicy, str]] = ...) -> None: ...
+    execute_unary: bool
+    def __init__(self, abi_version: _Optional[int] = ..., model_id: _Optional[str] = ..., alias: _Optional[str] = ..., checkpoint_revision: _Optional[str] = ..., temperature: _Optional[float] = ..., max_length: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., tokenizer_fingerprint: _Optional[str] = ..., backend: _Optional[str] = ..., default_prefix_policy: _Optional[_Union[_decision_pb2.PrefixPolicy, str]] = ..., execute_unary: _Optional[bool] = ...) -> None: ...
 
 class QuestionShape(_message.Message):
     __slots__ = ("kind", "num_candidates")
@@ -152,3 +154,19 @@ class ExecuteResponse(_message.Message):
     question: QuestionResult
     summary: ExecutionSummary
     def __init__(self, question: _Optional[_Union[QuestionResult, _Mapping]] = ..., summary: _Optional[_Union[ExecutionSummary, _Mapping]] = ...) -> None: ...
+
+class ExecuteUnaryRequest(_message.Message):
+    __slots__ = ("header", "candidates")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    header: ExecuteHeader
+    candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
+    def __init__(self, header: _Optional[_Union[ExecuteHeader, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ...) -> None: ...
+
+class ExecuteUnaryResponse(_message.Message):
+    __slots__ = ("questions", "summary")
+    QUESTIONS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    questions: _containers.RepeatedCompositeFieldContainer[QuestionResult]
+    summary: ExecutionSummary
+    def __init__(self, questions: _Optional[_Iterable[_Union[QuestionResult, _Mapping]]] = ..., summary: _Optional[_Union[ExecutionSummary, _Mapping]] = ...) -> None: ...

@@ -44,6 +44,11 @@ class WorkerServiceStub:
                 request_serializer=openjev_dot_worker_dot_v1_dot_worker__pb2.ExecuteRequest.SerializeToString,
                 response_deserializer=openjev_dot_worker_dot_v1_dot_worker__pb2.ExecuteResponse.FromString,
                 _registered_method=True)
+        self.ExecuteUnary = channel.unary_unary(
+                '/openjev.worker.v1.WorkerService/ExecuteUnary',
+                request_serializer=openjev_dot_worker_dot_v1_dot_worker__pb2.ExecuteUnaryRequest.SerializeToString,
+                response_deserializer=openjev_dot_worker_dot_v1_dot_worker__pb2.ExecuteUnaryResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -65,6 +70,16 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecuteUnary(self, request, context):
+        """Optional (DescribeResponse.execute_unary): the same request in one message (header and
+        every candidate) and its whole answer in one reply, checked and executed as Execute's
+        committed stream is. For requests the frontend tokenizes in one batch: it saves Execute's
+        per-message and per-stream costs. A worker without it answers UNIMPLEMENTED, unrun.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +92,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Execute,
                     request_deserializer=openjev_dot_worker_dot_v1_dot_worker__pb2.ExecuteRequest.FromString,
                     response_serializer=openjev_dot_worker_dot_v1_dot_worker__pb2.ExecuteResponse.SerializeToString,
+            ),
+            'ExecuteUnary': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExecuteUnary,
+                    request_deserializer=openjev_dot_worker_dot_v1_dot_worker__pb2.ExecuteUnaryRequest.FromString,
+                    response_serializer=openjev_dot_worker_dot_v1_dot_worker__pb2.ExecuteUnaryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +153,33 @@ class WorkerService:
             '/openjev.worker.v1.WorkerService/Execute',
             openjev_dot_worker_dot_v1_dot_worker__pb2.ExecuteRequest.SerializeToString,
             openjev_dot_worker_dot_v1_dot_worker__pb2.ExecuteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecuteUnary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/openjev.worker.v1.WorkerService/ExecuteUnary',
+            openjev_dot_worker_dot_v1_dot_worker__pb2.ExecuteUnaryRequest.SerializeToString,
+            openjev_dot_worker_dot_v1_dot_worker__pb2.ExecuteUnaryResponse.FromString,
             options,
             channel_credentials,
             insecure,
