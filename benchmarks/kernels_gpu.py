@@ -118,9 +118,9 @@ def cases(T: int):
     proj = r(T, CONV_C + HID)  # stands in for the fused in_proj output
     x = proj[:, :CONV_C]
     w = r(CONV_C, 4)
-    win = r(1, 3, CONV_C)
-    out.append(("conv1d", lambda: K.causal_conv1d(x, w, win, cu), 2 * T * CONV_C * 2, 8 * T * CONV_C, "bw"))
-    conv, _ = K.causal_conv1d(x, w, win, cu)
+    win, src = r(1, 3, CONV_C), K.own_windows(1, DEV)
+    out.append(("conv1d", lambda: K.causal_conv1d(x, w, win, src, cu), 2 * T * CONV_C * 2, 8 * T * CONV_C, "bw"))
+    conv, _ = K.causal_conv1d(x, w, win, src, cu)
     ab = r(T, 2 * H)
     a_log, dt = torch.rand(H, device=DEV), torch.randn(H, device=DEV)
     prep = lambda: K.gdn_prepare(conv, ab[:, :H], ab[:, H:], a_log, dt, HK)  # noqa: E731
@@ -204,11 +204,12 @@ def gdn_layer_graph(T: int) -> float:
     cu = torch.tensor([0, T], dtype=torch.int32, device=DEV)
     proj = r(T, CONV_C + H * DKV + 2 * H)
     w, win, nw = r(CONV_C, 4), r(1, 3, CONV_C), r(DKV)
+    src = K.own_windows(1, DEV)
     a_log, dt = torch.rand(H, device=DEV), torch.randn(H, device=DEV)
     init = torch.randn(1, H, DKV, DKV, device=DEV) * 0.1
 
     def core():
-        conv, _ = K.causal_conv1d(proj[:, :CONV_C], w, win, cu)
+        conv, _ = K.causal_conv1d(proj[:, :CONV_C], w, win, src, cu)
         z = proj[:, CONV_C : CONV_C + H * DKV]
         ab = proj[:, CONV_C + H * DKV :]
         qn, kn, g, beta, kq = K.gdn_prepare(conv, ab[:, :H], ab[:, H:], a_log, dt, HK)

@@ -1,12 +1,17 @@
 // Depthwise causal conv1d (kernel CONV_K = 4) + SiLU over packed segments, each segment starting
-// from its parent's window (the last K-1 inputs before it).
+// from its window (the last K-1 inputs before it), read where those inputs are: no per-layer
+// gather of windows before the launch (launch.py, LaunchPlan.win_src).
 //
 // x:          [T, C] bf16, row stride x_stride (elements): the qkv part of a wider projection
 // weight:     [C, K] bf16
-// window:     [N, K-1, C] bf16 (parent windows; zeros where a segment starts a prompt)
+// win_src:    [N * (K-1)] int32: window row m of segment s (the input K-1-m rows before its start)
+//             is packed row win_src[s*(K-1)+m] of x when >= 0 (an in-pass ancestor's input),
+//             else row -1 - win_src[..] of `windows`
+// windows:    [R, C] bf16 contiguous rows (the external parents' windows flattened; the host
+//             points zero windows at a zero slot)
 // cu_seqlens: [N+1] int32
 // out:        [T, C] bf16 contiguous = silu(conv)
-// new_window: [N, K-1, C] bf16 = the last K-1 inputs of each segment (parent rows when short)
+// new_window: [N, K-1, C] bf16 = the last K-1 inputs of each segment (window rows when short)
 //
 // One thread handles 8 channels (16-byte loads) of ROWS output rows. Grid rows past the output
 // row groups build the new windows, so one launch does both jobs.
@@ -25,14 +30,22 @@ __device__ __forceinline__ int segment_of(const int* cu_seqlens, int n_seg, int 
     return s;
 }
 
+// Window input `rel` (-(K-1) .. -1, relative to segment s's start) at its source (win_src).
+__device__ __forceinline__ void window_row(const __nv_bfloat16* x, long x_stride,
+                                           const __nv_bfloat16* windows, const int* win_src, int C,
+                                           int s, int rel, int c, float* f) {
+    const int src = win_src[s * (CONV_K - 1) + (CONV_K - 1 + rel)];
+    load8(src >= 0 ? x + (long)src * x_stride + c : windows + (long)(-1 - src) * C + c, f);
+}
+
 // Input row `rel` (relative to the segment start, may be negative) of segment s.
 __device__ __forceinline__ void input_row(const __nv_bfloat16* x, long x_stride,
-                                          const __nv_bfloat16* window, int C, int s, int start,
-                                          int rel, int c, float* f) {
+                                          const __nv_bfloat16* windows, const int* win_src, int C,
+                                          int s, int start, int rel, int c, float* f) {
     if (rel >= 0) {
         load8(x + (long)(start + rel) * x_stride + c, f);
     } else {
-        load8(window + ((long)s * (CONV_K - 1) + (CONV_K - 1 + rel)) * C + c, f);
+        window_row(x, x_stride, windows, win_src, C, s, rel, c, f);
     }
 }
 
@@ -40,7 +53,8 @@ __device__ __forceinline__ void input_row(const __nv_bfloat16* x, long x_stride,
 
 extern "C" __global__ void causal_conv1d_packed(
     const __nv_bfloat16* __restrict__ x, long x_stride, const __nv_bfloat16* __restrict__ weight,
-    const __nv_bfloat16* __restrict__ window, const int* __restrict__ cu_seqlens, int n_seg,
+    const int* __restrict__ win_src, const __nv_bfloat16* __restrict__ windows,
+    const int* __restrict__ cu_seqlens, int n_seg,
     int T, int C, __nv_bfloat16* __restrict__ out, __nv_bfloat16* __restrict__ new_window) {
     const int c = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (c >= C) return;
@@ -82,7 +96,7 @@ extern "C" __global__ void causal_conv1d_packed(
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) f[i] = in[u + k][i];
                 } else {
-                    load8(window + ((long)s * (CONV_K - 1) + (CONV_K - 1 + tap_rel)) * C + c, f);
+                    window_row(x, x_stride, windows, win_src, C, s, tap_rel, c, f);
                 }
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w[i][k], f[i], acc[i]);
@@ -99,7 +113,7 @@ extern "C" __global__ void causal_conv1d_packed(
         const int start = cu_seqlens[s];
         const int len = cu_seqlens[s + 1] - start;
         float f[VEC];
-        input_row(x, x_stride, window, C, s, start, len - (CONV_K - 1) + m, c, f);
+        input_row(x, x_stride, windows, win_src, C, s, start, len - (CONV_K - 1) + m, c, f);
         store8(new_window + ((long)s * (CONV_K - 1) + m) * C + c, f);
     }
 }

@@ -133,16 +133,21 @@ def _out(given, shape, dtype, device):
     return given
 
 
-def causal_conv1d(x, weight, window, cu_seqlens, out=None, new_window=None):
+def causal_conv1d(x, weight, windows, win_src, cu_seqlens, out=None, new_window=None):
     """Depthwise causal conv (K = CONV_K = 4) + SiLU over packed segments.
 
     x: [T, C] bf16 (row stride may exceed C: a column slice of the fused projection)
-    weight: [C, 4] bf16; window: [N, 3, C] bf16 parent windows; cu_seqlens: [N+1] int32.
+    weight: [C, 4] bf16; windows: [S, 3, C] bf16 contiguous window rows (a pass's parent slots,
+    slot 0 zeros); win_src: [3N] int32, where window row m of segment n is read
+    (launch.LaunchPlan.win_src: >= 0 a packed row of x, else row -1 - v of windows flattened to
+    [3S, C]; own_windows(N) for one window per segment); cu_seqlens: [N+1] int32.
     Returns (out [T, C] bf16, new_window [N, 3, C] bf16).
     """
     T, C = x.shape
     N = cu_seqlens.numel() - 1
-    assert x.stride(1) == 1 and C % 8 == 0 and weight.is_contiguous() and window.is_contiguous()
+    assert x.stride(1) == 1 and C % 8 == 0 and weight.is_contiguous() and windows.is_contiguous()
+    assert windows.shape[1:] == (CONV_K - 1, C) and win_src.dtype == torch.int32
+    assert win_src.numel() == N * (CONV_K - 1) and win_src.is_contiguous()
     out = _out(out, (T, C), torch.bfloat16, x.device)
     new_window = _out(new_window, (N, CONV_K - 1, C), torch.bfloat16, x.device)
     threads, rows = traits.CONV.threads, traits.CONV.rows_per_thread
@@ -152,9 +157,15 @@ def causal_conv1d(x, weight, window, cu_seqlens, out=None, new_window=None):
         "causal_conv1d_packed",
         grid,
         (threads,),
-        (x, _i64(x.stride(0)), weight, window, cu_seqlens, N, T, C, out, new_window),
+        (x, _i64(x.stride(0)), weight, win_src, windows, cu_seqlens, N, T, C, out, new_window),
     )
     return out, new_window
+
+
+def own_windows(num_segments: int, device) -> torch.Tensor:
+    """win_src [3N] int32 for causal_conv1d when segment n's window is windows[n] (no in-pass
+    parents: tests, benchmarks)."""
+    return -1 - torch.arange(num_segments * (CONV_K - 1), dtype=torch.int32, device=device)
 
 
 def gdn_prepare(conv_out, a, b, A_log, dt_bias, num_k_heads, out=None):

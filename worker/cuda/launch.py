@@ -3,8 +3,9 @@ indices (`Launch`), and the per-segment state a kept segment leaves (CudaSegment
 
 A forest pass holds runs whose parents may be earlier runs of the same pass. The plan orders
 runs by level (stable), so each level is a contiguous range; the GDN recurrence then runs once
-per level, conv windows are gathered from in-pass ancestors' rows, and attention reads in-pass
-ancestors' keys from the pass's own pool rows (kv_rows just lists them)."""
+per level, the conv kernel reads each run's window where it lies (an in-pass ancestor's rows or
+an external parent's window, win_src), and attention reads in-pass ancestors' keys from the
+pass's own pool rows (kv_rows just lists them)."""
 
 from __future__ import annotations
 
@@ -144,8 +145,9 @@ class Launch:
     rotary_dim/2] fp32; kv_rows: [sum S_n] int32 pool row of each segment's logical keys; cu_k:
     [N+1] int32; max_q: the attention grid's longest segment; slot, gdn_init: [N] int32
     (LaunchPlan); level_off: [num_levels + 1] int32 (LaunchPlan.level_off); num_levels: recurrence
-    launches per GDN layer; win_src: [3N] int32 (LaunchPlan.win_src); tail_src: [64N] int32
-    (LaunchPlan.tail_src), None with the serial GDN kernel."""
+    launches per GDN layer; win_src: [3N] int32 (LaunchPlan.win_src, read by
+    kernels.causal_conv1d against each GDN layer's x and parent-slot windows); tail_src: [64N]
+    int32 (LaunchPlan.tail_src), None with the serial GDN kernel."""
 
     ids: torch.Tensor
     cu: torch.Tensor
@@ -161,21 +163,6 @@ class Launch:
     num_levels: int
     win_src: torch.Tensor
     tail_src: torch.Tensor | None = None
-
-    def __post_init__(self):
-        # derived once a pass, shared by every GDN layer's window gather (capturable ops)
-        src = self.win_src
-        self.win_row = src.clamp(min=0)
-        self.win_ext = (-1 - src).clamp(min=0)
-        self.win_is_row = (src >= 0).unsqueeze(1)
-
-    def windows(self, x: torch.Tensor, slot_windows: torch.Tensor) -> torch.Tensor:
-        """Each segment's incoming conv window [N, 3, C] bf16: rows of x [T, C] bf16 (in-pass
-        ancestors) or of slot_windows [1 + P, 3, C] bf16 contiguous (external parents; slot 0
-        zeros)."""
-        ext = slot_windows.flatten(0, 1)
-        picked = torch.where(self.win_is_row, x.index_select(0, self.win_row), ext.index_select(0, self.win_ext))
-        return picked.view(-1, 3, x.shape[1])
 
 
 def plan_launch(runs: Sequence[SegmentRun], vocab_size: int, tail_sources: bool = False) -> LaunchPlan:

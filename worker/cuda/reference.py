@@ -21,15 +21,27 @@ def _spans(cu_seqlens: Tensor) -> list[tuple[int, int]]:
     return list(itertools.pairwise(cu))
 
 
-def causal_conv1d_packed(x: Tensor, weight: Tensor, window: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
-    """x: [T, C]; weight: [C, 4]; window: [N, 3, C]; cu_seqlens: [N+1].
+def conv_windows(x: Tensor, windows: Tensor, win_src: Tensor) -> Tensor:
+    """Each segment's incoming conv window [N, 3, C], read as causal_conv1d_packed reads it: window
+    row m of segment n is x[v] for v = win_src[3n + m] >= 0, else row -1 - v of windows [S, 3, C]
+    flattened to [3S, C]."""
+    flat = windows.reshape(-1, windows.shape[-1])
+    rows = [x[v] if v >= 0 else flat[-1 - v] for v in win_src.tolist()]
+    return torch.stack(rows).reshape(-1, 3, x.shape[1])
+
+
+def causal_conv1d_packed(
+    x: Tensor, weight: Tensor, windows: Tensor, win_src: Tensor, cu_seqlens: Tensor
+) -> tuple[Tensor, Tensor]:
+    """x: [T, C]; weight: [C, 4]; windows: [S, 3, C], win_src: [3N] (conv_windows); cu_seqlens: [N+1].
     Returns (out [T, C] fp32, new_window [N, 3, C] in x.dtype)."""
-    outs, windows = [], []
+    window = conv_windows(x, windows, win_src)
+    outs, new_windows = [], []
     for n, (s, e) in enumerate(_spans(cu_seqlens)):
         o, w = ops.causal_conv1d(x[s:e].float(), weight.float(), window[n].float())
         outs.append(o)
-        windows.append(w.to(x.dtype))
-    return torch.cat(outs), torch.stack(windows)
+        new_windows.append(w.to(x.dtype))
+    return torch.cat(outs), torch.stack(new_windows)
 
 
 def gdn_prepare(

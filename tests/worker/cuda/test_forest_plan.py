@@ -2,7 +2,8 @@
 trees (segments of 1-6 tokens, so conv windows reach past short parents; some roots continue
 kept states of earlier passes), the plan's indices, applied the way the kernels apply them, give
 each run exactly what running its whole prompt alone gives:
-- conv windows gathered by Launch.windows = the 3 inputs before the run in its prompt;
+- conv windows read through win_src (reference.conv_windows, as the conv kernel reads them) =
+  the 3 inputs before the run in its prompt;
 - the recurrence run level by level from plan.gdn_init (kernels.gdn_recurrent's semantics) =
   the token recurrence over the whole prompt, bit for bit;
 - the keys kv_rows lists = the prompt's positions 0..end-1 in order;
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from openjev.worker.cuda.launch import CudaSegmentState, KvNode, Launch, plan_launch
+from openjev.worker.cuda.reference import conv_windows
 from openjev.worker.runner_api import SegmentRun
 
 C, DK, DV = 8, 4, 4
@@ -157,7 +159,7 @@ def test_forest_indices_give_each_run_its_whole_prompt(seed):
     rows = cat([s.feats for s in inner])
     launch = device_launch(plan)
     slot_windows = torch.stack([torch.zeros(3, C).bfloat16()] + [p.gdn[GDN_LAYER][0] for p in plan.parents])
-    windows = launch.windows(rows["x"], slot_windows)
+    windows = conv_windows(rows["x"], slot_windows, launch.win_src)
     slot_states = [torch.zeros(DK, DV, dtype=torch.float64)] + [p.gdn[GDN_LAYER][1] for p in plan.parents]
     final: list = [None] * len(inner)
     off = plan.level_off(plan.num_levels + 1)

@@ -258,3 +258,89 @@ def test_warm_up_captures_every_key_and_nothing_after(eager, warmed):
     big = [SegmentRun([rng.randrange(eager.config.vocab_size) for _ in range(600)], 0, None, False, True)]
     assert warmed.run_launch(big)[0].head_score == eager.run_launch(big)[0].head_score
     assert L.fallbacks == fallbacks + 1 and L.cache.num_captures == captures
+
+
+# A pass whose conv windows come from everywhere (tokens, in-pass parent, kept prefix): in-pass
+# ancestors' rows, through parents of 1 and 2 tokens (2, 3, 7, 12); kept states of earlier passes
+# (5, 6, 7, 8, 9; prefix 1 has 2 tokens, so its window holds a zero row); zeros at a prompt's
+# start, then rows (10, 11, 12); 4 levels. Kept: 2, 6, 9, 12.
+SOURCES_PASS = [
+    (30, None, None),  # 0
+    (1, 0, None),  # 1
+    (2, 1, None),  # 2
+    (5, 2, None),  # 3
+    (1, 0, None),  # 4
+    (1, None, 0),  # 5
+    (1, 5, None),  # 6
+    (4, 6, None),  # 7
+    (2, None, 1),  # 8
+    (1, 8, None),  # 9
+    (1, None, None),  # 10
+    (1, 10, None),  # 11
+    (3, 11, None),  # 12
+]
+SOURCES_KEPT = {2, 6, 9, 12}
+
+
+def window_sources_pass(runner, seed: int):
+    """(runs of SOURCES_PASS, each run's whole prompt): the kept prefixes run first, in their own
+    passes."""
+    from openjev.worker.runner_api import SegmentRun
+
+    rng = random.Random(seed)
+    toks = lambda n: [rng.randrange(runner.config.vocab_size) for _ in range(n)]  # noqa: E731
+    prefixes = [toks(40), toks(2)]
+    kept = [runner.run_launch([SegmentRun(p, 0, None, True, False)])[0].state for p in prefixes]
+    runs, prompts = [], []
+    for i, (n, parent, ext) in enumerate(SOURCES_PASS):
+        own = toks(n)
+        before = prompts[parent] if parent is not None else [] if ext is None else prefixes[ext]
+        runs.append(SegmentRun(own, len(before), None if ext is None else kept[ext], i in SOURCES_KEPT, True, parent))
+        prompts.append(before + own)
+    return runs, prompts
+
+
+def test_forest_pass_window_sources_equal_alone(runner):
+    """Every run of a pass whose conv windows come from in-pass ancestors (short ones included),
+    kept states of earlier passes and zeros: its score and kept state are bit for bit those of its
+    whole prompt alone."""
+    from openjev.worker.runner_api import SegmentRun
+
+    runs, prompts = window_sources_pass(runner, seed=4)
+    results = runner.run_launch(runs)
+    for i, (run, prompt) in enumerate(zip(runs, prompts, strict=True)):
+        alone = runner.run_launch([SegmentRun(prompt, 0, None, run.keep_state, True)])[0]
+        assert results[i].head_score == alone.head_score, i
+        if run.keep_state:
+            assert_same_state(results[i].state, alone.state, i)
+
+
+def test_window_sources_equal_gathered_windows(eager, monkeypatch):
+    """The runner's conv reading each window at its source gives bit for bit what it gave when
+    every GDN layer first gathered the windows into [N, 3, C] (two index_selects and a where,
+    Launch.windows until 2026-12-01) and the kernel read those: head rows and kept states."""
+    from openjev.worker.cuda import kernels
+
+    direct, calls = kernels.causal_conv1d, []
+
+    def gathered(x, weight, windows, win_src, cu_seqlens, out=None, new_window=None):
+        calls.append(1)
+        src = win_src.long()
+        picked = torch.where(
+            (src >= 0)[:, None],
+            x.index_select(0, src.clamp(min=0)),
+            windows.flatten(0, 1).index_select(0, (-1 - src).clamp(min=0)),
+        ).view(-1, 3, x.shape[1])
+        own = kernels.own_windows(picked.shape[0], x.device)
+        return direct(x, weight, picked, own, cu_seqlens, out=out, new_window=new_window)
+
+    runs, _ = window_sources_pass(eager, seed=5)
+    hidden, states = eager.final_hidden(runs)
+    monkeypatch.setattr(kernels, "causal_conv1d", gathered)
+    old_hidden, old_states = eager.final_hidden(runs)
+    assert len(calls) == len(eager.gdn_layers), "the gathered path did not run"
+    assert torch.equal(hidden, old_hidden)
+    for i, (a, b) in enumerate(zip(states, old_states, strict=True)):
+        assert (a is None) == (b is None), i
+        if a is not None:
+            assert_same_state(a, b, i)

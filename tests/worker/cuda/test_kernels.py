@@ -57,12 +57,116 @@ def test_causal_conv1d(K, ref, trial):
     fused = torch.randn(T, C + 512, device=DEV).bfloat16()  # conv input is a column slice
     x = fused[:, :C]
     w = (torch.randn(C, 4, device=DEV) * 0.5).bfloat16()
-    win = torch.randn(N, 3, C, device=DEV).bfloat16()
+    win, src = torch.randn(N, 3, C, device=DEV).bfloat16(), K.own_windows(N, DEV)
     out, nw = poisoned((T, C), torch.bfloat16), poisoned((N, 3, C), torch.bfloat16)
-    K.causal_conv1d(x, w, win, cu, out=out, new_window=nw)
-    e_out, e_win = ref.causal_conv1d_packed(x.cpu(), w.cpu(), win.cpu(), cu.cpu())
+    K.causal_conv1d(x, w, win, src, cu, out=out, new_window=nw)
+    e_out, e_win = ref.causal_conv1d_packed(x.cpu(), w.cpu(), win.cpu(), src.cpu(), cu.cpu())
     per_segment(out, e_out, cu, BF16_TOL, "conv out")
     assert torch.equal(nw.cpu(), e_win), "new windows are exact copies of inputs"
+
+
+# A forest pass for the conv's window sources, in the caller's order (parents first): (tokens,
+# in-pass parent, external parent: index into the fake kept states, whose windows are random).
+# Windows that come from: zeros (0, 16); an ancestor's rows (1, 4, 6); a parent shorter than 3,
+# walking further up (2, 3, 7, 8, 14); an external parent's window (5, 9, 15; 15 shares 5's
+# slot); in-pass rows and then the external window (10, 11: two 1-token parents up); zeros and
+# then rows (13). Segment 3 spans several row groups, 16 starts a 65-row one.
+CONV_FOREST = [
+    (5, None, None),  # 0
+    (1, 0, None),  # 1
+    (2, 1, None),  # 2
+    (130, 2, None),  # 3
+    (1, 1, None),  # 4
+    (3, None, 0),  # 5
+    (1, 5, None),  # 6
+    (1, 6, None),  # 7
+    (64, 7, None),  # 8
+    (1, None, 1),  # 9
+    (1, 9, None),  # 10
+    (3, 10, None),  # 11
+    (1, None, None),  # 12
+    (2, 12, None),  # 13
+    (17, 13, None),  # 14
+    (2, None, 0),  # 15
+    (65, None, None),  # 16
+]
+
+
+def conv_forest(C, pad_tokens=0, empty=0):
+    """(x [T(+pad), C] bf16 column slice in the plan's order, slot windows [1 + P, 3, C], win_src,
+    cu, and in the plan's order each run's expected incoming and new window [3, C]) for
+    CONV_FOREST; pad_tokens, empty: a graph pass's pad segment and empty segments after the real
+    ones, reading slot 0's zeros (graph_launch.GraphLauncher._fill)."""
+    from openjev.worker.cuda.launch import CudaSegmentState, KvNode, plan_launch
+    from openjev.worker.runner_api import SegmentRun
+
+    ext_windows = torch.randn(2, 3, C, device=DEV).bfloat16()
+    ext = [CudaSegmentState(9, {0: (ext_windows[e], None, None)}, KvNode(None, 9, {})) for e in range(2)]
+    own = [torch.randn(n, C, device=DEV).bfloat16() for n, _, _ in CONV_FOREST]
+    before = []  # per caller's run: every input before it (3 zero rows or its parent's window first)
+    runs = []
+    for n, parent, e in CONV_FOREST:
+        if parent is not None:
+            before.append(torch.cat([before[parent], own[parent]]))
+            start = runs[parent].start_position + CONV_FOREST[parent][0]
+        else:
+            before.append(torch.zeros(3, C, device=DEV).bfloat16() if e is None else ext_windows[e])
+            start = 0 if e is None else ext[e].num_tokens
+        runs.append(SegmentRun([0] * n, start, None if e is None else ext[e], False, False, parent))
+    plan = plan_launch(runs, vocab_size=1)
+    assert plan.num_levels == 4 and len(plan.parents) == 2
+    T = plan.cu[-1]
+    fused = torch.randn(T + pad_tokens, C + 512, device=DEV).bfloat16()  # pad rows hold garbage
+    fused[:T, :C] = torch.cat([own[o] for o in plan.order])
+    slots = torch.stack([torch.zeros(3, C, device=DEV).bfloat16()] + [p.gdn[0][0] for p in plan.parents])
+    extra = (1 if pad_tokens else 0) + empty
+    cu = plan.cu + ([T + pad_tokens] if pad_tokens else []) + [T + pad_tokens] * empty
+    win_src = plan.win_src + [-1 - m for _ in range(extra) for m in range(3)]
+    windows = [before[o][-3:] for o in plan.order]
+    new = [torch.cat([before[o], own[o]])[-3:] for o in plan.order]
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEV)  # noqa: E731
+    return fused[:, :C], slots, i32(win_src), i32(cu), windows, new
+
+
+@pytest.mark.parametrize("pad", [(0, 0), (7, 2)])
+def test_causal_conv1d_window_sources(K, ref, pad):
+    """Windows read at their sources in one launch (CONV_FOREST: in-pass ancestors' rows, short
+    parents, external slots, zeros, mixed) give what the same kernel gives from windows gathered
+    beforehand (the runner's path until 2026-12-01), bit for bit; outputs match the reference
+    from the prompt's own inputs; new windows are the last 3 inputs of each prompt, exactly.
+    With a graph pass's pad segment and empty segments after the real ones, the real segments'
+    rows do not change."""
+    C = 10240
+    x, slots, win_src, cu, windows, new = conv_forest(C, *pad)
+    T, N, R = x.shape[0], cu.numel() - 1, len(windows)  # R real segments
+    real_T = int(cu[R])
+    w = (torch.randn(C, 4, device=DEV) * 0.5).bfloat16()
+    # the encoding as the reference reads it = each prompt's 3 inputs before the run
+    assert torch.equal(ref.conv_windows(x.cpu(), slots.cpu(), win_src.cpu())[:R], torch.stack(windows).cpu())
+    out, nw = poisoned((T, C), torch.bfloat16), poisoned((N, 3, C), torch.bfloat16)
+    K.causal_conv1d(x, w, slots, win_src, cu, out=out, new_window=nw)
+    assert not torch.isnan(out).any() and not torch.isnan(nw).any(), "rows left unwritten"
+    # the former path: windows gathered into [N, 3, C] first (Launch.windows), then the kernel
+    src = win_src.long()
+    gathered = torch.where(
+        (src >= 0)[:, None],
+        x.index_select(0, src.clamp(min=0)),
+        slots.flatten(0, 1).index_select(0, (-1 - src).clamp(min=0)),
+    ).view(N, 3, C)
+    g_out, g_nw = K.causal_conv1d(x, w, gathered, K.own_windows(N, DEV), cu)
+    assert torch.equal(out, g_out) and torch.equal(nw, g_nw), "not the bits of gathered windows"
+    assert torch.equal(nw[:R], torch.stack(new)), "new windows: the last 3 inputs of each prompt"
+    own = K.own_windows(R, DEV)
+    e_out, _ = ref.causal_conv1d_packed(
+        x[:real_T].cpu(), w.cpu(), torch.stack(windows).cpu(), own.cpu(), cu[: R + 1].cpu()
+    )
+    per_segment(out[:real_T], e_out, cu[: R + 1], BF16_TOL, "conv out")
+    if pad != (0, 0):  # padding changes no real row
+        _, _, src0, cu0, _, _ = conv_forest(C)
+        assert torch.equal(src0, win_src[: 3 * R]) and torch.equal(cu0, cu[: R + 1])
+        p_out, p_nw = K.causal_conv1d(x[:real_T], w, slots, src0, cu0)
+        assert torch.equal(p_out, out[:real_T]) and torch.equal(p_nw, nw[:R])
+        assert not nw[R + 1 :].any(), "empty segments' new windows: slot 0's zeros"
 
 
 def test_gdn_prepare(K, ref):
