@@ -149,12 +149,13 @@ def main() -> None:
     p.add_argument("--cases", default="noul:1-128,choice:2049-4096", help="kind:group of each request profiled")
     p.add_argument("--graphs-only", action="store_true", help="skip the eager arm")
     p.add_argument("--host", action="store_true", help="also cProfile the scheduler thread's host work (graphs)")
+    p.add_argument("--gdn-kernel", default="serial", help="serial or chunked (CudaRunner gdn_kernel)")
     args = p.parse_args()
 
     meta, candidates_of, _ = longest_tokens_fn(args.model)
     cases = workload.read_jsonl(args.workload)
     chosen = [pick(cases, *spec.split(":")) for spec in args.cases.split(",")]
-    graph = CudaRunner.synthetic(args.shape, seed=0, graph_capture_after=1)
+    graph = CudaRunner.synthetic(args.shape, seed=0, graph_capture_after=1, gdn_kernel=args.gdn_kernel)
     eager = CudaRunner(
         graph.config,
         graph.embed,
