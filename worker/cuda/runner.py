@@ -271,6 +271,7 @@ class CudaRunner:
         qn, kn, g, beta, kq = K.gdn_prepare(conv, a, b, layer.a_log, layer.dt_bias, c.linear_num_key_heads)
         v = conv[:, 2 * c.linear_key_dim :].unflatten(1, (hv, 128))
         if self.chunked_gdn:  # solve and output once, the state pass once per level
+            assert launch.tail_src is not None, "a chunked runner's launches carry tail sources"
             N = launch.cu.numel() - 1
             final = torch.empty(N, hv, 128, 128, dtype=torch.float32, device=h.device)
             width = K.gdn_tail_width(c.linear_num_key_heads, hv)
