@@ -197,6 +197,18 @@ __device__ __forceinline__ void finish_items(int* counters) {
     }
 }
 
+// The next (chunk, head) item of the launch's chunk list (below); false when none is left.
+__device__ __forceinline__ bool next_chunk_item(const int* __restrict__ list, int H, int* counters, int* ticket,
+                                                int& slot, int& h, int& n, int& c) {
+    const int item = next_item(counters, ticket);
+    if (item >= list[0] * H) return false;
+    slot = item / H;
+    h = item % H;
+    n = list[1 + slot] >> 16;
+    c = list[1 + slot] & 0xffff;
+    return true;
+}
+
 // The launch's chunks in segment order: list[0] = their count, list[1 + slot] = (n << 16) | c
 // for chunk c of segment n (slot = the chunk's scratch slot, segment(...).first + c). One block
 // of GDN_PLAN_THREADS threads, a segment a thread (N <= GDN_PLAN_THREADS).
@@ -275,178 +287,176 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     float* bs = gs + CH;           // [64] beta
 
     __shared__ int ticket;
-    for (;;) {
-    const int item = next_item(counters, &ticket);
-    if (item >= list[0] * H) break;
-    const int slot_c = item / H, h = item % H, hk = h / (H / Hk);
-    const int n = list[1 + slot_c] >> 16, c = list[1 + slot_c] & 0xffff;
-    const Seg s = segment(cu, pos, n, max_chunks);
-    const int r0 = c * CH, valid = min(CH, s.rows - r0);
-    const bool unfinished = valid < CH;  // only a segment's last chunk can be
-    const int tid = threadIdx.x, warp = tid >> 5;
-    const Lane l = lane_of();
+    int slot_c, h, n, c;
+    while (next_chunk_item(list, H, counters, &ticket, slot_c, h, n, c)) {
+        const int hk = h / (H / Hk);
+        const Seg s = segment(cu, pos, n, max_chunks);
+        const int r0 = c * CH, valid = min(CH, s.rows - r0);
+        const bool unfinished = valid < CH;  // only a segment's last chunk can be
+        const int tid = threadIdx.x, warp = tid >> 5;
+        const Lane l = lane_of();
 
-    load_k<NT, LB>(Bs, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
-#pragma unroll
-    for (int it = 0; it < CH * (D / 4) / NT; ++it) {  // v rows: 4 values a thread per step
-        const int idx = tid + it * NT;
-        const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
-        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (vr < s.rows) {
-            const int src = row_source(tail_src, s, n, vr);
-            if (src < 0) {
-                x = *reinterpret_cast<const float4*>(tails + (long)(-1 - src) * tail_width + Hk * D + h * D + d);
-            } else {
-                const uint2 raw = *reinterpret_cast<const uint2*>(v + (long)src * v_stride + h * D + d);
-                const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-                const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-                x = make_float4(lo.x, lo.y, hi.x, hi.y);
+        load_k<NT, LB>(Bs, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
+    #pragma unroll
+        for (int it = 0; it < CH * (D / 4) / NT; ++it) {  // v rows: 4 values a thread per step
+            const int idx = tid + it * NT;
+            const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
+            float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (vr < s.rows) {
+                const int src = row_source(tail_src, s, n, vr);
+                if (src < 0) {
+                    x = *reinterpret_cast<const float4*>(tails + (long)(-1 - src) * tail_width + Hk * D + h * D + d);
+                } else {
+                    const uint2 raw = *reinterpret_cast<const uint2*>(v + (long)src * v_stride + h * D + d);
+                    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+                    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+                    x = make_float4(lo.x, lo.y, hi.x, hi.y);
+                }
+            }
+            *reinterpret_cast<float4*>(Bs + r * LB + D + d) = x;
+        }
+        if (tid < CH) {
+            const int vr = r0 + tid;
+            float gv = 0.f, bv = 0.f;
+            if (vr < s.rows) {
+                const int src = row_source(tail_src, s, n, vr);
+                if (src < 0) {
+                    const float* row = tails + (long)(-1 - src) * tail_width + Hk * D + H * D;
+                    gv = row[h];
+                    bv = row[H + h];
+                } else {
+                    gv = g[(long)src * H + h];
+                    bv = beta[(long)src * H + h];
+                }
+            }
+            gs[tid] = gv;
+            bs[tid] = bv;
+        }
+        cp_async_wait_all();
+        __syncthreads();
+
+        if (unfinished) {  // keep the unfinished chunk's rows for the children (before any scaling)
+            float* out = tail_out + (long)n * CH * tail_width;
+            for (int idx = tid; idx < valid * D; idx += NT) {
+                const int r = idx / D, d = idx % D;
+                if (h % (H / Hk) == 0) out[r * tail_width + hk * D + d] = Bs[r * LB + d];
+                out[r * tail_width + Hk * D + h * D + d] = Bs[r * LB + D + d];
+            }
+            if (tid < valid) {
+                out[tid * tail_width + Hk * D + H * D + h] = gs[tid];
+                out[tid * tail_width + Hk * D + H * D + H + h] = bs[tid];
             }
         }
-        *reinterpret_cast<float4*>(Bs + r * LB + D + d) = x;
-    }
-    if (tid < CH) {
-        const int vr = r0 + tid;
-        float gv = 0.f, bv = 0.f;
-        if (vr < s.rows) {
-            const int src = row_source(tail_src, s, n, vr);
-            if (src < 0) {
-                const float* row = tails + (long)(-1 - src) * tail_width + Hk * D + H * D;
-                gv = row[h];
-                bv = row[H + h];
-            } else {
-                gv = g[(long)src * H + h];
-                bv = beta[(long)src * H + h];
-            }
-        }
-        gs[tid] = gv;
-        bs[tid] = bv;
-    }
-    cp_async_wait_all();
-    __syncthreads();
-
-    if (unfinished) {  // keep the unfinished chunk's rows for the children (before any scaling)
-        float* out = tail_out + (long)n * CH * tail_width;
-        for (int idx = tid; idx < valid * D; idx += NT) {
-            const int r = idx / D, d = idx % D;
-            if (h % (H / Hk) == 0) out[r * tail_width + hk * D + d] = Bs[r * LB + d];
-            out[r * tail_width + Hk * D + h * D + d] = Bs[r * LB + D + d];
-        }
-        if (tid < valid) {
-            out[tid * tail_width + Hk * D + H * D + h] = gs[tid];
-            out[tid * tail_width + Hk * D + H * D + H + h] = bs[tid];
-        }
-    }
-    __syncthreads();  // the tail rows above read g before it becomes G
-    if (tid == 0) {  // G: a prefix sum in row order, so row i's value never depends on later rows
-        float acc = 0.f;
-        for (int r = 0; r < CH; ++r) {
-            acc += gs[r];
-            gs[r] = acc;
-        }
-    }
-    // k k^T on the 10 16 x 16 tiles at or below the diagonal: 20 16 x 8 tiles over the warps
-    for (int q = warp; q < 20; q += NT / 32) {
-        int ti, tj;
-        lower_tile(q >> 1, ti, tj);
-        const int n0 = tj * 16 + (q & 1) * 8;
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-        for (int k0 = 0; k0 < D; k0 += 8) {
-            u32 a[4], b[2];
-            load_a(a, Bs + ti * 16 * LB + k0, LB, 1, l);
-            load_b(b, Bs + n0 * LB + k0, 1, LB, l);  // (k, n) = k_n[k]
-            mma(acc, a, b);
-        }
-        store_c(As + ti * 16 * LC + n0, LC, acc, l);
-    }
-    __syncthreads();
-    for (int idx = tid; idx < CH * CH; idx += NT) {
-        const int i = idx / CH, j = idx % CH;
-        As[i * LC + j] = j < i ? bs[i] * __expf(gs[i] - gs[j]) * As[i * LC + j] : 0.f;
-    }
-    __syncthreads();
-
-    // T = (I + A)^-1 by 16x16 blocks. Diagonal blocks by forward substitution, a warp each
-    // (lane: column c = lane & 15, half of the sum = lane >> 4); fixed summation orders.
-    if (warp < 4) {
-        const int b0 = warp * 16, col = (tid & 31) & 15, half = (tid & 31) >> 4;
-        for (int i = 0; i < 16; ++i) {
+        __syncthreads();  // the tail rows above read g before it becomes G
+        if (tid == 0) {  // G: a prefix sum in row order, so row i's value never depends on later rows
             float acc = 0.f;
-            for (int j = col + half; j < i; j += 2) acc = fmaf(As[(b0 + i) * LC + b0 + j], Ts[(b0 + j) * LC + b0 + col], acc);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 16);
-            if (half == 0) Ts[(b0 + i) * LC + b0 + col] = (col == i ? 1.f : 0.f) - acc;
-            __syncwarp();
+            for (int r = 0; r < CH; ++r) {
+                acc += gs[r];
+                gs[r] = acc;
+            }
         }
-    }
-    // zero the blocks above the diagonal
-    for (int idx = tid; idx < CH * CH; idx += NT) {
-        const int i = idx / CH, j = idx % CH;
-        if ((j >> 4) > (i >> 4)) Ts[i * LC + j] = 0.f;
-    }
-    __syncthreads();
-    // off-diagonal blocks, one distance at a time: T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj, each
-    // (block pair, 8-column half) a warp, on tensor cores at fp32 accuracy (mma3); the pair's
-    // sum X lands in Xs[pair] for its second product
-    for (int dist = 1; dist < 4; ++dist) {
-        const int p = warp >> 1, half = warp & 1;
-        if (p < 4 - dist) {
-            const int bi = dist + p, bj = p, n0 = bj * 16 + half * 8;
-            float x[4] = {0.f, 0.f, 0.f, 0.f};
-            for (int k0 = bj * 16; k0 < bi * 16; k0 += 8) {
-                float a[4], b[2];
-                load_af(a, As + bi * 16 * LC + k0, LC, 1, l);
-                load_bf(b, Ts + k0 * LC + n0, LC, 1, l);
-                mma3(x, a, b);
+        // k k^T on the 10 16 x 16 tiles at or below the diagonal: 20 16 x 8 tiles over the warps
+        for (int q = warp; q < 20; q += NT / 32) {
+            int ti, tj;
+            lower_tile(q >> 1, ti, tj);
+            const int n0 = tj * 16 + (q & 1) * 8;
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    #pragma unroll 4
+            for (int k0 = 0; k0 < D; k0 += 8) {
+                u32 a[4], b[2];
+                load_a(a, Bs + ti * 16 * LB + k0, LB, 1, l);
+                load_b(b, Bs + n0 * LB + k0, 1, LB, l);  // (k, n) = k_n[k]
+                mma(acc, a, b);
             }
-            float* X = Xs + p * 16 * LX + half * 8;
-            store_c(X, LX, x, l);
-            __syncwarp();
-            float y[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int k0 = 0; k0 < 16; k0 += 8) {
-                float a[4], b[2];
-                load_af(a, Ts + bi * 16 * LC + bi * 16 + k0, LC, 1, l);
-                load_bf(b, X + k0 * LX, LX, 1, l);
-                mma3(y, a, b);
-            }
-#pragma unroll
-            for (int e = 0; e < 4; ++e) y[e] = -y[e];
-            store_c(Ts + bi * 16 * LC + n0, LC, y, l);
+            store_c(As + ti * 16 * LC + n0, LC, acc, l);
         }
         __syncthreads();
-    }
+        for (int idx = tid; idx < CH * CH; idx += NT) {
+            const int i = idx / CH, j = idx % CH;
+            As[i * LC + j] = j < i ? bs[i] * __expf(gs[i] - gs[j]) * As[i * LC + j] : 0.f;
+        }
+        __syncthreads();
 
-    // [W | U~] = (T diag(beta e^G)) K | (T diag(beta)) V: warp w one 16-row tile by 16 8-column
-    // tiles (W for even warps, U~ for odd ones), its scaled T fragment shared by the 16, straight
-    // to the scratch (scaling T's columns, not K's and V's rows: no pass over [k | v])
-    const long slot = (long)(s.first + c) * H + h;
-    {
-        const int ti = warp >> 1, j0 = (warp & 1) * 16;
-        const bool is_w = (warp & 1) == 0;
-        float acc[16][4];
-#pragma unroll
-        for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-#pragma unroll 2
-        for (int k0 = 0; k0 < CH; k0 += 8) {
-            float t[4];
-            load_af(t, Ts + ti * 16 * LC + k0, LC, 1, l);
-            const int k_lo = k0 + l.t, k_hi = k_lo + 4;
-            const float s_lo = is_w ? bs[k_lo] * __expf(gs[k_lo]) : bs[k_lo];
-            const float s_hi = is_w ? bs[k_hi] * __expf(gs[k_hi]) : bs[k_hi];
-            const u32 a[4] = {tf32(t[0] * s_lo), tf32(t[1] * s_lo), tf32(t[2] * s_hi), tf32(t[3] * s_hi)};
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                u32 b[2];
-                load_b(b, Bs + k0 * LB + (j0 + j) * 8, LB, 1, l);
-                mma(acc[j], a, b);
+        // T = (I + A)^-1 by 16x16 blocks. Diagonal blocks by forward substitution, a warp each
+        // (lane: column c = lane & 15, half of the sum = lane >> 4); fixed summation orders.
+        if (warp < 4) {
+            const int b0 = warp * 16, col = (tid & 31) & 15, half = (tid & 31) >> 4;
+            for (int i = 0; i < 16; ++i) {
+                float acc = 0.f;
+                for (int j = col + half; j < i; j += 2) acc = fmaf(As[(b0 + i) * LC + b0 + j], Ts[(b0 + j) * LC + b0 + col], acc);
+                acc += __shfl_xor_sync(0xffffffffu, acc, 16);
+                if (half == 0) Ts[(b0 + i) * LC + b0 + col] = (col == i ? 1.f : 0.f) - acc;
+                __syncwarp();
             }
         }
-        float* dst = ((warp & 1) ? U : W) + slot * CH * D + ti * 16 * D;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) store_c(dst + j * 8, D, acc[j], l);
-    }
-    if (tid < CH) gcum[slot * CH + tid] = gs[tid];
+        // zero the blocks above the diagonal
+        for (int idx = tid; idx < CH * CH; idx += NT) {
+            const int i = idx / CH, j = idx % CH;
+            if ((j >> 4) > (i >> 4)) Ts[i * LC + j] = 0.f;
+        }
+        __syncthreads();
+        // off-diagonal blocks, one distance at a time: T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj, each
+        // (block pair, 8-column half) a warp, on tensor cores at fp32 accuracy (mma3); the pair's
+        // sum X lands in Xs[pair] for its second product
+        for (int dist = 1; dist < 4; ++dist) {
+            const int p = warp >> 1, half = warp & 1;
+            if (p < 4 - dist) {
+                const int bi = dist + p, bj = p, n0 = bj * 16 + half * 8;
+                float x[4] = {0.f, 0.f, 0.f, 0.f};
+                for (int k0 = bj * 16; k0 < bi * 16; k0 += 8) {
+                    float a[4], b[2];
+                    load_af(a, As + bi * 16 * LC + k0, LC, 1, l);
+                    load_bf(b, Ts + k0 * LC + n0, LC, 1, l);
+                    mma3(x, a, b);
+                }
+                float* X = Xs + p * 16 * LX + half * 8;
+                store_c(X, LX, x, l);
+                __syncwarp();
+                float y[4] = {0.f, 0.f, 0.f, 0.f};
+    #pragma unroll
+                for (int k0 = 0; k0 < 16; k0 += 8) {
+                    float a[4], b[2];
+                    load_af(a, Ts + bi * 16 * LC + bi * 16 + k0, LC, 1, l);
+                    load_bf(b, X + k0 * LX, LX, 1, l);
+                    mma3(y, a, b);
+                }
+    #pragma unroll
+                for (int e = 0; e < 4; ++e) y[e] = -y[e];
+                store_c(Ts + bi * 16 * LC + n0, LC, y, l);
+            }
+            __syncthreads();
+        }
+
+        // [W | U~] = (T diag(beta e^G)) K | (T diag(beta)) V: warp w one 16-row tile by 16 8-column
+        // tiles (W for even warps, U~ for odd ones), its scaled T fragment shared by the 16, straight
+        // to the scratch (scaling T's columns, not K's and V's rows: no pass over [k | v])
+        const long slot = (long)(s.first + c) * H + h;
+        {
+            const int ti = warp >> 1, j0 = (warp & 1) * 16;
+            const bool is_w = (warp & 1) == 0;
+            float acc[16][4];
+    #pragma unroll
+            for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    #pragma unroll 2
+            for (int k0 = 0; k0 < CH; k0 += 8) {
+                float t[4];
+                load_af(t, Ts + ti * 16 * LC + k0, LC, 1, l);
+                const int k_lo = k0 + l.t, k_hi = k_lo + 4;
+                const float s_lo = is_w ? bs[k_lo] * __expf(gs[k_lo]) : bs[k_lo];
+                const float s_hi = is_w ? bs[k_hi] * __expf(gs[k_hi]) : bs[k_hi];
+                const u32 a[4] = {tf32(t[0] * s_lo), tf32(t[1] * s_lo), tf32(t[2] * s_hi), tf32(t[3] * s_hi)};
+    #pragma unroll
+                for (int j = 0; j < 16; ++j) {
+                    u32 b[2];
+                    load_b(b, Bs + k0 * LB + (j0 + j) * 8, LB, 1, l);
+                    mma(acc[j], a, b);
+                }
+            }
+            float* dst = ((warp & 1) ? U : W) + slot * CH * D + ti * 16 * D;
+    #pragma unroll
+            for (int j = 0; j < 16; ++j) store_c(dst + j * 8, D, acc[j], l);
+        }
+        if (tid < CH) gcum[slot * CH + tid] = gs[tid];
     }
     finish_items(counters);
 }
@@ -477,133 +487,133 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
     __shared__ int ticket;
     const int n0 = level_off[level], items = (level_off[level + 1] - n0) * H * (D / NCOL);
     for (;;) {
-    const int item = next_item(counters, &ticket);
-    if (item >= items) break;
-    const int n = n0 + item / (H * (D / NCOL)), h = item / (D / NCOL) % H, col0 = item % (D / NCOL) * NCOL;
-    const int hk = h / (H / Hk);
-    const int tid = threadIdx.x, warp = tid >> 5;
-    const Lane l = lane_of();
-    const Seg s = segment(cu, pos, n, max_chunks);
-    const long state_base = ((long)n * H + h) * D * D;
-    const int from = init_idx[n];
-    const float* init = from > 0 ? init_slots + ((long)from * H + h) * D * D
-                                 : from <= -2 ? final_state + ((long)(-2 - from) * H + h) * D * D : nullptr;
+        const int item = next_item(counters, &ticket);
+        if (item >= items) break;
+        const int n = n0 + item / (H * (D / NCOL)), h = item / (D / NCOL) % H, col0 = item % (D / NCOL) * NCOL;
+        const int hk = h / (H / Hk);
+        const int tid = threadIdx.x, warp = tid >> 5;
+        const Lane l = lane_of();
+        const Seg s = segment(cu, pos, n, max_chunks);
+        const long state_base = ((long)n * H + h) * D * D;
+        const int from = init_idx[n];
+        const float* init = from > 0 ? init_slots + ((long)from * H + h) * D * D
+                                     : from <= -2 ? final_state + ((long)(-2 - from) * H + h) * D * D : nullptr;
 
-    // chunk c's copies into buffer c & 1, one cp.async group
-    auto issue = [&](int c) {
-        float* Wb = Ss + D * LC + (c & 1) * BUF;
-        float* Kb = Wb + CH * LK;
-        float* Ub = Kb + CH * LK;
-        float* gb = Ub + CH * LC;
-        const long slot = (long)(s.first + c) * H + h;
-        load_k<NTH>(Kb, kn, tail_src, tails, tail_width, s, c * CH, n, hk, Hk);
-#pragma unroll
-        for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
-            const int idx = tid + it * NTH;
-            const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
-            cp_async16(Wb + r * LK + d, W + (slot * CH + r) * D + d, true);
-        }
-#pragma unroll
-        for (int it = 0; it < CH * (NCOL / 4) / NTH; ++it) {
-            const int idx = tid + it * NTH;
-            const int r = idx / (NCOL / 4), d = (idx % (NCOL / 4)) * 4;
-            cp_async16(Ub + r * LC + d, U + (slot * CH + r) * D + col0 + d, true);
-        }
-        if (tid < CH / 4) cp_async16(gb + tid * 4, gcum + slot * CH + tid * 4, true);
-        cp_async_commit();
-    };
+        // chunk c's copies into buffer c & 1, one cp.async group
+        auto issue = [&](int c) {
+            float* Wb = Ss + D * LC + (c & 1) * BUF;
+            float* Kb = Wb + CH * LK;
+            float* Ub = Kb + CH * LK;
+            float* gb = Ub + CH * LC;
+            const long slot = (long)(s.first + c) * H + h;
+            load_k<NTH>(Kb, kn, tail_src, tails, tail_width, s, c * CH, n, hk, Hk);
+    #pragma unroll
+            for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
+                const int idx = tid + it * NTH;
+                const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
+                cp_async16(Wb + r * LK + d, W + (slot * CH + r) * D + d, true);
+            }
+    #pragma unroll
+            for (int it = 0; it < CH * (NCOL / 4) / NTH; ++it) {
+                const int idx = tid + it * NTH;
+                const int r = idx / (NCOL / 4), d = (idx % (NCOL / 4)) * 4;
+                cp_async16(Ub + r * LC + d, U + (slot * CH + r) * D + col0 + d, true);
+            }
+            if (tid < CH / 4) cp_async16(gb + tid * 4, gcum + slot * CH + tid * 4, true);
+            cp_async_commit();
+        };
 
-    // S_0, into shared memory and (the first chunk's start state) into Sc; later chunks' start
-    // states are stored from the registers of the update that makes them
-    for (int idx = tid; idx < D * NCOL; idx += NTH) {
-        const int i = idx / NCOL, j = idx % NCOL;
-        const float x = init != nullptr ? init[(long)i * D + col0 + j] : 0.f;
-        Ss[i * LC + j] = x;
-        if (s.chunks > 0) Sc[((long)s.first * H + h) * D * D + (long)i * D + col0 + j] = x;
-    }
-    if (s.chunks > 0) issue(0);
-    for (int c = 0; c < s.chunks; ++c) {
-        // the other buffer was last read by chunk c - 1, which ended with a barrier
-        if (c + 1 < s.chunks) issue(c + 1);
-        else cp_async_commit();  // an empty group keeps "all but the newest" meaning chunk c
-        cp_async_wait<1>();
-        __syncthreads();
-        float* Wb = Ss + D * LC + (c & 1) * BUF;
-        float* Kb = Wb + CH * LK;
-        float* Ub = Kb + CH * LK;
-        const float* gb = Ub + CH * LC;
-        const long slot = (long)(s.first + c) * H + h;
-        const float g_end = gb[CH - 1];
-        {  // U = U~ - W S: a warp one 16-row tile by TPW 8-column tiles (its W fragments shared)
-            constexpr int TPW = (CH / 16) * TN / (NTH / 32);
-            static_assert(TPW >= 1 && TN % TPW == 0, "whole column groups a warp");
-            const int t0 = warp * TPW, ti = t0 / TN, n0 = (t0 % TN) * 8;
-            float u[TPW][4];
-#pragma unroll
-            for (int j = 0; j < TPW; ++j) load_c(u[j], Ub + ti * 16 * LC + n0 + j * 8, LC, l);
-#pragma unroll 4
-            for (int k0 = 0; k0 < D; k0 += 8) {
-                u32 w[4];
-                load_a(w, Wb + ti * 16 * LK + k0, LK, 1, l);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) w[e] ^= 0x80000000u;  // -W: the sign bit, exactly
-#pragma unroll
+        // S_0, into shared memory and (the first chunk's start state) into Sc; later chunks' start
+        // states are stored from the registers of the update that makes them
+        for (int idx = tid; idx < D * NCOL; idx += NTH) {
+            const int i = idx / NCOL, j = idx % NCOL;
+            const float x = init != nullptr ? init[(long)i * D + col0 + j] : 0.f;
+            Ss[i * LC + j] = x;
+            if (s.chunks > 0) Sc[((long)s.first * H + h) * D * D + (long)i * D + col0 + j] = x;
+        }
+        if (s.chunks > 0) issue(0);
+        for (int c = 0; c < s.chunks; ++c) {
+            // the other buffer was last read by chunk c - 1, which ended with a barrier
+            if (c + 1 < s.chunks) issue(c + 1);
+            else cp_async_commit();  // an empty group keeps "all but the newest" meaning chunk c
+            cp_async_wait<1>();
+            __syncthreads();
+            float* Wb = Ss + D * LC + (c & 1) * BUF;
+            float* Kb = Wb + CH * LK;
+            float* Ub = Kb + CH * LK;
+            const float* gb = Ub + CH * LC;
+            const long slot = (long)(s.first + c) * H + h;
+            const float g_end = gb[CH - 1];
+            {  // U = U~ - W S: a warp one 16-row tile by TPW 8-column tiles (its W fragments shared)
+                constexpr int TPW = (CH / 16) * TN / (NTH / 32);
+                static_assert(TPW >= 1 && TN % TPW == 0, "whole column groups a warp");
+                const int t0 = warp * TPW, ti = t0 / TN, n0 = (t0 % TN) * 8;
+                float u[TPW][4];
+    #pragma unroll
+                for (int j = 0; j < TPW; ++j) load_c(u[j], Ub + ti * 16 * LC + n0 + j * 8, LC, l);
+    #pragma unroll 4
+                for (int k0 = 0; k0 < D; k0 += 8) {
+                    u32 w[4];
+                    load_a(w, Wb + ti * 16 * LK + k0, LK, 1, l);
+    #pragma unroll
+                    for (int e = 0; e < 4; ++e) w[e] ^= 0x80000000u;  // -W: the sign bit, exactly
+    #pragma unroll
+                    for (int j = 0; j < TPW; ++j) {
+                        u32 b[2];
+                        load_b(b, Ss + k0 * LC + n0 + j * 8, LC, 1, l);
+                        mma(u[j], w, b);
+                    }
+                }
+                // U to global for the output pass; e^{G_C - G_r} U to shared memory for the update
+                // below (the decay of K~ = e^{G_C - G} K moved onto U's rows: one pass over K fewer)
+                const float dlo = __expf(g_end - gb[ti * 16 + l.g]), dhi = __expf(g_end - gb[ti * 16 + l.g + 8]);
+    #pragma unroll
                 for (int j = 0; j < TPW; ++j) {
-                    u32 b[2];
-                    load_b(b, Ss + k0 * LC + n0 + j * 8, LC, 1, l);
-                    mma(u[j], w, b);
+                    store_c(U + (slot * CH + ti * 16) * D + col0 + n0 + j * 8, D, u[j], l);
+                    const float su[4] = {u[j][0] * dlo, u[j][1] * dlo, u[j][2] * dhi, u[j][3] * dhi};
+                    store_c(Ub + ti * 16 * LC + n0 + j * 8, LC, su, l);
                 }
             }
-            // U to global for the output pass; e^{G_C - G_r} U to shared memory for the update
-            // below (the decay of K~ = e^{G_C - G} K moved onto U's rows: one pass over K fewer)
-            const float dlo = __expf(g_end - gb[ti * 16 + l.g]), dhi = __expf(g_end - gb[ti * 16 + l.g + 8]);
-#pragma unroll
-            for (int j = 0; j < TPW; ++j) {
-                store_c(U + (slot * CH + ti * 16) * D + col0 + n0 + j * 8, D, u[j], l);
-                const float su[4] = {u[j][0] * dlo, u[j][1] * dlo, u[j][2] * dhi, u[j][3] * dhi};
-                store_c(Ub + ti * 16 * LC + n0 + j * 8, LC, su, l);
+            __syncthreads();
+            if (s.rows - c * CH >= CH) {  // a finished chunk: S <- e^{G_C} S + K^T (e^{G_C - G} U)
+                constexpr int TPB = (D / 16) * TN / (NTH / 32);
+                static_assert(TPB >= 1 && TN % TPB == 0, "whole column groups a warp");
+                const int t0 = warp * TPB, ti = t0 / TN, n0 = (t0 % TN) * 8;
+                const float decay = __expf(g_end);
+                float st[TPB][4];
+    #pragma unroll
+                for (int j = 0; j < TPB; ++j) {
+                    load_c(st[j], Ss + ti * 16 * LC + n0 + j * 8, LC, l);
+    #pragma unroll
+                    for (int e = 0; e < 4; ++e) st[j][e] *= decay;
+                }
+    #pragma unroll 2
+                for (int k0 = 0; k0 < CH; k0 += 8) {
+                    u32 a[4];
+                    load_a(a, Kb + k0 * LK + ti * 16, 1, LK, l);  // (i, k) = K[k][i]
+    #pragma unroll
+                    for (int j = 0; j < TPB; ++j) {
+                        u32 b[2];
+                        load_b(b, Ub + k0 * LC + n0 + j * 8, LC, 1, l);
+                        mma(st[j], a, b);
+                    }
+                }
+                // S_{c+1}: to shared memory for the next chunk, and as that chunk's start state to Sc
+                const bool next = c + 1 < s.chunks;
+                float* sc_next = Sc + (slot + H) * D * D + (long)(ti * 16) * D + col0 + n0;
+    #pragma unroll
+                for (int j = 0; j < TPB; ++j) {
+                    store_c(Ss + ti * 16 * LC + n0 + j * 8, LC, st[j], l);
+                    if (next) store_c(sc_next + j * 8, D, st[j], l);
+                }
             }
+            __syncthreads();  // this buffer and the state are done before the next chunk's copies and products
         }
         __syncthreads();
-        if (s.rows - c * CH >= CH) {  // a finished chunk: S <- e^{G_C} S + K^T (e^{G_C - G} U)
-            constexpr int TPB = (D / 16) * TN / (NTH / 32);
-            static_assert(TPB >= 1 && TN % TPB == 0, "whole column groups a warp");
-            const int t0 = warp * TPB, ti = t0 / TN, n0 = (t0 % TN) * 8;
-            const float decay = __expf(g_end);
-            float st[TPB][4];
-#pragma unroll
-            for (int j = 0; j < TPB; ++j) {
-                load_c(st[j], Ss + ti * 16 * LC + n0 + j * 8, LC, l);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) st[j][e] *= decay;
-            }
-#pragma unroll 2
-            for (int k0 = 0; k0 < CH; k0 += 8) {
-                u32 a[4];
-                load_a(a, Kb + k0 * LK + ti * 16, 1, LK, l);  // (i, k) = K[k][i]
-#pragma unroll
-                for (int j = 0; j < TPB; ++j) {
-                    u32 b[2];
-                    load_b(b, Ub + k0 * LC + n0 + j * 8, LC, 1, l);
-                    mma(st[j], a, b);
-                }
-            }
-            // S_{c+1}: to shared memory for the next chunk, and as that chunk's start state to Sc
-            const bool next = c + 1 < s.chunks;
-            float* sc_next = Sc + (slot + H) * D * D + (long)(ti * 16) * D + col0 + n0;
-#pragma unroll
-            for (int j = 0; j < TPB; ++j) {
-                store_c(Ss + ti * 16 * LC + n0 + j * 8, LC, st[j], l);
-                if (next) store_c(sc_next + j * 8, D, st[j], l);
-            }
+        for (int idx = tid; idx < D * NCOL; idx += NTH) {
+            const int i = idx / NCOL, j = idx % NCOL;
+            final_state[state_base + (long)i * D + col0 + j] = Ss[i * LC + j];
         }
-        __syncthreads();  // this buffer and the state are done before the next chunk's copies and products
-    }
-    __syncthreads();
-    for (int idx = tid; idx < D * NCOL; idx += NTH) {
-        const int i = idx / NCOL, j = idx % NCOL;
-        final_state[state_base + (long)i * D + col0 + j] = Ss[i * LC + j];
-    }
     }
     finish_items(counters);
 }
@@ -639,126 +649,124 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     float* Ps = Ks;
 
     __shared__ int ticket;
-    for (;;) {
-    const int item = next_item(counters, &ticket);
-    if (item >= list[0] * H) break;
-    const int slot_c = item / H, h = item % H, hk = h / (H / Hk);
-    const int n = list[1 + slot_c] >> 16, c = list[1 + slot_c] & 0xffff;
-    const int col = (threadIdx.x >> 5) * 8;  // this warp's value columns
-    const int tid = threadIdx.x, warp = tid >> 5;
-    const Lane l = lane_of();
-    const Seg s = segment(cu, pos, n, max_chunks);
-    const int r0 = c * CH;
-    const long slot = (long)slot_c * H + h;
+    int slot_c, h, n, c;
+    while (next_chunk_item(list, H, counters, &ticket, slot_c, h, n, c)) {
+        const int hk = h / (H / Hk);
+        const int col = (threadIdx.x >> 5) * 8;  // this warp's value columns
+        const int tid = threadIdx.x, warp = tid >> 5;
+        const Lane l = lane_of();
+        const Seg s = segment(cu, pos, n, max_chunks);
+        const int r0 = c * CH;
+        const long slot = (long)slot_c * H + h;
 
-    load_k<NTO>(Ks, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
-#pragma unroll
-    for (int it = 0; it < CH * (D / 4) / NTO; ++it) {
-        const int idx = tid + it * NTO;
-        const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
-        const bool own = vr >= s.tail && vr < s.rows;
-        cp_async16(Qs + r * LK + d, own ? qn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d : qn, own);
-    }
-    if (tid < CH / 4) cp_async16(gs + tid * 4, gcum + slot * CH + tid * 4, true);
-    cp_async_commit();
-    // B fragments of S_c (k = key row, n = column) and of U (k = chunk row) for this warp's strip
-    float sf[D / 8][2], uf[CH / 8][2];
-    const float* Sg = Sc + slot * D * D + col;
-    const float* Ug = U + slot * CH * D + col;
-#pragma unroll
-    for (int k = 0; k < D / 8; ++k) {
-        sf[k][0] = Sg[(k * 8 + l.t) * D + l.g];
-        sf[k][1] = Sg[(k * 8 + l.t + 4) * D + l.g];
-    }
-#pragma unroll
-    for (int k = 0; k < CH / 8; ++k) {
-        uf[k][0] = Ug[(k * 8 + l.t) * D + l.g];
-        uf[k][1] = Ug[(k * 8 + l.t + 4) * D + l.g];
-    }
-    cp_async_wait<0>();
-    __syncthreads();
+        load_k<NTO>(Ks, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
+    #pragma unroll
+        for (int it = 0; it < CH * (D / 4) / NTO; ++it) {
+            const int idx = tid + it * NTO;
+            const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
+            const bool own = vr >= s.tail && vr < s.rows;
+            cp_async16(Qs + r * LK + d, own ? qn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d : qn, own);
+        }
+        if (tid < CH / 4) cp_async16(gs + tid * 4, gcum + slot * CH + tid * 4, true);
+        cp_async_commit();
+        // B fragments of S_c (k = key row, n = column) and of U (k = chunk row) for this warp's strip
+        float sf[D / 8][2], uf[CH / 8][2];
+        const float* Sg = Sc + slot * D * D + col;
+        const float* Ug = U + slot * CH * D + col;
+    #pragma unroll
+        for (int k = 0; k < D / 8; ++k) {
+            sf[k][0] = Sg[(k * 8 + l.t) * D + l.g];
+            sf[k][1] = Sg[(k * 8 + l.t + 4) * D + l.g];
+        }
+    #pragma unroll
+        for (int k = 0; k < CH / 8; ++k) {
+            uf[k][0] = Ug[(k * 8 + l.t) * D + l.g];
+            uf[k][1] = Ug[(k * 8 + l.t + 4) * D + l.g];
+        }
+        cp_async_wait<0>();
+        __syncthreads();
 
-    // P = (q k^T) e^{G_i - G_j}, j <= i: the 10 16 x 16 tiles at or below the diagonal as 20
-    // 16 x 8 tiles (up to 2 a warp), masked and decayed in registers
-    constexpr int PT = (20 + NTO / 32 - 1) / (NTO / 32);
-    float p[PT][4];
-#pragma unroll
-    for (int q = 0; q < PT; ++q) {
-        const int t = warp + q * (NTO / 32);
-        if (t < 20) {
-            int ti, tj;
-            lower_tile(t >> 1, ti, tj);
-            const int n0 = tj * 16 + (t & 1) * 8;
-            p[q][0] = p[q][1] = p[q][2] = p[q][3] = 0.f;
-#pragma unroll 4
-            for (int k0 = 0; k0 < D; k0 += 8) {
-                u32 a[4], b[2];
-                load_a(a, Qs + ti * 16 * LK + k0, LK, 1, l);
-                load_b(b, Ks + n0 * LK + k0, 1, LK, l);  // (k, n) = k_n[k]
-                mma(p[q], a, b);
+        // P = (q k^T) e^{G_i - G_j}, j <= i: the 10 16 x 16 tiles at or below the diagonal as 20
+        // 16 x 8 tiles (up to 2 a warp), masked and decayed in registers
+        constexpr int PT = (20 + NTO / 32 - 1) / (NTO / 32);
+        float p[PT][4];
+    #pragma unroll
+        for (int q = 0; q < PT; ++q) {
+            const int t = warp + q * (NTO / 32);
+            if (t < 20) {
+                int ti, tj;
+                lower_tile(t >> 1, ti, tj);
+                const int n0 = tj * 16 + (t & 1) * 8;
+                p[q][0] = p[q][1] = p[q][2] = p[q][3] = 0.f;
+    #pragma unroll 4
+                for (int k0 = 0; k0 < D; k0 += 8) {
+                    u32 a[4], b[2];
+                    load_a(a, Qs + ti * 16 * LK + k0, LK, 1, l);
+                    load_b(b, Ks + n0 * LK + k0, 1, LK, l);  // (k, n) = k_n[k]
+                    mma(p[q], a, b);
+                }
+    #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = ti * 16 + l.g + (e >> 1) * 8, j = n0 + 2 * l.t + (e & 1);
+                    p[q][e] = j <= i ? __expf(gs[i] - gs[j]) * p[q][e] : 0.f;
+                }
             }
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = ti * 16 + l.g + (e >> 1) * 8, j = n0 + 2 * l.t + (e & 1);
-                p[q][e] = j <= i ? __expf(gs[i] - gs[j]) * p[q][e] : 0.f;
+        }
+        __syncthreads();  // every warp is done with k: P takes its place
+    #pragma unroll
+        for (int q = 0; q < PT; ++q) {
+            const int t = warp + q * (NTO / 32);
+            if (t < 20) {
+                int ti, tj;
+                lower_tile(t >> 1, ti, tj);
+                store_c(Ps + ti * 16 * LC + tj * 16 + (t & 1) * 8, LC, p[q], l);
             }
         }
-    }
-    __syncthreads();  // every warp is done with k: P takes its place
-#pragma unroll
-    for (int q = 0; q < PT; ++q) {
-        const int t = warp + q * (NTO / 32);
-        if (t < 20) {
-            int ti, tj;
-            lower_tile(t >> 1, ti, tj);
-            store_c(Ps + ti * 16 * LC + tj * 16 + (t & 1) * 8, LC, p[q], l);
-        }
-    }
-    __syncthreads();
+        __syncthreads();
 
-    // O = e^G (Q S_c) + P U on the warp's 64 x 8 strip (P is zero above its diagonal tiles)
-    float o[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-#pragma unroll
-    for (int k = 0; k < D / 8; ++k) {
-        const u32 b[2] = {tf32(sf[k][0]), tf32(sf[k][1])};
-#pragma unroll
+        // O = e^G (Q S_c) + P U on the warp's 64 x 8 strip (P is zero above its diagonal tiles)
+        float o[4][4];
+    #pragma unroll
+        for (int i = 0; i < 4; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    #pragma unroll
+        for (int k = 0; k < D / 8; ++k) {
+            const u32 b[2] = {tf32(sf[k][0]), tf32(sf[k][1])};
+    #pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                u32 a[4];
+                load_a(a, Qs + i * 16 * LK + k * 8, LK, 1, l);
+                mma(o[i], a, b);
+            }
+        }
+    #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            u32 a[4];
-            load_a(a, Qs + i * 16 * LK + k * 8, LK, 1, l);
-            mma(o[i], a, b);
+            const float lo = __expf(gs[i * 16 + l.g]), hi = __expf(gs[i * 16 + l.g + 8]);
+            o[i][0] *= lo;
+            o[i][1] *= lo;
+            o[i][2] *= hi;
+            o[i][3] *= hi;
         }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float lo = __expf(gs[i * 16 + l.g]), hi = __expf(gs[i * 16 + l.g + 8]);
-        o[i][0] *= lo;
-        o[i][1] *= lo;
-        o[i][2] *= hi;
-        o[i][3] *= hi;
-    }
-#pragma unroll
-    for (int k = 0; k < CH / 8; ++k) {
-        const u32 b[2] = {tf32(uf[k][0]), tf32(uf[k][1])};
-#pragma unroll
+    #pragma unroll
+        for (int k = 0; k < CH / 8; ++k) {
+            const u32 b[2] = {tf32(uf[k][0]), tf32(uf[k][1])};
+    #pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                if (k * 8 >= (i + 1) * 16) continue;
+                u32 a[4];
+                load_a(a, Ps + i * 16 * LC + k * 8, LC, 1, l);
+                mma(o[i], a, b);
+            }
+        }
+    #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            if (k * 8 >= (i + 1) * 16) continue;
-            u32 a[4];
-            load_a(a, Ps + i * 16 * LC + k * 8, LC, 1, l);
-            mma(o[i], a, b);
+    #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int vr = r0 + i * 16 + l.g + e * 8;
+                if (vr >= s.tail && vr < s.rows)
+                    *reinterpret_cast<__nv_bfloat162*>(out + ((long)(s.start + vr - s.tail) * H + h) * D + col + 2 * l.t) =
+                        __floats2bfloat162_rn(o[i][2 * e], o[i][2 * e + 1]);
+            }
         }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int vr = r0 + i * 16 + l.g + e * 8;
-            if (vr >= s.tail && vr < s.rows)
-                *reinterpret_cast<__nv_bfloat162*>(out + ((long)(s.start + vr - s.tail) * H + h) * D + col + 2 * l.t) =
-                    __floats2bfloat162_rn(o[i][2 * e], o[i][2 * e + 1]);
-        }
-    }
     }
     finish_items(counters);
 }
