@@ -116,6 +116,13 @@ def parser() -> argparse.ArgumentParser:
         help="capture a shape's graph on its Nth launch (1: at once; a capture costs several eager launches)",
     )
     p.add_argument(
+        "--graph-fine-from",
+        type=non_negative_int,
+        default=0,
+        help="token buckets of graph passes of at least this many tokens step 8 times an octave, not 4 "
+        "(less padding of long passes' products, more graphs at start; 0: off)",
+    )
+    p.add_argument(
         "--gemm-min-rows",
         type=_rows,
         default=None,
@@ -223,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
             "graph_capture_after": args.graph_capture_after,
             "gemm_min_rows": args.gemm_min_rows,
             "gdn_kernel": args.gdn_kernel,
+            "graph_fine_from": args.graph_fine_from,
             "max_pass_tokens": args.max_launch_tokens,
             "max_pass_segments": args.max_launch_sequences,
         },

@@ -3,7 +3,8 @@ to its key, lays out its index buffer, and lists every key a budget needs (`Buck
 captured at start by CudaRunner.warm_up).
 
 A key holds only what a captured graph's device-side shapes and launch counts depend on:
-- tokens T_pad: fine steps (`steps` per octave, so at most 1/steps of a pass is padding);
+- tokens T_pad: fine steps (`steps` per octave, so at most 1/steps of a pass is padding; twice
+  as many from `fine_from` tokens on, where a worker sets --graph-fine-from);
 - levels: recurrence launches per GDN layer, 1, 2, 4, 8 (capped at the budget's depth): a
   level launch whose segments are all absent costs a grid of blocks that exit at once;
 - kept: whether the pass keeps any state (then MAX_STATE_SLOTS output slots are copied).
@@ -28,19 +29,26 @@ LEVEL_STEPS = (1, 2, 4, 8)
 class PassBudget:
     """What the runner is warmed for. tokens, segments: a pass's most tokens and segments (the
     scheduler's --max-pass-tokens, --max-pass-segments); depth: most levels (max_pass_depth);
-    context: most ancestor K/V rows from kept states a pass reads; steps: token buckets per octave."""
+    context: most ancestor K/V rows from kept states a pass reads; steps: token buckets per octave;
+    fine_from: from this many tokens on (0: never), twice as many (products of long passes are
+    compute-bound, so their padding costs its share of the time; more graphs at start)."""
 
     tokens: int = 4096
     segments: int = 64
     depth: int = 8
     context: int = 16384
     steps: int = 4
+    fine_from: int = 0
+
+    def bucket(self, n: int) -> int:
+        """The padded token count of a pass of n tokens."""
+        return fine_bucket(n, steps=self.steps * (2 if self.fine_from and n >= self.fine_from else 1))
 
     @property
     def kv_rows(self) -> int:
         """Capacity of the static kv_rows index buffer: every segment sees at most all
         ancestor rows and all of the pass's own rows."""
-        return (self.segments + 1) * (self.context + fine_bucket(self.tokens, steps=self.steps))
+        return (self.segments + 1) * (self.context + self.bucket(self.tokens))
 
 
 @dataclass(frozen=True, order=True)
@@ -93,7 +101,7 @@ class Bucketing:
         """Every T_pad a pass within budget can have, ascending."""
         out, n = [], 1
         while n <= self.budget.tokens:
-            t = fine_bucket(n, steps=self.budget.steps)
+            t = self.budget.bucket(n)
             out.append(t)
             n = t + 1
         return out
@@ -128,4 +136,4 @@ class Bucketing:
             if not ok:
                 return None, why
         levels_pad = next(d for d in self.level_steps() if d >= levels)
-        return self.make(fine_bucket(tokens, steps=b.steps), levels_pad, kept > 0), ""
+        return self.make(b.bucket(tokens), levels_pad, kept > 0), ""

@@ -258,6 +258,16 @@ def test_buckets_and_keys():
         t = rng.randint(1, 4096)
         key, why = b.key(t, rng.randint(1, min(t, 64)), rng.randint(1, 8), rng.randint(0, 8), rng.randint(0, 8), 0, t)
         assert key in keys and key.segments >= 1 + min(t, 64) and key.max_q >= t and key.tokens >= t
+    # finer steps from 1,024 tokens: 8 an octave there (a 3,090-token pass pads to 3,328, not 3,584)
+    fine = Bucketing(PassBudget(tokens=4096, segments=64, depth=8, context=16384, fine_from=1024))
+    steps = fine.token_steps()
+    assert steps[: steps.index(1024) + 1] == b.token_steps()[: b.token_steps().index(1024) + 1]
+    assert steps[steps.index(1024) :] == list(range(1024, 2048, 128)) + list(range(2048, 4097, 256))
+    assert fine.key(3090, 2, 1, 0, 0, 0, 3090)[0].tokens == 3328 and b.key(3090, 2, 1, 0, 0, 0, 3090)[0].tokens == 3584
+    for _ in range(500):
+        t = rng.randint(1, 4096)
+        key, _ = fine.key(t, 1, 1, 0, 0, 0, t)
+        assert key in fine.keys() and t <= key.tokens <= (t * 9 // 8 + 16 if t >= 1024 else t * 5 // 4 + 16)
     # a small budget: every key's index layout fits the largest
     small = Bucketing(PassBudget(tokens=256, segments=8, depth=2, context=512))
     assert len(small.keys()) == 12 * 2 * 2
