@@ -97,8 +97,10 @@ def packed_conv(
         assert isinstance(state, GdnState)
         earlier.append(state.conv_window.to(mixed_qkv.dtype))
     rows = torch.cat([mixed_qkv, mixed_qkv.new_zeros(1, mixed_qkv.shape[1]), *earlier])
-    shifted = [rows[index] for index in plan.shifted]
-    return ops.conv_taps([*shifted, mixed_qkv], weight), rows[plan.windows]
+    # index_select: the same copy as rows[index], ~5x faster than advanced indexing on CPU
+    shifted = [rows.index_select(0, index) for index in plan.shifted]
+    windows = rows.index_select(0, plan.windows.flatten()).unflatten(0, plan.windows.shape)
+    return ops.conv_taps([*shifted, mixed_qkv], weight), windows
 
 
 def gdn_mixer(

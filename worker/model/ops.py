@@ -66,9 +66,10 @@ def conv_taps(shifted: Sequence[Tensor], weight: Tensor) -> Tensor:
     """silu(sum_j shifted[j] * weight[:, j]), summed in tap order by separate elementwise products
     and additions, so an element's bits depend only on its own inputs (however many rows share
     the call). shifted[j]: [T, C], the inputs K-1-j steps back; weight: [C, K]."""
-    out = shifted[0] * weight[:, 0]
-    for j in range(1, weight.shape[1]):
-        out = out + shifted[j] * weight[:, j]
+    taps = weight.T.contiguous()  # a column weight[:, j] is strided: multiplying by it is ~5x slower
+    out = shifted[0] * taps[0]
+    for j in range(1, len(taps)):
+        out = out + shifted[j] * taps[j]
     return F.silu(out)
 
 
