@@ -107,18 +107,6 @@ def gated_delta_rule_recurrent(
     return out, s
 
 
-_CHUNK_MASKS: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}
-
-
-def _chunk_masks(chunk_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """(above the diagonal, on or above it) of a [chunk_len, chunk_len] chunk, built once."""
-    masks = _CHUNK_MASKS.get((chunk_len, device))
-    if masks is None:
-        ones = torch.ones(chunk_len, chunk_len, dtype=torch.bool, device=device)
-        masks = _CHUNK_MASKS[(chunk_len, device)] = (~ones.tril(), ~ones.tril(-1))
-    return masks
-
-
 def _delta_rule_chunk(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s: Tensor | None
 ) -> tuple[Tensor, Tensor]:
@@ -131,17 +119,18 @@ def _delta_rule_chunk(
     so (I + A) U = beta V - beta e^G K S_0 with A strictly lower triangular; one triangular
     solve gives all u_t, then outputs and the end state are matrix products. With S_0 = 0 (a
     prompt's first chunk) its terms are left out: adding zeros would change no bit."""
-    above, not_below = _chunk_masks(q.shape[1], q.device)
     # torch.bmm and in-place steps: the products and roundings of the plain expressions, without
     # matmul's dispatch and the temporaries (a chunk's ops are tiny, so their overhead is its cost)
     cum_g = g.cumsum(-1)  # [H, C]
-    # decay[h, t, j] = e^{G_t - G_j} for j <= t; masked before exp so j > t cannot overflow.
-    decay = (cum_g[:, :, None] - cum_g[:, None, :]).masked_fill_(above, float("-inf")).exp_()
+    # decay[h, t, j] = e^{G_t - G_j} for j <= t, zero above the diagonal. There (j > t) the
+    # exponent is >= 0 and may overflow to inf: tril_ overwrites it (never multiplies it), so no
+    # NaN, and the kept entries are the same exponentials (cheaper than masking before exp).
+    decay = (cum_g[:, :, None] - cum_g[:, None, :]).exp_().tril_()
     k_t = k.transpose(-1, -2)
-    # A[h, t, j] = beta_t e^{G_t - G_j} (k_t . k_j) for j < t. The solve is told the diagonal is
-    # one (unitriangular) and never reads it, so I + A needs no identity added.
+    # A[h, t, j] = beta_t e^{G_t - G_j} (k_t . k_j) for j < t. The unitriangular solve reads only
+    # below the diagonal (it takes the diagonal as one), so what lies on it needs no masking.
     beta_col = beta[:, :, None]
-    strictly_lower = torch.bmm(k, k_t).mul_(beta_col).mul_(decay).masked_fill_(not_below, 0.0)
+    strictly_lower = torch.bmm(k, k_t).mul_(beta_col).mul_(decay)
     if s is None:
         rhs = beta_col * v
     else:
