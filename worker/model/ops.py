@@ -107,11 +107,12 @@ def gated_delta_rule_recurrent(
     return out, s
 
 
-def _delta_rule_chunk(
+def delta_rule_chunk(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s: Tensor | None
 ) -> tuple[Tensor, Tensor]:
     """One chunk of the gated delta rule in matrix form (WY / UT transform).
     q, k: [H, C, Dk]; v: [H, C, Dv]; g, beta: [H, C]; s: [H, Dk, Dv] or None (zeros); all fp32.
+    H may be segments x heads (delta_batches.py): every op works head by head.
 
     Within the chunk, with G_t = sum_{j<=t} g_j and u_t the value written at step t:
         S_t = e^{G_t} S_0 + sum_{j<=t} e^{G_t - G_j} k_j u_j^T
@@ -134,7 +135,7 @@ def _delta_rule_chunk(
     if s is None:
         rhs = beta_col * v
     else:
-        start_decay = cum_g.exp()[:, :, None]
+        start_decay = cum_g.exp()[:, :, None]  # e^{G_t}: [H, C, 1]
         rhs = beta_col * (v - torch.bmm(start_decay * k, s))  # [H, C, Dv]
     u = torch.linalg.solve_triangular(strictly_lower, rhs, upper=False, unitriangular=True)
     scores = torch.bmm(q, k_t).mul_(decay)  # [H, C, C], zero above the diagonal
@@ -142,7 +143,9 @@ def _delta_rule_chunk(
     end_decay = (cum_g[:, -1:] - cum_g).exp_()  # e^{G_C - G_j}: [H, C]
     s_end = torch.bmm((end_decay[:, :, None] * k).transpose(-1, -2), u)
     if s is not None:
-        s_end = cum_g[:, -1].exp()[:, None, None] * s + s_end
+        # e^{G_C} taken from the [H, C] exponentials, not a separate exp of H values: a batch's
+        # [H] vector would fall in an elementwise kernel's scalar tail (see delta_batches.py)
+        s_end = start_decay[:, -1:] * s + s_end
     return out, s_end
 
 
@@ -172,7 +175,7 @@ def gated_delta_rule_heads(
     outs = []
     for start in range(0, seq_len, chunk_size):
         chunk = slice(start, min(start + chunk_size, seq_len))
-        o, s = _delta_rule_chunk(q[:, chunk], k[:, chunk], v[:, chunk], g[:, chunk], beta[:, chunk], s)
+        o, s = delta_rule_chunk(q[:, chunk], k[:, chunk], v[:, chunk], g[:, chunk], beta[:, chunk], s)
         outs.append(o)
     assert s is not None
     return (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]), s
