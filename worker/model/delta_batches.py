@@ -122,8 +122,7 @@ def delta_rule_segments(
         size, padded = len(batch.members), batch.padded
         # [B * C, H, W] rows -> [B * H, C, W] laid out the same whatever B (contiguous: for one
         # member reshape alone would return a strided view, and products of another layout may
-        # round differently); then q, k, v, g, beta as views of it. (view, not unflatten:
-        # unflatten's Python-level checks cost more than the copy at these sizes)
+        # round differently); then q, k, v, g, beta as views of it
         picked = table.index_select(0, gather).view(size, padded, num_heads, -1).transpose(1, 2)
         qb, kb, vb, gb, bb = picked.reshape(size * num_heads, padded, -1).contiguous().split(widths, dim=-1)
         s = torch.cat(starts) if batch.with_state else None  # type: ignore[arg-type]

@@ -137,7 +137,9 @@ def delta_rule_chunk(
     else:
         start_decay = cum_g.exp()[:, :, None]  # e^{G_t}: [H, C, 1]
         rhs = beta_col * (v - torch.bmm(start_decay * k, s))  # [H, C, Dv]
-    u = torch.linalg.solve_triangular(strictly_lower, rhs, upper=False, unitriangular=True)
+    # solved as U^T (I + A)^T = rhs^T: the same system, 1.2-2.5x faster on CPU at these sizes
+    # (torch passes the transposed views to BLAS without copying them to column-major first)
+    u = torch.linalg.solve_triangular(strictly_lower.mT, rhs.mT, upper=True, left=False, unitriangular=True).mT
     scores = torch.bmm(q, k_t).mul_(decay)  # [H, C, C], zero above the diagonal
     out = torch.bmm(scores, u) if s is None else torch.bmm(start_decay * q, s) + torch.bmm(scores, u)
     end_decay = (cum_g[:, -1:] - cum_g).exp_()  # e^{G_C - G_j}: [H, C]
