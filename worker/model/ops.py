@@ -55,6 +55,12 @@ def apply_rotary(x: Tensor, positions: Tensor, rotary_dim: int, theta: float) ->
     """Rotary embedding on the first rotary_dim dims of each head, rotate-half convention.
     x: [T, H, D]; positions: [T] int64. Returns [T, H, D] in x.dtype."""
     cos, sin = rotary_cos_sin(positions.to(x.device), rotary_dim, theta)
+    return rotate(x, cos, sin)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """apply_rotary with the tables given: cos, sin [T, rotary_dim] of x's positions."""
+    rotary_dim = cos.shape[-1]
     cos, sin = cos.to(x.dtype)[:, None, :], sin.to(x.dtype)[:, None, :]
     x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
     half = rotary_dim // 2
@@ -189,6 +195,17 @@ def gated_delta_rule_heads(
 ATTENTION_BLOCK_ROWS = GDN_CHUNK_TOKENS
 
 
+_FUTURE: dict[tuple[int, torch.device], Tensor] = {}
+
+
+def _future(rows: int, device: torch.device) -> Tensor:
+    """[rows, rows] bool, True above the diagonal (key after query), built once per size."""
+    mask = _FUTURE.get((rows, device))
+    if mask is None:
+        mask = _FUTURE[(rows, device)] = torch.ones(rows, rows, dtype=torch.bool, device=device).triu_(1)
+    return mask
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, q_offset: int, block_rows: int = ATTENTION_BLOCK_ROWS) -> Tensor:
     """Causal GQA attention of a segment's queries over its ancestors' keys and its own.
     q: [T, Hq, D]; k, v: [S, Hkv, D] with S = q_offset + T (ancestors first). Query i sees
@@ -204,7 +221,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offset: int, block_rows: int = 
     # against that head's keys, so keys and values are laid out head-major once, never repeated.
     keys = k.transpose(0, 1).contiguous()  # [Hkv, S, D]
     values = v.transpose(0, 1).contiguous()
-    key_pos = torch.arange(num_keys, device=q.device)
     out = torch.empty_like(q)
     for first in range(0, seq_len, block_rows):
         last = min(first + block_rows, seq_len)
@@ -215,9 +231,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, q_offset: int, block_rows: int = 
         scores = torch.bmm(grouped, keys[:, :visible].transpose(-1, -2)).mul_(head_dim**-0.5)
         scores = scores.unflatten(1, (group, rows))  # [Hkv, group, rows, visible]
         # every row sees every key before the block's first query: only the block's own keys can
-        # lie after a query, so only those columns are masked
-        own = slice(q_offset + first, visible)
-        scores[..., own].masked_fill_(key_pos[None, own] > key_pos[own, None], float("-inf"))
+        # lie after a query, so only those columns are masked (none for a single query)
+        if rows > 1:
+            scores[..., q_offset + first :].masked_fill_(_future(rows, q.device), float("-inf"))
         weights = torch.softmax(scores.float(), dim=-1).to(q.dtype).flatten(1, 2)
         block = torch.bmm(weights, values[:, :visible])  # [Hkv, group*rows, D]
         out[first:last] = block.unflatten(1, (group, rows)).permute(2, 0, 1, 3).reshape(rows, num_q_heads, head_dim)
