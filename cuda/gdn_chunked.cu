@@ -1,7 +1,7 @@
 // Chunked Gated DeltaNet prefill over packed segments, with chunks at absolute positions.
 //
 // The delta rule over a chunk of C = 64 tokens in matrix (WY) form, on TF32 tensor cores with
-// fp32 accumulation and an fp32 state (the math: worker/model/ops.py, _delta_rule_chunk):
+// fp32 accumulation and an fp32 state (the math: worker/model/ops.py, delta_rule_chunk):
 //   G = cumsum(g);  A[i][j] = beta_i e^{G_i - G_j} (k_i . k_j) for j < i;  T = (I + A)^-1
 //   W = T (beta e^G K);  U~ = T (beta V)                      (gdn_chunk_solve, all chunks at once)
 //   U = U~ - W S_c;  S_{c+1} = e^{G_C} S_c + K^T (e^{G_C - G_j} U)   (gdn_chunk_state: chunk after chunk)

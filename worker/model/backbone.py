@@ -21,7 +21,7 @@ from openjev.worker.checkpoint.config import ModelConfig
 from openjev.worker.checkpoint.weights import AttentionLayerWeights, GdnLayerWeights, LayerWeights, ModelWeights
 from openjev.worker.model import ops
 from openjev.worker.model.gated_attention import attention_mixer
-from openjev.worker.model.gated_deltanet import ConvPlan, conv_plan, gdn_mixer
+from openjev.worker.model.gated_deltanet import GdnPlan, gdn_mixer, gdn_plan
 from openjev.worker.model.state import AttentionState, GdnState, LayerState
 
 StateT = TypeVar("StateT", GdnState, AttentionState)
@@ -54,7 +54,7 @@ def run_mixer(
     h: Tensor,
     launch: PackedLaunch,
     index: int,
-    plan: ConvPlan,
+    plan: GdnPlan,
     query_rows: Sequence[int] | None = None,
 ) -> tuple[Tensor, Sequence[LayerState]]:
     parents = [p if p is None or isinstance(p, int) else p[index] for p in launch.parents]
@@ -87,9 +87,7 @@ def forward(
     per_layer_states: list[Sequence[LayerState]] = []
     last = len(weights.layers) - 1
     head_rows = _padded(list(launch.head_rows))
-    plan = conv_plan(
-        launch.spans, launch.parents, config.linear_conv_kernel_dim, len(launch.token_ids)
-    )  # one for all GDN layers
+    plan = gdn_plan(launch.spans, launch.parents, config, len(launch.token_ids))  # one for all GDN layers
     for index, layer in enumerate(weights.layers):
         normed = ops.rms_norm(x, layer.input_norm, config.rms_norm_eps)
         if index == last and isinstance(layer, AttentionLayerWeights):

@@ -49,10 +49,11 @@ def attention_mixer(
     query = ops.rms_norm(query, w.q_norm, eps)
     keys = ops.rms_norm((h @ w.k_proj.T).unflatten(-1, (num_kv_heads, head_dim)), w.k_norm, eps)
     values = (h @ w.v_proj.T).unflatten(-1, (num_kv_heads, head_dim))
-    query = ops.apply_rotary(
-        query, positions if rows is None else positions[rows], config.rotary_dim, config.rope_theta
-    )
-    keys = ops.apply_rotary(keys, positions, config.rotary_dim, config.rope_theta)
+    # one table for keys and queries (a query row's entries are its row's: elementwise, no tail
+    # since the runner's rows come in multiples of 16)
+    cos, sin = ops.rotary_cos_sin(positions, config.rotary_dim, config.rope_theta)
+    query = ops.rotate(query, cos, sin) if rows is None else ops.rotate(query, cos[rows], sin[rows])
+    keys = ops.rotate(keys, cos, sin)
 
     out = torch.empty_like(query)
     if rows is None:

@@ -16,6 +16,7 @@ from torch import Tensor
 from openjev.worker.checkpoint.config import ModelConfig
 from openjev.worker.checkpoint.weights import GdnWeights
 from openjev.worker.model import ops
+from openjev.worker.model.delta_batches import ChunkBatch, delta_plan, delta_rule_segments
 from openjev.worker.model.state import GdnState
 
 
@@ -60,7 +61,9 @@ def conv_plan(spans: Sequence[tuple[int, int]], sources: Sequence[object], num_t
     state from an earlier pass (anything else); num_rows: the pass's rows, pad rows (in no span,
     read as a stream of their own) included."""
     zero_row, width = num_rows, num_taps - 1
-    shifted = [list(range(-width + j, num_rows - width + j)) for j in range(width)]
+    # row t, tap j reads row t - (K-1-j); rows before the first read the zero row (index_select
+    # takes no negative index); a segment's first rows are overwritten below
+    shifted = [[zero_row] * (width - j) + list(range(num_rows - width + j)) for j in range(width)]
     windows: list[list[int]] = []
     outside: list[int] = []
     for index, ((start, end), source) in enumerate(zip(spans, sources, strict=True)):
@@ -84,6 +87,25 @@ def conv_plan(spans: Sequence[tuple[int, int]], sources: Sequence[object], num_t
     )
 
 
+@dataclass(frozen=True)
+class GdnPlan:
+    """What every GDN layer of a pass shares: where conv inputs come from, and the delta rule's
+    chunk batches."""
+
+    conv: ConvPlan
+    delta: tuple[ChunkBatch, ...]
+
+
+def gdn_plan(
+    spans: Sequence[tuple[int, int]], sources: Sequence[object], config: ModelConfig, num_rows: int
+) -> GdnPlan:
+    """sources, num_rows: as conv_plan's."""
+    return GdnPlan(
+        conv_plan(spans, sources, config.linear_conv_kernel_dim, num_rows),
+        delta_plan(spans, sources, config.linear_num_value_heads, num_rows),
+    )
+
+
 def packed_conv(
     mixed_qkv: Tensor, weight: Tensor, plan: ConvPlan, parents: Sequence[GdnState | int | None]
 ) -> tuple[Tensor, Tensor]:
@@ -97,8 +119,10 @@ def packed_conv(
         assert isinstance(state, GdnState)
         earlier.append(state.conv_window.to(mixed_qkv.dtype))
     rows = torch.cat([mixed_qkv, mixed_qkv.new_zeros(1, mixed_qkv.shape[1]), *earlier])
-    shifted = [rows[index] for index in plan.shifted]
-    return ops.conv_taps([*shifted, mixed_qkv], weight), rows[plan.windows]
+    # index_select: the same copy as rows[index], ~5x faster than advanced indexing on CPU
+    shifted = [rows.index_select(0, index) for index in plan.shifted]
+    windows = rows.index_select(0, plan.windows.flatten()).unflatten(0, plan.windows.shape)
+    return ops.conv_taps([*shifted, mixed_qkv], weight), windows
 
 
 def gdn_mixer(
@@ -107,43 +131,26 @@ def gdn_mixer(
     h: Tensor,
     spans: Sequence[tuple[int, int]],
     parent_states: Sequence[GdnState | int | None],
-    plan: ConvPlan | None = None,
+    plan: GdnPlan | None = None,
 ) -> tuple[Tensor, list[GdnState]]:
     """h: [T_total, D] normed hidden rows of all segments; spans: each segment's [start, end) rows;
     parent_states: each segment's starting state, or the index of an earlier segment of this
         launch whose final state it continues from (None: start of prompt); rows after the last
-        span are padding (their output is zero); plan: the pass's
-        conv_plan (built here if not given).
+        span are padding (their output is zero); plan: the pass's gdn_plan (built here if not
+        given).
     Returns (mixer output [T_total, D], each segment's final GdnState)."""
     if plan is None:
-        plan = conv_plan(spans, parent_states, w.conv_weight.shape[1], h.shape[0])
+        plan = gdn_plan(spans, parent_states, config, h.shape[0])
     mixed_qkv = h @ w.in_proj_qkv.T  # [T, C], the conv input (and so the conv window)
     z = (h @ w.in_proj_z.T).unflatten(-1, (config.linear_num_value_heads, config.linear_value_head_dim))
     g, beta = decay_and_beta(h @ w.in_proj_a.T, h @ w.in_proj_b.T, w)
     # The conv and the per-row q/k/v preparation run over all rows at once (row-local arithmetic);
-    # only the recurrence walks the segments, each from its parent's state.
-    conv_out, windows = packed_conv(mixed_qkv, w.conv_weight, plan, parent_states)
+    # only the recurrence walks the segments, each from its parent's state (chunks batched).
+    conv_out, windows = packed_conv(mixed_qkv, w.conv_weight, plan.conv, parent_states)
     q, k, v = split_qkv(conv_out, config)
-    # head-major fp32 once for all rows; each segment reads its columns
-    qh, kh, vh = (t.float().transpose(0, 1).contiguous() for t in (q, k, v))
-    gh, betah = g.T.contiguous(), beta.float().T.contiguous()
-
-    core = vh.new_empty(vh.shape)  # [Hv, T, Dv]
-    core[:, spans[-1][1] if spans else 0 :] = 0  # pad rows: in no segment, read by nothing
-    states: list[GdnState] = []
-    for index, ((start, end), source) in enumerate(zip(spans, parent_states, strict=True)):
-        parent = states[source] if isinstance(source, int) else source
-        rows = slice(start, end)
-        core[:, rows], recurrent = ops.gated_delta_rule_heads(
-            qh[:, rows],
-            kh[:, rows],
-            vh[:, rows],
-            gh[:, rows],
-            betah[:, rows],
-            None if parent is None else parent.recurrent,
-        )
-        states.append(GdnState(conv_window=windows[index], recurrent=recurrent))
-    core = core.transpose(0, 1).contiguous().to(h.dtype)
+    core, recurrents = delta_rule_segments(q, k, v.float(), g, beta.float(), plan.delta, parent_states)
+    states = [GdnState(conv_window=windows[i], recurrent=r) for i, r in enumerate(recurrents)]
+    core = core.to(h.dtype)
 
     normed = ops.gated_rms_norm(core, z, w.norm_weight, config.rms_norm_eps)
     return normed.flatten(1) @ w.out_proj.T, states
