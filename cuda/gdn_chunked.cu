@@ -297,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
         const Lane l = lane_of();
 
         load_k<NT, LB>(Bs, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
-    #pragma unroll
+#pragma unroll
         for (int it = 0; it < CH * (D / 4) / NT; ++it) {  // v rows: 4 values a thread per step
             const int idx = tid + it * NT;
             const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
@@ -361,7 +361,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
             lower_tile(q >> 1, ti, tj);
             const int n0 = tj * 16 + (q & 1) * 8;
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    #pragma unroll 4
+#pragma unroll 4
             for (int k0 = 0; k0 < D; k0 += 8) {
                 u32 a[4], b[2];
                 load_a(a, Bs + ti * 16 * LB + k0, LB, 1, l);
@@ -413,14 +413,14 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
                 store_c(X, LX, x, l);
                 __syncwarp();
                 float y[4] = {0.f, 0.f, 0.f, 0.f};
-    #pragma unroll
+#pragma unroll
                 for (int k0 = 0; k0 < 16; k0 += 8) {
                     float a[4], b[2];
                     load_af(a, Ts + bi * 16 * LC + bi * 16 + k0, LC, 1, l);
                     load_bf(b, X + k0 * LX, LX, 1, l);
                     mma3(y, a, b);
                 }
-    #pragma unroll
+#pragma unroll
                 for (int e = 0; e < 4; ++e) y[e] = -y[e];
                 store_c(Ts + bi * 16 * LC + n0, LC, y, l);
             }
@@ -435,9 +435,9 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
             const int ti = warp >> 1, j0 = (warp & 1) * 16;
             const bool is_w = (warp & 1) == 0;
             float acc[16][4];
-    #pragma unroll
+#pragma unroll
             for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    #pragma unroll 2
+#pragma unroll 2
             for (int k0 = 0; k0 < CH; k0 += 8) {
                 float t[4];
                 load_af(t, Ts + ti * 16 * LC + k0, LC, 1, l);
@@ -445,7 +445,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
                 const float s_lo = is_w ? bs[k_lo] * __expf(gs[k_lo]) : bs[k_lo];
                 const float s_hi = is_w ? bs[k_hi] * __expf(gs[k_hi]) : bs[k_hi];
                 const u32 a[4] = {tf32(t[0] * s_lo), tf32(t[1] * s_lo), tf32(t[2] * s_hi), tf32(t[3] * s_hi)};
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < 16; ++j) {
                     u32 b[2];
                     load_b(b, Bs + k0 * LB + (j0 + j) * 8, LB, 1, l);
@@ -453,7 +453,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
                 }
             }
             float* dst = ((warp & 1) ? U : W) + slot * CH * D + ti * 16 * D;
-    #pragma unroll
+#pragma unroll
             for (int j = 0; j < 16; ++j) store_c(dst + j * 8, D, acc[j], l);
         }
         if (tid < CH) gcum[slot * CH + tid] = gs[tid];
@@ -507,13 +507,13 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
             float* gb = Ub + CH * LC;
             const long slot = (long)(s.first + c) * H + h;
             load_k<NTH>(Kb, kn, tail_src, tails, tail_width, s, c * CH, n, hk, Hk);
-    #pragma unroll
+#pragma unroll
             for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
                 const int idx = tid + it * NTH;
                 const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
                 cp_async16(Wb + r * LK + d, W + (slot * CH + r) * D + d, true);
             }
-    #pragma unroll
+#pragma unroll
             for (int it = 0; it < CH * (NCOL / 4) / NTH; ++it) {
                 const int idx = tid + it * NTH;
                 const int r = idx / (NCOL / 4), d = (idx % (NCOL / 4)) * 4;
@@ -549,15 +549,15 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                 static_assert(TPW >= 1 && TN % TPW == 0, "whole column groups a warp");
                 const int t0 = warp * TPW, ti = t0 / TN, n0 = (t0 % TN) * 8;
                 float u[TPW][4];
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < TPW; ++j) load_c(u[j], Ub + ti * 16 * LC + n0 + j * 8, LC, l);
-    #pragma unroll 4
+#pragma unroll 4
                 for (int k0 = 0; k0 < D; k0 += 8) {
                     u32 w[4];
                     load_a(w, Wb + ti * 16 * LK + k0, LK, 1, l);
-    #pragma unroll
+#pragma unroll
                     for (int e = 0; e < 4; ++e) w[e] ^= 0x80000000u;  // -W: the sign bit, exactly
-    #pragma unroll
+#pragma unroll
                     for (int j = 0; j < TPW; ++j) {
                         u32 b[2];
                         load_b(b, Ss + k0 * LC + n0 + j * 8, LC, 1, l);
@@ -567,7 +567,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                 // U to global for the output pass; e^{G_C - G_r} U to shared memory for the update
                 // below (the decay of K~ = e^{G_C - G} K moved onto U's rows: one pass over K fewer)
                 const float dlo = __expf(g_end - gb[ti * 16 + l.g]), dhi = __expf(g_end - gb[ti * 16 + l.g + 8]);
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < TPW; ++j) {
                     store_c(U + (slot * CH + ti * 16) * D + col0 + n0 + j * 8, D, u[j], l);
                     const float su[4] = {u[j][0] * dlo, u[j][1] * dlo, u[j][2] * dhi, u[j][3] * dhi};
@@ -581,17 +581,17 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                 const int t0 = warp * TPB, ti = t0 / TN, n0 = (t0 % TN) * 8;
                 const float decay = __expf(g_end);
                 float st[TPB][4];
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < TPB; ++j) {
                     load_c(st[j], Ss + ti * 16 * LC + n0 + j * 8, LC, l);
-    #pragma unroll
+#pragma unroll
                     for (int e = 0; e < 4; ++e) st[j][e] *= decay;
                 }
-    #pragma unroll 2
+#pragma unroll 2
                 for (int k0 = 0; k0 < CH; k0 += 8) {
                     u32 a[4];
                     load_a(a, Kb + k0 * LK + ti * 16, 1, LK, l);  // (i, k) = K[k][i]
-    #pragma unroll
+#pragma unroll
                     for (int j = 0; j < TPB; ++j) {
                         u32 b[2];
                         load_b(b, Ub + k0 * LC + n0 + j * 8, LC, 1, l);
@@ -601,7 +601,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                 // S_{c+1}: to shared memory for the next chunk, and as that chunk's start state to Sc
                 const bool next = c + 1 < s.chunks;
                 float* sc_next = Sc + (slot + H) * D * D + (long)(ti * 16) * D + col0 + n0;
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < TPB; ++j) {
                     store_c(Ss + ti * 16 * LC + n0 + j * 8, LC, st[j], l);
                     if (next) store_c(sc_next + j * 8, D, st[j], l);
@@ -660,7 +660,7 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         const long slot = (long)slot_c * H + h;
 
         load_k<NTO>(Ks, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
-    #pragma unroll
+#pragma unroll
         for (int it = 0; it < CH * (D / 4) / NTO; ++it) {
             const int idx = tid + it * NTO;
             const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
@@ -673,12 +673,12 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         float sf[D / 8][2], uf[CH / 8][2];
         const float* Sg = Sc + slot * D * D + col;
         const float* Ug = U + slot * CH * D + col;
-    #pragma unroll
+#pragma unroll
         for (int k = 0; k < D / 8; ++k) {
             sf[k][0] = Sg[(k * 8 + l.t) * D + l.g];
             sf[k][1] = Sg[(k * 8 + l.t + 4) * D + l.g];
         }
-    #pragma unroll
+#pragma unroll
         for (int k = 0; k < CH / 8; ++k) {
             uf[k][0] = Ug[(k * 8 + l.t) * D + l.g];
             uf[k][1] = Ug[(k * 8 + l.t + 4) * D + l.g];
@@ -690,7 +690,7 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         // 16 x 8 tiles (up to 2 a warp), masked and decayed in registers
         constexpr int PT = (20 + NTO / 32 - 1) / (NTO / 32);
         float p[PT][4];
-    #pragma unroll
+#pragma unroll
         for (int q = 0; q < PT; ++q) {
             const int t = warp + q * (NTO / 32);
             if (t < 20) {
@@ -698,14 +698,14 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
                 lower_tile(t >> 1, ti, tj);
                 const int n0 = tj * 16 + (t & 1) * 8;
                 p[q][0] = p[q][1] = p[q][2] = p[q][3] = 0.f;
-    #pragma unroll 4
+#pragma unroll 4
                 for (int k0 = 0; k0 < D; k0 += 8) {
                     u32 a[4], b[2];
                     load_a(a, Qs + ti * 16 * LK + k0, LK, 1, l);
                     load_b(b, Ks + n0 * LK + k0, 1, LK, l);  // (k, n) = k_n[k]
                     mma(p[q], a, b);
                 }
-    #pragma unroll
+#pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int i = ti * 16 + l.g + (e >> 1) * 8, j = n0 + 2 * l.t + (e & 1);
                     p[q][e] = j <= i ? __expf(gs[i] - gs[j]) * p[q][e] : 0.f;
@@ -713,7 +713,7 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
             }
         }
         __syncthreads();  // every warp is done with k: P takes its place
-    #pragma unroll
+#pragma unroll
         for (int q = 0; q < PT; ++q) {
             const int t = warp + q * (NTO / 32);
             if (t < 20) {
@@ -726,19 +726,19 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
 
         // O = e^G (Q S_c) + P U on the warp's 64 x 8 strip (P is zero above its diagonal tiles)
         float o[4][4];
-    #pragma unroll
+#pragma unroll
         for (int i = 0; i < 4; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    #pragma unroll
+#pragma unroll
         for (int k = 0; k < D / 8; ++k) {
             const u32 b[2] = {tf32(sf[k][0]), tf32(sf[k][1])};
-    #pragma unroll
+#pragma unroll
             for (int i = 0; i < 4; ++i) {
                 u32 a[4];
                 load_a(a, Qs + i * 16 * LK + k * 8, LK, 1, l);
                 mma(o[i], a, b);
             }
         }
-    #pragma unroll
+#pragma unroll
         for (int i = 0; i < 4; ++i) {
             const float lo = __expf(gs[i * 16 + l.g]), hi = __expf(gs[i * 16 + l.g + 8]);
             o[i][0] *= lo;
@@ -746,10 +746,10 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
             o[i][2] *= hi;
             o[i][3] *= hi;
         }
-    #pragma unroll
+#pragma unroll
         for (int k = 0; k < CH / 8; ++k) {
             const u32 b[2] = {tf32(uf[k][0]), tf32(uf[k][1])};
-    #pragma unroll
+#pragma unroll
             for (int i = 0; i < 4; ++i) {
                 if (k * 8 >= (i + 1) * 16) continue;
                 u32 a[4];
@@ -757,9 +757,9 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
                 mma(o[i], a, b);
             }
         }
-    #pragma unroll
+#pragma unroll
         for (int i = 0; i < 4; ++i) {
-    #pragma unroll
+#pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int vr = r0 + i * 16 + l.g + e * 8;
                 if (vr >= s.tail && vr < s.rows)
