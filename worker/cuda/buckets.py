@@ -71,7 +71,6 @@ class PassKey:
             ("cu", N + 1),
             ("cu_k", N + 1),
             ("heads", N),
-            ("slot", N),
             ("gdn_init", N),
             ("level_off", self.levels + 1),
             ("win_src", 3 * N),

@@ -286,7 +286,6 @@ class GraphLauncher:
             "cu": plan.cu + [key.tokens] * (key.segments - N),
             "cu_k": list(cu_k) + [int(cu_k[-1]) + pad] * (key.segments - N),
             "heads": plan.heads,
-            "slot": plan.slot,
             "gdn_init": plan.gdn_init + [-1] * (key.segments - N),
             "level_off": plan.level_off(key.levels),  # the pad and empty segments in no range
             # the pad and empty segments read slot 0's zero window
@@ -356,7 +355,6 @@ class GraphLauncher:
             kv_rows=s["kv_rows"],
             cu_k=v["cu_k"],
             max_q=key.max_q,
-            slot=v["slot"],
             gdn_init=v["gdn_init"],
             level_off=v["level_off"],
             num_levels=key.levels,

@@ -143,7 +143,7 @@ class Launch:
     """A pass's device-side indices. ids: [T] int32; cu: [N+1] int32; pos: [T] int32 positions;
     head_idx: [R] int32 rows the head reads (None: no head rows); rope: (cos, sin) [T,
     rotary_dim/2] fp32; kv_rows: [sum S_n] int32 pool row of each segment's logical keys; cu_k:
-    [N+1] int32; max_q: the attention grid's longest segment; slot, gdn_init: [N] int32
+    [N+1] int32; max_q: the attention grid's longest segment; gdn_init: [N] int32
     (LaunchPlan); level_off: [num_levels + 1] int32 (LaunchPlan.level_off); num_levels: recurrence
     launches per GDN layer; win_src: [3N] int32 (LaunchPlan.win_src, read by
     kernels.causal_conv1d against each GDN layer's x and parent-slot windows); tail_src: [64N]
@@ -157,7 +157,6 @@ class Launch:
     kv_rows: torch.Tensor
     cu_k: torch.Tensor
     max_q: int
-    slot: torch.Tensor
     gdn_init: torch.Tensor
     level_off: torch.Tensor
     num_levels: int

@@ -41,10 +41,10 @@ from openjev.worker.runner_api import SegmentResult, SegmentRun
 
 DEFAULT_GRAPH_CACHE_SIZE = 128
 DEFAULT_GRAPH_CAPTURE_AFTER = 2
-# "serial": the token recurrence (gated_delta.cu), the default, the faster below ~256 tokens a
-# segment; "chunked": the tensor-core WY form (gdn_chunked.cu), faster above that on the H200
-# (timings in docs/cuda-kernels.md). Both take multi-level passes and agree exactly across
-# policies.
+# "serial": the token recurrence (gated_delta.cu), the default; "chunked": the tensor-core WY
+# form (gdn_chunked.cu), faster alone from ~256 tokens a segment but through the engine only at
+# parity from ~650 tokens and slower below (docs/cuda-kernels.md). Both take multi-level passes
+# and agree exactly across policies.
 GDN_KERNELS = ("serial", "chunked")
 DEFAULT_PASS_DEPTH = 8  # tree levels one pass holds
 LT_ROWS = 1024  # graph passes up to this many tokens get products timed against cuBLASLt's at start
@@ -199,7 +199,6 @@ class CudaRunner:
             kv_rows=as_i32(rows),
             cu_k=as_i32(cu_k),
             max_q=plan.max_q,
-            slot=as_i32(plan.slot),
             gdn_init=as_i32(plan.gdn_init),
             level_off=as_i32(plan.level_off(plan.num_levels)),
             num_levels=plan.num_levels,

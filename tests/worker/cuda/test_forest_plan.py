@@ -138,7 +138,6 @@ def device_launch(plan, T_pad_rows: int = 0) -> Launch:
         kv_rows=None,
         cu_k=None,
         max_q=plan.max_q,
-        slot=i32(plan.slot),
         gdn_init=i32(plan.gdn_init),
         level_off=i32(plan.level_off(plan.num_levels)),
         num_levels=plan.num_levels,
