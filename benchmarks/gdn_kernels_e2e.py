@@ -42,13 +42,8 @@ def main() -> None:
     kinds_groups = [(k, g) for k in ("choice", "noul", "score") for g in workload.GROUP_NAMES]
     chosen = [next(c for c in cases if (c.kind, c.group) == kg) for kg in kinds_groups]
     serial = CudaRunner.synthetic(args.shape, seed=0, graph_capture_after=1)
-    chunked = CudaRunner(
-        serial.config,
-        serial.embed,
-        serial.layers,
-        serial.final_norm,
-        serial.head_weight,
-        serial.head_bias,
+    chunked = CudaRunner.on_weights_of(
+        serial,
         graph_capture_after=1,
         gdn_kernel="chunked",
         gemm_min_rows=1,  # no probing: the products below are the serial runner's

@@ -156,13 +156,8 @@ def main() -> None:
     cases = workload.read_jsonl(args.workload)
     chosen = [pick(cases, *spec.split(":")) for spec in args.cases.split(",")]
     graph = CudaRunner.synthetic(args.shape, seed=0, graph_capture_after=1, gdn_kernel=args.gdn_kernel)
-    eager = CudaRunner(
-        graph.config,
-        graph.embed,
-        graph.layers,
-        graph.final_norm,
-        graph.head_weight,
-        graph.head_bias,
+    eager = CudaRunner.on_weights_of(
+        graph,
         graph_cache_size=0,
         gemm_min_rows=None,
     )

@@ -94,6 +94,20 @@ def _place(results: list, question: wire.QuestionResult) -> None:
     results[index] = question
 
 
+def _add_candidates(into, batch) -> int:
+    """Append a tokenized batch to a repeated Candidate field (a stream message's batch or the
+    one-message request); returns the tokens it held."""
+    tokens = 0
+    for candidate in batch:
+        tokens += len(candidate.token_ids)
+        into.add(
+            question_index=candidate.question_index,
+            candidate_index=candidate.candidate_index,
+            token_ids=candidate.token_ids,
+        )
+    return tokens
+
+
 def _as_stream(request: wire.ExecuteUnaryRequest):
     """An ExecuteUnary request as the Execute stream of the same request."""
     yield wire.ExecuteRequest(header=request.header)
@@ -369,13 +383,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         tokenize_span = tracing.start("tokenize", parent=worker_span)
         try:
             for batch in self._batches(decision):
-                for candidate in batch:
-                    num_tokens += len(candidate.token_ids)
-                    request.candidates.add(
-                        question_index=candidate.question_index,
-                        candidate_index=candidate.candidate_index,
-                        token_ids=candidate.token_ids,
-                    )
+                num_tokens += _add_candidates(request.candidates, batch)
         except ContractError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message) from None
         finally:
@@ -398,13 +406,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         try:
             for batch in self._batches(decision):
                 message = wire.ExecuteRequest()
-                for candidate in batch:
-                    token_count[0] += len(candidate.token_ids)
-                    message.batch.candidates.add(
-                        question_index=candidate.question_index,
-                        candidate_index=candidate.candidate_index,
-                        token_ids=candidate.token_ids,
-                    )
+                token_count[0] += _add_candidates(message.batch.candidates, batch)
                 yield message
         except ContractError as error:
             refusal.append(error)

@@ -61,13 +61,8 @@ def main() -> None:
     p.add_argument("--prefix", type=int, default=2048)
     args = p.parse_args()
     graph = CudaRunner.synthetic(args.shape, seed=0, graph_capture_after=1)
-    eager = CudaRunner(
-        graph.config,
-        graph.embed,
-        graph.layers,
-        graph.final_norm,
-        graph.head_weight,
-        graph.head_bias,
+    eager = CudaRunner.on_weights_of(
+        graph,
         graph_cache_size=0,
     )
     vocab = graph.config.vocab_size

@@ -215,9 +215,10 @@ GDN_DEFAULT = "s8c32x2"  # the fastest variant on an H200 at 64 to 4,096 tokens 
 
 @functools.cache
 def gdn_schedule(device: torch.device) -> tuple[torch.Tensor, int]:
-    """(the recurrence's schedule counters, zeros between launches; the device's SM count). Made
-    at a runner's start (CudaRunner), not while a graph is captured. One set a device: launches
-    of the recurrence must not overlap (the worker runs its passes on one stream)."""
+    """(the work-ticket counters of the recurrence and of the chunked kernels, zeros between
+    launches; the device's SM count). Made at a runner's start (CudaRunner), not while a graph is
+    captured. One set a device: launches that take tickets must not overlap (the worker runs its
+    passes on one stream)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return torch.zeros(2 + traits.GDN_SCHED_SMS, dtype=torch.int32, device=device), sms
 

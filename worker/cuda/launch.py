@@ -209,8 +209,8 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int, tail_sources: bool 
             slots_of[id(p)] = len(parents)
         slot.append(0 if p is None else slots_of[id(p)])
     gdn_init = [(-2 - in_parent[i]) if in_parent[i] >= 0 else (slot[i] or -1) for i in range(len(plan_runs))]
-    win_src = [_window_source(i, m - 3, in_parent, cu, slot) for i in range(len(plan_runs)) for m in range(3)]
     starts = [run.start_position for run in plan_runs]
+    win_src = [_window_source(i, m - 3, in_parent, cu, slot, starts) for i in range(len(plan_runs)) for m in range(3)]
     tail_src: list[int] = []
     if tail_sources:
         tail_src = [src for i in range(len(plan_runs)) for src in _tail_sources(i, in_parent, cu, slot, starts)]
@@ -258,19 +258,25 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int, tail_sources: bool 
     )
 
 
-def _window_source(n: int, rel: int, in_parent: list[int], cu: list[int], slot: list[int]) -> int:
-    """Where conv input `rel` (< 0, relative to run n's start) comes from (LaunchPlan.win_src):
-    walk up the in-pass parents until one holds that position, else take the external parent's
-    window (or slot 0's zeros: before the prompt)."""
-    while True:
-        p = in_parent[n]
-        if p < 0:
-            return -1 - (slot[n] * 3 + 3 + rel)
-        length = cu[p + 1] - cu[p]
-        if length + rel >= 0:
-            return cu[p] + length + rel
-        rel += length
-        n = p
+def _holder(n: int, position: int, in_parent: list[int], cu: list[int], starts: list[int]) -> tuple[int, int]:
+    """Where `position` (before run n's start) lies: (the packed row of the in-pass ancestor
+    holding it, -1), walking up the in-pass parents; else (-1, m), m the first run of n's chain in
+    this pass (the position is its external parent's, or before the prompt)."""
+    m = n
+    while (q := in_parent[m]) >= 0:
+        if position >= starts[q]:
+            return cu[q] + position - starts[q], -1
+        m = q
+    return -1, m
+
+
+def _window_source(n: int, rel: int, in_parent: list[int], cu: list[int], slot: list[int], starts: list[int]) -> int:
+    """Where conv input `rel` (< 0, relative to run n's start) comes from (LaunchPlan.win_src): an
+    in-pass ancestor's row, else the external parent's window (or slot 0's zeros: before the
+    prompt)."""
+    position = starts[n] + rel
+    row, m = _holder(n, position, in_parent, cu, starts)
+    return row if row >= 0 else -1 - (slot[m] * 3 + 3 + position - starts[m])
 
 
 def _tail_sources(n: int, in_parent: list[int], cu: list[int], slot: list[int], starts: list[int]) -> list[int]:
@@ -280,15 +286,8 @@ def _tail_sources(n: int, in_parent: list[int], cu: list[int], slot: list[int], 
     chunk, start = GDN_CHUNK_TOKENS, starts[n]
     out = [0] * chunk
     for r in range(start % chunk):
-        p, m = start - start % chunk + r, n
-        while True:
-            q = in_parent[m]
-            if q < 0:
-                assert slot[m] > 0, "a run from position 0 has no tail"
-                out[r] = -1 - (slot[m] * chunk + p % chunk)
-                break
-            if p >= starts[q]:
-                out[r] = cu[q] + p - starts[q]
-                break
-            m = q
+        position = start - start % chunk + r
+        row, m = _holder(n, position, in_parent, cu, starts)
+        assert row >= 0 or slot[m] > 0, "a run from position 0 has no tail"
+        out[r] = row if row >= 0 else -1 - (slot[m] * chunk + position % chunk)
     return out

@@ -132,6 +132,14 @@ class CudaRunner:
         return cls(config, embed, layers, final_norm, head, 0.125, **options)
 
     @classmethod
+    def on_weights_of(cls, other: CudaRunner, **options) -> CudaRunner:
+        """Another runner over `other`'s weights (shared, not copied): a benchmark's arms, or
+        graph-replayed against eager passes in tests; options: the constructor's keyword arguments."""
+        return cls(
+            other.config, other.embed, other.layers, other.final_norm, other.head_weight, other.head_bias, **options
+        )
+
+    @classmethod
     def from_export(cls, model_dir: str | Path, device="cuda", **options):
         from openjev.export import load_export_meta
         from openjev.worker.checkpoint.config import load_model_config

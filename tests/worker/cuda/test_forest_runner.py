@@ -35,13 +35,8 @@ def eager(request):
 def warmed(eager):
     from openjev.worker.cuda.runner import CudaRunner
 
-    runner = CudaRunner(
-        eager.config,
-        eager.embed,
-        eager.layers,
-        eager.final_norm,
-        eager.head_weight,
-        eager.head_bias,
+    runner = CudaRunner.on_weights_of(
+        eager,
         graph_cache_size=1,
         graph_capture_after=1,
         gemm_min_rows=1,

@@ -35,13 +35,8 @@ def twin(runner, size: int, capture_after: int = 1):
     """A runner on the same weights with a graph cache of `size`."""
     from openjev.worker.cuda.runner import CudaRunner
 
-    return CudaRunner(
-        runner.config,
-        runner.embed,
-        runner.layers,
-        runner.final_norm,
-        runner.head_weight,
-        runner.head_bias,
+    return CudaRunner.on_weights_of(
+        runner,
         graph_cache_size=size,
         graph_capture_after=capture_after,
         gdn_kernel="chunked" if runner.chunked_gdn else "serial",
