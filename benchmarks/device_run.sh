@@ -181,9 +181,9 @@ for step in "$@"; do
     # whole requests (one per kind x length group) with the serial and the chunked GDN kernel, interleaved
     gdn-e2e) timeout 300 python3 benchmarks/runner_arms_e2e.py --model .openjev/demo-model --workload $WL --arms serial,chunked \
              --out $OUT/gdn-e2e.md 2>&1 | grep -E "^\|" | tail -16 ;;
-    # whole requests with graph buckets twice as fine from 1,024 / 512 tokens on (--graph-fine-from), interleaved
+    # whole requests with graph buckets twice as fine from 256 tokens on (--graph-fine-from 256), interleaved
     fine-e2e) timeout 400 python3 benchmarks/runner_arms_e2e.py --model .openjev/demo-model --workload $WL \
-             --arms serial,fine1024,fine512 --out $OUT/fine-e2e.md 2>&1 | grep -E "^\|" | tail -16 ;;
+             --arms serial,fine256 --out $OUT/fine-e2e.md 2>&1 | grep -E "^\|" | tail -16 ;;
     # where a short request's host time goes: the idle split and a cProfile of the scheduler thread
     profile-host) timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL --graphs-only \
              --host --cases noul:1-128,choice:1-128 --out $OUT/profile-host.md > $OUT/profile-host.txt 2>&1

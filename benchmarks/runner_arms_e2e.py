@@ -24,7 +24,9 @@ import torch
 
 from openjev.tools.bench import workload
 from openjev.tools.bench.main import longest_tokens_fn
-from openjev.worker.cuda.runner import CudaRunner
+from openjev.worker.cuda import gemm
+from openjev.worker.cuda.buckets import Bucketing
+from openjev.worker.cuda.runner import LT_ROWS, CudaRunner
 from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.planner.cost import default_cost_model
 
@@ -33,6 +35,7 @@ ARMS = {
     "chunked": {"gdn_kernel": "chunked"},
     "fine1024": {"graph_fine_from": 1024},
     "fine512": {"graph_fine_from": 512},
+    "fine256": {"graph_fine_from": 256},
 }
 
 
@@ -45,6 +48,17 @@ def make_runners(shape: str, names: list[str]) -> dict[str, CudaRunner]:
         other = CudaRunner.on_weights_of(first, graph_capture_after=1, gemm_min_rows=1, **ARMS[name])
         other.gemm_rows, other.stream_rows, other.lt = first.gemm_rows, first.stream_rows, first.lt
         runners[name] = other
+
+    # cuBLASLt algorithms for the row counts only other arms' buckets have, chosen as the runner
+    # chooses them at start (added to the shared plans: the first runner never meets those rows)
+    def tuned(r: CudaRunner) -> set[int]:
+        return {t for t in Bucketing(r.budget).token_steps() if t <= LT_ROWS}
+
+    extra = sorted(set().union(*(tuned(r) for r in runners.values())) - tuned(first))
+    weights = [w for layer in first.layers for w in (layer.w_in, layer.w_out, layer.w_gate_up, layer.w_down)]
+    for key, w in gemm.one_per_shape(weights).items():
+        if extra and key in first.lt:
+            gemm.choose_algorithms(first.lt[key], w, first.gemm_rows[key], first.stream_rows[key], extra)
     return runners
 
 
