@@ -3,8 +3,8 @@ which memory is idle? One 27B-shaped weight (the GDN out-projection, 63 MB, or g
 is read by an 80-row product after a gap (a spin kernel standing in for the GDN recurrence);
 before each round a 178 MB product evicts L2, as the other layers' weights do in a pass. Arms:
 no prefetch, or the first X MB prefetched on a side stream at the start of the gap (bulk
-prefetch; evict_last where named). Interleaved rounds; medians of the product's time and of gap
-+ product.
+prefetches, evict_last where named, or plain loads). Each arm is one CUDA graph (no host time
+inside); interleaved rounds; medians of gap + product.
 
     PYTHONPATH=. python3 benchmarks/l2_prefetch.py [--rounds 40]
 """
@@ -38,47 +38,54 @@ def main() -> None:
     side = torch.cuda.Stream(dev)
     clock_hz = 1.98e9  # the H200's SM clock under load (Nsight Compute, docs/cuda-kernels.md)
     print(f"{torch.cuda.get_device_name()}, {args.rows} rows, SM clock taken as {clock_hz / 1e9:.2f} GHz")
-    print("| weight | gap us | arm | product us (p10-p90) | gap + product us | product saved us |")
-    print("|---|---|---|---|---|---|")
+    print("| weight | gap us | arm | gap + product us (p10-p90) | saved us |")
+    print("|---|---|---|---|---|")
+    arms: dict[str, tuple[int, str] | None] = {"none": None}
+    for how in ("bulk", "loads"):
+        for mb in (16, 32, 48):
+            arms[f"{how} {mb} MB"] = (mb, how)
+    arms["bulk_last 32 MB"] = (32, "bulk_last")
     for wname, w in weights.items():
         x = torch.randn(args.rows, w.shape[1], device=dev, generator=gen, dtype=torch.bfloat16)
-        arms = {"none": None}
-        for mb in (16, 24, 32, 48):
-            arms[f"prefetch {mb} MB"] = (mb, False)
-        arms["prefetch 32 MB evict_last"] = (32, True)
-        for gap_us in (0, 10, 40):
+        for gap_us in (0, 10, 20, 40):
             cycles = int(gap_us * 1e-6 * clock_hz)
-            prod: dict[str, list[float]] = {a: [] for a in arms}
+            graphs = {arm: capture(x, w, cycles, spec, side) for arm, spec in arms.items()}
             total: dict[str, list[float]] = {a: [] for a in arms}
             for rnd in range(args.rounds + 2):
-                for arm, spec in arms.items():
+                for arm, g in graphs.items():
                     F.linear(xf, flush)  # evict L2
-                    e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     e0.record()
-                    if spec is not None:
-                        side.wait_stream(torch.cuda.current_stream())
-                        with torch.cuda.stream(side):
-                            l2_prefetch(w, spec[0] * MB, evict_last=spec[1])
-                    if cycles:
-                        torch.cuda._sleep(cycles)
+                    g.replay()
                     e1.record()
-                    F.linear(x, w)
-                    e2.record()
-                    if spec is not None:
-                        torch.cuda.current_stream().wait_stream(side)
-                    e2.synchronize()
+                    e1.synchronize()
                     if rnd >= 2:
-                        prod[arm].append(1e3 * e1.elapsed_time(e2))
-                        total[arm].append(1e3 * e0.elapsed_time(e2))
-            base = statistics.median(prod["none"])
+                        total[arm].append(1e3 * e0.elapsed_time(e1))
+            base = statistics.median(total["none"])
             for arm in arms:
-                q = statistics.quantiles(prod[arm], n=10)
-                med = statistics.median(prod[arm])
+                q = statistics.quantiles(total[arm], n=10)
+                med = statistics.median(total[arm])
                 print(
-                    f"| {wname} | {gap_us} | {arm} | {med:.1f} ({q[0]:.1f}-{q[-1]:.1f}) | "
-                    f"{statistics.median(total[arm]):.1f} | {base - med:.1f} |",
+                    f"| {wname} | {gap_us} | {arm} | {med:.1f} ({q[0]:.1f}-{q[-1]:.1f}) | {base - med:.1f} |",
                     flush=True,
                 )
+
+
+def capture(x, w, cycles: int, spec, side) -> torch.cuda.CUDAGraph:
+    """A graph of: the prefetch on a side stream (if any) beside a spin of `cycles`, then the product."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        main = torch.cuda.current_stream()
+        if spec is not None:
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                l2_prefetch(w, spec[0] * MB, how=spec[1])
+        if cycles:
+            torch.cuda._sleep(cycles)
+        F.linear(x, w)
+        if spec is not None:
+            main.wait_stream(side)
+    return g
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
 // bytes [p, p + n): grid-stride over `chunk`-byte pieces (16-byte multiples; p 16-byte aligned),
 // one bulk prefetch (sm_90, the copy engine of the SM, no registers or shared memory) a piece.
 // evict_last: the prefetched lines are kept over others until read (variant _last).
+// l2_touch: the same by plain 16-byte loads (ld.global.cg: L2 only) from many warps, a sum no
+// one reads kept alive by a store that never happens (n < 0 is never passed).
 #include "common.cuh"
 
 __device__ __forceinline__ void bulk_prefetch(const char* p, u32 size) {
@@ -27,4 +29,22 @@ extern "C" __global__ void l2_prefetch_last(const char* __restrict__ p, long n, 
     const long stride = (long)gridDim.x * blockDim.x * chunk;
     for (long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * chunk; i < n; i += stride)
         bulk_prefetch_last(p + i, (u32)min((long)chunk, n - i), policy);
+}
+
+extern "C" __global__ void l2_touch(const int4* __restrict__ p, long n16, int* __restrict__ sink) {
+    constexpr int U = 8;  // loads in flight a thread
+    int acc = 0;
+    const long stride = (long)gridDim.x * blockDim.x;
+    for (long i0 = (long)blockIdx.x * blockDim.x + threadIdx.x; i0 < n16; i0 += U * stride) {
+        int x[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const long i = i0 + u * stride;
+            x[u] = 0;
+            if (i < n16) asm volatile("ld.global.cg.s32 %0, [%1];\n" : "=r"(x[u]) : "l"(p + i));
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc ^= x[u];
+    }
+    if (n16 < 0) sink[0] = acc;
 }
