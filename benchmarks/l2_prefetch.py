@@ -73,8 +73,8 @@ def main() -> None:
 
 def capture(x, w, cycles: int, spec, side) -> torch.cuda.CUDAGraph:
     """A graph of: the prefetch on a side stream (if any) beside a spin of `cycles`, then the product."""
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+
+    def body() -> None:
         main = torch.cuda.current_stream()
         if spec is not None:
             side.wait_stream(main)
@@ -85,6 +85,15 @@ def capture(x, w, cycles: int, spec, side) -> torch.cuda.CUDAGraph:
         F.linear(x, w)
         if spec is not None:
             main.wait_stream(side)
+
+    warm = torch.cuda.Stream()  # cuBLAS makes its handle and workspace outside the capture
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        body()
+    torch.cuda.current_stream().wait_stream(warm)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
     return g
 
 
