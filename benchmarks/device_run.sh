@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests gdn gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e fine-e2e l2-prefetch state-hit attention
+#   steps: tests gdn gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -181,11 +181,11 @@ for step in "$@"; do
     # whole requests (one per kind x length group) with the serial and the chunked GDN kernel, interleaved
     gdn-e2e) timeout 300 python3 benchmarks/runner_arms_e2e.py --model .openjev/demo-model --workload $WL --arms serial,chunked \
              --out $OUT/gdn-e2e.md 2>&1 | grep -E "^\|" | tail -16 ;;
-    # whole requests with graph buckets twice as fine from 256 tokens on (--graph-fine-from 256), interleaved
-    fine-e2e) timeout 400 python3 benchmarks/runner_arms_e2e.py --model .openjev/demo-model --workload $WL \
-             --arms serial,fine256 --out $OUT/fine-e2e.md 2>&1 | grep -E "^\|" | tail -16 ;;
-    # a product after a gap, with part of its weight prefetched into L2 during the gap or not
-    l2-prefetch) timeout 200 python3 benchmarks/l2_prefetch.py 2>&1 | tee $OUT/l2-prefetch.md | tail -40 ;;
+    # whole requests of 513-4,096 tokens with the default buckets (multiples of 128 rows above
+    # 1,024 tokens) and the untiled ones (4 steps an octave), interleaved
+    tile-e2e) timeout 400 python3 benchmarks/runner_arms_e2e.py --model .openjev/demo-model --workload $WL \
+             --arms serial,untiled --groups 513-2048,2049-4096 --per-group 3 --out $OUT/tile-e2e.md 2>&1 \
+             | grep -E "^\|" | tail -20 ;;
     # where a short request's host time goes: the idle split and a cProfile of the scheduler thread
     profile-host) timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL --graphs-only \
              --host --cases noul:1-128,choice:1-128 --out $OUT/profile-host.md > $OUT/profile-host.txt 2>&1

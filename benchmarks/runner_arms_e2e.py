@@ -1,15 +1,16 @@
 """Whole requests through the engine on runner variants side by side (the serial or the chunked
-GDN kernel, finer graph buckets for long passes), on the synthetic 27B runner with CUDA graphs,
-one workload request per kind and length group. The runners share the weights and the product
-paths chosen at start, so arms differ only in their options; each request runs alternately on
-each (rounds interleaved, so drift lands on every arm alike) after one untimed warm-up that
-captures its graphs.
+GDN kernel, the graph buckets of long passes), on the synthetic 27B runner with CUDA graphs,
+the first --per-group workload requests of each kind and length group (--groups: some only).
+The runners share the weights and the product paths chosen at start, so arms differ only in
+their options; each request runs alternately on each (rounds interleaved, so drift lands on
+every arm alike) after one untimed warm-up that captures its graphs.
 Prints per request the computed tokens, each arm's padded pass size, median and spread, and its
 ratio to the first arm, then whether every arm gave the first arm's choices and its bits (the
 GDN kernels sum in other orders; padding must not change a bit).
 
     PYTHONPATH=. python3 benchmarks/runner_arms_e2e.py --model .openjev/demo-model \\
         --workload benchmarks/workload.jsonl [--arms serial,chunked] [--rounds 7] [--out e2e.md]
+        [--groups 513-2048,2049-4096] [--per-group 1]
 """
 
 from __future__ import annotations
@@ -33,9 +34,7 @@ from openjev.worker.planner.cost import default_cost_model
 ARMS = {
     "serial": {},
     "chunked": {"gdn_kernel": "chunked"},
-    "fine1024": {"graph_fine_from": 1024},
-    "fine512": {"graph_fine_from": 512},
-    "fine256": {"graph_fine_from": 256},
+    "untiled": {"graph_tile_from": 0},  # long passes in 4 token steps an octave (before 2026-12-01c)
 }
 
 
@@ -73,6 +72,8 @@ def main() -> None:
     p.add_argument("--shape", default="27b")
     p.add_argument("--arms", default="serial,chunked", help=f"comma-separated, first is the base: {', '.join(ARMS)}")
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--groups", default=",".join(workload.GROUP_NAMES), help="length groups, comma-separated")
+    p.add_argument("--per-group", type=int, default=1, help="requests of each kind and group")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     names = args.arms.split(",")
@@ -81,8 +82,13 @@ def main() -> None:
 
     meta, candidates_of, _ = longest_tokens_fn(args.model)
     cases = workload.read_jsonl(args.workload)
-    kinds_groups = [(k, g) for k in ("choice", "noul", "score") for g in workload.GROUP_NAMES]
-    chosen = [next(c for c in cases if (c.kind, c.group) == kg) for kg in kinds_groups]
+    groups = args.groups.split(",")
+    chosen = [
+        c
+        for k in ("choice", "noul", "score")
+        for g in groups
+        for c in [c for c in cases if (c.kind, c.group) == (k, g)][: args.per_group]
+    ]
     runners = make_runners(args.shape, names)
     engines = {name: Engine(runner, cost_model=default_cost_model("cuda")) for name, runner in runners.items()}
     base = names[0]

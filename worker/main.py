@@ -116,11 +116,11 @@ def parser() -> argparse.ArgumentParser:
         help="capture a shape's graph on its Nth launch (1: at once; a capture costs several eager launches)",
     )
     p.add_argument(
-        "--graph-fine-from",
+        "--graph-tile-from",
         type=non_negative_int,
-        default=0,
-        help="token buckets of graph passes of at least this many tokens step 8 times an octave, not 4 "
-        "(less padding of long passes' products, more graphs at start; 0: off)",
+        default=1024,
+        help="graph passes of more tokens pad to a multiple of 128 rows (the products' tile), not to 4 "
+        "sizes an octave (0: never)",
     )
     p.add_argument(
         "--gemm-min-rows",
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
             "graph_capture_after": args.graph_capture_after,
             "gemm_min_rows": args.gemm_min_rows,
             "gdn_kernel": args.gdn_kernel,
-            "graph_fine_from": args.graph_fine_from,
+            "graph_tile_from": args.graph_tile_from,
             "max_pass_tokens": args.max_launch_tokens,
             "max_pass_segments": args.max_launch_sequences,
         },

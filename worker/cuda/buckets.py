@@ -3,11 +3,16 @@ to its key, lays out its index buffer, and lists every key a budget needs (`Buck
 captured at start by CudaRunner.warm_up).
 
 A key holds only what a captured graph's device-side shapes and launch counts depend on:
-- tokens T_pad: fine steps (`steps` per octave, so at most 1/steps of a pass is padding; twice
-  as many from `fine_from` tokens on, where a worker sets --graph-fine-from);
+- tokens T_pad: fine steps (`steps` per octave, so at most 1/steps of a pass is padding); above
+  `tile_from` tokens (--graph-tile-from), multiples of TILE_ROWS, the products' row tile: their
+  padding costs its share of compute-bound products, so a 3,090-token pass runs 3,200 rows, not
+  3,584 (or 3,328 at 8 steps an octave, 4% slower: docs/cuda-kernels.md);
 - levels: recurrence launches per GDN layer, 1, 2, 4, 8 (capped at the budget's depth): a
   level launch whose segments are all absent costs a grid of blocks that exit at once;
 - kept: whether the pass keeps any state (then MAX_STATE_SLOTS output slots are copied).
+Above tile_from a key is only levels 2 or the depth, and kept: an empty level launch and the kept
+copies cost ~0.5 ms of a pass of over 100 ms, and so the finer token steps add no graphs (24
+steps x 2 keys from 1,024 to 4,096 tokens, where 8 steps x 8 keys were).
 The rest follows from T_pad alone, so the key set stays small: segments N_pad = min(budget
 segments, T_pad) + 1 (the real ones, one pad segment holding the T_pad - T pad tokens, then
 empty ones); attention max_q = T_pad rounded up to 64. Ancestors' K/V rows, parent states and
@@ -23,6 +28,7 @@ from openjev.worker.geometry import GDN_CHUNK_TOKENS
 
 MAX_STATE_SLOTS = 8  # external parents / kept states a captured pass holds (~150 MB each, 27B shape)
 LEVEL_STEPS = (1, 2, 4, 8)
+TILE_ROWS = 128  # row tile of cuBLAS's compute-bound products: long passes pad to a multiple of it
 
 
 @dataclass(frozen=True)
@@ -30,19 +36,25 @@ class PassBudget:
     """What the runner is warmed for. tokens, segments: a pass's most tokens and segments (the
     scheduler's --max-pass-tokens, --max-pass-segments); depth: most levels (max_pass_depth);
     context: most ancestor K/V rows from kept states a pass reads; steps: token buckets per octave;
-    fine_from: from this many tokens on (0: never), twice as many (products of long passes are
-    compute-bound, so their padding costs its share of the time; more graphs at start)."""
+    tile_from: above this many tokens (0: never), token buckets are multiples of TILE_ROWS and
+    keys only the long ones' levels and kept (module docstring)."""
 
     tokens: int = 4096
     segments: int = 64
     depth: int = 8
     context: int = 16384
     steps: int = 4
-    fine_from: int = 0
+    tile_from: int = 1024
 
     def bucket(self, n: int) -> int:
         """The padded token count of a pass of n tokens."""
-        return fine_bucket(n, steps=self.steps * (2 if self.fine_from and n >= self.fine_from else 1))
+        if self.long(n):
+            return -(-n // TILE_ROWS) * TILE_ROWS
+        return fine_bucket(n, steps=self.steps)
+
+    def long(self, n: int) -> bool:
+        """Whether a pass of n tokens gets the long passes' buckets and keys."""
+        return bool(self.tile_from) and n > self.tile_from
 
     @property
     def kv_rows(self) -> int:
@@ -105,9 +117,16 @@ class Bucketing:
             n = t + 1
         return out
 
-    def level_steps(self) -> list[int]:
-        steps = [d for d in LEVEL_STEPS if d < self.budget.depth] + [self.budget.depth]
+    def level_steps(self, tokens_pad: int = 1) -> list[int]:
+        """The levels keys of T_pad tokens have (long passes: 2 and the depth)."""
+        depth = self.budget.depth
+        steps = [d for d in LEVEL_STEPS if d < depth] + [depth]
+        if self.budget.long(tokens_pad):
+            steps = [min(2, depth), depth]
         return sorted(set(steps))
+
+    def kept_steps(self, tokens_pad: int) -> tuple[bool, ...]:
+        return (True,) if self.budget.long(tokens_pad) else (False, True)
 
     def make(self, tokens_pad: int, levels: int, kept: bool) -> PassKey:
         segments = min(self.budget.segments, tokens_pad) + 1
@@ -115,7 +134,7 @@ class Bucketing:
 
     def keys(self) -> list[PassKey]:
         """Every key a pass within budget maps to (what warm_up captures)."""
-        return [self.make(t, d, kept) for t in self.token_steps() for d in self.level_steps() for kept in (False, True)]
+        return [self.make(t, d, k) for t in self.token_steps() for d in self.level_steps(t) for k in self.kept_steps(t)]
 
     def key(
         self, tokens: int, segments: int, levels: int, parents: int, kept: int, base: int, kv_rows: int
@@ -134,5 +153,6 @@ class Bucketing:
         for ok, why in checks:
             if not ok:
                 return None, why
-        levels_pad = next(d for d in self.level_steps() if d >= levels)
-        return self.make(b.bucket(tokens), levels_pad, kept > 0), ""
+        tokens_pad = b.bucket(tokens)
+        levels_pad = next(d for d in self.level_steps(tokens_pad) if d >= levels)
+        return self.make(tokens_pad, levels_pad, kept > 0 or b.long(tokens_pad)), ""

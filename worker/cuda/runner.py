@@ -72,7 +72,7 @@ class CudaRunner:
         max_pass_segments: int = 64,
         max_pass_depth: int = DEFAULT_PASS_DEPTH,
         max_pass_context: int = 16384,
-        graph_fine_from: int = 0,
+        graph_tile_from: int = PassBudget.tile_from,
     ):
         if gdn_kernel not in GDN_KERNELS:
             raise ValueError(f"gdn_kernel must be one of {GDN_KERNELS}, not {gdn_kernel!r}")
@@ -84,7 +84,7 @@ class CudaRunner:
             segments=max(max_pass_segments, self.max_pass_depth),
             depth=self.max_pass_depth,
             context=max_pass_context,
-            fine_from=graph_fine_from,
+            tile_from=graph_tile_from,
         )
         self.config, self.embed, self.layers, self.final_norm = config, embed, layers, final_norm
         # Split-K products must not sum their partial results in bf16 (the library's default)

@@ -225,7 +225,8 @@ def test_buckets_and_keys():
         2048,
         2304,
     ]
-    b = Bucketing(PassBudget(tokens=4096, segments=64, depth=8, context=16384))
+    # untiled: 4 token steps an octave everywhere, every key 4 levels x kept or not
+    b = Bucketing(PassBudget(tokens=4096, segments=64, depth=8, context=16384, tile_from=0))
     keys = b.keys()
     assert len(keys) == len(set(keys)) == len(b.token_steps()) * 4 * 2
     assert b.token_steps()[:5] == [16, 32, 48, 64, 80] and b.token_steps()[-1] == 4096
@@ -245,24 +246,30 @@ def test_buckets_and_keys():
     ):
         key, why = b.key(**args)
         assert key is None and why, args
+    # the default: above 1,024 tokens, multiples of 128 rows, keys of levels 2 or 8 that keep
+    tiled = Bucketing(PassBudget(tokens=4096, segments=64, depth=8, context=16384))
+    steps = tiled.token_steps()
+    assert steps[: steps.index(1024) + 1] == b.token_steps()[: b.token_steps().index(1024) + 1]
+    assert steps[steps.index(1024) + 1 :] == list(range(1152, 4097, 128))
+    assert len(tiled.keys()) == len(set(tiled.keys())) == 20 * 4 * 2 + 24 * 2 < len(keys)
+    long_key, _ = tiled.key(3090, 2, 1, 0, 0, 0, 3090)
+    assert (long_key.tokens, long_key.levels, long_key.kept) == (3200, 2, True)
+    assert b.key(3090, 2, 1, 0, 0, 0, 3090)[0].tokens == 3584
+    assert tiled.key(1025, 9, 3, 0, 1, 0, 1025)[0].levels == 8 and tiled.key(1024, 2, 1, 0, 0, 0, 1024)[0].levels == 1
     # every pass within budget lands on a warm key
     import random
 
     rng = random.Random(0)
-    for _ in range(2000):
-        t = rng.randint(1, 4096)
-        key, why = b.key(t, rng.randint(1, min(t, 64)), rng.randint(1, 8), rng.randint(0, 8), rng.randint(0, 8), 0, t)
-        assert key in keys and key.segments >= 1 + min(t, 64) and key.max_q >= t and key.tokens >= t
-    # finer steps from 1,024 tokens: 8 an octave there (a 3,090-token pass pads to 3,328, not 3,584)
-    fine = Bucketing(PassBudget(tokens=4096, segments=64, depth=8, context=16384, fine_from=1024))
-    steps = fine.token_steps()
-    assert steps[: steps.index(1024) + 1] == b.token_steps()[: b.token_steps().index(1024) + 1]
-    assert steps[steps.index(1024) :] == list(range(1024, 2048, 128)) + list(range(2048, 4097, 256))
-    assert fine.key(3090, 2, 1, 0, 0, 0, 3090)[0].tokens == 3328 and b.key(3090, 2, 1, 0, 0, 0, 3090)[0].tokens == 3584
-    for _ in range(500):
-        t = rng.randint(1, 4096)
-        key, _ = fine.key(t, 1, 1, 0, 0, 0, t)
-        assert key in fine.keys() and t <= key.tokens <= (t * 9 // 8 + 16 if t >= 1024 else t * 5 // 4 + 16)
+    for bucketing in (b, tiled):
+        warm = set(bucketing.keys())
+        for _ in range(2000):
+            t = rng.randint(1, 4096)
+            segments, levels = rng.randint(1, min(t, 64)), rng.randint(1, 8)
+            key, why = bucketing.key(t, segments, levels, rng.randint(0, 8), rng.randint(0, 8), 0, t)
+            assert key in warm and key.segments >= 1 + min(t, 64) and key.max_q >= t and key.tokens >= t
+            assert key.levels >= levels and key.tokens < (
+                t + 128 if t > 1024 and bucketing is tiled else t * 5 // 4 + 16
+            )
     # a small budget: every key's index layout fits the largest
     small = Bucketing(PassBudget(tokens=256, segments=8, depth=2, context=512))
     assert len(small.keys()) == 12 * 2 * 2
