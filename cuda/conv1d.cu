@@ -51,6 +51,31 @@ __device__ __forceinline__ void input_row(const __nv_bfloat16* x, long x_stride,
 
 #define ROWS CONV_ROWS  // the ROWS + CONV_K - 1 input rows they need are loaded once
 
+// Grid row r past the output rows: window row m = r % (K-1) of segment s = r / (K-1).
+__device__ __forceinline__ void new_window_row(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* windows,
+                                               const int* win_src, const int* cu_seqlens, int n_seg, int C, int r,
+                                               int c, __nv_bfloat16* new_window) {
+    const int s = r / (CONV_K - 1);
+    const int m = r % (CONV_K - 1);
+    if (s >= n_seg) return;
+    const int start = cu_seqlens[s];
+    const int len = cu_seqlens[s + 1] - start;
+    float f[VEC];
+    input_row(x, x_stride, windows, win_src, C, s, start, len - (CONV_K - 1) + m, c, f);
+    store8(new_window + ((long)s * (CONV_K - 1) + m) * C + c, f);
+}
+
+// 8 channels x 4 taps = 64 contiguous bytes of weight: four 16-byte loads
+__device__ __forceinline__ void load_taps(const __nv_bfloat16* weight, int c, float (&w)[VEC][CONV_K]) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        float f[8];
+        load8(weight + (long)c * CONV_K + q * 8, f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) w[(q * 8 + e) / CONV_K][(q * 8 + e) % CONV_K] = f[e];
+    }
+}
+
 extern "C" __global__ void causal_conv1d_packed(
     const __nv_bfloat16* __restrict__ x, long x_stride, const __nv_bfloat16* __restrict__ weight,
     const int* __restrict__ win_src, const __nv_bfloat16* __restrict__ windows,
@@ -61,15 +86,8 @@ extern "C" __global__ void causal_conv1d_packed(
     const int row_groups = (T + ROWS - 1) / ROWS;
     if ((int)blockIdx.y < row_groups) {
         const int r0 = blockIdx.y * ROWS;
-        // 8 channels x 4 taps = 64 contiguous bytes of weight: four 16-byte loads
         float w[VEC][CONV_K];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            float f[8];
-            load8(weight + (long)c * CONV_K + q * 8, f);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) w[(q * 8 + e) / CONV_K][(q * 8 + e) % CONV_K] = f[e];
-        }
+        load_taps(weight, c, w);
         // packed input rows r0-3 .. r0+ROWS-1 (clamped reads; rows of other segments are
         // replaced by window rows below)
         float in[ROWS + CONV_K - 1][VEC];
@@ -106,14 +124,59 @@ extern "C" __global__ void causal_conv1d_packed(
             store8(out + (long)row * C + c, acc);
         }
     } else {
-        const int r = blockIdx.y - row_groups;
-        const int s = r / (CONV_K - 1);
-        const int m = r % (CONV_K - 1);
-        if (s >= n_seg) return;
-        const int start = cu_seqlens[s];
-        const int len = cu_seqlens[s + 1] - start;
-        float f[VEC];
-        input_row(x, x_stride, windows, win_src, C, s, start, len - (CONV_K - 1) + m, c, f);
-        store8(new_window + ((long)s * (CONV_K - 1) + m) * C + c, f);
+        new_window_row(x, x_stride, windows, win_src, cu_seqlens, n_seg, C, blockIdx.y - row_groups, c, new_window);
+    }
+}
+
+// The same outputs, bit for bit (the same taps in the same order), by a thread walking `rows`
+// consecutive rows with the 3 inputs before the current one in registers: each input row is
+// loaded once (the form above loads ROWS + 3 rows for ROWS outputs), and a thread's registers
+// do not grow with the rows it walks. grid.y = ceil(T / rows) + 3N.
+extern "C" __global__ void causal_conv1d_roll(
+    const __nv_bfloat16* __restrict__ x, long x_stride, const __nv_bfloat16* __restrict__ weight,
+    const int* __restrict__ win_src, const __nv_bfloat16* __restrict__ windows,
+    const int* __restrict__ cu_seqlens, int n_seg, int T, int C, int rows,
+    __nv_bfloat16* __restrict__ out, __nv_bfloat16* __restrict__ new_window) {
+    const int c = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (c >= C) return;
+    const int row_groups = (T + rows - 1) / rows;
+    if ((int)blockIdx.y >= row_groups) {
+        new_window_row(x, x_stride, windows, win_src, cu_seqlens, n_seg, C, blockIdx.y - row_groups, c, new_window);
+        return;
+    }
+    float w[VEC][CONV_K];
+    load_taps(weight, c, w);
+    const int r0 = blockIdx.y * rows, r1 = min(r0 + rows, T);
+    int s = segment_of(cu_seqlens, n_seg, r0);
+    int start = cu_seqlens[s], next = cu_seqlens[s + 1];
+    float h[CONV_K - 1][VEC];  // inputs rel - 3, rel - 2, rel - 1 of the current row
+#pragma unroll
+    for (int m = 0; m < CONV_K - 1; ++m)
+        input_row(x, x_stride, windows, win_src, C, s, start, r0 - start - (CONV_K - 1) + m, c, h[m]);
+    for (int row = r0; row < r1; ++row) {
+        if (row == next) {  // the next non-empty segment starts here, from its window
+            do { ++s; } while (cu_seqlens[s + 1] <= row);
+            start = row;
+            next = cu_seqlens[s + 1];
+#pragma unroll
+            for (int m = 0; m < CONV_K - 1; ++m) window_row(x, x_stride, windows, win_src, C, s, m - (CONV_K - 1), c, h[m]);
+        }
+        float cur[VEC], acc[VEC];
+        load8(x + (long)row * x_stride + c, cur);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+            acc[i] = 0.f;
+#pragma unroll
+            for (int k = 0; k < CONV_K - 1; ++k) acc[i] = fmaf(w[i][k], h[k][i], acc[i]);
+            acc[i] = fmaf(w[i][CONV_K - 1], cur[i], acc[i]);
+            acc[i] = acc[i] / (1.f + __expf(-acc[i]));
+        }
+        store8(out + (long)row * C + c, acc);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+#pragma unroll
+            for (int k = 0; k < CONV_K - 2; ++k) h[k][i] = h[k + 1][i];
+            h[CONV_K - 2][i] = cur[i];
+        }
     }
 }

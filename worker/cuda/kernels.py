@@ -133,7 +133,7 @@ def _out(given, shape, dtype, device):
     return given
 
 
-def causal_conv1d(x, weight, windows, win_src, cu_seqlens, out=None, new_window=None):
+def causal_conv1d(x, weight, windows, win_src, cu_seqlens, out=None, new_window=None, rows=None):
     """Depthwise causal conv (K = CONV_K = 4) + SiLU over packed segments.
 
     x: [T, C] bf16 (row stride may exceed C: a column slice of the fused projection)
@@ -141,6 +141,8 @@ def causal_conv1d(x, weight, windows, win_src, cu_seqlens, out=None, new_window=
     slot 0 zeros); win_src: [3N] int32, where window row m of segment n is read
     (launch.LaunchPlan.win_src: >= 0 a packed row of x, else row -1 - v of windows flattened to
     [3S, C]; own_windows(N) for one window per segment); cu_seqlens: [N+1] int32.
+    rows: None, the kernel of CONV_ROWS unrolled rows a thread; else `causal_conv1d_roll` with
+    that many rows a thread (the same bits).
     Returns (out [T, C] bf16, new_window [N, 3, C] bf16).
     """
     T, C = x.shape
@@ -150,15 +152,13 @@ def causal_conv1d(x, weight, windows, win_src, cu_seqlens, out=None, new_window=
     assert win_src.numel() == N * (CONV_K - 1) and win_src.is_contiguous()
     out = _out(out, (T, C), torch.bfloat16, x.device)
     new_window = _out(new_window, (N, CONV_K - 1, C), torch.bfloat16, x.device)
-    threads, rows = traits.CONV.threads, traits.CONV.rows_per_thread
-    grid = ((C // 8 + threads - 1) // threads, (T + rows - 1) // rows + N * (CONV_K - 1))
-    _launch(
-        "conv1d",
-        "causal_conv1d_packed",
-        grid,
-        (threads,),
-        (x, _i64(x.stride(0)), weight, win_src, windows, cu_seqlens, N, T, C, out, new_window),
-    )
+    threads, per = traits.CONV.threads, rows or traits.CONV.rows_per_thread
+    grid = ((C // 8 + threads - 1) // threads, (T + per - 1) // per + N * (CONV_K - 1))
+    head = (x, _i64(x.stride(0)), weight, win_src, windows, cu_seqlens, N, T, C)
+    if rows is None:
+        _launch("conv1d", "causal_conv1d_packed", grid, (threads,), (*head, out, new_window))
+    else:
+        _launch("conv1d", "causal_conv1d_roll", grid, (threads,), (*head, int(rows), out, new_window))
     return out, new_window
 
 

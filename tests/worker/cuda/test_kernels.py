@@ -49,8 +49,9 @@ def per_segment(out, expected, cu, tol, what):
 LENGTHS = [1, 3, 64, 65, 130, 17]
 
 
+@pytest.mark.parametrize("rows", [None, 3, 16])
 @pytest.mark.parametrize("trial", range(2))
-def test_causal_conv1d(K, ref, trial):
+def test_causal_conv1d(K, ref, trial, rows):
     C = 10240  # the 27B conv channels (q, k: 16*128 each; v: 48*128)
     cu = cu_of(LENGTHS)
     T, N = int(cu[-1]), len(LENGTHS)
@@ -59,7 +60,7 @@ def test_causal_conv1d(K, ref, trial):
     w = (torch.randn(C, 4, device=DEV) * 0.5).bfloat16()
     win, src = torch.randn(N, 3, C, device=DEV).bfloat16(), K.own_windows(N, DEV)
     out, nw = poisoned((T, C), torch.bfloat16), poisoned((N, 3, C), torch.bfloat16)
-    K.causal_conv1d(x, w, win, src, cu, out=out, new_window=nw)
+    K.causal_conv1d(x, w, win, src, cu, out=out, new_window=nw, rows=rows)
     e_out, e_win = ref.causal_conv1d_packed(x.cpu(), w.cpu(), win.cpu(), src.cpu(), cu.cpu())
     per_segment(out, e_out, cu, BF16_TOL, "conv out")
     assert torch.equal(nw.cpu(), e_win), "new windows are exact copies of inputs"
@@ -155,6 +156,9 @@ def test_causal_conv1d_window_sources(K, ref, pad):
     ).view(N, 3, C)
     g_out, g_nw = K.causal_conv1d(x, w, gathered, K.own_windows(N, DEV), cu)
     assert torch.equal(out, g_out) and torch.equal(nw, g_nw), "not the bits of gathered windows"
+    for rows in (1, 5, 16, 64):  # the rolling form: the same bits, however many rows a thread walks
+        r_out, r_nw = K.causal_conv1d(x, w, slots, win_src, cu, rows=rows)
+        assert torch.equal(r_out, out) and torch.equal(r_nw, nw), f"rolling form, {rows} rows a thread"
     assert torch.equal(nw[:R], torch.stack(new)), "new windows: the last 3 inputs of each prompt"
     own = K.own_windows(R, DEV)
     e_out, _ = ref.causal_conv1d_packed(
