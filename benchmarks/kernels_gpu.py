@@ -118,12 +118,12 @@ def cases(T: int):
     proj = r(T, CONV_C + HID)  # stands in for the fused in_proj output
     x = proj[:, :CONV_C]
     w = r(CONV_C, 4)
-    win, src = r(1, 3, CONV_C), K.own_windows(1, DEV)
-    out.append(("conv1d", lambda: K.causal_conv1d(x, w, win, src, cu), 2 * T * CONV_C * 2, 8 * T * CONV_C, "bw"))
+    win, wsrc = r(1, 3, CONV_C), K.own_windows(1, DEV)
+    out.append(("conv1d", lambda: K.causal_conv1d(x, w, win, wsrc, cu), 2 * T * CONV_C * 2, 8 * T * CONV_C, "bw"))
     for rows in (4, 8, 16, 32):
-        fn = lambda n=rows: K.causal_conv1d(x, w, win, src, cu, rows=n)  # noqa: E731
+        fn = lambda n=rows: K.causal_conv1d(x, w, win, wsrc, cu, rows=n)  # noqa: E731
         out.append((f"conv1d_roll{rows}", fn, 2 * T * CONV_C * 2, 8 * T * CONV_C, "bw"))
-    conv, _ = K.causal_conv1d(x, w, win, src, cu)
+    conv, _ = K.causal_conv1d(x, w, win, wsrc, cu)
     ab = r(T, 2 * H)
     a_log, dt = torch.rand(H, device=DEV), torch.randn(H, device=DEV)
     prep = lambda: K.gdn_prepare(conv, ab[:, :H], ab[:, H:], a_log, dt, HK)  # noqa: E731
