@@ -130,8 +130,9 @@ extern "C" __global__ void causal_conv1d_packed(
 
 // The same outputs, bit for bit (the same taps in the same order), by a thread walking `rows`
 // consecutive rows with the 3 inputs before the current one in registers: each input row is
-// loaded once (the form above loads ROWS + 3 rows for ROWS outputs), and a thread's registers
-// do not grow with the rows it walks. grid.y = ceil(T / rows) + 3N.
+// loaded once (the form above loads ROWS + 3 rows for ROWS outputs), ROLL_AHEAD of them in flight
+// at a time, and a thread's registers do not grow with the rows it walks. grid.y = ceil(T / rows) + 3N.
+#define ROLL_AHEAD 4
 extern "C" __global__ void causal_conv1d_roll(
     const __nv_bfloat16* __restrict__ x, long x_stride, const __nv_bfloat16* __restrict__ weight,
     const int* __restrict__ win_src, const __nv_bfloat16* __restrict__ windows,
@@ -153,30 +154,40 @@ extern "C" __global__ void causal_conv1d_roll(
 #pragma unroll
     for (int m = 0; m < CONV_K - 1; ++m)
         input_row(x, x_stride, windows, win_src, C, s, start, r0 - start - (CONV_K - 1) + m, c, h[m]);
-    for (int row = r0; row < r1; ++row) {
-        if (row == next) {  // the next non-empty segment starts here, from its window
-            do { ++s; } while (cu_seqlens[s + 1] <= row);
-            start = row;
-            next = cu_seqlens[s + 1];
+    for (int row0 = r0; row0 < r1; row0 += ROLL_AHEAD) {
+        // the next ROLL_AHEAD input rows in flight at once, then their outputs one by one
+        float in[ROLL_AHEAD][VEC];
 #pragma unroll
-            for (int m = 0; m < CONV_K - 1; ++m) window_row(x, x_stride, windows, win_src, C, s, m - (CONV_K - 1), c, h[m]);
-        }
-        float cur[VEC], acc[VEC];
-        load8(x + (long)row * x_stride + c, cur);
+        for (int u = 0; u < ROLL_AHEAD; ++u)
+            if (row0 + u < r1) load8(x + (long)(row0 + u) * x_stride + c, in[u]);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-            acc[i] = 0.f;
+        for (int u = 0; u < ROLL_AHEAD; ++u) {
+            const int row = row0 + u;
+            if (row >= r1) break;
+            if (row == next) {  // the next non-empty segment starts here, from its window
+                do { ++s; } while (cu_seqlens[s + 1] <= row);
+                start = row;
+                next = cu_seqlens[s + 1];
 #pragma unroll
-            for (int k = 0; k < CONV_K - 1; ++k) acc[i] = fmaf(w[i][k], h[k][i], acc[i]);
-            acc[i] = fmaf(w[i][CONV_K - 1], cur[i], acc[i]);
-            acc[i] = acc[i] / (1.f + __expf(-acc[i]));
-        }
-        store8(out + (long)row * C + c, acc);
+                for (int m = 0; m < CONV_K - 1; ++m)
+                    window_row(x, x_stride, windows, win_src, C, s, m - (CONV_K - 1), c, h[m]);
+            }
+            float acc[VEC];
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
+            for (int i = 0; i < VEC; ++i) {
+                acc[i] = 0.f;
 #pragma unroll
-            for (int k = 0; k < CONV_K - 2; ++k) h[k][i] = h[k + 1][i];
-            h[CONV_K - 2][i] = cur[i];
+                for (int k = 0; k < CONV_K - 1; ++k) acc[i] = fmaf(w[i][k], h[k][i], acc[i]);
+                acc[i] = fmaf(w[i][CONV_K - 1], in[u][i], acc[i]);
+                acc[i] = acc[i] / (1.f + __expf(-acc[i]));
+            }
+            store8(out + (long)row * C + c, acc);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) {
+#pragma unroll
+                for (int k = 0; k < CONV_K - 2; ++k) h[k][i] = h[k + 1][i];
+                h[CONV_K - 2][i] = in[u][i];
+            }
         }
     }
 }
