@@ -50,7 +50,7 @@ for step in "$@"; do
          timeout 150 python3 benchmarks/kernels_gpu.py --ops gdn --out $OUT/gdn-kernels.json 2>&1 | tee $OUT/gdn-kernels.txt \
            | grep -v "^  " | tail -30
          [ $rc = 0 ] || exit 1 ;;
-    # the conv kernels: their tests, then the unrolled form against the rolling one at 1-32 rows a thread
+    # the conv kernel: its tests, then its timings at 4 and 16 rows a thread
     conv) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py -k conv > $OUT/conv-tests.txt 2>&1; rc=$?
           tail -5 $OUT/conv-tests.txt | grep -E "Error|assert|FAILED|passed|failed"
           timeout 150 python3 benchmarks/kernels_gpu.py --ops conv1d --tokens 74,256,1024,4096 --out $OUT/conv.json 2>&1 \

@@ -13,12 +13,12 @@
 // out:        [T, C] bf16 contiguous = silu(conv)
 // new_window: [N, K-1, C] bf16 = the last K-1 inputs of each segment (window rows when short)
 //
-// One thread handles 8 channels (16-byte loads) of ROWS output rows. Grid rows past the output
+// One thread handles 8 channels (16-byte loads) of `rows` output rows. Grid rows past the output
 // row groups build the new windows, so one launch does both jobs.
 #include "common.cuh"
 
-// CONV_K (taps) and CONV_ROWS (output rows a thread) come from the host: the grid depends on them.
-#if !defined(CONV_K) || !defined(CONV_ROWS)
+// CONV_K (taps) comes from the host.
+#if !defined(CONV_K)
 #error "compile with the definitions of openjev.worker.cuda.traits"
 #endif
 #define VEC 8
@@ -49,8 +49,6 @@ __device__ __forceinline__ void input_row(const __nv_bfloat16* x, long x_stride,
     }
 }
 
-#define ROWS CONV_ROWS  // the ROWS + CONV_K - 1 input rows they need are loaded once
-
 // Grid row r past the output rows: window row m = r % (K-1) of segment s = r / (K-1).
 __device__ __forceinline__ void new_window_row(const __nv_bfloat16* x, long x_stride, const __nv_bfloat16* windows,
                                                const int* win_src, const int* cu_seqlens, int n_seg, int C, int r,
@@ -76,64 +74,13 @@ __device__ __forceinline__ void load_taps(const __nv_bfloat16* weight, int c, fl
     }
 }
 
+// A thread walks `rows` consecutive output rows of its 8 channels with the 3 inputs before the
+// current row in registers: each input row is loaded once, and its registers do not grow with
+// the rows it walks (an earlier form computed 4 unrolled rows from 7 loaded ones at 128
+// registers: 1.3-1.5x slower from 256 tokens; holding 4 rows in flight a thread was slower too,
+// docs/cuda-kernels.md). grid.y = ceil(T / rows) + 3N; the taps are summed in the same order
+// whatever `rows`, so the bits do not depend on it.
 extern "C" __global__ void causal_conv1d_packed(
-    const __nv_bfloat16* __restrict__ x, long x_stride, const __nv_bfloat16* __restrict__ weight,
-    const int* __restrict__ win_src, const __nv_bfloat16* __restrict__ windows,
-    const int* __restrict__ cu_seqlens, int n_seg,
-    int T, int C, __nv_bfloat16* __restrict__ out, __nv_bfloat16* __restrict__ new_window) {
-    const int c = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
-    if (c >= C) return;
-    const int row_groups = (T + ROWS - 1) / ROWS;
-    if ((int)blockIdx.y < row_groups) {
-        const int r0 = blockIdx.y * ROWS;
-        float w[VEC][CONV_K];
-        load_taps(weight, c, w);
-        // packed input rows r0-3 .. r0+ROWS-1 (clamped reads; rows of other segments are
-        // replaced by window rows below)
-        float in[ROWS + CONV_K - 1][VEC];
-#pragma unroll
-        for (int j = 0; j < ROWS + CONV_K - 1; ++j) {
-            const int p = r0 - (CONV_K - 1) + j;
-            if (p >= 0 && p < T) load8(x + (long)p * x_stride + c, in[j]);
-        }
-#pragma unroll
-        for (int u = 0; u < ROWS; ++u) {
-            const int row = r0 + u;
-            if (row >= T) break;
-            const int s = segment_of(cu_seqlens, n_seg, row);
-            const int rel = row - cu_seqlens[s];
-            float acc[VEC];
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
-#pragma unroll
-            for (int k = 0; k < CONV_K; ++k) {
-                // tap k multiplies input row rel - (K-1) + k
-                const int tap_rel = rel - (CONV_K - 1) + k;
-                float f[VEC];
-                if (tap_rel >= 0) {
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) f[i] = in[u + k][i];
-                } else {
-                    window_row(x, x_stride, windows, win_src, C, s, tap_rel, c, f);
-                }
-#pragma unroll
-                for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w[i][k], f[i], acc[i]);
-            }
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) acc[i] = acc[i] / (1.f + __expf(-acc[i]));
-            store8(out + (long)row * C + c, acc);
-        }
-    } else {
-        new_window_row(x, x_stride, windows, win_src, cu_seqlens, n_seg, C, blockIdx.y - row_groups, c, new_window);
-    }
-}
-
-// The same outputs, bit for bit (the same taps in the same order), by a thread walking `rows`
-// consecutive rows with the 3 inputs before the current one in registers: each input row is
-// loaded once (the form above loads ROWS + 3 rows for ROWS outputs), ROLL_AHEAD of them in flight
-// at a time, and a thread's registers do not grow with the rows it walks. grid.y = ceil(T / rows) + 3N.
-#define ROLL_AHEAD 4
-extern "C" __global__ void causal_conv1d_roll(
     const __nv_bfloat16* __restrict__ x, long x_stride, const __nv_bfloat16* __restrict__ weight,
     const int* __restrict__ win_src, const __nv_bfloat16* __restrict__ windows,
     const int* __restrict__ cu_seqlens, int n_seg, int T, int C, int rows,
@@ -154,40 +101,30 @@ extern "C" __global__ void causal_conv1d_roll(
 #pragma unroll
     for (int m = 0; m < CONV_K - 1; ++m)
         input_row(x, x_stride, windows, win_src, C, s, start, r0 - start - (CONV_K - 1) + m, c, h[m]);
-    for (int row0 = r0; row0 < r1; row0 += ROLL_AHEAD) {
-        // the next ROLL_AHEAD input rows in flight at once, then their outputs one by one
-        float in[ROLL_AHEAD][VEC];
+    for (int row = r0; row < r1; ++row) {
+        if (row == next) {  // the next non-empty segment starts here, from its window
+            do { ++s; } while (cu_seqlens[s + 1] <= row);
+            start = row;
+            next = cu_seqlens[s + 1];
 #pragma unroll
-        for (int u = 0; u < ROLL_AHEAD; ++u)
-            if (row0 + u < r1) load8(x + (long)(row0 + u) * x_stride + c, in[u]);
+            for (int m = 0; m < CONV_K - 1; ++m) window_row(x, x_stride, windows, win_src, C, s, m - (CONV_K - 1), c, h[m]);
+        }
+        float cur[VEC], acc[VEC];
+        load8(x + (long)row * x_stride + c, cur);
 #pragma unroll
-        for (int u = 0; u < ROLL_AHEAD; ++u) {
-            const int row = row0 + u;
-            if (row >= r1) break;
-            if (row == next) {  // the next non-empty segment starts here, from its window
-                do { ++s; } while (cu_seqlens[s + 1] <= row);
-                start = row;
-                next = cu_seqlens[s + 1];
+        for (int i = 0; i < VEC; ++i) {
+            acc[i] = 0.f;
 #pragma unroll
-                for (int m = 0; m < CONV_K - 1; ++m)
-                    window_row(x, x_stride, windows, win_src, C, s, m - (CONV_K - 1), c, h[m]);
-            }
-            float acc[VEC];
+            for (int k = 0; k < CONV_K - 1; ++k) acc[i] = fmaf(w[i][k], h[k][i], acc[i]);
+            acc[i] = fmaf(w[i][CONV_K - 1], cur[i], acc[i]);
+            acc[i] = acc[i] / (1.f + __expf(-acc[i]));
+        }
+        store8(out + (long)row * C + c, acc);
 #pragma unroll
-            for (int i = 0; i < VEC; ++i) {
-                acc[i] = 0.f;
+        for (int i = 0; i < VEC; ++i) {
 #pragma unroll
-                for (int k = 0; k < CONV_K - 1; ++k) acc[i] = fmaf(w[i][k], h[k][i], acc[i]);
-                acc[i] = fmaf(w[i][CONV_K - 1], in[u][i], acc[i]);
-                acc[i] = acc[i] / (1.f + __expf(-acc[i]));
-            }
-            store8(out + (long)row * C + c, acc);
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) {
-#pragma unroll
-                for (int k = 0; k < CONV_K - 2; ++k) h[k][i] = h[k + 1][i];
-                h[CONV_K - 2][i] = in[u][i];
-            }
+            for (int k = 0; k < CONV_K - 2; ++k) h[k][i] = h[k + 1][i];
+            h[CONV_K - 2][i] = cur[i];
         }
     }
 }

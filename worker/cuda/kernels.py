@@ -141,8 +141,7 @@ def causal_conv1d(x, weight, windows, win_src, cu_seqlens, out=None, new_window=
     slot 0 zeros); win_src: [3N] int32, where window row m of segment n is read
     (launch.LaunchPlan.win_src: >= 0 a packed row of x, else row -1 - v of windows flattened to
     [3S, C]; own_windows(N) for one window per segment); cu_seqlens: [N+1] int32.
-    rows: None, the kernel of CONV_ROWS unrolled rows a thread; else `causal_conv1d_roll` with
-    that many rows a thread (the same bits).
+    rows: output rows a thread (None: traits.CONV.rows(T)); the bits do not depend on it.
     Returns (out [T, C] bf16, new_window [N, 3, C] bf16).
     """
     T, C = x.shape
@@ -152,13 +151,10 @@ def causal_conv1d(x, weight, windows, win_src, cu_seqlens, out=None, new_window=
     assert win_src.numel() == N * (CONV_K - 1) and win_src.is_contiguous()
     out = _out(out, (T, C), torch.bfloat16, x.device)
     new_window = _out(new_window, (N, CONV_K - 1, C), torch.bfloat16, x.device)
-    threads, per = traits.CONV.threads, rows or traits.CONV.rows_per_thread
-    grid = ((C // 8 + threads - 1) // threads, (T + per - 1) // per + N * (CONV_K - 1))
-    head = (x, _i64(x.stride(0)), weight, win_src, windows, cu_seqlens, N, T, C)
-    if rows is None:
-        _launch("conv1d", "causal_conv1d_packed", grid, (threads,), (*head, out, new_window))
-    else:
-        _launch("conv1d", "causal_conv1d_roll", grid, (threads,), (*head, int(rows), out, new_window))
+    threads, rows = traits.CONV.threads, rows or traits.CONV.rows(T)
+    grid = ((C // 8 + threads - 1) // threads, (T + rows - 1) // rows + N * (CONV_K - 1))
+    args = (x, _i64(x.stride(0)), weight, win_src, windows, cu_seqlens, N, T, C, int(rows), out, new_window)
+    _launch("conv1d", "causal_conv1d_packed", grid, (threads,), args)
     return out, new_window
 
 

@@ -119,14 +119,19 @@ class AttentionTraits:
 
 @dataclass(frozen=True)
 class ConvTraits:
-    """conv1d.cu: a thread computes 8 channels of rows_per_thread consecutive output rows."""
+    """conv1d.cu: a thread computes 8 channels of `rows(T)` consecutive output rows."""
 
     kernel_size: int = CONV_KERNEL_SIZE
-    rows_per_thread: int = 4
     threads: int = 128
 
     def definitions(self) -> dict[str, int]:
-        return {"CONV_K": self.kernel_size, "CONV_ROWS": self.rows_per_thread}
+        return {"CONV_K": self.kernel_size}
+
+    @staticmethod
+    def rows(tokens: int) -> int:
+        """Output rows a thread: 4 up to 512 tokens (more grid), 16 above (fewer window
+        reloads); measured on an H200, 2026-12-01 (docs/cuda-kernels.md)."""
+        return 4 if tokens <= 512 else 16
 
 
 @dataclass(frozen=True)

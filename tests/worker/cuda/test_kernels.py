@@ -156,9 +156,9 @@ def test_causal_conv1d_window_sources(K, ref, pad):
     ).view(N, 3, C)
     g_out, g_nw = K.causal_conv1d(x, w, gathered, K.own_windows(N, DEV), cu)
     assert torch.equal(out, g_out) and torch.equal(nw, g_nw), "not the bits of gathered windows"
-    for rows in (1, 5, 16, 64):  # the rolling form: the same bits, however many rows a thread walks
+    for rows in (1, 5, 16, 64):  # the same bits, however many rows a thread walks
         r_out, r_nw = K.causal_conv1d(x, w, slots, win_src, cu, rows=rows)
-        assert torch.equal(r_out, out) and torch.equal(r_nw, nw), f"rolling form, {rows} rows a thread"
+        assert torch.equal(r_out, out) and torch.equal(r_nw, nw), f"{rows} rows a thread"
     assert torch.equal(nw[:R], torch.stack(new)), "new windows: the last 3 inputs of each prompt"
     own = K.own_windows(R, DEV)
     e_out, _ = ref.causal_conv1d_packed(
