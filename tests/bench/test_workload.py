@@ -69,5 +69,8 @@ def test_harness_and_report_through_real_servers(pair, tmp_path):
         header="# test",
     )
     assert "| ours-off | 4 | 0 |" in text
+    # the time outside the worker's inference, from real RPCs: positive, under a second
+    row = next(line for line in text.splitlines() if line.startswith(f"| {cases[0].kind} 1-128 |"))
+    assert "ours-shared outside inference" in text and 0 < float(row.split("|")[-2]) < 1000
     report.plot(results, cases, [a.name for a in arms], tmp_path / "latency.png")
     assert (tmp_path / "latency.png").stat().st_size > 1000
