@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from openjev.worker.cuda import reference, traits
-from openjev.worker.cuda.kernels import gdn_tail_width
+from openjev.worker.cuda.chunked_gdn import gdn_tail_width
 
 G = traits.GDN_CHUNKED
 CH, D, NT, NTO, NCOL = G.chunk, G.head_dim, G.threads, G.out_threads, G.state_columns

@@ -37,6 +37,7 @@ import torch
 
 from openjev import progress
 from openjev.worker.checkpoint.config import ModelConfig
+from openjev.worker.cuda import chunked_gdn as KC
 from openjev.worker.cuda import kernels as K
 from openjev.worker.cuda.buckets import MAX_STATE_SLOTS, Bucketing, PassBudget, PassKey
 from openjev.worker.cuda.graphs import GraphCache
@@ -111,7 +112,7 @@ class _Statics:
         L, La, S = len(m.gdn_layers), len(m.attn_layers), MAX_STATE_SLOTS
         keys = b.keys()
         C, hv = c.linear_conv_dim, c.linear_num_value_heads
-        tail = (K.GDN_CHUNK, K.gdn_tail_width(c.linear_num_key_heads, hv))
+        tail = (K.GDN_CHUNK, KC.gdn_tail_width(c.linear_num_key_heads, hv))
         out = {
             "idx": ((max(k.index_size for k in keys),), torch.int32),
             "kv_rows": ((b.budget.kv_rows,), torch.int32),

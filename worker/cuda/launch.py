@@ -51,7 +51,7 @@ class CudaSegmentState:
     """num_tokens: the segment's end position; gdn: per GDN layer index, (conv_window [3, C] bf16,
     recurrent [Hv, 128, 128] fp32, tail): with the serial GDN kernel the state at the end and tail
     None; with the chunked one the state at the last multiple of 64 positions and tail [64, width]
-    fp32, the k, v, g, beta rows after it (kernels.gdn_chunked); kv: the attention chain
+    fp32, the k, v, g, beta rows after it (chunked_gdn.gdn_chunked); kv: the attention chain
     (ancestors' GDN states are not kept alive by it); gdn_block: where a captured pass made the
     GDN tensors, the stacked (windows [L, 3, C], states [L, Hv, 128, 128], tails [L, 64, width] or
     None) they are views of (GDN layers in order), copied in one piece each."""
@@ -87,7 +87,7 @@ class LaunchPlan:
     x, < 0 row -1 - v of the slots' windows flattened [(1 + P) * 3, C] (slot 0: zeros).
     tail_src: [64N] for the chunked GDN kernel (else empty), per run and tail row r (position
     start - start % 64 + r, r < start % 64): >= 0 the packed row of an in-pass ancestor, < 0 row
-    -1 - v of the slots' tails flattened [(1 + P) * 64, width] (kernels.ChunkSources).
+    -1 - v of the slots' tails flattened [(1 + P) * 64, width] (chunked_gdn.ChunkSources).
     nodes: distinct ancestor KvNodes of kept states, `base` rows in all; ancestors[n]: (row
     among them, rows) of run n's ancestor nodes, root first; in_chain[n]: run n's in-pass
     ancestors (internal indices), root first.

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
+from openjev.worker.cuda import chunked_gdn as KC
 from openjev.worker.cuda import gemm
 from openjev.worker.cuda import kernels as K
 from openjev.worker.cuda.buckets import Bucketing, PassBudget
@@ -283,8 +284,8 @@ class CudaRunner:
             assert launch.tail_src is not None, "a chunked runner's launches carry tail sources"
             N = launch.cu.numel() - 1
             final = torch.empty(N, hv, 128, 128, dtype=torch.float32, device=h.device)
-            width = K.gdn_tail_width(c.linear_num_key_heads, hv)
-            sources = K.ChunkSources(
+            width = KC.gdn_tail_width(c.linear_num_key_heads, hv)
+            sources = KC.ChunkSources(
                 init_slots=final if slot_states is None else slot_states,  # no slot is read without parents
                 init_idx=launch.gdn_init,
                 tails=final.view(-1)[:width].view(1, width) if slot_tails is None else slot_tails.flatten(0, 1),
@@ -292,7 +293,7 @@ class CudaRunner:
                 level_off=launch.level_off,
                 num_levels=launch.num_levels,
             )
-            o, final, new_tails = K.gdn_chunked(
+            o, final, new_tails = KC.gdn_chunked(
                 qn, kn, v, g, beta, launch.cu, launch.pos, launch.max_q, final=final, sources=sources
             )
         else:  # one launch per level on a fixed grid: parents' finals before children start
@@ -364,7 +365,7 @@ class _EagerIO:
         windows = torch.stack([zero_window] + [p.gdn[index][0] for p in parents])
         if not parents:
             return windows, None, None
-        hv, width = c.linear_num_value_heads, K.gdn_tail_width(c.linear_num_key_heads, c.linear_num_value_heads)
+        hv, width = c.linear_num_value_heads, KC.gdn_tail_width(c.linear_num_key_heads, c.linear_num_value_heads)
         states = torch.stack([torch.zeros(hv, 128, 128, device=dev)] + [p.gdn[index][1] for p in parents])
         if not self.r.chunked_gdn:
             return windows, states, None

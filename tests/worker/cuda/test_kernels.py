@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from openjev.worker.cuda import chunked_gdn as KC
+
 pytestmark = pytest.mark.gpu
 
 BF16_TOL = 1e-2  # bf16 operands / bf16 outputs
@@ -327,7 +329,7 @@ def tail_rows(n_rows, H, Hk, width):
 def chunked_case(K, lengths, starts, with_init, H=48, Hk=16):
     cu, qn, kn, _, v, g, beta, init = gdn_inputs(lengths, H, Hk)
     pos = torch.cat([torch.arange(s, s + n, dtype=torch.int32) for s, n in zip(starts, lengths, strict=True)]).to(DEV)
-    width = K.gdn_tail_width(Hk, H)
+    width = KC.gdn_tail_width(Hk, H)
     tails = tail_rows([s % 64 for s in starts], H, Hk, width)
     return cu, qn, kn, v, g, beta, pos, (init if with_init else None), tails
 
@@ -340,7 +342,7 @@ def test_gdn_chunked(K, ref, with_init):
     T, N, H = qn.shape[0], len(lengths), v.shape[1]
     out, fin = poisoned((T, H, 128), torch.bfloat16), poisoned((N, H, 128, 128), torch.float32)
     tail_out = poisoned(tails.shape, torch.float32)
-    K.gdn_chunked(qn, kn, v, g, beta, cu, pos, max(lengths), init, tails, out=out, final=fin, tail_out=tail_out)
+    KC.gdn_chunked(qn, kn, v, g, beta, cu, pos, max(lengths), init, tails, out=out, final=fin, tail_out=tail_out)
     e_out, e_fin, e_tails = ref.gdn_chunked_packed(
         qn.cpu(),
         kn.cpu(),
@@ -374,10 +376,10 @@ def test_gdn_chunked_batch_invariant(K, ref):
     cu, qn, kn, v, g, beta, pos, init, tails = chunked_case(K, lengths, starts, True)
     T, N, H = qn.shape[0], len(lengths), v.shape[1]
     runs = {}
-    for variant in K.GDN_STATE_VARIANTS:
+    for variant in KC.GDN_STATE_VARIANTS:
         out, fin = poisoned((T, H, 128), torch.bfloat16), poisoned((N, H, 128, 128), torch.float32)
         tail_out = poisoned(tails.shape, torch.float32)
-        K.gdn_chunked(
+        KC.gdn_chunked(
             qn,
             kn,
             v,
@@ -394,7 +396,7 @@ def test_gdn_chunked_batch_invariant(K, ref):
             state_variant=variant,
         )
         runs[variant] = (out, fin, tail_out)
-    out, fin, tail_out = runs[K.GDN_STATE_DEFAULT]
+    out, fin, tail_out = runs[KC.GDN_STATE_DEFAULT]
     for variant, (o2, f2, t2) in runs.items():
         assert torch.equal(o2, out) and torch.equal(f2, fin), f"state variant {variant} changes bits"
         for n in range(N):  # the rows past a tail stay NaN-poisoned
@@ -410,7 +412,7 @@ def test_gdn_chunked_batch_invariant(K, ref):
         a, b = c[n], c[n + 1]
         one = torch.tensor([0, b - a], dtype=torch.int32, device=DEV)
         part = lambda x, a=a, b=b: x[a:b].contiguous()  # noqa: E731
-        o1, f1, t1 = K.gdn_chunked(
+        o1, f1, t1 = KC.gdn_chunked(
             part(qn), part(kn), v[a:b], part(g), part(beta), one, part(pos), b - a, init[n : n + 1], tails[n : n + 1]
         )
         rows = (starts[n] + lengths[n]) % 64
@@ -426,9 +428,9 @@ def test_gdn_chunked_split_is_exact(K, split):
     every policy agree with `off` exactly)."""
     L = 300
     cu, qn, kn, v, g, beta, pos, _, _ = chunked_case(K, [L], [0], False)
-    whole_o, whole_f, whole_t = K.gdn_chunked(qn, kn, v, g, beta, cu, pos, L)
+    whole_o, whole_f, whole_t = KC.gdn_chunked(qn, kn, v, g, beta, cu, pos, L)
     p_cu = torch.tensor([0, split], dtype=torch.int32, device=DEV)
-    par_o, par_f, par_t = K.gdn_chunked(
+    par_o, par_f, par_t = KC.gdn_chunked(
         qn[:split], kn[:split], v[:split], g[:split], beta[:split], p_cu, pos[:split], split
     )
     assert torch.equal(par_o, whole_o[:split])
@@ -440,7 +442,7 @@ def test_gdn_chunked_split_is_exact(K, split):
     c_v = torch.cat([o_v, v[split:]]).contiguous()
     init = torch.stack([torch.zeros_like(par_f[0]), par_f[0]])
     tails = torch.stack([torch.zeros_like(par_t[0]), par_t[0]])
-    c_o, c_f, c_t = K.gdn_chunked(
+    c_o, c_f, c_t = KC.gdn_chunked(
         cat(o_qn, qn[split:]),
         cat(o_kn, kn[split:]),
         c_v,
@@ -587,11 +589,11 @@ def test_gdn_chunked_in_pass_parent_is_exact(K, split):
     prompt run whole."""
     L = 300
     cu, qn, kn, v, g, beta, pos, _, _ = chunked_case(K, [L], [0], False)
-    whole_o, whole_f, whole_t = K.gdn_chunked(qn, kn, v, g, beta, cu, pos, L)
-    H, width = v.shape[1], K.gdn_tail_width(kn.shape[1], v.shape[1])
+    whole_o, whole_f, whole_t = KC.gdn_chunked(qn, kn, v, g, beta, cu, pos, L)
+    H, width = v.shape[1], KC.gdn_tail_width(kn.shape[1], v.shape[1])
     tail = split % 64
     i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEV)  # noqa: E731
-    src = K.ChunkSources(
+    src = KC.ChunkSources(
         init_slots=torch.zeros(1, H, 128, 128, device=DEV),
         init_idx=i32([-1, -2]),  # the child starts from run 0's final state
         tails=torch.zeros(64, width, device=DEV),
@@ -600,7 +602,7 @@ def test_gdn_chunked_in_pass_parent_is_exact(K, split):
         num_levels=2,
     )
     two_cu = i32([0, split, L])
-    o, f, t = K.gdn_chunked(qn, kn, v, g, beta, two_cu, pos, max(split, L - split), sources=src)
+    o, f, t = KC.gdn_chunked(qn, kn, v, g, beta, two_cu, pos, max(split, L - split), sources=src)
     assert torch.equal(o, whole_o), "outputs"
     assert torch.equal(f[1], whole_f[0]), "the child's final state"
     assert torch.equal(t[1, : L % 64], whole_t[0, : L % 64]), "the child's tail"
