@@ -6,7 +6,7 @@ A key holds only what a captured graph's device-side shapes and launch counts de
 - tokens T_pad: fine steps (`steps` per octave, so at most 1/steps of a pass is padding); above
   `tile_from` tokens (--graph-tile-from), multiples of TILE_ROWS, the products' row tile: their
   padding costs its share of compute-bound products, so a 3,090-token pass runs 3,200 rows, not
-  3,584 (or 3,328 at 8 steps an octave, 4% slower: docs/cuda-kernels.md);
+  3,584 (7% faster on an H200: docs/cuda-kernels.md);
 - levels: recurrence launches per GDN layer, 1, 2, 4, 8 (capped at the budget's depth): a
   level launch whose segments are all absent costs a grid of blocks that exit at once;
 - kept: whether the pass keeps any state (then MAX_STATE_SLOTS output slots are copied).
