@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv gdn gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention
+#   steps: tests conv elementwise gdn gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -55,6 +55,12 @@ for step in "$@"; do
           tail -5 $OUT/conv-tests.txt | grep -E "Error|assert|FAILED|passed|failed"
           timeout 150 python3 benchmarks/kernels_gpu.py --ops conv1d --tokens 74,256,1024,4096 --out $OUT/conv.json 2>&1 \
             | tee $OUT/conv.txt | grep -v "^  " | tail -22
+          [ $rc = 0 ] || exit 1 ;;
+    # the memory-bound elementwise kernels (conv, norms, rope, silu_mul, gather): tests, then timings
+    elementwise) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py -k "conv or rms or rope or silu or prepare" \
+            > $OUT/elementwise-tests.txt 2>&1; rc=$?; tail -5 $OUT/elementwise-tests.txt | grep -E "Error|assert|FAILED|passed|failed"
+          timeout 150 python3 benchmarks/kernels_gpu.py --ops conv1d,add_rms_norm,gated_rms_norm,qk_norm_rope,silu_mul,gdn_prepare \
+            --tokens 74,512,4096,16384 --out $OUT/elementwise.json 2>&1 | tee $OUT/elementwise.txt | grep -v "^  " | tail -40
           [ $rc = 0 ] || exit 1 ;;
     # every serial-recurrence variant, short to long (one segment a launch), ~1 min
     gdn-serial) timeout 200 python3 benchmarks/kernels_gpu.py --ops gdn_recurrent --tokens 64,256,1024,4096 \

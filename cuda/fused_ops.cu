@@ -170,6 +170,5 @@ extern "C" __global__ void gather_rows(const __nv_bfloat16* __restrict__ src,
     const int i = blockIdx.y;
     const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (i >= R || c >= D) return;
-    *reinterpret_cast<bf16x8*>(dst + (long)i * D + c) =
-        *reinterpret_cast<const bf16x8*>(src + (long)idx[i] * D + c);
+    *reinterpret_cast<uint4*>(dst + (long)i * D + c) = *reinterpret_cast<const uint4*>(src + (long)idx[i] * D + c);
 }
