@@ -34,6 +34,19 @@ from tokenizers import Tokenizer
 # zero-width: after "\n", before a character str.isspace() calls non-space. Python's \s is a
 # superset of the Unicode White_Space the regex's \s means, so every cut found is a safe one.
 CUT = re.compile(r"(?<=\n)(?=\S)")
+# The same cuts, found as the line feeds they follow: a literal to scan for, where CUT's
+# lookbehind is tried at every character (15x slower on a 17k-character prompt).
+_CUT_AFTER = re.compile(r"\n(?=\S)")
+
+
+def split_at_cuts(text: str) -> list[str]:
+    """`CUT.split(text)`: the pieces between cuts, in order."""
+    pieces, start = [], 0
+    for match in _CUT_AFTER.finditer(text):
+        pieces.append(text[start : match.end()])
+        start = match.end()
+    pieces.append(text[start:])
+    return pieces
 MEMO_BYTES = 32 << 20  # pieces' text and ids remembered, counted as the objects' sizes
 MAX_PIECE_CHARS = 1 << 20  # a longer piece is encoded, not remembered
 ENTRY_OVERHEAD = 100  # the dict slot and the array's header, roughly
@@ -90,7 +103,7 @@ class PieceEncoder:
         return cls(encode_batch) if cls.applies(config, pattern) else None
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        split = [CUT.split(text) for text in texts]
+        split = [split_at_cuts(text) for text in texts]
         found: dict[str, array] = {}
         with self._lock:
             for pieces in split:

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX
 from openjev.contract.request import parse_request
-from openjev.pieces import CUT, PieceEncoder
+from openjev.pieces import CUT, PieceEncoder, split_at_cuts
 from openjev.tokenizer import PromptTokenizer, write_tokenizer_json
 
 WORKLOAD = Path(__file__).parents[1] / "benchmarks" / "workload.jsonl"
@@ -59,6 +59,12 @@ def test_cuts_fall_only_after_a_line_feed_before_non_space():
     text = "a\nb\n \nc\n\n\u00a0d\n\u0301e\r\nf"
     cuts = [m.start() for m in CUT.finditer(text)]
     assert [text[c - 1 : c + 1] for c in cuts] == ["\nb", "\nc", "\n\u0301", "\nf"]
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.sampled_from(PARTS), max_size=60).map("".join))
+def test_the_fast_split_cuts_where_the_cut_pattern_does(text):
+    assert split_at_cuts(text) == CUT.split(text)
 
 
 def test_workload_prompts_match_whole_encoding(prompt_tokenizer):
