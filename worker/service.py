@@ -173,7 +173,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         context.send_initial_metadata(((abi.ACCEPTED_METADATA_KEY, "1"),))
 
         # Spans: the wait for the first pass (ended by the scheduler's thread) beside the execution.
-        waiting = tracing.start("queue_wait", queue_depth=self.engine.scheduler.depth)
+        # (the depth takes the scheduler's lock: only asked for while tracing is on)
+        depth = self.engine.scheduler.depth if tracing.enabled() else 0
+        waiting = tracing.start("queue_wait", queue_depth=depth)
         try:
             with tracing.span("execute", policy=policy or "default"):
                 result = self.engine.execute(
