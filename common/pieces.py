@@ -39,6 +39,13 @@ CUT = re.compile(r"(?<=\n)(?=\S)")
 _CUT_AFTER = re.compile(r"\n(?=\S)")
 
 
+MEMO_BYTES = 32 << 20  # pieces' text and ids remembered, counted as the objects' sizes
+MAX_PIECE_CHARS = 1 << 20  # a longer piece is encoded, not remembered
+ENTRY_OVERHEAD = 100  # the dict slot and the array's header, roughly
+
+EncodeBatch = Callable[[list[str]], list[list[int]]]
+
+
 def split_at_cuts(text: str) -> list[str]:
     """`CUT.split(text)`: the pieces between cuts, in order."""
     pieces, start = [], 0
@@ -47,11 +54,6 @@ def split_at_cuts(text: str) -> list[str]:
         start = match.end()
     pieces.append(text[start:])
     return pieces
-MEMO_BYTES = 32 << 20  # pieces' text and ids remembered, counted as the objects' sizes
-MAX_PIECE_CHARS = 1 << 20  # a longer piece is encoded, not remembered
-ENTRY_OVERHEAD = 100  # the dict slot and the array's header, roughly
-
-EncodeBatch = Callable[[list[str]], list[list[int]]]
 
 
 class PieceEncoder:
