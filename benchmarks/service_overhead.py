@@ -7,7 +7,7 @@ all.
 
     .venv/bin/python benchmarks/service_overhead.py [--model .openjev/demo-model] [--repeats 200]
         [--case NAME]   (a request of benchmarks/workload.jsonl instead of the small noul one)
-        [--baseline-python OTHER/.venv/bin/python]
+        [--baseline-python OTHER/.venv/bin/python] [--shuffle]
 
 --baseline-python starts a second worker and frontend with another environment's interpreter
 (another checkout's editable install: the code before a change) and interleaves its two arms with
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -146,6 +147,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=200)
     p.add_argument("--case", default="", help="a request of benchmarks/workload.jsonl by name")
     p.add_argument("--baseline-python", type=Path, help="another environment's python: its servers are arms too")
+    p.add_argument("--shuffle", action="store_true", help="each round runs the arms in a new (seeded) random order")
     args = p.parse_args()
     request = workload_request(args.case) if args.case else REQUEST
     messages = execute_messages(args.model, request)
@@ -191,8 +193,11 @@ def main() -> None:
         }
         outside: dict[str, list[float]] = {name: [] for name in arms}
         model: dict[str, list[float]] = {name: [] for name in arms}
+        order = list(arms.items())
         for rep in range(args.repeats + 10):
-            for name, fn in arms.items():  # interleaved: drift lands on every arm alike
+            if args.shuffle:  # no arm always follows the same one (what runs just before matters)
+                random.Random(rep).shuffle(order)
+            for name, fn in order:  # interleaved: drift lands on every arm alike
                 started = time.perf_counter()
                 inference = fn()
                 if rep >= 10:
