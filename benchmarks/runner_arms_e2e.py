@@ -27,7 +27,7 @@ from openjev.tools.bench import workload
 from openjev.tools.bench.main import longest_tokens_fn
 from openjev.worker.cuda import gemm
 from openjev.worker.cuda.buckets import Bucketing
-from openjev.worker.cuda.runner import LT_ROWS, CudaRunner
+from openjev.worker.cuda.runner import LT_ROWS, CudaRunner, product_weights
 from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.planner.cost import default_cost_model
 
@@ -54,8 +54,7 @@ def make_runners(shape: str, names: list[str]) -> dict[str, CudaRunner]:
         return {t for t in Bucketing(r.budget).token_steps() if t <= LT_ROWS}
 
     extra = sorted(set().union(*(tuned(r) for r in runners.values())) - tuned(first))
-    weights = [w for layer in first.layers for w in (layer.w_in, layer.w_out, layer.w_gate_up, layer.w_down)]
-    for key, w in gemm.one_per_shape(weights).items():
+    for key, w in gemm.one_per_shape(product_weights(first.layers)).items():
         if extra and key in first.lt:
             gemm.choose_algorithms(first.lt[key], w, first.gemm_rows[key], first.stream_rows[key], extra)
     return runners

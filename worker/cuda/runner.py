@@ -51,6 +51,11 @@ DEFAULT_PASS_DEPTH = 8  # tree levels one pass holds
 LT_ROWS = 1024  # graph passes up to this many tokens get products timed against cuBLASLt's at start
 
 
+def product_weights(layers) -> list[torch.Tensor]:
+    """Every layer's product weights, in order (what the product paths are chosen for at start)."""
+    return [w for layer in layers for w in (layer.w_in, layer.w_out, layer.w_gate_up, layer.w_down)]
+
+
 class CudaRunner:
     backend = "cuda"
     # every policy is bit-identical to `off` here (token-serial GDN, or chunks at absolute
@@ -91,7 +96,7 @@ class CudaRunner:
         # Split-K products must not sum their partial results in bf16 (the library's default)
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
         # rows to pad each weight shape's products to (gemm.py); None: probe them on this card
-        weights = [w for layer in layers for w in (layer.w_in, layer.w_out, layer.w_gate_up, layer.w_down)]
+        weights = product_weights(layers)
         self.gemm_rows = (
             gemm.calibrate(weights) if gemm_min_rows is None else {tuple(w.shape): gemm_min_rows for w in weights}
         )
