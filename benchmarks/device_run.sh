@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv elementwise gdn gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention
+#   steps: tests conv elementwise gdn gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -87,6 +87,16 @@ for step in "$@"; do
              --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
              --section LaunchStats python3 benchmarks/gdn_probe.py --tokens 4096 --case gdn_chunked_w8 > $OUT/ncu-chunked.txt 2>&1
            grep -E "gdn_chunk|Duration|Throughput|Stall|Warp Cycles|Eligible|Issued|Achieved Occ|Registers|Block Limit" $OUT/ncu-chunked.txt | head -90 ;;
+    # the chunked kernels' stall reasons and shared-memory traffic at 512 and 4,096 tokens
+    ncu-state) for T in 512 4096; do
+             timeout 200 ncu --clock-control none --kernel-name regex:gdn_chunk_[so] --launch-skip 3 --launch-count 3 \
+               --metrics gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,$(
+               for r in barrier long_scoreboard short_scoreboard mio_throttle lg_throttle math_pipe_throttle wait \
+                 not_selected selected dispatch_stall no_instruction branch_resolving membar drain tex_throttle; do
+                 printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' $r; done
+               )l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum,l1tex__t_requests_pipe_lsu_mem_global_op_st.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__throughput.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+               python3 benchmarks/gdn_probe.py --tokens $T --case gdn_chunked_w8 > $OUT/ncu-state-$T.txt 2>&1
+             grep -vE "^==|^ *$|^\[" $OUT/ncu-state-$T.txt | head -70; done ;;
     # the default recurrence under Nsight Compute (where the runtime lets it read counters) and its SASS
     ncu-gdn) D=$(python3 -m openjev.worker.cuda.traits)
            nvcc -arch=sm_90 -std=c++17 -cubin -Icuda $D cuda/gated_delta.cu -o /tmp/gd.cubin \
