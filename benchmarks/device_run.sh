@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv elementwise gdn gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention
+#   steps: tests conv elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -50,6 +50,24 @@ for step in "$@"; do
          timeout 150 python3 benchmarks/kernels_gpu.py --ops gdn --out $OUT/gdn-kernels.json 2>&1 | tee $OUT/gdn-kernels.txt \
            | grep -v "^  " | tail -30
          [ $rc = 0 ] || exit 1 ;;
+    # the chunked GDN kernels of this tree against those of ab-old/ (an earlier commit's tree,
+    # `git archive C | tar -x -C ab-old`, carried untracked): timings of the two builds in
+    # alternating processes, then the outputs of one 700-token launch compared bit for bit
+    gdn-ab) rm -rf /tmp/oj-old; python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
+              --no-cache-dir --target /tmp/oj-old ./ab-old || exit 1
+            cp benchmarks/gdn_probe.py ab-old/benchmarks/gdn_probe.py  # the same probe (--save) for both
+            for i in 1 2; do for arm in new old; do
+              if [ $arm = new ]; then P=/tmp/oj; B=benchmarks; else P=/tmp/oj-old; B=ab-old/benchmarks; fi
+              PYTHONPATH=$P:$PYTHONPATH timeout 150 python3 $B/kernels_gpu.py --ops gdn_chunked,fla_chunk \
+                --tokens 512,4096,16384 --out $OUT/gdn-ab-$arm-$i.json > /dev/null 2>>$OUT/gdn-ab.log
+              [ $i = 1 ] && PYTHONPATH=$P:$PYTHONPATH python3 $B/gdn_probe.py --case gdn_chunked_w8 --tokens 700 \
+                --save /tmp/gdn-ab-$arm.pt 2>>$OUT/gdn-ab.log
+            done; done
+            python3 benchmarks/kernels_ab.py new=$(ls $OUT/gdn-ab-new-*.json | paste -sd,) \
+              old=$(ls $OUT/gdn-ab-old-*.json | paste -sd,) | tee $OUT/gdn-ab.md
+            python3 -c "import torch; a, b = torch.load('/tmp/gdn-ab-new.pt'), torch.load('/tmp/gdn-ab-old.pt'); \
+              print('outputs bit-equal to ab-old:', len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)))" \
+              | tee -a $OUT/gdn-ab.md ;;
     # the conv kernel: its tests, then its timings at 4 and 16 rows a thread
     conv) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py -k conv > $OUT/conv-tests.txt 2>&1; rc=$?
           tail -5 $OUT/conv-tests.txt | grep -E "Error|assert|FAILED|passed|failed"

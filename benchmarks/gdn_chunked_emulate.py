@@ -4,13 +4,16 @@ with mma.sync m16n8k8 fragments laid out as the kernel assumes (the PTX ISA's), 
 tf32 rounding. It checks the kernels' index logic without a GPU, not the hardware's layouts, and
 must be kept in step with the .cu by hand. It runs each (chunk, head) and state item directly and
 reads tail rows from per-segment buffers: the kernels' work tickets, the chunk list and the tail
-row sources (tail_src) are not emulated (the GPU tests check them).
+row sources (tail_src) are not emulated (the GPU tests check them). It also counts the
+shared-memory bank conflicts of every fragment load and store (a float's bank: its index mod 32;
+64-bit accesses by half-warps) and prints them per kernel and source line.
 
     python benchmarks/gdn_chunked_emulate.py    (about a minute on one core)
 """
 
 # ruff: noqa: E701, E702, E731, E741, E501
 import sys
+from collections import Counter
 
 import numpy as np
 import torch
@@ -20,39 +23,69 @@ from openjev.worker.cuda.chunked_gdn import gdn_tail_width
 
 G = traits.GDN_CHUNKED
 CH, D, NT, NTO, NCOL = G.chunk, G.head_dim, G.threads, G.out_threads, G.state_columns
-LK, LC, LB, LX = G.k_stride, G.chunk_stride, G.kv_stride, G.block_stride
+LK, LC, LB, LX, LS, LKS = G.k_stride, G.chunk_stride, G.kv_stride, G.block_stride, G.state_stride, G.state_k_stride
 lane = np.arange(32)
 gq = lane >> 2
 tq = lane & 3
+SMEM = [None]  # the running kernel's shared memory (bank conflicts are counted there only)
+ACCESSES, EXTRA = Counter(), Counter()  # (kernel, line) -> accesses, wavefronts beyond the fewest
+
+
+def tally(mem, addr):
+    """Count one warp access of 32-bit words at addr (per lane; 2 words a lane: a 64-bit access)."""
+    if mem is not SMEM[0]:
+        return
+    frame = sys._getframe(1)
+    while frame.f_code.co_name not in ("solve", "state", "out_pass"):
+        frame = frame.f_back
+    site = (frame.f_code.co_name, frame.f_lineno)
+    groups = [addr] if addr.ndim == 1 else [addr[:16].ravel(), addr[16:].ravel()]
+    ACCESSES[site] += 1
+    for words in groups:
+        distinct = np.unique(words)
+        EXTRA[site] += np.bincount(distinct % 32, minlength=32).max() - 1
+
+
+def lds(mem, addr):
+    tally(mem, addr)
+    return mem[addr]
+
+
+def bsw(r, c):
+    """The solve's swizzled [k | v]: element (r, c)."""
+    return r * LB + (c ^ (r & 4))
 
 
 def load_a(mem, base, rs, ks):
     return [
-        mem[base + gq * rs + tq * ks],
-        mem[base + (gq + 8) * rs + tq * ks],
-        mem[base + gq * rs + (tq + 4) * ks],
-        mem[base + (gq + 8) * rs + (tq + 4) * ks],
+        lds(mem, base + gq * rs + tq * ks),
+        lds(mem, base + (gq + 8) * rs + tq * ks),
+        lds(mem, base + gq * rs + (tq + 4) * ks),
+        lds(mem, base + (gq + 8) * rs + (tq + 4) * ks),
     ]
 
 
 def load_b(mem, base, ks, ns):
-    return [mem[base + tq * ks + gq * ns], mem[base + (tq + 4) * ks + gq * ns]]
+    return [lds(mem, base + tq * ks + gq * ns), lds(mem, base + (tq + 4) * ks + gq * ns)]
+
+
+def c_addr(base, rs):
+    lo, hi = base + gq * rs + 2 * tq, base + (gq + 8) * rs + 2 * tq
+    return lo, hi
 
 
 def load_c(mem, base, rs):
-    return [
-        mem[base + gq * rs + 2 * tq].copy(),
-        mem[base + gq * rs + 2 * tq + 1].copy(),
-        mem[base + (gq + 8) * rs + 2 * tq].copy(),
-        mem[base + (gq + 8) * rs + 2 * tq + 1].copy(),
-    ]
+    lo, hi = c_addr(base, rs)
+    tally(mem, np.stack([lo, lo + 1], 1))
+    tally(mem, np.stack([hi, hi + 1], 1))
+    return [mem[lo].copy(), mem[lo + 1].copy(), mem[hi].copy(), mem[hi + 1].copy()]
 
 
 def store_c(mem, base, rs, c):
-    mem[base + gq * rs + 2 * tq] = c[0]
-    mem[base + gq * rs + 2 * tq + 1] = c[1]
-    mem[base + (gq + 8) * rs + 2 * tq] = c[2]
-    mem[base + (gq + 8) * rs + 2 * tq + 1] = c[3]
+    lo, hi = c_addr(base, rs)
+    tally(mem, np.stack([lo, lo + 1], 1))
+    tally(mem, np.stack([hi, hi + 1], 1))
+    mem[lo], mem[lo + 1], mem[hi], mem[hi + 1] = c
 
 
 def mma(c, a, b):
@@ -100,7 +133,7 @@ def segment(cu, pos, n, max_chunks):
     return s
 
 
-def load_k(dst, base, LD, kn, tail_in, tw, s, r0, n, hk, Hk):
+def load_k(dst, base, LD, kn, tail_in, tw, s, r0, n, hk, Hk, swizzle=False):
     for r in range(CH):
         vr = r0 + r
         if vr >= s["rows"]:
@@ -109,11 +142,11 @@ def load_k(dst, base, LD, kn, tail_in, tw, s, r0, n, hk, Hk):
             row = tail_in[(n * CH + vr) * tw + hk * D : (n * CH + vr) * tw + hk * D + D]
         else:
             row = kn[((s["start"] + vr - s["tail"]) * Hk + hk) * D : ((s["start"] + vr - s["tail"]) * Hk + hk) * D + D]
-        dst[base + r * LD : base + r * LD + D] = row
+        dst[base + (bsw(r, np.arange(D)) if swizzle else r * LD + np.arange(D))] = row
 
 
 def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out, tw, W, U, gcum):
-    smem = np.full(CH * LB + 2 * CH * LC + 3 * 16 * LX + 2 * CH, np.nan)
+    smem = SMEM[0] = np.full(CH * LB + 2 * CH * LC + 3 * 16 * LX + 2 * CH, np.nan)
     Bs = 0
     As = Bs + CH * LB
     Ts = As + CH * LC
@@ -126,7 +159,7 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
         return
     r0 = c * CH
     valid = min(CH, s["rows"] - r0)
-    load_k(smem, Bs, LB, kn, tail_in, tw, s, r0, n, hk, Hk)
+    load_k(smem, Bs, LB, kn, tail_in, tw, s, r0, n, hk, Hk, swizzle=True)
     for r in range(CH):
         vr = r0 + r
         if vr >= s["rows"]:
@@ -135,7 +168,7 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
             x = tail_in[(n * CH + vr) * tw + Hk * D + h * D : (n * CH + vr) * tw + Hk * D + h * D + D]
         else:
             x = v[s["start"] + vr - s["tail"], h]
-        smem[Bs + r * LB + D : Bs + r * LB + 2 * D] = x
+        smem[Bs + bsw(r, D + np.arange(D))] = x
         gv = bv = 0.0
         if vr < s["rows"]:
             if vr < s["tail"]:
@@ -151,17 +184,21 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
         for r in range(valid):
             o = (n * CH + r) * tw
             if h % (H // Hk) == 0:
-                tail_out[o + hk * D : o + hk * D + D] = smem[Bs + r * LB : Bs + r * LB + D]
-            tail_out[o + Hk * D + h * D : o + Hk * D + h * D + D] = smem[Bs + r * LB + D : Bs + r * LB + 2 * D]
+                tail_out[o + hk * D : o + hk * D + D] = smem[Bs + bsw(r, np.arange(D))]
+            tail_out[o + Hk * D + h * D : o + Hk * D + h * D + D] = smem[Bs + bsw(r, D + np.arange(D))]
             tail_out[o + Hk * D + H * D + h] = smem[gs + r]
             tail_out[o + Hk * D + H * D + H + h] = smem[bs + r]
     smem[gs : gs + CH] = np.cumsum(smem[gs : gs + CH])
+    c_lo, c_hi = tq ^ (gq & 4), (tq + 4) ^ (gq & 4)
     for q in range(20):
         ti, tj = lower_tile(q >> 1)
         n0 = tj * 16 + (q & 1) * 8
+        ar, br = Bs + (ti * 16 + gq) * LB, Bs + (n0 + gq) * LB
         acc = zero4()
         for k0 in range(0, D, 8):
-            acc = mma(acc, load_a(smem, Bs + ti * 16 * LB + k0, LB, 1), load_b(smem, Bs + n0 * LB + k0, 1, LB))
+            a = [lds(smem, ar + k0 + c_lo), lds(smem, ar + 8 * LB + k0 + c_lo), lds(smem, ar + k0 + c_hi)]
+            a.append(lds(smem, ar + 8 * LB + k0 + c_hi))
+            acc = mma(acc, a, [lds(smem, br + k0 + c_lo), lds(smem, br + k0 + c_hi)])
         store_c(smem, As + ti * 16 * LC + n0, LC, acc)
     Gv = smem[gs : gs + CH]
     bv = smem[bs : bs + CH]
@@ -205,7 +242,9 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
             t = load_a(smem, Ts + ti * 16 * LC + k0, LC, 1)
             a = [t[0] * scale[k0 + tq], t[1] * scale[k0 + tq], t[2] * scale[k0 + tq + 4], t[3] * scale[k0 + tq + 4]]
             for j in range(16):
-                acc[j] = mma(acc[j], a, load_b(smem, Bs + k0 * LB + (j0 + j) * 8, LB, 1))
+                b = [lds(smem, Bs + (k0 + tq) * LB + (j0 + j) * 8 + gq)]
+                b.append(lds(smem, Bs + (k0 + tq + 4) * LB + (j0 + j) * 8 + (gq ^ 4)))
+                acc[j] = mma(acc[j], a, b)
         dst, base = (U if warp & 1 else W), slot * CH * D + ti * 16 * D
         for j in range(16):
             store_c(dst, base + j * 8, D, acc[j])
@@ -213,9 +252,9 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
 
 
 def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw, init, has_init, Sc, final):
-    BUF = 2 * CH * LK + CH * LC + CH
+    BUF = CH * LK + CH * LKS + CH * LS + CH
     TN = NCOL // 8
-    smem = np.full(D * LC + 2 * BUF, np.nan)
+    smem = SMEM[0] = np.full(D * LS + 2 * BUF, np.nan)
     Ss = 0
     col0 = bx * NCOL
     hk = h // (H // Hk)
@@ -223,31 +262,31 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
     sb = (n * H + h) * D * D
 
     def issue(c):
-        Wb = Ss + D * LC + (c & 1) * BUF
+        Wb = Ss + D * LS + (c & 1) * BUF
         Kb = Wb + CH * LK
-        Ub = Kb + CH * LK
-        gb = Ub + CH * LC
+        Ub = Kb + CH * LKS
+        gb = Ub + CH * LS
         slot = (s["first"] + c) * H + h
-        load_k(smem, Kb, LK, kn, tail_in, tw, s, c * CH, n, hk, Hk)
+        load_k(smem, Kb, LKS, kn, tail_in, tw, s, c * CH, n, hk, Hk)
         for r in range(CH):
             smem[Wb + r * LK : Wb + r * LK + D] = W[(slot * CH + r) * D : (slot * CH + r) * D + D]
-            smem[Ub + r * LC : Ub + r * LC + NCOL] = U[(slot * CH + r) * D + col0 : (slot * CH + r) * D + col0 + NCOL]
+            smem[Ub + r * LS : Ub + r * LS + NCOL] = U[(slot * CH + r) * D + col0 : (slot * CH + r) * D + col0 + NCOL]
         smem[gb : gb + CH] = gcum[slot * CH : slot * CH + CH]
 
     for i in range(D):
-        smem[Ss + i * LC : Ss + i * LC + NCOL] = init[sb + i * D + col0 : sb + i * D + col0 + NCOL] if has_init else 0.0
+        smem[Ss + i * LS : Ss + i * LS + NCOL] = init[sb + i * D + col0 : sb + i * D + col0 + NCOL] if has_init else 0.0
         if s["chunks"] > 0:
             at = ((s["first"] * H + h) * D + i) * D + col0
-            Sc[at : at + NCOL] = smem[Ss + i * LC : Ss + i * LC + NCOL]
+            Sc[at : at + NCOL] = smem[Ss + i * LS : Ss + i * LS + NCOL]
     if s["chunks"] > 0:
         issue(0)
     for c in range(s["chunks"]):
         if c + 1 < s["chunks"]:
             issue(c + 1)
-        Wb = Ss + D * LC + (c & 1) * BUF
+        Wb = Ss + D * LS + (c & 1) * BUF
         Kb = Wb + CH * LK
-        Ub = Kb + CH * LK
-        gb = Ub + CH * LC
+        Ub = Kb + CH * LKS
+        gb = Ub + CH * LS
         slot = (s["first"] + c) * H + h
         g_end = smem[gb + CH - 1]
         TPW = (CH // 16) * TN // (NTH // 32)
@@ -255,15 +294,15 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
             t0 = warp * TPW
             ti = t0 // TN
             n0 = (t0 % TN) * 8
-            u = [load_c(smem, Ub + ti * 16 * LC + n0 + j * 8, LC) for j in range(TPW)]
+            u = [load_c(smem, Ub + ti * 16 * LS + n0 + j * 8, LS) for j in range(TPW)]
             for k0 in range(0, D, 8):
                 w = [-x for x in load_a(smem, Wb + ti * 16 * LK + k0, LK, 1)]
                 for j in range(TPW):
-                    u[j] = mma(u[j], w, load_b(smem, Ss + k0 * LC + n0 + j * 8, LC, 1))
+                    u[j] = mma(u[j], w, load_b(smem, Ss + k0 * LS + n0 + j * 8, LS, 1))
             dlo, dhi = np.exp(g_end - smem[gb + ti * 16 + gq]), np.exp(g_end - smem[gb + ti * 16 + gq + 8])
             for j in range(TPW):
                 store_c(U, (slot * CH + ti * 16) * D + col0 + n0 + j * 8, D, u[j])
-                store_c(smem, Ub + ti * 16 * LC + n0 + j * 8, LC, scale_rows(u[j], dlo, dhi))
+                store_c(smem, Ub + ti * 16 * LS + n0 + j * 8, LS, scale_rows(u[j], dlo, dhi))
         if s["rows"] - c * CH >= CH:
             TPB = (D // 16) * TN // (NTH // 32)
             decay = np.exp(g_end)
@@ -272,23 +311,23 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
                 t0 = warp * TPB
                 ti = t0 // TN
                 n0 = (t0 % TN) * 8
-                st = [[x * decay for x in load_c(smem, Ss + ti * 16 * LC + n0 + j * 8, LC)] for j in range(TPB)]
+                st = [[x * decay for x in load_c(smem, Ss + ti * 16 * LS + n0 + j * 8, LS)] for j in range(TPB)]
                 for k0 in range(0, CH, 8):
-                    a = load_a(smem, Kb + k0 * LK + ti * 16, 1, LK)
+                    a = load_a(smem, Kb + k0 * LKS + ti * 16, 1, LKS)
                     for j in range(TPB):
-                        st[j] = mma(st[j], a, load_b(smem, Ub + k0 * LC + n0 + j * 8, LC, 1))
+                        st[j] = mma(st[j], a, load_b(smem, Ub + k0 * LS + n0 + j * 8, LS, 1))
                 new[warp] = (ti, n0, st)
             for ti, n0, st in new.values():
                 for j in range(TPB):
-                    store_c(smem, Ss + ti * 16 * LC + n0 + j * 8, LC, st[j])
+                    store_c(smem, Ss + ti * 16 * LS + n0 + j * 8, LS, st[j])
                     if c + 1 < s["chunks"]:
                         store_c(Sc, ((slot + H) * D + ti * 16) * D + col0 + n0 + j * 8, D, st[j])
     for i in range(D):
-        final[sb + i * D + col0 : sb + i * D + col0 + NCOL] = smem[Ss + i * LC : Ss + i * LC + NCOL]
+        final[sb + i * D + col0 : sb + i * D + col0 + NCOL] = smem[Ss + i * LS : Ss + i * LS + NCOL]
 
 
 def out_pass(bx, h, n, qn, kn, U, Sc, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw, out):
-    smem = np.full(2 * CH * LK + CH, np.nan)
+    smem = SMEM[0] = np.full(2 * CH * LK + CH, np.nan)
     Qs = 0
     Ks = CH * LK
     gs = 2 * CH * LK
@@ -427,4 +466,7 @@ if __name__ == "__main__":
         worst = max(worst, *run([150, 5, 70], [0, 77, 124], NTH=threads))
         worst = max(worst, *run([1, 64, 200, 3], [4095, 128, 190, 1], NTH=threads, seed=1))
     print(f"worst relative difference to the reference: {worst:.2e}")
+    print("shared-memory fragment accesses (warp instructions) and extra wavefronts (bank conflicts):")
+    for site in sorted(ACCESSES):
+        print(f"  {site[0]:>8} line {site[1]:>3}: {ACCESSES[site]:>8} accesses, {EXTRA[site]:>8} extra")
     sys.exit(0 if worst < 1e-5 else 1)

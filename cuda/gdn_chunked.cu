@@ -34,7 +34,8 @@
 // kernels with GDN_SOLVE_SMEM, GDN_STATE_SMEM and GDN_OUT_SMEM bytes of dynamic shared memory.
 #if !defined(GDN_CHUNK) || !defined(GDN_DIM) || !defined(GDN_CHUNK_THREADS) || !defined(GDN_STATE_COLS) || \
     !defined(GDN_PLAN_THREADS) || \
-    !defined(GDN_LK) || !defined(GDN_LC) || !defined(GDN_LB) || !defined(GDN_LX) || !defined(GDN_SOLVE_SMEM) || \
+    !defined(GDN_LK) || !defined(GDN_LC) || !defined(GDN_LB) || !defined(GDN_LX) || !defined(GDN_LS) ||            \
+    !defined(GDN_LKS) || !defined(GDN_SOLVE_SMEM) || \
     !defined(GDN_STATE_SMEM) || !defined(GDN_OUT_SMEM) || !defined(GDN_OUT_THREADS)
 #error "compile with the definitions of openjev.worker.cuda.traits"
 #endif
@@ -47,13 +48,21 @@
 #define LC GDN_LC
 #define LB GDN_LB
 #define LX GDN_LX             // rows of the solve's 16 x 16 block products
+#define LS GDN_LS             // gdn_chunk_state: rows of the state columns and of U
+#define LKS GDN_LKS           // gdn_chunk_state: rows of k (read transposed)
 
 // The buffers each kernel carves from its dynamic shared memory, as laid out below.
 static_assert(4 * (CH * LB + 2 * CH * LC + 3 * 16 * LX + 2 * CH) == GDN_SOLVE_SMEM, "gdn_chunk_solve layout");
 // gdn_chunk_state: the state columns, then two buffers of one chunk's W, K, U and G
-static_assert(4 * (D * LC + 2 * (2 * CH * LK + CH * LC + CH)) == GDN_STATE_SMEM, "gdn_chunk_state layout");
+static_assert(4 * (D * LS + 2 * (CH * LK + CH * LKS + CH * LS + CH)) == GDN_STATE_SMEM, "gdn_chunk_state layout");
 static_assert(4 * (2 * CH * LK + CH) == GDN_OUT_SMEM, "gdn_chunk_out layout");
-static_assert(NCOL == CH && 2 * NCOL == D, "state columns use the chunk stride LC; two column halves");
+static_assert(NCOL == CH && 2 * NCOL == D, "state columns and U rows share the stride LS; two column halves");
+// Shared-memory banks (float index mod 32): an A fragment reads rows g (8) x columns t (4), a B
+// fragment rows t x columns g. The 32 lanes hit 32 banks when a tile read as A has a stride of 4
+// mod 8 (LK, LC) and one read as B a stride of 8 mod 16 (LS, LKS, LX); [k | v] of the solve is
+// read both ways: stride 8 mod 32 with columns XOR-swizzled by bit 2 of the row (bsw).
+static_assert(LK % 8 == 4 && LC % 8 == 4 && LS % 16 == 8 && LKS % 16 == 8 && LX % 16 == 8 && LB % 32 == 8,
+              "conflict-free fragment strides");
 static_assert(NTO == 32 * (D / 8), "gdn_chunk_out: one warp an 8-column strip");
 static_assert(LK >= D && LC >= CH && LB >= 2 * D && LX >= 16 && LK % 2 == 0 && LC % 2 == 0 && LB % 4 == 0 &&
                   LK % 4 == 0 && LC % 4 == 0,
@@ -147,6 +156,12 @@ __device__ __forceinline__ void mma3(float (&c)[4], const float (&a)[4], const f
     mma(c, ah, bl);
     mma(c, ah, bh);
 }
+
+// Element (r, c) of the solve's [k | v] rows: A fragments (8 rows) and B fragments (4 rows, then
+// the next 4) both land in 32 banks; 4-aligned groups of columns stay together (16-byte copies).
+// For fragments at row and column offsets that are multiples of 8 the flip depends on the lane
+// alone (the loads in gdn_chunk_solve).
+__device__ __forceinline__ int bsw(int r, int c) { return r * LB + (c ^ (r & 4)); }
 
 // The 10 16 x 16 tiles at or below the diagonal of a 64 x 64 product, numbered row by row.
 __device__ __forceinline__ void lower_tile(int t, int& ti, int& tj) {
@@ -254,7 +269,7 @@ __device__ __forceinline__ int row_source(const int* __restrict__ tail_src, cons
     return vr < s.tail ? tail_src[n * CH + vr] : s.start + vr - s.tail;
 }
 
-template <int NTH = NT, int LD = LK>
+template <int NTH = NT, int LD = LK, bool SWIZZLE = false>
 __device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, const int* __restrict__ tail_src,
                                        const float* __restrict__ tails, long tail_width, const Seg& s, int r0, int n,
                                        int hk, int Hk) {
@@ -265,7 +280,7 @@ __device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, 
         const bool ok = vr < s.rows;
         const int src = ok ? row_source(tail_src, s, n, vr) : 0;
         const float* from = src >= 0 ? kn + ((long)src * Hk + hk) * D + d : tails + (long)(-1 - src) * tail_width + hk * D + d;
-        cp_async16(Ks + r * LD + d, from, ok);
+        cp_async16(Ks + (SWIZZLE ? bsw(r, d) : r * LD + d), from, ok);
     }
 }
 
@@ -279,7 +294,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     const float* __restrict__ tails, float* __restrict__ tail_out, long tail_width, float* __restrict__ W,
     float* __restrict__ U, float* __restrict__ gcum, const int* __restrict__ list, int* __restrict__ counters) {
     extern __shared__ __align__(128) float smem[];
-    float* Bs = smem;              // [64][LB]   k | v, then beta e^G k | beta v
+    float* Bs = smem;              // [64][LB]   k | v (swizzled: bsw)
     float* As = Bs + CH * LB;      // [64][LC]   k k^T, then A
     float* Ts = As + CH * LC;      // [64][LC]   (I + A)^-1
     float* Xs = Ts + CH * LC;      // [3][16][LX] block products of one distance of the inverse
@@ -296,7 +311,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
         const int tid = threadIdx.x, warp = tid >> 5;
         const Lane l = lane_of();
 
-        load_k<NT, LB>(Bs, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
+        load_k<NT, LB, true>(Bs, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
 #pragma unroll
         for (int it = 0; it < CH * (D / 4) / NT; ++it) {  // v rows: 4 values a thread per step
             const int idx = tid + it * NT;
@@ -313,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
                     x = make_float4(lo.x, lo.y, hi.x, hi.y);
                 }
             }
-            *reinterpret_cast<float4*>(Bs + r * LB + D + d) = x;
+            *reinterpret_cast<float4*>(Bs + bsw(r, D + d)) = x;
         }
         if (tid < CH) {
             const int vr = r0 + tid;
@@ -339,8 +354,8 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
             float* out = tail_out + (long)n * CH * tail_width;
             for (int idx = tid; idx < valid * D; idx += NT) {
                 const int r = idx / D, d = idx % D;
-                if (h % (H / Hk) == 0) out[r * tail_width + hk * D + d] = Bs[r * LB + d];
-                out[r * tail_width + Hk * D + h * D + d] = Bs[r * LB + D + d];
+                if (h % (H / Hk) == 0) out[r * tail_width + hk * D + d] = Bs[bsw(r, d)];
+                out[r * tail_width + Hk * D + h * D + d] = Bs[bsw(r, D + d)];
             }
             if (tid < valid) {
                 out[tid * tail_width + Hk * D + H * D + h] = gs[tid];
@@ -356,16 +371,19 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
             }
         }
         // k k^T on the 10 16 x 16 tiles at or below the diagonal: 20 16 x 8 tiles over the warps
+        const int c_lo = l.t ^ (l.g & 4), c_hi = (l.t + 4) ^ (l.g & 4);  // bsw of rows 8i + g
         for (int q = warp; q < 20; q += NT / 32) {
             int ti, tj;
             lower_tile(q >> 1, ti, tj);
             const int n0 = tj * 16 + (q & 1) * 8;
+            const float* ar = Bs + (ti * 16 + l.g) * LB;  // A: rows g and g + 8 of k
+            const float* br = Bs + (n0 + l.g) * LB;       // B: (k, n) = k_n[k]
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 4
             for (int k0 = 0; k0 < D; k0 += 8) {
-                u32 a[4], b[2];
-                load_a(a, Bs + ti * 16 * LB + k0, LB, 1, l);
-                load_b(b, Bs + n0 * LB + k0, 1, LB, l);  // (k, n) = k_n[k]
+                const u32 a[4] = {tf32(ar[k0 + c_lo]), tf32(ar[8 * LB + k0 + c_lo]), tf32(ar[k0 + c_hi]),
+                                  tf32(ar[8 * LB + k0 + c_hi])};
+                const u32 b[2] = {tf32(br[k0 + c_lo]), tf32(br[k0 + c_hi])};
                 mma(acc, a, b);
             }
             store_c(As + ti * 16 * LC + n0, LC, acc, l);
@@ -448,7 +466,8 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
 #pragma unroll
                 for (int j = 0; j < 16; ++j) {
                     u32 b[2];
-                    load_b(b, Bs + k0 * LB + (j0 + j) * 8, LB, 1, l);
+                    b[0] = tf32(Bs[(k0 + l.t) * LB + (j0 + j) * 8 + l.g]);  // bsw of rows 8i + t, 8i + t + 4
+                    b[1] = tf32(Bs[(k0 + l.t + 4) * LB + (j0 + j) * 8 + (l.g ^ 4)]);
                     mma(acc[j], a, b);
                 }
             }
@@ -480,9 +499,9 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                                             const int* __restrict__ level_off, int level, float* __restrict__ Sc,
                                             float* __restrict__ final_state, int* __restrict__ counters) {
     extern __shared__ __align__(128) float state_smem[];
-    constexpr int BUF = 2 * CH * LK + CH * LC + CH;  // one chunk: W [64][LK], K [64][LK], U [64][LC], G [64]
+    constexpr int BUF = CH * LK + CH * LKS + CH * LS + CH;  // one chunk: W [64][LK], K [64][LKS], U [64][LS], G [64]
     constexpr int TN = NCOL / 8;                      // 8-column tiles of the state a block owns
-    float* Ss = state_smem;                           // [128][LC] state columns col0 .. col0 + NCOL - 1
+    float* Ss = state_smem;                           // [128][LS] state columns col0 .. col0 + NCOL - 1
 
     __shared__ int ticket;
     const int n0 = level_off[level], items = (level_off[level + 1] - n0) * H * (D / NCOL);
@@ -501,12 +520,12 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
 
         // chunk c's copies into buffer c & 1, one cp.async group
         auto issue = [&](int c) {
-            float* Wb = Ss + D * LC + (c & 1) * BUF;
+            float* Wb = Ss + D * LS + (c & 1) * BUF;
             float* Kb = Wb + CH * LK;
-            float* Ub = Kb + CH * LK;
-            float* gb = Ub + CH * LC;
+            float* Ub = Kb + CH * LKS;
+            float* gb = Ub + CH * LS;
             const long slot = (long)(s.first + c) * H + h;
-            load_k<NTH>(Kb, kn, tail_src, tails, tail_width, s, c * CH, n, hk, Hk);
+            load_k<NTH, LKS>(Kb, kn, tail_src, tails, tail_width, s, c * CH, n, hk, Hk);
 #pragma unroll
             for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
                 const int idx = tid + it * NTH;
@@ -517,7 +536,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
             for (int it = 0; it < CH * (NCOL / 4) / NTH; ++it) {
                 const int idx = tid + it * NTH;
                 const int r = idx / (NCOL / 4), d = (idx % (NCOL / 4)) * 4;
-                cp_async16(Ub + r * LC + d, U + (slot * CH + r) * D + col0 + d, true);
+                cp_async16(Ub + r * LS + d, U + (slot * CH + r) * D + col0 + d, true);
             }
             if (tid < CH / 4) cp_async16(gb + tid * 4, gcum + slot * CH + tid * 4, true);
             cp_async_commit();
@@ -528,7 +547,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
         for (int idx = tid; idx < D * NCOL; idx += NTH) {
             const int i = idx / NCOL, j = idx % NCOL;
             const float x = init != nullptr ? init[(long)i * D + col0 + j] : 0.f;
-            Ss[i * LC + j] = x;
+            Ss[i * LS + j] = x;
             if (s.chunks > 0) Sc[((long)s.first * H + h) * D * D + (long)i * D + col0 + j] = x;
         }
         if (s.chunks > 0) issue(0);
@@ -538,10 +557,10 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
             else cp_async_commit();  // an empty group keeps "all but the newest" meaning chunk c
             cp_async_wait<1>();
             __syncthreads();
-            float* Wb = Ss + D * LC + (c & 1) * BUF;
+            float* Wb = Ss + D * LS + (c & 1) * BUF;
             float* Kb = Wb + CH * LK;
-            float* Ub = Kb + CH * LK;
-            const float* gb = Ub + CH * LC;
+            float* Ub = Kb + CH * LKS;
+            const float* gb = Ub + CH * LS;
             const long slot = (long)(s.first + c) * H + h;
             const float g_end = gb[CH - 1];
             {  // U = U~ - W S: a warp one 16-row tile by TPW 8-column tiles (its W fragments shared)
@@ -550,7 +569,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                 const int t0 = warp * TPW, ti = t0 / TN, n0 = (t0 % TN) * 8;
                 float u[TPW][4];
 #pragma unroll
-                for (int j = 0; j < TPW; ++j) load_c(u[j], Ub + ti * 16 * LC + n0 + j * 8, LC, l);
+                for (int j = 0; j < TPW; ++j) load_c(u[j], Ub + ti * 16 * LS + n0 + j * 8, LS, l);
 #pragma unroll 4
                 for (int k0 = 0; k0 < D; k0 += 8) {
                     u32 w[4];
@@ -560,7 +579,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
 #pragma unroll
                     for (int j = 0; j < TPW; ++j) {
                         u32 b[2];
-                        load_b(b, Ss + k0 * LC + n0 + j * 8, LC, 1, l);
+                        load_b(b, Ss + k0 * LS + n0 + j * 8, LS, 1, l);
                         mma(u[j], w, b);
                     }
                 }
@@ -571,7 +590,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                 for (int j = 0; j < TPW; ++j) {
                     store_c(U + (slot * CH + ti * 16) * D + col0 + n0 + j * 8, D, u[j], l);
                     const float su[4] = {u[j][0] * dlo, u[j][1] * dlo, u[j][2] * dhi, u[j][3] * dhi};
-                    store_c(Ub + ti * 16 * LC + n0 + j * 8, LC, su, l);
+                    store_c(Ub + ti * 16 * LS + n0 + j * 8, LS, su, l);
                 }
             }
             __syncthreads();
@@ -583,18 +602,18 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                 float st[TPB][4];
 #pragma unroll
                 for (int j = 0; j < TPB; ++j) {
-                    load_c(st[j], Ss + ti * 16 * LC + n0 + j * 8, LC, l);
+                    load_c(st[j], Ss + ti * 16 * LS + n0 + j * 8, LS, l);
 #pragma unroll
                     for (int e = 0; e < 4; ++e) st[j][e] *= decay;
                 }
 #pragma unroll 2
                 for (int k0 = 0; k0 < CH; k0 += 8) {
                     u32 a[4];
-                    load_a(a, Kb + k0 * LK + ti * 16, 1, LK, l);  // (i, k) = K[k][i]
+                    load_a(a, Kb + k0 * LKS + ti * 16, 1, LKS, l);  // (i, k) = K[k][i]
 #pragma unroll
                     for (int j = 0; j < TPB; ++j) {
                         u32 b[2];
-                        load_b(b, Ub + k0 * LC + n0 + j * 8, LC, 1, l);
+                        load_b(b, Ub + k0 * LS + n0 + j * 8, LS, 1, l);
                         mma(st[j], a, b);
                     }
                 }
@@ -603,7 +622,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                 float* sc_next = Sc + (slot + H) * D * D + (long)(ti * 16) * D + col0 + n0;
 #pragma unroll
                 for (int j = 0; j < TPB; ++j) {
-                    store_c(Ss + ti * 16 * LC + n0 + j * 8, LC, st[j], l);
+                    store_c(Ss + ti * 16 * LS + n0 + j * 8, LS, st[j], l);
                     if (next) store_c(sc_next + j * 8, D, st[j], l);
                 }
             }
@@ -612,7 +631,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
         __syncthreads();
         for (int idx = tid; idx < D * NCOL; idx += NTH) {
             const int i = idx / NCOL, j = idx % NCOL;
-            final_state[state_base + (long)i * D + col0 + j] = Ss[i * LC + j];
+            final_state[state_base + (long)i * D + col0 + j] = Ss[i * LS + j];
         }
     }
     finish_items(counters);

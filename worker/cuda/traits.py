@@ -32,9 +32,12 @@ class GdnChunkTraits:
     out_threads: int = 512  # a block of the output kernel: a warp an 8-column strip of all 128
     plan_threads: int = 1024  # gdn_chunk_plan: a segment a thread, so a launch holds at most this many
     state_columns: int = 64  # value columns a gdn_chunk_state block owns (= chunk)
-    # Floats added to every shared-memory row: rows start in different banks and WMMA tiles stay
-    # 32-byte aligned.
+    # Floats added to shared-memory rows so that fragment loads hit 32 different banks. An A
+    # fragment reads 8 rows x 4 columns (free of conflicts when the stride is 4 mod 8), a B
+    # fragment 4 rows x 8 columns (8 mod 16); a tile read both ways takes 8 and XOR-swizzled
+    # columns (gdn_chunked.cu, `bsw`).
     row_pad: int = 4
+    b_pad: int = 8
 
     @property
     def k_stride(self) -> int:
@@ -48,13 +51,24 @@ class GdnChunkTraits:
 
     @property
     def kv_stride(self) -> int:
-        """Row stride (floats) of the solve's [chunk][2 * head_dim] right-hand side [k | v]."""
-        return 2 * self.head_dim + self.row_pad
+        """Row stride (floats) of the solve's [chunk][2 * head_dim] right-hand side [k | v]
+        (swizzled: read as A and as B fragments)."""
+        return 2 * self.head_dim + self.b_pad
 
     @property
     def block_stride(self) -> int:
-        """Row stride (floats) of the solve's 16 x 16 block products."""
-        return 16 + self.row_pad
+        """Row stride (floats) of the solve's 16 x 16 block products (B fragments)."""
+        return 16 + self.b_pad
+
+    @property
+    def state_stride(self) -> int:
+        """Row stride (floats) of gdn_chunk_state's state columns and U rows (B fragments)."""
+        return self.state_columns + self.b_pad
+
+    @property
+    def state_k_stride(self) -> int:
+        """Row stride (floats) of gdn_chunk_state's k rows (read as K^T: B-fragment pattern)."""
+        return self.head_dim + self.b_pad
 
     @property
     def solve_smem_bytes(self) -> int:
@@ -67,8 +81,8 @@ class GdnChunkTraits:
     def state_smem_bytes(self) -> int:
         """gdn_chunk_state: state columns, then two buffers of a chunk's W, k, U and G."""
         c = self.chunk
-        per_chunk = 2 * c * self.k_stride + c * self.chunk_stride + c
-        return FLOAT_BYTES * (self.head_dim * self.chunk_stride + 2 * per_chunk)
+        per_chunk = c * self.k_stride + c * self.state_k_stride + c * self.state_stride + c
+        return FLOAT_BYTES * (self.head_dim * self.state_stride + 2 * per_chunk)
 
     @property
     def out_smem_bytes(self) -> int:
@@ -87,6 +101,8 @@ class GdnChunkTraits:
             "GDN_LC": self.chunk_stride,
             "GDN_LB": self.kv_stride,
             "GDN_LX": self.block_stride,
+            "GDN_LS": self.state_stride,
+            "GDN_LKS": self.state_k_stride,
             "GDN_SOLVE_SMEM": self.solve_smem_bytes,
             "GDN_STATE_SMEM": self.state_smem_bytes,
             "GDN_OUT_SMEM": self.out_smem_bytes,
