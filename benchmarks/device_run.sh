@@ -67,7 +67,8 @@ for step in "$@"; do
               old=$(ls $OUT/gdn-ab-old-*.json | paste -sd,) | tee $OUT/gdn-ab.md
             python3 -c "import torch; a, b = torch.load('/tmp/gdn-ab-new.pt'), torch.load('/tmp/gdn-ab-old.pt'); \
               print('outputs bit-equal to ab-old:', len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)))" \
-              | tee -a $OUT/gdn-ab.md ;;
+              | tee -a $OUT/gdn-ab.md
+            tar -czf $OUT/gdn-ab-json.tgz -C $OUT $(cd $OUT && ls gdn-ab-*.json) && rm $OUT/gdn-ab-*.json ;;
     # the conv kernel: its tests, then its timings at 4 and 16 rows a thread
     conv) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py -k conv > $OUT/conv-tests.txt 2>&1; rc=$?
           tail -5 $OUT/conv-tests.txt | grep -E "Error|assert|FAILED|passed|failed"

@@ -2,7 +2,8 @@
 reference.gdn_chunked_packed: every tile choice, stride, offset and loop of the three kernels,
 with mma.sync m16n8k8 fragments laid out as the kernel assumes (the PTX ISA's), in fp64 without
 tf32 rounding. It checks the kernels' index logic without a GPU, not the hardware's layouts, and
-must be kept in step with the .cu by hand. It runs each (chunk, head) and state item directly and
+must be kept in step with the .cu by hand (where the kernels round an operand to tf32 once at its
+store rather than at each load, nothing changes here: no rounding is emulated). It runs each (chunk, head) and state item directly and
 reads tail rows from per-segment buffers: the kernels' work tickets, the chunk list and the tail
 row sources (tail_src) are not emulated (the GPU tests check them). It also counts the
 shared-memory bank conflicts of every fragment load and store (a float's bank: its index mod 32;
@@ -49,11 +50,6 @@ def tally(mem, addr):
 def lds(mem, addr):
     tally(mem, addr)
     return mem[addr]
-
-
-def bsw(r, c):
-    """The solve's swizzled [k | v]: element (r, c)."""
-    return r * LB + (c ^ (r & 4))
 
 
 def load_a(mem, base, rs, ks):
@@ -133,7 +129,7 @@ def segment(cu, pos, n, max_chunks):
     return s
 
 
-def load_k(dst, base, LD, kn, tail_in, tw, s, r0, n, hk, Hk, swizzle=False):
+def load_k(dst, base, LD, kn, tail_in, tw, s, r0, n, hk, Hk):
     for r in range(CH):
         vr = r0 + r
         if vr >= s["rows"]:
@@ -142,7 +138,7 @@ def load_k(dst, base, LD, kn, tail_in, tw, s, r0, n, hk, Hk, swizzle=False):
             row = tail_in[(n * CH + vr) * tw + hk * D : (n * CH + vr) * tw + hk * D + D]
         else:
             row = kn[((s["start"] + vr - s["tail"]) * Hk + hk) * D : ((s["start"] + vr - s["tail"]) * Hk + hk) * D + D]
-        dst[base + (bsw(r, np.arange(D)) if swizzle else r * LD + np.arange(D))] = row
+        dst[base + r * LD : base + r * LD + D] = row
 
 
 def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out, tw, W, U, gcum):
@@ -159,7 +155,7 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
         return
     r0 = c * CH
     valid = min(CH, s["rows"] - r0)
-    load_k(smem, Bs, LB, kn, tail_in, tw, s, r0, n, hk, Hk, swizzle=True)
+    load_k(smem, Bs, LB, kn, tail_in, tw, s, r0, n, hk, Hk)
     for r in range(CH):
         vr = r0 + r
         if vr >= s["rows"]:
@@ -168,7 +164,7 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
             x = tail_in[(n * CH + vr) * tw + Hk * D + h * D : (n * CH + vr) * tw + Hk * D + h * D + D]
         else:
             x = v[s["start"] + vr - s["tail"], h]
-        smem[Bs + bsw(r, D + np.arange(D))] = x
+        smem[Bs + r * LB + D : Bs + r * LB + 2 * D] = x
         gv = bv = 0.0
         if vr < s["rows"]:
             if vr < s["tail"]:
@@ -184,21 +180,17 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
         for r in range(valid):
             o = (n * CH + r) * tw
             if h % (H // Hk) == 0:
-                tail_out[o + hk * D : o + hk * D + D] = smem[Bs + bsw(r, np.arange(D))]
-            tail_out[o + Hk * D + h * D : o + Hk * D + h * D + D] = smem[Bs + bsw(r, D + np.arange(D))]
+                tail_out[o + hk * D : o + hk * D + D] = smem[Bs + r * LB : Bs + r * LB + D]
+            tail_out[o + Hk * D + h * D : o + Hk * D + h * D + D] = smem[Bs + r * LB + D : Bs + r * LB + 2 * D]
             tail_out[o + Hk * D + H * D + h] = smem[gs + r]
             tail_out[o + Hk * D + H * D + H + h] = smem[bs + r]
     smem[gs : gs + CH] = np.cumsum(smem[gs : gs + CH])
-    c_lo, c_hi = tq ^ (gq & 4), (tq + 4) ^ (gq & 4)
     for q in range(20):
         ti, tj = lower_tile(q >> 1)
         n0 = tj * 16 + (q & 1) * 8
-        ar, br = Bs + (ti * 16 + gq) * LB, Bs + (n0 + gq) * LB
         acc = zero4()
         for k0 in range(0, D, 8):
-            a = [lds(smem, ar + k0 + c_lo), lds(smem, ar + 8 * LB + k0 + c_lo), lds(smem, ar + k0 + c_hi)]
-            a.append(lds(smem, ar + 8 * LB + k0 + c_hi))
-            acc = mma(acc, a, [lds(smem, br + k0 + c_lo), lds(smem, br + k0 + c_hi)])
+            acc = mma(acc, load_a(smem, Bs + ti * 16 * LB + k0, LB, 1), load_b(smem, Bs + n0 * LB + k0, 1, LB))
         store_c(smem, As + ti * 16 * LC + n0, LC, acc)
     Gv = smem[gs : gs + CH]
     bv = smem[bs : bs + CH]
@@ -242,12 +234,10 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
             t = load_a(smem, Ts + ti * 16 * LC + k0, LC, 1)
             a = [t[0] * scale[k0 + tq], t[1] * scale[k0 + tq], t[2] * scale[k0 + tq + 4], t[3] * scale[k0 + tq + 4]]
             for j in range(16):
-                b = [lds(smem, Bs + (k0 + tq) * LB + (j0 + j) * 8 + gq)]
-                b.append(lds(smem, Bs + (k0 + tq + 4) * LB + (j0 + j) * 8 + (gq ^ 4)))
-                acc[j] = mma(acc[j], a, b)
+                acc[j] = mma(acc[j], a, load_b(smem, Bs + k0 * LB + (j0 + j) * 8, LB, 1))
         dst, base = (U if warp & 1 else W), slot * CH * D + ti * 16 * D
         for j in range(16):
-            store_c(dst, base + j * 8, D, acc[j])
+            store_c(dst, base + j * 8, D, acc[j] if warp & 1 else [-e for e in acc[j]])  # -W for the state pass
     gcum[slot * CH : slot * CH + CH] = smem[gs : gs + CH]
 
 
@@ -296,7 +286,7 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
             n0 = (t0 % TN) * 8
             u = [load_c(smem, Ub + ti * 16 * LS + n0 + j * 8, LS) for j in range(TPW)]
             for k0 in range(0, D, 8):
-                w = [-x for x in load_a(smem, Wb + ti * 16 * LK + k0, LK, 1)]
+                w = load_a(smem, Wb + ti * 16 * LK + k0, LK, 1)  # -W
                 for j in range(TPW):
                     u[j] = mma(u[j], w, load_b(smem, Ss + k0 * LS + n0 + j * 8, LS, 1))
             dlo, dhi = np.exp(g_end - smem[gb + ti * 16 + gq]), np.exp(g_end - smem[gb + ti * 16 + gq + 8])

@@ -59,10 +59,10 @@ static_assert(4 * (2 * CH * LK + CH) == GDN_OUT_SMEM, "gdn_chunk_out layout");
 static_assert(NCOL == CH && 2 * NCOL == D, "state columns and U rows share the stride LS; two column halves");
 // Shared-memory banks (float index mod 32): an A fragment reads rows g (8) x columns t (4), a B
 // fragment rows t x columns g. The 32 lanes hit 32 banks when a tile read as A has a stride of 4
-// mod 8 (LK, LC) and one read as B a stride of 8 mod 16 (LS, LKS, LX); [k | v] of the solve is
-// read both ways: stride 8 mod 32 with columns XOR-swizzled by bit 2 of the row (bsw).
-static_assert(LK % 8 == 4 && LC % 8 == 4 && LS % 16 == 8 && LKS % 16 == 8 && LX % 16 == 8 && LB % 32 == 8,
-              "conflict-free fragment strides");
+// mod 8 (LK, LC) and one read as B a stride of 8 mod 16 (LS, LKS). The state pass reads every
+// tile one way only; the solve's [k | v] and T are read both ways (2-way conflicts on one of them:
+// a swizzle that removed them cost more in index arithmetic than it saved, measured 2026-12-01).
+static_assert(LK % 8 == 4 && LC % 8 == 4 && LS % 16 == 8 && LKS % 16 == 8, "conflict-free fragment strides");
 static_assert(NTO == 32 * (D / 8), "gdn_chunk_out: one warp an 8-column strip");
 static_assert(LK >= D && LC >= CH && LB >= 2 * D && LX >= 16 && LK % 2 == 0 && LC % 2 == 0 && LB % 4 == 0 &&
                   LK % 4 == 0 && LC % 4 == 0,
@@ -74,7 +74,9 @@ static_assert(LK >= D && LC >= CH && LB >= 2 * D && LX >= 16 && LK % 2 == 0 && L
 //   B (8 x 8):  b0 (t, g), b1 (t + 4, g)
 //   C (16 x 8): c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1)
 // Operands come from shared memory by plain loads (WMMA's tf32 fragment loads compile to generic
-// loads even from shared memory), rounded to tf32 (nearest, ties away) as WMMA did.
+// loads even from shared memory), rounded to tf32 (nearest, ties away) as WMMA did. An operand
+// read by several warps or loop steps is rounded once where it is stored (rnd) and then loaded as
+// it is (RAW): the same bits, without 3-4 instructions an element at every use.
 struct Lane {
     int g, t;
 };
@@ -83,24 +85,30 @@ __device__ __forceinline__ Lane lane_of() {
     return {lane >> 2, lane & 3};
 }
 
-__device__ __forceinline__ u32 tf32(float x) {
-    u32 r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
+// cvt.rna.tf32.f32 of a finite x: half an ulp of tf32 added to the magnitude's bits, the 13 low
+// bits cleared (what the compiler emits for the cvt, less its guard for inf and NaN).
+__device__ __forceinline__ u32 tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+__device__ __forceinline__ float rnd(float x) { return __uint_as_float(tf32(x)); }
+
+template <bool RAW>
+__device__ __forceinline__ u32 operand(float x) {
+    return RAW ? __float_as_uint(x) : tf32(x);
 }
 
 // A tile whose element (r, k) is p[r * rs + k * ks]
+template <bool RAW = false>
 __device__ __forceinline__ void load_a(u32 (&a)[4], const float* p, int rs, int ks, Lane l) {
-    a[0] = tf32(p[l.g * rs + l.t * ks]);
-    a[1] = tf32(p[(l.g + 8) * rs + l.t * ks]);
-    a[2] = tf32(p[l.g * rs + (l.t + 4) * ks]);
-    a[3] = tf32(p[(l.g + 8) * rs + (l.t + 4) * ks]);
+    a[0] = operand<RAW>(p[l.g * rs + l.t * ks]);
+    a[1] = operand<RAW>(p[(l.g + 8) * rs + l.t * ks]);
+    a[2] = operand<RAW>(p[l.g * rs + (l.t + 4) * ks]);
+    a[3] = operand<RAW>(p[(l.g + 8) * rs + (l.t + 4) * ks]);
 }
 
 // B tile whose element (k, n) is p[k * ks + n * ns]
+template <bool RAW = false>
 __device__ __forceinline__ void load_b(u32 (&b)[2], const float* p, int ks, int ns, Lane l) {
-    b[0] = tf32(p[l.t * ks + l.g * ns]);
-    b[1] = tf32(p[(l.t + 4) * ks + l.g * ns]);
+    b[0] = operand<RAW>(p[l.t * ks + l.g * ns]);
+    b[1] = operand<RAW>(p[(l.t + 4) * ks + l.g * ns]);
 }
 
 // C tile whose element (r, n) is p[r * rs + n] (p 8-byte aligned, rs even)
@@ -156,12 +164,6 @@ __device__ __forceinline__ void mma3(float (&c)[4], const float (&a)[4], const f
     mma(c, ah, bl);
     mma(c, ah, bh);
 }
-
-// Element (r, c) of the solve's [k | v] rows: A fragments (8 rows) and B fragments (4 rows, then
-// the next 4) both land in 32 banks; 4-aligned groups of columns stay together (16-byte copies).
-// For fragments at row and column offsets that are multiples of 8 the flip depends on the lane
-// alone (the loads in gdn_chunk_solve).
-__device__ __forceinline__ int bsw(int r, int c) { return r * LB + (c ^ (r & 4)); }
 
 // The 10 16 x 16 tiles at or below the diagonal of a 64 x 64 product, numbered row by row.
 __device__ __forceinline__ void lower_tile(int t, int& ti, int& tj) {
@@ -269,7 +271,7 @@ __device__ __forceinline__ int row_source(const int* __restrict__ tail_src, cons
     return vr < s.tail ? tail_src[n * CH + vr] : s.start + vr - s.tail;
 }
 
-template <int NTH = NT, int LD = LK, bool SWIZZLE = false>
+template <int NTH = NT, int LD = LK>
 __device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, const int* __restrict__ tail_src,
                                        const float* __restrict__ tails, long tail_width, const Seg& s, int r0, int n,
                                        int hk, int Hk) {
@@ -280,12 +282,12 @@ __device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, 
         const bool ok = vr < s.rows;
         const int src = ok ? row_source(tail_src, s, n, vr) : 0;
         const float* from = src >= 0 ? kn + ((long)src * Hk + hk) * D + d : tails + (long)(-1 - src) * tail_width + hk * D + d;
-        cp_async16(Ks + (SWIZZLE ? bsw(r, d) : r * LD + d), from, ok);
+        cp_async16(Ks + r * LD + d, from, ok);
     }
 }
 
 // grid (max_chunks, H, N), block NT, dynamic shared memory GDN_SOLVE_SMEM (two blocks an SM).
-// W, U: [chunks, H, 64, 128] fp32 scratch; gcum: [chunks, H, 64] fp32.
+// W, U: [chunks, H, 64, 128] fp32 scratch (W holds -W rounded to tf32); gcum: [chunks, H, 64] fp32.
 // tail_out[n]: the rows of segment n's unfinished last chunk (written where there is one).
 extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     const float* __restrict__ kn, const __nv_bfloat16* __restrict__ v, long v_stride,
@@ -294,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     const float* __restrict__ tails, float* __restrict__ tail_out, long tail_width, float* __restrict__ W,
     float* __restrict__ U, float* __restrict__ gcum, const int* __restrict__ list, int* __restrict__ counters) {
     extern __shared__ __align__(128) float smem[];
-    float* Bs = smem;              // [64][LB]   k | v (swizzled: bsw)
+    float* Bs = smem;              // [64][LB]   k | v
     float* As = Bs + CH * LB;      // [64][LC]   k k^T, then A
     float* Ts = As + CH * LC;      // [64][LC]   (I + A)^-1
     float* Xs = Ts + CH * LC;      // [3][16][LX] block products of one distance of the inverse
@@ -311,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
         const int tid = threadIdx.x, warp = tid >> 5;
         const Lane l = lane_of();
 
-        load_k<NT, LB, true>(Bs, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
+        load_k<NT, LB>(Bs, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
 #pragma unroll
         for (int it = 0; it < CH * (D / 4) / NT; ++it) {  // v rows: 4 values a thread per step
             const int idx = tid + it * NT;
@@ -328,7 +330,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
                     x = make_float4(lo.x, lo.y, hi.x, hi.y);
                 }
             }
-            *reinterpret_cast<float4*>(Bs + bsw(r, D + d)) = x;
+            *reinterpret_cast<float4*>(Bs + r * LB + D + d) = x;
         }
         if (tid < CH) {
             const int vr = r0 + tid;
@@ -354,15 +356,15 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
             float* out = tail_out + (long)n * CH * tail_width;
             for (int idx = tid; idx < valid * D; idx += NT) {
                 const int r = idx / D, d = idx % D;
-                if (h % (H / Hk) == 0) out[r * tail_width + hk * D + d] = Bs[bsw(r, d)];
-                out[r * tail_width + Hk * D + h * D + d] = Bs[bsw(r, D + d)];
+                if (h % (H / Hk) == 0) out[r * tail_width + hk * D + d] = Bs[r * LB + d];
+                out[r * tail_width + Hk * D + h * D + d] = Bs[r * LB + D + d];
             }
             if (tid < valid) {
                 out[tid * tail_width + Hk * D + H * D + h] = gs[tid];
                 out[tid * tail_width + Hk * D + H * D + H + h] = bs[tid];
             }
         }
-        __syncthreads();  // the tail rows above read g before it becomes G
+        __syncthreads();  // the tail rows above read g and [k | v] as they came
         if (tid == 0) {  // G: a prefix sum in row order, so row i's value never depends on later rows
             float acc = 0.f;
             for (int r = 0; r < CH; ++r) {
@@ -370,20 +372,23 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
                 gs[r] = acc;
             }
         }
+        // [k | v] is only a tf32 operand from here on (k k^T, the W and U~ products)
+        for (int idx = tid; idx < CH * 2 * D; idx += NT) {
+            float* x = Bs + (idx / (2 * D)) * LB + idx % (2 * D);
+            *x = rnd(*x);
+        }
+        __syncthreads();
         // k k^T on the 10 16 x 16 tiles at or below the diagonal: 20 16 x 8 tiles over the warps
-        const int c_lo = l.t ^ (l.g & 4), c_hi = (l.t + 4) ^ (l.g & 4);  // bsw of rows 8i + g
         for (int q = warp; q < 20; q += NT / 32) {
             int ti, tj;
             lower_tile(q >> 1, ti, tj);
             const int n0 = tj * 16 + (q & 1) * 8;
-            const float* ar = Bs + (ti * 16 + l.g) * LB;  // A: rows g and g + 8 of k
-            const float* br = Bs + (n0 + l.g) * LB;       // B: (k, n) = k_n[k]
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 4
             for (int k0 = 0; k0 < D; k0 += 8) {
-                const u32 a[4] = {tf32(ar[k0 + c_lo]), tf32(ar[8 * LB + k0 + c_lo]), tf32(ar[k0 + c_hi]),
-                                  tf32(ar[8 * LB + k0 + c_hi])};
-                const u32 b[2] = {tf32(br[k0 + c_lo]), tf32(br[k0 + c_hi])};
+                u32 a[4], b[2];
+                load_a<true>(a, Bs + ti * 16 * LB + k0, LB, 1, l);
+                load_b<true>(b, Bs + n0 * LB + k0, 1, LB, l);  // (k, n) = k_n[k]
                 mma(acc, a, b);
             }
             store_c(As + ti * 16 * LC + n0, LC, acc, l);
@@ -466,14 +471,18 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
 #pragma unroll
                 for (int j = 0; j < 16; ++j) {
                     u32 b[2];
-                    b[0] = tf32(Bs[(k0 + l.t) * LB + (j0 + j) * 8 + l.g]);  // bsw of rows 8i + t, 8i + t + 4
-                    b[1] = tf32(Bs[(k0 + l.t + 4) * LB + (j0 + j) * 8 + (l.g ^ 4)]);
+                    load_b<true>(b, Bs + k0 * LB + (j0 + j) * 8, LB, 1, l);
                     mma(acc[j], a, b);
                 }
             }
             float* dst = ((warp & 1) ? U : W) + slot * CH * D + ti * 16 * D;
 #pragma unroll
-            for (int j = 0; j < 16; ++j) store_c(dst + j * 8, D, acc[j], l);
+            for (int j = 0; j < 16; ++j) {
+                if (is_w)  // -W rounded: the state pass's operand as it uses it
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[j][e] = -rnd(acc[j][e]);
+                store_c(dst + j * 8, D, acc[j], l);
+            }
         }
         if (tid < CH) gcum[slot * CH + tid] = gs[tid];
     }
@@ -548,7 +557,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
             const int i = idx / NCOL, j = idx % NCOL;
             const float x = init != nullptr ? init[(long)i * D + col0 + j] : 0.f;
             Ss[i * LS + j] = x;
-            if (s.chunks > 0) Sc[((long)s.first * H + h) * D * D + (long)i * D + col0 + j] = x;
+            if (s.chunks > 0) Sc[((long)s.first * H + h) * D * D + (long)i * D + col0 + j] = rnd(x);
         }
         if (s.chunks > 0) issue(0);
         for (int c = 0; c < s.chunks; ++c) {
@@ -573,9 +582,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
 #pragma unroll 4
                 for (int k0 = 0; k0 < D; k0 += 8) {
                     u32 w[4];
-                    load_a(w, Wb + ti * 16 * LK + k0, LK, 1, l);
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) w[e] ^= 0x80000000u;  // -W: the sign bit, exactly
+                    load_a<true>(w, Wb + ti * 16 * LK + k0, LK, 1, l);  // -W, rounded by the solve
 #pragma unroll
                     for (int j = 0; j < TPW; ++j) {
                         u32 b[2];
@@ -584,12 +591,14 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                     }
                 }
                 // U to global for the output pass; e^{G_C - G_r} U to shared memory for the update
-                // below (the decay of K~ = e^{G_C - G} K moved onto U's rows: one pass over K fewer)
+                // below (the decay of K~ = e^{G_C - G} K moved onto U's rows: one pass over K fewer);
+                // both are only ever tf32 operands: stored rounded
                 const float dlo = __expf(g_end - gb[ti * 16 + l.g]), dhi = __expf(g_end - gb[ti * 16 + l.g + 8]);
 #pragma unroll
                 for (int j = 0; j < TPW; ++j) {
-                    store_c(U + (slot * CH + ti * 16) * D + col0 + n0 + j * 8, D, u[j], l);
-                    const float su[4] = {u[j][0] * dlo, u[j][1] * dlo, u[j][2] * dhi, u[j][3] * dhi};
+                    const float ru[4] = {rnd(u[j][0]), rnd(u[j][1]), rnd(u[j][2]), rnd(u[j][3])};
+                    store_c(U + (slot * CH + ti * 16) * D + col0 + n0 + j * 8, D, ru, l);
+                    const float su[4] = {rnd(u[j][0] * dlo), rnd(u[j][1] * dlo), rnd(u[j][2] * dhi), rnd(u[j][3] * dhi)};
                     store_c(Ub + ti * 16 * LS + n0 + j * 8, LS, su, l);
                 }
             }
@@ -613,17 +622,19 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
 #pragma unroll
                     for (int j = 0; j < TPB; ++j) {
                         u32 b[2];
-                        load_b(b, Ub + k0 * LS + n0 + j * 8, LS, 1, l);
+                        load_b<true>(b, Ub + k0 * LS + n0 + j * 8, LS, 1, l);
                         mma(st[j], a, b);
                     }
                 }
-                // S_{c+1}: to shared memory for the next chunk, and as that chunk's start state to Sc
+                // S_{c+1}: to shared memory for the next chunk, and as that chunk's start state (an
+                // operand of the output pass: rounded) to Sc
                 const bool next = c + 1 < s.chunks;
                 float* sc_next = Sc + (slot + H) * D * D + (long)(ti * 16) * D + col0 + n0;
 #pragma unroll
                 for (int j = 0; j < TPB; ++j) {
                     store_c(Ss + ti * 16 * LS + n0 + j * 8, LS, st[j], l);
-                    if (next) store_c(sc_next + j * 8, D, st[j], l);
+                    const float rs[4] = {rnd(st[j][0]), rnd(st[j][1]), rnd(st[j][2]), rnd(st[j][3])};
+                    if (next) store_c(sc_next + j * 8, D, rs, l);
                 }
             }
             __syncthreads();  // this buffer and the state are done before the next chunk's copies and products
@@ -704,6 +715,11 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         }
         cp_async_wait<0>();
         __syncthreads();
+        for (int idx = tid; idx < CH * D; idx += NTO) {  // q is only a tf32 operand here (every warp reads all)
+            float* x = Qs + (idx / D) * LK + idx % D;
+            *x = rnd(*x);
+        }
+        __syncthreads();
 
         // P = (q k^T) e^{G_i - G_j}, j <= i: the 10 16 x 16 tiles at or below the diagonal as 20
         // 16 x 8 tiles (up to 2 a warp), masked and decayed in registers
@@ -720,7 +736,7 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
 #pragma unroll 4
                 for (int k0 = 0; k0 < D; k0 += 8) {
                     u32 a[4], b[2];
-                    load_a(a, Qs + ti * 16 * LK + k0, LK, 1, l);
+                    load_a<true>(a, Qs + ti * 16 * LK + k0, LK, 1, l);
                     load_b(b, Ks + n0 * LK + k0, 1, LK, l);  // (k, n) = k_n[k]
                     mma(p[q], a, b);
                 }
@@ -749,11 +765,11 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         for (int i = 0; i < 4; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 #pragma unroll
         for (int k = 0; k < D / 8; ++k) {
-            const u32 b[2] = {tf32(sf[k][0]), tf32(sf[k][1])};
+            const u32 b[2] = {__float_as_uint(sf[k][0]), __float_as_uint(sf[k][1])};  // S_c: stored rounded
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 u32 a[4];
-                load_a(a, Qs + i * 16 * LK + k * 8, LK, 1, l);
+                load_a<true>(a, Qs + i * 16 * LK + k * 8, LK, 1, l);
                 mma(o[i], a, b);
             }
         }
@@ -767,7 +783,7 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         }
 #pragma unroll
         for (int k = 0; k < CH / 8; ++k) {
-            const u32 b[2] = {tf32(uf[k][0]), tf32(uf[k][1])};
+            const u32 b[2] = {__float_as_uint(uf[k][0]), __float_as_uint(uf[k][1])};  // U: stored rounded
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 if (k * 8 >= (i + 1) * 16) continue;

@@ -32,10 +32,9 @@ class GdnChunkTraits:
     out_threads: int = 512  # a block of the output kernel: a warp an 8-column strip of all 128
     plan_threads: int = 1024  # gdn_chunk_plan: a segment a thread, so a launch holds at most this many
     state_columns: int = 64  # value columns a gdn_chunk_state block owns (= chunk)
-    # Floats added to shared-memory rows so that fragment loads hit 32 different banks. An A
-    # fragment reads 8 rows x 4 columns (free of conflicts when the stride is 4 mod 8), a B
-    # fragment 4 rows x 8 columns (8 mod 16); a tile read both ways takes 8 and XOR-swizzled
-    # columns (gdn_chunked.cu, `bsw`).
+    # Floats added to shared-memory rows so that fragment loads hit 32 different banks: an A
+    # fragment reads 8 rows x 4 columns (free of conflicts at a stride of 4 mod 8: row_pad), a B
+    # fragment 4 rows x 8 columns (8 mod 16: b_pad, the state pass's tiles).
     row_pad: int = 4
     b_pad: int = 8
 
@@ -51,14 +50,13 @@ class GdnChunkTraits:
 
     @property
     def kv_stride(self) -> int:
-        """Row stride (floats) of the solve's [chunk][2 * head_dim] right-hand side [k | v]
-        (swizzled: read as A and as B fragments)."""
-        return 2 * self.head_dim + self.b_pad
+        """Row stride (floats) of the solve's [chunk][2 * head_dim] right-hand side [k | v]."""
+        return 2 * self.head_dim + self.row_pad
 
     @property
     def block_stride(self) -> int:
-        """Row stride (floats) of the solve's 16 x 16 block products (B fragments)."""
-        return 16 + self.b_pad
+        """Row stride (floats) of the solve's 16 x 16 block products."""
+        return 16 + self.row_pad
 
     @property
     def state_stride(self) -> int:
