@@ -364,7 +364,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
                 out[tid * tail_width + Hk * D + H * D + H + h] = bs[tid];
             }
         }
-        __syncthreads();  // the tail rows above read g and [k | v] as they came
+        __syncthreads();  // the tail rows above read g before it becomes G
         if (tid == 0) {  // G: a prefix sum in row order, so row i's value never depends on later rows
             float acc = 0.f;
             for (int r = 0; r < CH; ++r) {
@@ -372,26 +372,35 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
                 gs[r] = acc;
             }
         }
-        // [k | v] is only a tf32 operand from here on (k k^T, the W and U~ products)
-        for (int idx = tid; idx < CH * 2 * D; idx += NT) {
-            float* x = Bs + (idx / (2 * D)) * LB + idx % (2 * D);
-            *x = rnd(*x);
-        }
-        __syncthreads();
-        // k k^T on the 10 16 x 16 tiles at or below the diagonal: 20 16 x 8 tiles over the warps
-        for (int q = warp; q < 20; q += NT / 32) {
-            int ti, tj;
-            lower_tile(q >> 1, ti, tj);
-            const int n0 = tj * 16 + (q & 1) * 8;
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-            for (int k0 = 0; k0 < D; k0 += 8) {
-                u32 a[4], b[2];
-                load_a<true>(a, Bs + ti * 16 * LB + k0, LB, 1, l);
-                load_b<true>(b, Bs + n0 * LB + k0, 1, LB, l);  // (k, n) = k_n[k]
-                mma(acc, a, b);
+        // k k^T on the 10 16 x 16 tiles at or below the diagonal: 20 16 x 8 tiles over the warps,
+        // a warp's tiles (up to KT) in one loop so that their products' latencies overlap
+        {
+            constexpr int KT = (20 + NT / 32 - 1) / (NT / 32);
+            int row[KT], col[KT];
+            float acc[KT][4];
+#pragma unroll
+            for (int m = 0; m < KT; ++m) {
+                const int q = warp + m * (NT / 32);
+                int ti = 0, tj = 0;
+                if (q < 20) lower_tile(q >> 1, ti, tj);
+                row[m] = ti * 16;
+                col[m] = tj * 16 + (q & 1) * 8;
+                acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
             }
-            store_c(As + ti * 16 * LC + n0, LC, acc, l);
+#pragma unroll 2
+            for (int k0 = 0; k0 < D; k0 += 8) {
+#pragma unroll
+                for (int m = 0; m < KT; ++m) {
+                    if (warp + m * (NT / 32) >= 20) continue;
+                    u32 a[4], b[2];
+                    load_a(a, Bs + row[m] * LB + k0, LB, 1, l);
+                    load_b(b, Bs + col[m] * LB + k0, 1, LB, l);  // (k, n) = k_n[k]
+                    mma(acc[m], a, b);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < KT; ++m)
+                if (warp + m * (NT / 32) < 20) store_c(As + row[m] * LC + col[m], LC, acc[m], l);
         }
         __syncthreads();
         for (int idx = tid; idx < CH * CH; idx += NT) {
@@ -471,7 +480,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
 #pragma unroll
                 for (int j = 0; j < 16; ++j) {
                     u32 b[2];
-                    load_b<true>(b, Bs + k0 * LB + (j0 + j) * 8, LB, 1, l);
+                    load_b(b, Bs + k0 * LB + (j0 + j) * 8, LB, 1, l);
                     mma(acc[j], a, b);
                 }
             }

@@ -20,9 +20,10 @@ def gdn_tail_width(num_k_heads: int, num_v_heads: int) -> int:
 
 
 # gdn_chunk_state variants: warps a block (value columns split in two halves either way); both
-# give the same bits; w8 measured 2-3% faster at 512-16,384 tokens with v4 (docs/cuda-kernels.md)
+# give the same bits; w16 is the faster since the state pass's loads are free of bank conflicts
+# (w8 was 2-3% faster before; docs/cuda-kernels.md, "Chunked GDN")
 GDN_STATE_VARIANTS = ("w8", "w16")
-GDN_STATE_DEFAULT = "w8"
+GDN_STATE_DEFAULT = "w16"
 
 
 @dataclass(frozen=True)
