@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention
+#   steps: tests conv conv-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -38,6 +38,24 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c "import torch, cupy, transformers; print('torch', torch.__version__, 'cupy', cupy.__version__, 'transformers', transformers.__version__)" | tee -a $OUT/env.txt
 python3 -m openjev.tools.demo_model --out .openjev/demo-model >/dev/null || exit 1
 WL=benchmarks/workload.jsonl
+# ab-old/ (an earlier commit's tree) installed beside this one, and kernels_gpu.py --ops $1 at
+# tokens $2 of both builds in alternating processes, two runs each: $OUT/$3.md (medians, ratio)
+ab_install() {
+  [ -d /tmp/oj-old ] || python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
+    --no-cache-dir --target /tmp/oj-old ./ab-old
+}
+ab_times() {
+  ab_install || return 1
+  for i in 1 2; do for arm in new old; do
+    if [ $arm = new ]; then P=/tmp/oj; B=benchmarks; else P=/tmp/oj-old; B=ab-old/benchmarks; fi
+    PYTHONPATH=$P:$PYTHONPATH timeout 150 python3 $B/kernels_gpu.py --ops $1 --tokens $2 \
+      --out $OUT/$3-$arm-$i.json > /dev/null 2>>$OUT/$3.log
+  done; done
+  python3 benchmarks/kernels_ab.py new=$(ls $OUT/$3-new-*.json | paste -sd,) \
+    old=$(ls $OUT/$3-old-*.json | paste -sd,) | tee $OUT/$3.md
+  tar -czf $OUT/$3-json.tgz -C $OUT $(cd $OUT && ls $3-*.json) && rm $OUT/$3-*.json
+}
+rm -rf /tmp/oj-old  # a warm machine keeps /tmp: ab-old/ may be another tree now
 for step in "$@"; do
   case $step in
     # a failing GPU test ends the call: what follows would measure a broken build
@@ -52,23 +70,22 @@ for step in "$@"; do
          [ $rc = 0 ] || exit 1 ;;
     # the chunked GDN kernels of this tree against those of ab-old/ (an earlier commit's tree,
     # `git archive C | tar -x -C ab-old`, carried untracked): timings of the two builds in
-    # alternating processes, then the outputs of one 700-token launch compared bit for bit
-    gdn-ab) rm -rf /tmp/oj-old; python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
-              --no-cache-dir --target /tmp/oj-old ./ab-old || exit 1
-            cp benchmarks/gdn_probe.py ab-old/benchmarks/gdn_probe.py  # the same probe (--save) for both
-            for i in 1 2; do for arm in new old; do
-              if [ $arm = new ]; then P=/tmp/oj; B=benchmarks; else P=/tmp/oj-old; B=ab-old/benchmarks; fi
-              PYTHONPATH=$P:$PYTHONPATH timeout 150 python3 $B/kernels_gpu.py --ops gdn_chunked,fla_chunk \
-                --tokens 512,4096,16384 --out $OUT/gdn-ab-$arm-$i.json > /dev/null 2>>$OUT/gdn-ab.log
-              [ $i = 1 ] && PYTHONPATH=$P:$PYTHONPATH python3 $B/gdn_probe.py --case gdn_chunked_w8 --tokens 700 \
+    # alternating processes (ab_times, below), then the outputs of one 700-token launch compared
+    # bit for bit
+    gdn-ab) cp benchmarks/gdn_probe.py ab-old/benchmarks/gdn_probe.py  # the same probe (--save) for both
+            for arm in new old; do
+              if [ $arm = new ]; then P=/tmp/oj; B=benchmarks; else ab_install || exit 1; P=/tmp/oj-old; B=ab-old/benchmarks; fi
+              PYTHONPATH=$P:$PYTHONPATH python3 $B/gdn_probe.py --case gdn_chunked_w8 --tokens 700 \
                 --save /tmp/gdn-ab-$arm.pt 2>>$OUT/gdn-ab.log
-            done; done
-            python3 benchmarks/kernels_ab.py new=$(ls $OUT/gdn-ab-new-*.json | paste -sd,) \
-              old=$(ls $OUT/gdn-ab-old-*.json | paste -sd,) | tee $OUT/gdn-ab.md
+            done
+            ab_times gdn_chunked,fla_chunk 512,4096,16384 gdn-ab
             python3 -c "import torch; a, b = torch.load('/tmp/gdn-ab-new.pt'), torch.load('/tmp/gdn-ab-old.pt'); \
               print('outputs bit-equal to ab-old:', len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)))" \
-              | tee -a $OUT/gdn-ab.md
-            tar -czf $OUT/gdn-ab-json.tgz -C $OUT $(cd $OUT && ls gdn-ab-*.json) && rm $OUT/gdn-ab-*.json ;;
+              | tee -a $OUT/gdn-ab.md ;;
+    # the conv kernel's GPU tests, then its timings against ab-old/'s (as gdn-ab)
+    conv-ab) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py -k conv > $OUT/conv-tests.txt 2>&1; rc=$?
+             tail -3 $OUT/conv-tests.txt | grep -E "Error|assert|FAILED|passed|failed"
+             ab_install || exit 1; ab_times conv1d 74,512,4096 conv-ab; [ $rc = 0 ] || exit 1 ;;
     # the conv kernel: its tests, then its timings at 4 and 16 rows a thread
     conv) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py -k conv > $OUT/conv-tests.txt 2>&1; rc=$?
           tail -5 $OUT/conv-tests.txt | grep -E "Error|assert|FAILED|passed|failed"
