@@ -78,10 +78,8 @@ __device__ __forceinline__ void load_taps(const __nv_bfloat16* weight, int c, fl
 // current row in registers: each input row is loaded once, and its registers do not grow with
 // the rows it walks (an earlier form computed 4 unrolled rows from 7 loaded ones at 128
 // registers: 1.3-1.5x slower from 256 tokens; holding 4 rows in flight a thread was slower too,
-// docs/cuda-kernels.md). The next row's 16 bytes are requested before this row is computed: with
-// one load in flight a thread the kernel waited out a memory latency every row (its SASS).
-// grid.y = ceil(T / rows) + 3N; the taps are summed in the same order whatever `rows`, so the
-// bits do not depend on it.
+// docs/cuda-kernels.md). grid.y = ceil(T / rows) + 3N; the taps are summed in the same order
+// whatever `rows`, so the bits do not depend on it.
 extern "C" __global__ void causal_conv1d_packed(
     const __nv_bfloat16* __restrict__ x, long x_stride, const __nv_bfloat16* __restrict__ weight,
     const int* __restrict__ win_src, const __nv_bfloat16* __restrict__ windows,
@@ -103,11 +101,7 @@ extern "C" __global__ void causal_conv1d_packed(
 #pragma unroll
     for (int m = 0; m < CONV_K - 1; ++m)
         input_row(x, x_stride, windows, win_src, C, s, start, r0 - start - (CONV_K - 1) + m, c, h[m]);
-    uint4 ahead = *reinterpret_cast<const uint4*>(x + (long)r0 * x_stride + c);  // r0 < r1 <= T
     for (int row = r0; row < r1; ++row) {
-        bf16x8 in;
-        in.u = ahead;
-        if (row + 1 < r1) ahead = *reinterpret_cast<const uint4*>(x + (long)(row + 1) * x_stride + c);
         if (row == next) {  // the next non-empty segment starts here, from its window
             do { ++s; } while (cu_seqlens[s + 1] <= row);
             start = row;
@@ -116,12 +110,7 @@ extern "C" __global__ void causal_conv1d_packed(
             for (int m = 0; m < CONV_K - 1; ++m) window_row(x, x_stride, windows, win_src, C, s, m - (CONV_K - 1), c, h[m]);
         }
         float cur[VEC], acc[VEC];
-#pragma unroll
-        for (int i = 0; i < VEC / 2; ++i) {
-            const float2 t = __bfloat1622float2(in.h[i]);
-            cur[2 * i] = t.x;
-            cur[2 * i + 1] = t.y;
-        }
+        load8(x + (long)row * x_stride + c, cur);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
             acc[i] = 0.f;
