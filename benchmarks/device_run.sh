@@ -70,7 +70,7 @@ for step in "$@"; do
          [ $rc = 0 ] || exit 1 ;;
     # the chunked GDN kernels of this tree against those of ab-old/ (an earlier commit's tree,
     # `git archive C | tar -x -C ab-old`, carried untracked): timings of the two builds in
-    # alternating processes (ab_times, below), then the outputs of one 700-token launch compared
+    # alternating processes (ab_times, above), then the outputs of one 700-token launch compared
     # bit for bit
     gdn-ab) cp benchmarks/gdn_probe.py ab-old/benchmarks/gdn_probe.py  # the same probe (--save) for both
             for arm in new old; do
