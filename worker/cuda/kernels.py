@@ -1,7 +1,7 @@
 """Launch wrappers for the CUDA kernels in `cuda/*.cu`.
 
 Each `.cu` file is compiled once per process through `cupy.RawModule` (sm_90, C++17), with the
-tile geometry of `traits` as compile definitions and the kernels' folder (for `common.cuh`) on the
+tile geometry of `traits` as compile definitions and the kernels' folder (for the `.cuh` headers) on the
 include path. Tensors cross from torch by DLPack (no copies) and every launch goes on torch's
 current stream, so the wrappers compose with cuBLAS products issued by torch and can be captured
 in a torch CUDA graph. Inputs are torch CUDA tensors; outputs are allocated here unless passed in.
@@ -29,7 +29,7 @@ GDN_CHUNK = GDN_CHUNK_TOKENS  # chunks of gdn_chunked sit at multiples of it fro
 @functools.cache
 def kernel_folder() -> pathlib.Path:
     """The .cu sources: `openjev/kernels` of an installed wheel (package data, a real folder, so
-    NVRTC reads common.cuh from it). An editable install maps the package onto the source
+    NVRTC reads the headers from it). An editable install maps the package onto the source
     folders, whose cuda/ has no __init__.py (one would shadow NVIDIA's `cuda` package whenever
     the repository root is on sys.path), so its finder does not resolve it: use the source tree."""
     spec = importlib.util.find_spec("openjev.kernels")
@@ -41,11 +41,12 @@ def kernel_folder() -> pathlib.Path:
 @functools.cache
 def _options() -> tuple[str, ...]:
     folder = kernel_folder()
-    header = (folder / "common.cuh").read_bytes()
     # CuPy's kernel cache keys on the source and the options, not on included headers: the
-    # header's digest in the options makes an edited common.cuh compile anew.
-    digest = hashlib.sha256(header).hexdigest()[:16]
-    definitions = (f"-DOPENJEV_COMMON_CUH=0x{digest}", *traits.compile_definitions())
+    # headers' digest in the options makes an edited header compile anew.
+    digest = hashlib.sha256()
+    for header in sorted(folder.glob("*.cuh")):
+        digest.update(header.name.encode() + b"\0" + header.read_bytes())
+    definitions = (f"-DOPENJEV_HEADERS=0x{digest.hexdigest()[:16]}", *traits.compile_definitions())
     return ("-arch=sm_90", "-std=c++17", f"-I{folder}", *definitions)
 
 

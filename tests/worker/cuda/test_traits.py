@@ -90,8 +90,12 @@ def test_gemm_choice_divides_k():
                 assert k % gemm_stream.choose(m, n, k).block_k == 0, (m, n, k)
 
 
-def test_common_header_ships_beside_the_kernels():
-    assert KERNELS.joinpath("common.cuh").is_file()
+def test_headers_ship_beside_the_kernels_and_key_the_compile():
+    """Every header a kernel includes is in the kernels' folder, and the compile options carry a
+    digest of the headers (CuPy's cache keys on the source and the options only)."""
+    included = {name for src in KERNELS.glob("*.cu*") for name in re.findall(r'#include "(\w+\.cuh)"', src.read_text())}
+    assert included and all(KERNELS.joinpath(name).is_file() for name in included)
+    assert any(option.startswith("-DOPENJEV_HEADERS=0x") for option in kernels._options())
 
 
 def test_planner_geometry_needs_no_torch():
