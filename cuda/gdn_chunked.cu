@@ -719,3 +719,285 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     }
     finish_items(counters);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The walk: the state pass and the output pass in one kernel, the state in registers.
+//
+// grid (any; a block an SM takes the level's (segment, head, column block) items by ticket),
+// block 32 NW threads, dynamic shared memory GDN_WALK_SMEM{NW}. Warp w of a block owns 16 value
+// columns of a head and holds their state transposed, S^T [16 columns][128 keys], as the C
+// fragments of 16 m16n8 tiles (64 registers a thread). Per chunk, with W, U~ and G from the solve:
+//   P = (q k^T) e^{G_i - G_j}, j <= i                     (the block's warps share it: shared memory)
+//   U^T = U~^T + S^T (-W)^T;  Y^T = S^T q^T                 (the same A fragments of S^T)
+//   O^T = e^{G} Y^T + U^T P^T                              (straight to `out`)
+//   S^T <- e^{G_C} S^T + (e^{G_C - G} U)^T K               (a finished chunk)
+// so neither U nor the chunk start states go through global memory (the two-pass form stores
+// both: 808 MB of states at 16,384 tokens).
+//
+// A C fragment serves as an A fragment without moving: a C tile holds columns 2t and 2t + 1 of
+// its rows, an A tile columns t and t + 4, so the walk numbers the summed index of every product
+// whose A operand is a C fragment (keys for S^T, tokens for U^T) so that logical column t is
+// physical 2t and t + 4 is 2t + 1 (per 8-column step), and reads the B operand's rows 2t and 2t + 1
+// to match: for W, q and P those are adjacent floats (one 8-byte load, strides of 8 mod 32 keep the
+// 16 lanes of a half-warp in 32 banks), for k two loads (stride 4 mod 8). Operands are tf32: -W
+// comes rounded from the solve, q and k are rounded once in shared memory (each thread its own
+// copies, before the barrier), P at its store, S^T and U^T in registers at each use.
+//
+// Copies: k and G of chunk c + 1 start when chunk c starts (two buffers); W, q and U~ of chunk c + 1
+// as soon as chunk c's products have read them; so only the first chunk waits for its loads.
+// Outputs: own rows only (tail rows belong to the parent). Segments of the level start from
+// init_idx as in gdn_chunk_state and leave the state at their last chunk boundary in final_state.
+
+// A fragment from the pairs (2t, 2t + 1) of rows g and g + 8: element (r, k) at p[r * rs + k]
+__device__ __forceinline__ void load_a_pairs(u32 (&a)[4], const float* p, int rs, Lane l) {
+    const float2 lo = *reinterpret_cast<const float2*>(p + l.g * rs + 2 * l.t);
+    const float2 hi = *reinterpret_cast<const float2*>(p + (l.g + 8) * rs + 2 * l.t);
+    a[0] = __float_as_uint(lo.x);
+    a[1] = __float_as_uint(hi.x);
+    a[2] = __float_as_uint(lo.y);
+    a[3] = __float_as_uint(hi.y);
+}
+
+// B fragment from the pair (2t, 2t + 1) of column g: element (k, n) at p[n * ns + k]
+__device__ __forceinline__ void load_b_pairs(u32 (&b)[2], const float* p, int ns, Lane l) {
+    const float2 x = *reinterpret_cast<const float2*>(p + l.g * ns + 2 * l.t);
+    b[0] = __float_as_uint(x.x);
+    b[1] = __float_as_uint(x.y);
+}
+
+// A fragment of a C fragment (rows g, g + 8; columns 2t, 2t + 1 as logical t, t + 4), rounded,
+// each column scaled (lo: column 2t, hi: 2t + 1)
+__device__ __forceinline__ void c_as_a(u32 (&a)[4], const float (&c)[4], float lo = 1.f, float hi = 1.f) {
+    a[0] = tf32(c[0] * lo);
+    a[1] = tf32(c[2] * lo);
+    a[2] = tf32(c[1] * hi);
+    a[3] = tf32(c[3] * hi);
+}
+
+#define LW GDN_LW
+#define LP GDN_LP
+static_assert(LW % 32 == 8 && LP % 32 == 8 && LK % 8 == 4, "gdn_chunk_walk: conflict-free fragment strides");
+static_assert(LW >= D && LP >= CH && LW % 4 == 0, "rows hold a tile row; 16-byte copies");
+
+template <int NW>
+__device__ __forceinline__ void chunk_walk(const float* __restrict__ qn, const float* __restrict__ kn,
+                                           const float* __restrict__ W, const float* __restrict__ U,
+                                           const float* __restrict__ gcum, const int* __restrict__ cu,
+                                           const int* __restrict__ pos, int H, int Hk, int max_chunks,
+                                           const int* __restrict__ tail_src, const float* __restrict__ tails,
+                                           long tail_width, const float* __restrict__ init_slots,
+                                           const int* __restrict__ init_idx, const int* __restrict__ level_off,
+                                           int level, __nv_bfloat16* __restrict__ out,
+                                           float* __restrict__ final_state, int* __restrict__ counters) {
+    constexpr int NTH = 32 * NW, BC = 16 * NW, CB = D / BC, LU = BC + 4;
+    static_assert(LU % 8 == 4 && CH * (D / 4) % NTH == 0 && CH * (BC / 4) % NTH == 0, "walk layout");
+    extern __shared__ __align__(128) float walk_smem[];
+    float* Ws = walk_smem;         // [64][LW]   -W
+    float* Qs = Ws + CH * LW;      // [64][LW]   q of own rows, zeros elsewhere
+    float* Ks = Qs + CH * LW;      // 2 x [64][LK]  k
+    float* Us = Ks + 2 * CH * LK;  // [64][LU]   U~ of the block's columns
+    float* Ps = Us + CH * LU;      // [64][LP]   P
+    float* Gs = Ps + CH * LP;      // 2 x [64]   G
+
+    __shared__ int ticket;
+    const int n0 = level_off[level], items = (level_off[level + 1] - n0) * H * CB;
+    const int tid = threadIdx.x, warp = tid >> 5, wc = warp * 16;
+    const Lane l = lane_of();
+    for (;;) {
+        const int item = next_item(counters, &ticket);
+        if (item >= items) break;
+        const int n = n0 + item / (H * CB), h = item / CB % H, col0 = item % CB * BC;
+        const int hk = h / (H / Hk);
+        const Seg s = segment(cu, pos, n, max_chunks);
+        const int from = init_idx[n];
+        const float* init = from > 0 ? init_slots + ((long)from * H + h) * D * D
+                                     : from <= -2 ? final_state + ((long)(-2 - from) * H + h) * D * D : nullptr;
+        const long state_base = ((long)n * H + h) * D * D;
+
+        auto issue_k = [&](int c) {  // k and G of chunk c into buffer c & 1
+            const long slot = (long)(s.first + c) * H + h;
+            load_k<NTH, LK>(Ks + (c & 1) * CH * LK, kn, tail_src, tails, tail_width, s, c * CH, n, hk, Hk);
+            if (tid < CH / 4) cp_async16(Gs + (c & 1) * CH + tid * 4, gcum + slot * CH + tid * 4, true);
+            cp_async_commit();
+        };
+        auto issue_wqu = [&](int c) {  // W, q and U~ of chunk c
+            const long slot = (long)(s.first + c) * H + h;
+            const int r0 = c * CH;
+#pragma unroll
+            for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
+                const int idx = tid + it * NTH;
+                const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
+                cp_async16(Ws + r * LW + d, W + (slot * CH + r) * D + d, true);
+                const bool own = vr >= s.tail && vr < s.rows;
+                cp_async16(Qs + r * LW + d, own ? qn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d : qn, own);
+            }
+#pragma unroll
+            for (int it = 0; it < CH * (BC / 4) / NTH; ++it) {
+                const int idx = tid + it * NTH;
+                const int r = idx / (BC / 4), d = (idx % (BC / 4)) * 4;
+                cp_async16(Us + r * LU + d, U + (slot * CH + r) * D + col0 + d, true);
+            }
+            cp_async_commit();
+        };
+        // q and k are only ever tf32 operands: each thread rounds the 16-byte pieces it copied
+        auto round_own = [&](float* base, int ld) {
+#pragma unroll
+            for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
+                const int idx = tid + it * NTH;
+                float4* x = reinterpret_cast<float4*>(base + (idx / (D / 4)) * ld + (idx % (D / 4)) * 4);
+                const float4 y = *x;
+                *x = make_float4(rnd(y.x), rnd(y.y), rnd(y.z), rnd(y.w));
+            }
+        };
+
+        // S^T of this warp's 16 columns: tile j holds keys 8j + 2t (c0, c2) and 8j + 2t + 1 (c1, c3)
+        // of columns g (c0, c1) and g + 8 (c2, c3)
+        const int cw = col0 + wc;
+        float S[D / 8][4];
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            const long k0 = (long)(j * 8 + 2 * l.t) * D + cw + l.g;
+            S[j][0] = init != nullptr ? init[k0] : 0.f;
+            S[j][1] = init != nullptr ? init[k0 + D] : 0.f;
+            S[j][2] = init != nullptr ? init[k0 + 8] : 0.f;
+            S[j][3] = init != nullptr ? init[k0 + D + 8] : 0.f;
+        }
+        if (s.chunks > 0) {
+            issue_k(0);
+            issue_wqu(0);
+        }
+        for (int c = 0; c < s.chunks; ++c) {
+            cp_async_wait<0>();
+            const float* Kb = Ks + (c & 1) * CH * LK;
+            const float* Gb = Gs + (c & 1) * CH;
+            round_own(Ks + (c & 1) * CH * LK, LK);
+            round_own(Qs, LW);
+            __syncthreads();  // chunk c's copies landed and rounded; chunk c - 1 is done with everything
+            if (c + 1 < s.chunks) issue_k(c + 1);
+
+            // P: the 20 16 x 8 tiles at or below the diagonal over the warps
+            for (int q = warp; q < 20; q += NW) {
+                int ti, tj;
+                lower_tile(q >> 1, ti, tj);
+                const int p0 = tj * 16 + (q & 1) * 8;
+                float p[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+                for (int k0 = 0; k0 < D; k0 += 8) {
+                    u32 a[4], b[2];
+                    load_a_pairs(a, Qs + ti * 16 * LW + k0, LW, l);
+                    load_b_pairs(b, Kb + p0 * LK + k0, LK, l);
+                    mma(p, a, b);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = ti * 16 + l.g + (e >> 1) * 8, j = p0 + 2 * l.t + (e & 1);
+                    p[e] = j <= i ? rnd(__expf(Gb[i] - Gb[j]) * p[e]) : 0.f;
+                }
+                store_c(Ps + ti * 16 * LP + p0, LP, p, l);
+            }
+
+            // U^T = U~^T + S^T (-W)^T and Y^T = S^T q^T: tile i holds tokens 8i + 2t, 8i + 2t + 1
+            float u[CH / 8][4], o[CH / 8][4];
+#pragma unroll
+            for (int i = 0; i < CH / 8; ++i) {
+                const float* src = Us + (i * 8 + 2 * l.t) * LU + wc + l.g;
+                u[i][0] = src[0];
+                u[i][1] = src[LU];
+                u[i][2] = src[8];
+                u[i][3] = src[LU + 8];
+                o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {  // unrolled: S stays in registers
+                u32 a[4];
+                c_as_a(a, S[j]);
+#pragma unroll
+                for (int i = 0; i < CH / 8; ++i) {
+                    u32 bw[2], bq[2];
+                    load_b_pairs(bw, Ws + i * 8 * LW + j * 8, LW, l);
+                    load_b_pairs(bq, Qs + i * 8 * LW + j * 8, LW, l);
+                    mma(u[i], a, bw);
+                    mma(o[i], a, bq);
+                }
+            }
+            __syncthreads();  // P is complete; W, q and U~ are free for the next chunk
+            if (c + 1 < s.chunks) issue_wqu(c + 1);
+
+            // O^T = e^G Y^T + U^T P^T, own rows to `out`
+#pragma unroll
+            for (int i = 0; i < CH / 8; ++i) {
+                const float lo = __expf(Gb[i * 8 + 2 * l.t]), hi = __expf(Gb[i * 8 + 2 * l.t + 1]);
+                o[i][0] *= lo;
+                o[i][1] *= hi;
+                o[i][2] *= lo;
+                o[i][3] *= hi;
+            }
+#pragma unroll
+            for (int kk = 0; kk < CH / 8; ++kk) {
+                u32 a[4];
+                c_as_a(a, u[kk]);
+#pragma unroll
+                for (int i = kk; i < CH / 8; ++i) {
+                    u32 b[2];
+                    load_b_pairs(b, Ps + i * 8 * LP + kk * 8, LP, l);
+                    mma(o[i], a, b);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < CH / 8; ++i) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int vr = c * CH + i * 8 + 2 * l.t + e;
+                    if (vr >= s.tail && vr < s.rows) {
+                        __nv_bfloat16* row = out + ((long)(s.start + vr - s.tail) * H + h) * D + cw + l.g;
+                        row[0] = __float2bfloat16(o[i][e]);
+                        row[8] = __float2bfloat16(o[i][2 + e]);
+                    }
+                }
+            }
+
+            if (s.rows - c * CH >= CH) {  // a finished chunk: S^T <- e^{G_C} S^T + (e^{G_C - G} U)^T K
+                const float g_end = Gb[CH - 1], decay = __expf(g_end);
+#pragma unroll
+                for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) S[j][e] *= decay;
+#pragma unroll
+                for (int kk = 0; kk < CH / 8; ++kk) {
+                    u32 a[4];
+                    c_as_a(a, u[kk], __expf(g_end - Gb[kk * 8 + 2 * l.t]), __expf(g_end - Gb[kk * 8 + 2 * l.t + 1]));
+                    const float* krow = Kb + (kk * 8 + 2 * l.t) * LK + l.g;
+#pragma unroll
+                    for (int j = 0; j < D / 8; ++j) {
+                        const u32 b[2] = {__float_as_uint(krow[j * 8]), __float_as_uint(krow[LK + j * 8])};
+                        mma(S[j], a, b);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            float* dst = final_state + state_base + (long)(j * 8 + 2 * l.t) * D + cw + l.g;
+            dst[0] = S[j][0];
+            dst[D] = S[j][1];
+            dst[8] = S[j][2];
+            dst[D + 8] = S[j][3];
+        }
+    }
+    finish_items(counters);
+}
+
+#define GDN_CHUNK_WALK(NAME, NW, SMEM)                                                                               \
+    static_assert(4 * (2 * CH * LW + 2 * CH * LK + CH * (16 * NW + 4) + CH * LP + 2 * CH) == SMEM, "walk layout");   \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) NAME(                                                   \
+        const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ W,                    \
+        const float* __restrict__ U, const float* __restrict__ gcum, const int* __restrict__ cu,                    \
+        const int* __restrict__ pos, int H, int Hk, int max_chunks, const int* __restrict__ tail_src,               \
+        const float* __restrict__ tails, long tail_width, const float* __restrict__ init_slots,                     \
+        const int* __restrict__ init_idx, const int* __restrict__ level_off, int level,                             \
+        __nv_bfloat16* __restrict__ out, float* __restrict__ final_state, int* __restrict__ counters) {             \
+        chunk_walk<NW>(qn, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_src, tails, tail_width, init_slots,      \
+                       init_idx, level_off, level, out, final_state, counters);                                      \
+    }
+GDN_CHUNK_WALK(gdn_chunk_walk_w4, 4, GDN_WALK_SMEM4)
+GDN_CHUNK_WALK(gdn_chunk_walk_w8, 8, GDN_WALK_SMEM8)
