@@ -875,25 +875,42 @@ __device__ __forceinline__ void chunk_walk(const float* __restrict__ qn, const f
             __syncthreads();  // chunk c's copies landed and rounded; chunk c - 1 is done with everything
             if (c + 1 < s.chunks) issue_k(c + 1);
 
-            // P: the 20 16 x 8 tiles at or below the diagonal over the warps
-            for (int q = warp; q < 20; q += NW) {
-                int ti, tj;
-                lower_tile(q >> 1, ti, tj);
-                const int p0 = tj * 16 + (q & 1) * 8;
-                float p[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
+            // P: the 20 16 x 8 tiles at or below the diagonal over the warps, a warp's tiles in one
+            // loop (their products' latencies overlap)
+            {
+                constexpr int PT = (20 + NW - 1) / NW;
+                int prow[PT], pcol[PT];
+                float p[PT][4];
+#pragma unroll
+                for (int m = 0; m < PT; ++m) {
+                    const int q = warp + m * NW;
+                    int ti = 0, tj = 0;
+                    if (q < 20) lower_tile(q >> 1, ti, tj);
+                    prow[m] = ti * 16;
+                    pcol[m] = tj * 16 + (q & 1) * 8;
+                    p[m][0] = p[m][1] = p[m][2] = p[m][3] = 0.f;
+                }
+#pragma unroll 2
                 for (int k0 = 0; k0 < D; k0 += 8) {
-                    u32 a[4], b[2];
-                    load_a_pairs(a, Qs + ti * 16 * LW + k0, LW, l);
-                    load_b_pairs(b, Kb + p0 * LK + k0, LK, l);
-                    mma(p, a, b);
+#pragma unroll
+                    for (int m = 0; m < PT; ++m) {
+                        if (warp + m * NW >= 20) continue;
+                        u32 a[4], b[2];
+                        load_a_pairs(a, Qs + prow[m] * LW + k0, LW, l);
+                        load_b_pairs(b, Kb + pcol[m] * LK + k0, LK, l);
+                        mma(p[m], a, b);
+                    }
                 }
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int i = ti * 16 + l.g + (e >> 1) * 8, j = p0 + 2 * l.t + (e & 1);
-                    p[e] = j <= i ? rnd(__expf(Gb[i] - Gb[j]) * p[e]) : 0.f;
+                for (int m = 0; m < PT; ++m) {
+                    if (warp + m * NW >= 20) continue;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = prow[m] + l.g + (e >> 1) * 8, j = pcol[m] + 2 * l.t + (e & 1);
+                        p[m][e] = j <= i ? rnd(__expf(Gb[i] - Gb[j]) * p[m][e]) : 0.f;
+                    }
+                    store_c(Ps + prow[m] * LP + pcol[m], LP, p[m], l);
                 }
-                store_c(Ps + ti * 16 * LP + p0, LP, p, l);
             }
 
             // U^T = U~^T + S^T (-W)^T and Y^T = S^T q^T: tile i holds tokens 8i + 2t, 8i + 2t + 1
