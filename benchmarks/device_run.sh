@@ -124,9 +124,10 @@ for step in "$@"; do
              --section LaunchStats python3 benchmarks/gdn_probe.py --tokens 4096 --case gdn_chunked_w8 > $OUT/ncu-chunked.txt 2>&1
            grep -E "gdn_chunk|Duration|Throughput|Stall|Warp Cycles|Eligible|Issued|Achieved Occ|Registers|Block Limit" $OUT/ncu-chunked.txt | head -90 ;;
     # the chunked kernels' stall reasons and shared-memory traffic at 512 and 4,096 tokens
-    # (NCU_CASE: the kernels_gpu.py case, NCU_KERNELS: a regex of the kernels profiled)
-    ncu-state) for T in 512 4096; do
-             timeout 200 ncu --clock-control none --kernel-name regex:${NCU_KERNELS:-gdn_chunk_[so]} --launch-skip 3 --launch-count 3 \
+    # (NCU_CASE: the kernels_gpu.py case, NCU_KERNELS: a regex of the kernels profiled, NCU_SKIP:
+    # matching launches skipped of the probe's three runs, NCU_TOKENS: the lengths)
+    ncu-state) for T in ${NCU_TOKENS:-512 4096}; do
+             timeout 200 ncu --clock-control none --kernel-name regex:${NCU_KERNELS:-gdn_chunk_[so]} --launch-skip ${NCU_SKIP:-3} --launch-count 3 \
                --metrics gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,$(
                for r in barrier long_scoreboard short_scoreboard mio_throttle lg_throttle math_pipe_throttle wait \
                  not_selected selected dispatch_stall no_instruction branch_resolving membar drain tex_throttle; do
