@@ -25,11 +25,9 @@ from openjev.worker.cuda.chunked_gdn import gdn_tail_width
 G = traits.GDN_CHUNKED
 CH, D, NT, NTO, NCOL = G.chunk, G.head_dim, G.threads, G.out_threads, G.state_columns
 LK, LC, LB, LX, LS, LKS = G.k_stride, G.chunk_stride, G.kv_stride, G.block_stride, G.state_stride, G.state_k_stride
-LW, LP = G.walk_stride, G.p_stride
 lane = np.arange(32)
 gq = lane >> 2
 tq = lane & 3
-WALK = [False]
 SMEM = [None]  # the running kernel's shared memory (bank conflicts are counted there only)
 ACCESSES, EXTRA = Counter(), Counter()  # (kernel, line) -> accesses, wavefronts beyond the fewest
 
@@ -39,7 +37,7 @@ def tally(mem, addr):
     if mem is not SMEM[0]:
         return
     frame = sys._getframe(1)
-    while frame.f_code.co_name not in ("solve", "state", "out_pass", "walk"):
+    while frame.f_code.co_name not in ("solve", "state", "out_pass"):
         frame = frame.f_back
     site = (frame.f_code.co_name, frame.f_lineno)
     groups = [addr] if addr.ndim == 1 else [addr[:16].ravel(), addr[16:].ravel()]
@@ -84,26 +82,6 @@ def store_c(mem, base, rs, c):
     tally(mem, np.stack([lo, lo + 1], 1))
     tally(mem, np.stack([hi, hi + 1], 1))
     mem[lo], mem[lo + 1], mem[hi], mem[hi + 1] = c
-
-
-def load_a_pairs(mem, base, rs):
-    """A fragment of the pairs (2t, 2t + 1) of rows g, g + 8 (logical columns t, t + 4)."""
-    lo, hi = base + gq * rs + 2 * tq, base + (gq + 8) * rs + 2 * tq
-    tally(mem, np.stack([lo, lo + 1], 1))
-    tally(mem, np.stack([hi, hi + 1], 1))
-    return [mem[lo].copy(), mem[hi].copy(), mem[lo + 1].copy(), mem[hi + 1].copy()]
-
-
-def load_b_pairs(mem, base, ns):
-    """B fragment of the pair (2t, 2t + 1) of column g: element (k, n) at base + n * ns + k."""
-    at = base + gq * ns + 2 * tq
-    tally(mem, np.stack([at, at + 1], 1))
-    return [mem[at].copy(), mem[at + 1].copy()]
-
-
-def c_as_a(c, lo=1.0, hi=1.0):
-    """A fragment of a C fragment: columns 2t, 2t + 1 as logical t, t + 4, scaled by column."""
-    return [c[0] * lo, c[2] * lo, c[1] * hi, c[3] * hi]
 
 
 def mma(c, a, b):
@@ -408,110 +386,6 @@ def out_pass(bx, h, n, qn, kn, U, Sc, gcum, cu, pos, H, Hk, max_chunks, tail_in,
                         out[row, h, col + 2 * tq[L] + 1] = o[i][2 * e + 1][L]
 
 
-def walk(NW, cb, h, n, qn, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw, init, out, final):
-    """gdn_chunk_walk_w{NW}: item (segment n, head h, column block cb), warps in turn."""
-    BC = 16 * NW
-    LU = BC + 4
-    smem = SMEM[0] = np.full(2 * CH * LW + 2 * CH * LK + CH * LU + CH * LP + 2 * CH, np.nan)
-    Ws, Qs = 0, CH * LW
-    Ks = 2 * CH * LW
-    Us = Ks + 2 * CH * LK
-    Ps = Us + CH * LU
-    Gs = Ps + CH * LP
-    col0 = cb * BC
-    hk = h // (H // Hk)
-    s = segment(cu, pos, n, max_chunks)
-    sb = (n * H + h) * D * D
-    S = {}
-    for warp in range(NW):
-        cw = col0 + warp * 16
-        S[warp] = []
-        for j in range(D // 8):
-            k0 = sb + (j * 8 + 2 * tq) * D + cw + gq
-            S[warp].append([init[k0], init[k0 + D], init[k0 + 8], init[k0 + D + 8]])
-    for c in range(s["chunks"]):
-        slot = (s["first"] + c) * H + h
-        r0 = c * CH
-        Kb = Ks + (c & 1) * CH * LK
-        Gb = Gs + (c & 1) * CH
-        load_k(smem, Kb, LK, kn, tail_in, tw, s, r0, n, hk, Hk)
-        smem[Gb : Gb + CH] = gcum[slot * CH : slot * CH + CH]
-        for r in range(CH):
-            vr = r0 + r
-            smem[Ws + r * LW : Ws + r * LW + D] = W[(slot * CH + r) * D : (slot * CH + r) * D + D]
-            own = s["tail"] <= vr < s["rows"]
-            at = ((s["start"] + vr - s["tail"]) * Hk + hk) * D
-            smem[Qs + r * LW : Qs + r * LW + D] = qn[at : at + D] if own else 0.0
-            smem[Us + r * LU : Us + r * LU + BC] = U[(slot * CH + r) * D + col0 : (slot * CH + r) * D + col0 + BC]
-        for warp in range(NW):
-            for q in range(warp, 20, NW):
-                ti, tj = lower_tile(q >> 1)
-                p0 = tj * 16 + (q & 1) * 8
-                p = zero4()
-                for k0 in range(0, D, 8):
-                    p = mma(
-                        p, load_a_pairs(smem, Qs + ti * 16 * LW + k0, LW), load_b_pairs(smem, Kb + p0 * LK + k0, LK)
-                    )
-                for e in range(4):
-                    i = ti * 16 + gq + (e >> 1) * 8
-                    j = p0 + 2 * tq + (e & 1)
-                    p[e] = np.where(j <= i, np.exp(smem[Gb + i] - smem[Gb + j]) * p[e], 0.0)
-                store_c(smem, Ps + ti * 16 * LP + p0, LP, p)
-        uo = {}
-        for warp in range(NW):
-            wc = warp * 16
-            u, o = [], []
-            for i in range(CH // 8):
-                src = Us + (i * 8 + 2 * tq) * LU + wc + gq
-                for at in (src, src + LU):
-                    tally(smem, at)
-                u.append([smem[src], smem[src + LU], smem[src + 8], smem[src + LU + 8]])
-                o.append(zero4())
-            for j in range(D // 8):
-                a = c_as_a(S[warp][j])
-                for i in range(CH // 8):
-                    u[i] = mma(u[i], a, load_b_pairs(smem, Ws + i * 8 * LW + j * 8, LW))
-                    o[i] = mma(o[i], a, load_b_pairs(smem, Qs + i * 8 * LW + j * 8, LW))
-            uo[warp] = (u, o)
-        finished = s["rows"] - c * CH >= CH
-        for warp in range(NW):
-            u, o = uo[warp]
-            cw = col0 + warp * 16
-            for i in range(CH // 8):
-                lo, hi = np.exp(smem[Gb + i * 8 + 2 * tq]), np.exp(smem[Gb + i * 8 + 2 * tq + 1])
-                o[i] = [o[i][0] * lo, o[i][1] * hi, o[i][2] * lo, o[i][3] * hi]
-            for kk in range(CH // 8):
-                a = c_as_a(u[kk])
-                for i in range(kk, CH // 8):
-                    o[i] = mma(o[i], a, load_b_pairs(smem, Ps + i * 8 * LP + kk * 8, LP))
-            for i in range(CH // 8):
-                for e in range(2):
-                    vr = c * CH + i * 8 + 2 * tq + e
-                    for L in range(32):
-                        if s["tail"] <= vr[L] < s["rows"]:
-                            row = s["start"] + vr[L] - s["tail"]
-                            out[row, h, cw + gq[L]] = o[i][e][L]
-                            out[row, h, cw + gq[L] + 8] = o[i][2 + e][L]
-            if finished:
-                g_end = smem[Gb + CH - 1]
-                St = [[x * np.exp(g_end) for x in S[warp][j]] for j in range(D // 8)]
-                for kk in range(CH // 8):
-                    a = c_as_a(
-                        u[kk],
-                        np.exp(g_end - smem[Gb + kk * 8 + 2 * tq]),
-                        np.exp(g_end - smem[Gb + kk * 8 + 2 * tq + 1]),
-                    )
-                    krow = Kb + (kk * 8 + 2 * tq) * LK + gq
-                    for j in range(D // 8):
-                        St[j] = mma(St[j], a, [lds(smem, krow + j * 8), lds(smem, krow + LK + j * 8)])
-                S[warp] = St
-    for warp in range(NW):
-        cw = col0 + warp * 16
-        for j in range(D // 8):
-            k0 = sb + (j * 8 + 2 * tq) * D + cw + gq
-            final[k0], final[k0 + D], final[k0 + 8], final[k0 + D + 8] = S[warp][j]
-
-
 def run(lengths, starts, H=2, Hk=1, NTH=512, seed=0):
     rng = np.random.default_rng(seed)
     cu = np.cumsum([0] + lengths)
@@ -549,60 +423,16 @@ def run(lengths, starts, H=2, Hk=1, NTH=512, seed=0):
         for h in range(H):
             for c in range(max_chunks):
                 solve(c, h, n, fl(kn), v, g, beta, cu, pos, H, Hk, max_chunks, fl(tails), tail_out, tw, W, U, gcum)
-    if NTH in (128, 256) and WALK[0]:  # gdn_chunk_walk_w4, _w8
-        for n in range(N):
-            for h in range(H):
-                for cb in range(D // (NTH // 2)):
-                    walk(
-                        NTH // 32,
-                        cb,
-                        h,
-                        n,
-                        fl(qn),
-                        fl(kn),
-                        W,
-                        U,
-                        gcum,
-                        cu,
-                        pos,
-                        H,
-                        Hk,
-                        max_chunks,
-                        fl(tails),
-                        tw,
-                        fl(init),
-                        out,
-                        final,
-                    )
-    else:
-        for n in range(N):
-            for h in range(H):
-                for bx in range(D // NCOL):
-                    state(
-                        NTH,
-                        bx,
-                        h,
-                        n,
-                        fl(kn),
-                        W,
-                        U,
-                        gcum,
-                        cu,
-                        pos,
-                        H,
-                        Hk,
-                        max_chunks,
-                        fl(tails),
-                        tw,
-                        fl(init),
-                        1,
-                        Sc,
-                        final,
-                    )
-        for n in range(N):
-            for h in range(H):
-                for bx in range(max_chunks):
-                    out_pass(bx, h, n, fl(qn), fl(kn), U, Sc, gcum, cu, pos, H, Hk, max_chunks, fl(tails), tw, out)
+    for n in range(N):
+        for h in range(H):
+            for bx in range(D // NCOL):
+                state(
+                    NTH, bx, h, n, fl(kn), W, U, gcum, cu, pos, H, Hk, max_chunks, fl(tails), tw, fl(init), 1, Sc, final
+                )
+    for n in range(N):
+        for h in range(H):
+            for bx in range(max_chunks):
+                out_pass(bx, h, n, fl(qn), fl(kn), U, Sc, gcum, cu, pos, H, Hk, max_chunks, fl(tails), tw, out)
     t = lambda x: torch.tensor(x, dtype=torch.float64)
     e_out, e_fin, e_tails = reference.gdn_chunked_packed(
         t(qn), t(kn), t(v), t(g), t(beta), torch.tensor(cu), torch.tensor(pos), t(init), t(tails)

@@ -159,10 +159,8 @@ def cases(T: int):
     plan = KC.gdn_chunk_plan(cu, pos, max_chunks, max_chunks)
     solve = lambda: KC.gdn_chunk_solve(geo, kn, v, g, beta, cu, pos, src, tl, w, u, gc, plan)  # noqa: E731
     state = lambda sv: KC.gdn_chunk_state(geo, kn, w, u, gc, cu, pos, src, 0, sc, fin, sv)  # noqa: E731
-    walk = lambda sv: KC.gdn_chunk_walk(geo, qn, kn, w, u, gc, cu, pos, src, 0, o, fin, sv)  # noqa: E731
     for sv in KC.GDN_STATE_VARIANTS:
-        stage = walk if sv.startswith("walk") else state
-        out.append((f"gdn_chunked:solve+{sv}", lambda sv=sv, stage=stage: (solve(), stage(sv)), 0, 0, "bw"))
+        out.append((f"gdn_chunked:solve+state_{sv}", lambda sv=sv: (solve(), state(sv)), 0, 0, "bw"))
     out.append(("gdn_chunked:solve", solve, 0, 0, "bw"))
     out.append(("gdn_chunked:out", lambda: KC.gdn_chunk_out(geo, qn, kn, u, sc, gc, cu, pos, src, o, plan), 0, 0, "bw"))
     fla = _fla_case(qn, kn, v, g, beta, init)

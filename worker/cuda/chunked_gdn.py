@@ -19,12 +19,11 @@ def gdn_tail_width(num_k_heads: int, num_v_heads: int) -> int:
     return -(-width // 4) * 4
 
 
-# How the chunks of a level are walked after the solve: the two-pass form (gdn_chunk_state with 8
-# or 16 warps, then gdn_chunk_out; the same bits either way) or gdn_chunk_walk with the state in
-# registers (4 or 8 warps of 16 value columns; the same bits either way, other bits than the
-# two-pass form's: other summation orders). docs/cuda-kernels.md, "Chunked GDN".
-GDN_STATE_VARIANTS = ("w8", "w16", "walk4", "walk8")
-GDN_STATE_DEFAULT = "walk4"
+# gdn_chunk_state variants: warps a block (value columns split in two halves either way); both
+# give the same bits; w16 is the faster since the state pass's loads are free of bank conflicts
+# (w8 was 2-3% faster before; docs/cuda-kernels.md, "Chunked GDN")
+GDN_STATE_VARIANTS = ("w8", "w16")
+GDN_STATE_DEFAULT = "w16"
 
 
 @dataclass(frozen=True)
@@ -102,15 +101,11 @@ def gdn_chunked(
     w = torch.empty(scratch_chunks, H, GDN_CHUNK, GDN_DIM, dtype=torch.float32, device=dev)
     u = torch.empty_like(w)  # U~ from the solve, overwritten with U by the state pass
     gcum = torch.empty(scratch_chunks, H, GDN_CHUNK, dtype=torch.float32, device=dev)
+    chunk_states = torch.empty(scratch_chunks, H, GDN_DIM, GDN_DIM, dtype=torch.float32, device=dev)
     chunk_list = gdn_chunk_plan(cu_seqlens, positions, max_chunks, scratch_chunks)
     geo = (N, H, Hk, max_chunks, width)
     gdn_chunk_solve(geo, kn, v, g, beta, cu_seqlens, positions, sources, tail_out, w, u, gcum, chunk_list)
-    if state_variant.startswith("walk"):
-        for level in range(sources.num_levels):  # parents' final states before their children start
-            gdn_chunk_walk(geo, qn, kn, w, u, gcum, cu_seqlens, positions, sources, level, out, final, state_variant)
-        return out, final, tail_out
-    chunk_states = torch.empty(scratch_chunks, H, GDN_DIM, GDN_DIM, dtype=torch.float32, device=dev)
-    for level in range(sources.num_levels):
+    for level in range(sources.num_levels):  # parents' final states before their children start
         gdn_chunk_state(geo, kn, w, u, gcum, cu_seqlens, positions, sources, level, chunk_states, final, state_variant)
     gdn_chunk_out(geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, sources, out, chunk_list)
     return out, final, tail_out
@@ -216,22 +211,4 @@ def gdn_chunk_out(
         (qn, kn, u, chunk_states, gcum, cu_seqlens, positions, H, Hk, max_chunks)
         + (src.tail_src, src.tails, _i64(width), out, chunk_list, counters),
         dynamic_smem=traits.GDN_CHUNKED.out_smem_bytes,
-    )
-
-
-def gdn_chunk_walk(
-    geo, qn, kn, w, u, gcum, cu_seqlens, positions, src: ChunkSources, level, out, final, variant="walk4"
-) -> None:
-    """The state and output passes in one, the state in registers, over the segments of one level."""
-    N, H, Hk, max_chunks, width = geo
-    warps = int(variant[len("walk") :])
-    counters, sms = gdn_schedule(kn.device)
-    _launch(
-        "gdn_chunked",
-        f"gdn_chunk_walk_w{warps}",
-        (sms,),  # a block an SM takes the level's (segment, head, column block) items
-        (32 * warps,),
-        (qn, kn, w, u, gcum, cu_seqlens, positions, H, Hk, max_chunks, src.tail_src, src.tails, _i64(width))
-        + (src.init_slots, src.init_idx, src.level_off, level, out, final, counters),
-        dynamic_smem=traits.GDN_CHUNKED.walk_smem_bytes(warps),
     )

@@ -69,23 +69,6 @@ class GdnChunkTraits:
         return self.head_dim + self.b_pad
 
     @property
-    def walk_stride(self) -> int:
-        """Row stride (floats) of gdn_chunk_walk's W and q rows (fragments of 8-byte column pairs)."""
-        return self.head_dim + self.b_pad
-
-    @property
-    def p_stride(self) -> int:
-        """Row stride (floats) of gdn_chunk_walk's P rows (fragments of 8-byte column pairs)."""
-        return self.chunk + self.b_pad
-
-    def walk_smem_bytes(self, warps: int) -> int:
-        """gdn_chunk_walk with `warps` warps (16 value columns each): W, q, two buffers of k, the
-        block's U~ columns, P, two buffers of G."""
-        c, u_stride = self.chunk, 16 * warps + self.row_pad
-        floats = 2 * c * self.walk_stride + 2 * c * self.k_stride + c * u_stride + c * self.p_stride + 2 * c
-        return FLOAT_BYTES * floats
-
-    @property
     def solve_smem_bytes(self) -> int:
         """gdn_chunk_solve: [k | v], A, T, 3 block products, g, beta (two blocks an SM)."""
         c = self.chunk
@@ -121,10 +104,6 @@ class GdnChunkTraits:
             "GDN_SOLVE_SMEM": self.solve_smem_bytes,
             "GDN_STATE_SMEM": self.state_smem_bytes,
             "GDN_OUT_SMEM": self.out_smem_bytes,
-            "GDN_LW": self.walk_stride,
-            "GDN_LP": self.p_stride,
-            "GDN_WALK_SMEM4": self.walk_smem_bytes(4),
-            "GDN_WALK_SMEM8": self.walk_smem_bytes(8),
         }
 
 

@@ -334,34 +334,15 @@ def chunked_case(K, lengths, starts, with_init, H=48, Hk=16):
     return cu, qn, kn, v, g, beta, pos, (init if with_init else None), tails
 
 
-FORMS = ("w16", "walk4")  # one variant of each form of the chunked kernel (chunked_gdn.GDN_STATE_VARIANTS)
-
-
-@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("with_init", [True, False])
-def test_gdn_chunked(K, ref, with_init, form):
+def test_gdn_chunked(K, ref, with_init):
     lengths = [1, 3, 64, 65, 130, 17, 200, 63]
     starts = [0, 100, 64, 5, 190, 63, 1000, 1]  # tails of 0, 36, 0, 5, 62, 63, 40, 1 rows
     cu, qn, kn, v, g, beta, pos, init, tails = chunked_case(K, lengths, starts, with_init)
     T, N, H = qn.shape[0], len(lengths), v.shape[1]
     out, fin = poisoned((T, H, 128), torch.bfloat16), poisoned((N, H, 128, 128), torch.float32)
     tail_out = poisoned(tails.shape, torch.float32)
-    KC.gdn_chunked(
-        qn,
-        kn,
-        v,
-        g,
-        beta,
-        cu,
-        pos,
-        max(lengths),
-        init,
-        tails,
-        out=out,
-        final=fin,
-        tail_out=tail_out,
-        state_variant=form,
-    )
+    KC.gdn_chunked(qn, kn, v, g, beta, cu, pos, max(lengths), init, tails, out=out, final=fin, tail_out=tail_out)
     e_out, e_fin, e_tails = ref.gdn_chunked_packed(
         qn.cpu(),
         kn.cpu(),
@@ -388,8 +369,8 @@ def test_gdn_chunked(K, ref, with_init, form):
 def test_gdn_chunked_batch_invariant(K, ref):
     """Segments with tails and initial states, one over 11 chunks, packed in one launch: each
     matches the reference, and its outputs, final state and tail are the same bits when it is
-    launched alone, and with either variant of its form (two passes: w8, w16; the walk: walk4,
-    walk8): a result never depends on its neighbours or on how a form splits its work."""
+    launched alone and with either state-pass variant (a result never depends on its neighbours
+    or on how the state pass splits its work)."""
     lengths = [700, 5, 64, 131, 1, 90]
     starts = [0, 77, 128, 3, 4095, 640]  # tails of 0, 13, 0, 3, 63, 0 rows
     cu, qn, kn, v, g, beta, pos, init, tails = chunked_case(K, lengths, starts, True)
@@ -415,55 +396,42 @@ def test_gdn_chunked_batch_invariant(K, ref):
             state_variant=variant,
         )
         runs[variant] = (out, fin, tail_out)
+    out, fin, tail_out = runs[KC.GDN_STATE_DEFAULT]
+    for variant, (o2, f2, t2) in runs.items():
+        assert torch.equal(o2, out) and torch.equal(f2, fin), f"state variant {variant} changes bits"
+        for n in range(N):  # the rows past a tail stay NaN-poisoned
+            rows = (starts[n] + lengths[n]) % 64
+            assert torch.equal(t2[n, :rows], tail_out[n, :rows]), f"state variant {variant}: tail {n}"
     e_out, e_fin, _ = ref.gdn_chunked_packed(
         qn.cpu(), kn.cpu(), v.cpu(), g.cpu(), beta.cpu(), cu.cpu(), pos.cpu(), init.cpu(), tails.cpu()
     )
+    per_segment(out, e_out, cu, BF16_TOL, "chunked gdn o")
     c = cu.tolist()
-    for form in (("w8", "w16"), ("walk4", "walk8")):
-        out, fin, tail_out = runs[form[0]]
-        for variant in form[1:]:
-            o2, f2, t2 = runs[variant]
-            assert torch.equal(o2, out) and torch.equal(f2, fin), f"state variant {variant} changes bits"
-            for n in range(N):  # the rows past a tail stay NaN-poisoned
-                rows = (starts[n] + lengths[n]) % 64
-                assert torch.equal(t2[n, :rows], tail_out[n, :rows]), f"state variant {variant}: tail {n}"
-        per_segment(out, e_out, cu, BF16_TOL, f"chunked gdn o ({form[0]})")
-        for n in range(N):
-            assert rel(fin[n], e_fin[n]) < TF32_TOL, f"final state {n} ({form[0]})"
-            a, b = c[n], c[n + 1]
-            one = torch.tensor([0, b - a], dtype=torch.int32, device=DEV)
-            part = lambda x, a=a, b=b: x[a:b].contiguous()  # noqa: E731
-            o1, f1, t1 = KC.gdn_chunked(
-                part(qn),
-                part(kn),
-                v[a:b],
-                part(g),
-                part(beta),
-                one,
-                part(pos),
-                b - a,
-                init[n : n + 1],
-                tails[n : n + 1],
-                state_variant=form[0],
-            )
-            rows = (starts[n] + lengths[n]) % 64
-            assert torch.equal(o1, out[a:b]), f"segment {n} outputs alone vs packed ({form[0]})"
-            assert torch.equal(f1[0], fin[n]), f"segment {n} final state alone vs packed ({form[0]})"
-            assert torch.equal(t1[0, :rows], tail_out[n, :rows]), f"segment {n} tail alone vs packed ({form[0]})"
+    for n in range(N):
+        assert rel(fin[n], e_fin[n]) < TF32_TOL, f"final state {n}"
+        a, b = c[n], c[n + 1]
+        one = torch.tensor([0, b - a], dtype=torch.int32, device=DEV)
+        part = lambda x, a=a, b=b: x[a:b].contiguous()  # noqa: E731
+        o1, f1, t1 = KC.gdn_chunked(
+            part(qn), part(kn), v[a:b], part(g), part(beta), one, part(pos), b - a, init[n : n + 1], tails[n : n + 1]
+        )
+        rows = (starts[n] + lengths[n]) % 64
+        assert torch.equal(o1, out[a:b]), f"segment {n} outputs alone vs packed"
+        assert torch.equal(f1[0], fin[n]), f"segment {n} final state alone vs packed"
+        assert torch.equal(t1[0, :rows], tail_out[n, :rows]), f"segment {n} tail alone vs packed"
 
 
-@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("split", [1, 37, 64, 100, 128, 133])
-def test_gdn_chunked_split_is_exact(K, split, form):
+def test_gdn_chunked_split_is_exact(K, split):
     """A prompt run whole, and as a parent [0, split) plus a child [split, L) launched beside an
     unrelated segment: the child's outputs, final state and tail are the same bits (what makes
     every policy agree with `off` exactly)."""
     L = 300
     cu, qn, kn, v, g, beta, pos, _, _ = chunked_case(K, [L], [0], False)
-    whole_o, whole_f, whole_t = KC.gdn_chunked(qn, kn, v, g, beta, cu, pos, L, state_variant=form)
+    whole_o, whole_f, whole_t = KC.gdn_chunked(qn, kn, v, g, beta, cu, pos, L)
     p_cu = torch.tensor([0, split], dtype=torch.int32, device=DEV)
     par_o, par_f, par_t = KC.gdn_chunked(
-        qn[:split], kn[:split], v[:split], g[:split], beta[:split], p_cu, pos[:split], split, state_variant=form
+        qn[:split], kn[:split], v[:split], g[:split], beta[:split], p_cu, pos[:split], split
     )
     assert torch.equal(par_o, whole_o[:split])
     # the child packed after an unrelated 50-token segment (no parent)
@@ -485,7 +453,6 @@ def test_gdn_chunked_split_is_exact(K, split, form):
         L - split,
         init,
         tails,
-        state_variant=form,
     )
     assert torch.equal(c_o[50:], whole_o[split:]), "child outputs"
     assert torch.equal(c_f[1], whole_f[0]), "child final state"
@@ -615,15 +582,14 @@ def test_silu_mul_and_gather(K, ref):
     assert torch.equal(got, src[idx.long()])
 
 
-@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("split", [1, 37, 64, 100, 128, 133])
-def test_gdn_chunked_in_pass_parent_is_exact(K, split, form):
+def test_gdn_chunked_in_pass_parent_is_exact(K, split):
     """A parent [0, split) and its child [split, L) in one launch, two levels (the child's tail
     rows are the parent's packed rows, its state the parent's final): the same bits as the
     prompt run whole."""
     L = 300
     cu, qn, kn, v, g, beta, pos, _, _ = chunked_case(K, [L], [0], False)
-    whole_o, whole_f, whole_t = KC.gdn_chunked(qn, kn, v, g, beta, cu, pos, L, state_variant=form)
+    whole_o, whole_f, whole_t = KC.gdn_chunked(qn, kn, v, g, beta, cu, pos, L)
     H, width = v.shape[1], KC.gdn_tail_width(kn.shape[1], v.shape[1])
     tail = split % 64
     i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEV)  # noqa: E731
@@ -636,7 +602,7 @@ def test_gdn_chunked_in_pass_parent_is_exact(K, split, form):
         num_levels=2,
     )
     two_cu = i32([0, split, L])
-    o, f, t = KC.gdn_chunked(qn, kn, v, g, beta, two_cu, pos, max(split, L - split), sources=src, state_variant=form)
+    o, f, t = KC.gdn_chunked(qn, kn, v, g, beta, two_cu, pos, max(split, L - split), sources=src)
     assert torch.equal(o, whole_o), "outputs"
     assert torch.equal(f[1], whole_f[0]), "the child's final state"
     assert torch.equal(t[1, : L % 64], whole_t[0, : L % 64]), "the child's tail"
