@@ -82,10 +82,11 @@ for step in "$@"; do
             python3 -c "import torch; a, b = torch.load('/tmp/gdn-ab-new.pt'), torch.load('/tmp/gdn-ab-old.pt'); \
               print('outputs bit-equal to ab-old:', len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)))" \
               | tee -a $OUT/gdn-ab.md ;;
-    # the conv kernel's GPU tests, then its timings against ab-old/'s (as gdn-ab)
-    conv-ab) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py -k conv > $OUT/conv-tests.txt 2>&1; rc=$?
+    # the conv and elementwise kernels' GPU tests, then their timings against ab-old/'s (as
+    # gdn-ab; AB_OPS: the kernels_gpu.py ops timed, conv1d unless set)
+    conv-ab) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py -k "conv or silu or norm" > $OUT/conv-tests.txt 2>&1; rc=$?
              tail -3 $OUT/conv-tests.txt | grep -E "Error|assert|FAILED|passed|failed"
-             ab_times conv1d 74,512,4096 conv-ab || exit 1; [ $rc = 0 ] || exit 1 ;;
+             ab_times ${AB_OPS:-conv1d} 74,512,4096 conv-ab || exit 1; [ $rc = 0 ] || exit 1 ;;
     # the conv kernel: its tests, then its timings at 4 and 16 rows a thread
     conv) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py -k conv > $OUT/conv-tests.txt 2>&1; rc=$?
           tail -5 $OUT/conv-tests.txt | grep -E "Error|assert|FAILED|passed|failed"

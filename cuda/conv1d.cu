@@ -117,7 +117,7 @@ extern "C" __global__ void causal_conv1d_packed(
 #pragma unroll
             for (int k = 0; k < CONV_K - 1; ++k) acc[i] = fmaf(w[i][k], h[k][i], acc[i]);
             acc[i] = fmaf(w[i][CONV_K - 1], cur[i], acc[i]);
-            acc[i] = acc[i] / (1.f + __expf(-acc[i]));
+            acc[i] = silu(acc[i]);
         }
         store8(out + (long)row * C + c, acc);
 #pragma unroll

@@ -88,7 +88,6 @@ extern "C" __global__ void gated_rms_norm(const __nv_bfloat16* __restrict__ x,
     const float rinv = rsqrtf(ss / (float)GDN_DIM + eps);
     float2 z0 = __bfloat1622float2(zp[0]), z1 = __bfloat1622float2(zp[1]);
     float2 w0 = __bfloat1622float2(wp[0]), w1 = __bfloat1622float2(wp[1]);
-    auto silu = [](float a) { return a / (1.f + __expf(-a)); };
     // the normed value is rounded to bf16 before the weight, as the model's norm returns x.dtype
     auto nr = [rinv](float a) { return __bfloat162float(__float2bfloat16(a * rinv)); };
     __nv_bfloat162* op = reinterpret_cast<__nv_bfloat162*>(out + job * GDN_DIM + d);
@@ -159,7 +158,7 @@ extern "C" __global__ void silu_mul(const __nv_bfloat16* __restrict__ gu, int T,
     load8(gu + t * 2 * I + c, gf);
     load8(gu + t * 2 * I + I + c, uf);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) y[e] = gf[e] / (1.f + __expf(-gf[e])) * uf[e];
+    for (int e = 0; e < 8; ++e) y[e] = silu(gf[e]) * uf[e];
     store8(out + t * I + c, y);
 }
 
