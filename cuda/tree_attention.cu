@@ -226,8 +226,8 @@ extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(
             if (has_gate) {
                 const float2 gv = __bfloat1622float2(
                     *reinterpret_cast<const __nv_bfloat162*>(gate + t * gate_st + h * gate_sh + d));
-                x0 *= 1.f / (1.f + __expf(-gv.x));
-                x1 *= 1.f / (1.f + __expf(-gv.y));
+                x0 *= sigmoid(gv.x);
+                x1 *= sigmoid(gv.y);
             }
             *reinterpret_cast<__nv_bfloat162*>(dst + d) = __floats2bfloat162_rn(x0, x1);
         }

@@ -219,6 +219,26 @@ def test_gdn_recurrent(K, ref, variant, with_init):
         assert rel(fin[n], e_fin[n]) < FP32_TOL, f"final state {n}"
 
 
+@pytest.mark.parametrize("variant", ["s8c16x1", "s8c32x2"])
+def test_gdn_recurrent_extreme_decays(K, ref, variant):
+    """Decays the kernel's scaled state (S / c, c the decays' product) must fold back: runs of
+    g = 0, steps of -30 and -100 (e^g underflows), a long moderate stretch; against the reference."""
+    lengths = [300, 41, 9]
+    cu, qn, kn, kq, v, g, beta, init = gdn_inputs(lengths)
+    g[:, ::2] *= 8  # even heads decay fast: the scale folds every ~20 tokens
+    g[10:40] = 0.0
+    g[50] = -30.0
+    g[51, :24] = -100.0
+    g[305] = -1000.0
+    T, N, H = qn.shape[0], len(lengths), v.shape[1]
+    out, fin = poisoned((T, H, 128), torch.bfloat16), poisoned((N, H, 128, 128), torch.float32)
+    K.gdn_recurrent(qn, kn, kq, v, g, beta, cu, init, variant=variant, out=out, final=fin)
+    e_out, e_fin = ref.gdn_packed(qn.cpu(), kn.cpu(), v.cpu(), g.cpu(), beta.cpu(), cu.cpu(), init.cpu())
+    per_segment(out, e_out, cu, BF16_TOL, "gdn o")
+    for n in range(N):
+        assert torch.isfinite(fin[n]).all() and rel(fin[n], e_fin[n]) < FP32_TOL, f"final state {n}"
+
+
 def test_gdn_recurrent_level_range(K, ref):
     """A level of more items (segment, column block, head) than the grid has blocks, so workers
     take several in turn, empty segments among them; segments outside the level's range (a
