@@ -109,12 +109,6 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 //   delta = beta (v - e^g kv),  o = e^g sq + (q.k) delta,  S <- e^g S + k delta^T,
 // so o needs no second pass over the updated state. Each thread holds R = DK / PARTS rows of CC
 // columns; a column's PARTS threads are adjacent lanes, so its sums are shuffle reductions.
-// The registers hold S' = S / c, c the product of the decays since the segment's start: the
-// update is then S' <- S' + k (delta / c)^T, one FMA an element instead of a multiply and an FMA
-// (the decay no longer touches every element), and kv, sq and the final state take the factor c.
-// When c would fall below 2^-64 (S' then at most 2^64 |S|) the token folds c back into S' with the
-// two-op update and c restarts at 1: every thread of an item sees the same decays, so the branch
-// is uniform.
 //
 // Pipelined: the next CP tokens' k, q, v, g, beta, q.k are copied (cp.async) into the other of two
 // shared-memory buffers while this CP run, so no global load's latency is exposed (an earlier
@@ -203,7 +197,6 @@ __device__ __forceinline__ void gdn_recurrent(
     #pragma unroll
             for (int c = 0; c < CC; ++c) S[i][c] = src != -1 ? init[(long)(part * R + i) * DV + col0 + c0 + c] : 0.f;
 
-        float scale = 1.f;  // c: the state is scale * S
         int buf = 0;
         for (int cs = start; cs < end; cs += CP) {
             if (cs + CP < end) stage(buf ^ 1, cs + CP);
@@ -213,7 +206,7 @@ __device__ __forceinline__ void gdn_recurrent(
             const int cnt = min(CP, end - cs);
     #pragma unroll
             for (int t = 0; t < CP; ++t) {
-                const float eg = __expf(gbk_s[buf][0][t]), ct = scale * eg;
+                const float eg = __expf(gbk_s[buf][0][t]);
                 float kr[R];
                 float a[CC][2], b[CC][2];
     #pragma unroll
@@ -245,26 +238,14 @@ __device__ __forceinline__ void gdn_recurrent(
                 float delta[CC];
     #pragma unroll
                 for (int c = 0; c < CC; ++c) {
-                    delta[c] = bt * (__bfloat162float(v_s[buf][t][c0 + c]) - ct * kv[c]);
+                    delta[c] = bt * (__bfloat162float(v_s[buf][t][c0 + c]) - eg * kv[c]);
                     if (part == 0 && t < cnt)
-                        out[((long)(cs + t) * H + h) * DV + col0 + c0 + c] = __float2bfloat16(fmaf(ct, sq[c], kqt * delta[c]));
+                        out[((long)(cs + t) * H + h) * DV + col0 + c0 + c] = __float2bfloat16(fmaf(eg, sq[c], kqt * delta[c]));
                 }
-                if (ct < 0x1p-64f) {  // fold the scale into the registers (rare; uniform)
     #pragma unroll
-                    for (int i = 0; i < R; ++i)
+                for (int i = 0; i < R; ++i)
     #pragma unroll
-                        for (int c = 0; c < CC; ++c) S[i][c] = fmaf(S[i][c], ct, kr[i] * delta[c]);
-                    scale = 1.f;
-                } else {
-                    const float rc = __frcp_rn(ct);
-    #pragma unroll
-                    for (int c = 0; c < CC; ++c) delta[c] *= rc;
-    #pragma unroll
-                    for (int i = 0; i < R; ++i)
-    #pragma unroll
-                        for (int c = 0; c < CC; ++c) S[i][c] = fmaf(kr[i], delta[c], S[i][c]);
-                    scale = ct;
-                }
+                    for (int c = 0; c < CC; ++c) S[i][c] = fmaf(S[i][c], eg, kr[i] * delta[c]);
             }
             __syncthreads();  // every thread is done with buf before the next round refills it
             buf ^= 1;
@@ -273,7 +254,7 @@ __device__ __forceinline__ void gdn_recurrent(
     #pragma unroll
         for (int i = 0; i < R; ++i)
     #pragma unroll
-            for (int c = 0; c < CC; ++c) final_state[state_base + (long)(part * R + i) * DV + col0 + c0 + c] = scale * S[i][c];
+            for (int c = 0; c < CC; ++c) final_state[state_base + (long)(part * R + i) * DV + col0 + c0 + c] = S[i][c];
     }
     if (tid == 0) {
         if (s_worker) atomicSub(&sched[2 + smid], 1);

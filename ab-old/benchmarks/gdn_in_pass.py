@@ -1,0 +1,101 @@
+"""The GDN recurrence inside a pass against alone: one level of segments on 27B shapes, replayed
+from CUDA graphs, timed with CUDA events, arms interleaved; medians and spreads of `--rounds`:
+- alone: the level's segments only;
+- in a pass's grid: the same segments first among `--segments` (a graph's padded segment
+  count), the level's range covering only them.
+Levels: `--levels`, each COUNTxTOKENS.
+
+Earlier forms of this script: commit 07f4a3a timed one 676-token segment after an idle GPU and
+after 24 down products (the same 0.26 ms: the clock was not why the recurrence ran slower in a
+pass); commit 122dca5 timed the grid of one block per (segment, column block, head), with and
+without a cap of 2 blocks an SM, segments along the grid's z or x (docs/cuda-kernels.md), which
+led to the work-taking schedule of gated_delta.cu.
+
+    python3 benchmarks/gdn_in_pass.py [--levels 1x676,7x30,2x300,33x20] [--segments 65] [--rounds 30]
+        [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from openjev.worker.cuda import kernels as K
+
+H, HK, D = 48, 16, 128
+DEV = "cuda"
+
+
+def level_inputs(lengths: list[int], pad_to: int):
+    """Inputs of one level: `lengths` segments, then empty ones up to `pad_to` segments."""
+    T = sum(lengths)
+    cu = torch.tensor([0] + [sum(lengths[: i + 1]) for i in range(len(lengths))] + [T] * (pad_to - len(lengths)))
+    qn = torch.nn.functional.normalize(torch.randn(T, HK, D, device=DEV), dim=-1) * D**-0.5
+    kn = torch.nn.functional.normalize(torch.randn(T, HK, D, device=DEV), dim=-1)
+    conv = torch.randn(T, 2 * HK * D + H * D, device=DEV).bfloat16()
+    return dict(
+        qn=qn,
+        kn=kn,
+        kq=(qn * kn).sum(-1),
+        v=conv[:, 2 * HK * D :].unflatten(1, (H, D)),
+        g=-torch.rand(T, H, device=DEV) * 0.5 - 0.01,
+        beta=torch.rand(T, H, device=DEV),
+        cu_seqlens=cu.to(torch.int32).to(DEV),
+        level_off=torch.tensor([0, len(lengths)], dtype=torch.int32, device=DEV),
+    )
+
+
+def captured(inputs: dict) -> torch.cuda.CUDAGraph:
+    a = inputs
+    run = lambda: K.gdn_recurrent(  # noqa: E731
+        a["qn"], a["kn"], a["kq"], a["v"], a["g"], a["beta"], a["cu_seqlens"], level_off=a["level_off"]
+    )
+    run()  # compiles
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--levels", default="1x676,7x30,2x300,33x20", help="COUNTxTOKENS, ...: segments of one level")
+    p.add_argument("--segments", type=int, default=65)
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--out", default="")
+    args = p.parse_args()
+    levels = [[int(n) for n in spec.split("x")] for spec in args.levels.split(",")]
+    graphs, keep = {}, []
+    for level, lengths in ((f"{count} x {length}", [length] * count) for count, length in levels):
+        for grid, pad_to in (("alone", len(lengths)), (f"in a {args.segments}-segment grid", args.segments)):
+            inputs = level_inputs(lengths, pad_to)
+            keep.append(inputs)  # a graph holds its inputs' addresses, not the tensors
+            graphs[(level, grid)] = captured(inputs)
+    times: dict[tuple, list[float]] = {arm: [] for arm in graphs}
+    for _ in range(args.rounds + 3):
+        for arm, graph in graphs.items():  # interleaved: drift lands on every arm alike
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(1_000_000)  # the host queues the replay while the GPU is busy
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times[arm].append(start.elapsed_time(end))
+    print(f"{torch.cuda.get_device_name()}: gdn_recurrent_{K.GDN_DEFAULT}, ms")
+    print(f"{'level':<12} {'grid':<24} {'median':>8} {'min':>8} {'max':>8}")
+    rows = []
+    for (level, grid), ts in times.items():
+        ts = ts[3:]
+        med = statistics.median(ts)
+        rows.append(dict(level=level, grid=grid, median_ms=med, min_ms=min(ts), max_ms=max(ts)))
+        print(f"{level:<12} {grid:<24} {med:>8.4f} {min(ts):>8.4f} {max(ts):>8.4f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Flags with environment-variable equivalents, printed once at start.
+
+Every long flag `--some-flag` of a server can also be set as `OPENJEV_SOME_FLAG`; the flag wins.
+A bad value, from a flag or the environment, ends the program with one line naming it (exit
+status 2), never a traceback; `positive_int` and friends are the value checks the flags share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from openjev import logs
+
+
+def env_name(dest: str) -> str:
+    return "OPENJEV_" + dest.upper()
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr: `prog: error: message`."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def _number(kind, text: str, ok, wanted: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+    if not ok(value) or value != value:  # value != value: NaN
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _number(int, text, lambda v: v >= 1, "an integer >= 1")
+
+
+def non_negative_int(text: str) -> int:
+    return _number(int, text, lambda v: v >= 0, "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    return _number(float, text, lambda v: 0 < v < float("inf"), "a number > 0")
+
+
+def non_negative_float(text: str) -> float:
+    return _number(float, text, lambda v: 0 <= v < float("inf"), "a number >= 0")
+
+
+def port_number(text: str) -> int:
+    return _number(int, text, lambda v: 0 <= v <= 65535, "a port number 0..65535")
+
+
+def parse_with_env(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        name = env_name(action.dest)
+        value = os.environ.get(name)
+        if value is None:
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            action.default = value.lower() in ("1", "true", "yes", "on")
+            continue
+        try:
+            action.default = action.type(value) if callable(action.type) else value
+        except (argparse.ArgumentTypeError, ValueError, TypeError) as error:
+            parser.error(f"environment variable {name}: {error}")
+        if action.choices is not None and action.default not in action.choices:
+            parser.error(f"environment variable {name}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+        action.required = False
+    return parser.parse_args(argv)
+
+
+# A flag whose name has one of these words is logged as "<redacted>" (none today; a future
+# credential flag is covered without anyone remembering this function).
+SECRET_WORDS = {"secret", "password", "passwd", "token", "credential", "credentials", "key", "apikey"}
+
+
+def is_secret(dest: str) -> bool:
+    return bool(SECRET_WORDS & set(dest.lower().split("_")))
+
+
+def log_config(name: str, args: argparse.Namespace) -> None:
+    logs.get(name).info(
+        "config", **{k: "<redacted>" if is_secret(k) and v is not None else v for k, v in sorted(vars(args).items())}
+    )
+
+
+def add_server_flags(p: argparse.ArgumentParser, *, client: str) -> None:
+    """The flags both servers take: call caps of the idle-prone kinds, shutdown, port file,
+    metrics, TLS (or --plaintext, asked for), tracing, logging. client: who connects (named in the help)."""
+    p.add_argument("--max-watch-streams", type=positive_int, default=32, help="concurrent health Watch streams")
+    p.add_argument("--max-reflection-streams", type=positive_int, default=8, help="concurrent reflection streams")
+    p.add_argument("--grace-seconds", type=non_negative_float, default=10.0, help="drain time on SIGTERM")
+    p.add_argument(
+        "--port-file", type=Path, default=None, help="write the bound port here once serving (for --listen HOST:0)"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=0,
+        help="serve Prometheus metrics at http://LISTEN_HOST:PORT/metrics (0: off)",
+    )
+    p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate of this server's port (TLS)")
+    p.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--tls-client-ca", type=Path, default=None, help=f"require {client} certificates signed by this CA (mTLS)"
+    )
+    p.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="allow plaintext where no certificate is given (a warning is logged); without it a server "
+        "given no certificate refuses to start",
+    )
+    p.add_argument(
+        "--otlp-endpoint",
+        default="",
+        help="export OpenTelemetry traces over OTLP/gRPC, e.g. http://HOST:4317 (empty: off)",
+    )
+    p.add_argument("--log-level", default="info")

@@ -1,0 +1,191 @@
+"""An Open-Jev export directory: its metadata file and the checks that refuse a broken one.
+
+The frontend reads this too (chat template, max_length, model names), so this module imports
+no torch. The layout:
+
+    config.json            Qwen3.5 text backbone config (nested `text_config` or flat)
+    *.safetensors          the backbone weights, Hugging Face tensor names
+    tokenizer.json         the `tokenizers` file
+    open_jev_export.json   this file's subject: format, ids, temperature, chat template, head
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EXPORT_FORMAT = "open-jev-text-merged/1"
+META_FILE = "open_jev_export.json"
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+MAX_LENGTH_LIMIT = 16384
+# Names every loaded model answers to besides its own id and alias (docs/contract.md).
+GENERIC_MODEL_NAMES = ("open-jev", "jev-latest")
+
+
+class ExportError(Exception):
+    """A refused export. The message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class ExportMeta:
+    """What open_jev_export.json says, validated. head_weight has hidden_size fp32 entries."""
+
+    directory: Path
+    model_id: str
+    alias: str | None
+    base_revision: str
+    checkpoint_revision: str
+    temperature: float
+    max_length: int
+    chat_prefix: str
+    chat_suffix: str
+    head_weight: tuple[float, ...]
+    head_bias: float
+
+    @property
+    def accepted_model_names(self) -> frozenset[str]:
+        names = {self.model_id, *GENERIC_MODEL_NAMES}
+        if self.alias is not None:
+            names.add(self.alias)
+        return frozenset(names)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ExportError(f"{path.name}: missing from export directory {path.parent}")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"{path.name}: not readable JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise ExportError(f"{path.name}: top level must be a JSON object")
+    return value
+
+
+def _string(meta: dict[str, Any], key: str, *, may_be_empty: bool = False) -> str:
+    value = meta.get(key)
+    if not isinstance(value, str) or (not value and not may_be_empty):
+        raise ExportError(f"{META_FILE}: {key} must be a {'' if may_be_empty else 'nonempty '}string, got {value!r}")
+    return value
+
+
+def _finite_number(meta: dict[str, Any], key: str) -> float:
+    value = meta.get(key)
+    # bool is an int in Python; a JSON true is never a temperature.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ExportError(f"{META_FILE}: {key} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def hidden_size_of(config: dict[str, Any]) -> int:
+    """hidden_size from a nested (`text_config`) or flat Qwen3.5 config.json."""
+    text = config.get("text_config", config)
+    size = text.get("hidden_size") if isinstance(text, dict) else None
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise ExportError(f"{CONFIG_FILE}: hidden_size must be a positive integer, got {size!r}")
+    return size
+
+
+def check_safetensors_file(path: Path) -> list[str]:
+    """Parse a safetensors header without torch and check the file holds every tensor's bytes.
+    Returns the tensor names. A truncated or garbled file raises ExportError naming it."""
+    try:
+        size_bytes = path.stat().st_size
+        with path.open("rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise ExportError(f"{path.name}: truncated safetensors file (no header)")
+            (header_bytes,) = struct.unpack("<Q", prefix)
+            if header_bytes > size_bytes - 8:
+                raise ExportError(f"{path.name}: truncated safetensors file (header past end)")
+            header = json.loads(f.read(header_bytes))
+    except OSError as exc:
+        raise ExportError(f"{path.name}: not readable ({exc})") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"{path.name}: safetensors header is not JSON ({exc})") from exc
+    if not isinstance(header, dict):
+        raise ExportError(f"{path.name}: safetensors header is not an object")
+    data_bytes = size_bytes - 8 - header_bytes
+    names = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2):
+            raise ExportError(f"{path.name}: tensor {name} has no data_offsets")
+        if offsets[1] > data_bytes:
+            raise ExportError(
+                f"{path.name}: truncated safetensors file: tensor {name} ends at byte "
+                f"{offsets[1]} of a {data_bytes}-byte data section"
+            )
+        names.append(name)
+    return names
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ExportError(f"*.safetensors: no weight files in export directory {directory}")
+    return files
+
+
+def load_export_meta(directory: str | Path) -> ExportMeta:
+    """Validate an export directory and return its metadata. Raises ExportError."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ExportError(f"{directory}: export directory does not exist")
+    meta = _read_json(directory / META_FILE)
+    config = _read_json(directory / CONFIG_FILE)
+    if not (directory / TOKENIZER_FILE).is_file():
+        raise ExportError(f"{TOKENIZER_FILE}: missing from export directory {directory}")
+    for path in safetensors_files(directory):
+        check_safetensors_file(path)
+
+    if meta.get("format") != EXPORT_FORMAT:
+        raise ExportError(f"{META_FILE}: format is {meta.get('format')!r}, expected {EXPORT_FORMAT!r}")
+    max_length = meta.get("max_length")
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= MAX_LENGTH_LIMIT:
+        raise ExportError(f"{META_FILE}: max_length must be an integer in 1..{MAX_LENGTH_LIMIT}, got {max_length!r}")
+    temperature = _finite_number(meta, "temperature")
+    if temperature <= 0:
+        raise ExportError(f"{META_FILE}: temperature must be positive, got {temperature!r}")
+
+    hidden_size = hidden_size_of(config)
+    head_weight = meta.get("head_weight")
+    if not isinstance(head_weight, list):
+        raise ExportError(f"{META_FILE}: head_weight must be a list of numbers")
+    if len(head_weight) != hidden_size:
+        raise ExportError(
+            f"{META_FILE}: head_weight has {len(head_weight)} entries, expected hidden_size={hidden_size}"
+        )
+    for i, w in enumerate(head_weight):
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+            raise ExportError(f"{META_FILE}: head_weight[{i}] must be a finite number, got {w!r}")
+
+    return ExportMeta(
+        directory=directory,
+        model_id=_string(meta, "model_id"),
+        alias=None if meta.get("alias") is None else _string(meta, "alias"),
+        base_revision=_string(meta, "base_revision"),
+        checkpoint_revision=_string(meta, "checkpoint_revision"),
+        temperature=temperature,
+        max_length=max_length,
+        chat_prefix=_string(meta, "chat_prefix", may_be_empty=True),
+        chat_suffix=_string(meta, "chat_suffix", may_be_empty=True),
+        head_weight=tuple(float(w) for w in head_weight),
+        head_bias=_finite_number(meta, "head_bias"),
+    )
+
+
+def load_export_meta_or_exit(directory, program: str) -> ExportMeta:
+    """For the servers' start: a malformed export ends the process with the file and the problem,
+    not a traceback."""
+    try:
+        return load_export_meta(directory)
+    except ExportError as error:
+        raise SystemExit(f"{program}: {error}") from error

@@ -1,0 +1,85 @@
+"""`python -m openjev.healthcheck ADDR`: exit 0 when the server at ADDR reports SERVING through
+`grpc.health.v1`, 1 otherwise. The container health check of `deploy/docker-compose.yml` and the
+exec probe of `deploy/k8s/` (Kubernetes' native `grpc:` probes speak plaintext only).
+
+A server on TLS is checked over TLS: `--tls-ca` (the CA that signed its certificate), plus a
+client certificate (`--tls-cert`, `--tls-key`) for a server that requires one (the worker under
+mutual TLS), and `--tls-server-name` where the certificate does not name the address dialled.
+Each flag also comes from `OPENJEV_HEALTHCHECK_<FLAG>` (`OPENJEV_HEALTHCHECK_TLS_CA`, ...), so the
+image's health-check command stays the same whether the server is on TLS or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ENV_PREFIX = "OPENJEV_HEALTHCHECK_"
+TLS_FLAGS = ("tls_ca", "tls_cert", "tls_key", "tls_server_name")
+
+
+def check(
+    address: str,
+    service: str = "",
+    timeout_seconds: float = 2.0,
+    credentials: grpc.ChannelCredentials | None = None,
+    server_name: str | None = None,
+) -> str:
+    """The status name (SERVING, NOT_SERVING, ...) or the gRPC error code name."""
+    if credentials is None:
+        channel = grpc.insecure_channel(address)
+    else:
+        options = [] if server_name is None else [("grpc.ssl_target_name_override", server_name)]
+        channel = grpc.secure_channel(address, credentials, options=options)
+    with channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_seconds
+            )
+        except grpc.RpcError as error:
+            return error.code().name
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="openjev-healthcheck", description=__doc__)
+    p.add_argument("address", help="HOST:PORT of a frontend or worker")
+    p.add_argument("--service", default="", help="service name to check ('' = the whole server)")
+    p.add_argument("--timeout", type=float, default=2.0, help="seconds")
+    p.add_argument("--tls-ca", type=Path, help="check over TLS, trusting this CA (PEM)")
+    p.add_argument("--tls-cert", type=Path, help="client certificate, for a server that requires one (mTLS)")
+    p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    p.add_argument("--tls-server-name", help="the name the server's certificate carries, if not the address")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    for dest in TLS_FLAGS:  # an empty variable counts as unset
+        value = os.environ.get(ENV_PREFIX + dest.upper())
+        if value:
+            p.set_defaults(**{dest: value if dest == "tls_server_name" else Path(value)})
+    args = p.parse_args(argv)
+    if args.tls_ca is None and (args.tls_cert or args.tls_key or args.tls_server_name):
+        p.error("--tls-cert, --tls-key and --tls-server-name need --tls-ca")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        p.error("--tls-cert and --tls-key go together")
+    credentials = None
+    if args.tls_ca is not None:
+        try:
+            ca, key, cert = (None if f is None else f.read_bytes() for f in (args.tls_ca, args.tls_key, args.tls_cert))
+        except OSError as error:
+            p.error(f"cannot read {error.filename}: {error.strerror}")
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+    status = check(args.address, args.service, args.timeout, credentials, args.tls_server_name)
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""TLS for both servers, mutual TLS between frontend and worker, bearer tokens on the public API.
+
+Certificates and keys are PEM files named by flags (`--tls-cert`, `--tls-key`, `--tls-client-ca`
+on a server; `--worker-tls-ca`, `--worker-tls-cert`, `--worker-tls-key` on the frontend's worker
+channels), each also an `OPENJEV_*` variable like every flag. A server given `--tls-client-ca`
+requires client certificates signed by it (mutual TLS). A link without certificates (a server's
+port, the frontend's connection to its workers) is plaintext only when asked for with
+`--plaintext` (`OPENJEV_PLAINTEXT=1`), and then logs a warning; otherwise the program refuses to
+start with one line naming the flags (`require_tls`).
+
+Bearer tokens: `--auth-token-file` (one token a line; blank lines and `#` comments skipped) and/or
+the `OPENJEV_AUTH_TOKENS` variable (comma-separated). When any token is configured, every call of
+the public API must carry `authorization: Bearer <token>` matching one of them, compared in
+constant time, else UNAUTHENTICATED. Health and reflection stay open (probes carry no tokens).
+Tokens are never logged: the flag holds a path, and the config log redacts it too.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import grpc
+
+AUTH_TOKENS_ENV = "OPENJEV_AUTH_TOKENS"
+UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token"
+# Callable without a token: probes and schema discovery.
+OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/", "/grpc.reflection.v1.")
+
+
+class SecurityError(ValueError):
+    """A certificate, key or token source that cannot be used (the message names the file)."""
+
+
+def _read(path: Path | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise SecurityError(f"cannot read {what} {path}: {error.strerror}") from None
+    if not data.strip():
+        raise SecurityError(f"{what} {path} is empty")
+    return data
+
+
+def server_credentials(cert: Path | None, key: Path | None, client_ca: Path | None) -> grpc.ServerCredentials | None:
+    """None (plaintext) when no certificate is given; mutual TLS when client_ca is."""
+    if cert is None and key is None:
+        if client_ca is not None:
+            raise SecurityError("--tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if cert is None or key is None:
+        raise SecurityError("--tls-cert and --tls-key go together")
+    pair = (_read(key, "TLS key"), _read(cert, "TLS certificate"))
+    ca = _read(client_ca, "client CA")
+    return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def channel_credentials(ca: Path | None, cert: Path | None, key: Path | None) -> grpc.ChannelCredentials | None:
+    """None (plaintext) when no CA is given; a client certificate when cert and key are."""
+    if ca is None:
+        if cert is not None or key is not None:
+            raise SecurityError("--worker-tls-cert and --worker-tls-key need --worker-tls-ca")
+        return None
+    if (cert is None) != (key is None):
+        raise SecurityError("--worker-tls-cert and --worker-tls-key go together")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(ca, "worker CA"),
+        private_key=_read(key, "client key"),
+        certificate_chain=_read(cert, "client certificate"),
+    )
+
+
+def require_tls(credentials: object | None, *, plaintext: bool, link: str, flags: str) -> None:
+    """Refuse a link without TLS unless plaintext was asked for. link: what would be plaintext
+    ("the public port"); flags: the certificate flags that would give it TLS."""
+    if credentials is None and not plaintext:
+        raise SecurityError(
+            f"{link} has no TLS certificate (set {flags}); pass --plaintext (or OPENJEV_PLAINTEXT=1) "
+            "to run it in plaintext"
+        )
+
+
+def load_tokens(token_file: Path | None, environ: Mapping[str, str] | None = None) -> tuple[bytes, ...]:
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    tokens: list[str] = []
+    if token_file is not None:
+        text = _read(token_file, "auth token file")
+        assert text is not None
+        tokens += [line.strip() for line in text.decode("utf-8").splitlines()]
+    tokens += [part.strip() for part in env.get(AUTH_TOKENS_ENV, "").split(",")]
+    return tuple(t.encode("utf-8") for t in tokens if t and not t.startswith("#"))
+
+
+class BearerAuth(grpc.ServerInterceptor):
+    """UNAUTHENTICATED unless the call carries one of `tokens` (health and reflection are open)."""
+
+    def __init__(self, tokens: tuple[bytes, ...]):
+        if not tokens:
+            raise ValueError("BearerAuth needs at least one token")
+        self._tokens = tokens
+
+    def _allowed(self, metadata) -> bool:
+        return self.allowed(dict(metadata or ()).get("authorization", ""))
+
+    def allowed(self, header: str) -> bool:
+        """Whether an `authorization` header value carries one of the tokens."""
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer" or not presented:
+            return False
+        given = presented.strip().encode("utf-8")
+        # Every token compared, each in constant time: the time says nothing about which matched.
+        matches = [hmac.compare_digest(given, token) for token in self._tokens]
+        return any(matches)
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(OPEN_PREFIXES):
+            return handler
+        if self._allowed(handler_call_details.invocation_metadata):
+            return handler
+
+        def refuse(request, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+
+        def refuse_stream(request_iterator, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse_stream)
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(refuse_stream)
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(refuse)
+        return grpc.unary_unary_rpc_method_handler(refuse)

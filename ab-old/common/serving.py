@@ -1,0 +1,212 @@
+"""What both gRPC servers share: health, reflection, message-size limits, per-class call limits
+(`openjev.limits`), keepalive and idle limits, an exclusively bound port, graceful SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from openjev import logs
+from openjev.limits import CallLimits, LimitCalls
+
+log = logs.get("openjev.serving")
+
+# 64 MiB: a request of 65,536 candidates' token ids fits; anything larger is refused by gRPC
+# itself with RESOURCE_EXHAUSTED before it reaches a servicer.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# A connection with no call for this long is closed (its client reconnects when it needs to).
+MAX_CONNECTION_IDLE_MS = 5 * 60 * 1000
+# Servers ping each connection this often and drop it when no answer comes in time, so a vanished
+# client's calls end (their threads and call slots free) instead of waiting on TCP.
+SERVER_KEEPALIVE_MS = 30_000
+SERVER_KEEPALIVE_TIMEOUT_MS = 10_000
+# Clients (the frontend's worker channels) may ping this often, during long calls that send no
+# data too; below gRPC's default of 5 minutes, which would answer such pings with GOAWAY.
+MIN_CLIENT_PING_INTERVAL_MS = 5_000
+
+
+def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+class ParseRequests(grpc.ServerInterceptor):
+    """Request bytes that are not the method's message (garbage, a string field that is not
+    UTF-8) are the caller's fault: INVALID_ARGUMENT naming the message, where gRPC itself would
+    answer INTERNAL ("Exception deserializing request!"). Parsing moves into the handler."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        parse = handler.request_deserializer
+
+        def parsed(raw, context):
+            try:
+                return parse(raw)
+            except Exception as error:  # DecodeError, UnicodeDecodeError, ...
+                log.warning("malformed_request", method=handler_call_details.method, reason=repr(error))
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message for {handler_call_details.method}"
+                )
+
+        if handler.request_streaming:
+            behavior = handler.stream_stream or handler.stream_unary
+
+            def run(raw_iterator, context):
+                return behavior((parsed(raw, context) for raw in raw_iterator), context)
+        else:
+            behavior = handler.unary_unary or handler.unary_stream
+
+            def run(raw, context):
+                return behavior(parsed(raw, context), context)
+
+        factory = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(handler.request_streaming, handler.response_streaming)]
+        return factory(run, request_deserializer=None, response_serializer=handler.response_serializer)
+
+
+@dataclass
+class Server:
+    grpc_server: grpc.Server
+    health: health.HealthServicer
+    port: int
+    service_names: tuple[str, ...]
+
+    def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *self.service_names):
+            self.health.set(name, status)
+
+
+def build_server(
+    listen: str,
+    register: Callable[[grpc.Server], None],
+    service_names: Iterable[str],
+    *,
+    max_workers: int = 32,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    interceptors: Iterable[grpc.ServerInterceptor] = (),
+    max_connection_age_seconds: float = 0.0,
+    limits: CallLimits | None = None,
+    credentials: grpc.ServerCredentials | None = None,
+    program: str = "openjev",
+) -> Server:
+    """A started server that reports NOT_SERVING until the caller says otherwise.
+    max_connection_age_seconds > 0: clients are asked to reconnect that often (in-flight calls
+    finish first), so a DNS-named group of workers is re-resolved and new ones get traffic.
+    limits: per-class concurrent call caps; the thread pool is sized from them (max_workers
+    is used only without limits). credentials: TLS; None serves plaintext."""
+    names = tuple(service_names)
+    options: list[tuple[str, object]] = [
+        *channel_options(max_message_bytes),
+        # Exclusive bind: gRPC sets SO_REUSEPORT by default, and a second server on a busy port
+        # then silently shared its connections.
+        ("grpc.so_reuseport", 0),
+        # No per-connection stream cap (grpc.max_concurrent_streams): under sustained load from
+        # 32 clients both servers began refusing every new stream (RST_STREAM REFUSED_STREAM)
+        # and never recovered. The per-class call caps below bound the calls in all.
+        ("grpc.max_connection_idle_ms", MAX_CONNECTION_IDLE_MS),
+        ("grpc.keepalive_time_ms", SERVER_KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", SERVER_KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
+        ("grpc.http2.max_ping_strikes", 2),
+    ]
+    if max_connection_age_seconds > 0:
+        options += [
+            ("grpc.max_connection_age_ms", int(max_connection_age_seconds * 1000)),
+            ("grpc.max_connection_age_grace_ms", 2**31 - 1),
+        ]
+    limiter = LimitCalls(limits) if limits is not None else None
+    threads = limits.threads if limits is not None else max_workers
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
+        options=options,
+        interceptors=[*interceptors, *([limiter] if limiter else []), ParseRequests()],
+        # Past this many open calls gRPC answers RESOURCE_EXHAUSTED itself, using no thread:
+        # nothing waits unseen in a backlog behind busy threads.
+        maximum_concurrent_rpcs=threads if limits is not None else None,
+    )
+    register(server)
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    public = (*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(public, server, pool=reflection_pool(public))
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, credentials)
+    except RuntimeError:  # grpcio raises when the bind fails
+        port = 0
+    if port == 0:
+        raise SystemExit(f"{program}: cannot listen on {listen}: the address is in use or not available")
+    server.start()
+    result = Server(server, health_servicer, port, names)
+    result.set_serving(False)
+    return result
+
+
+def reflection_pool(service_names: Iterable[str]) -> descriptor_pool.DescriptorPool:
+    """A descriptor pool holding only the files that define `service_names` (and what they
+    import). Reflection over the default pool would answer for every message this process has
+    loaded: the frontend's public port would describe the internal worker schema."""
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(file) -> None:
+        if file.name in added:
+            return
+        for dependency in file.dependencies:
+            add(dependency)
+        proto = descriptor_pb2.FileDescriptorProto()
+        file.CopyToProto(proto)
+        pool.Add(proto)
+        added.add(file.name)
+
+    default = descriptor_pool.Default()
+    for name in service_names:
+        add(default.FindServiceByName(name).file)
+    return pool
+
+
+def serve_until_signal(
+    server: Server,
+    *,
+    grace_seconds: float,
+    on_stop: Callable[[], None] = lambda: None,
+    on_signal: Callable[[], None] = lambda: None,
+) -> None:
+    """Block until SIGTERM/SIGINT; then go NOT_SERVING, refuse new RPCs, let in-flight ones
+    finish within the grace period, and return. on_signal: run at once on the signal (another
+    listener starts draining alongside); on_stop: once the gRPC server has stopped."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    # Timed waits, not one endless wait: the kernel may deliver the signal to any of the
+    # server's threads, and Python runs the handler only when the main thread next runs
+    # bytecode, which a main thread blocked in an untimed wait never does (seen: SIGTERM
+    # ignored under load, the process serving on).
+    while not stop.wait(0.1):
+        pass
+    log.info("shutdown", grace_seconds=grace_seconds)
+    server.set_serving(False)
+    on_signal()
+    server.grpc_server.stop(grace_seconds).wait()
+    on_stop()
+    log.info("stopped")

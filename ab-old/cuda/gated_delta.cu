@@ -1,0 +1,285 @@
+// Gated DeltaNet prefill over packed segments (fp32 state), for Qwen3.5's linear layers.
+//
+// Two kernels:
+//   gdn_prepare: conv output -> L2-normalized q (times Dk^-0.5) and k in fp32, g and beta in fp32.
+//   gdn_recurrent_s*: the exact per-token recurrence (s8c32x2 the default)
+//       S <- e^g S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q
+//     with each segment starting from its parent's state and writing its final state.
+//
+// Why a recurrence and not the chunked (WY) form: the state lives in registers, so a launch
+// costs one pass over q/k/v/o and two over the state, with no per-call setup; at the prefill
+// sizes of a request (tens to a few thousand tokens per segment) it is latency-bound at a few
+// hundred cycles a token. Column j of the state only ever needs column j, so the 128 value
+// columns are independent; each is split over PARTS threads (adjacent lanes) that each hold
+// 128/PARTS rows of it, so S^T k and S^T q are PARTS-way shuffle reductions.
+#include "common.cuh"
+
+#if !defined(GDN_DIM)
+#error "compile with the definitions of openjev.worker.cuda.traits"
+#endif
+#define DK GDN_DIM
+#define DV GDN_DIM
+
+// conv_out: [T, conv_stride] bf16 whose first 2*Hk*DK columns are q then k.
+// a, b:     [T, H] bf16 with row stride ab_stride (views into the fused projection)
+// A_log, dt_bias: [H] fp32
+// qn, kn:   [T, Hk, DK] fp32 out; g, beta: [T, H] fp32 out; kq: [T, Hk] fp32 out = qn . kn
+// Block per token: warps take the Hk key heads in turn (q and k rows, 4 elements a lane each),
+// then threads take the H gates.
+static_assert(DK == 32 * 4, "gdn_prepare: a warp holds a q or k head row, 4 elements a lane");
+extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_out, long conv_stride,
+                                       const __nv_bfloat16* __restrict__ a,
+                                       const __nv_bfloat16* __restrict__ b, long ab_stride,
+                                       const float* __restrict__ A_log,
+                                       const float* __restrict__ dt_bias, int H, int Hk,
+                                       float* __restrict__ qn, float* __restrict__ kn,
+                                       float* __restrict__ g, float* __restrict__ beta,
+                                       float* __restrict__ kq) {
+    const int t = blockIdx.x;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nwarps = blockDim.x >> 5;
+    const __nv_bfloat16* row = conv_out + (long)t * conv_stride;
+    for (int hk = warp; hk < Hk; hk += nwarps) {
+        float f[2][4], ss[2];
+#pragma unroll
+        for (int is_k = 0; is_k < 2; ++is_k) {
+            const __nv_bfloat16* src = row + (long)is_k * Hk * DK + hk * DK + lane * 4;
+            float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src));
+            float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + 2));
+            f[is_k][0] = f0.x; f[is_k][1] = f0.y; f[is_k][2] = f1.x; f[is_k][3] = f1.y;
+            ss[is_k] = f0.x * f0.x + f0.y * f0.y + f1.x * f1.x + f1.y * f1.y;
+        }
+        float dot = f[0][0] * f[1][0] + f[0][1] * f[1][1] + f[0][2] * f[1][2] + f[0][3] * f[1][3];
+        // three butterflies interleaved (not warp_sum thrice): their shuffles overlap
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            ss[0] += __shfl_xor_sync(0xffffffffu, ss[0], o);
+            ss[1] += __shfl_xor_sync(0xffffffffu, ss[1], o);
+            dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        }
+        // l2norm(x) = x / sqrt(sum x^2 + 1e-6), as fla and transformers do
+        const float sq = rsqrtf(ss[0] + 1e-6f) * rsqrtf((float)DK), sk = rsqrtf(ss[1] + 1e-6f);
+        const long o = ((long)t * Hk + hk) * DK + lane * 4;
+        *reinterpret_cast<float4*>(qn + o) = make_float4(f[0][0] * sq, f[0][1] * sq, f[0][2] * sq, f[0][3] * sq);
+        *reinterpret_cast<float4*>(kn + o) = make_float4(f[1][0] * sk, f[1][1] * sk, f[1][2] * sk, f[1][3] * sk);
+        // q.k of the normalized rows: lets the recurrence form o without a second pass over S
+        if (lane == 0) kq[(long)t * Hk + hk] = dot * sq * sk;
+    }
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+        float av = __bfloat162float(a[(long)t * ab_stride + h]) + dt_bias[h];
+        float bv = __bfloat162float(b[(long)t * ab_stride + h]);
+        // softplus with torch's threshold 20 (linear above it)
+        float sp = av > 20.f ? av : log1pf(__expf(av));
+        g[(long)t * H + h] = -__expf(A_log[h]) * sp;
+        beta[(long)t * H + h] = 1.f / (1.f + __expf(-bv));
+    }
+}
+
+// qn, kn:     [T, Hk, DK] fp32 (from gdn_prepare); value head h reads key head h / (H / Hk)
+// kq:         [T, Hk] fp32 = qn . kn
+// v:          [T, H, DV] bf16 with row stride v_stride (a view into the conv output)
+// g, beta:    [T, H] fp32
+// cu_seqlens: [N+1] int32
+// init_state: [*, H, DK, DV] fp32 (rows init_stride floats apart)
+// init_idx:   [N] int32, where segment n starts: >= 0 row init_idx[n] of init_state; -1 zeros;
+//             <= -2 row -2 - init_idx[n] of final_state (its parent in the same pass, finished
+//             by an earlier launch of this pass)
+// level_off:  [levels + 1] int32; this launch runs segments level_off[level] .. level_off[level + 1] - 1
+//             (a forest pass orders its segments by level and launches once per level on a fixed
+//             grid, so graphs can hold it). Segments outside the range (a graph's pad and empty
+//             segments) never run and their out and final_state rows are left as they are; so
+//             are empty segments'.
+// sched:      [2 + GDN_SCHED_SMS] int32, zeros before the launch and again after it (the last block resets
+//             them): a ticket counter, a count of finished blocks, workers per SM. Launches that
+//             share it must not overlap (one stream).
+// out:        [T, H, DV] bf16
+// final_state:[N, H, DK, DV] fp32
+// grid (G) for any G (4 x the SMs: every resident slot), block NCOLS / CC * PARTS threads.
+//
+// Work items are (segment, column block, head) of the level, taken in order by atomic tickets
+// by "workers": blocks that found fewer than L workers on their SM (L = items / SMs rounded up,
+// 1 to 4); the other blocks exit at once. Why not one block an item on a grid sized for the
+// pass's padded segment count: blocks of absent segments exit at once, and then the block
+// scheduler stacked up to 4 live blocks on some SMs while others had none, so one 676-token
+// segment took 0.32 ms in a pass's grid against 0.24 alone (docs/cuda-kernels.md). An item is
+// computed the same way whichever block takes it, so the bits do not depend on the schedule.
+//
+// Per token, with S the state before it: kv = S^T k and sq = S^T q are independent sums over
+// the same registers (interleaved chains, one shuffle round for both); then
+//   delta = beta (v - e^g kv),  o = e^g sq + (q.k) delta,  S <- e^g S + k delta^T,
+// so o needs no second pass over the updated state. Each thread holds R = DK / PARTS rows of CC
+// columns; a column's PARTS threads are adjacent lanes, so its sums are shuffle reductions.
+//
+// Pipelined: the next CP tokens' k, q, v, g, beta, q.k are copied (cp.async) into the other of two
+// shared-memory buffers while this CP run, so no global load's latency is exposed (an earlier
+// form that loaded 16 tokens and then waited for them was 1.25x slower at 1,024-4,096 tokens).
+// Every k and q value a thread reads from shared memory feeds its CC columns (with one column a
+// thread, shared memory was 71% busy on the H200; two columns gained 8%: docs/cuda-kernels.md).
+// Tokens past the segment's end are zero-filled: k = q = v = 0, g = 0 (e^g = 1), beta = 0, an
+// exact no-op on S, so the token loop has a fixed trip count and unrolls.
+template <int PARTS, int NCOLS, int CC>
+__device__ __forceinline__ void gdn_recurrent(
+    const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
+    const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
+    const float* __restrict__ beta, const int* __restrict__ cu_seqlens, int H, int Hk,
+    const float* __restrict__ init_state, long init_stride, const int* __restrict__ init_idx,
+    const int* __restrict__ level_off, int level, int* __restrict__ sched, int num_sms,
+    __nv_bfloat16* __restrict__ out, float* __restrict__ final_state) {
+    constexpr int R = DK / PARTS;
+    constexpr int RP = R + 4;  // padded: the PARTS row groups start in different banks
+    constexpr int NT = NCOLS / CC * PARTS;
+    constexpr int CP = 8;  // tokens a buffer
+    static_assert(R % 4 == 0 && NCOLS % 8 == 0 && PARTS <= 32, "16-byte copies; a column within a warp");
+    __shared__ __align__(16) float k_s[2][CP][PARTS * RP];
+    __shared__ __align__(16) float q_s[2][CP][PARTS * RP];
+    __shared__ __align__(16) __nv_bfloat16 v_s[2][CP][NCOLS];
+    __shared__ float gbk_s[2][3][CP];  // g, beta, q.k as given
+
+    const int tid = threadIdx.x, c0 = (tid / PARTS) * CC, part = tid % PARTS;
+    const int first = level_off[level], nseg = level_off[level + 1] - first;
+    constexpr int CB = DV / NCOLS;  // column blocks a head
+    const int items = nseg * CB * H;
+    __shared__ int s_item, s_worker;
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    smid &= GDN_SCHED_SMS - 1;  // %smid may exceed the SM count (disabled SMs keep their numbers)
+    if (tid == 0) {
+        const int limit = min(4, max(1, (items + num_sms - 1) / num_sms));
+        s_worker = atomicAdd(&sched[2 + smid], 1) < limit;
+        if (!s_worker) atomicSub(&sched[2 + smid], 1);
+    }
+    __syncthreads();
+    while (s_worker) {
+        if (tid == 0) s_item = atomicAdd(&sched[0], 1);
+        __syncthreads();
+        const int item = s_item;
+        __syncthreads();  // every thread read s_item before thread 0 takes the next ticket
+        if (item >= items) break;
+        const int n = first + item / (CB * H), h = item / CB % H, hk = h / (H / Hk);
+        const int col0 = item % CB * NCOLS;
+        const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
+        if (start == end) continue;  // whole block: an empty segment has no state anyone reads
+        // final_state rows of other segments are only read, never written, by this launch
+        const int src = init_idx[n];
+        const float* init = src >= 0    ? init_state + (long)src * init_stride + (long)h * DK * DV
+                            : src < -1 ? final_state + ((long)(-2 - src) * H + h) * DK * DV
+                                       : init_state;  // not read
+
+        auto stage = [&](int buf, int cs) {
+            const int cnt = min(CP, end - cs);
+            for (int idx = tid; idx < CP * (DK / 4); idx += NT) {
+                const int t = idx / (DK / 4), d = (idx % (DK / 4)) * 4;
+                const int dst = (d / R) * RP + d % R;
+                const bool ok = t < cnt;
+                const long at = ((long)(ok ? cs + t : cs) * Hk + hk) * DK + d;
+                cp_async16(smem_addr(&k_s[buf][t][dst]), kn + at, ok ? 16 : 0);
+                cp_async16(smem_addr(&q_s[buf][t][dst]), qn + at, ok ? 16 : 0);
+            }
+            for (int idx = tid; idx < CP * (NCOLS / 8); idx += NT) {
+                const int t = idx / (NCOLS / 8), ch = idx % (NCOLS / 8);
+                const bool ok = t < cnt;
+                cp_async16(smem_addr(&v_s[buf][t][ch * 8]), v + (long)(ok ? cs + t : cs) * v_stride + h * DV + col0 + ch * 8,
+                           ok ? 16 : 0);
+            }
+            for (int idx = tid; idx < 3 * CP; idx += NT) {
+                const int which = idx / CP, t = idx % CP;
+                const long at = t < cnt ? cs + t : cs;
+                const float* p = which == 0 ? g + at * H + h : which == 1 ? beta + at * H + h : kq + at * Hk + hk;
+                cp_async4(smem_addr(&gbk_s[buf][which][t]), p, t < cnt ? 4 : 0);
+            }
+            cp_async_commit();
+        };
+
+        stage(0, start);
+        float S[R][CC];
+    #pragma unroll
+        for (int i = 0; i < R; ++i)
+    #pragma unroll
+            for (int c = 0; c < CC; ++c) S[i][c] = src != -1 ? init[(long)(part * R + i) * DV + col0 + c0 + c] : 0.f;
+
+        int buf = 0;
+        for (int cs = start; cs < end; cs += CP) {
+            if (cs + CP < end) stage(buf ^ 1, cs + CP);
+            else cp_async_commit();  // an empty group keeps the wait count below uniform
+            cp_async_wait<1>();
+            __syncthreads();  // buffer buf landed for every thread
+            const int cnt = min(CP, end - cs);
+    #pragma unroll
+            for (int t = 0; t < CP; ++t) {
+                const float eg = __expf(gbk_s[buf][0][t]);
+                float kr[R];
+                float a[CC][2], b[CC][2];
+    #pragma unroll
+                for (int c = 0; c < CC; ++c) a[c][0] = a[c][1] = b[c][0] = b[c][1] = 0.f;
+    #pragma unroll
+                for (int i = 0; i < R; i += 4) {
+                    const float4 k4 = *reinterpret_cast<const float4*>(&k_s[buf][t][part * RP + i]);
+                    const float4 q4 = *reinterpret_cast<const float4*>(&q_s[buf][t][part * RP + i]);
+                    kr[i] = k4.x; kr[i + 1] = k4.y; kr[i + 2] = k4.z; kr[i + 3] = k4.w;
+    #pragma unroll
+                    for (int c = 0; c < CC; ++c) {
+                        a[c][0] = fmaf(S[i][c], k4.x, a[c][0]); a[c][1] = fmaf(S[i + 1][c], k4.y, a[c][1]);
+                        b[c][0] = fmaf(S[i][c], q4.x, b[c][0]); b[c][1] = fmaf(S[i + 1][c], q4.y, b[c][1]);
+                        a[c][0] = fmaf(S[i + 2][c], k4.z, a[c][0]); a[c][1] = fmaf(S[i + 3][c], k4.w, a[c][1]);
+                        b[c][0] = fmaf(S[i + 2][c], q4.z, b[c][0]); b[c][1] = fmaf(S[i + 3][c], q4.w, b[c][1]);
+                    }
+                }
+                float kv[CC], sq[CC];
+    #pragma unroll
+                for (int c = 0; c < CC; ++c) { kv[c] = a[c][0] + a[c][1]; sq[c] = b[c][0] + b[c][1]; }
+    #pragma unroll
+                for (int o = 1; o < PARTS; o <<= 1)
+    #pragma unroll
+                    for (int c = 0; c < CC; ++c) {
+                        kv[c] += __shfl_xor_sync(0xffffffffu, kv[c], o);
+                        sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], o);
+                    }
+                const float bt = gbk_s[buf][1][t], kqt = gbk_s[buf][2][t];
+                float delta[CC];
+    #pragma unroll
+                for (int c = 0; c < CC; ++c) {
+                    delta[c] = bt * (__bfloat162float(v_s[buf][t][c0 + c]) - eg * kv[c]);
+                    if (part == 0 && t < cnt)
+                        out[((long)(cs + t) * H + h) * DV + col0 + c0 + c] = __float2bfloat16(fmaf(eg, sq[c], kqt * delta[c]));
+                }
+    #pragma unroll
+                for (int i = 0; i < R; ++i)
+    #pragma unroll
+                    for (int c = 0; c < CC; ++c) S[i][c] = fmaf(S[i][c], eg, kr[i] * delta[c]);
+            }
+            __syncthreads();  // every thread is done with buf before the next round refills it
+            buf ^= 1;
+        }
+        const long state_base = ((long)n * H + h) * DK * DV;
+    #pragma unroll
+        for (int i = 0; i < R; ++i)
+    #pragma unroll
+            for (int c = 0; c < CC; ++c) final_state[state_base + (long)(part * R + i) * DV + col0 + c0 + c] = S[i][c];
+    }
+    if (tid == 0) {
+        if (s_worker) atomicSub(&sched[2 + smid], 1);
+        __threadfence();
+        if (atomicAdd(&sched[1], 1) == (int)gridDim.x - 1) sched[0] = sched[1] = 0;  // the last block
+    }
+}
+
+#define GDN_ARGS                                                                               \
+    const float *__restrict__ qn, const float *__restrict__ kn, const float *__restrict__ kq,  \
+        const __nv_bfloat16 *__restrict__ v, long v_stride, const float *__restrict__ g,       \
+        const float *__restrict__ beta, const int *__restrict__ cu_seqlens, int H, int Hk,     \
+        const float *__restrict__ init_state, long init_stride, const int *__restrict__ init_idx, \
+        const int *__restrict__ level_off, int level, int *__restrict__ sched, int num_sms,   \
+        __nv_bfloat16 *__restrict__ out,         \
+        float *__restrict__ final_state
+#define GDN_PASS                                                                                \
+    qn, kn, kq, v, v_stride, g, beta, cu_seqlens, H, Hk, init_state, init_stride, init_idx,   \
+        level_off, level, sched, num_sms, out, final_state
+#define GDN_VARIANT(name, P, NC, CC)                                                    \
+    extern "C" __global__ void __launch_bounds__(NC / CC * P) name(GDN_ARGS) {              \
+        gdn_recurrent<P, NC, CC>(GDN_PASS);                                             \
+    }
+// s{threads per column group}c{columns per block}x{columns per thread}; the other shapes timed
+// (and the earlier unpipelined kernel's p* variants) were slower at 64-4,096 tokens
+// (docs/cuda-kernels.md)
+GDN_VARIANT(gdn_recurrent_s8c16x1, 8, 16, 1)
+GDN_VARIANT(gdn_recurrent_s8c32x2, 8, 32, 2)

@@ -1,0 +1,721 @@
+// Chunked Gated DeltaNet prefill over packed segments, with chunks at absolute positions.
+//
+// The delta rule over a chunk of C = 64 tokens in matrix (WY) form, on TF32 tensor cores with
+// fp32 accumulation and an fp32 state (the math: worker/model/ops.py, delta_rule_chunk):
+//   G = cumsum(g);  A[i][j] = beta_i e^{G_i - G_j} (k_i . k_j) for j < i;  T = (I + A)^-1
+//   W = T (beta e^G K);  U~ = T (beta V)                      (gdn_chunk_solve, all chunks at once)
+//   U = U~ - W S_c;  S_{c+1} = e^{G_C} S_c + K^T (e^{G_C - G_j} U)   (gdn_chunk_state: chunk after chunk)
+//   O = (e^G Q) S_c + (Q K^T . e^{G_i - G_j}, j <= i) U        (gdn_chunk_out, all chunks at once)
+// Products are mma.sync m16n8k8 on tf32 (fragments below). Only the state recurrence is
+// sequential: its pass does the two products that chain S from chunk to chunk, splitting the
+// value columns over blocks, and stores each chunk's start state S_c and U for the output
+// pass, which spreads every (chunk, head) over the GPU.
+//
+// Why chunks sit at absolute positions (multiples of 64 from the sequence start): a chunk sums
+// its tokens in another order than the token recurrence, so a prefix that ended inside a chunk
+// would give its children other bits than the unsplit prompt (policy `off`) gets, and the exact
+// policy gates would fail. So a segment's kept state is the state at its last chunk boundary plus
+// the rows of its unfinished chunk (k, v, g, beta: the "tail", at most 63 rows); a child's first
+// chunk is that tail followed by its own tokens, computed exactly as under `off`: every value of
+// a row depends only on rows at or before it, and the missing rows are zeros that only ever meet
+// exact zeros (T and the causal masks are zero above the diagonal).
+//
+// A segment n starts at position pos[cu[n]]; its virtual rows are tail (pos mod 64 rows) then its
+// own cu[n+1] - cu[n] tokens. Tail row r comes from tail_src[64 n + r]: >= 0 a packed row of
+// this launch (an in-pass ancestor's token), < 0 row -1 - src of `tails`, the flattened tail
+// buffers of kept states (row layout, fp32: [k: Hk*128 | v: H*128 | g: H | beta: H], tail_width
+// floats a row, 64 rows a state). So a pass may hold parents and children: the solve and output
+// kernels run once over all of them, the state pass once per level (level_off ranges), a child
+// starting from its in-pass parent's final state (the state at that parent's last boundary,
+// where the child's first chunk starts).
+
+#include "common.cuh"
+#include "mma_tf32.cuh"  // tf32 mma fragments
+
+// Sizes and padded row strides come from the host (traits.GdnChunkTraits), which launches the
+// kernels with GDN_SOLVE_SMEM, GDN_STATE_SMEM and GDN_OUT_SMEM bytes of dynamic shared memory.
+#if !defined(GDN_CHUNK) || !defined(GDN_DIM) || !defined(GDN_CHUNK_THREADS) || !defined(GDN_STATE_COLS) || \
+    !defined(GDN_PLAN_THREADS) || \
+    !defined(GDN_LK) || !defined(GDN_LC) || !defined(GDN_LB) || !defined(GDN_LX) || !defined(GDN_LS) ||            \
+    !defined(GDN_LKS) || !defined(GDN_SOLVE_SMEM) || \
+    !defined(GDN_STATE_SMEM) || !defined(GDN_OUT_SMEM) || !defined(GDN_OUT_THREADS)
+#error "compile with the definitions of openjev.worker.cuda.traits"
+#endif
+#define CH GDN_CHUNK          // chunk length
+#define D GDN_DIM             // key and value head dims
+#define NT GDN_CHUNK_THREADS  // threads a block of the solve and output kernels (8 warps)
+#define NCOL GDN_STATE_COLS   // value columns a gdn_chunk_state block owns
+#define NTO GDN_OUT_THREADS   // threads a gdn_chunk_out block (a warp an 8-column strip of all D)
+#define LK GDN_LK             // padded row strides (floats): rows start in different banks
+#define LC GDN_LC
+#define LB GDN_LB
+#define LX GDN_LX             // rows of the solve's 16 x 16 block products
+#define LS GDN_LS             // gdn_chunk_state: rows of the state columns and of U
+#define LKS GDN_LKS           // gdn_chunk_state: rows of k (read transposed)
+
+// The buffers each kernel carves from its dynamic shared memory, as laid out below.
+static_assert(4 * (CH * LB + 2 * CH * LC + 3 * 16 * LX + 2 * CH) == GDN_SOLVE_SMEM, "gdn_chunk_solve layout");
+// gdn_chunk_state: the state columns, then two buffers of one chunk's W, K, U and G
+static_assert(4 * (D * LS + 2 * (CH * LK + CH * LKS + CH * LS + CH)) == GDN_STATE_SMEM, "gdn_chunk_state layout");
+static_assert(4 * (2 * CH * LK + CH) == GDN_OUT_SMEM, "gdn_chunk_out layout");
+static_assert(NCOL == CH && 2 * NCOL == D, "state columns and U rows share the stride LS; two column halves");
+// Shared-memory banks (float index mod 32): an A fragment reads rows g (8) x columns t (4), a B
+// fragment rows t x columns g. The 32 lanes hit 32 banks when a tile read as A has a stride of 4
+// mod 8 (LK, LC) and one read as B a stride of 8 mod 16 (LS, LKS). The state pass reads every
+// tile one way only; the solve's [k | v] and T are read both ways (2-way conflicts on one of them:
+// a swizzle that removed them cost more in index arithmetic than it saved, measured 2026-12-01).
+static_assert(LK % 8 == 4 && LC % 8 == 4 && LS % 16 == 8 && LKS % 16 == 8, "conflict-free fragment strides");
+static_assert(NTO == 32 * (D / 8), "gdn_chunk_out: one warp an 8-column strip");
+static_assert(LK >= D && LC >= CH && LB >= 2 * D && LX >= 16 && LK % 2 == 0 && LC % 2 == 0 && LB % 4 == 0 &&
+                  LK % 4 == 0 && LC % 4 == 0,
+              "rows hold a tile row; 16-byte copies, 8-byte fragment pairs");
+
+// The 10 16 x 16 tiles at or below the diagonal of a 64 x 64 product, numbered row by row.
+__device__ __forceinline__ void lower_tile(int t, int& ti, int& tj) {
+    ti = t < 1 ? 0 : t < 3 ? 1 : t < 6 ? 2 : 3;
+    tj = t - ti * (ti + 1) / 2;
+}
+
+// Segment n's row count (tail + own), chunk count (capped), and first scratch chunk.
+struct Seg {
+    int start, own, tail, rows, chunks, first;
+};
+
+__device__ __forceinline__ Seg segment(const int* cu, const int* pos, int n, int max_chunks) {
+    Seg s;
+    int first = 0;
+    for (int m = 0; m <= n; ++m) {
+        const int a = cu[m], own = cu[m + 1] - a;
+        const int tail = own > 0 ? (pos[a] & (CH - 1)) : 0;
+        const int chunks = own > 0 ? min((tail + own + CH - 1) / CH, max_chunks) : 0;
+        if (m == n) {
+            s.start = a; s.own = own; s.tail = tail; s.rows = tail + own; s.chunks = chunks; s.first = first;
+        }
+        first += chunks;
+    }
+    return s;
+}
+
+// Work by ticket: the grids are a few blocks an SM and every block takes (chunk, head) or (state
+// columns, head, segment) items until none is left, so a pass's padded segments cost no empty
+// blocks (tens of thousands of them at 4,096 tokens, each holding an SM's shared memory while it
+// exits). counters: [ticket, done], zeros between launches; the last block out resets them
+// (launches on one stream never overlap). All threads call next_item; slot: a shared int.
+__device__ __forceinline__ int next_item(int* counters, int* slot) {
+    __syncthreads();  // the previous item is done with shared memory (and with *slot)
+    if (threadIdx.x == 0) *slot = atomicAdd(&counters[0], 1);
+    __syncthreads();
+    return *slot;
+}
+
+__device__ __forceinline__ void finish_items(int* counters) {
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&counters[1], 1) == (int)(gridDim.x * gridDim.y * gridDim.z) - 1) {
+            counters[0] = 0;
+            counters[1] = 0;
+            __threadfence();
+        }
+    }
+}
+
+// The next (chunk, head) item of the launch's chunk list (below); false when none is left.
+__device__ __forceinline__ bool next_chunk_item(const int* __restrict__ list, int H, int* counters, int* ticket,
+                                                int& slot, int& h, int& n, int& c) {
+    const int item = next_item(counters, ticket);
+    if (item >= list[0] * H) return false;
+    slot = item / H;
+    h = item % H;
+    n = list[1 + slot] >> 16;
+    c = list[1 + slot] & 0xffff;
+    return true;
+}
+
+// The launch's chunks in segment order: list[0] = their count, list[1 + slot] = (n << 16) | c
+// for chunk c of segment n (slot = the chunk's scratch slot, segment(...).first + c). One block
+// of GDN_PLAN_THREADS threads, a segment a thread (N <= GDN_PLAN_THREADS).
+extern "C" __global__ void __launch_bounds__(GDN_PLAN_THREADS) gdn_chunk_plan(const int* __restrict__ cu,
+                                                                            const int* __restrict__ pos, int N,
+                                                                            int max_chunks, int* __restrict__ list) {
+    __shared__ int first[GDN_PLAN_THREADS];
+    const int n = threadIdx.x;
+    int chunks = 0;
+    if (n < N) {
+        const int a = cu[n], own = cu[n + 1] - a;
+        chunks = own > 0 ? min(((pos[a] & (CH - 1)) + own + CH - 1) / CH, max_chunks) : 0;
+    }
+    first[n] = chunks;
+    __syncthreads();
+    for (int step = 1; step < GDN_PLAN_THREADS; step <<= 1) {  // inclusive prefix sum
+        const int add = n >= step ? first[n - step] : 0;
+        __syncthreads();
+        first[n] += add;
+        __syncthreads();
+    }
+    const int at = first[n] - chunks;
+    for (int c = 0; c < chunks; ++c) list[1 + at + c] = (n << 16) | c;
+    if (n == GDN_PLAN_THREADS - 1) list[0] = first[n];
+}
+
+// 16 bytes global -> shared without a register round trip; zeros where !valid (src then unread).
+// Every thread issues all of a chunk's copies before waiting: a block per SM (the shared memory
+// these kernels take) cannot hide one load's latency at a time, which is what plain loads did.
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {
+    cp_async16(smem_addr(dst), src, valid ? 16 : 0);
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+    cp_async_commit();
+    cp_async_wait<0>();
+}
+
+// One chunk's k rows [64][LD] of key head hk from the tail or the packed rows (zeros past the
+// end), as asynchronous copies by NTH threads: the caller waits and syncs.
+// Where virtual row vr of segment n comes from: a packed row (>= 0) or -1 - e, row e of the tails.
+__device__ __forceinline__ int row_source(const int* __restrict__ tail_src, const Seg& s, int n, int vr) {
+    return vr < s.tail ? tail_src[n * CH + vr] : s.start + vr - s.tail;
+}
+
+template <int NTH = NT, int LD = LK>
+__device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, const int* __restrict__ tail_src,
+                                       const float* __restrict__ tails, long tail_width, const Seg& s, int r0, int n,
+                                       int hk, int Hk) {
+#pragma unroll
+    for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
+        const int idx = threadIdx.x + it * NTH;
+        const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
+        const bool ok = vr < s.rows;
+        const int src = ok ? row_source(tail_src, s, n, vr) : 0;
+        const float* from = src >= 0 ? kn + ((long)src * Hk + hk) * D + d : tails + (long)(-1 - src) * tail_width + hk * D + d;
+        cp_async16(Ks + r * LD + d, from, ok);
+    }
+}
+
+// grid (max_chunks, H, N), block NT, dynamic shared memory GDN_SOLVE_SMEM (two blocks an SM).
+// W, U: [chunks, H, 64, 128] fp32 scratch (W holds -W rounded to tf32); gcum: [chunks, H, 64] fp32.
+// tail_out[n]: the rows of segment n's unfinished last chunk (written where there is one).
+extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
+    const float* __restrict__ kn, const __nv_bfloat16* __restrict__ v, long v_stride,
+    const float* __restrict__ g, const float* __restrict__ beta, const int* __restrict__ cu,
+    const int* __restrict__ pos, int H, int Hk, int max_chunks, const int* __restrict__ tail_src,
+    const float* __restrict__ tails, float* __restrict__ tail_out, long tail_width, float* __restrict__ W,
+    float* __restrict__ U, float* __restrict__ gcum, const int* __restrict__ list, int* __restrict__ counters) {
+    extern __shared__ __align__(128) float smem[];
+    float* Bs = smem;              // [64][LB]   k | v
+    float* As = Bs + CH * LB;      // [64][LC]   k k^T, then A
+    float* Ts = As + CH * LC;      // [64][LC]   (I + A)^-1
+    float* Xs = Ts + CH * LC;      // [3][16][LX] block products of one distance of the inverse
+    float* gs = Xs + 3 * 16 * LX;  // [64] g, then G
+    float* bs = gs + CH;           // [64] beta
+
+    __shared__ int ticket;
+    int slot_c, h, n, c;
+    while (next_chunk_item(list, H, counters, &ticket, slot_c, h, n, c)) {
+        const int hk = h / (H / Hk);
+        const Seg s = segment(cu, pos, n, max_chunks);
+        const int r0 = c * CH, valid = min(CH, s.rows - r0);
+        const bool unfinished = valid < CH;  // only a segment's last chunk can be
+        const int tid = threadIdx.x, warp = tid >> 5;
+        const Lane l = lane_of();
+
+        load_k<NT, LB>(Bs, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
+#pragma unroll
+        for (int it = 0; it < CH * (D / 4) / NT; ++it) {  // v rows: 4 values a thread per step
+            const int idx = tid + it * NT;
+            const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
+            float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (vr < s.rows) {
+                const int src = row_source(tail_src, s, n, vr);
+                if (src < 0) {
+                    x = *reinterpret_cast<const float4*>(tails + (long)(-1 - src) * tail_width + Hk * D + h * D + d);
+                } else {
+                    const uint2 raw = *reinterpret_cast<const uint2*>(v + (long)src * v_stride + h * D + d);
+                    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+                    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+                    x = make_float4(lo.x, lo.y, hi.x, hi.y);
+                }
+            }
+            *reinterpret_cast<float4*>(Bs + r * LB + D + d) = x;
+        }
+        if (tid < CH) {
+            const int vr = r0 + tid;
+            float gv = 0.f, bv = 0.f;
+            if (vr < s.rows) {
+                const int src = row_source(tail_src, s, n, vr);
+                if (src < 0) {
+                    const float* row = tails + (long)(-1 - src) * tail_width + Hk * D + H * D;
+                    gv = row[h];
+                    bv = row[H + h];
+                } else {
+                    gv = g[(long)src * H + h];
+                    bv = beta[(long)src * H + h];
+                }
+            }
+            gs[tid] = gv;
+            bs[tid] = bv;
+        }
+        cp_async_wait_all();
+        __syncthreads();
+
+        if (unfinished) {  // keep the unfinished chunk's rows for the children (before any scaling)
+            float* out = tail_out + (long)n * CH * tail_width;
+            for (int idx = tid; idx < valid * D; idx += NT) {
+                const int r = idx / D, d = idx % D;
+                if (h % (H / Hk) == 0) out[r * tail_width + hk * D + d] = Bs[r * LB + d];
+                out[r * tail_width + Hk * D + h * D + d] = Bs[r * LB + D + d];
+            }
+            if (tid < valid) {
+                out[tid * tail_width + Hk * D + H * D + h] = gs[tid];
+                out[tid * tail_width + Hk * D + H * D + H + h] = bs[tid];
+            }
+        }
+        __syncthreads();  // the tail rows above read g before it becomes G
+        if (tid == 0) {  // G: a prefix sum in row order, so row i's value never depends on later rows
+            float acc = 0.f;
+            for (int r = 0; r < CH; ++r) {
+                acc += gs[r];
+                gs[r] = acc;
+            }
+        }
+        // k k^T on the 10 16 x 16 tiles at or below the diagonal: 20 16 x 8 tiles over the warps,
+        // a warp's tiles (up to KT) in one loop so that their products' latencies overlap
+        {
+            constexpr int KT = (20 + NT / 32 - 1) / (NT / 32);
+            int row[KT], col[KT];
+            float acc[KT][4];
+#pragma unroll
+            for (int m = 0; m < KT; ++m) {
+                const int q = warp + m * (NT / 32);
+                int ti = 0, tj = 0;
+                if (q < 20) lower_tile(q >> 1, ti, tj);
+                row[m] = ti * 16;
+                col[m] = tj * 16 + (q & 1) * 8;
+                acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+            }
+#pragma unroll 2
+            for (int k0 = 0; k0 < D; k0 += 8) {
+#pragma unroll
+                for (int m = 0; m < KT; ++m) {
+                    if (warp + m * (NT / 32) >= 20) continue;
+                    u32 a[4], b[2];
+                    load_a(a, Bs + row[m] * LB + k0, LB, 1, l);
+                    load_b(b, Bs + col[m] * LB + k0, 1, LB, l);  // (k, n) = k_n[k]
+                    mma(acc[m], a, b);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < KT; ++m)
+                if (warp + m * (NT / 32) < 20) store_c(As + row[m] * LC + col[m], LC, acc[m], l);
+        }
+        __syncthreads();
+        for (int idx = tid; idx < CH * CH; idx += NT) {
+            const int i = idx / CH, j = idx % CH;
+            As[i * LC + j] = j < i ? bs[i] * __expf(gs[i] - gs[j]) * As[i * LC + j] : 0.f;
+        }
+        __syncthreads();
+
+        // T = (I + A)^-1 by 16x16 blocks. Diagonal blocks by forward substitution, a warp each
+        // (lane: column c = lane & 15, half of the sum = lane >> 4); fixed summation orders.
+        if (warp < 4) {
+            const int b0 = warp * 16, col = (tid & 31) & 15, half = (tid & 31) >> 4;
+            for (int i = 0; i < 16; ++i) {
+                float acc = 0.f;
+                for (int j = col + half; j < i; j += 2) acc = fmaf(As[(b0 + i) * LC + b0 + j], Ts[(b0 + j) * LC + b0 + col], acc);
+                acc += __shfl_xor_sync(0xffffffffu, acc, 16);
+                if (half == 0) Ts[(b0 + i) * LC + b0 + col] = (col == i ? 1.f : 0.f) - acc;
+                __syncwarp();
+            }
+        }
+        // zero the blocks above the diagonal
+        for (int idx = tid; idx < CH * CH; idx += NT) {
+            const int i = idx / CH, j = idx % CH;
+            if ((j >> 4) > (i >> 4)) Ts[i * LC + j] = 0.f;
+        }
+        __syncthreads();
+        // off-diagonal blocks, one distance at a time: T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj, each
+        // (block pair, 8-column half) a warp, on tensor cores at fp32 accuracy (mma3); the pair's
+        // sum X lands in Xs[pair] for its second product
+        for (int dist = 1; dist < 4; ++dist) {
+            const int p = warp >> 1, half = warp & 1;
+            if (p < 4 - dist) {
+                const int bi = dist + p, bj = p, n0 = bj * 16 + half * 8;
+                float x[4] = {0.f, 0.f, 0.f, 0.f};
+                for (int k0 = bj * 16; k0 < bi * 16; k0 += 8) {
+                    float a[4], b[2];
+                    load_af(a, As + bi * 16 * LC + k0, LC, 1, l);
+                    load_bf(b, Ts + k0 * LC + n0, LC, 1, l);
+                    mma3(x, a, b);
+                }
+                float* X = Xs + p * 16 * LX + half * 8;
+                store_c(X, LX, x, l);
+                __syncwarp();
+                float y[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int k0 = 0; k0 < 16; k0 += 8) {
+                    float a[4], b[2];
+                    load_af(a, Ts + bi * 16 * LC + bi * 16 + k0, LC, 1, l);
+                    load_bf(b, X + k0 * LX, LX, 1, l);
+                    mma3(y, a, b);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) y[e] = -y[e];
+                store_c(Ts + bi * 16 * LC + n0, LC, y, l);
+            }
+            __syncthreads();
+        }
+
+        // [W | U~] = (T diag(beta e^G)) K | (T diag(beta)) V: warp w one 16-row tile by 16 8-column
+        // tiles (W for even warps, U~ for odd ones), its scaled T fragment shared by the 16, straight
+        // to the scratch (scaling T's columns, not K's and V's rows: no pass over [k | v])
+        const long slot = (long)(s.first + c) * H + h;
+        {
+            const int ti = warp >> 1, j0 = (warp & 1) * 16;
+            const bool is_w = (warp & 1) == 0;
+            float acc[16][4];
+#pragma unroll
+            for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll 2
+            for (int k0 = 0; k0 < CH; k0 += 8) {
+                float t[4];
+                load_af(t, Ts + ti * 16 * LC + k0, LC, 1, l);
+                const int k_lo = k0 + l.t, k_hi = k_lo + 4;
+                const float s_lo = is_w ? bs[k_lo] * __expf(gs[k_lo]) : bs[k_lo];
+                const float s_hi = is_w ? bs[k_hi] * __expf(gs[k_hi]) : bs[k_hi];
+                const u32 a[4] = {tf32(t[0] * s_lo), tf32(t[1] * s_lo), tf32(t[2] * s_hi), tf32(t[3] * s_hi)};
+#pragma unroll
+                for (int j = 0; j < 16; ++j) {
+                    u32 b[2];
+                    load_b(b, Bs + k0 * LB + (j0 + j) * 8, LB, 1, l);
+                    mma(acc[j], a, b);
+                }
+            }
+            float* dst = ((warp & 1) ? U : W) + slot * CH * D + ti * 16 * D;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                if (is_w)  // -W rounded: the state pass's operand as it uses it
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[j][e] = -rnd(acc[j][e]);
+                store_c(dst + j * 8, D, acc[j], l);
+            }
+        }
+        if (tid < CH) gcum[slot * CH + tid] = gs[tid];
+    }
+    finish_items(counters);
+}
+
+// The sequential pass, grid (D / NCOL, H, N), block NTH, dynamic shared memory GDN_STATE_SMEM.
+// Per chunk only U = U~ - W S and, for a finished chunk, S <- e^{G_C} S + K^T (e^{G_C - G} U); the next
+// chunk's W, K, U~ and G are copied in while this one computes (two buffers). It stores S_c
+// (the state at the chunk's start, [slots, H, 128, 128]) and U (over U~, in place) for
+// gdn_chunk_out. One launch runs the segments of one level, level_off[level] ..
+// level_off[level + 1] - 1; segment n starts from init_idx[n]: > 0 state slot init_slots[idx]
+// ([1 + S, H, 128, 128] fp32), -1 zeros, -2 - p the final state of in-pass parent p (which an
+// earlier level's launch wrote). final_state: [N, H, 128, 128] fp32, the state at each segment's
+// last chunk boundary.
+template <int NTH>
+__device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const float* __restrict__ W,
+                                            float* __restrict__ U, const float* __restrict__ gcum,
+                                            const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,
+                                            int max_chunks, const int* __restrict__ tail_src,
+                                            const float* __restrict__ tails, long tail_width,
+                                            const float* __restrict__ init_slots, const int* __restrict__ init_idx,
+                                            const int* __restrict__ level_off, int level, float* __restrict__ Sc,
+                                            float* __restrict__ final_state, int* __restrict__ counters) {
+    extern __shared__ __align__(128) float state_smem[];
+    constexpr int BUF = CH * LK + CH * LKS + CH * LS + CH;  // one chunk: W [64][LK], K [64][LKS], U [64][LS], G [64]
+    constexpr int TN = NCOL / 8;                      // 8-column tiles of the state a block owns
+    float* Ss = state_smem;                           // [128][LS] state columns col0 .. col0 + NCOL - 1
+
+    __shared__ int ticket;
+    const int n0 = level_off[level], items = (level_off[level + 1] - n0) * H * (D / NCOL);
+    for (;;) {
+        const int item = next_item(counters, &ticket);
+        if (item >= items) break;
+        const int n = n0 + item / (H * (D / NCOL)), h = item / (D / NCOL) % H, col0 = item % (D / NCOL) * NCOL;
+        const int hk = h / (H / Hk);
+        const int tid = threadIdx.x, warp = tid >> 5;
+        const Lane l = lane_of();
+        const Seg s = segment(cu, pos, n, max_chunks);
+        const long state_base = ((long)n * H + h) * D * D;
+        const int from = init_idx[n];
+        const float* init = from > 0 ? init_slots + ((long)from * H + h) * D * D
+                                     : from <= -2 ? final_state + ((long)(-2 - from) * H + h) * D * D : nullptr;
+
+        // chunk c's copies into buffer c & 1, one cp.async group
+        auto issue = [&](int c) {
+            float* Wb = Ss + D * LS + (c & 1) * BUF;
+            float* Kb = Wb + CH * LK;
+            float* Ub = Kb + CH * LKS;
+            float* gb = Ub + CH * LS;
+            const long slot = (long)(s.first + c) * H + h;
+            load_k<NTH, LKS>(Kb, kn, tail_src, tails, tail_width, s, c * CH, n, hk, Hk);
+#pragma unroll
+            for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
+                const int idx = tid + it * NTH;
+                const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
+                cp_async16(Wb + r * LK + d, W + (slot * CH + r) * D + d, true);
+            }
+#pragma unroll
+            for (int it = 0; it < CH * (NCOL / 4) / NTH; ++it) {
+                const int idx = tid + it * NTH;
+                const int r = idx / (NCOL / 4), d = (idx % (NCOL / 4)) * 4;
+                cp_async16(Ub + r * LS + d, U + (slot * CH + r) * D + col0 + d, true);
+            }
+            if (tid < CH / 4) cp_async16(gb + tid * 4, gcum + slot * CH + tid * 4, true);
+            cp_async_commit();
+        };
+
+        // S_0, into shared memory and (the first chunk's start state) into Sc; later chunks' start
+        // states are stored from the registers of the update that makes them
+        for (int idx = tid; idx < D * NCOL; idx += NTH) {
+            const int i = idx / NCOL, j = idx % NCOL;
+            const float x = init != nullptr ? init[(long)i * D + col0 + j] : 0.f;
+            Ss[i * LS + j] = x;
+            if (s.chunks > 0) Sc[((long)s.first * H + h) * D * D + (long)i * D + col0 + j] = rnd(x);
+        }
+        if (s.chunks > 0) issue(0);
+        for (int c = 0; c < s.chunks; ++c) {
+            // the other buffer was last read by chunk c - 1, which ended with a barrier
+            if (c + 1 < s.chunks) issue(c + 1);
+            else cp_async_commit();  // an empty group keeps "all but the newest" meaning chunk c
+            cp_async_wait<1>();
+            __syncthreads();
+            float* Wb = Ss + D * LS + (c & 1) * BUF;
+            float* Kb = Wb + CH * LK;
+            float* Ub = Kb + CH * LKS;
+            const float* gb = Ub + CH * LS;
+            const long slot = (long)(s.first + c) * H + h;
+            const float g_end = gb[CH - 1];
+            {  // U = U~ - W S: a warp one 16-row tile by TPW 8-column tiles (its W fragments shared)
+                constexpr int TPW = (CH / 16) * TN / (NTH / 32);
+                static_assert(TPW >= 1 && TN % TPW == 0, "whole column groups a warp");
+                const int t0 = warp * TPW, ti = t0 / TN, n0 = (t0 % TN) * 8;
+                float u[TPW][4];
+#pragma unroll
+                for (int j = 0; j < TPW; ++j) load_c(u[j], Ub + ti * 16 * LS + n0 + j * 8, LS, l);
+#pragma unroll 4
+                for (int k0 = 0; k0 < D; k0 += 8) {
+                    u32 w[4];
+                    load_a<true>(w, Wb + ti * 16 * LK + k0, LK, 1, l);  // -W, rounded by the solve
+#pragma unroll
+                    for (int j = 0; j < TPW; ++j) {
+                        u32 b[2];
+                        load_b(b, Ss + k0 * LS + n0 + j * 8, LS, 1, l);
+                        mma(u[j], w, b);
+                    }
+                }
+                // U to global for the output pass; e^{G_C - G_r} U to shared memory for the update
+                // below (the decay of K~ = e^{G_C - G} K moved onto U's rows: one pass over K fewer);
+                // both are only ever tf32 operands: stored rounded
+                const float dlo = __expf(g_end - gb[ti * 16 + l.g]), dhi = __expf(g_end - gb[ti * 16 + l.g + 8]);
+#pragma unroll
+                for (int j = 0; j < TPW; ++j) {
+                    const float ru[4] = {rnd(u[j][0]), rnd(u[j][1]), rnd(u[j][2]), rnd(u[j][3])};
+                    store_c(U + (slot * CH + ti * 16) * D + col0 + n0 + j * 8, D, ru, l);
+                    const float su[4] = {rnd(u[j][0] * dlo), rnd(u[j][1] * dlo), rnd(u[j][2] * dhi), rnd(u[j][3] * dhi)};
+                    store_c(Ub + ti * 16 * LS + n0 + j * 8, LS, su, l);
+                }
+            }
+            __syncthreads();
+            if (s.rows - c * CH >= CH) {  // a finished chunk: S <- e^{G_C} S + K^T (e^{G_C - G} U)
+                constexpr int TPB = (D / 16) * TN / (NTH / 32);
+                static_assert(TPB >= 1 && TN % TPB == 0, "whole column groups a warp");
+                const int t0 = warp * TPB, ti = t0 / TN, n0 = (t0 % TN) * 8;
+                const float decay = __expf(g_end);
+                float st[TPB][4];
+#pragma unroll
+                for (int j = 0; j < TPB; ++j) {
+                    load_c(st[j], Ss + ti * 16 * LS + n0 + j * 8, LS, l);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) st[j][e] *= decay;
+                }
+#pragma unroll 2
+                for (int k0 = 0; k0 < CH; k0 += 8) {
+                    u32 a[4];
+                    load_a(a, Kb + k0 * LKS + ti * 16, 1, LKS, l);  // (i, k) = K[k][i]
+#pragma unroll
+                    for (int j = 0; j < TPB; ++j) {
+                        u32 b[2];
+                        load_b<true>(b, Ub + k0 * LS + n0 + j * 8, LS, 1, l);
+                        mma(st[j], a, b);
+                    }
+                }
+                // S_{c+1}: to shared memory for the next chunk, and as that chunk's start state (an
+                // operand of the output pass: rounded) to Sc
+                const bool next = c + 1 < s.chunks;
+                float* sc_next = Sc + (slot + H) * D * D + (long)(ti * 16) * D + col0 + n0;
+#pragma unroll
+                for (int j = 0; j < TPB; ++j) {
+                    store_c(Ss + ti * 16 * LS + n0 + j * 8, LS, st[j], l);
+                    const float rs[4] = {rnd(st[j][0]), rnd(st[j][1]), rnd(st[j][2]), rnd(st[j][3])};
+                    if (next) store_c(sc_next + j * 8, D, rs, l);
+                }
+            }
+            __syncthreads();  // this buffer and the state are done before the next chunk's copies and products
+        }
+        __syncthreads();
+        for (int idx = tid; idx < D * NCOL; idx += NTH) {
+            const int i = idx / NCOL, j = idx % NCOL;
+            final_state[state_base + (long)i * D + col0 + j] = Ss[i * LS + j];
+        }
+    }
+    finish_items(counters);
+}
+
+#define GDN_CHUNK_STATE(NAME, NTH)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(NTH) NAME(                                                          \
+        const float* __restrict__ kn, const float* __restrict__ W, float* __restrict__ U,                           \
+        const float* __restrict__ gcum, const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,     \
+        int max_chunks, const int* __restrict__ tail_src, const float* __restrict__ tails, long tail_width,         \
+        const float* __restrict__ init_slots, const int* __restrict__ init_idx, const int* __restrict__ level_off,   \
+        int level, float* __restrict__ Sc, float* __restrict__ final_state, int* __restrict__ counters) {             \
+        chunk_state<NTH>(kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_src, tails, tail_width, init_slots,        \
+                         init_idx, level_off, level, Sc, final_state, counters);                                     \
+    }
+GDN_CHUNK_STATE(gdn_chunk_state_w8, 256)
+GDN_CHUNK_STATE(gdn_chunk_state_w16, 512)
+
+// The output pass, grid (max_chunks, H, N), block NTO, dynamic shared memory GDN_OUT_SMEM: every
+// chunk of every head at once, from S_c and U of gdn_chunk_state. Warp w owns the 8 value
+// columns 8w of all 64 rows; its S_c and U fragments are loaded from global memory first, while
+// the q and k rows copy in and P forms (once a chunk: one block holds all columns).
+// out: [T, H, 128] bf16, own rows only (tail rows have no query: their outputs belong to the parent).
+extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
+    const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ U,
+    const float* __restrict__ Sc, const float* __restrict__ gcum, const int* __restrict__ cu,
+    const int* __restrict__ pos, int H, int Hk, int max_chunks, const int* __restrict__ tail_src,
+    const float* __restrict__ tails, long tail_width, __nv_bfloat16* __restrict__ out, const int* __restrict__ list,
+    int* __restrict__ counters) {
+    extern __shared__ __align__(128) float smem[];
+    float* Qs = smem;           // [64][LK]  q
+    float* Ks = Qs + CH * LK;   // [64][LK]  k, then P [64][LC]
+    float* gs = Ks + CH * LK;   // [64]      G
+    float* Ps = Ks;
+
+    __shared__ int ticket;
+    int slot_c, h, n, c;
+    while (next_chunk_item(list, H, counters, &ticket, slot_c, h, n, c)) {
+        const int hk = h / (H / Hk);
+        const int col = (threadIdx.x >> 5) * 8;  // this warp's value columns
+        const int tid = threadIdx.x, warp = tid >> 5;
+        const Lane l = lane_of();
+        const Seg s = segment(cu, pos, n, max_chunks);
+        const int r0 = c * CH;
+        const long slot = (long)slot_c * H + h;
+
+        load_k<NTO>(Ks, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
+#pragma unroll
+        for (int it = 0; it < CH * (D / 4) / NTO; ++it) {
+            const int idx = tid + it * NTO;
+            const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
+            const bool own = vr >= s.tail && vr < s.rows;
+            cp_async16(Qs + r * LK + d, own ? qn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d : qn, own);
+        }
+        if (tid < CH / 4) cp_async16(gs + tid * 4, gcum + slot * CH + tid * 4, true);
+        cp_async_commit();
+        // B fragments of S_c (k = key row, n = column) and of U (k = chunk row) for this warp's strip
+        float sf[D / 8][2], uf[CH / 8][2];
+        const float* Sg = Sc + slot * D * D + col;
+        const float* Ug = U + slot * CH * D + col;
+#pragma unroll
+        for (int k = 0; k < D / 8; ++k) {
+            sf[k][0] = Sg[(k * 8 + l.t) * D + l.g];
+            sf[k][1] = Sg[(k * 8 + l.t + 4) * D + l.g];
+        }
+#pragma unroll
+        for (int k = 0; k < CH / 8; ++k) {
+            uf[k][0] = Ug[(k * 8 + l.t) * D + l.g];
+            uf[k][1] = Ug[(k * 8 + l.t + 4) * D + l.g];
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int idx = tid; idx < CH * D; idx += NTO) {  // q is only a tf32 operand here (every warp reads all)
+            float* x = Qs + (idx / D) * LK + idx % D;
+            *x = rnd(*x);
+        }
+        __syncthreads();
+
+        // P = (q k^T) e^{G_i - G_j}, j <= i: the 10 16 x 16 tiles at or below the diagonal as 20
+        // 16 x 8 tiles (up to 2 a warp), masked and decayed in registers
+        constexpr int PT = (20 + NTO / 32 - 1) / (NTO / 32);
+        float p[PT][4];
+#pragma unroll
+        for (int q = 0; q < PT; ++q) {
+            const int t = warp + q * (NTO / 32);
+            if (t < 20) {
+                int ti, tj;
+                lower_tile(t >> 1, ti, tj);
+                const int n0 = tj * 16 + (t & 1) * 8;
+                p[q][0] = p[q][1] = p[q][2] = p[q][3] = 0.f;
+#pragma unroll 4
+                for (int k0 = 0; k0 < D; k0 += 8) {
+                    u32 a[4], b[2];
+                    load_a<true>(a, Qs + ti * 16 * LK + k0, LK, 1, l);
+                    load_b(b, Ks + n0 * LK + k0, 1, LK, l);  // (k, n) = k_n[k]
+                    mma(p[q], a, b);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = ti * 16 + l.g + (e >> 1) * 8, j = n0 + 2 * l.t + (e & 1);
+                    p[q][e] = j <= i ? __expf(gs[i] - gs[j]) * p[q][e] : 0.f;
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with k: P takes its place
+#pragma unroll
+        for (int q = 0; q < PT; ++q) {
+            const int t = warp + q * (NTO / 32);
+            if (t < 20) {
+                int ti, tj;
+                lower_tile(t >> 1, ti, tj);
+                store_c(Ps + ti * 16 * LC + tj * 16 + (t & 1) * 8, LC, p[q], l);
+            }
+        }
+        __syncthreads();
+
+        // O = e^G (Q S_c) + P U on the warp's 64 x 8 strip (P is zero above its diagonal tiles)
+        float o[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+#pragma unroll
+        for (int k = 0; k < D / 8; ++k) {
+            const u32 b[2] = {__float_as_uint(sf[k][0]), __float_as_uint(sf[k][1])};  // S_c: stored rounded
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                u32 a[4];
+                load_a<true>(a, Qs + i * 16 * LK + k * 8, LK, 1, l);
+                mma(o[i], a, b);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float lo = __expf(gs[i * 16 + l.g]), hi = __expf(gs[i * 16 + l.g + 8]);
+            o[i][0] *= lo;
+            o[i][1] *= lo;
+            o[i][2] *= hi;
+            o[i][3] *= hi;
+        }
+#pragma unroll
+        for (int k = 0; k < CH / 8; ++k) {
+            const u32 b[2] = {__float_as_uint(uf[k][0]), __float_as_uint(uf[k][1])};  // U: stored rounded
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                if (k * 8 >= (i + 1) * 16) continue;
+                u32 a[4];
+                load_a(a, Ps + i * 16 * LC + k * 8, LC, 1, l);
+                mma(o[i], a, b);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int vr = r0 + i * 16 + l.g + e * 8;
+                if (vr >= s.tail && vr < s.rows)
+                    *reinterpret_cast<__nv_bfloat162*>(out + ((long)(s.start + vr - s.tail) * H + h) * D + col + 2 * l.t) =
+                        __floats2bfloat162_rn(o[i][2 * e], o[i][2 * e + 1]);
+            }
+        }
+    }
+    finish_items(counters);
+}

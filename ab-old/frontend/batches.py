@@ -1,0 +1,149 @@
+"""Tokenize a compiled request into candidate batches, streaming (the contract's last check).
+
+Candidates are rendered and tokenized in question/candidate order, `batch_size` at a time, and
+each batch is yielded as soon as it is tokenized so that the caller can stream it to the worker
+while the rest are tokenized: the frontend holds one batch of prompts at a time, never the
+whole request's. A candidate longer than `max_length` raises `ContractError("question {id}: {n}
+tokens exceeds max_length={m}; no silent truncation")` for the first such candidate in that
+order, before its batch is yielded; once the running token count passes `max_tokens`, the
+batch raises `ContractError("request exceeds the token limit")`.
+
+Because earlier batches have already been yielded by then, a caller that streams must treat
+those errors as the end of the request: cancel what it sent to the worker and answer
+INVALID_ARGUMENT (the worker never answers a request whose stream did not complete). A caller
+that must not send anything for an invalid request uses `tokenize_request`, which tokenizes
+everything first.
+
+A split at the state's end is not exact for every state (the pre-tokenizer's regex may join the
+state's last characters with the text after it: whitespace runs, letters after an apostrophe),
+so prompts are cut only where the tokenizer provably starts afresh, after a line feed that a
+non-whitespace character follows (`openjev.pieces`): the pieces a request's candidates share,
+and those an earlier request already had, are encoded once. The ids are those of whole-text
+encoding, bit for bit.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from openjev.contract import errors
+from openjev.contract.errors import ContractError, too_long_message
+from openjev.contract.request import DecisionRequest
+from openjev.tokenizer import PromptTokenizer
+
+# Candidates per batch: a request of at most this many is sent to the worker in one message.
+BATCH_CANDIDATES = 16
+
+# What `encode` is run through: a bounded executor's submit-and-wait in the server, or a plain
+# call. Lets the frontend keep tokenization off its RPC threads without this module knowing.
+Encode = Callable[[list[str]], list[list[int]]]
+
+
+class EncodeGate:
+    """Runs `encode` on the caller's thread, at most `slots` calls at once, the others waiting
+    their turn in arrival order. The frontend calls it from gRPC's sending thread of each worker
+    call (never an RPC thread), so a large request shares the CPU with small ones, batch by
+    batch, instead of holding it. Where a free slot exists nothing waits: a small request's
+    batch is encoded with no thread hand-off (a pool's submit-and-wait costs two wake-ups)."""
+
+    def __init__(self, encode: Encode, slots: int):
+        if slots < 1:
+            raise ValueError("slots must be positive")
+        self._encode = encode
+        self._free = slots
+        self._turns: deque[threading.Lock] = deque()  # held locks of waiters, first come first
+        self._lock = threading.Lock()
+
+    def __call__(self, prompts: list[str]) -> list[list[int]]:
+        with self._lock:
+            turn = None
+            if self._free and not self._turns:
+                self._free -= 1
+            else:
+                turn = threading.Lock()
+                turn.acquire()
+                self._turns.append(turn)
+        if turn is not None:
+            turn.acquire()  # released by the call that hands its slot over
+        try:
+            return self._encode(prompts)
+        finally:
+            with self._lock:
+                if self._turns:
+                    self._turns.popleft().release()  # the slot passes on, never freed in between
+                else:
+                    self._free += 1
+
+
+@dataclass(frozen=True)
+class TokenizedCandidate:
+    question_index: int
+    candidate_index: int
+    # The encoder's list, as is: protobuf copies a list of ints into a message about twice as
+    # fast as an array('I') (whose ints it must create), and the list exists either way.
+    token_ids: list[int]
+
+
+def iter_candidate_batches(
+    request: DecisionRequest,
+    tokenizer: PromptTokenizer,
+    max_length: int,
+    batch_size: int = BATCH_CANDIDATES,
+    *,
+    max_tokens: int | None = None,
+    encode: Encode | None = None,
+) -> Iterator[list[TokenizedCandidate]]:
+    """Yield batches of at most `batch_size` tokenized candidates, in question/candidate order."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be positive")
+    if max_length < 1:
+        raise ValueError("max_length must be positive")
+    run = encode or tokenizer.encode
+    total = [0]
+    pending: list[tuple[int, int]] = []
+    prompts: list[str] = []
+    for question_index, question in enumerate(request.questions):
+        for candidate_index, prompt in enumerate(question.prompts):
+            pending.append((question_index, candidate_index))
+            prompts.append(prompt)
+            if len(prompts) == batch_size:
+                yield _tokenize(request, run, max_length, max_tokens, total, pending, prompts)
+                pending, prompts = [], []
+    if prompts:
+        yield _tokenize(request, run, max_length, max_tokens, total, pending, prompts)
+
+
+def tokenize_request(
+    request: DecisionRequest, tokenizer: PromptTokenizer, max_length: int, *, max_tokens: int | None = None
+) -> list[list[list[int]]]:
+    """Every candidate's token ids, [question][candidate], checked before anything is returned
+    (an offline helper: it holds the whole request)."""
+    ids: list[list[list[int]]] = [[] for _ in request.questions]
+    for batch in iter_candidate_batches(request, tokenizer, max_length, 64, max_tokens=max_tokens):
+        for candidate in batch:
+            ids[candidate.question_index].append(candidate.token_ids)
+    return ids
+
+
+def _tokenize(
+    request: DecisionRequest,
+    encode: Encode,
+    max_length: int,
+    max_tokens: int | None,
+    total: list[int],
+    positions: list[tuple[int, int]],
+    prompts: list[str],
+) -> list[TokenizedCandidate]:
+    batch = []
+    for (question_index, candidate_index), token_ids in zip(positions, encode(prompts), strict=True):
+        if len(token_ids) > max_length:
+            question_id = request.questions[question_index].id
+            raise ContractError(too_long_message(question_id, len(token_ids), max_length))
+        total[0] += len(token_ids)
+        if max_tokens is not None and total[0] > max_tokens:
+            raise ContractError(errors.TOKEN_LIMIT)
+        batch.append(TokenizedCandidate(question_index, candidate_index, token_ids))
+    return batch

@@ -1,0 +1,266 @@
+"""The reference HTTP route beside the gRPC API: `POST /v1/systemone`, `GET /health`,
+`GET /metrics`, `GET /openapi.json`.
+
+A request takes the very path a gRPC `Decide` takes (`DecisionServicer.answer`: validation,
+tokenization streamed to the worker, answers) on a thread of its own, so the answers are the
+same bytes; only the transport and the status mapping differ:
+
+| outcome (gRPC code)                        | HTTP |
+|--------------------------------------------|------|
+| answered (OK)                              | 200  |
+| bearer token missing or unknown            | 401  |
+| body not `application/json`                | 415  |
+| body over `--http-max-body-bytes`          | 413  |
+| bad `x-timeout-seconds` header             | 400  |
+| contract violation (INVALID_ARGUMENT)      | 422, the same message |
+| worker queue full (RESOURCE_EXHAUSTED)     | 503 + Retry-After |
+| no worker serving (UNAVAILABLE, CANCELLED) | 503 + Retry-After |
+| deadline passed (DEADLINE_EXCEEDED)        | 504  |
+| the worker failed (INTERNAL, any other)    | 502  |
+| anything else                              | 500, no internals |
+
+Errors are `{"error": MESSAGE}`. The request id is the caller's `x-request-id` (printable ASCII,
+at most 128 characters) or a new one, echoed in the response's `x-request-id` either way, as the
+gRPC path echoes it in metadata. A client that disconnects cancels the worker's work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any
+
+import grpc
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from openjev import interceptors, logs, metrics, tracing
+from openjev.client import response_to_json
+from openjev.frontend.http.openapi import openapi_document
+from openjev.frontend.service import DecisionServicer, Refused
+from openjev.interceptors import REQUEST_ID_KEY, RequestInfo
+from openjev.v1 import decision_pb2 as api
+
+log = logs.get("openjev.frontend")
+
+ROUTE = "/v1/systemone"
+RETRY_AFTER_SECONDS = "1"
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
+_TIMEOUT_HEADER = "x-timeout-seconds"
+MAX_TIMEOUT_SECONDS = 86400.0
+
+# gRPC code of a refusal -> HTTP status; codes not listed are a worker failure (502).
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 422,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.CANCELLED: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+
+class HttpCallContext:
+    """What the servicer's decide path asks of a gRPC context, for one HTTP request: the time
+    left before the caller's deadline, and callbacks run when the caller goes away."""
+
+    def __init__(self, request_id: str, deadline: float | None):
+        self._request_id = request_id
+        self._deadline = deadline
+        self._callbacks: list[Callable[[], None]] = []
+        self._cancelled = False
+        self._lock = threading.Lock()
+
+    def invocation_metadata(self):
+        return ((REQUEST_ID_KEY, self._request_id),)
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    def is_active(self) -> bool:
+        return not self._cancelled and (self._deadline is None or time.monotonic() < self._deadline)
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        with self._lock:
+            if not self._cancelled:
+                self._callbacks.append(callback)
+                return True
+        callback()  # already gone: cancel at once
+        return False
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+def _error_body(message: str) -> bytes:
+    return json.dumps({"error": message}, ensure_ascii=False).encode()
+
+
+def _error(status: int, message: str, headers: dict[str, str]) -> Response:
+    return Response(_error_body(message), status_code=status, media_type="application/json", headers=headers)
+
+
+def _is_json(content_type: str | None) -> bool:
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    return media_type == "application/json"
+
+
+class HttpApi:
+    """The Starlette app over one servicer. ready(): whether traffic may flow (the worker link
+    is compatible and the frontend is not draining); None when it may, else the reason."""
+
+    def __init__(
+        self,
+        servicer: DecisionServicer,
+        ready: Callable[[], str | None],
+        *,
+        max_body_bytes: int,
+        max_workers: int = 32,
+        authorize: Callable[[str], bool] | None = None,
+    ):
+        self.servicer = servicer
+        self.ready = ready
+        # The public API's bearer-token check, given the `authorization` header ("" when absent);
+        # None: no tokens configured. The same check the gRPC port applies (one token set).
+        self.authorize = authorize
+        self.draining = False  # set on SIGTERM: not ready while requests in flight finish
+        self.max_body_bytes = max_body_bytes
+        # Decide blocks (it streams to the worker over a synchronous channel): one thread each.
+        self._pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="http")
+        self._observer = metrics.FrontendObserver()
+        accepted = sorted(servicer.meta.accepted_model_names)
+        document = openapi_document(max_body_bytes, accepted, servicer.max_questions)
+        self._openapi = json.dumps(document).encode()
+        self.app = Starlette(
+            routes=[
+                Route(ROUTE, self.systemone, methods=["POST"]),
+                Route("/health", self.health, methods=["GET"]),
+                Route("/metrics", self.metrics, methods=["GET"]),
+                Route("/openapi.json", self.openapi, methods=["GET"]),
+            ]
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+    async def health(self, request: Request) -> Response:
+        problem = "the frontend is shutting down" if self.draining else self.ready()
+        if problem is None:
+            return JSONResponse({"status": "SERVING"})
+        return JSONResponse({"status": "NOT_SERVING", "reason": problem}, status_code=503)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(generate_latest(metrics.frontend_registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def openapi(self, request: Request) -> Response:
+        return Response(self._openapi, media_type="application/json")
+
+    async def systemone(self, request: Request) -> Response:
+        given = request.headers.get(REQUEST_ID_KEY, "")
+        request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        headers = {REQUEST_ID_KEY: request_id}
+        if self.authorize is not None and not self.authorize(request.headers.get("authorization", "")):
+            return _error(401, "missing or unknown bearer token", {**headers, "www-authenticate": "Bearer"})
+        if not _is_json(request.headers.get("content-type")):
+            return _error(415, "content type must be application/json", headers)
+        too_large = f"request body exceeds {self.max_body_bytes} bytes"
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            return _error(413, too_large, headers)
+        deadline = None
+        if _TIMEOUT_HEADER in request.headers:
+            try:
+                seconds = float(request.headers[_TIMEOUT_HEADER])
+            except ValueError:
+                seconds = -1.0
+            if not 0 < seconds <= MAX_TIMEOUT_SECONDS:  # also refuses nan
+                return _error(
+                    400, f"{_TIMEOUT_HEADER} must be a number of seconds in (0, {MAX_TIMEOUT_SECONDS:g}]", headers
+                )
+            deadline = time.monotonic() + seconds
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    return _error(413, too_large, headers)
+                chunks.append(chunk)
+        except ClientDisconnect:  # gone before the body arrived: nothing to answer, nothing ran
+            return Response(status_code=400)
+        body = b"".join(chunks)
+
+        context = HttpCallContext(request_id, deadline)
+        trace_headers = {k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")}
+        loop = asyncio.get_running_loop()
+        answer = loop.run_in_executor(self._pool, self._decide, body, context, request_id, trace_headers)
+        gone = asyncio.ensure_future(_disconnected(request))
+        racing: set[asyncio.Future[Any]] = {answer, gone}
+        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        if not answer.done():
+            context.cancel()  # the caller went away: the worker stops at its next pass boundary
+        gone.cancel()
+        status, payload, extra = await answer
+        return Response(payload, status_code=status, media_type="application/json", headers={**headers, **extra})
+
+    def _decide(
+        self, body: bytes, context: HttpCallContext, request_id: str, trace_headers: dict[str, str]
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """On a pool thread: the servicer's decide path, its outcome as (status, body, headers)."""
+        started = time.perf_counter()
+        info = RequestInfo(ROUTE, request_id)
+        fields: dict = {"request_id": request_id, "transport": "http"}
+        bound = structlog.contextvars.bind_contextvars(request_id=request_id)
+        outcome = "UNKNOWN"
+        self._observer.on_start(info)
+        try:
+            with tracing.server_span(f"POST {ROUTE}", trace_headers), interceptors.current_request(info):
+                try:
+                    text = body.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = "\x00"  # not JSON either way: the contract's own message follows
+                response = self.servicer.answer(api.DecideRequest(request_json=text), context, request_id, fields)
+                payload = json.dumps(response_to_json(response), ensure_ascii=False).encode()
+                self._observer.on_response(info, response)
+                outcome = "OK"
+                log.info("decide", status=outcome, http_status=200, latency_ms=_ms(started), **fields)
+                return 200, payload, {}
+        except Refused as refused:
+            outcome = refused.code.name
+            status = HTTP_STATUS.get(refused.code, 502)
+            log.info(
+                "decide", status=outcome, http_status=status, reason=refused.message, latency_ms=_ms(started), **fields
+            )
+            extra = {"retry-after": RETRY_AFTER_SECONDS} if status == 503 else {}
+            return status, _error_body(refused.message), extra
+        except Exception as error:  # a bug of ours: logged in full, never shown to the caller
+            outcome = "INTERNAL"
+            log.exception("decide", status=outcome, http_status=500, reason=repr(error), **fields)
+            return 500, _error_body("internal error"), {}
+        finally:
+            self._observer.on_end(info, outcome, time.perf_counter() - info.started)
+            structlog.contextvars.reset_contextvars(**bound)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone away (the body is already read, so only that is left)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1e3, 3)

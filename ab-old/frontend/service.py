@@ -1,0 +1,521 @@
+"""The public gRPC servicer: validate, tokenize while streaming to the worker, assemble answers."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from openjev import abi, interceptors, logs, tracing
+from openjev.contract.answers import answer_from_probabilities
+from openjev.contract.errors import PREFIX_POLICY, ContractError
+from openjev.contract.literals import PrefixPolicy
+from openjev.contract.render import dumps_exact
+from openjev.contract.request import MAX_RENDERED_BYTES, DecisionRequest, parse_request_json
+from openjev.export import ExportMeta
+from openjev.frontend import routing
+from openjev.frontend.batches import BATCH_CANDIDATES, EncodeGate, iter_candidate_batches
+from openjev.frontend.worker_link import WorkerLink
+from openjev.interceptors import REQUEST_ID_KEY
+from openjev.tokenizer import PromptTokenizer
+from openjev.v1 import decision_pb2 as api
+from openjev.v1 import decision_pb2_grpc
+from openjev.worker.v1 import worker_pb2 as wire
+
+log = logs.get("openjev.frontend")
+
+METHOD = "open-jev-scalar-head"
+# Submitted tokens per request, all candidates together (as the worker's default): the largest
+# request the contract allows (65,536 short candidates, ~2.3 M tokens) fits.
+DEFAULT_MAX_REQUEST_TOKENS = 1 << 22
+# Worker failures the client sees as they are; anything else from a worker is INTERNAL.
+_PASSED_THROUGH = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.CANCELLED,
+}
+
+# A worker call that failed UNAVAILABLE before the worker accepted it ran nowhere: it is tried
+# again (on another worker where there is one) up to this many times in all, within the same
+# deadline, after RETRY_BACKOFF_SECONDS, doubling. gRPC's own retries are off (worker_link.py).
+MAX_ATTEMPTS = 3
+RETRY_BACKOFF_SECONDS = 0.05
+
+
+class Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str, *, unrun: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        # The worker failed the call before sending any result; with RESOURCE_EXHAUSTED (a full
+        # queue) the request never ran there and may go to another worker.
+        self.unrun = unrun
+
+
+class _NotAccepted(Exception):
+    """A worker call failed UNAVAILABLE before the worker accepted it: it ran nowhere."""
+
+    def __init__(self, refused: Refused):
+        super().__init__(refused.message)
+        self.refused = refused
+        # set when the call was the round-robin resend after a full queue: the retry stays
+        # round-robin, so the context's full worker is not asked a third time
+        self.after_queue_full = False
+
+
+def _accepted(call) -> bool:
+    """Whether the worker accepted the call (its response headers say so). Asked once the call
+    has ended, when its headers, if any came, are in."""
+    return any(key == abi.ACCEPTED_METADATA_KEY for key, _value in call.initial_metadata() or ())
+
+
+class _NoUnary(Exception):
+    """The worker answered ExecuteUnary UNIMPLEMENTED (a worker from before it): nothing ran."""
+
+
+def _failure(call, code: grpc.StatusCode, details: str | None, *, unrun: bool) -> Exception:
+    """A failed worker call as the servicer reports it: Refused, or _NotAccepted when it failed
+    UNAVAILABLE before the worker accepted it."""
+    code = code if code in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
+    refused = Refused(code, f"worker: {details}", unrun=unrun)
+    if code == grpc.StatusCode.UNAVAILABLE and not _accepted(call):
+        return _NotAccepted(refused)
+    return refused
+
+
+def _place(results: list, question: wire.QuestionResult) -> None:
+    index = question.question_index
+    if index >= len(results) or results[index] is not None:
+        raise Refused(grpc.StatusCode.INTERNAL, f"worker returned question {index} twice or out of range")
+    results[index] = question
+
+
+def _add_candidates(into, batch) -> int:
+    """Append a tokenized batch to a repeated Candidate field (a stream message's batch or the
+    one-message request); returns the tokens it held."""
+    tokens = 0
+    for candidate in batch:
+        tokens += len(candidate.token_ids)
+        into.add(
+            question_index=candidate.question_index,
+            candidate_index=candidate.candidate_index,
+            token_ids=candidate.token_ids,
+        )
+    return tokens
+
+
+def _as_stream(request: wire.ExecuteUnaryRequest):
+    """An ExecuteUnary request as the Execute stream of the same request."""
+    yield wire.ExecuteRequest(header=request.header)
+    yield wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=request.candidates))
+    yield wire.ExecuteRequest(commit=wire.Commit())
+
+
+def answer_to_proto(question_id: str, answer: dict) -> api.Answer:
+    message = api.Answer(question_id=question_id)
+    kind = answer["type"]
+    if kind == "noul":
+        message.noul.noul = answer["noul"]
+        return message
+    message.keys.extend(answer["probabilities"].keys())
+    message.probabilities.extend(answer["probabilities"].values())
+    if kind == "choice":
+        message.choice.choice = answer["choice"]
+        message.choice.confidence = answer["confidence"]
+    else:
+        message.score.score = answer["score"]
+        message.score.confidence = answer["confidence"]
+        message.score.legend_json.extend(dumps_exact(level, sort_keys=False) for level in answer["legend"].values())
+    return message
+
+
+class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
+    def __init__(
+        self,
+        meta: ExportMeta,
+        tokenizer: PromptTokenizer,
+        link: WorkerLink,
+        *,
+        max_questions: int = 4096,
+        max_candidates: int = 65536,
+        max_request_tokens: int = DEFAULT_MAX_REQUEST_TOKENS,
+        max_rendered_bytes: int = MAX_RENDERED_BYTES,
+        tokenizer_threads: int = 2,
+        worker_deadline_seconds: float = 120.0,
+        affinity_prefix_bytes: int = routing.DEFAULT_PREFIX_BYTES,
+    ):
+        self.meta = meta
+        self.tokenizer = tokenizer
+        self.link = link
+        self.max_questions = max_questions
+        self.max_candidates = max_candidates
+        self.max_request_tokens = max_request_tokens
+        self.max_rendered_bytes = max_rendered_bytes
+        self.worker_deadline_seconds = worker_deadline_seconds
+        self.affinity_prefix_bytes = affinity_prefix_bytes
+        self._replay_budget = routing.ReplayBudget(routing.REPLAY_TOTAL_BYTES)
+        self._chat_template_bytes = len((tokenizer.chat_prefix + tokenizer.chat_suffix).encode("utf-8"))
+        # Tokenizing is the frontend's CPU work: batch by batch in arrival order, never more
+        # than `tokenizer_threads` batches at once (on gRPC's sending threads, see EncodeGate).
+        self._encode = EncodeGate(self.tokenizer.encode, tokenizer_threads)
+
+    def close(self) -> None:
+        """Nothing to release: tokenizing holds no threads of its own."""
+
+    def worker_timeout(self, context) -> float:
+        """The worker call's deadline: the client's, capped at worker_deadline_seconds (also when
+        the client set none), so a silent worker never holds a request longer than that."""
+        remaining = context.time_remaining()
+        return self.worker_deadline_seconds if remaining is None else min(remaining, self.worker_deadline_seconds)
+
+    def DescribeModel(self, request, context):
+        describe = self.link.state.describe
+        return api.DescribeModelResponse(
+            model_id=self.meta.model_id,
+            accepted_names=sorted(self.meta.accepted_model_names),
+            checkpoint_revision=describe.checkpoint_revision if describe else self.meta.checkpoint_revision,
+            temperature=self.meta.temperature,
+            max_length=self.meta.max_length,
+            max_questions=self.max_questions,
+            max_candidates=self.max_candidates,
+            default_prefix_policy=describe.default_prefix_policy if describe else api.PREFIX_POLICY_UNSPECIFIED,
+            backend=describe.backend if describe else "",
+        )
+
+    def Decide(self, request, context):
+        started = time.perf_counter()
+        request_id = dict(context.invocation_metadata()).get(REQUEST_ID_KEY) or uuid.uuid4().hex
+        fields: dict = {"request_id": request_id}
+        try:
+            response = self._decide(request, context, request_id, fields)
+        except Refused as refused:
+            log.info(
+                "decide",
+                status=refused.code.name,
+                reason=refused.message,
+                latency_ms=round((time.perf_counter() - started) * 1e3, 3),
+                **fields,
+            )
+            context.abort(refused.code, refused.message)
+        log.info("decide", status="OK", latency_ms=round((time.perf_counter() - started) * 1e3, 3), **fields)
+        return response
+
+    def answer(self, request: api.DecideRequest, context, request_id: str, fields: dict) -> api.DecideResponse:
+        """The Decide path without its gRPC status: raises Refused. The HTTP route calls it with
+        a context of its own (openjev.frontend.http.app.HttpCallContext)."""
+        return self._decide(request, context, request_id, fields)
+
+    def _decide(self, request, context, request_id: str, fields: dict) -> api.DecideResponse:
+        try:
+            with tracing.span("validate"):
+                decision = parse_request_json(
+                    request.request_json,
+                    accepted_models=self.meta.accepted_model_names,
+                    max_questions=self.max_questions,
+                    max_candidates=self.max_candidates,
+                    max_rendered_bytes=self.max_rendered_bytes,
+                    chat_template_bytes=self._chat_template_bytes,
+                )
+        except ContractError as error:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message) from error
+        fields.update(kinds=sorted({q.kind for q in decision.questions}), candidates=decision.num_candidates)
+        interceptors.note_kinds(fields["kinds"])
+        try:
+            policy = abi.policy_from_enum(request.prefix_policy) or decision.prefix_policy
+        except KeyError:  # an enum value this build does not know (proto3 enums are open)
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, PREFIX_POLICY) from None
+        link_state = self.link.state
+        if link_state.problem is not None:
+            raise Refused(link_state.status, link_state.problem)
+        results, summary, num_input_tokens = self._execute(decision, policy, context, request_id, fields)
+        fields.update(input_tokens=num_input_tokens)
+        response = api.DecideResponse(model=self.meta.model_id)
+        for question, result in zip(decision.questions, results, strict=True):
+            answer = answer_from_probabilities(question, list(result.probabilities))
+            response.answers.append(answer_to_proto(question.id, answer))
+        response.usage.input_tokens = num_input_tokens
+        metadata = response.metadata
+        metadata.method = METHOD
+        metadata.temperature = self.meta.temperature
+        metadata.candidate_sequences = decision.num_candidates
+        metadata.inference_seconds = summary.inference_seconds
+        metadata.max_length = self.meta.max_length
+        metadata.prefix_cache.policy = summary.policy
+        metadata.prefix_cache.enabled = summary.prefix_enabled
+        metadata.prefix_cache.scope = summary.scope
+        metadata.prefix_cache.saved_tokens = summary.saved_tokens
+        return response
+
+    def _execute(self, decision: DecisionRequest, policy: PrefixPolicy | None, context, request_id: str, fields: dict):
+        """Run the request on a worker within the worker deadline; a call no worker accepted
+        (one died or refused the connection first) is tried again, tokenized afresh."""
+        timeout = self.worker_timeout(context)
+        deadline = time.monotonic() + timeout
+        affinity = self.link.affinity_stub is not None
+        try:
+            for attempt in range(1, MAX_ATTEMPTS + 1):
+                try:
+                    remaining = deadline - time.monotonic()
+                    return self._attempt(decision, policy, context, request_id, remaining, fields, affinity)
+                except _NotAccepted as failure:
+                    affinity = affinity and not failure.after_queue_full
+                    backoff = RETRY_BACKOFF_SECONDS * 2 ** (attempt - 1)
+                    if attempt == MAX_ATTEMPTS or deadline - time.monotonic() <= backoff or not context.is_active():
+                        raise failure.refused from None
+                    log.info("worker_retry", request_id=request_id, attempt=attempt, reason=failure.refused.message)
+                    time.sleep(backoff)
+            raise AssertionError("unreachable")
+        except Refused as refused:
+            remaining = context.time_remaining()
+            if refused.code == grpc.StatusCode.DEADLINE_EXCEEDED and (remaining is None or remaining > 0):
+                # this frontend's cap, not the client's deadline, ran out: the metrics must say so
+                interceptors.note_outcome(interceptors.WORKER_DEADLINE)
+            raise
+
+    def _attempt(
+        self,
+        decision: DecisionRequest,
+        policy: PrefixPolicy | None,
+        context,
+        request_id: str,
+        timeout: float,
+        fields,
+        affinity: bool,
+    ):
+        """One attempt on the worker the routing picks (`_route`): one ExecuteUnary call for a
+        request that fits one batch when the workers serve it, else the Execute stream. A worker
+        without ExecuteUnary (UNIMPLEMENTED: it ran nothing) gets the same candidates as a
+        stream, and the link chooses streams until its workers say otherwise."""
+        deadline = time.monotonic() + timeout
+        # Tokenizing runs on gRPC's sending thread (stream) or on this one (unary), in this span.
+        worker_span = tracing.start("worker_stream", candidates=decision.num_candidates)
+        metadata = [(REQUEST_ID_KEY, request_id), *tracing.inject(worker_span)]
+        num_questions = len(decision.questions)
+
+        def route(call, replayable, ended_early=lambda: False):
+            return self._route(call, replayable, ended_early, decision, context, deadline, fields, affinity)
+
+        def send_unary(request: wire.ExecuteUnaryRequest):
+            fields["worker_method"] = "ExecuteUnary"  # the request's log line says which call ran it
+
+            def call(stub, extra_metadata, seconds):
+                return self._call_unary(stub, request, [*metadata, *extra_metadata], seconds, context, num_questions)
+
+            return route(call, lambda: True)  # the request is its own replay
+
+        def send_stream(messages: Iterator[wire.ExecuteRequest], refusal: list[ContractError]):
+            fields["worker_method"] = "Execute"
+            # With affinity the messages are kept (routing.Replay) for one round-robin resend.
+            kept = None
+            if self.link.affinity_stub is not None and affinity:
+                kept = routing.Replay(messages, routing.REPLAY_REQUEST_BYTES, self._replay_budget)
+            calls = [0]
+
+            def call(stub, extra_metadata, seconds):
+                payload = messages if kept is None else iter(kept) if not calls[0] else kept.again()
+                calls[0] += 1
+                return self._call(stub, payload, [*metadata, *extra_metadata], seconds, context, num_questions)
+
+            try:
+                return route(call, lambda: kept is not None and kept.replayable, lambda: bool(refusal))
+            except (Refused, _NotAccepted):
+                if refusal:  # the stream ended early on a contract error: that is the answer
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from None
+                raise
+            finally:
+                if kept is not None:
+                    kept.close()
+
+        try:
+            if self.link.state.execute_unary and decision.num_candidates <= BATCH_CANDIDATES:
+                request, num_tokens = self._unary_request(decision, policy, request_id, worker_span)
+                try:
+                    results, summary = send_unary(request)
+                except _NoUnary:
+                    self.link.note_no_execute_unary()
+                    log.info("worker_no_execute_unary", request_id=request_id)
+                    results, summary = send_stream(_as_stream(request), [])
+            else:
+                refusal: list[ContractError] = []
+                token_count = [0]
+                tokenize_span = tracing.start("tokenize", parent=worker_span)
+                try:
+                    stream = self._stream(decision, policy, request_id, refusal, token_count, tokenize_span)
+                    results, summary = send_stream(stream, refusal)
+                finally:
+                    tokenize_span.end()  # a stream that never started or was cut off
+                if refusal:
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message)
+                num_tokens = token_count[0]
+        finally:
+            worker_span.end()
+        self._check_results(decision, results, summary)
+        return results, summary, num_tokens
+
+    def _header(self, decision: DecisionRequest, policy: PrefixPolicy | None, request_id: str) -> wire.ExecuteHeader:
+        header = wire.ExecuteHeader(request_id=request_id, prefix_policy=abi.policy_to_enum(policy))
+        for question in decision.questions:
+            header.questions.add(kind=abi.kind_to_enum(question.kind), num_candidates=len(question.prompts))
+        return header
+
+    def _batches(self, decision: DecisionRequest):
+        return iter_candidate_batches(
+            decision,
+            self.tokenizer,
+            self.meta.max_length,
+            BATCH_CANDIDATES,
+            max_tokens=self.max_request_tokens,
+            encode=self._encode,
+        )
+
+    def _unary_request(
+        self, decision: DecisionRequest, policy: PrefixPolicy | None, request_id: str, worker_span
+    ) -> tuple[wire.ExecuteUnaryRequest, int]:
+        """The whole request in one message, tokenized on this thread (through the same gate as
+        the streams' batches) before anything is sent: a candidate that is too long is
+        INVALID_ARGUMENT with no worker call at all."""
+        request = wire.ExecuteUnaryRequest(header=self._header(decision, policy, request_id))
+        num_tokens = 0
+        tokenize_span = tracing.start("tokenize", parent=worker_span)
+        try:
+            for batch in self._batches(decision):
+                num_tokens += _add_candidates(request.candidates, batch)
+        except ContractError as error:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message) from None
+        finally:
+            tokenize_span.set_attribute("tokens", num_tokens)
+            tokenize_span.end()
+        return request, num_tokens
+
+    def _stream(
+        self,
+        decision: DecisionRequest,
+        policy: PrefixPolicy | None,
+        request_id: str,
+        refusal: list[ContractError],
+        token_count: list[int],
+        tokenize_span,
+    ) -> Iterator[wire.ExecuteRequest]:
+        """The Execute stream: header, each batch as it is tokenized, commit. A candidate found too
+        long part-way ends it without a commit (into `refusal`), so the worker never runs it."""
+        yield wire.ExecuteRequest(header=self._header(decision, policy, request_id))
+        try:
+            for batch in self._batches(decision):
+                message = wire.ExecuteRequest()
+                token_count[0] += _add_candidates(message.batch.candidates, batch)
+                yield message
+        except ContractError as error:
+            refusal.append(error)
+            return
+        finally:
+            tokenize_span.set_attribute("tokens", token_count[0])
+            tokenize_span.end()
+        yield wire.ExecuteRequest(commit=wire.Commit())
+
+    def _route(
+        self,
+        call: Callable,
+        replayable: Callable[[], bool],
+        ended_early: Callable[[], bool],
+        decision: DecisionRequest,
+        context,
+        deadline: float,
+        fields,
+        affinity: bool,
+    ):
+        """`call(stub, extra_metadata, seconds)` on the channel the routing picks. With affinity,
+        a request its context's worker refused unrun (queue full) goes once more, round-robin,
+        if `replayable()` (never one that `ended_early()` on a contract error); if that resend
+        reached no worker, the retry stays round-robin."""
+
+        def routed(route: tuple[str, str]) -> None:
+            routing.record(route)
+            fields["route"] = route[0]  # the request's log line says how it was routed
+
+        if self.link.affinity_stub is None or not affinity:
+            routed(routing.ROUND_ROBIN if self.link.affinity_stub is None else routing.FALLBACK_QUEUE_FULL)
+            return call(self.link.stub, (), deadline - time.monotonic())
+        key = routing.affinity_key(decision.state_text, self.affinity_prefix_bytes)
+        try:
+            answer = call(self.link.affinity_stub, [(routing.AFFINITY_HEADER, key)], deadline - time.monotonic())
+            routed(routing.AFFINITY)
+            return answer
+        except Refused as refused:
+            if ended_early() or not (refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED and refused.unrun):
+                routed(routing.AFFINITY)
+                raise
+            if not replayable():
+                routed(routing.AFFINITY_NOT_REPLAYED)
+                raise
+            # The context's worker refused it unrun (queue full): once more, round-robin.
+            routed(routing.FALLBACK_QUEUE_FULL)
+            remaining = deadline - time.monotonic()
+            if not context.is_active():  # the client left: nothing to send again for
+                raise Refused(grpc.StatusCode.CANCELLED, refused.message) from refused
+            if remaining <= 0:
+                raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, refused.message) from refused
+            try:
+                return call(self.link.stub, (), remaining)
+            except _NotAccepted as failure:
+                failure.after_queue_full = True
+                raise
+
+    @staticmethod
+    def _call(stub, requests, metadata, timeout: float, context, num_questions: int):
+        """One Execute call: (results by question index, summary); Refused, or _NotAccepted when
+        it failed UNAVAILABLE before the worker accepted it."""
+        call = stub.Execute(requests, timeout=max(timeout, 0.001), metadata=metadata)
+        context.add_callback(call.cancel)  # the client going away cancels the worker's work
+        results: list[wire.QuestionResult | None] = [None] * num_questions
+        summary = None
+        received = False
+        try:
+            for message in call:
+                received = True
+                if message.WhichOneof("item") == "question":
+                    _place(results, message.question)
+                else:
+                    summary = message.summary
+        except grpc.RpcError as error:
+            raise _failure(call, error.code(), error.details(), unrun=not received) from error
+        return results, summary
+
+    @staticmethod
+    def _call_unary(stub, request, metadata, timeout: float, context, num_questions: int):
+        """One ExecuteUnary call: as `_call`, or _NoUnary when the worker does not serve it. A
+        future, not a blocking call: only a future can be cancelled when the client goes away."""
+        future = stub.ExecuteUnary.future(request, timeout=max(timeout, 0.001), metadata=metadata)
+        context.add_callback(future.cancel)
+        try:
+            response = future.result()
+        except (grpc.RpcError, grpc.FutureCancelledError):
+            code = future.code()
+            if code == grpc.StatusCode.UNIMPLEMENTED and not _accepted(future):
+                raise _NoUnary() from None
+            # whatever failed, no result came: a reply is all or nothing
+            raise _failure(future, code, future.details(), unrun=True) from None
+        results: list[wire.QuestionResult | None] = [None] * num_questions
+        for question in response.questions:
+            _place(results, question)
+        return results, (response.summary if response.HasField("summary") else None)
+
+    @staticmethod
+    def _check_results(decision: DecisionRequest, results, summary) -> None:
+        """Never pass on an answer the worker did not fully give: a malformed result is INTERNAL."""
+        if summary is None or any(r is None for r in results):
+            raise Refused(grpc.StatusCode.INTERNAL, "worker ended the stream without a complete result")
+        for question, result in zip(decision.questions, results, strict=True):
+            expected = 2 if question.kind == "noul" else len(question.prompts)
+            p = list(result.probabilities)
+            if (
+                len(p) != expected
+                or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in p)
+                or abs(sum(p) - 1.0) > 1e-6
+            ):
+                raise Refused(
+                    grpc.StatusCode.INTERNAL, f"worker returned invalid probabilities for question {question.id}"
+                )

@@ -1,0 +1,318 @@
+"""The frontend's view of its workers: one load-balanced traffic channel, each worker's
+self-description, and whether the frontend may send traffic (every reachable worker compatible:
+same ABI version, same tokenizer, same max_length; at least one of them SERVING, and the
+traffic channel connected).
+
+Balancing and health are gRPC's own: round_robin over every address the target names, sending
+only to workers whose `grpc.health.v1` status is SERVING. Failover is the frontend's
+(`DecisionServicer._execute`): a call that failed UNAVAILABLE before its worker accepted it (the
+worker's response headers carry `abi.ACCEPTED_METADATA_KEY` once the stream is committed) is tried
+again, on another worker where there is one; after acceptance a lost worker is UNAVAILABLE, never
+a second execution. gRPC's own retries are off: with them (grpcio 1.84) a retried call that
+failed could report its status without ever completing its pending reads, and grpcio's response
+iterator then waited for good, past every deadline (docs/reliability.md).
+
+With context affinity on, a second traffic channel balances the same workers with gRPC's
+`ring_hash` instead (`openjev.frontend.routing`); the round-robin channel stays the one that
+readiness is judged on and that a request refused by a full queue is sent to again."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, replace
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from openjev import abi, logs, metrics, serving
+from openjev.frontend import routing
+from openjev.frontend.worker_targets import parse_worker_targets
+from openjev.worker.v1 import worker_pb2 as wire
+from openjev.worker.v1 import worker_pb2_grpc
+
+log = logs.get("openjev.frontend")
+
+# A restarted worker is tried again within this long (gRPC's default backoff reaches 120 s).
+MAX_RECONNECT_BACKOFF_MS = 5000
+KEEPALIVE_MS = 10_000
+# The longest a probe (Describe, health Check) waits, at least: a busy worker on a loaded host can
+# take longer than a short refresh period to answer, and one late answer marks it down for a whole
+# period, refusing every request meanwhile (seen: the hostile soak, --worker-refresh-seconds 0.5,
+# two shared cores). A worker that is gone fails its probe at once (connection refused).
+MIN_PROBE_TIMEOUT_SECONDS = 2.0
+KEEPALIVE_TIMEOUT_MS = 5_000
+
+
+ROUND_ROBIN: dict = {"round_robin": {}}
+
+
+def service_config(balancing: dict = ROUND_ROBIN) -> str:
+    """`balancing` (round_robin, or routing.RING_HASH) over SERVING workers. No retryPolicy: see
+    the module's docstring."""
+    return json.dumps({"loadBalancingConfig": [balancing], "healthCheckConfig": {"serviceName": ""}})
+
+
+def traffic_channel_options(balancing: dict = ROUND_ROBIN) -> list[tuple[str, object]]:
+    return [
+        *serving.channel_options(),
+        ("grpc.service_config", service_config(balancing)),
+        ("grpc.service_config_disable_resolution", 1),  # ours, not one from DNS TXT records
+        ("grpc.enable_retries", 0),
+        ("grpc.initial_reconnect_backoff_ms", 500),
+        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+        # A worker that stops answering (killed host, SIGSTOP, cut network) is found by pings
+        # within KEEPALIVE_MS + KEEPALIVE_TIMEOUT_MS and its calls fail UNAVAILABLE, instead of
+        # waiting on TCP; the worker permits pings this often (serving.MIN_CLIENT_PING_INTERVAL_MS).
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # never idle: readiness below is this channel's connectivity, and an idle channel would
+        # only reconnect for traffic that a not-ready frontend no longer receives
+        ("grpc.client_idle_timeout_ms", 2**31 - 1),
+    ]
+
+
+def affinity_channel_options() -> list[tuple[str, object]]:
+    return [
+        *traffic_channel_options(routing.RING_HASH),
+        # gRPC's minimum connect timeout (the option's other meaning): routing.CONNECT_TIMEOUT_MS
+        ("grpc.min_reconnect_backoff_ms", routing.CONNECT_TIMEOUT_MS),
+    ]
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """describe: a compatible worker's last answer (None: none yet). problem: why requests are
+    refused (None: traffic may flow). workers: each known worker -> its problem (None: usable).
+    execute_unary: every worker that answered Describe serves ExecuteUnary (a request may land
+    on any of them)."""
+
+    describe: wire.DescribeResponse | None
+    problem: str | None
+    status: grpc.StatusCode
+    workers: tuple[tuple[str, str | None], ...] = ()
+    execute_unary: bool = False
+
+
+def _channel(target: str, options: list, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
+    if credentials is None:
+        return grpc.insecure_channel(target, options=options)
+    return grpc.secure_channel(target, credentials, options=options)
+
+
+class _Probe:
+    """One worker's own channel, for Describe and Health.Check (never for traffic)."""
+
+    def __init__(self, endpoint: str, credentials: grpc.ChannelCredentials | None = None, options: list | None = None):
+        self.channel = _channel(
+            endpoint,
+            [
+                ("grpc.initial_reconnect_backoff_ms", 500),
+                ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+                *(options or []),
+            ],
+            credentials,
+        )
+        self.worker = worker_pb2_grpc.WorkerServiceStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+
+class WorkerLink:
+    def __init__(
+        self,
+        target: str,
+        *,
+        fingerprint: str,
+        max_length: int,
+        max_questions: int = 0,
+        max_candidates: int = 0,
+        refresh_seconds: float = 2.0,
+        on_state: Callable[[LinkState], None] = lambda state: None,
+        credentials: grpc.ChannelCredentials | None = None,
+        tls_server_name: str | None = None,
+        affinity: bool = False,
+    ):
+        self.target = target
+        self.targets = parse_worker_targets(target)
+        self._on_state = on_state
+        self._credentials = credentials
+        # The name the workers' certificates carry, when it is not the address dialled (an IP).
+        self._tls_options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
+        self.channel = _channel(
+            self.targets.traffic_target, [*traffic_channel_options(), *self._tls_options], credentials
+        )
+        self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
+        # Context affinity: the same workers on a ring_hash channel. It connects to a worker only
+        # when a call is hashed to it, so readiness below stays the round-robin channel's.
+        self.affinity_channel: grpc.Channel | None = None
+        self.affinity_stub: worker_pb2_grpc.WorkerServiceStub | None = None
+        if affinity:
+            routing.enable_request_hash_header()
+            self.affinity_channel = _channel(
+                self.targets.traffic_target,
+                [*affinity_channel_options(), *self._tls_options],
+                credentials,
+            )
+            self.affinity_stub = worker_pb2_grpc.WorkerServiceStub(self.affinity_channel)
+        # The probes answer on their own channels; after a worker restarts they can say SERVING
+        # while this one still waits out its reconnect backoff, so readiness needs both.
+        self._connectivity = grpc.ChannelConnectivity.IDLE
+        self.channel.subscribe(self._on_connectivity, try_to_connect=True)
+        self._fingerprint = fingerprint
+        self._max_length = max_length
+        self._max_questions = max_questions
+        self._max_candidates = max_candidates
+        self._refresh_seconds = refresh_seconds
+        self._probe_timeout = max(refresh_seconds, MIN_PROBE_TIMEOUT_SECONDS)
+        self._state = LinkState(None, f"worker at {target} has not answered yet", grpc.StatusCode.UNAVAILABLE)
+        self._probes: dict[str, _Probe] = {}
+        self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="worker-probe")
+        self._stop = threading.Event()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def state(self) -> LinkState:
+        return self._state
+
+    def start(self) -> None:
+        """Describe now and then every refresh_seconds, so a restarted, added or replaced worker
+        is checked before traffic depends on it."""
+        self.refresh()
+        self._thread = threading.Thread(target=self._loop, name="worker-link", daemon=True)
+        self._thread.start()
+
+    def wait_compatible(self, timeout_seconds: float) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self._state.problem is None, timeout_seconds)
+
+    def _on_connectivity(self, connectivity: grpc.ChannelConnectivity) -> None:
+        self._connectivity = connectivity
+
+    def close(self) -> None:
+        self._stop.set()
+        self.channel.unsubscribe(self._on_connectivity)
+        self.channel.close()
+        if self.affinity_channel is not None:
+            self.affinity_channel.close()
+        for probe in self._probes.values():
+            probe.channel.close()
+        self._pool.shutdown(wait=False)
+
+    def refresh(self) -> LinkState:
+        endpoints = self.targets.endpoints()
+        for gone in set(self._probes) - set(endpoints):
+            self._probes.pop(gone).channel.close()
+            try:
+                metrics.frontend_worker_up.remove(gone)
+            except KeyError:
+                pass
+        for endpoint in endpoints:
+            if endpoint not in self._probes:
+                self._probes[endpoint] = _Probe(endpoint, self._credentials, self._tls_options)
+        answers = list(self._pool.map(self._check, endpoints))
+        state = self._combine(endpoints, answers)
+        for endpoint, (_describe, problem, _reachable) in zip(endpoints, answers, strict=True):
+            metrics.frontend_worker_up.labels(endpoint).set(0 if problem else 1)
+        metrics.frontend_workers_serving.set(sum(problem is None for _d, problem, _r in answers))
+        if state.problem != self._state.problem or state.workers != self._state.workers:
+            log.info(
+                "worker_link",
+                target=self.target,
+                problem=state.problem,
+                workers={endpoint: problem or "ok" for endpoint, problem in state.workers},
+            )
+        with self._changed:
+            self._state = state
+            self._changed.notify_all()
+        self._on_state(state)
+        return state
+
+    def note_no_execute_unary(self) -> None:
+        """A worker answered ExecuteUnary UNIMPLEMENTED (replaced by an older one since the last
+        Describe): streams only, until the next refresh finds every worker serving it again."""
+        with self._changed:
+            self._state = replace(self._state, execute_unary=False)
+
+    def _check(self, endpoint: str) -> tuple[wire.DescribeResponse | None, str | None, bool]:
+        """(describe, problem, reachable) of one worker."""
+        probe = self._probes[endpoint]
+        try:
+            describe = probe.worker.Describe(wire.DescribeRequest(), timeout=self._probe_timeout)
+        except grpc.RpcError as error:
+            return None, f"worker at {endpoint} is unavailable: {error.code().name}", False
+        problem = self._incompatibility(describe)
+        if problem is None:
+            try:
+                reply = probe.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self._probe_timeout)
+                if reply.status != health_pb2.HealthCheckResponse.SERVING:
+                    problem = f"worker at {endpoint} is not serving"
+            except grpc.RpcError as error:
+                # As gRPC's own client-side health checking: a worker without the health
+                # service counts as healthy; any other failure as not serving.
+                if error.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    problem = f"worker at {endpoint} health check failed: {error.code().name}"
+        return describe, problem, True
+
+    def _combine(self, endpoints: list[str], answers: list) -> LinkState:
+        workers = tuple((endpoint, problem) for endpoint, (_d, problem, _r) in zip(endpoints, answers, strict=True))
+        # A reachable incompatible worker could receive traffic: refuse everything until it is
+        # gone or replaced, rather than answer some requests with another model or tokenizer.
+        for describe, problem, reachable in answers:
+            if reachable and describe is not None and self._incompatibility(describe) is not None:
+                return LinkState(describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
+        for describe, problem, _reachable in answers:
+            if problem is None:
+                if self._connectivity != grpc.ChannelConnectivity.READY:
+                    return LinkState(
+                        describe,
+                        f"worker at {self.target} is serving; this frontend's connection to it "
+                        f"is {self._connectivity.name.lower()}",
+                        grpc.StatusCode.UNAVAILABLE,
+                        workers,
+                    )
+                described = [d for d, _p, _r in answers if d is not None]
+                unary = all(d.execute_unary for d in described)
+                return LinkState(describe, None, grpc.StatusCode.OK, workers, execute_unary=unary)
+        if not answers:
+            problem = f"worker at {self.target} is unavailable: no address resolved"
+        elif len(answers) == 1:
+            problem = answers[0][1]
+        else:
+            problem = f"no worker at {self.target} is serving: " + "; ".join(p for _d, p, _r in answers)
+        return LinkState(self._state.describe, problem, grpc.StatusCode.UNAVAILABLE, workers)
+
+    def _incompatibility(self, d: wire.DescribeResponse) -> str | None:
+        if d.abi_version != abi.ABI_VERSION:
+            return f"worker ABI version {d.abi_version} does not match this frontend's ABI version {abi.ABI_VERSION}"
+        if d.tokenizer_fingerprint != self._fingerprint:
+            return (
+                f"worker tokenizer fingerprint {d.tokenizer_fingerprint[:16]} does not match "
+                f"this frontend's {self._fingerprint[:16]}"
+            )
+        if d.max_length != self._max_length:
+            return f"worker max_length {d.max_length} does not match this frontend's {self._max_length}"
+        # A request this frontend accepts must fit the worker: else it would fail part-way.
+        if d.limits.max_questions < self._max_questions:
+            return (
+                f"worker accepts at most {d.limits.max_questions} questions per request, fewer than this "
+                f"frontend's --max-questions {self._max_questions}"
+            )
+        if d.limits.max_candidates < self._max_candidates:
+            return (
+                f"worker accepts at most {d.limits.max_candidates} candidates per request, fewer than this "
+                f"frontend's --max-candidates {self._max_candidates}"
+            )
+        return None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._refresh_seconds):
+            try:
+                self.refresh()
+            except RuntimeError:  # the probe pool was shut down by close() meanwhile
+                if not self._stop.is_set():
+                    raise

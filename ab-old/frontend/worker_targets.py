@@ -1,0 +1,93 @@
+"""`--worker`: one or many workers as a gRPC target, and the individual workers behind it.
+
+Accepted forms:
+- `HOST:PORT`                     one worker (HOST may be a name: resolved by gRPC's DNS resolver)
+- `IP1:P1,IP2:P2,...`              a fixed set of workers, IP literals only (names change; use DNS)
+- `ipv4:IP1:P1,...`, `ipv6:[..]:P,...`  the same in gRPC's own syntax
+- `dns:///NAME:PORT`               every address NAME resolves to (compose service, Kubernetes
+                                  headless service); gRPC re-resolves when a connection drops
+
+Traffic goes to `traffic_target`, balanced by gRPC's round_robin or ring_hash (worker_link). The
+frontend also talks to each worker (`endpoints()`) on its own, to check it is compatible
+before traffic depends on it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from dataclasses import dataclass
+
+
+class TargetError(ValueError):
+    pass
+
+
+def _split_host_port(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise TargetError(f"worker address {address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _ip_version(host: str) -> int | None:
+    try:
+        return ipaddress.ip_address(host).version
+    except ValueError:
+        return None
+
+
+def _endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if _ip_version(host) == 6 else f"{host}:{port}"
+
+
+@dataclass(frozen=True)
+class WorkerTargets:
+    """traffic_target: the gRPC target of the load-balanced traffic channel.
+    fixed: the workers of an IP list (None: resolve `name`:`port` each time)."""
+
+    text: str
+    traffic_target: str
+    fixed: tuple[str, ...] | None
+    name: str = ""
+    port: int = 0
+
+    def endpoints(self) -> list[str]:
+        """Each worker's own HOST:PORT now. A name that does not resolve (yet) has none."""
+        if self.fixed is not None:
+            return list(self.fixed)
+        try:
+            infos = socket.getaddrinfo(self.name, self.port, type=socket.SOCK_STREAM)
+        except socket.gaierror:
+            return []
+        return sorted({_endpoint(str(info[4][0]), self.port) for info in infos})
+
+
+def parse_worker_targets(text: str) -> WorkerTargets:
+    text = text.strip()
+    if not text:
+        raise TargetError("--worker is empty")
+    for scheme in ("dns:///", "dns:"):
+        if text.startswith(scheme):
+            host, port = _split_host_port(text[len(scheme) :])
+            return WorkerTargets(text, f"dns:///{_endpoint(host, port)}", None, host, port)
+    listed = text
+    for scheme in ("ipv4:", "ipv6:"):
+        if text.startswith(scheme):
+            listed = text[len(scheme) :]
+    addresses = [a.strip() for a in listed.split(",") if a.strip()]
+    parsed = [_split_host_port(a) for a in addresses]
+    versions = {_ip_version(host) for host, _ in parsed}
+    if len(parsed) == 1 and versions == {None}:
+        host, port = parsed[0]
+        return WorkerTargets(text, f"dns:///{host}:{port}", None, host, port)
+    if None in versions:
+        raise TargetError(
+            f"--worker {text!r}: a list of workers must use IP addresses; "
+            "for names use one dns:///NAME:PORT that resolves to all of them"
+        )
+    if len(versions) != 1:
+        raise TargetError(f"--worker {text!r}: do not mix IPv4 and IPv6 addresses")
+    endpoints = tuple(_endpoint(host, port) for host, port in parsed)
+    scheme = "ipv6" if versions == {6} else "ipv4"
+    return WorkerTargets(text, f"{scheme}:{','.join(endpoints)}", endpoints)

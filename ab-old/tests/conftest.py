@@ -1,0 +1,50 @@
+"""Shared fixtures: the demo export on disk and a real worker + frontend pair on loopback."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_DIR = REPO / ".openjev" / "demo-model"
+
+
+def pytest_collection_modifyitems(config, items):
+    has_gpu = importlib.util.find_spec("cupy") is not None
+    if has_gpu:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    skip = pytest.mark.skip(reason="needs a CUDA GPU with CuPy (run on the device machine)")
+    for item in items:
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def demo_model() -> Path:
+    """The embedded demo export, built once (the builder skips an identical existing build)."""
+    from openjev.tools.demo_model import build_demo_model
+
+    build_demo_model(DEMO_DIR, seed=0)
+    return DEMO_DIR
+
+
+@pytest.fixture(scope="session")
+def pair(demo_model, tmp_path_factory):
+    """One worker and one frontend as subprocesses, shared by the end-to-end tests."""
+    from openjev.tools import launch
+
+    started = launch.start_pair(demo_model, tmp_path_factory.mktemp("pair"))
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="session")
+def client(pair):
+    from openjev.client import Client
+
+    with Client(pair.frontend.address) as c:
+        yield c

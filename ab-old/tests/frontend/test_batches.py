@@ -1,0 +1,172 @@
+"""Streaming candidate batches and the tokenization check (the contract's last message)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from openjev.contract import errors
+from openjev.contract.errors import ContractError
+from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX
+from openjev.contract.request import parse_request
+from openjev.frontend.batches import EncodeGate, TokenizedCandidate, iter_candidate_batches, tokenize_request
+from openjev.tokenizer import PromptTokenizer, write_tokenizer_json
+
+GOLDEN = json.loads((Path(__file__).parents[1] / "contract" / "data" / "tokenization_cases.json").read_text())
+ACCEPTED = {"Qwen/Qwen3.8-27B", "open-jev-27b-v1.1"}
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory) -> PromptTokenizer:
+    path = tmp_path_factory.mktemp("qwen3_5_batches") / "tokenizer.json"
+    write_tokenizer_json(path)  # built once per process (tokenizer_json_bytes is cached)
+    return PromptTokenizer(path, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
+
+
+def golden_request(index: int = 0):
+    return parse_request(GOLDEN["cases"][index]["request"], accepted_models=ACCEPTED)
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 7, 16])
+def test_batches_cover_every_candidate_in_order(tokenizer, batch_size):
+    request = golden_request()  # 3 + 1 + 3 candidates
+    batches = list(iter_candidate_batches(request, tokenizer, 16384, batch_size))
+    assert all(1 <= len(batch) <= batch_size for batch in batches)
+    assert all(len(batch) == batch_size for batch in batches[:-1])
+    flat = [candidate for batch in batches for candidate in batch]
+    assert [(c.question_index, c.candidate_index) for c in flat] == [
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (1, 0),
+        (2, 0),
+        (2, 1),
+        (2, 2),
+    ]
+    ids = GOLDEN["cases"][0]["ids"]
+    assert all(list(c.token_ids) == ids[c.question_index][c.candidate_index] for c in flat)
+    assert all(isinstance(c, TokenizedCandidate) for c in flat)
+
+
+def test_tokenize_request_matches_the_golden_ids(tokenizer):
+    for index, case in enumerate(GOLDEN["cases"]):
+        assert tokenize_request(golden_request(index), tokenizer, 16384) == case["ids"]
+
+
+def test_batches_are_yielded_before_the_rest_is_tokenized(tokenizer):
+    request = golden_request()
+    calls = []
+    encode = tokenizer.encode
+
+    class Counting:
+        def encode(self, prompts):
+            calls.append(len(prompts))
+            return encode(prompts)
+
+    stream = iter_candidate_batches(request, Counting(), 16384, batch_size=2)
+    first = next(stream)
+    assert len(first) == 2 and calls == [2]
+    assert sum(len(batch) for batch in stream) == 5 and calls == [2, 2, 2, 1]
+
+
+def test_too_long_candidate_is_an_error_never_truncated(tokenizer):
+    request = golden_request()
+    lengths = [[len(ids) for ids in question] for question in GOLDEN["cases"][0]["ids"]]
+    assert lengths == [[80, 76, 77], [66], [82, 80, 78]]
+    with pytest.raises(ContractError) as caught:
+        list(iter_candidate_batches(request, tokenizer, 79))
+    assert caught.value.message == ("question route: 80 tokens exceeds max_length=79; no silent truncation")
+    assert caught.value.message == errors.too_long_message("route", 80, 79)
+    assert len(tokenize_request(request, tokenizer, 82)[2][0]) == 82  # exactly max_length is fine
+
+
+def test_first_too_long_candidate_in_order_is_reported(tokenizer):
+    request = golden_request()
+    # Only urgency's first candidate (82 tokens) is over 81; earlier batches were yielded.
+    stream = iter_candidate_batches(request, tokenizer, 81, batch_size=2)
+    assert len(next(stream)) == 2 and len(next(stream)) == 2
+    with pytest.raises(ContractError) as caught:
+        next(stream)
+    assert caught.value.message == ("question urgency: 82 tokens exceeds max_length=81; no silent truncation")
+
+
+def test_nothing_is_returned_for_a_too_long_request(tokenizer):
+    with pytest.raises(ContractError):
+        tokenize_request(golden_request(), tokenizer, 81)
+
+
+def test_invalid_arguments(tokenizer):
+    with pytest.raises(ValueError):
+        next(iter_candidate_batches(golden_request(), tokenizer, 16384, batch_size=0))
+    with pytest.raises(ValueError):
+        next(iter_candidate_batches(golden_request(), tokenizer, 0))
+
+
+class Recorder:
+    """An encode that records who ran, how many ran at once, and holds "held" prompts until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.running: list[str] = []
+        self.order: list[str] = []
+        self.peak = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, prompts: list[str]) -> list[list[int]]:
+        with self.lock:
+            self.running.append(prompts[0])
+            self.order.append(prompts[0])
+            self.peak = max(self.peak, len(self.running))
+        if prompts[0].startswith("held"):
+            self.release.wait(10)
+        with self.lock:
+            self.running.remove(prompts[0])
+        return [[len(p)] for p in prompts]
+
+
+def run_through(gate: EncodeGate, recorder: Recorder, first: list[str], then: list[str]) -> None:
+    """`first` take the slots and hold them; `then` arrive one by one and must wait."""
+    threads = []
+    for name in [*first, *then]:
+        threads.append(threading.Thread(target=gate, args=([name],)))
+        threads[-1].start()
+        deadline = time.monotonic() + 5
+        while name in first and name not in recorder.running and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if name in then:
+            time.sleep(0.05)
+    assert recorder.order == first
+    recorder.release.set()
+    for thread in threads:
+        thread.join(10)
+
+
+def test_encode_gate_lets_waiters_in_in_arrival_order():
+    recorder = Recorder()
+    gate = EncodeGate(recorder, slots=1)
+    run_through(gate, recorder, ["held"], ["w1", "w2", "w3"])
+    assert recorder.order == ["held", "w1", "w2", "w3"]
+    assert recorder.peak == 1
+
+
+def test_encode_gate_runs_at_most_its_slots_at_once():
+    recorder = Recorder()
+    gate = EncodeGate(recorder, slots=2)
+    run_through(gate, recorder, ["held-a", "held-b"], ["held-c", "held-d", "held-e"])
+    assert sorted(recorder.order) == ["held-a", "held-b", "held-c", "held-d", "held-e"]
+    assert recorder.peak == 2
+    assert gate(["abc"]) == [[3]]  # every slot came back
+
+
+def test_encode_gate_passes_on_errors_and_frees_the_slot():
+    def fail(prompts: list[str]) -> list[list[int]]:
+        raise ValueError("bad")
+
+    gate = EncodeGate(fail, slots=1)
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            gate(["x"])

@@ -1,0 +1,35 @@
+"""`--worker` forms: the traffic target gRPC balances over, and the workers described one by one."""
+
+from __future__ import annotations
+
+import pytest
+
+from openjev.frontend.worker_targets import TargetError, parse_worker_targets
+
+
+@pytest.mark.parametrize(
+    "text,traffic,fixed",
+    [
+        ("127.0.0.1:50052", "ipv4:127.0.0.1:50052", ["127.0.0.1:50052"]),
+        ("127.0.0.1:1, 127.0.0.1:2", "ipv4:127.0.0.1:1,127.0.0.1:2", ["127.0.0.1:1", "127.0.0.1:2"]),
+        ("ipv4:10.0.0.1:5,10.0.0.2:5", "ipv4:10.0.0.1:5,10.0.0.2:5", ["10.0.0.1:5", "10.0.0.2:5"]),
+        ("[::1]:7,[::2]:7", "ipv6:[::1]:7,[::2]:7", ["[::1]:7", "[::2]:7"]),
+    ],
+)
+def test_fixed_lists(text, traffic, fixed):
+    targets = parse_worker_targets(text)
+    assert targets.traffic_target == traffic
+    assert targets.endpoints() == fixed
+
+
+@pytest.mark.parametrize("text", ["dns:///localhost:50052", "dns:localhost:50052", "localhost:50052"])
+def test_names_resolve_to_every_address(text):
+    targets = parse_worker_targets(text)
+    assert targets.traffic_target == "dns:///localhost:50052"
+    assert targets.endpoints() and all(e.endswith(":50052") for e in targets.endpoints())
+
+
+@pytest.mark.parametrize("text", ["", "host-a:1,host-b:1", "127.0.0.1:1,[::1]:1", "127.0.0.1", "dns:///x"])
+def test_refused(text):
+    with pytest.raises(TargetError):
+        parse_worker_targets(text)

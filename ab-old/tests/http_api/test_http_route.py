@@ -1,0 +1,367 @@
+"""The HTTP route against a real pair on loopback: the same answers as gRPC, byte for byte, the
+same refusal messages, the status codes of the reference service, ids, health, metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import uuid
+from concurrent import futures
+from pathlib import Path
+from types import SimpleNamespace
+
+import grpc
+import httpx
+import pytest
+
+from openjev.client import Client
+from openjev.tools import soak
+from openjev.tools.soak import log_events
+
+REPO = Path(__file__).resolve().parents[2]
+ROUTE = "/v1/systemone"
+
+
+def golden_requests() -> list[dict]:
+    cases = json.loads((REPO / "tests" / "contract" / "data" / "contract_cases.json").read_text())["cases"]
+    # Their model is the real checkpoint's; the demo export answers to its own names.
+    return [{k: v for k, v in case["request"].items() if k != "model"} for case in cases]
+
+
+def workload_requests() -> list[dict]:
+    """Benchmark-shaped requests: the first of every kind x length group up to 512 tokens, the
+    multi-question ones and the capacity cases (all but the 16k one, for CPU time)."""
+    rows = [json.loads(line) for line in (REPO / "benchmarks" / "workload.jsonl").read_text().splitlines()]
+    seen, out = set(), []
+    for row in rows:
+        key = (row["kind"], row["group"])
+        small = row["group"] in ("1-128", "129-512", "3q", "4q") or row["kind"] == "capacity"
+        if key not in seen and small and row["group"] != "16k":
+            seen.add(key)
+            out.append(row["request"])
+    return out
+
+
+def valid_cases() -> list[tuple[dict, str | None]]:
+    example = json.loads((REPO / "examples" / "contract_example.json").read_text())
+    cases: list[tuple[dict, str | None]] = [(r, None) for r in golden_requests()]
+    cases += [(example, policy) for policy in ("off", "shared")]
+    cases += soak.valid_requests()
+    cases += [(r, None) for r in workload_requests()]
+    return cases
+
+
+def _masked(text: str) -> str:
+    """inference_seconds is measured per call; everything else must be the same bytes."""
+    masked, count = re.subn(r'"inference_seconds": [0-9.e+-]+', '"inference_seconds": T', text)
+    assert count == 1, text[:300]
+    return masked
+
+
+def test_every_case_answers_the_same_bytes_over_http_and_grpc(http_pair, http):
+    cases = valid_cases()
+    assert len(cases) >= 20
+    with Client(http_pair.grpc_address) as client:
+        for request, policy in cases:
+            body = dict(request, prefix_policy=policy) if policy else request
+            over_grpc = client.decide(body, timeout=120)
+            reply = http.post(ROUTE, json=body)
+            assert reply.status_code == 200, reply.text
+            assert reply.headers["content-type"] == "application/json"
+            assert list(reply.json()["answers"]) == list(request["questions"])
+            assert _masked(reply.text) == _masked(json.dumps(over_grpc, ensure_ascii=False))
+
+
+def test_every_refusal_is_422_with_the_grpc_message(http_pair, http):
+    cases = soak.invalid_requests() + [
+        ('{"state": {"a": 1}, "questions": []}', "questions must be an object"),
+        ('{"state": null, "questions": {}}', "state must be text, a JSON object, or an array"),
+        ('{"state": "x", "questions": {"q": {"type": "choice", "instructions": "x"}}}', "Choice requires an object"),
+    ]
+    with Client(http_pair.grpc_address) as client:
+        for text, expected in cases:
+            with pytest.raises(grpc.RpcError) as caught:
+                client.decide(text, timeout=60)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            message = caught.value.details()
+            reply = http.post(ROUTE, content=text.encode(), headers={"content-type": "application/json"})
+            assert reply.status_code == 422, (text[:80], reply.text)
+            assert reply.json() == {"error": message}
+            assert message == expected or (expected == "too_long" and "no silent truncation" in message)
+    # Bytes that are not UTF-8 cannot be a gRPC string; over HTTP they are not JSON either.
+    reply = http.post(ROUTE, content=b'{"state": "\xff"}', headers={"content-type": "application/json"})
+    assert reply.status_code == 422 and reply.json() == {"error": "request body must be valid JSON"}
+
+
+def test_content_type_size_and_timeout_header_are_checked_first(http, max_body_bytes):
+    limit = max_body_bytes
+    small = b'{"state": "x", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}'
+    for content_type in (None, "text/plain", "application/x-www-form-urlencoded", "application/jsonx"):
+        headers = {"content-type": content_type} if content_type else {}
+        reply = http.post(ROUTE, content=small, headers=headers)
+        assert reply.status_code == 415, content_type
+        assert reply.json() == {"error": "content type must be application/json"}
+    ok = http.post(ROUTE, content=small, headers={"content-type": "Application/JSON; charset=utf-8"})
+    assert ok.status_code == 200, ok.text
+
+    too_large = b'{"state": "' + b"x" * limit + b'"}'
+    json_type = {"content-type": "application/json"}
+    reply = http.post(ROUTE, content=too_large, headers=json_type)
+    assert reply.status_code == 413 and str(limit) in reply.json()["error"]
+    # Without a Content-Length (chunked), the limit holds as the body arrives.
+    reply = http.post(ROUTE, content=iter([too_large[: limit // 2], too_large[limit // 2 :]]))
+    assert reply.status_code in (413, 415)
+    reply = http.post(ROUTE, content=iter([too_large]), headers=json_type)
+    assert reply.status_code == 413
+
+    for value in ("0", "-1", "soon", "nan", "inf"):
+        reply = http.post(ROUTE, content=small, headers={**json_type, "x-timeout-seconds": value})
+        assert reply.status_code == 400, value
+    assert http.post(ROUTE, content=small, headers={**json_type, "x-timeout-seconds": "30"}).status_code == 200
+
+
+def test_request_id_is_echoed_and_reaches_both_logs(http_pair, http):
+    small = {"state": "x", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
+    given = f"http-{uuid.uuid4().hex[:8]}"
+    reply = http.post(ROUTE, json=small, headers={"x-request-id": given})
+    assert reply.headers["x-request-id"] == given
+    refused = http.post(ROUTE, json={"state": "x"}, headers={"x-request-id": given + "-bad"})
+    assert refused.status_code == 422 and refused.headers["x-request-id"] == given + "-bad"
+    made = http.post(ROUTE, json=small, headers={"x-request-id": "has space"}).headers["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", made)
+    time.sleep(0.3)
+    front = [r for r in log_events(http_pair.pair.frontend.log_text(), "decide") if r.get("request_id") == given]
+    work = [r for r in log_events(http_pair.pair.worker.log_text(), "execute") if r.get("request_id") == given]
+    assert [(r["transport"], r["http_status"], r["status"]) for r in front] == [("http", 200, "OK")]
+    assert [r["status"] for r in work] == ["OK"]
+
+
+def test_health_metrics_and_openapi(http):
+    assert http.get("/health").json() == {"status": "SERVING"}
+    metrics = http.get("/metrics")
+    assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+    # Requests over HTTP are counted in the same series as gRPC ones.
+    assert re.search(r'openjev_frontend_request_seconds_count\{kind="noul",outcome="OK"\} [1-9]', metrics.text)
+    document = http.get("/openapi.json").json()
+    assert document["openapi"].startswith("3.1")
+    assert set(document["paths"]) == {ROUTE, "/health", "/metrics"}
+    assert {"200", "413", "415", "422", "500", "502", "503", "504"} <= set(
+        document["paths"][ROUTE]["post"]["responses"]
+    )
+    assert http.get(ROUTE).status_code == 405
+
+
+LONG = {
+    "state": "word " * 2000,
+    "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(16)}}},
+    "prefix_policy": "off",
+}
+SMALL = {"state": "hi", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
+
+
+def _worker_status(pair, request_id: str, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = [r for r in log_events(pair.worker.log_text(), "execute") if r.get("request_id") == request_id]
+        if lines:
+            return lines[0]["status"]
+        time.sleep(0.05)
+    raise AssertionError(f"worker logged nothing for {request_id}")
+
+
+@pytest.fixture(scope="module")
+def busy(demo_model, tmp_path_factory, http_pair_factory):
+    """One sequence per launch, nothing may wait: a long request keeps the worker busy for seconds
+    (each time: no state cache, so a resent long request costs the whole computation again)."""
+    started = http_pair_factory(
+        demo_model,
+        tmp_path_factory.mktemp("http-busy"),
+        worker_args=["--max-launch-sequences", "1", "--queue-capacity", "0", "--state-cache-bytes", "0"],
+    )
+    yield started
+    started.pair.stop()
+
+
+def test_queue_full_is_503_and_a_client_that_leaves_cancels_the_work(busy):
+    long_id = f"long-{uuid.uuid4().hex[:8]}"
+    body = json.dumps(LONG).encode()
+    port = int(busy.url.rsplit(":", 1)[1])
+    # A raw connection, so that closing it is exactly a client going away mid-request.
+    leaving = socket.create_connection(("127.0.0.1", port))
+    leaving.sendall(
+        f"POST {ROUTE} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"x-request-id: {long_id}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    time.sleep(1.5)  # accepted and executing
+    with httpx.Client(base_url=busy.url, timeout=30) as http:
+        reply = http.post(ROUTE, json=SMALL)
+        assert reply.status_code == 503, reply.text
+        assert reply.headers["retry-after"] == "1"
+        assert "queue is full (0 waiting)" in reply.json()["error"]
+        closed_at = time.monotonic()
+        leaving.close()
+        assert _worker_status(busy.pair, long_id) == "CANCELLED"
+        assert time.monotonic() - closed_at < 3  # at the next launch boundary, not the end
+        assert http.post(ROUTE, json=SMALL).status_code == 200
+
+
+def test_deadline_is_504(busy):
+    request_id = f"deadline-{uuid.uuid4().hex[:8]}"
+    with httpx.Client(base_url=busy.url, timeout=30) as http:
+        started = time.monotonic()
+        reply = http.post(ROUTE, json=LONG, headers={"x-timeout-seconds": "1.0", "x-request-id": request_id})
+        assert reply.status_code == 504, reply.text
+        assert time.monotonic() - started < 5
+        assert reply.json()["error"].startswith("worker: ")
+        assert _worker_status(busy.pair, request_id) in ("CANCELLED", "DEADLINE_EXCEEDED")
+
+
+def test_sigterm_drains_the_request_in_flight(demo_model, tmp_path, http_pair_factory):
+    started = http_pair_factory(
+        demo_model, tmp_path, worker_args=["--max-launch-sequences", "1"], frontend_args=["--grace-seconds", "30"]
+    )
+    try:
+        with httpx.Client(base_url=started.url, timeout=60) as http:
+            pool = futures.ThreadPoolExecutor(1)
+            running = pool.submit(
+                http.post,
+                ROUTE,
+                json=dict(LONG, questions={"q": {**LONG["questions"]["q"], "criteria": {"a": None, "b": None}}}),
+            )
+            time.sleep(0.7)
+            started.pair.frontend.popen.terminate()
+            reply = running.result(timeout=60)
+            assert reply.status_code == 200, reply.text
+            assert started.pair.frontend.popen.wait(30) == 0
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(started.url + "/health", timeout=5)
+            pool.shutdown()
+    finally:
+        started.pair.stop()
+
+
+def test_worker_failure_is_502_and_no_worker_is_503(demo_model, tmp_path):
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    from openjev import abi
+    from openjev.export import load_export_meta
+    from openjev.tokenizer import PromptTokenizer
+    from openjev.tools import launch
+    from openjev.worker.v1 import worker_pb2 as wire
+    from openjev.worker.v1 import worker_pb2_grpc
+
+    meta = load_export_meta(demo_model)
+    describe = wire.DescribeResponse(
+        abi_version=abi.ABI_VERSION,
+        model_id=meta.model_id,
+        checkpoint_revision="fake",
+        temperature=meta.temperature,
+        max_length=meta.max_length,
+        tokenizer_fingerprint=PromptTokenizer.from_export(demo_model).fingerprint,
+        backend="fake",
+        limits=wire.Limits(max_questions=4096, max_candidates=65536),  # compared at connect
+    )
+
+    class Failing(worker_pb2_grpc.WorkerServiceServicer):
+        def Describe(self, request, context):
+            return describe
+
+        def Execute(self, request_iterator, context):
+            for _ in request_iterator:
+                pass
+            context.abort(grpc.StatusCode.INTERNAL, "inference failed: device lost")
+            yield  # a generator, as the real servicer
+
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(Failing(), server)
+    health_servicer = health.HealthServicer()
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    worker_port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    http_port = launch.free_port()
+    frontend = launch.start_frontend(
+        demo_model,
+        f"127.0.0.1:{worker_port}",
+        tmp_path,
+        ["--http-listen", f"127.0.0.1:{http_port}", "--worker-refresh-seconds", "0.3"],
+    )
+    try:
+        launch.wait_serving(frontend.address)
+        with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=30) as http:
+            reply = http.post(ROUTE, json=SMALL)
+            assert reply.status_code == 502, reply.text
+            assert reply.json() == {"error": "worker: inference failed: device lost"}
+            server.stop(0)  # no worker any more: not ready, and requests are refused to retry later
+            deadline = time.monotonic() + 20
+            while http.get("/health").status_code != 503 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            health_reply = http.get("/health")
+            assert health_reply.status_code == 503 and health_reply.json()["status"] == "NOT_SERVING"
+            reply = http.post(ROUTE, json=SMALL)
+            assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
+            assert "unavailable" in reply.json()["error"]
+    finally:
+        frontend.stop()
+        server.stop(0)
+
+
+def test_a_bug_is_500_without_internals(max_body_bytes):
+    """Anything that is not a refusal: the caller learns nothing of it, the log everything."""
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+
+    class Broken:
+        meta = SimpleNamespace(accepted_model_names=frozenset({"m"}))
+        max_questions = 4
+
+        def answer(self, request, context, request_id, fields):
+            raise KeyError("secret internal detail")
+
+    api = HttpApi(Broken(), lambda: None, max_body_bytes=max_body_bytes)  # type: ignore[arg-type]
+    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
+    server.start()
+    try:
+        reply = httpx.post(f"http://127.0.0.1:{server.port}{ROUTE}", json=SMALL, timeout=10)
+        assert reply.status_code == 500
+        assert reply.json() == {"error": "internal error"}
+        assert "secret" not in reply.text and reply.headers["x-request-id"]
+    finally:
+        server.wait_stopped()
+
+
+def test_bearer_tokens_when_configured(max_body_bytes):
+    """With tokens, a request without a known one is 401 before anything else is looked at."""
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+
+    class Echo:
+        meta = SimpleNamespace(accepted_model_names=frozenset({"m"}))
+        max_questions = 4
+
+        def answer(self, request, context, request_id, fields):
+            from openjev.frontend.service import Refused
+
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"reached with {request.request_json}")
+
+    api = HttpApi(Echo(), lambda: None, max_body_bytes=max_body_bytes, authorize=lambda h: h == "Bearer s3cret")  # type: ignore[arg-type]
+    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
+    server.start()
+    url = f"http://127.0.0.1:{server.port}{ROUTE}"
+    try:
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
+            reply = httpx.post(url, content=b"not even json", headers=headers, timeout=10)
+            assert reply.status_code == 401 and reply.headers["www-authenticate"] == "Bearer", headers
+            assert reply.json() == {"error": "missing or unknown bearer token"}
+        reply = httpx.post(
+            url,
+            content=b"{}",
+            headers={"authorization": "Bearer s3cret", "content-type": "application/json"},
+            timeout=10,
+        )
+        assert reply.status_code == 422 and reply.json() == {"error": "reached with {}"}
+    finally:
+        server.wait_stopped()

@@ -1,0 +1,308 @@
+"""Faults: a worker killed mid-request, a worker that answers garbage, a runner that fails, a
+corrupt or truncated checkpoint."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from openjev import abi
+from openjev.client import Client
+from openjev.tools import launch
+from openjev.tools.soak import comparable, log_events
+from openjev.v1 import decision_pb2 as api
+from openjev.worker.runner_api import SegmentResult
+from openjev.worker.v1 import worker_pb2 as wire
+from openjev.worker.v1 import worker_pb2_grpc
+
+SMALL = {
+    "state": "A customer says: I was charged twice.",
+    "questions": {
+        "route": {"type": "choice", "instructions": "Team?", "criteria": {"billing": None, "hr": None}},
+        "urgent": {"type": "noul", "instructions": "Urgent?"},
+    },
+}
+LONG = {
+    "state": "word " * 2000,
+    "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(16)}}},
+}
+
+
+def test_worker_killed_mid_request_is_unavailable_and_frontend_recovers(demo_model, tmp_path):
+    port = launch.free_port()
+    worker_args = ["--listen", f"127.0.0.1:{port}", "--max-launch-sequences", "1"]
+    worker = launch.start_worker(demo_model, tmp_path, worker_args)
+    frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--worker-refresh-seconds", "0.5"])
+    try:
+        launch.wait_serving(frontend.address)
+        with Client(frontend.address) as client:
+            before = comparable(client.decide(SMALL, timeout=60))
+            future = client.stub.Decide.future(  # policy off: ~8 s of work, no shared prefix
+                api.DecideRequest(request_json=json.dumps(LONG), prefix_policy=api.PREFIX_POLICY_OFF), timeout=60
+            )
+            time.sleep(1.0)
+            worker.kill()
+            killed_at = time.monotonic()
+            with pytest.raises(grpc.RpcError) as caught:
+                future.result()
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert time.monotonic() - killed_at < 5
+            with pytest.raises(grpc.RpcError) as caught:  # while it is down: UNAVAILABLE, quickly
+                client.decide(SMALL, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            worker = launch.start_worker(demo_model, tmp_path, worker_args, name="worker-restarted")
+            # SERVING again means the traffic channel is connected too: the next request works
+            launch.wait_serving(frontend.address, timeout_seconds=30)
+            after = client.decide(SMALL, timeout=60)
+            assert comparable(after) == before
+    finally:
+        frontend.stop()
+        worker.stop()
+
+
+# -- a worker that answers garbage, and a real worker servicer over a failing runner ----------
+
+
+class _FaultyRunner:
+    backend = "torch"
+
+    def __init__(self):
+        self.mode = "nan_score"
+
+    def run_launch(self, runs):
+        if self.mode == "raise":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if self.mode == "short":
+            return [SegmentResult(None, 0.5) for _ in runs[:-1]]
+        return [SegmentResult(object() if r.keep_state else None, math.nan if r.read_head else None) for r in runs]
+
+
+class _BadWorker(worker_pb2_grpc.WorkerServiceServicer):
+    """Answers Execute, and ExecuteUnary where its Describe offers it, with the fault `mode`."""
+
+    def __init__(self, describe: wire.DescribeResponse, real):
+        self.describe = describe
+        self.real = real  # a real WorkerServicer over _FaultyRunner
+        self.mode = "nan"
+        self.calls = {"Execute": 0, "ExecuteUnary": 0}
+
+    def Describe(self, request, context):
+        return self.describe
+
+    def Execute(self, request_iterator, context):
+        self.calls["Execute"] += 1
+        if self.mode.startswith("runner:"):
+            yield from self.real.Execute(request_iterator, context)
+            return
+        header = None
+        for message in request_iterator:
+            if message.WhichOneof("item") == "header":
+                header = message.header
+        for question, summary in self._replies(len(header.questions), context):
+            yield wire.ExecuteResponse(question=question) if summary is None else wire.ExecuteResponse(summary=summary)
+
+    def ExecuteUnary(self, request, context):
+        self.calls["ExecuteUnary"] += 1
+        if self.mode.startswith("runner:"):
+            return self.real.ExecuteUnary(request, context)
+        reply = wire.ExecuteUnaryResponse()
+        for question, summary in self._replies(len(request.header.questions), context):
+            if summary is None:
+                reply.questions.append(question)
+            else:
+                reply.summary.CopyFrom(summary)
+        return reply
+
+    def _replies(self, n: int, context):
+        """(question result, None) or (None, summary), in the order a stream would send them."""
+
+        def result(index, probabilities):
+            return wire.QuestionResult(question_index=index, probabilities=probabilities), None
+
+        good = [[0.5, 0.5]] * n
+        if self.mode == "abort":
+            context.abort(grpc.StatusCode.NOT_FOUND, "something odd")
+        bad = {
+            "nan": lambda: [[math.nan, 0.5]] + good[1:],
+            "inf": lambda: [[math.inf, 0.0]] + good[1:],
+            "count": lambda: [[1.0]] + good[1:],
+            "sum": lambda: [[0.7, 0.7]] + good[1:],
+            "negative": lambda: [[-0.5, 1.5]] + good[1:],
+        }
+        if self.mode in bad:
+            for i, p in enumerate(bad[self.mode]()):
+                yield result(i, p)
+        elif self.mode == "out_of_range":
+            yield result(n + 3, [0.5, 0.5])
+        elif self.mode == "twice":
+            yield result(0, [0.5, 0.5])
+            yield result(0, [0.5, 0.5])
+        elif self.mode == "missing":
+            yield result(0, [0.5, 0.5])
+        if self.mode != "no_summary":
+            yield None, wire.ExecutionSummary()
+        else:
+            for i in range(n):
+                yield result(i, [0.5, 0.5])
+
+
+@pytest.fixture(scope="module", params=["Execute", "ExecuteUnary"])
+def bad_worker(demo_model, tmp_path_factory, request):
+    """The faulty worker behind a real frontend, offering ExecuteUnary or not (the path tested)."""
+    from openjev.export import load_export_meta
+    from openjev.tokenizer import PromptTokenizer
+    from openjev.worker.engine import Engine
+    from openjev.worker.service import WorkerIdentity, WorkerServicer
+
+    meta = load_export_meta(demo_model)
+    fingerprint = PromptTokenizer.from_export(demo_model).fingerprint
+    describe = wire.DescribeResponse(
+        abi_version=abi.ABI_VERSION,
+        model_id=meta.model_id,
+        checkpoint_revision="fake",
+        temperature=meta.temperature,
+        max_length=meta.max_length,
+        tokenizer_fingerprint=fingerprint,
+        backend="fake",
+        limits=wire.Limits(max_questions=4096, max_candidates=65536),  # compared at connect
+        execute_unary=request.param == "ExecuteUnary",
+    )
+    identity = WorkerIdentity(
+        meta.model_id,
+        meta.alias,
+        "fake",
+        meta.temperature,
+        meta.max_length,
+        10**6,
+        fingerprint,
+        "torch",
+        "off",
+        4096,
+        65536,
+        16,
+        16,
+        4096,
+        4,
+    )
+    runner = _FaultyRunner()
+    real = WorkerServicer(Engine(runner, queue_capacity=4), identity)
+    fake = _BadWorker(describe, real)
+    server = grpc.server(futures.ThreadPoolExecutor(8))
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(fake, server)
+    health_servicer = health.HealthServicer()
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    frontend = launch.start_frontend(demo_model, f"127.0.0.1:{port}", tmp_path_factory.mktemp("bad-worker"))
+    launch.wait_serving(frontend.address)
+    yield fake, runner, frontend
+    frontend.stop()
+    server.stop(0)
+
+
+def bad_worker_path(fake: _BadWorker) -> str:
+    return "ExecuteUnary" if fake.describe.execute_unary else "Execute"
+
+
+@pytest.mark.parametrize(
+    "mode,reason",
+    [
+        ("nan", "invalid probabilities for question route"),
+        ("inf", "invalid probabilities for question route"),
+        ("count", "invalid probabilities for question route"),
+        ("sum", "invalid probabilities for question route"),
+        ("negative", "invalid probabilities for question route"),
+        ("out_of_range", "twice or out of range"),
+        ("twice", "twice or out of range"),
+        ("missing", "without a complete result"),
+        ("no_summary", "without a complete result"),
+        ("abort", "worker: something odd"),
+        ("runner:nan_score", "non-finite head score"),
+        ("runner:raise", "illegal memory access"),
+        ("runner:short", "results for"),
+    ],
+)
+def test_malformed_or_non_finite_worker_result_is_internal(bad_worker, mode, reason):
+    fake, runner, frontend = bad_worker
+    fake.mode = mode
+    runner.mode = mode.removeprefix("runner:")
+    request_id = f"fault-{mode}-{uuid.uuid4().hex[:8]}"
+    calls = dict(fake.calls)
+    with Client(frontend.address) as client, pytest.raises(grpc.RpcError) as caught:
+        client.decide(SMALL, timeout=30, request_id=request_id)
+    assert {m: n - calls[m] for m, n in fake.calls.items() if n != calls[m]} == {bad_worker_path(fake): 1}
+    assert caught.value.code() == grpc.StatusCode.INTERNAL
+    assert reason in caught.value.details()
+    time.sleep(0.1)
+    lines = [r for r in log_events(frontend.log_text(), "decide") if r.get("request_id") == request_id]
+    assert len(lines) == 1 and lines[0]["status"] == "INTERNAL" and reason in lines[0]["reason"]
+
+
+# -- corrupt or truncated checkpoints ------------------------------------------------------------
+
+
+def _variant(demo_model: Path, root: Path, name: str, damage) -> Path:
+    out = root / name
+    out.mkdir()
+    for path in demo_model.iterdir():
+        if path.name != "model.safetensors" and not path.name.startswith("."):
+            (out / path.name).symlink_to(path)
+    data = (demo_model / "model.safetensors").read_bytes()
+    (out / "model.safetensors").write_bytes(damage(data))
+    return out
+
+
+CORRUPTIONS = {
+    "truncated": (lambda b: b[: len(b) // 2], "model.safetensors: truncated safetensors file"),
+    "no header": (lambda b: b[:5], "model.safetensors: truncated safetensors file (no header)"),
+    "header past end": (
+        lambda b: (2**40).to_bytes(8, "little") + b[8:],
+        "model.safetensors: truncated safetensors file",
+    ),
+    "garbled header": (lambda b: b[:8] + b"\xff" * 64 + b[72:], "model.safetensors: safetensors header is not JSON"),
+}
+
+
+@pytest.mark.parametrize("name", list(CORRUPTIONS))
+def test_corrupt_checkpoint_is_refused_at_start_naming_the_file(demo_model, tmp_path, name):
+    damage, message = CORRUPTIONS[name]
+    model = _variant(demo_model, tmp_path, name.replace(" ", "-"), damage)
+    out = subprocess.run(
+        [sys.executable, "-m", launch.WORKER_MODULE, "--model", str(model), "--listen", "127.0.0.1:0", "--plaintext"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert message in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+def test_corrupt_export_metadata_is_refused_by_both_servers(demo_model, tmp_path):
+    model = tmp_path / "bad-meta"
+    shutil.copytree(demo_model, model, symlinks=False, ignore=shutil.ignore_patterns("model.safetensors"))
+    (model / "model.safetensors").symlink_to(demo_model / "model.safetensors")
+    text = (model / "open_jev_export.json").read_text()
+    (model / "open_jev_export.json").write_text(text[: len(text) // 2])
+    for module in (launch.WORKER_MODULE, launch.FRONTEND_MODULE):
+        out = subprocess.run(
+            [sys.executable, "-m", module, "--model", str(model), "--listen", "127.0.0.1:0", "--plaintext"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode != 0
+        assert "open_jev_export.json: not readable JSON" in out.stderr and "Traceback" not in out.stderr, out.stderr[
+            -2000:
+        ]

@@ -1,0 +1,140 @@
+"""Ports bound exclusively, public reflection limited to the public API, one-line flag errors,
+limits compared at connect, and outcome metrics that match what clients saw."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from openjev import interceptors
+from openjev.client import Client
+from openjev.tools import launch
+
+
+def _run(module: str, args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_second_server_on_a_busy_port_exits_with_one_line(pair, demo_model):
+    """Before, a second worker on a busy port logged `serving` and took half the connections."""
+    for program, module, address, extra in (
+        ("openjev-frontend", launch.FRONTEND_MODULE, pair.frontend.address, ["--worker", pair.worker.address]),
+        ("openjev-worker", launch.WORKER_MODULE, pair.worker.address, []),
+    ):
+        done = _run(module, ["--model", str(demo_model), "--listen", address, "--plaintext", *extra])
+        assert done.returncode == 1, done.stderr
+        last = done.stderr.strip().splitlines()[-1]  # earlier lines: the JSON config log
+        assert last == f"{program}: cannot listen on {address}: the address is in use or not available"
+        assert "Traceback" not in done.stderr and '"serving"' not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "env", "names"),
+    [
+        (launch.FRONTEND_MODULE, ["--max-questions", "0"], {}, "--max-questions"),
+        (launch.FRONTEND_MODULE, ["--worker-refresh-seconds", "0"], {}, "--worker-refresh-seconds"),
+        (launch.FRONTEND_MODULE, ["--max-candidates", "65537"], {}, "--max-candidates"),
+        (launch.WORKER_MODULE, ["--grace-seconds", "-1"], {}, "--grace-seconds"),
+        (launch.WORKER_MODULE, ["--max-launch-tokens", "0"], {}, "--max-launch-tokens"),
+        (launch.WORKER_MODULE, [], {"OPENJEV_QUEUE_CAPACITY": "many"}, "OPENJEV_QUEUE_CAPACITY"),
+        (launch.WORKER_MODULE, [], {"OPENJEV_BACKEND": "gpu"}, "OPENJEV_BACKEND"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(demo_model, module, args, env, names):
+    done = _run(module, ["--model", str(demo_model), *args], env)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error:" in lines[0] and names in lines[0], done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+
+
+def _symbol(address: str, symbol: str):
+    with grpc.insecure_channel(address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(file_containing_symbol=symbol)
+        return list(stub.ServerReflectionInfo(iter([request]), timeout=10))[0]
+
+
+def test_public_reflection_does_not_describe_the_worker_schema(pair):
+    assert _symbol(pair.frontend.address, "openjev.v1.DecisionService").HasField("file_descriptor_response")
+    hidden = _symbol(pair.frontend.address, "openjev.worker.v1.WorkerService")
+    assert hidden.HasField("error_response") and not hidden.HasField("file_descriptor_response")
+    assert _symbol(pair.worker.address, "openjev.worker.v1.WorkerService").HasField("file_descriptor_response")
+
+
+def test_frontend_refuses_a_worker_with_smaller_limits(demo_model, tmp_path):
+    worker = launch.start_worker(demo_model, tmp_path, ["--max-questions", "10"])
+    frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--worker-refresh-seconds", "0.5"])
+    try:
+        time.sleep(2.0)
+        with Client(frontend.address) as client, pytest.raises(grpc.RpcError) as caught:
+            client.decide({"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "worker accepts at most 10 questions per request, fewer than this frontend's --max-questions 4096" in (
+            caught.value.details()
+        )
+    finally:
+        frontend.stop()
+        worker.stop()
+
+
+class _Recorder(interceptors.Observer):
+    def __init__(self):
+        self.outcomes: list[str] = []
+        self.ended = threading.Event()
+
+    def on_end(self, info, outcome, seconds):
+        self.outcomes.append(outcome)
+        self.ended.set()
+
+
+def test_outcomes_tell_client_deadline_and_cancel_apart_from_server_errors():
+    """A real server with the real interceptor; the handler notices its caller left and ends
+    the way the servicers do (abort CANCELLED)."""
+    recorder = _Recorder()
+
+    def slow(request, context):
+        while context.is_active():
+            time.sleep(0.01)
+        context.abort(grpc.StatusCode.CANCELLED, "client went away")
+
+    method = "/t.T/Slow"
+    handler = grpc.method_handlers_generic_handler(
+        "t.T", {"Slow": grpc.unary_unary_rpc_method_handler(slow, lambda b: b, lambda b: b)}
+    )
+    server = grpc.server(
+        futures.ThreadPoolExecutor(4),
+        interceptors=[interceptors.RequestInterceptor({method: recorder}, make_ids=True)],
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(method, lambda b: b, lambda b: b)
+            with pytest.raises(grpc.RpcError):
+                call(b"x", timeout=0.3)
+            assert recorder.ended.wait(5)
+            recorder.ended.clear()
+            future = call.future(b"x", timeout=30)
+            time.sleep(0.3)
+            future.cancel()
+            assert recorder.ended.wait(5)
+    finally:
+        server.stop(0)
+    assert recorder.outcomes == ["DEADLINE_EXCEEDED", "CLIENT_CANCELLED"]

@@ -1,0 +1,209 @@
+"""Queue, deadlines and cancellation through the real gRPC API. The worker runs one sequence
+per launch (a launch boundary about every 0.5 s on the CPU demo model) and lets two requests
+wait; a long request (16 candidates of ~2,000 tokens, policy off) keeps it busy for seconds.
+What the worker did is read from its JSON log (one `execute` line per request)."""
+
+from __future__ import annotations
+
+import gc
+import time
+import uuid
+import weakref
+
+import grpc
+import pytest
+
+from openjev.client import Client
+from openjev.tools.soak import log_events, rss_bytes
+from openjev.v1 import decision_pb2 as api
+
+LONG = {
+    "state": "word " * 2000,
+    "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(16)}}},
+}
+# 17 candidates: one more than a batch, so the frontend streams it (Execute) instead of sending
+# it in one ExecuteUnary call; the deadline and cancellation tests run both ways.
+LONG_STREAMED = {
+    "state": LONG["state"],
+    "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(17)}}},
+}
+WAYS = [pytest.param(LONG, "ExecuteUnary", id="unary"), pytest.param(LONG_STREAMED, "Execute", id="stream")]
+SMALL = {"state": "hi", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
+LONG_SECONDS = 6.0  # well under the ~8 s the long request takes
+
+
+def rid(tag: str) -> str:
+    return f"{tag}-{uuid.uuid4().hex[:8]}"
+
+
+def send(stub, body, request_id, timeout=60.0):
+    import json
+
+    return stub.Decide.future(
+        api.DecideRequest(request_json=json.dumps(body), prefix_policy=api.PREFIX_POLICY_OFF),
+        timeout=timeout,
+        metadata=[("x-request-id", request_id)],
+    )
+
+
+def worker_line(worker, request_id, timeout=10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = [r for r in log_events(worker.log_text(), "execute") if r.get("request_id") == request_id]
+        if lines:
+            assert len(lines) == 1, lines
+            return lines[0] | {"seen_at": time.monotonic()}
+        time.sleep(0.05)
+    raise AssertionError(f"worker logged nothing for {request_id}")
+
+
+def frontend_method(pair, request_id) -> str:
+    """The worker call the frontend made for the request (its `decide` log line says)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        lines = [r for r in log_events(pair.frontend.log_text(), "decide") if r.get("request_id") == request_id]
+        if lines:
+            return lines[0]["worker_method"]
+        time.sleep(0.05)
+    raise AssertionError(f"frontend logged nothing for {request_id}")
+
+
+@pytest.fixture
+def stub(busy_pair):
+    with Client(busy_pair.frontend.address) as c:
+        yield c.stub
+
+
+@pytest.mark.parametrize(("long", "method"), WAYS)
+def test_deadline_propagates_and_work_stops_at_next_launch(busy_pair, stub, long, method):
+    long_id = rid("deadline")
+    started = time.monotonic()
+    future = send(stub, long, long_id, timeout=1.5)
+    with pytest.raises(grpc.RpcError) as caught:
+        future.result()
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - started < 3
+    line = worker_line(busy_pair.worker, long_id)
+    assert line["status"] == "CANCELLED" and "before it finished" in line["reason"]  # stopped mid-request
+    assert line["seen_at"] - started < LONG_SECONDS / 2  # at a launch boundary, not at the end
+    assert frontend_method(busy_pair, long_id) == method
+    small_started = time.monotonic()
+    send(stub, SMALL, rid("after")).result()
+    assert time.monotonic() - small_started < 2  # the worker is free again
+
+
+@pytest.mark.parametrize(("long", "method"), WAYS)
+def test_client_cancel_propagates_to_the_worker(busy_pair, stub, long, method):
+    long_id = rid("cancel")
+    future = send(stub, long, long_id)
+    time.sleep(1.0)
+    cancelled_at = time.monotonic()
+    assert future.cancel()
+    line = worker_line(busy_pair.worker, long_id)
+    assert line["status"] == "CANCELLED"
+    assert line["seen_at"] - cancelled_at < 2.5
+    assert frontend_method(busy_pair, long_id) == method
+    started = time.monotonic()
+    send(stub, SMALL, rid("after")).result()
+    assert time.monotonic() - started < 2
+
+
+def test_full_queue_answers_resource_exhausted_at_once(busy_pair, stub):
+    running, waiting = [send(stub, LONG, rid("run")) for _ in range(1)], []
+    time.sleep(0.5)
+    waiting_ids = [rid("wait") for _ in range(2)]
+    for request_id in waiting_ids:
+        waiting.append(send(stub, SMALL, request_id))
+        time.sleep(0.2)
+    refused_id = rid("full")
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as caught:
+        send(stub, SMALL, refused_id).result()
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "queue is full (2 waiting)" in caught.value.details()
+    assert time.monotonic() - started < 1.0
+    assert worker_line(busy_pair.worker, refused_id)["status"] == "RESOURCE_EXHAUSTED"
+    running[0].cancel()  # the waiting ones then run, in arrival order (FIFO)
+    for future in waiting:
+        future.result(timeout=30)
+    first, second = (worker_line(busy_pair.worker, i) for i in waiting_ids)
+    assert first["status"] == second["status"] == "OK"
+    # FIFO: the first to arrive ran first (it finished first, having waited the longer).
+    assert first["timestamp"] < second["timestamp"] and first["queue_ms"] > second["queue_ms"]
+
+
+def test_timed_out_request_leaves_the_queue(busy_pair, stub):
+    running_id, queued_id = rid("run"), rid("queued")
+    running = send(stub, LONG, running_id)
+    time.sleep(0.5)
+    queued = send(stub, LONG, queued_id, timeout=1.0)
+    with pytest.raises(grpc.RpcError) as caught:
+        queued.result()
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    line = worker_line(busy_pair.worker, queued_id)
+    assert line["status"] == "CANCELLED" and line["reason"] == "client went away while queued"
+    # Both waiting places are free again: two more wait, a third is refused.
+    later = [send(stub, SMALL, rid("later")) for _ in range(2)]
+    time.sleep(0.3)
+    with pytest.raises(grpc.RpcError) as caught:
+        send(stub, SMALL, rid("full")).result()
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    running.cancel()
+    for future in later:
+        future.result(timeout=30)
+    assert worker_line(busy_pair.worker, running_id)["status"] == "CANCELLED"
+
+
+def test_cancelled_requests_do_not_grow_worker_memory(busy_pair, stub):
+    def cancel_one() -> None:
+        request_id = rid("mem")
+        future = send(stub, LONG, request_id)
+        time.sleep(1.2)
+        future.cancel()
+        worker_line(busy_pair.worker, request_id)
+
+    for _ in range(2):  # allocator growth from first use
+        cancel_one()
+    before = rss_bytes(busy_pair.worker.popen.pid)
+    for _ in range(4):
+        cancel_one()
+    after = rss_bytes(busy_pair.worker.popen.pid)
+    assert after - before < 64 * 2**20, (before, after)
+
+
+def test_cancelled_or_failed_request_frees_its_states(demo_model):
+    """In process, with the real runner: once execute() has raised (cancelled at a launch
+    boundary, or a runner failure), no state a runner returned is still alive."""
+    from openjev.worker.engine import Cancelled, Engine, InferenceError, QuestionWork
+    from openjev.worker.model.runner import TorchRunner
+    from openjev.worker.planner.plan import PackLimits
+
+    runner = TorchRunner(demo_model)
+    refs: list[weakref.ref] = []
+    launches = [0]
+
+    class Recording:
+        backend = "torch"
+        config = runner.config
+        fail_at: int | None = None
+
+        def run_launch(self, runs):
+            launches[0] += 1
+            if launches[0] == self.fail_at:
+                raise RuntimeError("device lost")
+            results = runner.run_launch(runs)
+            refs.extend(weakref.ref(r.state) for r in results if r.state is not None)
+            return results
+
+    recording = Recording()
+    engine = Engine(recording, pack_limits=PackLimits(max_sequences=1, max_tokens=4096))
+    prefix = list(range(100, 400))
+    work = [QuestionWork("choice", tuple(tuple(prefix + [500 + i, 600 + i]) for i in range(6)))]
+    for expected, stop, fail_at in ((Cancelled, lambda: launches[0] >= 3, None), (InferenceError, lambda: False, 3)):
+        launches[0], recording.fail_at = 0, fail_at
+        refs.clear()
+        with pytest.raises(expected):
+            engine.execute(work, temperature=1.0, policy="shared", should_stop=stop)
+        gc.collect()
+        assert refs and not [r for r in refs if r() is not None]
+    engine.close()

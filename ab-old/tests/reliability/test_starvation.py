@@ -1,0 +1,138 @@
+"""No kind of call starves another (real worker + frontend on loopback).
+
+Idle streams used to take a server down: 32 open reflection or health Watch streams blocked every
+Decide, 32 Execute streams that never commit blocked the worker, and a full queue was never
+answered RESOURCE_EXHAUSTED because the RPC threads capped it first."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from openjev.client import Client
+from openjev.tools import launch
+from openjev.v1 import decision_pb2 as api
+from openjev.worker.v1 import worker_pb2 as wire
+from openjev.worker.v1 import worker_pb2_grpc
+
+SMALL = {"state": "hi", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
+IDLE = 64
+
+
+def _blocked(first, release: threading.Event):
+    """A request stream that sends `first` and then nothing until released."""
+    yield first
+    release.wait()
+
+
+def _decide(address: str, timeout: float = 20.0) -> api.DecideResponse:
+    with Client(address) as client:
+        return client.stub.Decide(api.DecideRequest(request_json=json.dumps(SMALL)), timeout=timeout)
+
+
+def _health(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+
+
+def test_idle_streams_of_every_kind_do_not_block_decide_or_health(pair):
+    release = threading.Event()
+    channels = [grpc.insecure_channel(pair.frontend.address) for _ in range(2)] + [
+        grpc.insecure_channel(pair.worker.address)
+    ]
+    calls = []
+    try:
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channels[0])
+        health = health_pb2_grpc.HealthStub(channels[1])
+        worker = worker_pb2_grpc.WorkerServiceStub(channels[2])
+        header = wire.ExecuteRequest(
+            header=wire.ExecuteHeader(questions=[wire.QuestionShape(kind=3, num_candidates=1)])
+        )
+        for _ in range(IDLE):
+            calls.append(
+                reflection.ServerReflectionInfo(
+                    _blocked(reflection_pb2.ServerReflectionRequest(list_services=""), release), timeout=120
+                )
+            )
+            calls.append(health.Watch(health_pb2.HealthCheckRequest(), timeout=120))
+            calls.append(worker.Execute(_blocked(header, release), timeout=120))
+        time.sleep(2.0)  # every stream is open (or already refused) on the servers
+        started = time.monotonic()
+        reply = _decide(pair.frontend.address)
+        assert len(reply.answers) == 1 and reply.answers[0].WhichOneof("kind") == "noul"
+        assert _health(pair.frontend.address) == health_pb2.HealthCheckResponse.SERVING
+        assert _health(pair.worker.address) == health_pb2.HealthCheckResponse.SERVING
+        assert time.monotonic() - started < 10
+        refused = [c for c in calls if c.done() and c.code() == grpc.StatusCode.RESOURCE_EXHAUSTED]
+        assert refused, "streams over a class's cap are refused, not queued"
+        assert all("concurrent" in c.details() for c in refused)
+    finally:
+        release.set()
+        for call in calls:
+            call.cancel()
+        for channel in channels:
+            channel.close()
+
+
+def test_uncommitted_execute_is_cancelled_after_the_commit_timeout(demo_model, tmp_path):
+    worker = launch.start_worker(demo_model, tmp_path, ["--commit-timeout-seconds", "1"])
+    release = threading.Event()
+    try:
+        with grpc.insecure_channel(worker.address) as channel:
+            header = wire.ExecuteRequest(
+                header=wire.ExecuteHeader(questions=[wire.QuestionShape(kind=3, num_candidates=1)])
+            )
+            started = time.monotonic()
+            call = worker_pb2_grpc.WorkerServiceStub(channel).Execute(_blocked(header, release), timeout=60)
+            with pytest.raises(grpc.RpcError) as caught:
+                list(call)
+            assert caught.value.code() == grpc.StatusCode.CANCELLED
+            assert time.monotonic() - started < 5
+    finally:
+        release.set()
+        worker.stop()
+
+
+LONG = {
+    "state": "word " * 1500,
+    "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(8)}}},
+}
+
+
+def test_full_queue_is_resource_exhausted_with_default_threads(demo_model, tmp_path):
+    """A queue longer than the old 32 RPC threads: 60 requests behind a busy worker. Before, all
+    60 waited (threads capped the queue at 31); now those past the queue are refused at once."""
+    started_pair = launch.start_pair(
+        demo_model, tmp_path, worker_args=["--queue-capacity", "40", "--max-launch-sequences", "1"]
+    )
+    try:
+        with Client(started_pair.frontend.address) as client:
+            body = api.DecideRequest(request_json=json.dumps(LONG), prefix_policy=api.PREFIX_POLICY_OFF)
+            long_call = client.stub.Decide.future(body, timeout=120)
+            time.sleep(1.0)
+            small = api.DecideRequest(request_json=json.dumps(SMALL))
+            sent = time.monotonic()
+            with futures.ThreadPoolExecutor(60) as pool:
+
+                def one(_):
+                    try:
+                        client.stub.Decide(small, timeout=120)
+                        return "OK", time.monotonic() - sent
+                    except grpc.RpcError as error:
+                        return error.code().name, time.monotonic() - sent
+
+                outcomes = list(pool.map(one, range(60)))
+            long_call.result()
+        exhausted = [seconds for code, seconds in outcomes if code == "RESOURCE_EXHAUSTED"]
+        assert {code for code, _ in outcomes} <= {"OK", "RESOURCE_EXHAUSTED"}
+        assert len(exhausted) >= 60 - 40, outcomes
+        assert max(exhausted) < 3.0, "refused at once, not after waiting"
+    finally:
+        started_pair.stop()

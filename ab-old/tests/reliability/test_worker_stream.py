@@ -1,0 +1,268 @@
+"""The worker trusts no caller: Execute streams and ExecuteUnary requests sent straight to a real
+worker on loopback.
+
+Hypothesis builds a valid stream and then, or not, breaks it one way (unknown enums and kinds,
+candidate counts a kind does not allow, token ids beyond the tokenizer, indices out of range or
+repeated, missing candidates, messages out of order, empty messages). A broken stream must get
+INVALID_ARGUMENT "malformed execute stream: ..." and never run the model (the worker's log shows
+no executed request for it); a valid one gets a complete answer. Never INTERNAL or UNKNOWN.
+ExecuteUnary gets the same breaks that one message can carry (and a missing header): "malformed
+execute request: ...", or, when valid, the answer the same request gets as a stream, bit for bit."""
+
+from __future__ import annotations
+
+import uuid
+
+import grpc
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis_profiles import HYPOTHESIS
+
+from openjev.tools import launch
+from openjev.tools.soak import log_events
+from openjev.v1 import decision_pb2 as api
+from openjev.worker.v1 import worker_pb2 as wire
+from openjev.worker.v1 import worker_pb2_grpc
+
+KINDS = {"choice": wire.QUESTION_KIND_CHOICE, "score": wire.QUESTION_KIND_SCORE, "noul": wire.QUESTION_KIND_NOUL}
+NUM_TOKEN_IDS = 248077  # the Qwen3.5 tokenizer: 248,044 ranks and 33 specials
+MAX_QUESTIONS = 8
+
+
+@pytest.fixture(scope="module")
+def worker(demo_model, tmp_path_factory):
+    process = launch.start_worker(
+        demo_model,
+        tmp_path_factory.mktemp("stream"),
+        ["--max-questions", str(MAX_QUESTIONS), "--max-request-tokens", "4000"],
+    )
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(worker):
+    with grpc.insecure_channel(worker.address) as channel:
+        yield worker_pb2_grpc.WorkerServiceStub(channel)
+
+
+def _shape(kind: str, n: int):
+    return wire.QuestionShape(kind=KINDS[kind], num_candidates=n)
+
+
+questions = st.lists(
+    st.one_of(
+        st.tuples(st.just("noul"), st.just(1)),
+        st.tuples(st.just("choice"), st.integers(1, 4)),
+        st.tuples(st.just("score"), st.integers(2, 4)),
+    ),
+    min_size=1,
+    max_size=3,
+)
+ids = st.lists(st.integers(0, NUM_TOKEN_IDS - 1), min_size=1, max_size=6)
+
+BREAKS = (
+    "none",
+    "policy_enum",
+    "kind_zero",
+    "kind_unknown",
+    "noul_count",
+    "choice_count",
+    "score_few",
+    "score_many",
+    "too_many_questions",
+    "token_beyond_tokenizer",
+    "token_beyond_uint",
+    "no_tokens",
+    "index_out_of_range",
+    "repeated",
+    "missing",
+    "batch_before_header",
+    "second_header",
+    "empty_message",
+    "commit_first",
+    "too_many_tokens",
+)
+# What one ExecuteUnary message can break: no message order, but a header that may be missing.
+UNARY_BREAKS = (
+    *(b for b in BREAKS if b not in ("batch_before_header", "second_header", "empty_message", "commit_first")),
+    "no_header",
+)
+
+
+def _request(draw, breaks):
+    """(broken, shape, header, candidates): a request, broken one way of `breaks` or not."""
+    shape = draw(questions)
+    broken = draw(st.sampled_from(breaks))
+    header = wire.ExecuteHeader(request_id="hyp", prefix_policy=api.PREFIX_POLICY_OFF)
+    for kind, n in shape:
+        header.questions.append(_shape(kind, n))
+    candidates = [
+        wire.Candidate(question_index=q, candidate_index=c, token_ids=draw(ids))
+        for q, (_kind, n) in enumerate(shape)
+        for c in range(n)
+    ]
+    target = draw(st.integers(0, len(shape) - 1))
+    if broken == "policy_enum":
+        header.prefix_policy = draw(st.sampled_from([6, 99, 2**31 - 1]))
+    elif broken == "kind_zero":
+        header.questions[target].kind = wire.QUESTION_KIND_UNSPECIFIED
+    elif broken == "kind_unknown":
+        header.questions[target].kind = draw(st.integers(4, 1000))
+    elif broken == "noul_count":
+        header.questions.append(_shape("noul", draw(st.sampled_from([0, 2, 3]))))
+    elif broken == "choice_count":
+        header.questions.append(_shape("choice", draw(st.sampled_from([0, 256, 300]))))
+    elif broken == "score_few":
+        header.questions.append(_shape("score", draw(st.sampled_from([0, 1]))))
+    elif broken == "score_many":
+        header.questions.append(_shape("score", draw(st.sampled_from([11, 300]))))
+    elif broken == "too_many_questions":
+        for _ in range(MAX_QUESTIONS + 1 - len(shape)):
+            header.questions.append(_shape("noul", 1))
+    elif broken in ("token_beyond_tokenizer", "token_beyond_uint", "no_tokens"):
+        victim = candidates[draw(st.integers(0, len(candidates) - 1))]
+        if broken == "no_tokens":
+            del victim.token_ids[:]
+        else:
+            low = NUM_TOKEN_IDS if broken == "token_beyond_tokenizer" else 248320
+            victim.token_ids.append(draw(st.integers(low, 2**32 - 1)))
+    elif broken == "index_out_of_range":
+        victim = candidates[draw(st.integers(0, len(candidates) - 1))]
+        if draw(st.booleans()):
+            victim.question_index = len(shape) + draw(st.integers(0, 5))
+        else:
+            victim.candidate_index = 300
+    elif broken == "repeated":
+        candidates.append(candidates[draw(st.integers(0, len(candidates) - 1))])
+    elif broken == "missing":
+        del candidates[draw(st.integers(0, len(candidates) - 1))]
+    elif broken == "too_many_tokens":
+        candidates[0].token_ids.extend([7] * 4001)
+    return broken, shape, header, candidates
+
+
+@st.composite
+def streams(draw):
+    broken, shape, header, candidates = _request(draw, BREAKS)
+    messages = [wire.ExecuteRequest(header=header)]
+    split = draw(st.integers(1, max(1, len(candidates))))
+    for start in range(0, len(candidates), split):
+        messages.append(wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=candidates[start : start + split])))
+    messages.append(wire.ExecuteRequest(commit=wire.Commit()))
+    if broken == "batch_before_header":
+        messages[0], messages[1] = messages[1], messages[0]
+    elif broken == "second_header":
+        messages.insert(1, wire.ExecuteRequest(header=header))
+    elif broken == "empty_message":
+        messages.insert(draw(st.integers(0, len(messages) - 1)), wire.ExecuteRequest())
+    elif broken == "commit_first":
+        messages.insert(0, wire.ExecuteRequest(commit=wire.Commit()))
+    return broken, shape, messages
+
+
+def _executed(worker, request_id: str) -> list[dict]:
+    return [
+        r for r in log_events(worker.log_text(), "execute") if r.get("request_id") == request_id and r["status"] == "OK"
+    ]
+
+
+@HYPOTHESIS
+@given(case=streams())
+def test_every_stream_is_answered_whole_or_refused_before_running(worker, stub, case):
+    broken, shape, messages = case
+    request_id = f"hyp-{uuid.uuid4().hex[:10]}"
+    try:
+        replies = list(stub.Execute(iter(messages), timeout=60, metadata=[("x-request-id", request_id)]))
+    except grpc.RpcError as error:
+        assert broken != "none", error
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (broken, error.code(), error.details())
+        assert error.details().startswith("malformed execute stream: "), error.details()
+        assert not _executed(worker, request_id)
+        return
+    assert broken == "none", f"{broken} was answered"
+    results = [r.question for r in replies if r.WhichOneof("item") == "question"]
+    assert [r.question_index for r in results] == list(range(len(shape)))
+    for result, (kind, n) in zip(results, shape, strict=True):
+        assert len(result.probabilities) == (2 if kind == "noul" else n)
+    assert replies[-1].WhichOneof("item") == "summary"
+
+
+@st.composite
+def unary_requests(draw):
+    broken, shape, header, candidates = _request(draw, UNARY_BREAKS)
+    request = wire.ExecuteUnaryRequest(candidates=draw(st.permutations(candidates)))
+    if broken != "no_header":
+        request.header.CopyFrom(header)
+    return broken, shape, request
+
+
+@HYPOTHESIS
+@given(case=unary_requests())
+def test_every_unary_request_is_answered_as_its_stream_or_refused_before_running(worker, stub, case):
+    broken, shape, request = case
+    request_id = f"hyp-{uuid.uuid4().hex[:10]}"
+    try:
+        reply = stub.ExecuteUnary(request, timeout=60, metadata=[("x-request-id", request_id)])
+    except grpc.RpcError as error:
+        assert broken != "none", error
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (broken, error.code(), error.details())
+        assert error.details().startswith("malformed execute request: "), error.details()
+        assert not _executed(worker, request_id)
+        return
+    assert broken == "none", f"{broken} was answered"
+    assert [r.question_index for r in reply.questions] == list(range(len(shape)))
+    assert reply.HasField("summary")
+    stream = [
+        wire.ExecuteRequest(header=request.header),
+        wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=request.candidates)),
+        wire.ExecuteRequest(commit=wire.Commit()),
+    ]
+    streamed = list(stub.Execute(iter(stream), timeout=60))
+    assert [r.question for r in streamed[:-1]] == list(reply.questions)  # probabilities and head scores
+    expected, got = streamed[-1].summary, reply.summary
+    for field in ("policy", "executed_policy", "prefix_enabled", "scope", "saved_tokens", "submitted_tokens"):
+        assert getattr(got, field) == getattr(expected, field), field
+
+
+def test_unary_without_header_is_refused(stub):
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ExecuteUnary(wire.ExecuteUnaryRequest(candidates=[wire.Candidate(token_ids=[1])]), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == "malformed execute request: no header"
+
+
+def test_unary_missing_candidates_are_refused(stub):
+    header = wire.ExecuteHeader(questions=[_shape("choice", 3)])
+    request = wire.ExecuteUnaryRequest(header=header, candidates=[wire.Candidate(candidate_index=1, token_ids=[1])])
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ExecuteUnary(request, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == "malformed execute request: 2 candidates missing"
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        (wire.ExecuteHeader(prefix_policy=99, questions=[_shape("noul", 1)]), "unknown prefix policy 99"),
+        (wire.ExecuteHeader(questions=[wire.QuestionShape(kind=0, num_candidates=1)]), "question 0 has unknown kind 0"),
+        (wire.ExecuteHeader(questions=[_shape("noul", 3)]), "noul question 0 has 3 candidates; expected exactly 1"),
+        (wire.ExecuteHeader(questions=[_shape("score", 300)]), "score question 0 has 300 candidates; expected 2 to 10"),
+    ],
+)
+def test_issue_cases_are_clear_invalid_argument(stub, header, message):
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.Execute(iter([wire.ExecuteRequest(header=header)]), timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == f"malformed execute stream: {message}"
+
+
+def test_token_id_beyond_the_tokenizer_is_refused(stub):
+    header = wire.ExecuteHeader(questions=[_shape("noul", 1)])
+    batch = wire.CandidateBatch(candidates=[wire.Candidate(token_ids=[1, 248319])])
+    stream = [wire.ExecuteRequest(header=header), wire.ExecuteRequest(batch=batch), wire.ExecuteRequest(commit={})]
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.Execute(iter(stream), timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "token id 248319, outside the tokenizer's range 0..248076" in caught.value.details()

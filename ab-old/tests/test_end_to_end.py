@@ -1,0 +1,212 @@
+"""Both servers as subprocesses on loopback: answers, ABI safety, worker loss, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from openjev import abi
+from openjev.client import Client
+from openjev.tools import launch
+from openjev.v1 import decision_pb2 as api
+from openjev.worker.v1 import worker_pb2 as wire
+from openjev.worker.v1 import worker_pb2_grpc
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = json.loads((REPO / "examples" / "contract_example.json").read_text())
+
+
+def reference_answers(demo_model, request: dict, policy: str = "off") -> dict:
+    """The same request computed in-process: contract rendering, tokenizer, torch runner, engine."""
+    from openjev.contract.answers import answer_from_probabilities
+    from openjev.contract.request import parse_request
+    from openjev.export import load_export_meta
+    from openjev.tokenizer import PromptTokenizer
+    from openjev.worker.engine import Engine, QuestionWork
+    from openjev.worker.model.runner import TorchRunner
+
+    meta = load_export_meta(demo_model)
+    decision = parse_request(request, accepted_models=meta.accepted_model_names)
+    tokenizer = PromptTokenizer.from_export(demo_model)
+    work = [QuestionWork(q.kind, tokenizer.encode(list(q.prompts))) for q in decision.questions]
+    result = Engine(TorchRunner(demo_model)).execute(work, temperature=meta.temperature, policy=policy)
+    return {
+        q.id: answer_from_probabilities(q, p) for q, p in zip(decision.questions, result.probabilities, strict=True)
+    }
+
+
+def assert_answers_close(got: dict, want: dict, tolerance: float) -> None:
+    assert list(got) == list(want)
+    for qid in want:
+        g, w = got[qid], want[qid]
+        assert g["type"] == w["type"]
+        if w["type"] == "noul":
+            assert math.isclose(g["noul"], w["noul"], abs_tol=tolerance)
+            continue
+        assert list(g["probabilities"]) == list(w["probabilities"])
+        for key in w["probabilities"]:
+            assert math.isclose(g["probabilities"][key], w["probabilities"][key], abs_tol=tolerance)
+
+
+def test_contract_example_answered(client, demo_model):
+    response = client.decide(EXAMPLE, policy="off", timeout=60)
+    assert list(response) == ["model", "answers", "usage", "metadata"]
+    assert response["model"] == "open-jev-demo"
+    assert list(response["answers"]) == ["route", "refund_review", "urgency"]
+    route = response["answers"]["route"]
+    assert list(route["probabilities"]) == ["billing", "security", "technical"]
+    assert math.isclose(sum(route["probabilities"].values()), 1.0, abs_tol=1e-12)
+    urgency = response["answers"]["urgency"]
+    assert list(urgency["legend"].values()) == EXAMPLE["questions"]["urgency"]["criteria"]
+    meta = response["metadata"]
+    assert meta["candidate_sequences"] == 7
+    assert meta["max_length"] == 16384
+    assert meta["prefix_cache"] == {"policy": "off", "enabled": False, "scope": "none", "saved_tokens": 0}
+    assert response["usage"]["output_tokens"] == 0
+    assert meta["inference_seconds"] > 0
+    assert_answers_close(response["answers"], reference_answers(demo_model, EXAMPLE), 1e-6)
+
+
+def test_input_tokens_count_every_candidate(client, demo_model):
+    from openjev.contract.request import parse_request
+    from openjev.tokenizer import PromptTokenizer
+
+    tokenizer = PromptTokenizer.from_export(demo_model)
+    decision = parse_request(EXAMPLE, accepted_models={"open-jev-demo"})
+    expected = sum(len(ids) for q in decision.questions for ids in tokenizer.encode(list(q.prompts)))
+    for policy in ("off", "shared"):
+        assert client.decide(EXAMPLE, policy=policy, timeout=60)["usage"]["input_tokens"] == expected
+
+
+def test_cli_decide_and_tokenize(pair, demo_model, tmp_path):
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(EXAMPLE))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "openjev.tools.cli",
+            "decide",
+            str(path),
+            "--addr",
+            pair.frontend.address,
+            "--policy",
+            "off",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert list(json.loads(out.stdout)["answers"]) == ["route", "refund_review", "urgency"]
+    fixture = json.loads((REPO / "tests" / "contract" / "data" / "tokenization_cases.json").read_text())
+    path.write_text(json.dumps(fixture["cases"][0]["request"]))
+    out = subprocess.run(
+        [sys.executable, "-m", "openjev.tools.cli", "tokenize", str(path), "--model", str(demo_model)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == fixture["cases"][0]["ids"]
+
+
+def test_cli_error_prints_status_and_exits_nonzero(pair, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"questions": {}}))
+    out = subprocess.run(
+        [sys.executable, "-m", "openjev.tools.cli", "decide", str(path), "--addr", pair.frontend.address],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert "INVALID_ARGUMENT: request requires state" in out.stderr
+
+
+class _WrongAbiWorker(worker_pb2_grpc.WorkerServiceServicer):
+    """A worker from another release: answers Describe with a different ABI version."""
+
+    def __init__(self, describe: wire.DescribeResponse):
+        self.describe = describe
+        self.executed = 0
+
+    def Describe(self, request, context):
+        return self.describe
+
+    def Execute(self, request_iterator, context):
+        self.executed += 1
+        context.abort(grpc.StatusCode.INTERNAL, "must never be called")
+
+
+def test_frontend_refuses_worker_with_other_abi_version(pair, demo_model, tmp_path):
+    real = worker_pb2_grpc.WorkerServiceStub(grpc.insecure_channel(pair.worker.address)).Describe(
+        wire.DescribeRequest()
+    )
+    real.abi_version = abi.ABI_VERSION + 1
+    fake = _WrongAbiWorker(real)
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    frontend = launch.start_frontend(demo_model, f"127.0.0.1:{port}", tmp_path)
+    try:
+        with pytest.raises(launch.LaunchError):
+            launch.wait_serving(frontend.address, timeout_seconds=3)
+        with Client(frontend.address) as c, pytest.raises(grpc.RpcError) as caught:
+            c.decide(EXAMPLE, timeout=30)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert f"ABI version {abi.ABI_VERSION + 1}" in caught.value.details()
+        assert f"ABI version {abi.ABI_VERSION}" in caught.value.details()
+        assert fake.executed == 0
+    finally:
+        frontend.stop()
+        server.stop(0)
+
+
+def test_frontend_refuses_worker_with_other_tokenizer(pair, demo_model, tmp_path):
+    other = tmp_path / "other-export"
+    shutil.copytree(demo_model, other)
+    meta_path = other / "open_jev_export.json"
+    meta = json.loads(meta_path.read_text())
+    meta["chat_suffix"] = meta["chat_suffix"] + " "
+    meta_path.write_text(json.dumps(meta))
+    frontend = launch.start_frontend(other, pair.worker.address, tmp_path)
+    try:
+        with Client(frontend.address) as c, pytest.raises(grpc.RpcError) as caught:
+            c.decide(EXAMPLE, timeout=30)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "tokenizer fingerprint" in caught.value.details()
+    finally:
+        frontend.stop()
+
+
+def test_killed_worker_gives_unavailable_not_a_hang(demo_model, tmp_path):
+    own = launch.start_pair(demo_model, tmp_path)
+    try:
+        with Client(own.frontend.address) as c:
+            c.decide(EXAMPLE, timeout=60)
+            own.worker.kill()
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as caught:
+                c.decide(EXAMPLE, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert time.monotonic() - started < 10
+    finally:
+        own.stop()
+
+
+def test_describe_model(client):
+    reply = client.stub.DescribeModel(api.DescribeModelRequest(), timeout=10)
+    assert reply.model_id == "open-jev-demo"
+    assert {"open-jev", "jev-latest", "open-jev-demo"} <= set(reply.accepted_names)
+    assert reply.backend == "torch"

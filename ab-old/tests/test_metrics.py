@@ -1,0 +1,115 @@
+"""The Prometheus endpoints of a real worker and frontend: the documented series are there and
+move with traffic (by kind and outcome, tokens, batches, queue, worker health)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from openjev.client import Client
+from openjev.tools import launch
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = json.loads((REPO / "examples" / "contract_example.json").read_text())
+NOUL = {"state": "The order arrived broken.", "questions": {"refund": {"type": "noul", "instructions": "Refund?"}}}
+
+
+@pytest.fixture(scope="module")
+def served(demo_model, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("metrics")
+    worker_metrics, frontend_metrics = launch.free_port(), launch.free_port()
+    worker = launch.start_worker(demo_model, workdir, ["--metrics-port", str(worker_metrics)])
+    frontend = launch.start_frontend(
+        demo_model,
+        worker.address,
+        workdir,
+        ["--metrics-port", str(frontend_metrics), "--worker-refresh-seconds", "0.5"],
+    )
+    try:
+        launch.wait_serving(frontend.address)
+        yield {
+            "worker": worker,
+            "frontend": frontend,
+            "worker_url": f"http://127.0.0.1:{worker_metrics}/metrics",
+            "frontend_url": f"http://127.0.0.1:{frontend_metrics}/metrics",
+        }
+    finally:
+        frontend.stop()
+        worker.stop()
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value}"""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_series_move_with_traffic(served):
+    frontend_before, worker_before = scrape(served["frontend_url"]), scrape(served["worker_url"])
+    with Client(served["frontend"].address) as c:
+        c.decide(EXAMPLE, policy="shared", timeout=60)
+        c.decide(NOUL, timeout=60)
+        with pytest.raises(grpc.RpcError):
+            c.decide({"questions": {}}, timeout=60)
+    frontend, worker = scrape(served["frontend_url"]), scrape(served["worker_url"])
+
+    def moved(samples, before, name, **labels):
+        return value(samples, name, **labels) - value(before, name, **labels)
+
+    latency = "openjev_frontend_request_seconds_count"
+    assert moved(frontend, frontend_before, latency, kind="mixed", outcome="OK") == 1
+    assert moved(frontend, frontend_before, latency, kind="noul", outcome="OK") == 1
+    assert moved(frontend, frontend_before, latency, kind="unknown", outcome="INVALID_ARGUMENT") == 1
+    assert (
+        moved(
+            frontend, frontend_before, "openjev_frontend_request_seconds_bucket", kind="noul", outcome="OK", le="+Inf"
+        )
+        == 1
+    )
+    assert moved(frontend, frontend_before, "openjev_frontend_input_tokens_total") > 0
+    assert moved(frontend, frontend_before, "openjev_frontend_saved_tokens_total") > 0
+    assert moved(frontend, frontend_before, "openjev_frontend_request_candidates_count") == 2
+    assert value(frontend, "openjev_frontend_in_flight_requests") == 0
+    assert value(frontend, "openjev_frontend_worker_up", worker=served["worker"].address) == 1
+    assert value(frontend, "openjev_frontend_workers_serving") == 1
+
+    assert moved(worker, worker_before, "openjev_worker_execute_seconds_count", kind="mixed", outcome="OK") == 1
+    assert moved(worker, worker_before, "openjev_worker_execute_seconds_count", kind="noul", outcome="OK") == 1
+    submitted = moved(worker, worker_before, "openjev_worker_submitted_tokens_total")
+    computed = moved(worker, worker_before, "openjev_worker_computed_tokens_total")
+    saved = moved(worker, worker_before, "openjev_worker_saved_tokens_total")
+    assert submitted > 0 and 0 < computed <= submitted and saved > 0  # EXAMPLE under `shared` shares its context
+    assert moved(frontend, frontend_before, "openjev_frontend_input_tokens_total") == submitted
+    launches = moved(worker, worker_before, "openjev_worker_launches_total")
+    assert launches >= 2
+    assert moved(worker, worker_before, "openjev_worker_launch_sequences_count") == launches
+    assert moved(worker, worker_before, "openjev_worker_launch_tokens_sum") >= computed
+    assert moved(worker, worker_before, "openjev_worker_queue_seconds_count") == 2
+    assert ("openjev_worker_queue_depth", ()) in worker
+    assert ("openjev_worker_graph_cache_hits_total", ()) in worker  # 0 on the CPU path
+    assert ("process_cpu_seconds_total", ()) in worker and ("process_cpu_seconds_total", ()) in frontend
+
+
+def test_frontend_sees_worker_go_down(served):
+    """Worker health as the frontend sees it: a stopped worker is 0 within a few refreshes."""
+    import time
+
+    served["worker"].stop()
+    deadline = time.monotonic() + 15
+    while value(scrape(served["frontend_url"]), "openjev_frontend_worker_up", worker=served["worker"].address) != 0:
+        assert time.monotonic() < deadline, "worker_up stayed 1 after the worker stopped"
+        time.sleep(0.2)
+    assert value(scrape(served["frontend_url"]), "openjev_frontend_workers_serving") == 0

@@ -1,0 +1,98 @@
+"""The generated gRPC code is current, and the worker ABI version follows the schema."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from google.protobuf import descriptor_pb2
+
+from openjev import abi
+from openjev.worker.v1 import worker_pb2
+
+REPO = Path(__file__).resolve().parents[1]
+# protoc's output path -> where the package keeps it
+GENERATED = {
+    f"openjev/{sub}v1/{name}{ext}": f"{folder}/v1/{name}{ext}"
+    for sub, folder, name in (("", "common", "decision_pb2"), ("worker/", "worker", "worker_pb2"))
+    for ext in (".py", "_grpc.py", ".pyi")
+}
+BASELINE = REPO / "protos" / "worker_abi_baseline.json"
+
+
+def test_generated_code_is_current(tmp_path):
+    protos = ["openjev/v1/decision.proto", "openjev/worker/v1/worker.proto"]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-Iprotos",
+            f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            *protos,
+        ],
+        cwd=REPO,
+        check=True,
+    )
+    stale = [kept for out, kept in GENERATED.items() if not filecmp.cmp(REPO / kept, tmp_path / out, shallow=False)]
+    assert not stale, f"run `make protos`: {stale} differ from protos/"
+
+
+def wire_fields(file_descriptor) -> set[tuple[str, int, str, int, str]]:
+    """Everything an old peer relies on: (message, field number, name, type, type name)."""
+    proto = descriptor_pb2.FileDescriptorProto()
+    file_descriptor.CopyToProto(proto)
+    fields = set()
+
+    def walk(messages, prefix):
+        for message in messages:
+            name = f"{prefix}{message.name}"
+            for field in message.field:
+                fields.add((name, field.number, field.name, field.type, field.type_name))
+            walk(message.nested_type, name + ".")
+
+    walk(proto.message_type, "")
+    for enum in proto.enum_type:
+        for value in enum.value:
+            fields.add((enum.name, value.number, value.name, 0, ""))
+    return fields
+
+
+def incompatible_changes(baseline: set, current: set) -> set:
+    """Fields (or enum values) of the released schema that are gone or changed."""
+    return baseline - current
+
+
+def test_worker_abi_version_bumps_on_incompatible_change():
+    baseline = json.loads(BASELINE.read_text())
+    released = {tuple(f) for f in baseline["fields"]}
+    broken = incompatible_changes(released, wire_fields(worker_pb2.DESCRIPTOR))
+    if broken:
+        assert abi.ABI_VERSION > baseline["abi_version"], (
+            f"the worker schema changed incompatibly ({sorted(broken)[:3]}...) but ABI_VERSION is still "
+            f"{abi.ABI_VERSION}: bump it in common/abi.py and refresh {BASELINE.name}"
+        )
+    else:
+        assert abi.ABI_VERSION == baseline["abi_version"], f"refresh {BASELINE.name} for ABI {abi.ABI_VERSION}"
+
+
+def test_the_rule_catches_a_removed_and_a_renumbered_field():
+    current = wire_fields(worker_pb2.DESCRIPTOR)
+    removed = {f for f in current if not (f[0] == "Candidate" and f[2] == "token_ids")}
+    assert incompatible_changes(current, removed) == {f for f in current if f[0] == "Candidate" and f[2] == "token_ids"}
+    renumbered = {(m, n + 100 if name == "request_id" else n, name, t, tn) for (m, n, name, t, tn) in current}
+    assert incompatible_changes(current, renumbered)
+    assert not incompatible_changes(current, current | {("Candidate", 9, "new_field", 9, "")})
+
+
+if __name__ == "__main__":
+    # `python tests/test_protos.py` writes the baseline for the current ABI version (at release).
+    BASELINE.write_text(
+        json.dumps({"abi_version": abi.ABI_VERSION, "fields": sorted(wire_fields(worker_pb2.DESCRIPTOR))}, indent=0)
+        + "\n"
+    )

@@ -1,0 +1,78 @@
+"""SIGTERM on a real frontend under load: the requests in flight finish, new ones are refused,
+and the process exits within its grace period."""
+
+from __future__ import annotations
+
+import signal
+import time
+import urllib.request
+from concurrent import futures
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from openjev.client import Client
+from openjev.tools import launch
+
+GRACE_SECONDS = 10
+# About half a second each on CI's CPU; the worker runs them one after another.
+REQUEST = {
+    "state": "A customer message that goes on. " * 20,
+    "questions": {
+        "q": {"type": "choice", "instructions": "Pick one.", "criteria": {f"option {i}": None for i in range(8)}}
+    },
+}
+
+
+def in_flight(url: str) -> float:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "openjev_frontend_in_flight_requests":
+                return sample.value
+    raise AssertionError("no in-flight gauge")
+
+
+def test_sigterm_drains_in_flight_and_refuses_new(demo_model, tmp_path):
+    metrics_port = launch.free_port()
+    worker = launch.start_worker(demo_model, tmp_path)
+    frontend = launch.start_frontend(
+        demo_model,
+        worker.address,
+        tmp_path,
+        ["--grace-seconds", str(GRACE_SECONDS), "--metrics-port", str(metrics_port)],
+    )
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    try:
+        launch.wait_serving(frontend.address)
+        with Client(frontend.address) as c, futures.ThreadPoolExecutor(4) as pool:
+
+            def call(i: int):
+                response = c.decide(REQUEST, policy="off", timeout=60, request_id=f"drain-{i}")
+                return response, time.monotonic()
+
+            calls = [pool.submit(call, i) for i in range(4)]
+            deadline = time.monotonic() + 30
+            while in_flight(url) < 4:
+                assert time.monotonic() < deadline, "requests never got in flight"
+                time.sleep(0.02)
+            frontend.popen.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            while '"event": "shutdown"' not in frontend.log_text():  # handled within ~0.1 s
+                assert time.monotonic() < signalled + 5, "SIGTERM was not handled"
+                time.sleep(0.02)
+            time.sleep(0.1)  # from that log line to the server's stop() is two statements
+            with Client(frontend.address) as late, pytest.raises(grpc.RpcError) as refused:
+                late.decide(REQUEST, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            results = [call.result(timeout=60) for call in calls]  # none failed
+            assert all(list(response["answers"]) == ["q"] for response, _ in results)
+            assert max(done for _, done in results) > signalled + 0.3, "nothing was still in flight"
+        frontend.popen.wait(timeout=GRACE_SECONDS + 5)
+        assert frontend.popen.returncode == 0
+        assert time.monotonic() - signalled < GRACE_SECONDS + 3
+        assert '"event": "shutdown"' in frontend.log_text()
+    finally:
+        frontend.stop()
+        worker.stop()

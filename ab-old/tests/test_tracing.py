@@ -1,0 +1,179 @@
+"""Tracing: one trace across the frontend and worker processes, exported over real OTLP/gRPC to
+a collector in this test; nothing imported or recorded while tracing is off."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+import httpx
+import pytest
+
+from openjev import tracing
+from openjev.client import Client
+from openjev.tools import launch
+from openjev.v1 import decision_pb2 as api
+
+pytest.importorskip("opentelemetry.sdk", reason="the tracing extra")
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc  # noqa: E402
+
+SMALL = {
+    "state": "hi",
+    "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {"a": None, "b": None}}},
+}
+
+
+class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP trace receiver that keeps every span as (service, name, trace, span, parent, attributes)."""
+
+    def __init__(self):
+        self.spans: list[dict] = []
+        self._lock = threading.Lock()
+
+    def Export(self, request, context):
+        with self._lock:
+            for resource_spans in request.resource_spans:
+                attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        self.spans.append(
+                            {
+                                "service": attributes.get("service.name"),
+                                "name": span.name,
+                                "trace": span.trace_id.hex(),
+                                "span": span.span_id.hex(),
+                                "parent": span.parent_span_id.hex(),
+                                "attributes": {a.key: a.value for a in span.attributes},
+                            }
+                        )
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+@pytest.fixture
+def collector():
+    receiver = Collector()
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield receiver, f"http://127.0.0.1:{port}"
+    server.stop(0)
+
+
+def _one(spans: list[dict], **match) -> dict:
+    found = [s for s in spans if all(s[k] == v for k, v in match.items())]
+    assert len(found) == 1, (match, [(s["service"], s["name"]) for s in spans])
+    return found[0]
+
+
+def _check_request_trace(spans: list[dict], root: dict) -> None:
+    """validate, worker_stream (with tokenize) under the frontend's root; the worker's call (a
+    small request: ExecuteUnary) under worker_stream, its queue wait and execution under that
+    call: one trace, two processes."""
+    trace = root["trace"]
+    mine = [s for s in spans if s["trace"] == trace]
+    assert {s["service"] for s in mine} == {"openjev-frontend", "openjev-worker"}
+    validate = _one(mine, name="validate")
+    stream = _one(mine, name="worker_stream")
+    tokenize = _one(mine, name="tokenize")
+    assert validate["parent"] == stream["parent"] == root["span"]
+    assert tokenize["parent"] == stream["span"]
+    assert tokenize["attributes"]["tokens"].int_value > 0
+    execute_call = _one(mine, service="openjev-worker", name="openjev.worker.v1.WorkerService/ExecuteUnary")
+    assert execute_call["parent"] == stream["span"]
+    waiting = _one(mine, name="queue_wait")
+    execution = _one(mine, name="execute")
+    assert waiting["parent"] == execution["parent"] == execute_call["span"]
+
+
+def test_one_trace_spans_both_processes(demo_model, tmp_path, collector, monkeypatch):
+    receiver, endpoint = collector
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # export within 0.1 s, not 5 s
+    http_port = launch.free_port()
+    pair = launch.start_pair(
+        demo_model,
+        tmp_path,
+        worker_args=["--otlp-endpoint", endpoint],
+        frontend_args=["--otlp-endpoint", endpoint, "--http-listen", f"127.0.0.1:{http_port}"],
+    )
+    grpc_trace, http_trace = "4bf92f3577b34da6a3ce929d0e0e4736", "0af7651916cd43dd8448eb211c80319c"
+    caller_span = "00f067aa0ba902b7"
+    try:
+        with Client(pair.frontend.address) as client:
+            metadata = [("traceparent", f"00-{grpc_trace}-{caller_span}-01")]
+            client.stub.Decide(api.DecideRequest(request_json=json.dumps(SMALL)), metadata=metadata, timeout=60)
+        reply = httpx.post(
+            f"http://127.0.0.1:{http_port}/v1/systemone",
+            json=SMALL,
+            headers={"traceparent": f"00-{http_trace}-{caller_span}-01"},
+            timeout=60,
+        )
+        assert reply.status_code == 200
+    finally:
+        pair.stop()  # both processes flush their spans on the way out
+    spans = receiver.spans
+    grpc_root = _one(spans, name="openjev.v1.DecisionService/Decide", trace=grpc_trace)
+    http_root = _one(spans, name="POST /v1/systemone", trace=http_trace)
+    assert grpc_root["parent"] == http_root["parent"] == caller_span  # the caller's trace goes on
+    _check_request_trace(spans, grpc_root)
+    _check_request_trace(spans, http_root)
+    # The warm-up at the worker's start is no request: only the two requests' traces exist.
+    assert {s["trace"] for s in spans} == {grpc_trace, http_trace}
+
+
+def test_spans_nest_across_threads_in_memory():
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    assert tracing.configure("test", None, exporter=exporter)
+    try:
+        with tracing.span("outer", requests=2) as outer:
+            outer.set_attribute("passes", 3)
+            captured = tracing.capture()
+            waiting = tracing.start("wait")
+            assert tracing.inject()[0][0] == "traceparent"
+
+            def elsewhere():
+                waiting.end()
+                waiting.end()  # a second end is harmless
+                with tracing.attached(captured), tracing.span("inner"):
+                    pass
+
+            thread = threading.Thread(target=elsewhere)
+            thread.start()
+            thread.join()
+        with pytest.raises(ValueError), tracing.span("failing"):
+            raise ValueError("boom")
+    finally:
+        tracing.shutdown()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"outer", "wait", "inner", "failing"}
+    assert spans["inner"].parent.span_id == spans["wait"].parent.span_id == spans["outer"].context.span_id
+    assert dict(spans["outer"].attributes) == {"requests": 2, "passes": 3}
+    assert spans["failing"].status.status_code.name == "ERROR"
+    assert not tracing.enabled()
+
+
+def test_off_imports_nothing_and_records_nothing():
+    code = """
+import sys
+from openjev import tracing
+import openjev.frontend.main, openjev.worker.main
+assert not tracing.configure("x", "")
+with tracing.span("a", k=1) as s:
+    s.set_attribute("b", 2)
+    tracing.start("c").end()
+    assert tracing.inject() == [] and tracing.capture() is None
+    with tracing.attached(None):
+        pass
+assert tracing.span("d") is tracing.span("e")  # one shared no-op, no allocation per span
+loaded = sorted(m for m in sys.modules if m.startswith("opentelemetry"))
+assert not loaded, loaded
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

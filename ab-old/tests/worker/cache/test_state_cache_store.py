@@ -1,0 +1,82 @@
+"""The LRU store and the cut rule, without a model: budget, eviction order, exact token check,
+listener counts, and where the grid and the anchors put cuts."""
+
+from __future__ import annotations
+
+import pytest
+
+from openjev.worker.cache.keys import CutRule, NodeKey, token_bytes
+from openjev.worker.cache.store import StateCache
+
+
+class Listener:
+    def __init__(self):
+        self.hits, self.inserts, self.evicted = [], 0, 0
+
+    def on_hit(self, tokens):
+        self.hits.append(tokens)
+
+    def on_insert(self, nbytes):
+        self.inserts += 1
+
+    def on_evict(self, count, nbytes):
+        self.evicted += count
+
+
+def store(budget: int, listener=None) -> StateCache:
+    # a "state" here is its size in bytes
+    return StateCache(budget, "fp", CutRule(anywhere=False), lambda s: (s, s), listener=listener)
+
+
+def key(position: int) -> NodeKey:
+    return NodeKey("fp", (), position, bytes([position % 256]) * 32)
+
+
+def test_lru_eviction_within_budget():
+    listener = Listener()
+    cache = store(1000, listener)
+    tokens = {p: token_bytes(range(p)) for p in (10, 20, 30, 40)}  # 40, 80, 120, 160 bytes
+    assert cache.insert(key(10), 300, None, tokens[10])
+    assert cache.insert(key(20), 300, 1.5, tokens[20])
+    assert cache.lookup(key(10), lambda: tokens[10]) is not None  # 10 is now the most recent
+    assert cache.insert(key(30), 300, None, tokens[30])  # 1000 bytes would overflow: 20 goes
+    assert cache.lookup(key(20), lambda: tokens[20]) is None
+    assert cache.lookup(key(10), lambda: tokens[10]) is not None
+    assert cache.nbytes == 340 + 420 and cache.nbytes <= 1000
+    assert cache.num_evictions == 1 and listener.evicted == 1 and listener.inserts == 3
+    assert not cache.insert(key(40), 2000, None, tokens[40])  # larger than the whole budget
+    assert len(cache) == 2
+
+
+def test_a_key_with_other_tokens_is_a_miss():
+    """Equal keys (a forged digest) but other tokens: never handed out."""
+    cache = store(1 << 20)
+    cache.insert(key(5), 10, None, token_bytes([1, 2, 3, 4, 5]))
+    assert cache.lookup(key(5), lambda: token_bytes([1, 2, 3, 4, 6])) is None
+    entry = cache.lookup(key(5), lambda: token_bytes([1, 2, 3, 4, 5]))
+    assert entry is not None and entry.state == 10 and entry.nbytes == 10 + 20
+
+
+def test_off_keeps_nothing():
+    listener = Listener()
+    cache = store(0, listener)
+    assert not cache.enabled and not cache.insert(key(1), 1, None, b"")
+    assert len(cache) == 0 and listener.inserts == 0
+    with pytest.raises(ValueError):
+        store(-1)
+
+
+def test_hits_are_reported():
+    listener = Listener()
+    cache = store(100, listener)
+    cache.record_hit(640)
+    assert (cache.num_hits, cache.hit_tokens, listener.hits) == (1, 640, [640])
+
+
+def test_grid_and_anchors():
+    cpu, gpu = CutRule(anywhere=False), CutRule(anywhere=True)
+    assert cpu.grid_points(0, 200, 0) == [64, 128, 192]
+    assert cpu.grid_points(100, 400, 100) == [164, 228, 292, 356]
+    assert gpu.grid_points(100, 400, 100) == [128, 192, 256, 320, 384]
+    assert cpu.neutral(164, 100) and not cpu.neutral(128, 100) and gpu.neutral(101, 0)
+    assert cpu.floor(399, 100) == 356 and gpu.floor(399, 100) == 384

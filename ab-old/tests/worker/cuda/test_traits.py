@@ -1,0 +1,110 @@
+"""The kernel geometry the host passes to NVRTC (CPU only: no compiler, no GPU)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from openjev.worker import geometry
+from openjev.worker.cuda import kernels, traits
+
+KERNELS = kernels.kernel_folder()
+
+
+def _defined(flags: tuple[str, ...]) -> dict[str, int | str]:
+    return {name: int(value) if value.isdigit() else value for name, value in (f[2:].split("=", 1) for f in flags)}
+
+
+def test_every_size_a_kernel_requires_is_passed():
+    """Each .cu stops with #error unless the host defines its sizes: they must all be there."""
+    defined = _defined(traits.compile_definitions())
+    for source in KERNELS.iterdir():
+        if not source.name.endswith(".cu"):
+            continue
+        guard = re.search(r"#if (!defined\(.*?)\n#error", source.read_text(), re.S)
+        assert guard, f"{source.name} does not check for its definitions"
+        required = re.findall(r"!defined\((\w+)\)", guard.group(1))
+        assert required and set(required) <= set(defined), (source.name, set(required) - set(defined))
+
+
+def test_geometry_reaches_the_kernels_unchanged():
+    defined = _defined(traits.compile_definitions())
+    assert defined["GDN_CHUNK"] == geometry.GDN_CHUNK_TOKENS
+    assert defined["GDN_DIM"] == geometry.GDN_HEAD_DIM
+    assert defined["ATTN_HEAD_DIM"] == geometry.ATTN_HEAD_DIM
+    assert defined["CONV_K"] == geometry.CONV_KERNEL_SIZE
+
+
+def test_shared_memory_sizes_follow_the_strides():
+    g = traits.GDN_CHUNKED
+    c, d = g.chunk, g.head_dim
+    lk, lc, lb = d + g.row_pad, c + g.row_pad, 2 * d + g.row_pad
+    ls, lks = g.state_columns + g.b_pad, d + g.b_pad
+    assert g.solve_smem_bytes == 4 * (c * lb + 2 * c * lc + 3 * 16 * (16 + g.row_pad) + 2 * c) == 105_728
+    assert g.state_smem_bytes == 4 * (d * ls + 2 * (c * lk + c * lks + c * ls + c)) == 211_456
+    assert g.out_smem_bytes == 4 * (2 * c * lk + c) == 67_840
+    assert traits.ATTENTION.smem_bytes == 3 * 64 * 256 * 2
+    # one block per SM must fit the H100/H200's 227 KiB of shared memory
+    assert max(g.solve_smem_bytes, g.state_smem_bytes, traits.ATTENTION.smem_bytes) <= 227 * 1024
+    # two solve and output blocks an SM (1 KiB of each SM's shared memory is reserved per block)
+    assert 2 * (max(g.solve_smem_bytes, g.out_smem_bytes) + 1024) <= 228 * 1024
+
+
+def test_fragment_strides_are_free_of_bank_conflicts():
+    """mma fragments read 8 rows x 4 columns (A) or 4 rows x 8 columns (B) of an fp32 tile; each
+    stride of the state pass puts the 32 lanes of its tiles' loads in 32 different banks
+    (gdn_chunked.cu's static_assert says the same; benchmarks/gdn_chunked_emulate.py counts the
+    conflicts of every kernel)."""
+    g = traits.GDN_CHUNKED
+
+    def banks(stride, rows, cols):
+        return {(r * stride + c) % 32 for r in range(rows) for c in range(cols)}
+
+    for a_stride in (g.k_stride, g.chunk_stride):
+        assert len(banks(a_stride, 8, 4)) == 32
+    for b_stride in (g.state_stride, g.state_k_stride):
+        assert len(banks(b_stride, 4, 8)) == 32
+
+
+def test_gemm_variants_reach_the_kernel_by_code():
+    """Each variant's code decodes to its numbers the way gemm_stream.cu's GS macro does, is
+    listed once in the definition, and its stages fit the H200's shared memory per block."""
+    listed = re.findall(r"GS\((\d+)\)", str(_defined(traits.compile_definitions())["GS_VARIANTS"]))
+    assert sorted(map(int, listed)) == sorted(v.code for v in traits.GEMM_STREAM)
+    assert len(set(listed)) == len(listed)
+    for v in traits.GEMM_STREAM:
+        c = v.code
+        assert (c // 1000000, c // 100000 % 10, c // 10000 % 10, c // 1000 % 10) == (v.wm, v.wn, v.mi, v.ni)
+        assert (64 * (c // 100 % 10), c % 100) == (v.block_k, v.stages)
+        assert v.smem_bytes == v.stages * (v.block_m + v.block_n) * v.block_k * 2 <= 227 * 1024
+
+
+def test_gemm_choice_divides_k():
+    """The chosen variant's k-tile divides K for every K the kernel takes (multiples of 64)."""
+    from openjev.worker.cuda import gemm_stream
+
+    for k in (64, 128, 192, 256, 5120, 6144, 17408):
+        for n in (8, 5120, 16480, 34816):
+            for m in (1, 16, 17, 32, 33, 64, 74, 80, 81, 128, 129, 4096):
+                assert k % gemm_stream.choose(m, n, k).block_k == 0, (m, n, k)
+
+
+def test_headers_ship_beside_the_kernels_and_key_the_compile():
+    """Every header a kernel includes is in the kernels' folder, and the compile options carry a
+    digest of the headers (CuPy's cache keys on the source and the options only)."""
+    included = {name for src in KERNELS.glob("*.cu*") for name in re.findall(r'#include "(\w+\.cuh)"', src.read_text())}
+    assert included and all(KERNELS.joinpath(name).is_file() for name in included)
+    assert any(option.startswith("-DOPENJEV_HEADERS=0x") for option in kernels._options())
+
+
+def test_planner_geometry_needs_no_torch():
+    code = "import sys, openjev.worker.planner; assert 'torch' not in sys.modules and 'cupy' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_traits_print_the_nvcc_flags():
+    out = subprocess.run(
+        [sys.executable, "-m", "openjev.worker.cuda.traits"], check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert tuple(out) == traits.compile_definitions()

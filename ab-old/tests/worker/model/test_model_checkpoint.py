@@ -1,0 +1,133 @@
+"""Checkpoint loading: the accepted layouts load the same model; broken ones are refused by name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from openjev.export import ExportError
+from openjev.worker.checkpoint.config import parse_model_config
+from openjev.worker.model.runner import TorchRunner
+from openjev.worker.runner_api import SegmentRun
+
+PREFIX = "model.language_model."
+SMALL_VOCAB = 1000  # the demo's embedding cut down, so each variant writes and loads quickly
+
+
+@pytest.fixture(scope="module")
+def small(model_export):
+    """(tensors without prefix, text_config) of the demo with a 1000-token vocabulary."""
+    tensors = {name.removeprefix(PREFIX): t for name, t in load_file(model_export / "model.safetensors").items()}
+    tensors["embed_tokens.weight"] = tensors["embed_tokens.weight"][:SMALL_VOCAB].clone()
+    text_config = json.loads((model_export / "config.json").read_text())["text_config"]
+    return tensors, {**text_config, "vocab_size": SMALL_VOCAB}
+
+
+def write_export(src: Path, dst: Path, tensors: dict, config: dict, prefix: str = PREFIX) -> Path:
+    dst.mkdir()
+    for name in ("open_jev_export.json", "tokenizer.json"):
+        shutil.copy(src / name, dst / name)
+    save_file({prefix + name: t for name, t in tensors.items()}, str(dst / "model.safetensors"))
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def nested(text_config: dict) -> dict:
+    return {"model_type": "qwen3_5", "text_config": text_config}
+
+
+def score(export_dir: Path, ids: list[int]) -> float:
+    [result] = TorchRunner(export_dir).run_launch([SegmentRun(ids, 0, None, keep_state=False, read_head=True)])
+    return result.head_score
+
+
+def test_prefixes_and_flat_config_load_the_same_model(model_export, small, tmp_path):
+    tensors, text_config = small
+    ids = torch.randint(0, SMALL_VOCAB, (23,)).tolist()
+    scores = [
+        score(write_export(model_export, tmp_path / "lm", tensors, nested(text_config)), ids),
+        score(write_export(model_export, tmp_path / "model", tensors, nested(text_config), "model."), ids),
+        score(write_export(model_export, tmp_path / "bare", tensors, text_config, ""), ids),
+    ]
+    assert scores[0] == scores[1] == scores[2]
+    # The cut vocabulary changes nothing for ids inside it.
+    assert abs(scores[0] - score(model_export, ids)) < 1e-5
+
+
+def test_missing_tensor_is_named(model_export, small, tmp_path):
+    tensors, text_config = small
+    tensors = {k: v for k, v in tensors.items() if k != "layers.3.self_attn.k_norm.weight"}
+    export = write_export(model_export, tmp_path / "x", tensors, nested(text_config))
+    with pytest.raises(
+        ExportError, match=r"model\.safetensors: missing tensor model\.language_model\.layers\.3\.self_attn\.k_norm"
+    ):
+        TorchRunner(export)
+
+
+def test_wrong_shape_is_named(model_export, small, tmp_path):
+    tensors, text_config = small
+    tensors = {**tensors, "layers.0.linear_attn.in_proj_a.weight": torch.zeros(3, 128, dtype=torch.bfloat16)}
+    export = write_export(model_export, tmp_path / "x", tensors, nested(text_config))
+    with pytest.raises(
+        ExportError,
+        match=r"model\.safetensors: tensor .*layers\.0\.linear_attn\.in_proj_a\.weight has shape \(3, 128\)",
+    ):
+        TorchRunner(export)
+
+
+def test_unknown_layer_type_is_refused(model_export, small, tmp_path):
+    tensors, text_config = small
+    kinds = list(text_config["layer_types"])
+    kinds[2] = "sliding_attention"
+    export = write_export(model_export, tmp_path / "x", tensors, nested({**text_config, "layer_types": kinds}))
+    with pytest.raises(ExportError, match=r"config\.json: layer 2 has unknown layer type 'sliding_attention'"):
+        TorchRunner(export)
+
+
+def test_no_embedding_under_known_prefixes_is_refused(model_export, small, tmp_path):
+    tensors, text_config = small
+    export = write_export(model_export, tmp_path / "x", tensors, nested(text_config), prefix="backbone.")
+    with pytest.raises(ExportError, match="embed_tokens.weight"):
+        TorchRunner(export)
+
+
+def test_real_27b_config_shape_parses():
+    """The nested config of the real 27B shape (docs/architecture.md): defaults fill layer_types, mrope
+    collapses to 64 rotary dims."""
+    text = {
+        "model_type": "qwen3_5_text",
+        "vocab_size": 248320,
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "rms_norm_eps": 1e-6,
+        "full_attention_interval": 4,
+        "hidden_act": "silu",
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
+    }
+    config = parse_model_config({"model_type": "qwen3_5", "text_config": text, "vision_config": {}})
+    assert config.rotary_dim == 64 and config.num_layers == 64
+    assert config.layer_types[:4] == ("linear_attention",) * 3 + ("full_attention",)
+    assert config.layer_types.count("full_attention") == 16
+    assert config.linear_conv_dim == 2 * 16 * 128 + 48 * 128
+    with pytest.raises(ExportError, match="config.json: model_type"):
+        parse_model_config({**text, "model_type": "llama"})

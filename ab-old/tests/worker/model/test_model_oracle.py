@@ -1,0 +1,53 @@
+"""TorchRunner against transformers' Qwen3_5TextModel on the same demo export (fp32, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from openjev.worker.model import ops
+from openjev.worker.runner_api import SegmentRun
+
+VOCAB = 248320
+TOLERANCE = 1e-4
+
+
+def random_ids(length: int) -> list[int]:
+    return torch.randint(0, VOCAB, (length,)).tolist()
+
+
+def whole(ids: list[int]) -> SegmentRun:
+    return SegmentRun(token_ids=ids, start_position=0, parent_state=None, keep_state=False, read_head=True)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert torch.isfinite(got).all() and torch.isfinite(want).all()
+    return ((got - want).abs().max() / want.abs().max()).item()
+
+
+@pytest.mark.parametrize("length", [1, 7, 64, 130])
+def test_last_hidden_and_score_match_transformers(runner, oracle_last_hidden, length):
+    ids = random_ids(length)
+    want = oracle_last_hidden(ids)
+    hidden, _ = runner.final_hidden([whole(ids)])
+    assert hidden.shape == (1, runner.config.hidden_size)
+    assert rel_err(hidden[0], want) < TOLERANCE
+
+    [result] = runner.run_launch([whole(ids)])
+    want_score = ops.head_score(want, runner.head_weight, runner.meta.head_bias)
+    assert result.state is None
+    assert abs(result.head_score - want_score) <= TOLERANCE * max(1.0, abs(want_score))
+
+
+def test_packed_launch_of_different_lengths_matches_transformers(runner, oracle_last_hidden):
+    prompts = [random_ids(n) for n in (5, 70, 1, 33, 129)]
+    hidden, _ = runner.final_hidden([whole(ids) for ids in prompts])
+    for row, ids in zip(hidden, prompts, strict=True):
+        assert rel_err(row, oracle_last_hidden(ids)) < TOLERANCE
+
+
+def test_scores_differ_across_prompts(runner):
+    """The demo head must spread: identical scores would hide a head that ignores its input."""
+    results = runner.run_launch([whole(random_ids(20)) for _ in range(4)])
+    scores = [r.head_score for r in results]
+    assert max(scores) - min(scores) > 0.1

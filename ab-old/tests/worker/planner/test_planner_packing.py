@@ -1,0 +1,135 @@
+"""Packing: limits hold, parents run in an earlier pass or the same one, nothing is lost or run twice."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from openjev.contract.literals import PREFIX_POLICIES
+from openjev.worker.planner import CostModel, PackLimits, build_tree, plan_request
+from openjev.worker.planner.packing import split_into_segments
+from openjev.worker.planner.passes import pack_passes
+from openjev.worker.planner.plan import Reader
+from openjev.worker.planner.tree import TreeNode
+
+BALANCED = CostModel(seconds_per_launch=1e-3, seconds_per_token=1e-5, seconds_per_attention_pair=1e-9)
+
+
+def check_launches(plan, limits, max_depth=1 << 16):
+    launch_of = {}
+    for n, launch in enumerate(plan.launches):
+        assert 1 <= len(launch) <= limits.max_sequences
+        assert sum(plan.segments[i].num_tokens for i in launch) <= limits.max_tokens
+        for i in launch:
+            assert i not in launch_of, "a segment runs twice"
+            launch_of[i] = n
+    assert sorted(launch_of) == list(range(len(plan.segments)))
+    for launch in plan.launches:  # levels inside one pass stay within the runner's depth
+        depth = {}
+        for i in launch:
+            parent = plan.segments[i].parent
+            depth[i] = depth[parent] + 1 if parent in depth else 0
+            assert depth[i] < max_depth
+    for s in plan.segments:
+        assert s.index == list(plan.segments).index(s)
+        assert 0 < s.num_tokens <= limits.chunk_tokens
+        if s.parent is not None:
+            assert launch_of[s.parent] <= launch_of[s.index], "a parent runs in an earlier pass or the same one"
+            parent = plan.segments[s.parent]
+            assert s.start_position == parent.end_position
+        else:
+            assert s.start_position == 0
+        has_child = any(t.parent == s.index for t in plan.segments)
+        assert s.keep_state == has_child
+        assert s.readers or has_child, "a segment nobody reads is wasted work"
+
+
+def test_long_node_becomes_a_chain():
+    node = TreeNode(None, 0, tuple(range(10)), (Reader(0, 0),))
+    child = TreeNode(0, 10, (7,), (Reader(0, 1),))
+    segments = split_into_segments([node, child], chunk_tokens=4)
+    assert [(s.parent, s.start_position, s.num_tokens, s.readers, s.keep_state) for s in segments] == [
+        (None, 0, 4, (), True),
+        (0, 4, 4, (), True),
+        (1, 8, 2, (Reader(0, 0),), True),  # only the last piece is read
+        (2, 10, 1, (Reader(0, 1),), False),
+    ]
+    # Four tokens a pass: the chain runs one piece per pass, the child in its parent's pass.
+    assert pack_passes(segments, PackLimits(max_sequences=16, max_tokens=4, chunk_tokens=4), 8) == [(0,), (1,), (2, 3)]
+    # A runner that holds one level per pass: the child waits for the next pass.
+    limits = PackLimits(max_sequences=16, max_tokens=4, chunk_tokens=4)
+    assert pack_passes(segments, limits, 1) == [(0,), (1,), (2,), (3,)]
+
+
+def test_a_tree_that_fits_runs_in_one_pass():
+    prefix = list(range(100, 160))
+    candidates = [[prefix + [1, c] for c in range(5)], [prefix + [2, 7]]]
+    plan = plan_request(candidates, "shared", PackLimits())
+    assert len(plan.segments) > 1 and plan.num_launches == 1
+    # one level per pass: a weight read per tree depth
+    assert plan_request(candidates, "shared", PackLimits(), max_pass_depth=1).num_launches == 3
+
+
+def test_sequence_limit_splits_launches():
+    candidates = [[[q, c] for c in range(20)] for q in range(3)]  # 60 two-token prompts
+    plan = plan_request(candidates, "off", PackLimits(max_sequences=16, max_tokens=4096))
+    assert [len(launch) for launch in plan.launches] == [16, 16, 16, 12]
+
+
+def test_token_limit_lets_smaller_segments_fill_the_room():
+    candidates = [[[1] * 3000, [2] * 3000, [3] * 1000, [4] * 1000, [5] * 96]]
+    limits = PackLimits(max_sequences=16, max_tokens=4096, chunk_tokens=4096)
+    plan = plan_request(candidates, "off", limits)
+    check_launches(plan, limits)
+    # in order, skipping what does not fit: 3000+1000+96, then 3000+1000
+    assert plan.launches == ((0, 2, 4), (1, 3))
+
+
+token = st.integers(min_value=0, max_value=3)
+
+
+@st.composite
+def requests(draw):
+    """Prompts drawn from a small alphabet over a few stems, so tries branch a lot."""
+    # Stems up to 150 tokens so that 64-token boundaries (fixed) are crossed and shared.
+    stems = draw(st.lists(st.lists(token, min_size=0, max_size=150), min_size=1, max_size=3))
+    questions = []
+    for _ in range(draw(st.integers(1, 4))):
+        question = []
+        for _ in range(draw(st.integers(1, 6))):
+            stem = draw(st.sampled_from(stems))
+            tail = draw(st.lists(token, min_size=0, max_size=30))
+            question.append(stem + tail if stem + tail else [0])
+        questions.append(question)
+    return questions
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    requests(),
+    st.sampled_from(PREFIX_POLICIES),
+    st.integers(1, 5),
+    st.integers(8, 80),
+    st.integers(1, 4),
+)
+def test_random_tries_respect_limits_and_account_exactly(candidates, policy, max_sequences, max_tokens, max_depth):
+    limits = PackLimits(max_sequences=max_sequences, max_tokens=max_tokens, chunk_tokens=max_tokens)
+    plan = plan_request(candidates, policy, limits, BALANCED, max_pass_depth=max_depth)
+    check_launches(plan, limits, max_depth)
+    # Each candidate's path from the root spells its prompt.
+    for s in plan.segments:
+        for r in s.readers:
+            tokens, node = [], s
+            while node is not None:
+                tokens = list(node.token_ids) + tokens
+                node = None if node.parent is None else plan.segments[node.parent]
+            assert tokens == list(candidates[r.question][r.candidate])
+    assert plan.num_submitted_tokens == sum(len(t) for q in candidates for t in q)
+    assert plan.num_saved_tokens == plan.num_submitted_tokens - plan.num_computed_tokens
+    off = plan_request(candidates, "off", limits)
+    shared = plan_request(candidates, "shared", limits)
+    # The full trie computes least; fixed and default can only share less.
+    assert shared.num_computed_tokens <= plan.num_computed_tokens <= off.num_computed_tokens
+    if plan.executed_policy == "fixed":
+        for node in build_tree(candidates, "fixed"):
+            assert node.start_position % 64 == 0
+    if plan.executed_policy in ("off", "default"):
+        assert plan.scope != "across_questions"

@@ -1,0 +1,72 @@
+"""The worker's commit deadlines (openjev.worker.stream): one thread fires each deadline at its
+time unless it was cancelled first, a later-scheduled earlier deadline included, and a cancelled
+one releases its function at once (it holds the stream's context)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import weakref
+
+from openjev.worker.stream import CommitTimer, _Deadlines
+
+
+def test_deadlines_fire_in_time_order_unless_cancelled():
+    deadlines = _Deadlines()
+    fired: list[str] = []
+    done = threading.Event()
+
+    def note(name: str):
+        def fire() -> None:
+            fired.append(name)
+            if name == "last":
+                done.set()
+
+        return fire
+
+    deadlines.schedule(0.6, note("last"))
+    cancelled = deadlines.schedule(0.2, note("cancelled"))
+    started = time.monotonic()
+    # earlier than every pending deadline: the sleeping thread must be woken for it
+    deadlines.schedule(0.1, note("early"))
+    deadlines.schedule(0.3, note("middle"))
+    deadlines.cancel(cancelled)
+    deadlines.cancel(cancelled)  # twice, and after it would have fired: no effect
+    assert done.wait(5)
+    assert fired == ["early", "middle", "last"]
+    assert time.monotonic() - started >= 0.55
+
+
+def test_an_earlier_deadline_wakes_the_thread_sleeping_on_a_later_one():
+    deadlines = _Deadlines()
+    deadlines.schedule(30, lambda: None)
+    time.sleep(0.05)  # the thread now sleeps until the 30 s deadline
+    fired = threading.Event()
+    started = time.monotonic()
+    deadlines.schedule(0.05, fired.set)
+    assert fired.wait(5)
+    assert time.monotonic() - started < 2
+
+
+def test_a_stopped_timer_fires_nothing_and_releases_its_callback():
+    class Context:
+        def cancel(self) -> None:
+            raise AssertionError("a stopped timer must not cancel its stream")
+
+    context = Context()
+    alive = weakref.ref(context)
+    timer = CommitTimer(0.1, context.cancel)
+    timer.stop()
+    del context
+    gc.collect()
+    assert alive() is None  # not held by the pending deadline for its whole timeout
+    time.sleep(0.3)
+    assert not timer.expired
+
+
+def test_an_unstopped_timer_expires_and_cancels():
+    cancelled = threading.Event()
+    timer = CommitTimer(0.05, cancelled.set)
+    assert cancelled.wait(5)
+    assert timer.expired

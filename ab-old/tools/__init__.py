@@ -1,0 +1,1 @@
+"""Command-line tools: the CLI client, the demo model, launching a local pair, soak and benchmarks."""

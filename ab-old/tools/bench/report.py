@@ -1,0 +1,319 @@
+"""Tables (markdown) and a plot from benchmark samples."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from openjev.tools.bench.harness import Results, percentile
+from openjev.tools.bench.workload import Case
+
+_percentile = percentile
+
+
+def _stats_ms(values: list[float]) -> str:
+    if not values:
+        return "| - | - | - |"
+    return (
+        f"| {1e3 * statistics.fmean(values):.1f} | {1e3 * _percentile(values, 0.5):.1f} "
+        f"| {1e3 * _percentile(values, 0.95):.1f} |"
+    )
+
+
+def group_of(case: Case) -> str:
+    return f"{case.kind} {case.group}"
+
+
+JEVBENCH_KINDS = ("choice", "noul", "score")  # the single-question split; multi/capacity cases are extra
+
+
+def _verdict(value: float, limit: float, below: bool) -> str:
+    """'met' or how far from the limit (below: the value must not exceed it)."""
+    if value != value:
+        return "not measured"
+    if (value <= limit) if below else (value >= limit):
+        return "met"
+    if value == 0 or limit == 0:
+        return "missed"
+    return f"missed by {100 * (value / limit - 1 if below else limit / value - 1):.0f}%"
+
+
+def targets(
+    results: Results,
+    cases: list[Case],
+    arm: str,
+    floors: dict[str, float] | None,
+    more: Sequence[tuple[str, str, str]] = (),
+) -> list[str]:
+    """Issue 13's targets, each with its verdict: those at concurrency 1 for `arm` on the JevBench
+    split, then `more` (target, measured, verdict) rows from the run's other parts."""
+    split = {c.name for c in cases if c.kind in JEVBENCH_KINDS}
+    noul = {c.name for c in cases if c.kind == "noul"}
+    short_choice = {c.name for c in cases if c.kind == "choice" and c.group == "1-128"}
+    timed = [s for s in results.samples if s.block >= 0 and s.status == "OK" and s.case in split]
+    ours = {(s.case, s.block): s.latency_seconds for s in timed if s.arm == arm}
+    if not ours and not more:
+        return []
+    lines = [
+        "",
+        f"## Targets (concurrency 1: {arm} on the {len(split)} single-question requests of the JevBench split)"
+        if ours
+        else "## Targets (no concurrency-1 blocks in this run)",
+        "",
+        "| target | measured | verdict |",
+        "|---|---|---|",
+    ]
+    lat = list(ours.values())
+    if floors and lat:
+        mean, mean_floor = statistics.fmean(lat), statistics.fmean(floors[c] for c, _ in ours)
+        p50, p50_floor = _percentile(lat, 0.5), _percentile([floors[c] for c, _ in ours], 0.5)
+        lines += [
+            f"| p50 <= 1.3x floor p50 | {1e3 * p50:.1f} ms / {1e3 * p50_floor:.1f} ms = {p50 / p50_floor:.2f}x "
+            f"| {_verdict(p50 / p50_floor, 1.3, True)} |",
+        ]
+        choice = [(t, floors[c]) for (c, _), t in ours.items() if c in short_choice]
+        if choice:
+            m, f = statistics.fmean(t for t, _ in choice), statistics.fmean(f for _, f in choice)
+            lines.append(
+                f"| choice 1-128 mean <= 1.4x its floor | {1e3 * m:.1f} ms / {1e3 * f:.1f} ms = {m / f:.2f}x "
+                f"| {_verdict(m / f, 1.4, True)} |"
+            )
+    noul_lat = [t for (c, _), t in ours.items() if c in noul]
+    if noul_lat:
+        noul_mean = statistics.fmean(noul_lat)
+        lines.append(f"| noul mean <= 40 ms | {1e3 * noul_mean:.1f} ms | {_verdict(noul_mean, 0.040, True)} |")
+    if floors and lat:
+        lines.append(
+            f"| mean <= 1.5x roofline floor | {1e3 * mean:.1f} ms / {1e3 * mean_floor:.1f} ms "
+            f"= {mean / mean_floor:.2f}x | {_verdict(mean / mean_floor, 1.5, True)} |"
+        )
+    hf = {(s.case, s.block): s.latency_seconds for s in timed if s.arm == "transformers"}
+    paired = [k for k in hf if k in ours]
+    if paired:
+        speedup = sum(hf[k] for k in paired) / sum(ours[k] for k in paired)
+        lines.append(
+            f"| >= 12x faster than transformers (ratio of means, same cases and blocks) | {speedup:.1f}x over "
+            f"{len(paired)} paired requests | {_verdict(speedup, 12.0, False)} |"
+        )
+    lines += [f"| {t} | {m} | {v} |" for t, m, v in more]
+    if ours:
+        lines += _split_weighted(results, cases, arm, floors, split)
+    return lines
+
+
+def _split_weighted(results: Results, cases: list[Case], arm: str, floors, split: set[str]) -> list[str]:
+    """Where the run covered a stratified subset of the split, its group means weighted by the
+    split's request counts: an estimate of the whole split's means (short groups dominate it)."""
+    from openjev.tools.bench.workload import COUNTS, GROUP_NAMES
+
+    weights = {f"{kind} {g}": n for kind, counts in COUNTS.items() for g, n in zip(GROUP_NAMES, counts, strict=True)}
+    by_group = defaultdict(set)
+    for c in cases:
+        if c.name in split:
+            by_group[group_of(c)].add(c.name)
+    if sum(len(v) for v in by_group.values()) >= sum(weights.values()) or set(by_group) != set(weights):
+        return []  # the whole split, or not every group of it: nothing to weight
+    timed = [s for s in results.samples if s.block >= 0 and s.status == "OK"]
+
+    def weighted(arm_name: str, kinds=None) -> float:
+        total = count = 0.0
+        for g, names in by_group.items():
+            if kinds and g.split()[0] not in kinds:
+                continue
+            lat = [s.latency_seconds for s in timed if s.arm == arm_name and s.case in names]
+            if not lat:
+                return float("nan")
+            total += weights[g] * statistics.fmean(lat)
+            count += weights[g]
+        return total / count
+
+    ours, noul = weighted(arm), weighted(arm, ("noul",))
+    lines = [
+        "",
+        "Estimated for the whole split (group means of this run weighted by the split's request counts):",
+        "",
+        "| target | estimate | verdict |",
+        "|---|---|---|",
+    ]
+    if floors:
+        floor = sum(weights[g] * statistics.fmean(floors[n] for n in names) for g, names in by_group.items()) / sum(
+            weights.values()
+        )
+        lines.append(
+            f"| mean <= 1.5x floor | {1e3 * ours:.1f} ms / {1e3 * floor:.1f} ms = {ours / floor:.2f}x "
+            f"| {_verdict(ours / floor, 1.5, True)} |"
+        )
+    hf = weighted("transformers")
+    if hf == hf:
+        lines.append(
+            f"| >= 12x faster than transformers | {1e3 * hf:.1f} ms / {1e3 * ours:.1f} ms = {hf / ours:.1f}x "
+            f"| {_verdict(hf / ours, 12.0, False)} |"
+        )
+    lines.append(f"| noul mean <= 40 ms | {1e3 * noul:.1f} ms | {_verdict(noul, 0.040, True)} |")
+    return lines
+
+
+def render(
+    results: Results,
+    cases: list[Case],
+    arms: list[str],
+    *,
+    reference_arm: str,
+    floors: dict[str, float] | None,
+    tokens: dict[str, tuple[int, int]],
+    header: str,
+    more_targets: Sequence[tuple[str, str, str]] = (),
+    sections: Sequence[str] = (),
+) -> str:
+    """floors: case -> floor seconds (None without a GPU); tokens: case -> (submitted, shared-plan computed);
+    more_targets: rows for the targets table from the run's other parts; sections: lines appended at the end."""
+    timed = [s for s in results.samples if s.block >= 0]
+    warm = [s for s in results.samples if s.block < 0]
+    lines = [header, ""]
+    if not results.samples:  # a run of the load parts alone
+        return (
+            "\n".join(lines + targets(results, cases, reference_arm, floors, list(more_targets)) + list(sections))
+            + "\n"
+        )
+
+    lines += [
+        "## Overall (timed blocks)",
+        "",
+        "| arm | requests | errors | mean ms | p50 ms | p95 ms | tokens computed / submitted "
+        "| mean / floor | p50 / floor-p50 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    floor_values = [floors[c.name] for c in cases] if floors else []
+    for arm in arms:
+        ok = [s for s in timed if s.arm == arm and s.status == "OK"]
+        errors = sum(1 for s in timed if s.arm == arm and s.status != "OK")
+        submitted = sum(s.input_tokens for s in ok)
+        computed = sum(s.input_tokens - s.saved_tokens for s in ok)
+        ratio = f"{computed / submitted:.3f}" if submitted else "-"
+        lat = [s.latency_seconds for s in ok]
+        if floors and lat:
+            mean_floor = statistics.fmean(floors[s.case] for s in ok)
+            p50_over = _percentile(lat, 0.5) / _percentile(floor_values, 0.5)
+            over = f"{statistics.fmean(lat) / mean_floor:.2f}x | {p50_over:.2f}x"
+        else:
+            over = "- | -"
+        lines.append(f"| {arm} | {len(ok)} | {errors} {_stats_ms(lat)} {ratio} | {over} |")
+    if floors:
+        lines += [
+            "",
+            f"Roofline floor over the workload: mean {1e3 * statistics.fmean(floor_values):.1f} ms, "
+            f"p50 {1e3 * _percentile(floor_values, 0.5):.1f} ms (tokens of the shared tree).",
+        ]
+
+    lines += targets(results, cases, reference_arm, floors, list(more_targets))
+    lines += [
+        "",
+        "## Warm-up traversal (first request of each case, reported apart)",
+        "",
+        "| arm | mean ms | p50 ms | p95 ms |",
+        "|---|---|---|---|",
+    ]
+    for arm in arms:
+        lines.append(f"| {arm} {_stats_ms([s.latency_seconds for s in warm if s.arm == arm and s.status == 'OK'])}")
+
+    lines += [
+        "",
+        f"## Paired ratios (arm latency / {reference_arm} latency, same case and block)",
+        "",
+        "| arm | median of per-request ratios | p10 | p90 | per-block ratio of means (min - max) |",
+        "|---|---|---|---|---|",
+    ]
+    ref = {(s.case, s.block): s.latency_seconds for s in timed if s.arm == reference_arm and s.status == "OK"}
+    for arm in arms:
+        if arm == reference_arm:
+            continue
+        pairs = [
+            (s.latency_seconds, ref[(s.case, s.block)])
+            for s in timed
+            if s.arm == arm and s.status == "OK" and (s.case, s.block) in ref
+        ]
+        ratios = [a / r for a, r in pairs]
+        per_block: defaultdict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for s in timed:
+            if s.arm == arm and s.status == "OK" and (s.case, s.block) in ref:
+                per_block[s.block][0] += s.latency_seconds
+                per_block[s.block][1] += ref[(s.case, s.block)]
+        block_ratios = [a / r for a, r in per_block.values()]
+        if ratios:
+            lines.append(
+                f"| {arm} | {_percentile(ratios, 0.5):.2f} | {_percentile(ratios, 0.1):.2f} | "
+                f"{_percentile(ratios, 0.9):.2f} | {min(block_ratios):.2f} - {max(block_ratios):.2f} |"
+            )
+
+    lines += [
+        "",
+        "## By kind and length group (timed blocks; ms)",
+        "",
+        f"Outside inference: {reference_arm}'s latency less the worker's inference_seconds (frontend, "
+        "both RPCs, the wait for the scheduler), median.",
+        "",
+        "| group | cases | floor p50 | "
+        + " | ".join(f"{a} mean / p50 / p95" for a in arms)
+        + f" | {reference_arm} outside inference |",
+        "|---|---|---|" + "---|" * len(arms) + "---|",
+    ]
+    groups = defaultdict(list)
+    for case in cases:
+        groups[group_of(case)].append(case.name)
+    for group, names in groups.items():
+        floor_cell = f"{1e3 * _percentile([floors[n] for n in names], 0.5):.1f}" if floors else "-"
+        cells = []
+        for arm in arms:
+            lat = [s.latency_seconds for s in timed if s.arm == arm and s.status == "OK" and s.case in names]
+            cells.append(
+                f"{1e3 * statistics.fmean(lat):.1f} / {1e3 * _percentile(lat, 0.5):.1f} "
+                f"/ {1e3 * _percentile(lat, 0.95):.1f}"
+                if lat
+                else "-"
+            )
+        outside = [
+            s.latency_seconds - s.inference_seconds
+            for s in timed
+            if s.arm == reference_arm and s.status == "OK" and s.case in names and s.inference_seconds > 0
+        ]
+        cells.append(f"{1e3 * _percentile(outside, 0.5):.2f}" if outside else "-")
+        lines.append(f"| {group} | {len(names)} | {floor_cell} | " + " | ".join(cells) + " |")
+
+    submitted = sum(t[0] for t in tokens.values())
+    lines += [
+        "",
+        f"Tokens in the workload: {submitted} submitted; {sum(t[1] for t in tokens.values())} "
+        f"in the shared token trees.",
+    ]
+    lines += sections
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: Results, cases: list[Case], arms: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [s for s in results.samples if s.block >= 0 and s.status == "OK"]
+    groups = list(dict.fromkeys(group_of(c) for c in cases))
+    group_cases = {g: {c.name for c in cases if group_of(c) == g} for g in groups}
+    width = 0.8 / len(arms)
+    fig, ax = plt.subplots(figsize=(max(8, len(groups) * 0.9), 4.5))
+    for i, arm in enumerate(arms):
+        means = []
+        for g in groups:
+            lat = [s.latency_seconds for s in timed if s.arm == arm and s.case in group_cases[g]]
+            means.append(1e3 * statistics.fmean(lat) if lat else 0.0)
+        ax.bar([x + i * width for x in range(len(groups))], means, width, label=arm)
+    ax.set_xticks([x + width * (len(arms) - 1) / 2 for x in range(len(groups))])
+    ax.set_xticklabels(groups, rotation=45, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("mean latency (ms, log)")
+    ax.legend(fontsize=8)
+    ax.set_title("Latency by kind x length group and arm")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

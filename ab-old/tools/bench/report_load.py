@@ -1,0 +1,195 @@
+"""Report sections beyond concurrency 1: first-seen requests, the concurrency sweep with its matmul
+rate, the mixed run, start-up and memory. Each returns (markdown lines, target rows), a target row
+being (target, measured, verdict) for the report's one targets table."""
+
+from __future__ import annotations
+
+import statistics
+
+from openjev.tools.bench.harness import Results, Sample, percentile
+from openjev.tools.bench.report import _verdict
+
+Target = tuple[str, str, str]
+SWEEP_SETS = {"split": "JevBench split", "short": "split, <= 512 tokens", "": "the run's cases"}
+# issue 13: share of the measured bf16 ceiling at 16 clients, per sweep set
+MATMUL_TARGETS = {"short": 0.55, "split": 0.60}
+TARGET_CLIENTS = 16
+FIRST_SEEN_LIMIT = 1.15
+MEMORY_HEADROOM = 12 * 2**30
+
+
+def _ms(values: list[float]) -> str:
+    if not values:
+        return "- | - | -"
+    mean, p50, p95 = statistics.fmean(values), percentile(values, 0.5), percentile(values, 0.95)
+    return f"{1e3 * mean:.1f} | {1e3 * p50:.1f} | {1e3 * p95:.1f}"
+
+
+def first_seen(samples: list[Sample], seed: int | None) -> tuple[list[str], list[Target]]:
+    """Block -1 went out first after start-up; later blocks replay the same requests."""
+    first = {s.case: s.latency_seconds for s in samples if s.block < 0 and s.status == "OK"}
+    replays: dict[str, list[float]] = {}
+    for s in samples:
+        if s.block >= 0 and s.status == "OK" and s.case in first:
+            replays.setdefault(s.case, []).append(s.latency_seconds)
+    paired = [c for c in first if c in replays]
+    if not paired:
+        return [], []
+    errors = sum(1 for s in samples if s.status != "OK")
+    blocks = len({s.block for s in samples if s.block >= 0})
+    first_lat = [first[c] for c in paired]
+    replay_lat = [t for c in paired for t in replays[c]]
+    ratio = statistics.fmean(first_lat) / statistics.fmean(replay_lat)
+    per_request = [first[c] / statistics.fmean(replays[c]) for c in paired]
+    lines = [
+        "",
+        f"## First-seen requests (workload seed {seed}: sent once right after start-up, then replayed)",
+        "",
+        f"{len(paired)} requests, {blocks} replay block(s), {errors} errors.",
+        "",
+        "| | mean ms | p50 ms | p95 ms |",
+        "|---|---|---|---|",
+        f"| first sight | {_ms(first_lat)} |",
+        f"| replayed | {_ms(replay_lat)} |",
+        "",
+        f"Ratio of means {ratio:.2f}x; per request (first / its replays' mean): median "
+        f"{percentile(per_request, 0.5):.2f}x, p10 {percentile(per_request, 0.1):.2f}x, "
+        f"p90 {percentile(per_request, 0.9):.2f}x.",
+    ]
+    target = (
+        f"first-seen mean <= {FIRST_SEEN_LIMIT}x replayed mean",
+        f"{1e3 * statistics.fmean(first_lat):.1f} ms / {1e3 * statistics.fmean(replay_lat):.1f} ms = {ratio:.2f}x",
+        _verdict(ratio, FIRST_SEEN_LIMIT, True),
+    )
+    return lines, [target]
+
+
+def matmul_rate(row: dict, matmul_parameters: int) -> float:
+    """Achieved FLOP/s of the products: 2 x parameters x tree tokens answered / wall time."""
+    seconds = row.get("seconds")  # absent from rows saved before the sweep counted tokens
+    return 2.0 * matmul_parameters * row.get("tree_tokens", 0) / seconds if seconds else float("nan")
+
+
+def sweep(rows: list[dict], matmul_parameters: int | None, ceiling: float | None) -> tuple[list[str], list[Target]]:
+    if not rows:
+        return [], []
+    lines = [
+        "",
+        "## Concurrency sweep (closed loop: each client sends its next request when the last answers)",
+        "",
+        f"Matmul rate: 2 x {f'{matmul_parameters:,}' if matmul_parameters else 'unknown'} matmul parameters x "
+        "tokens of the answered requests' shared trees / wall time"
+        + (f"; bf16 ceiling measured in this run: {ceiling / 1e12:.0f} TFLOP/s." if ceiling else "; no GPU ceiling."),
+        "",
+        "| set | arm | clients | requests | errors | req/s | mean ms | p50 ms | p95 ms | tree tokens/s | TFLOP/s "
+        "| of ceiling |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    targets = []
+    for row in rows:
+        rate = matmul_rate(row, matmul_parameters) if matmul_parameters else float("nan")
+        share = rate / ceiling if ceiling else float("nan")
+        label = SWEEP_SETS.get(row.get("set", ""), row.get("set", ""))
+        lines.append(
+            f"| {label} | {row['arm']} | {row['clients']} | {row['requests']} | {row['errors']} "
+            f"| {row['throughput_rps']:.2f} | {row['mean_ms']:.1f} | {row['p50_ms']:.1f} | {row['p95_ms']:.1f} "
+            f"| {row.get('tree_tokens', 0) / row.get('seconds', float('nan')):.0f} | {rate / 1e12:.3g} | "
+            + (f"{100 * share:.1f}% |" if share == share else "- |")
+        )
+        limit = MATMUL_TARGETS.get(row.get("set", ""))
+        if limit is not None and row["clients"] == TARGET_CLIENTS:
+            targets.append(
+                (
+                    f"matmul rate at {TARGET_CLIENTS} clients, {label}: >= {100 * limit:.0f}% of the bf16 ceiling",
+                    f"{100 * share:.1f}% ({rate / 1e12:.1f} TFLOP/s, {row['throughput_rps']:.2f} req/s)"
+                    if share == share
+                    else "no GPU ceiling",
+                    _verdict(share, limit, False),
+                )
+            )
+    for name in dict.fromkeys(r.get("set", "") for r in rows):
+        by_level = {r["clients"]: r["throughput_rps"] for r in rows if r.get("set", "") == name}
+        low, high = min(by_level), max(by_level)
+        if high > low and by_level[low] > 0:
+            lines.append(
+                f"\n{SWEEP_SETS.get(name, name)}: throughput x{by_level[high] / by_level[low]:.2f} "
+                f"from {low} to {high} clients."
+            )
+    return lines, targets
+
+
+def mixed(rows: list[dict]) -> tuple[list[str], list[Target]]:
+    alone = next((r for r in rows if not r["with_long"]), None)
+    beside = next((r for r in rows if r["with_long"]), None)
+    if not alone or not beside:
+        return [], []
+    lines = [
+        "",
+        f"## Mixed run: {alone['short_clients']} clients looping <= 512-token requests, alone, then with one "
+        "client looping 16,384-token requests beside them",
+        "",
+        "| short requests | requests | errors | req/s | mean ms | p50 ms | p95 ms | long requests answered "
+        "| long mean ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in (("alone", alone), ("with long requests", beside)):
+        lines.append(
+            f"| {name} | {r['requests']} | {r['errors']} | {r['throughput_rps']:.2f} | {r['mean_ms']:.1f} "
+            f"| {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['long_requests']} ({r['long_errors']} errors) "
+            f"| {r['long_mean_ms']:.1f} |"
+        )
+    p50, p95 = beside["p50_ms"] / alone["p50_ms"], beside["p95_ms"] / alone["p95_ms"]
+    target = (
+        "short requests' p50 / p95 with 16,384-token requests alongside (issue 13: report it)",
+        f"{beside['p50_ms']:.1f} / {beside['p95_ms']:.1f} ms, {p50:.2f}x / {p95:.2f}x the short requests alone",
+        "reported (no numeric target)",
+    )
+    return lines, [target]
+
+
+def service(startup: list[dict], peak_bytes: list, weight_bytes: int | None) -> tuple[list[str], list[Target]]:
+    """startup: per worker, seconds from spawn to health SERVING and what it logged before serving."""
+    if not startup and not weight_bytes:  # results saved before these were recorded
+        return [], []
+    lines, targets = ["", "## Start-up and memory", ""], []
+    for i, s in enumerate(startup):
+        lines.append(
+            f"- {s['name']}@{i}: SERVING {s['serving_seconds']:.1f} s after spawn"
+            + (f"; graphs_ready: {s['graphs_ready']}" if s.get("graphs_ready") else "; no graphs_ready line logged")
+        )
+        for event in s.get("events", []):
+            lines.append(f"  - logged at start: `{event}`")
+    if startup:
+        ours = startup[0]
+        ready = ours.get("graphs_ready")
+        targets.append(
+            (
+                "start-up time to SERVING (issue 13: report it)",
+                f"{ours['serving_seconds']:.1f} s" + (f", graphs_ready {ready}" if ready else ", no graphs_ready line"),
+                "reported (no numeric target)",
+            )
+        )
+    peak = peak_bytes[0] if peak_bytes else None
+    if weight_bytes:
+        lines.append(f"- weights on the device (bf16, embedding included): {weight_bytes / 2**30:.1f} GiB")
+        limit = weight_bytes + MEMORY_HEADROOM
+        targets.append(
+            (
+                "peak device memory <= weights + 12 GiB",
+                f"{peak / 2**30:.1f} GiB, limit {limit / 2**30:.1f} GiB" if peak else "no GPU: not measured",
+                _verdict(peak, limit, True) if peak else "not measured",
+            )
+        )
+    return lines, targets
+
+
+def sections(saved: dict, results: Results) -> tuple[list[str], list[Target]]:
+    """Everything of saved results.json beyond the concurrency-1 blocks."""
+    ceilings = saved.get("ceilings") or {}
+    parts = [
+        first_seen(results.first_seen, saved.get("first_seen_seed")),
+        sweep(results.sweep, saved.get("matmul_parameters"), ceilings.get("matmul_flops_per_second")),
+        mixed(results.mixed),
+        service(saved.get("startup", []), saved.get("peak_memory_bytes", []), saved.get("weight_bytes")),
+    ]
+    return [line for lines, _ in parts for line in lines], [t for _, targets in parts for t in targets]

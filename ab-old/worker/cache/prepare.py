@@ -1,0 +1,183 @@
+"""A request's segments as they run with the cache: cut at deposit points, hung from hits.
+
+Walking the plan's segments parents first, each one:
+- looks up, when everything above it came from the cache, the deepest cached state on its own
+  grid (or at its end): the pieces before it are done, the state is their last piece's, and a
+  hit at the end of a segment whose candidates read it needs a cached head score too;
+- if it has children (a branch point or a chunk boundary, `keep_state`), deposits its end state
+  (when it is at least a grid long) and the states at a few grid points before the end (the last
+  one before the end, then ever farther back: 1, 2, 4, ... grids), where a later request that
+  shares only part of it can hang; a prompt that runs alone from its start (a leaf at the root,
+  e.g. a noul question or policy `off`) deposits those grid points too, once per request.
+
+Every cut is one the runner computes exactly (keys.CutRule), so the pieces compute the same bits
+the plan's own segments would: a hit changes which tokens run, never a result.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from openjev.worker.cache.keys import Hasher, NodeKey, advance, token_bytes
+from openjev.worker.cache.store import Entry, StateCache
+from openjev.worker.planner.plan import Reader, Segment
+
+
+@dataclass
+class Prepared:
+    """segments: the plan's segments cut into pieces (parents first; readers on each segment's
+    last piece); done: pieces already computed (their states or scores came from the cache);
+    states: the cached state of done pieces that children hang from; scores: candidates answered
+    by a cached head score; deposits: pieces whose final state (and score) goes into the cache;
+    hit_tokens: tokens of the done pieces."""
+
+    segments: tuple[Segment, ...]
+    done: tuple[int, ...] = ()
+    states: dict[int, Any] = field(default_factory=dict)
+    scores: tuple[tuple[Reader, float], ...] = ()
+    deposits: dict[int, NodeKey] = field(default_factory=dict)
+    hit_tokens: int = 0
+
+    def prefix_tokens(self, index: int) -> bytes:
+        """The tokens before the end of piece `index` (what a deposit is keyed and checked by)."""
+        return b"".join(token_bytes(tokens) for tokens in _path(self.segments, index))
+
+
+@dataclass(frozen=True)
+class _Path:
+    hasher: Hasher | None  # the tokens up to this segment's end (None: not hashed, a leaf)
+    anchors: tuple[int, ...]
+    anchor: int
+    cached: bool  # its end state came from the cache: its children may look up
+    last_piece: int | None
+
+
+def prepare(segments: Sequence[Segment], cache: StateCache) -> Prepared:
+    if not cache.enabled:
+        return Prepared(tuple(segments))
+    rule = cache.rule
+    pieces: list[tuple[int | None, tuple[int, ...], int, tuple[Reader, ...]]] = []  # parent, tokens, start, readers
+    done: list[int] = []
+    states: dict[int, Any] = {}
+    scores: list[tuple[Reader, float]] = []
+    deposits: dict[int, NodeKey] = {}
+    hit_tokens = 0
+    paths: list[_Path] = []
+    planned: set[NodeKey] = set()  # deposits already planned by this request (prompts sharing a prefix)
+    root = _Path(hashlib.sha256(), (), 0, True, None)
+    for seg in segments:
+        parent = root if seg.parent is None else paths[seg.parent]
+        start, end = seg.start_position, seg.end_position
+        if not parent.cached and not seg.keep_state:  # a leaf under computed work: runs as planned
+            pieces.append((parent.last_piece, seg.token_ids, start, seg.readers))
+            paths.append(_Path(None, (), 0, False, len(pieces) - 1))
+            continue
+        anchors, anchor = parent.anchors, parent.anchor
+        if not rule.neutral(start, anchor):
+            anchors, anchor = (*anchors, start), start
+        look = parent.cached
+        grid = rule.grid_points(start, end, anchor)
+        hasher: Hasher | None = None
+        digests: dict[int, bytes] = {}
+        if parent.hasher is not None and (look or seg.keep_state):
+            digests, end_hasher = advance(parent.hasher, start, seg.token_ids, [*grid, end])
+            hasher = end_hasher if seg.keep_state else None
+        key = _Keys(cache.fingerprint, anchors, digests)
+
+        hit, entry = start, None
+        if look and digests:
+            hit, entry = _deepest_hit(cache, seg, [*grid, end], key, functools.partial(_prefix, segments, seg.index))
+        points: list[int] = []
+        if digests and (seg.keep_state or seg.parent is None):
+            points = [q for q in _deposit_points(cache, seg, grid, hit, anchor, key) if key(q) not in planned]
+            planned.update(key(q) for q in points)
+        bounds = sorted({start, end, *(q for q in points if q < end), *([hit] if start < hit < end else [])})
+        first = len(pieces)
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
+            index = len(pieces)
+            up = parent.last_piece if index == first else index - 1
+            readers = seg.readers if hi == end else ()
+            pieces.append((up, seg.token_ids[lo - start : hi - start], lo, readers))
+            if hi <= hit:
+                done.append(index)
+                if hi == hit and entry is not None:
+                    states[index] = entry.state
+                    if readers:
+                        assert entry.score is not None  # _deepest_hit takes none without one
+                        scores.extend((r, entry.score) for r in readers)
+            if hi in points:
+                deposits[index] = key(hi)
+        hit_tokens += hit - start
+        paths.append(_Path(hasher, anchors, anchor, hit == end, len(pieces) - 1))
+    has_child = [False] * len(pieces)
+    for up, *_ in pieces:
+        if up is not None:
+            has_child[up] = True
+    out = tuple(
+        Segment(i, up, tokens, start, readers, has_child[i]) for i, (up, tokens, start, readers) in enumerate(pieces)
+    )
+    if hit_tokens:
+        cache.record_hit(hit_tokens)
+    return Prepared(out, tuple(done), states, tuple(scores), deposits, hit_tokens)
+
+
+@dataclass(frozen=True)
+class _Keys:
+    """The keys of one segment's positions (digests: at its grid points and end)."""
+
+    fingerprint: str
+    anchors: tuple[int, ...]
+    digests: dict[int, bytes]
+
+    def __call__(self, position: int) -> NodeKey:
+        return NodeKey(self.fingerprint, self.anchors, position, self.digests[position])
+
+
+def _deepest_hit(
+    cache: StateCache, seg: Segment, candidates: list[int], key: _Keys, prefix: Callable[[int], bytes]
+) -> tuple[int, Entry | None]:
+    """The deepest cached position of the segment (and its entry), else (start, None)."""
+    for position in reversed(candidates):
+        found = cache.lookup(key(position), functools.partial(prefix, position))
+        if found is None:
+            continue
+        if position == seg.end_position and seg.readers and found.score is None:
+            continue  # its candidates need a score that entry never had
+        return position, found
+    return seg.start_position, None
+
+
+def _deposit_points(cache: StateCache, seg: Segment, grid: list[int], hit: int, anchor: int, key: _Keys) -> list[int]:
+    """Where this segment leaves states: its end (if it is at least a grid long) and up to
+    `deposits_per_segment` grid points before it, spaced 1, 2, 4, ... grids back; none at or
+    before the hit, none already cached."""
+    rule, end = cache.rule, seg.end_position
+    # a leaf's end (a whole prompt) serves only an identical prompt: its grid points serve more
+    points = [end] if seg.keep_state and seg.num_tokens >= rule.grid else []
+    for k in range(cache.deposits_per_segment):
+        position = rule.floor(end - 1 - rule.grid * ((1 << k) - 1), anchor)
+        if position <= hit:
+            break
+        points.append(position)
+    kept = sorted({q for q in points if q > hit and (q == end or q in grid)})
+    return [q for q in kept if not cache.contains(key(q))]
+
+
+def _path(segments: Sequence[Segment], index: int) -> list[Sequence[int]]:
+    """The token ids of segment `index` and its ancestors, root first."""
+    chain: list[Sequence[int]] = []
+    at: int | None = index
+    while at is not None:
+        chain.append(segments[at].token_ids)
+        at = segments[at].parent
+    return chain[::-1]
+
+
+def _prefix(segments: Sequence[Segment], index: int, position: int) -> bytes:
+    """The tokens before `position` on the path of plan segment `index`."""
+    tokens = [t for part in _path(segments, index) for t in part]
+    return token_bytes(tokens[:position])

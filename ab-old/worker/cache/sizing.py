@@ -1,0 +1,47 @@
+"""The state cache's byte budget and how a worker builds its cache for a runner.
+
+`--state-cache-bytes` (0: off; unset: the default below):
+- torch backend: a fixed 256 MiB (the demo model's state at 1,500 tokens is ~3.2 MB: enough
+  for agent sessions over dozens of contexts, small beside the process);
+- cuda backend: half of the device memory free once the worker has loaded its weights, captured
+  its CUDA graphs and run its warm-up request (`torch.cuda.mem_get_info`), so the other half
+  stays for the passes' transient buffers. On the 27B shape a state is ~150 MB of fp32 GDN
+  state plus 64 KB of K/V a token, so tens of GB hold a few hundred nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openjev.worker.cache.keys import CutRule
+from openjev.worker.cache.store import CacheListener, StateCache
+
+CPU_DEFAULT_BYTES = 256 << 20
+GPU_FREE_FRACTION = 0.5
+# states left at grid points before each branch point (besides the branch point itself): the
+# CPU's are small; on the GPU each is ~150 MB and a captured pass holds 8 kept states
+DEPOSITS_PER_SEGMENT = {"torch": 4, "cuda": 2}
+
+
+def gpu_default_bytes() -> int:
+    import torch
+
+    free, _total = torch.cuda.mem_get_info()
+    return int(free * GPU_FREE_FRACTION)
+
+
+def build_state_cache(
+    runner: Any, budget_bytes: int, fingerprint: str, listener: CacheListener | None = None
+) -> StateCache | None:
+    """A cache for this runner (None if the runner cannot hand states over: the transformers arm)."""
+    measure = getattr(runner, "cacheable_state", None)
+    if measure is None:
+        return None
+    return StateCache(
+        budget_bytes,
+        fingerprint,
+        CutRule(anywhere=bool(getattr(runner, "state_cut_anywhere", False))),
+        measure,
+        deposits_per_segment=DEPOSITS_PER_SEGMENT.get(runner.backend, 2),
+        listener=listener,
+    )

@@ -1,0 +1,137 @@
+"""The byte-bounded LRU store of cached states.
+
+Entries are runner states (opaque here) with the head score at their last token when the request
+that left them read one, the exact tokens before them (compared on every hit) and their size in
+bytes, as the runner measured it. Inserting past the budget evicts least recently used entries;
+an entry larger than the whole budget is not kept. A budget of 0 turns the cache off. Lookups
+come from the RPC threads (at admission), inserts from the scheduler's thread: one lock.
+States are never written after they are made (runners read parents, never write them), so an
+entry handed to several requests at once is safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from openjev.worker.cache.keys import CutRule, NodeKey
+
+# (state) -> (the state to keep, e.g. compacted, and its size in bytes)
+Measure = Callable[[Any], tuple[Any, int]]
+
+
+@dataclass(frozen=True)
+class Entry:
+    state: Any
+    score: float | None
+    tokens: bytes
+    nbytes: int
+
+
+class CacheListener(Protocol):
+    """Where hits, inserts and evictions are reported (Prometheus in the worker)."""
+
+    def on_hit(self, tokens: int) -> None: ...
+    def on_insert(self, nbytes: int) -> None: ...
+    def on_evict(self, count: int, nbytes: int) -> None: ...
+
+
+class StateCache:
+    def __init__(
+        self,
+        budget_bytes: int,
+        fingerprint: str,
+        rule: CutRule,
+        measure: Measure,
+        *,
+        deposits_per_segment: int = 4,
+        listener: CacheListener | None = None,
+    ):
+        if budget_bytes < 0:
+            raise ValueError("the state cache budget must be >= 0 bytes")
+        if deposits_per_segment < 0:
+            raise ValueError("deposits_per_segment must be >= 0")
+        self.budget_bytes = budget_bytes
+        self.fingerprint = fingerprint
+        self.rule = rule
+        self.deposits_per_segment = deposits_per_segment
+        self._measure = measure
+        self._listener = listener
+        self._entries: OrderedDict[NodeKey, Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self.nbytes = 0
+        self.num_hits = 0
+        self.hit_tokens = 0
+        self.num_inserts = 0
+        self.num_evictions = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget_bytes > 0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def contains(self, key: NodeKey) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def lookup(self, key: NodeKey, tokens: Callable[[], bytes]) -> Entry | None:
+        """The entry under key whose tokens equal tokens() (computed only when one is found),
+        made the most recently used; None otherwise."""
+        with self._lock:
+            entry = self._entries.get(key)
+        if entry is None or entry.tokens != tokens():
+            return None
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+        return entry
+
+    def record_hit(self, tokens: int) -> None:
+        """A request hangs from cached states, skipping `tokens` tokens."""
+        with self._lock:
+            self.num_hits += 1
+            self.hit_tokens += tokens
+        if self._listener is not None:
+            self._listener.on_hit(tokens)
+
+    def insert(self, key: NodeKey, state: Any, score: float | None, tokens: bytes) -> bool:
+        """Keep a state (evicting least recently used ones to fit); False if it alone exceeds
+        the budget or the cache is off. An existing entry keeps its state (the same bits)."""
+        if not self.enabled:
+            return False
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return True
+        kept, nbytes = self._measure(state)
+        nbytes += len(tokens)
+        if nbytes > self.budget_bytes:
+            return False
+        evicted, freed = 0, 0
+        with self._lock:
+            if key in self._entries:
+                return True
+            while self.nbytes + nbytes > self.budget_bytes:
+                _, old = self._entries.popitem(last=False)
+                self.nbytes -= old.nbytes
+                evicted, freed = evicted + 1, freed + old.nbytes
+            self._entries[key] = Entry(kept, score, tokens, nbytes)
+            self.nbytes += nbytes
+            self.num_inserts += 1
+            self.num_evictions += evicted
+        if self._listener is not None:
+            self._listener.on_insert(nbytes)
+            if evicted:
+                self._listener.on_evict(evicted, freed)
+        return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.nbytes = 0

@@ -1,0 +1,1 @@
+"""The model's configuration (config.json) and its checkpoint loader (safetensors -> plain weights)."""

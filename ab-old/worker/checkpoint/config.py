@@ -1,0 +1,166 @@
+"""The backbone shape, read from an export's config.json (nested Qwen3.5 or flat text config)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from openjev.export import CONFIG_FILE, ExportError
+
+LayerKind = Literal["linear_attention", "full_attention"]
+LINEAR_ATTENTION: Final = "linear_attention"
+FULL_ATTENTION: Final = "full_attention"
+LAYER_KINDS: tuple[LayerKind, ...] = (LINEAR_ATTENTION, FULL_ATTENTION)
+# Older Qwen-Next style names that transformers also maps onto the two kinds.
+_LEGACY_LAYER_KINDS: dict[str, LayerKind] = {"mamba": LINEAR_ATTENTION, "attention": FULL_ATTENTION}
+_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    layer_types: tuple[LayerKind, ...]
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    partial_rotary_factor: float
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def rotary_dim(self) -> int:
+        # Same rounding as transformers: int(head_dim * factor).
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of the GDN conv: q and k (key_dim each) then v (value_dim)."""
+        return 2 * self.linear_key_dim + self.linear_value_dim
+
+
+def _fail(problem: str) -> ExportError:
+    return ExportError(f"{CONFIG_FILE}: {problem}")
+
+
+def _positive_int(text: dict[str, Any], key: str) -> int:
+    value = text.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise _fail(f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _positive_float(source: dict[str, Any], key: str) -> float:
+    value = source.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise _fail(f"{key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _layer_kind(index: int, name: object) -> LayerKind:
+    if name == LINEAR_ATTENTION or name == FULL_ATTENTION:
+        return name
+    if isinstance(name, str) and name in _LEGACY_LAYER_KINDS:
+        return _LEGACY_LAYER_KINDS[name]
+    raise _fail(f"layer {index} has unknown layer type {name!r} (known: {', '.join(LAYER_KINDS)})")
+
+
+def _layer_types(text: dict[str, Any], num_layers: int) -> tuple[LayerKind, ...]:
+    names = text.get("layer_types")
+    if names is None:
+        # transformers' default: every `full_attention_interval`-th layer is full attention.
+        interval = text.get("full_attention_interval", 4)
+        return tuple(FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(num_layers))
+    if not isinstance(names, list) or len(names) != num_layers:
+        raise _fail(f"layer_types must list num_hidden_layers={num_layers} kinds")
+    return tuple(_layer_kind(i, name) for i, name in enumerate(names))
+
+
+def _rope(text: dict[str, Any]) -> tuple[float, float]:
+    """(rope_theta, partial_rotary_factor). Text-only Qwen3.5 feeds the same 1-D position to all
+    three mrope sections, so mrope collapses to ordinary rotary and mrope_section is irrelevant."""
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise _fail("rope_parameters must be an object")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise _fail(f"rope_type {rope_type!r} is not supported (only 'default')")
+    source = rope if "rope_theta" in rope else text
+    theta = _positive_float(source, "rope_theta")
+    factor = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise _fail(f"partial_rotary_factor must be in (0, 1], got {factor!r}")
+    return theta, float(factor)
+
+
+def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
+    """ModelConfig from the parsed config.json; raises ExportError naming config.json."""
+    model_type = raw.get("model_type")
+    if model_type not in _MODEL_TYPES:
+        raise _fail(f"model_type is {model_type!r}, expected one of {_MODEL_TYPES}")
+    text = raw.get("text_config", raw) if model_type == "qwen3_5" else raw
+    if not isinstance(text, dict):
+        raise _fail("text_config must be an object")
+    if text.get("hidden_act", "silu") != "silu":
+        raise _fail(f"hidden_act {text.get('hidden_act')!r} is not supported (only 'silu')")
+    if text.get("attention_bias", False):
+        raise _fail("attention_bias=true is not supported")
+    num_layers = _positive_int(text, "num_hidden_layers")
+    theta, factor = _rope(text)
+    config = ModelConfig(
+        vocab_size=_positive_int(text, "vocab_size"),
+        hidden_size=_positive_int(text, "hidden_size"),
+        intermediate_size=_positive_int(text, "intermediate_size"),
+        layer_types=_layer_types(text, num_layers),
+        num_attention_heads=_positive_int(text, "num_attention_heads"),
+        num_key_value_heads=_positive_int(text, "num_key_value_heads"),
+        head_dim=_positive_int(text, "head_dim"),
+        linear_num_key_heads=_positive_int(text, "linear_num_key_heads"),
+        linear_num_value_heads=_positive_int(text, "linear_num_value_heads"),
+        linear_key_head_dim=_positive_int(text, "linear_key_head_dim"),
+        linear_value_head_dim=_positive_int(text, "linear_value_head_dim"),
+        linear_conv_kernel_dim=_positive_int(text, "linear_conv_kernel_dim"),
+        rms_norm_eps=_positive_float(text, "rms_norm_eps"),
+        rope_theta=theta,
+        partial_rotary_factor=factor,
+    )
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise _fail("num_attention_heads must be a multiple of num_key_value_heads")
+    if config.linear_num_value_heads % config.linear_num_key_heads:
+        raise _fail("linear_num_value_heads must be a multiple of linear_num_key_heads")
+    if config.rotary_dim % 2:
+        raise _fail(f"rotary dim {config.rotary_dim} (head_dim * partial_rotary_factor) must be even")
+    return config
+
+
+def load_model_config(directory: str | Path) -> ModelConfig:
+    path = Path(directory) / CONFIG_FILE
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise _fail(f"missing from export directory {path.parent}") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _fail(f"not readable JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise _fail("top level must be a JSON object")
+    return parse_model_config(raw)

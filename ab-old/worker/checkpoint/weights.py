@@ -1,0 +1,216 @@
+"""Load the backbone weights of an export (Hugging Face Qwen3.5 tensor names, bf16 safetensors).
+
+Tensors may sit under `model.language_model.`, `model.` or no prefix; anything else in the
+files (vision tower, lm_head, mtp) is ignored. Every tensor we need is checked for presence and
+shape against config.json, and a problem raises ExportError naming the file and tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Literal
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from openjev.export import ExportError, check_safetensors_file, safetensors_files
+from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, LayerKind, ModelConfig
+
+PREFIXES = ("model.language_model.", "model.", "")
+_EMBED = "embed_tokens.weight"
+
+
+@dataclass(frozen=True)
+class GdnWeights:
+    in_proj_qkv: Tensor  # [2*Hk*Dk + Hv*Dv, D]
+    in_proj_z: Tensor  # [Hv*Dv, D]
+    in_proj_b: Tensor  # [Hv, D]
+    in_proj_a: Tensor  # [Hv, D]
+    conv_weight: Tensor  # [C, K] (stored as [C, 1, K])
+    dt_bias: Tensor  # [Hv]
+    a_log: Tensor  # [Hv]
+    norm_weight: Tensor  # [Dv], applied as w (not 1 + w)
+    out_proj: Tensor  # [D, Hv*Dv]
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    q_proj: Tensor  # [Hq*2*Dh, D]: per head, Dh query rows then Dh gate rows
+    k_proj: Tensor  # [Hkv*Dh, D]
+    v_proj: Tensor  # [Hkv*Dh, D]
+    o_proj: Tensor  # [D, Hq*Dh]
+    q_norm: Tensor  # [Dh]
+    k_norm: Tensor  # [Dh]
+
+
+@dataclass(frozen=True)
+class _LayerWeights:
+    """What every layer has besides its mixer: the two norms and the SiLU-gated MLP."""
+
+    input_norm: Tensor  # [D]
+    post_attention_norm: Tensor  # [D]
+    mlp_gate: Tensor  # [I, D]
+    mlp_up: Tensor  # [I, D]
+    mlp_down: Tensor  # [D, I]
+
+
+@dataclass(frozen=True)
+class GdnLayerWeights(_LayerWeights):
+    kind: ClassVar[Literal["linear_attention"]] = LINEAR_ATTENTION
+    mixer: GdnWeights
+
+
+@dataclass(frozen=True)
+class AttentionLayerWeights(_LayerWeights):
+    kind: ClassVar[Literal["full_attention"]] = FULL_ATTENTION
+    mixer: AttentionWeights
+
+
+# The layer class is the mixer's type: code dispatches with isinstance (or on the literal `kind`).
+LayerWeights = GdnLayerWeights | AttentionLayerWeights
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    embed_tokens: Tensor  # [V, D]
+    layers: tuple[LayerWeights, ...]
+    final_norm: Tensor  # [D]
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Unprefixed tensor name -> shape for every tensor the backbone needs."""
+    d, inter = config.hidden_size, config.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {_EMBED: (config.vocab_size, d), "norm.weight": (d,)}
+    for i, kind in enumerate(config.layer_types):
+        p = f"layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+            p + "mlp.gate_proj.weight": (inter, d),
+            p + "mlp.up_proj.weight": (inter, d),
+            p + "mlp.down_proj.weight": (d, inter),
+        }
+        if kind == LINEAR_ATTENTION:
+            hv, vdim = config.linear_num_value_heads, config.linear_value_dim
+            shapes |= {
+                p + "linear_attn.in_proj_qkv.weight": (config.linear_conv_dim, d),
+                p + "linear_attn.in_proj_z.weight": (vdim, d),
+                p + "linear_attn.in_proj_b.weight": (hv, d),
+                p + "linear_attn.in_proj_a.weight": (hv, d),
+                p + "linear_attn.conv1d.weight": (config.linear_conv_dim, 1, config.linear_conv_kernel_dim),
+                p + "linear_attn.dt_bias": (hv,),
+                p + "linear_attn.A_log": (hv,),
+                p + "linear_attn.norm.weight": (config.linear_value_head_dim,),
+                p + "linear_attn.out_proj.weight": (d, vdim),
+            }
+        elif kind == FULL_ATTENTION:
+            hq, hkv, dh = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+            shapes |= {
+                p + "self_attn.q_proj.weight": (hq * dh * 2, d),
+                p + "self_attn.k_proj.weight": (hkv * dh, d),
+                p + "self_attn.v_proj.weight": (hkv * dh, d),
+                p + "self_attn.o_proj.weight": (d, hq * dh),
+                p + "self_attn.q_norm.weight": (dh,),
+                p + "self_attn.k_norm.weight": (dh,),
+            }
+        else:
+            raise ExportError(f"config.json: layer {i} has unknown layer type {kind!r}")
+    return shapes
+
+
+def _tensor_index(directory: Path) -> dict[str, Path]:
+    """Full tensor name -> the safetensors file holding it (headers checked for truncation)."""
+    index: dict[str, Path] = {}
+    for path in safetensors_files(directory):
+        for name in check_safetensors_file(path):
+            index[name] = path
+    return index
+
+
+def _prefix(index: dict[str, Path], directory: Path) -> str:
+    for prefix in PREFIXES:
+        if prefix + _EMBED in index:
+            return prefix
+    raise ExportError(f"*.safetensors: no tensor {_EMBED} under any of the prefixes {PREFIXES} in {directory}")
+
+
+def load_tensors(directory: str | Path, config: ModelConfig, dtype: torch.dtype) -> dict[str, Tensor]:
+    """Unprefixed name -> tensor upcast to dtype, for exactly the tensors expected_shapes lists."""
+    directory = Path(directory)
+    index = _tensor_index(directory)
+    prefix = _prefix(index, directory)
+    shapes = expected_shapes(config)
+    for name in shapes:
+        if prefix + name not in index:
+            files = ", ".join(sorted({path.name for path in index.values()}))
+            raise ExportError(f"{files}: missing tensor {prefix + name} (needed by config.json)")
+    tensors: dict[str, Tensor] = {}
+    by_file: dict[Path, list[str]] = {}
+    for name in shapes:
+        by_file.setdefault(index[prefix + name], []).append(name)
+    for path, names in by_file.items():
+        try:
+            with safe_open(path, framework="pt") as f:
+                for name in names:
+                    tensor = f.get_tensor(prefix + name)
+                    if tuple(tensor.shape) != shapes[name]:
+                        raise ExportError(
+                            f"{path.name}: tensor {prefix + name} has shape {tuple(tensor.shape)}, "
+                            f"expected {shapes[name]} from config.json"
+                        )
+                    if not tensor.is_floating_point():
+                        raise ExportError(f"{path.name}: tensor {prefix + name} has dtype {tensor.dtype}")
+                    tensors[name] = tensor.to(dtype)
+        except ExportError:
+            raise
+        except Exception as exc:  # safetensors raises its own error types for corrupt files
+            raise ExportError(f"{path.name}: cannot read tensors ({exc})") from exc
+    return tensors
+
+
+def _gdn(t: dict[str, Tensor], p: str) -> GdnWeights:
+    return GdnWeights(
+        in_proj_qkv=t[p + "in_proj_qkv.weight"],
+        in_proj_z=t[p + "in_proj_z.weight"],
+        in_proj_b=t[p + "in_proj_b.weight"],
+        in_proj_a=t[p + "in_proj_a.weight"],
+        conv_weight=t[p + "conv1d.weight"][:, 0, :].contiguous(),
+        # The decay parameters stay fp32 whatever the compute dtype: g must not round to 0.
+        dt_bias=t[p + "dt_bias"].float(),
+        a_log=t[p + "A_log"].float(),
+        norm_weight=t[p + "norm.weight"],
+        out_proj=t[p + "out_proj.weight"],
+    )
+
+
+def _attention(t: dict[str, Tensor], p: str) -> AttentionWeights:
+    return AttentionWeights(
+        q_proj=t[p + "q_proj.weight"],
+        k_proj=t[p + "k_proj.weight"],
+        v_proj=t[p + "v_proj.weight"],
+        o_proj=t[p + "o_proj.weight"],
+        q_norm=t[p + "q_norm.weight"],
+        k_norm=t[p + "k_norm.weight"],
+    )
+
+
+def _layer(t: dict[str, Tensor], p: str, kind: LayerKind) -> LayerWeights:
+    rest = dict(
+        input_norm=t[p + "input_layernorm.weight"],
+        post_attention_norm=t[p + "post_attention_layernorm.weight"],
+        mlp_gate=t[p + "mlp.gate_proj.weight"],
+        mlp_up=t[p + "mlp.up_proj.weight"],
+        mlp_down=t[p + "mlp.down_proj.weight"],
+    )
+    if kind == LINEAR_ATTENTION:
+        return GdnLayerWeights(mixer=_gdn(t, p + "linear_attn."), **rest)
+    return AttentionLayerWeights(mixer=_attention(t, p + "self_attn."), **rest)
+
+
+def load_weights(directory: str | Path, config: ModelConfig, dtype: torch.dtype = torch.float32) -> ModelWeights:
+    """All backbone weights of an export, upcast (bf16 -> dtype) on CPU."""
+    t = load_tensors(directory, config, dtype)
+    layers = [_layer(t, f"layers.{i}.", kind) for i, kind in enumerate(config.layer_types)]
+    return ModelWeights(embed_tokens=t[_EMBED], layers=tuple(layers), final_norm=t["norm.weight"])

@@ -1,0 +1,158 @@
+"""Shape buckets of forest passes: the one key type (PassKey) and the one place that maps a pass
+to its key, lays out its index buffer, and lists every key a budget needs (`Bucketing.keys`,
+captured at start by CudaRunner.warm_up).
+
+A key holds only what a captured graph's device-side shapes and launch counts depend on:
+- tokens T_pad: fine steps (`steps` per octave, so at most 1/steps of a pass is padding); above
+  `tile_from` tokens (--graph-tile-from), multiples of TILE_ROWS, the products' row tile: their
+  padding costs its share of compute-bound products, so a 3,090-token pass runs 3,200 rows, not
+  3,584 (7% faster on an H200: docs/cuda-kernels.md);
+- levels: recurrence launches per GDN layer, 1, 2, 4, 8 (capped at the budget's depth): a
+  level launch whose segments are all absent costs a grid of blocks that exit at once;
+- kept: whether the pass keeps any state (then MAX_STATE_SLOTS output slots are copied).
+Above tile_from a key is only levels 2 or the depth, and kept: an empty level launch and the kept
+copies cost ~0.5 ms of a pass of over 100 ms, and so the finer token steps add no graphs (24
+steps x 2 keys from 1,024 to 4,096 tokens, where 8 steps x 8 keys were).
+The rest follows from T_pad alone, so the key set stays small: segments N_pad = min(budget
+segments, T_pad) + 1 (the real ones, one pad segment holding the T_pad - T pad tokens, then
+empty ones); attention max_q = T_pad rounded up to 64. Ancestors' K/V rows, parent states and
+kv_rows live in static buffers of fixed size (graph_launch._Statics), outside the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from openjev.worker.cuda.graphs import fine_bucket
+from openjev.worker.geometry import GDN_CHUNK_TOKENS
+
+MAX_STATE_SLOTS = 8  # external parents / kept states a captured pass holds (~150 MB each, 27B shape)
+LEVEL_STEPS = (1, 2, 4, 8)
+TILE_ROWS = 128  # row tile of cuBLAS's compute-bound products: long passes pad to a multiple of it
+
+
+@dataclass(frozen=True)
+class PassBudget:
+    """What the runner is warmed for. tokens, segments: a pass's most tokens and segments (the
+    scheduler's --max-pass-tokens, --max-pass-segments); depth: most levels (max_pass_depth);
+    context: most ancestor K/V rows from kept states a pass reads; steps: token buckets per octave;
+    tile_from: above this many tokens (0: never), token buckets are multiples of TILE_ROWS and
+    keys only the long ones' levels and kept (module docstring)."""
+
+    tokens: int = 4096
+    segments: int = 64
+    depth: int = 8
+    context: int = 16384
+    steps: int = 4
+    tile_from: int = 1024
+
+    def bucket(self, n: int) -> int:
+        """The padded token count of a pass of n tokens."""
+        if self.long(n):
+            return -(-n // TILE_ROWS) * TILE_ROWS
+        return fine_bucket(n, steps=self.steps)
+
+    def long(self, n: int) -> bool:
+        """Whether a pass of n tokens gets the long passes' buckets and keys."""
+        return bool(self.tile_from) and n > self.tile_from
+
+    @property
+    def kv_rows(self) -> int:
+        """Capacity of the static kv_rows index buffer: every segment sees at most all
+        ancestor rows and all of the pass's own rows."""
+        return (self.segments + 1) * (self.context + self.bucket(self.tokens))
+
+
+@dataclass(frozen=True, order=True)
+class PassKey:
+    """A captured graph's bucket."""
+
+    tokens: int  # T_pad
+    levels: int  # recurrence launches per GDN layer
+    kept: bool  # kept states are copied out (MAX_STATE_SLOTS slots)
+    segments: int  # N_pad
+    max_q: int  # attention grid rows (multiple of 64)
+    tail_rows: bool = False  # the chunked GDN kernel's tail sources (64 a segment) in the index buffer
+
+    def layout(self) -> dict[str, tuple[int, int]]:
+        """name -> (offset, length) in the int32 index buffer."""
+        T, N = self.tokens, self.segments
+        sizes = [
+            ("ids", T),
+            ("pos", T),
+            ("cu", N + 1),
+            ("cu_k", N + 1),
+            ("heads", N),
+            ("gdn_init", N),
+            ("level_off", self.levels + 1),
+            ("win_src", 3 * N),
+            ("tail_src", GDN_CHUNK_TOKENS * N if self.tail_rows else 0),
+            ("keep", MAX_STATE_SLOTS if self.kept else 1),
+        ]
+        out, at = {}, 0
+        for name, n in sizes:
+            out[name] = (at, n)
+            at += n
+        return out
+
+    @property
+    def index_size(self) -> int:
+        return sum(n for _, n in self.layout().values())
+
+
+class Bucketing:
+    """Pass -> PassKey under one budget; None (with the reason) for passes outside it."""
+
+    def __init__(self, budget: PassBudget, tail_rows: bool = False):
+        if budget.tokens < 1 or budget.depth < 1 or budget.segments < budget.depth or budget.context < 0:
+            raise ValueError(f"bad pass budget {budget}")
+        self.budget, self.tail_rows = budget, tail_rows
+
+    def token_steps(self) -> list[int]:
+        """Every T_pad a pass within budget can have, ascending."""
+        out, n = [], 1
+        while n <= self.budget.tokens:
+            t = self.budget.bucket(n)
+            out.append(t)
+            n = t + 1
+        return out
+
+    def level_steps(self, tokens_pad: int = 1) -> list[int]:
+        """The levels keys of T_pad tokens have (long passes: 2 and the depth)."""
+        depth = self.budget.depth
+        steps = [d for d in LEVEL_STEPS if d < depth] + [depth]
+        if self.budget.long(tokens_pad):
+            steps = [min(2, depth), depth]
+        return sorted(set(steps))
+
+    def kept_steps(self, tokens_pad: int) -> tuple[bool, ...]:
+        return (True,) if self.budget.long(tokens_pad) else (False, True)
+
+    def make(self, tokens_pad: int, levels: int, kept: bool) -> PassKey:
+        segments = min(self.budget.segments, tokens_pad) + 1
+        return PassKey(tokens_pad, levels, kept, segments, 64 * -(-tokens_pad // 64), self.tail_rows)
+
+    def keys(self) -> list[PassKey]:
+        """Every key a pass within budget maps to (what warm_up captures)."""
+        return [self.make(t, d, k) for t in self.token_steps() for d in self.level_steps(t) for k in self.kept_steps(t)]
+
+    def key(
+        self, tokens: int, segments: int, levels: int, parents: int, kept: int, base: int, kv_rows: int
+    ) -> tuple[PassKey | None, str]:
+        """(key, "") or (None, why the pass runs eagerly)."""
+        b = self.budget
+        checks = [
+            (tokens <= b.tokens, f"{tokens} tokens > budget {b.tokens}"),
+            (segments <= b.segments, f"{segments} segments > budget {b.segments}"),
+            (levels <= b.depth, f"{levels} levels > budget {b.depth}"),
+            (parents <= MAX_STATE_SLOTS, f"{parents} parent states > {MAX_STATE_SLOTS} slots"),
+            (kept <= MAX_STATE_SLOTS, f"{kept} kept states > {MAX_STATE_SLOTS} slots"),
+            (base <= b.context, f"{base} ancestor rows > budget {b.context}"),
+            (kv_rows <= b.kv_rows, f"{kv_rows} key rows > capacity {b.kv_rows}"),
+        ]
+        for ok, why in checks:
+            if not ok:
+                return None, why
+        tokens_pad = b.bucket(tokens)
+        levels_pad = next(d for d in self.level_steps(tokens_pad) if d >= levels)
+        return self.make(tokens_pad, levels_pad, kept > 0 or b.long(tokens_pad)), ""

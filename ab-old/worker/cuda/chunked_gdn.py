@@ -1,0 +1,214 @@
+"""Launch wrappers for the chunked (WY-form) Gated DeltaNet kernels of `cuda/gdn_chunked.cu`
+(`--gdn-kernel chunked`; docs/cuda-kernels.md, "Chunked GDN"): the chunk list, the solve, the
+state pass per level and the output pass, and where their segments start (ChunkSources). The
+shared launch machinery is `kernels`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from openjev.worker.cuda import traits
+from openjev.worker.cuda.kernels import GDN_CHUNK, GDN_DIM, _i64, _launch, _out, gdn_schedule
+
+
+def gdn_tail_width(num_k_heads: int, num_v_heads: int) -> int:
+    """Floats a row of a GDN tail buffer: k (Hk*128) | v (H*128) | g (H) | beta (H), padded to 4."""
+    width = (num_k_heads + num_v_heads) * GDN_DIM + 2 * num_v_heads
+    return -(-width // 4) * 4
+
+
+# gdn_chunk_state variants: warps a block (value columns split in two halves either way); both
+# give the same bits; w16 is the faster since the state pass's loads are free of bank conflicts
+# (w8 was 2-3% faster before; docs/cuda-kernels.md, "Chunked GDN")
+GDN_STATE_VARIANTS = ("w8", "w16")
+GDN_STATE_DEFAULT = "w16"
+
+
+@dataclass(frozen=True)
+class ChunkSources:
+    """Where gdn_chunked's segments start (cuda/gdn_chunked.cu): init_slots [1 + S, H, 128, 128]
+    fp32 states (slot 0 unused); init_idx [N] int32 (> 0 a slot, -1 zeros, -2 - p in-pass
+    parent p's final state); tails [(1 + S') * 64, width] fp32, kept states' tail rows
+    flattened; tail_src [N * 64] int32, per segment and tail row a packed row (>= 0) or -1 - e,
+    row e of tails; level_off [levels + 1] int32, the segments of each level (parents first);
+    num_levels: state-pass launches."""
+
+    init_slots: torch.Tensor
+    init_idx: torch.Tensor
+    tails: torch.Tensor
+    tail_src: torch.Tensor
+    level_off: torch.Tensor
+    num_levels: int
+
+    @staticmethod
+    def per_segment(N, H, width, device, init_state=None, tail_in=None) -> ChunkSources:
+        """One level, segment n starting from init_state[n] (or zeros) and its tail rows from
+        tail_in[n] [N, 64, width] (tests and benchmarks; the runner passes its slots instead)."""
+        zero_state = torch.zeros(1, H, GDN_DIM, GDN_DIM, dtype=torch.float32, device=device)
+        slots = zero_state if init_state is None else torch.cat([zero_state, init_state.float()])
+        idx = [n + 1 if init_state is not None else -1 for n in range(N)]
+        zero_tail = torch.zeros(GDN_CHUNK, width, dtype=torch.float32, device=device)
+        tails = zero_tail if tail_in is None else torch.cat([zero_tail, tail_in.reshape(-1, width).float()])
+        src = [-1 - ((n + 1) * GDN_CHUNK + r) if tail_in is not None else 0 for n in range(N) for r in range(GDN_CHUNK)]
+        i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
+        return ChunkSources(slots, i32(idx), tails, i32(src), i32([0, N]), 1)
+
+
+def gdn_chunked(
+    qn,
+    kn,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    positions,
+    max_q,
+    init_state=None,
+    tail_in=None,
+    out=None,
+    final=None,
+    tail_out=None,
+    state_variant=GDN_STATE_DEFAULT,
+    sources: ChunkSources | None = None,
+):
+    """Gated delta rule over packed segments in GDN_CHUNK (64) token chunks at absolute positions
+    (cuda/gdn_chunked.cu says why and how).
+
+    qn, kn: [T, Hk, 128] fp32; v: [T, H, 128] bf16 view (token stride free, inner contiguous);
+    g, beta: [T, H] fp32; cu_seqlens: [N+1] int32; positions: [T] int32 (segment n starts at
+    positions[cu[n]]); max_q: no segment is longer. Where segments start: `sources`
+    (ChunkSources: parents in the pass, kept states in slots), or one level with init_state [N,
+    H, 128, 128] fp32 (None: zeros) and tail_in [N, 64, gdn_tail_width] fp32, segment n's first
+    positions[cu[n]] % 64 rows (its parent's unfinished chunk; None when no segment has one).
+    Returns (o [T, H, 128] bf16, final [N, H, 128, 128] fp32 = the state at each segment's last
+    chunk boundary, tail_out [N, 64, width] fp32 = the rows after it).
+    """
+    T, H = g.shape
+    Hk = qn.shape[1]
+    N = cu_seqlens.numel() - 1
+    assert v.stride(2) == 1 and v.stride(1) == GDN_DIM and H % Hk == 0 and qn.is_contiguous() and kn.is_contiguous()
+    assert state_variant in GDN_STATE_VARIANTS
+    dev, width = g.device, gdn_tail_width(Hk, H)
+    if sources is None:
+        sources = ChunkSources.per_segment(N, H, width, dev, init_state, tail_in)
+    out = _out(out, (T, H, GDN_DIM), torch.bfloat16, dev)
+    final = _out(final, (N, H, GDN_DIM, GDN_DIM), torch.float32, dev)
+    tail_out = _out(tail_out, (N, GDN_CHUNK, width), torch.float32, dev)
+    max_chunks = (max_q + 2 * GDN_CHUNK - 2) // GDN_CHUNK  # a segment's rows: up to 63 tail rows + max_q
+    scratch_chunks = (T + 2 * (GDN_CHUNK - 1) * N) // GDN_CHUNK + 1
+    w = torch.empty(scratch_chunks, H, GDN_CHUNK, GDN_DIM, dtype=torch.float32, device=dev)
+    u = torch.empty_like(w)  # U~ from the solve, overwritten with U by the state pass
+    gcum = torch.empty(scratch_chunks, H, GDN_CHUNK, dtype=torch.float32, device=dev)
+    chunk_states = torch.empty(scratch_chunks, H, GDN_DIM, GDN_DIM, dtype=torch.float32, device=dev)
+    chunk_list = gdn_chunk_plan(cu_seqlens, positions, max_chunks, scratch_chunks)
+    geo = (N, H, Hk, max_chunks, width)
+    gdn_chunk_solve(geo, kn, v, g, beta, cu_seqlens, positions, sources, tail_out, w, u, gcum, chunk_list)
+    for level in range(sources.num_levels):  # parents' final states before their children start
+        gdn_chunk_state(geo, kn, w, u, gcum, cu_seqlens, positions, sources, level, chunk_states, final, state_variant)
+    gdn_chunk_out(geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, sources, out, chunk_list)
+    return out, final, tail_out
+
+
+def gdn_chunk_plan(cu_seqlens, positions, max_chunks: int, slots: int) -> torch.Tensor:
+    """[1 + slots] int32: the launch's chunk count, then per chunk (segment << 16) | chunk index,
+    in scratch-slot order (cuda/gdn_chunked.cu); made on the device, so capturable."""
+    N = cu_seqlens.numel() - 1
+    assert N <= traits.GDN_CHUNKED.plan_threads, f"{N} segments in one chunked GDN launch"
+    chunk_list = torch.empty(1 + slots, dtype=torch.int32, device=cu_seqlens.device)
+    threads = traits.GDN_CHUNKED.plan_threads
+    _launch("gdn_chunked", "gdn_chunk_plan", (1,), (threads,), (cu_seqlens, positions, N, max_chunks, chunk_list))
+    return chunk_list
+
+
+# The launches of gdn_chunked, separately callable so that the benchmark can time each.
+# geo = (N, H, Hk, max_chunks, tail width); buffers as gdn_chunked allocates them.
+
+
+def gdn_chunk_solve(
+    geo, kn, v, g, beta, cu_seqlens, positions, src: ChunkSources, tail_out, w, u, gcum, chunk_list
+) -> None:
+    N, H, Hk, max_chunks, width = geo
+    counters, sms = gdn_schedule(kn.device)
+    _launch(
+        "gdn_chunked",
+        "gdn_chunk_solve",
+        (2 * sms,),  # two blocks an SM take the (chunk, head) items
+        (traits.GDN_CHUNKED.threads,),
+        (
+            kn,
+            v,
+            _i64(v.stride(0)),
+            g,
+            beta,
+            cu_seqlens,
+            positions,
+            H,
+            Hk,
+            max_chunks,
+            src.tail_src,
+            src.tails,
+            tail_out,
+            _i64(width),
+            w,
+            u,
+            gcum,
+            chunk_list,
+            counters,
+        ),
+        dynamic_smem=traits.GDN_CHUNKED.solve_smem_bytes,
+    )
+
+
+def gdn_chunk_state(
+    geo, kn, w, u, gcum, cu_seqlens, positions, src: ChunkSources, level, chunk_states, final, variant=GDN_STATE_DEFAULT
+) -> None:
+    """The state pass over the segments of one level (src.level_off)."""
+    N, H, Hk, max_chunks, width = geo
+    geom = traits.GDN_CHUNKED
+    counters, sms = gdn_schedule(kn.device)
+    _launch(
+        "gdn_chunked",
+        f"gdn_chunk_state_{variant}",
+        (sms,),  # a block an SM takes the level's (columns, head, segment) items
+        (32 * int(variant[1:]),),
+        (
+            kn,
+            w,
+            u,
+            gcum,
+            cu_seqlens,
+            positions,
+            H,
+            Hk,
+            max_chunks,
+            src.tail_src,
+            src.tails,
+            _i64(width),
+            src.init_slots,
+            src.init_idx,
+            src.level_off,
+            level,
+            chunk_states,
+            final,
+            counters,
+        ),
+        dynamic_smem=geom.state_smem_bytes,
+    )
+
+
+def gdn_chunk_out(
+    geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, src: ChunkSources, out, chunk_list
+) -> None:
+    N, H, Hk, max_chunks, width = geo
+    counters, sms = gdn_schedule(kn.device)
+    _launch(
+        "gdn_chunked",
+        "gdn_chunk_out",
+        (sms,),  # a block an SM takes the (chunk, head) items
+        (traits.GDN_CHUNKED.out_threads,),
+        (qn, kn, u, chunk_states, gcum, cu_seqlens, positions, H, Hk, max_chunks)
+        + (src.tail_src, src.tails, _i64(width), out, chunk_list, counters),
+        dynamic_smem=traits.GDN_CHUNKED.out_smem_bytes,
+    )

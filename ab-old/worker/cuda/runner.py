@@ -1,0 +1,405 @@
+"""CudaRunner: the CUDA backend of ModelRunner (openjev/worker/runner_api.py).
+
+One launch = one forward pass over all its segments packed back to back: cuBLAS GEMMs through
+torch over all rows, the CUDA kernels of `cuda/*.cu` for everything else, each segment starting
+from its parent's state. Only the rows the head reads go through the last MLP and final norm.
+
+State (opaque to callers): per GDN layer the conv window [3, C] bf16 and the recurrent state
+[Hv, 128, 128] fp32 (with the chunked GDN kernel: at the segment's last 64-token boundary, plus
+the rows after it, see cuda/gdn_chunked.cu); per attention layer this segment's own keys/values
+[t, Hkv, 256] bf16 plus a link to the parent state, so ancestors' keys are shared, never copied
+into each child.
+
+Launches are replayed from CUDA graphs by default (`graph_cache_size` graphs kept, one per shape
+bucket; 0: eager): eagerly a 512-token launch of the 27B shape is host-bound (Python + kernel
+launch overhead). See graph_launch.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
+from openjev.worker.cuda import chunked_gdn as KC
+from openjev.worker.cuda import gemm
+from openjev.worker.cuda import kernels as K
+from openjev.worker.cuda.buckets import Bucketing, PassBudget
+from openjev.worker.cuda.fused_weights import (
+    FusedAttentionLayer,
+    FusedGdnLayer,
+    FusedLayer,
+    fuse_layer,
+    plain_weights,
+    random_layers,
+    shape_config,
+)
+from openjev.worker.cuda.launch import CudaSegmentState, GdnLayers, KvLayers, KvNode, Launch, LaunchPlan, plan_launch
+from openjev.worker.runner_api import SegmentResult, SegmentRun
+
+DEFAULT_GRAPH_CACHE_SIZE = 128
+DEFAULT_GRAPH_CAPTURE_AFTER = 2
+# "serial": the token recurrence (gated_delta.cu), the default; "chunked": the tensor-core WY
+# form (gdn_chunked.cu), faster alone from ~256 tokens a segment but through the engine only at
+# parity from ~650 tokens and slower below (docs/cuda-kernels.md). Both take multi-level passes
+# and agree exactly across policies.
+GDN_KERNELS = ("serial", "chunked")
+DEFAULT_PASS_DEPTH = 8  # tree levels one pass holds
+LT_ROWS = 1024  # graph passes up to this many tokens get products timed against cuBLASLt's at start
+
+
+def product_weights(layers) -> list[torch.Tensor]:
+    """Every layer's product weights, in order (what the product paths are chosen for at start)."""
+    return [w for layer in layers for w in (layer.w_in, layer.w_out, layer.w_gate_up, layer.w_down)]
+
+
+class CudaRunner:
+    backend = "cuda"
+    # every policy is bit-identical to `off` here (token-serial GDN, or chunks at absolute
+    # positions with a tail; attention tiles aligned to the sequence start): any cut is exact
+    state_cut_anywhere = True
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        embed,
+        layers: list[FusedLayer],
+        final_norm,
+        head_weight,
+        head_bias: float,
+        graph_cache_size: int = DEFAULT_GRAPH_CACHE_SIZE,
+        gemm_min_rows: int | None = None,
+        graph_capture_after: int = DEFAULT_GRAPH_CAPTURE_AFTER,
+        gdn_kernel: str = "serial",
+        max_pass_tokens: int = 4096,
+        max_pass_segments: int = 64,
+        max_pass_depth: int = DEFAULT_PASS_DEPTH,
+        max_pass_context: int = 16384,
+        graph_tile_from: int = PassBudget.tile_from,
+    ):
+        if gdn_kernel not in GDN_KERNELS:
+            raise ValueError(f"gdn_kernel must be one of {GDN_KERNELS}, not {gdn_kernel!r}")
+        # chunked: kept GDN states also carry their unfinished chunk's rows (a tail)
+        self.chunked_gdn = gdn_kernel == "chunked"
+        self.max_pass_depth = max_pass_depth
+        self.budget = PassBudget(
+            tokens=max_pass_tokens,
+            segments=max(max_pass_segments, self.max_pass_depth),
+            depth=self.max_pass_depth,
+            context=max_pass_context,
+            tile_from=graph_tile_from,
+        )
+        self.config, self.embed, self.layers, self.final_norm = config, embed, layers, final_norm
+        # Split-K products must not sum their partial results in bf16 (the library's default)
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        # rows to pad each weight shape's products to (gemm.py); None: probe them on this card
+        weights = product_weights(layers)
+        self.gemm_rows = (
+            gemm.calibrate(weights) if gemm_min_rows is None else {tuple(w.shape): gemm_min_rows for w in weights}
+        )
+        # Products of few rows stream the weight through our kernel where it was measured faster
+        # and gives cuBLAS's bits on this card (checked here); pinned padding (tests) keeps cuBLAS.
+        self.stream_rows = gemm.stream_plan(weights) if gemm_min_rows is None else {tuple(w.shape): 0 for w in weights}
+        # ...and, at the row counts of graph passes up to LT_ROWS, to cuBLASLt's fastest unsplit
+        # algorithm where it has the bits and beat those (checked and timed here)
+        self.lt = {}
+        if gemm_min_rows is None:
+            tuned = [t for t in Bucketing(self.budget).token_steps() if t <= LT_ROWS]
+            self.lt = gemm.lt_plan(weights, self.gemm_rows, self.stream_rows, tuned)
+        self.head_weight = head_weight.to(device=embed.device, dtype=torch.float64)
+        self.head_bias = float(head_bias)
+        self.device = embed.device
+        K.gdn_schedule(self.device)  # made now, not while a pass is captured
+        self.gdn_layers = [j for j, layer in enumerate(layers) if layer.kind == LINEAR_ATTENTION]
+        self.attn_layers = [j for j, layer in enumerate(layers) if layer.kind == FULL_ATTENTION]
+        if graph_cache_size < 0:
+            raise ValueError("graph_cache_size must be >= 0")
+        self.graphs = None
+        if graph_cache_size:
+            from openjev.worker.cuda.graph_launch import GraphLauncher
+
+            self.graphs = GraphLauncher(self, graph_cache_size, graph_capture_after, self.budget)
+
+    def warm_up(self) -> dict | None:
+        """Capture a graph for every pass shape within the budget (before SERVING); None when
+        the graph cache is off. See GraphLauncher.warm_up."""
+        return None if self.graphs is None else self.graphs.warm_up()
+
+    @classmethod
+    def synthetic(cls, shape: str = "small", seed: int = 0, num_layers: int | None = None, device="cuda", **options):
+        """Seeded random weights of a named shape; options: the constructor's keyword arguments."""
+        config = shape_config(shape, num_layers)
+        embed, layers, final_norm = random_layers(config, seed, torch.device(device))
+        gen = torch.Generator(device=device).manual_seed(seed + 1)
+        head = torch.randn(config.hidden_size, device=device, generator=gen) / config.hidden_size**0.5
+        return cls(config, embed, layers, final_norm, head, 0.125, **options)
+
+    @classmethod
+    def on_weights_of(cls, other: CudaRunner, **options) -> CudaRunner:
+        """Another runner over `other`'s weights (shared, not copied): a benchmark's arms, or
+        graph-replayed against eager passes in tests; options: the constructor's keyword arguments."""
+        return cls(
+            other.config, other.embed, other.layers, other.final_norm, other.head_weight, other.head_bias, **options
+        )
+
+    @classmethod
+    def from_export(cls, model_dir: str | Path, device="cuda", **options):
+        from openjev.export import load_export_meta
+        from openjev.worker.checkpoint.config import load_model_config
+        from openjev.worker.checkpoint.weights import load_weights
+
+        meta, config = load_export_meta(model_dir), load_model_config(model_dir)
+        plain = load_weights(model_dir, config, torch.bfloat16)
+        layers = [fuse_layer(layer, device) for layer in plain.layers]
+        to = lambda t: t.to(device=device, dtype=torch.bfloat16).contiguous()  # noqa: E731
+        head = torch.tensor(meta.head_weight, dtype=torch.float32)
+        return cls(config, to(plain.embed_tokens), layers, to(plain.final_norm), head, meta.head_bias, **options)
+
+    def reference_weights(self):
+        """The torch reference's ModelWeights, as views of this runner's weights."""
+        return plain_weights(self.config, self.embed, self.layers, self.final_norm)
+
+    def cacheable_state(self, state: CudaSegmentState) -> tuple[CudaSegmentState, int]:
+        """The state as the state cache keeps it (as is: its GDN tensors are per-run clones, its
+        K/V rows per-node clones) and its bytes: the GDN tensors plus the K/V of its whole
+        lineage, counted per entry even where entries share ancestors (so the budget is an
+        upper bound of what the cache pins)."""
+        tensors = [t for layer in state.gdn.values() for t in layer if t is not None]
+        tensors += [t for node in state.kv.lineage() for kv in node.kv.values() for t in kv]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return state, sum(storages.values())
+
+    # ---- one pass -------------------------------------------------------------------------
+    def run_launch(self, runs: Sequence[SegmentRun]) -> list[SegmentResult]:
+        hidden, states = self.final_hidden(runs)
+        scores = iter(
+            ((hidden.double() @ self.head_weight).float() + torch.tensor(self.head_bias)).tolist()
+            if hidden.shape[0]
+            else []
+        )
+        return [
+            SegmentResult(state=state if run.keep_state else None, head_score=next(scores) if run.read_head else None)
+            for run, state in zip(runs, states, strict=True)
+        ]
+
+    def final_hidden(self, runs: Sequence[SegmentRun]):
+        """Final-normed hidden rows [R, D] bf16 of the reading runs and each run's state, both in
+        the order of `runs`. Replayed from a CUDA graph when the cache is on and holds the pass's
+        key, else eager."""
+        plan = plan_launch(runs, self.config.vocab_size, tail_sources=self.chunked_gdn)
+        if plan.num_levels > self.max_pass_depth:
+            raise ValueError(f"a pass of {plan.num_levels} levels; this runner holds {self.max_pass_depth}")
+        if self.graphs is not None:
+            done = self.graphs.run(plan)
+            if done is not None:
+                return done
+        return self._eager(plan)
+
+    def _eager(self, plan: LaunchPlan):
+        dev = self.device
+        as_i32 = lambda xs: torch.as_tensor(np.asarray(xs, dtype=np.int32)).to(dev)  # noqa: E731
+        T = len(plan.ids)
+        rows, cu_k = plan.kv_rows(T)
+        pos = as_i32(plan.positions)
+        launch = Launch(
+            ids=as_i32(plan.ids),
+            cu=as_i32(plan.cu),
+            pos=pos,
+            head_idx=as_i32(plan.heads) if plan.heads else None,
+            rope=K.rotary_table(pos, self.config.rotary_dim, self.config.rope_theta),
+            kv_rows=as_i32(rows),
+            cu_k=as_i32(cu_k),
+            max_q=plan.max_q,
+            gdn_init=as_i32(plan.gdn_init),
+            level_off=as_i32(plan.level_off(plan.num_levels)),
+            num_levels=plan.num_levels,
+            win_src=as_i32(plan.win_src),
+            tail_src=as_i32(plan.tail_src) if self.chunked_gdn else None,
+        )
+        io = _EagerIO(self, plan)
+        hidden = self.forward_device(launch, io)
+        if plan.head_order is not None:
+            hidden = hidden[torch.as_tensor(plan.head_order, device=dev)]
+        return hidden, self.states_of(plan, io.gdn, io.kv)
+
+    def states_of(self, plan: LaunchPlan, gdn: list, kv: list, blocks: tuple[list, list] | None = None) -> list:
+        """Per run of the caller's order its kept state (CudaSegmentState) or None, from per
+        internal run gdn[i] (GDN layer -> (window, state, tail)) and kv[i] (attention layer ->
+        (keys, values)) of the kept runs, kv[i] also of their in-pass ancestors: those become
+        KvNodes of the chain (their GDN states are not kept). blocks: per internal run the
+        stacked tensors those are views of (KvNode.block, CudaSegmentState.gdn_block), if any."""
+        kv_blocks, gdn_blocks = blocks or ([None] * len(plan.runs), [None] * len(plan.runs))
+        nodes: dict[int, KvNode] = {}
+        for i in plan.materialise:  # ascending: in-pass parents first
+            run, p = plan.runs[i], plan.in_parent[i]
+            parent = nodes[p] if p >= 0 else (None if run.parent_state is None else run.parent_state.kv)
+            nodes[i] = KvNode(parent, len(run.token_ids), kv[i], kv_blocks[i])
+        states: list[CudaSegmentState | None] = [None] * len(plan.runs)
+        for i, run in enumerate(plan.runs):
+            if run.keep_state:
+                end = run.start_position + len(run.token_ids)
+                states[plan.order[i]] = CudaSegmentState(end, gdn[i], nodes[i], gdn_blocks[i])
+        return states
+
+    def forward_device(self, launch: Launch, io):
+        """Device work only (capturable): hidden [R, D] bf16 of the head rows. `io` supplies each
+        layer's input states and takes its final ones (_EagerIO here, graph_launch._StaticIO)."""
+        eps = self.config.rms_norm_eps
+        residual = self.embed.index_select(0, launch.ids)
+        h, _ = K.add_rms_norm(residual, self.layers[0].input_norm, eps)
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            if layer.kind == LINEAR_ATTENTION:
+                mixed = self._gdn(layer, index, h, launch, io)
+            elif layer.kind == FULL_ATTENTION:
+                mixed = self._attention(layer, index, h, launch, io)
+            else:
+                raise ValueError(f"layer {index}: unknown layer type {layer.kind!r}")
+            if index == last:
+                if launch.head_idx is None:
+                    residual = residual[:0]
+                    break
+                hn, residual = K.add_rms_norm(residual, layer.post_norm, eps, x_add=mixed, row_idx=launch.head_idx)
+            else:
+                hn, _ = K.add_rms_norm(residual, layer.post_norm, eps, x_add=mixed)
+            mlp = self._linear(K.silu_mul(self._linear(hn, layer.w_gate_up)), layer.w_down)
+            next_norm = self.final_norm if index == last else self.layers[index + 1].input_norm
+            h, _ = K.add_rms_norm(residual, next_norm, eps, x_add=mlp)
+        return h if launch.head_idx is not None else residual
+
+    def _linear(self, x, w):
+        shape = tuple(w.shape)
+        return gemm.linear(x, w, self.gemm_rows[shape], self.stream_rows[shape], self.lt.get(shape))
+
+    def _gdn(self, layer: FusedGdnLayer, index: int, h, launch: Launch, io):
+        c = self.config
+        C, vd, hv = c.linear_conv_dim, c.linear_value_dim, c.linear_num_value_heads
+        proj = self._linear(h, layer.w_in)  # [T, C + Hv*Dv + 2*Hv]
+        x = proj[:, :C] if (proj.stride(0) * 2) % 16 == 0 else proj[:, :C].contiguous()
+        slot_windows, slot_states, slot_tails = io.gdn_in(index)
+        # each run's window is read where it lies: rows of x (in-pass ancestors) or a parent slot
+        conv, new_windows = K.causal_conv1d(x, layer.conv_weight, slot_windows, launch.win_src, launch.cu)
+        z, b, a = proj[:, C : C + vd], proj[:, C + vd : C + vd + hv], proj[:, C + vd + hv :]
+        qn, kn, g, beta, kq = K.gdn_prepare(conv, a, b, layer.a_log, layer.dt_bias, c.linear_num_key_heads)
+        v = conv[:, 2 * c.linear_key_dim :].unflatten(1, (hv, 128))
+        if self.chunked_gdn:  # solve and output once, the state pass once per level
+            assert launch.tail_src is not None, "a chunked runner's launches carry tail sources"
+            N = launch.cu.numel() - 1
+            final = torch.empty(N, hv, 128, 128, dtype=torch.float32, device=h.device)
+            width = KC.gdn_tail_width(c.linear_num_key_heads, hv)
+            sources = KC.ChunkSources(
+                init_slots=final if slot_states is None else slot_states,  # no slot is read without parents
+                init_idx=launch.gdn_init,
+                tails=final.view(-1)[:width].view(1, width) if slot_tails is None else slot_tails.flatten(0, 1),
+                tail_src=launch.tail_src,
+                level_off=launch.level_off,
+                num_levels=launch.num_levels,
+            )
+            o, final, new_tails = KC.gdn_chunked(
+                qn, kn, v, g, beta, launch.cu, launch.pos, launch.max_q, final=final, sources=sources
+            )
+        else:  # one launch per level on a fixed grid: parents' finals before children start
+            T, N = h.shape[0], launch.cu.numel() - 1
+            o = torch.empty(T, hv, 128, dtype=torch.bfloat16, device=h.device)
+            final = torch.empty(N, hv, 128, 128, dtype=torch.float32, device=h.device)
+            for level in range(launch.num_levels):
+                K.gdn_recurrent(
+                    qn,
+                    kn,
+                    kq,
+                    v,
+                    g,
+                    beta,
+                    launch.cu,
+                    slot_states,
+                    out=o,
+                    final=final,
+                    init_idx=launch.gdn_init,
+                    level_off=launch.level_off,
+                    level=level,
+                )
+            new_tails = None
+        io.gdn_out(index, new_windows, final, new_tails)
+        return self._linear(K.gated_rms_norm(o, z, layer.norm_weight, c.rms_norm_eps), layer.w_out)
+
+    def _attention(self, layer: FusedAttentionLayer, index: int, h, launch: Launch, io):
+        c = self.config
+        hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        proj = self._linear(h, layer.w_in)  # [T, Hq*2*hd + 2*Hkv*hd]
+        qd, kvd = 2 * hq * hd, hkv * hd
+        qg = proj[:, :qd].unflatten(1, (hq, 2 * hd))
+        cos, sin = launch.rope
+        q = K.qk_norm_rope(qg[..., :hd], layer.q_norm, cos, sin, c.rms_norm_eps)
+        k_pool, v_pool, _ = io.kv_pools(index, h.shape[0])  # own rows from 0, ancestors' rows after
+        K.qk_norm_rope(
+            proj[:, qd : qd + kvd].unflatten(1, (hkv, hd)),
+            layer.k_norm,
+            cos,
+            sin,
+            c.rms_norm_eps,
+            dst=k_pool,
+            dst_row0=0,
+        )
+        v_pool[: h.shape[0]].copy_(proj[:, qd + kvd :].unflatten(1, (hkv, hd)))
+        o = K.tree_attention(q, k_pool, v_pool, launch.kv_rows, launch.cu, launch.cu_k, launch.max_q, gate=qg[..., hd:])
+        io.kv_out(index, k_pool, v_pool)
+        return self._linear(o.flatten(1), layer.w_out)
+
+
+class _EagerIO:
+    """State in and out of an eager pass: parents' tensors stacked per layer into state slots
+    (slot 0 zeros), kept runs' final states and materialised runs' K/V rows cloned per layer
+    (gdn[i], kv[i]: layer index -> tensors, per internal run, None where not needed)."""
+
+    def __init__(self, runner: CudaRunner, plan: LaunchPlan):
+        self.r, self.plan = runner, plan
+        self.gdn: list[GdnLayers | None] = [{} if run.keep_state else None for run in plan.runs]
+        self.kv: list[KvLayers | None] = [None] * len(plan.runs)
+        for i in plan.materialise:
+            self.kv[i] = {}
+
+    def gdn_in(self, index: int):
+        """(windows [1+P, 3, C] bf16, states [1+P, Hv, 128, 128] fp32 or None, tails [1+P, 64,
+        width] fp32 or None): per parent slot, slot 0 zeros; None when the pass has no external
+        parent (tails: or the serial kernel runs)."""
+        c, dev, parents = self.r.config, self.r.device, self.plan.parents
+        zero_window = torch.zeros(3, c.linear_conv_dim, dtype=torch.bfloat16, device=dev)
+        windows = torch.stack([zero_window] + [p.gdn[index][0] for p in parents])
+        if not parents:
+            return windows, None, None
+        hv, width = c.linear_num_value_heads, KC.gdn_tail_width(c.linear_num_key_heads, c.linear_num_value_heads)
+        states = torch.stack([torch.zeros(hv, 128, 128, device=dev)] + [p.gdn[index][1] for p in parents])
+        if not self.r.chunked_gdn:
+            return windows, states, None
+        tails = torch.stack([torch.zeros(K.GDN_CHUNK, width, device=dev)] + [p.gdn_tail(index) for p in parents])
+        return windows, states, tails
+
+    def gdn_out(self, index: int, new_windows, final, tails):
+        # per-run clones so a kept state does not pin the whole pass's buffers
+        for i, layers in enumerate(self.gdn):
+            if layers is not None:  # a kept run
+                layers[index] = (
+                    new_windows[i].clone(),
+                    final[i].clone(),
+                    None if tails is None else tails[i].clone(),
+                )
+
+    def kv_pools(self, index: int, T: int):
+        """(keys, values [T + base, Hkv, 256] bf16, T): own rows from 0, ancestors' from T."""
+        c, nodes, base = self.r.config, self.plan.nodes, self.plan.base
+        k_pool = torch.empty(T + base, c.num_key_value_heads, c.head_dim, dtype=torch.bfloat16, device=self.r.device)
+        v_pool = torch.empty_like(k_pool)
+        if nodes:
+            torch.cat([nd.kv[index][0] for nd in nodes], out=k_pool[T:])
+            torch.cat([nd.kv[index][1] for nd in nodes], out=v_pool[T:])
+        return k_pool, v_pool, T
+
+    def kv_out(self, index: int, k_pool, v_pool):
+        cu = self.plan.cu
+        for i, layers in enumerate(self.kv):
+            if layers is not None:  # a materialised run (plan.materialise, ascending)
+                rows = slice(cu[i], cu[i + 1])
+                layers[index] = (k_pool[rows].clone(), v_pool[rows].clone())

@@ -1,0 +1,19 @@
+"""The sizes the model math, the planner and the CUDA kernels must agree on (ints only).
+
+Imported by the planner (which holds no tensors), by the PyTorch reference and by the CUDA runner,
+whose kernels receive them as compile definitions (`openjev.worker.cuda.traits`).
+"""
+
+# GDN layers run their recurrence in chunks of this many tokens counted from a sequence's start.
+# Under the `fixed` policy every shared boundary sits on a multiple of it, so each computed chunk
+# is one `off` computes too (same tokens, same chunk split, hence the same rounding).
+GDN_CHUNK_TOKENS = 64
+
+# Linear-attention (Gated DeltaNet) key and value head dim the CUDA kernels are written for.
+GDN_HEAD_DIM = 128
+
+# Full-attention head dim the attention and rotary kernels are written for.
+ATTN_HEAD_DIM = 256
+
+# Depthwise causal conv1d kernel size of the GDN layers (a segment carries CONV_KERNEL_SIZE - 1 inputs).
+CONV_KERNEL_SIZE = 4

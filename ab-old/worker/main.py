@@ -1,0 +1,352 @@
+"""`openjev-worker`: load a checkpoint, warm it, serve openjev.worker.v1 over gRPC."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from openjev import config, interceptors, logs, metrics, security, serving, tracing
+from openjev.config import non_negative_float, non_negative_int, positive_float, positive_int
+from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
+from openjev.export import load_export_meta_or_exit
+from openjev.limits import CallLimits
+from openjev.tokenizer import PromptTokenizer
+from openjev.worker import backends
+from openjev.worker.cache.sizing import CPU_DEFAULT_BYTES, build_state_cache, gpu_default_bytes
+from openjev.worker.engine import Engine, QuestionWork
+from openjev.worker.planner.cost import default_cost_model
+from openjev.worker.planner.plan import PackLimits
+from openjev.worker.service import WorkerIdentity, WorkerServicer
+from openjev.worker.v1 import worker_pb2, worker_pb2_grpc
+
+log = logs.get("openjev.worker")
+
+# Submitted tokens per request: 16 MiB of ids held in the worker, about 15 s of the demo model on
+# 2 CPU cores; the largest request the contract allows (65,536 short candidates) and a capacity
+# case (33 candidates of 16,384 tokens) fit, the 18-million-token requests seen do not.
+DEFAULT_MAX_REQUEST_TOKENS = 1 << 22
+
+
+def parser() -> argparse.ArgumentParser:
+    p = config.OneLineParser(
+        prog="openjev-worker",
+        description="Serve an Open-Jev export on one device (the internal worker ABI). "
+        "Every flag also reads OPENJEV_<FLAG> from the environment.",
+    )
+    p.add_argument("--model", required=True, type=Path, help="Open-Jev export directory")
+    p.add_argument("--listen", default="127.0.0.1:50052", help="HOST:PORT (port 0 picks one)")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=backends.BACKENDS,
+        help="auto: cuda when a GPU is present, else torch; transformers: the benchmark baseline (policy off)",
+    )
+    p.add_argument(
+        "--synthetic",
+        default=None,
+        help="27b|9b|small: seeded random weights of that "
+        "shape on the GPU instead of the export's (the export still gives tokenizer and metadata)",
+    )
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of --synthetic weights")
+    p.add_argument(
+        "--prefix-policy", default="auto", choices=PREFIX_POLICIES, help="policy for requests that name none"
+    )
+    p.add_argument(
+        "--queue-capacity",
+        type=non_negative_int,
+        default=64,
+        help="requests that may wait for their first pass (0: none while the worker is busy)",
+    )
+    p.add_argument(
+        "--max-launch-sequences",
+        type=positive_int,
+        default=64,
+        help="pass budget: most segments one forward pass carries, across requests",
+    )
+    p.add_argument(
+        "--max-launch-tokens",
+        type=positive_int,
+        default=4096,
+        help="pass budget: most tokens one forward pass carries, across requests",
+    )
+    p.add_argument(
+        "--chunk-tokens",
+        type=positive_int,
+        default=2048,
+        help="longer prompt parts run as chunks of this many tokens over successive passes, "
+        "leaving room in each pass for other requests (a multiple of 64)",
+    )
+    p.add_argument("--max-questions", type=positive_int, default=4096)
+    p.add_argument("--max-candidates", type=positive_int, default=65536)
+    p.add_argument(
+        "--max-request-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_REQUEST_TOKENS,
+        help="candidate tokens one request may submit (all candidates together)",
+    )
+    p.add_argument(
+        "--commit-timeout-seconds",
+        type=positive_float,
+        default=60.0,
+        help="an Execute stream not committed within this long is cancelled",
+    )
+    p.add_argument(
+        "--max-collecting",
+        type=positive_int,
+        default=16,
+        help="Execute streams that may be arriving (not yet committed) beside the queue's requests",
+    )
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="CPU threads of the torch backend (default: 1 for models of hidden size <= 1024, else one per core)",
+    )
+    p.add_argument(
+        "--graph-cache-size",
+        type=non_negative_int,
+        default=128,
+        help="CUDA graphs the cuda backend keeps, one per launch shape bucket (0: eager launches)",
+    )
+    p.add_argument(
+        "--graph-capture-after",
+        type=positive_int,
+        default=2,
+        help="capture a shape's graph on its Nth launch (1: at once; a capture costs several eager launches)",
+    )
+    p.add_argument(
+        "--graph-tile-from",
+        type=non_negative_int,
+        default=1024,
+        help="graph passes of more tokens pad to a multiple of 128 rows (the products' tile), not to 4 "
+        "sizes an octave (0: never)",
+    )
+    p.add_argument(
+        "--gemm-min-rows",
+        type=_rows,
+        default=None,
+        metavar="auto|N",
+        help="cuda backend: pad products of fewer rows to N, so that a token's result does not depend "
+        "on its launch's size; auto (default): probe each weight shape at start (worker/cuda/gemm.py)",
+    )
+    p.add_argument(
+        "--gdn-kernel",
+        choices=("serial", "chunked"),
+        default="serial",
+        help="cuda backend: Gated DeltaNet prefill as the token recurrence (the default: faster below "
+        "~650 tokens, where most requests are) or the chunked tensor-core form (2.5-5%% faster above, "
+        "measured on the H200; docs/cuda-kernels.md)",
+    )
+    p.add_argument(
+        "--state-cache-bytes",
+        type=non_negative_int,
+        default=None,
+        help="bytes of tree-node states kept across requests (0: off; default: 256 MiB on the torch "
+        "backend, half the GPU memory free after start-up on cuda; docs/state-cache.md)",
+    )
+    p.add_argument(
+        "--max-connection-age-seconds",
+        type=non_negative_float,
+        default=0.0,
+        help="ask frontends to reconnect this often, so that they re-resolve a DNS name "
+        "and spread over workers added since (0: never)",
+    )
+    config.add_server_flags(p, client="frontend")
+    return p
+
+
+def _rows(text: str) -> int | None:
+    if text == "auto":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or a row count >= 1, got {text!r}")
+    return int(text)
+
+
+def call_limits(args: argparse.Namespace, work_methods: tuple[str, ...]) -> CallLimits:
+    """Execute and ExecuteUnary calls: every request the scheduler may hold (those in passes and
+    those waiting, Scheduler.max_admitted) and the streams still arriving (an ExecuteUnary call
+    arrives whole before it takes a thread, and is checked at once). With a thread for each, a full queue
+    is what refuses (RESOURCE_EXHAUSTED from the scheduler), never a thread pool that makes the
+    rest wait unseen."""
+    return CallLimits(
+        work=args.queue_capacity + args.max_launch_sequences + args.max_collecting,
+        watch=args.max_watch_streams,
+        reflection=args.max_reflection_streams,
+        work_methods=work_methods,
+    )
+
+
+def state_cache_budget(requested: int | None, backend: str) -> int:
+    """The flag's value, else the default rule (openjev.worker.cache.sizing)."""
+    if requested is not None:
+        return requested
+    return gpu_default_bytes() if backend == "cuda" else CPU_DEFAULT_BYTES
+
+
+def warm_up(engine: Engine, runner, temperature: float, policy: PrefixPolicy) -> None:
+    """Before SERVING: the CUDA runner captures a graph for every pass shape within the budget
+    (no request within capacity then pays a capture or an eager pass), and one tiny request
+    goes through the whole path (lazy kernels, allocator growth)."""
+    started = time.perf_counter()
+    ready = getattr(runner, "warm_up", None)
+    if ready is not None:
+        log.info("graphs_capturing", note="every pass shape of the budget, before SERVING")
+        stats = ready()
+        if stats is not None:
+            log.info("graphs_ready", **stats)
+    engine.execute([QuestionWork("choice", ((1, 2, 3, 4), (1, 2, 3, 5)))], temperature=temperature, policy=policy)
+    log.info("warm", seconds=round(time.perf_counter() - started, 3))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = config.parse_with_env(parser(), argv)
+    logs.configure(args.log_level)
+    config.log_config("openjev.worker", args)
+    try:
+        credentials = security.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
+        security.require_tls(
+            credentials,
+            plaintext=args.plaintext,
+            link="the worker port",
+            flags="--tls-cert and --tls-key, and --tls-client-ca for mutual TLS",
+        )
+    except security.SecurityError as error:
+        raise SystemExit(f"openjev-worker: {error}") from None
+    if credentials is None:
+        log.warning(
+            "plaintext", reason="--plaintext", hint="set --tls-cert, --tls-key and --tls-client-ca for mutual TLS"
+        )
+    meta = load_export_meta_or_exit(args.model, "openjev-worker")
+    backend = backends.resolve_backend(args.backend)
+    runner = backends.build_runner(
+        backend,
+        args.model,
+        synthetic=args.synthetic,
+        seed=args.seed,
+        threads=args.threads,
+        cuda_options={
+            "graph_cache_size": args.graph_cache_size,
+            "graph_capture_after": args.graph_capture_after,
+            "gemm_min_rows": args.gemm_min_rows,
+            "gdn_kernel": args.gdn_kernel,
+            "graph_tile_from": args.graph_tile_from,
+            "max_pass_tokens": args.max_launch_tokens,
+            "max_pass_segments": args.max_launch_sequences,
+        },
+    )
+    tokenizer = PromptTokenizer.from_export(args.model)
+    num_token_ids = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
+    if runner.config.vocab_size < num_token_ids:  # e.g. --synthetic small, whose table is tiny
+        raise SystemExit(
+            f"openjev-worker: the model's vocab_size {runner.config.vocab_size} is smaller than "
+            f"the tokenizer's {num_token_ids} token ids"
+        )
+    forced_policy: PrefixPolicy | None = None
+    if backend == "transformers":
+        forced_policy = args.prefix_policy = "off"  # it cannot start from a parent's state
+        args.max_launch_tokens = max(args.max_launch_tokens, meta.max_length)  # whole prompts, no chunks
+        args.chunk_tokens = args.max_launch_tokens
+    try:
+        limits = PackLimits(
+            max_sequences=args.max_launch_sequences, max_tokens=args.max_launch_tokens, chunk_tokens=args.chunk_tokens
+        )
+    except ValueError as error:
+        raise SystemExit(f"openjev-worker: {error}") from None
+    cost_model = default_cost_model("cuda" if backend == "cuda" else "torch")
+    revision = meta.checkpoint_revision + (f"+synthetic-{args.synthetic}-seed{args.seed}" if args.synthetic else "")
+    # budget 0 until warm-up is over: the GPU's default is measured after it
+    state_cache = build_state_cache(
+        runner,
+        0,
+        fingerprint=f"{meta.model_id}@{revision}/{backend}/{args.gdn_kernel}/{args.gemm_min_rows}",
+        listener=metrics.StateCacheObserver(),
+    )
+    engine = Engine(
+        metrics.CountingRunner(runner),
+        pack_limits=limits,
+        cost_model=cost_model,
+        default_policy=args.prefix_policy,
+        queue_capacity=args.queue_capacity,
+        on_pass=metrics.observe_pass,
+        state_cache=state_cache,
+    )
+    identity = WorkerIdentity(
+        model_id=meta.model_id,
+        alias=meta.alias,
+        checkpoint_revision=revision,
+        temperature=meta.temperature,
+        max_length=meta.max_length,
+        vocab_size=runner.config.vocab_size,
+        tokenizer_fingerprint=tokenizer.fingerprint,
+        backend=backend,
+        default_policy=args.prefix_policy,
+        max_questions=args.max_questions,
+        max_candidates=args.max_candidates,
+        max_batch_candidates=16,
+        max_launch_sequences=args.max_launch_sequences,
+        max_launch_tokens=args.max_launch_tokens,
+        queue_capacity=args.queue_capacity,
+        num_token_ids=num_token_ids,
+        max_request_tokens=args.max_request_tokens,
+    )
+    metrics.worker_queue_depth.set_function(lambda: engine.scheduler.depth)
+    servicer = WorkerServicer(
+        engine, identity, forced_policy=forced_policy, commit_timeout_seconds=args.commit_timeout_seconds
+    )
+    name = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
+    work_methods = (f"/{name}/Execute", f"/{name}/ExecuteUnary")
+    traced = tracing.configure("openjev-worker", args.otlp_endpoint)
+    server = serving.build_server(
+        args.listen,
+        lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s),
+        [name],
+        interceptors=[
+            *([tracing.ServerInterceptor(set(work_methods))] if traced else []),
+            interceptors.RequestInterceptor(dict.fromkeys(work_methods, metrics.WorkerObserver()), make_ids=False),
+        ],
+        max_connection_age_seconds=args.max_connection_age_seconds,
+        limits=call_limits(args, work_methods),
+        credentials=credentials,
+        program="openjev-worker",
+    )
+    metrics.serve(metrics.worker_registry, args.listen, args.metrics_port)
+    warm_up(engine, runner, meta.temperature, forced_policy or "shared")
+    if state_cache is not None:
+        state_cache.budget_bytes = state_cache_budget(args.state_cache_bytes, backend)
+        metrics.worker_state_cache_bytes.set_function(lambda: state_cache.nbytes)
+    metrics.worker_state_cache_budget_bytes.set(0 if state_cache is None else state_cache.budget_bytes)
+    log.info("state_cache", budget_bytes=0 if state_cache is None else state_cache.budget_bytes)
+    server.set_serving(True)
+    if args.port_file:
+        args.port_file.write_text(str(server.port))
+    log.info("serving", port=server.port, backend=backend, model_id=meta.model_id)
+    serving.serve_until_signal(server, grace_seconds=args.grace_seconds, on_stop=lambda: stop(engine, runner))
+
+
+def stop(engine: Engine, runner) -> None:
+    engine.close()
+    tracing.shutdown()  # export the spans still buffered
+    try:
+        import torch
+
+        if torch.cuda.is_available():  # the benchmark reads this line
+            graphs = getattr(runner, "graphs", None)
+            stats = (
+                {}
+                if graphs is None
+                else {
+                    "graph_captures": graphs.cache.num_captures,
+                    "graph_replays": graphs.hits,
+                    "graph_capture_failures": graphs.failures,
+                    "graph_eager_passes": graphs.fallbacks,
+                }
+            )
+            log.info("peak_memory", device_bytes=torch.cuda.max_memory_allocated(), **stats)
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    main()

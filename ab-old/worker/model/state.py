@@ -1,0 +1,62 @@
+"""The per-segment state a child segment starts from (opaque to the engine).
+
+Each mixer kind declares its state here: what must survive a segment boundary so that a child
+computes exactly what the whole prompt would have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from openjev.worker.checkpoint.config import LINEAR_ATTENTION, LayerKind, ModelConfig
+
+
+@dataclass(frozen=True)
+class GdnState:
+    """Gated DeltaNet layer state.
+    conv_window: [K-1, C] the last K-1 conv inputs (mixed q,k,v before the conv), compute dtype.
+    recurrent: [Hv, Dk, Dv] fp32, the delta-rule state."""
+
+    conv_window: Tensor
+    recurrent: Tensor
+
+
+@dataclass(frozen=True)
+class AttentionState:
+    """Full-attention layer state: keys (after per-head norm and rotary) and values of every
+    position so far, ancestors' and own. keys, values: [S, Hkv, D] compute dtype."""
+
+    keys: Tensor
+    values: Tensor
+
+
+LayerState = GdnState | AttentionState
+
+
+@dataclass(frozen=True)
+class SegmentState:
+    """num_tokens: positions covered (the end position of the segment); layers: one per layer."""
+
+    num_tokens: int
+    layers: tuple[LayerState, ...]
+
+
+def gdn_state_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    return {
+        "conv_window": (config.linear_conv_kernel_dim - 1, config.linear_conv_dim),
+        "recurrent": (config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim),
+    }
+
+
+def attention_state_shapes(config: ModelConfig, num_tokens: int) -> dict[str, tuple[int, ...]]:
+    per_position = (config.num_key_value_heads, config.head_dim)
+    return {"keys": (num_tokens, *per_position), "values": (num_tokens, *per_position)}
+
+
+def state_shapes(config: ModelConfig, kind: LayerKind, num_tokens: int) -> dict[str, tuple[int, ...]]:
+    """The shapes of one layer's state after num_tokens positions."""
+    if kind == LINEAR_ATTENTION:
+        return gdn_state_shapes(config)
+    return attention_state_shapes(config, num_tokens)

@@ -1,0 +1,111 @@
+"""Filling a pass: which pending segments, of any number of requests, one forward pass runs.
+
+A pass is one read of every weight, so the aim is as much of every waiting tree as the budget
+holds, at any tree depth: a segment may join a pass when its parent has run in an earlier pass
+or joins the same pass (the runner computes parents before children inside each layer).
+Requests are offered in arrival order, each one's segments in tree order (parents first); a
+segment that does not fit is skipped together with its subtree, and smaller ones behind it may
+still fill the room. Everything here is ints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from openjev.worker.planner.plan import PackLimits, Segment
+
+
+@dataclass(frozen=True)
+class Picked:
+    """One segment chosen for a pass: owner (the request's position among those offered),
+    segment index within its plan, and its parent's position in the pass (None: the parent, if
+    any, ran in an earlier pass)."""
+
+    owner: int
+    segment: int
+    parent_in_pass: int | None
+
+
+class PendingTree:
+    """A request's segments and which of them have run. Segments before `first_pending` have
+    all run, so a pass over a request of tens of thousands of candidates does not rescan them."""
+
+    def __init__(self, segments: Sequence[Segment]):
+        self.segments = segments
+        self.done = [False] * len(segments)
+        self.children: list[list[int]] = [[] for _ in segments]
+        for s in segments:
+            if s.parent is not None:
+                self.children[s.parent].append(s.index)
+        self.first_pending = 0
+        self._num_done = 0
+
+    @property
+    def finished(self) -> bool:
+        return self._num_done == len(self.segments)
+
+    def mark_done(self, index: int) -> None:
+        if not self.done[index]:
+            self.done[index] = True
+            self._num_done += 1
+            while self.first_pending < len(self.done) and self.done[self.first_pending]:
+                self.first_pending += 1
+
+
+def fill_pass(
+    trees: Sequence[PendingTree], limits: PackLimits, max_depth: int, tokens_per_request: int | None = None
+) -> list[Picked]:
+    """Choose the next pass. max_depth: tree levels the runner can hold in one pass (1: parents
+    must have run before). tokens_per_request: at most this many tokens of one request, so that
+    a long prompt's chunks leave room for the requests behind it (None: the whole budget)."""
+    picked: list[Picked] = []
+    tokens_left = limits.max_tokens
+    for owner, tree in enumerate(trees):
+        if len(picked) == limits.max_sequences or tokens_left == 0:
+            break
+        own_left = limits.max_tokens if tokens_per_request is None else tokens_per_request
+        position: dict[int, int] = {}  # segment index -> its position in the pass
+        depth: dict[int, int] = {}
+        for segment in tree.segments[tree.first_pending :]:
+            i = segment.index
+            if tree.done[i]:
+                continue
+            if len(picked) == limits.max_sequences or min(tokens_left, own_left) == 0:
+                break
+            parent = segment.parent
+            if parent is None or tree.done[parent]:
+                parent_position, level = None, 0
+            elif parent in position and depth[parent] + 1 < max_depth:
+                parent_position, level = position[parent], depth[parent] + 1
+            else:
+                continue  # its parent has not run and does not run in this pass
+            if segment.num_tokens > min(tokens_left, own_left):
+                continue
+            position[i], depth[i] = len(picked), level
+            picked.append(Picked(owner, i, parent_position))
+            tokens_left -= segment.num_tokens
+            own_left -= segment.num_tokens
+    return picked
+
+
+def kept_after_pass(tree: PendingTree, chosen: set[int]) -> set[int]:
+    """Segments of this pass whose state a later pass needs: some child runs later."""
+    return {i for i in chosen if any(c not in chosen and not tree.done[c] for c in tree.children[i])}
+
+
+def pack_passes(segments: Sequence[Segment], limits: PackLimits, max_depth: int) -> list[tuple[int, ...]]:
+    """The passes one request takes when it runs alone (segments listed parents first)."""
+    for s in segments:
+        if s.num_tokens > limits.max_tokens:
+            raise ValueError(f"segment {s.index} has {s.num_tokens} tokens > {limits.max_tokens}")
+        if s.parent is not None and s.parent >= s.index:
+            raise ValueError("segments must list parents before children")
+    tree = PendingTree(segments)
+    passes = []
+    while not tree.finished:
+        chosen = [p.segment for p in fill_pass([tree], limits, max_depth)]
+        for i in chosen:
+            tree.mark_done(i)
+        passes.append(tuple(sorted(chosen)))
+    return passes

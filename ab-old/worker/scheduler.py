@@ -1,0 +1,312 @@
+"""The worker's continuous-batching scheduler: every pass mixes the token trees of all admitted
+requests, at any depth, up to the pass budget.
+
+One thread owns the runner (one device, one stream) and loops schedule -> execute -> update:
+`fill_pass` picks segments in arrival order, the runner executes them as one forward pass, and
+the results land in their requests (head scores, states kept for later passes). A parent's
+state is dropped as soon as its last child has run. Admission is bounded: a request that would
+make more than `capacity` requests wait for their first pass (0: none may wait while the worker
+is busy), or more than `max_admitted` be held in all, is refused at once (QueueFull).
+Cancellation and deadlines act between passes and free the request's states then.
+
+A request's answer does not depend on what shares its passes: its segments are fixed by its
+plan, and the runners compute each segment from its own rows and its parent's state only.
+
+With a state cache (openjev.worker.cache), a request's segments are cut where states are
+deposited or found (cuts the runner computes exactly), the pieces a hit covers start done, and
+deposited states go into the cache as their passes finish.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from openjev.worker.cache.prepare import Prepared, prepare
+from openjev.worker.cache.store import StateCache
+from openjev.worker.planner.passes import PendingTree, fill_pass, kept_after_pass
+from openjev.worker.planner.plan import PackLimits, Plan, Segment
+from openjev.worker.runner_api import ModelRunner, SegmentResult, SegmentRun
+
+
+class QueueFull(Exception):
+    """Admitting the request would exceed the queue capacity."""
+
+
+class Cancelled(Exception):
+    """The caller asked to stop (client gone, deadline passed) before the request finished."""
+
+
+class InferenceError(Exception):
+    """The model could not produce a trustworthy score; never answered with a made-up value."""
+
+
+@dataclass
+class PassStats:
+    """What one request's execution took: seconds before its first pass, passes it ran in,
+    how many of those also carried other requests, and the tokens cached states spared it."""
+
+    queue_seconds: float
+    num_passes: int
+    num_shared_passes: int
+    cache_hit_tokens: int = 0
+
+
+@dataclass(eq=False)
+class _Job:
+    plan: Plan
+    is_active: Callable[[], bool]
+    on_start: Callable[[], None]
+    prepared: Prepared | None = None
+    segments: tuple[Segment, ...] = field(init=False)
+    tree: PendingTree = field(init=False)
+    scores: list[list[float | None]] = field(init=False)
+    children_left: list[int] = field(init=False)
+    states: dict[int, Any] = field(default_factory=dict)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    cancel_requested: bool = False
+    submitted_at: float = field(default_factory=time.perf_counter)
+    started_at: float | None = None
+    num_passes: int = 0
+    num_shared_passes: int = 0
+
+    def __post_init__(self) -> None:
+        prepared = self.prepared
+        self.segments = self.plan.segments if prepared is None else prepared.segments
+        self.tree = PendingTree(self.segments)
+        self.scores = [[None] * n for n in self.plan.num_candidates_per_question]
+        if prepared is not None:
+            for i in prepared.done:
+                self.tree.mark_done(i)
+            self.states.update(prepared.states)
+            for reader, score in prepared.scores:
+                self.scores[reader.question][reader.candidate] = score
+        self.children_left = [0] * len(self.segments)
+        for s in self.segments:
+            if s.parent is not None and not self.tree.done[s.index]:
+                self.children_left[s.parent] += 1
+
+    @property
+    def deposits(self) -> dict:
+        return {} if self.prepared is None else self.prepared.deposits
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self.states.clear()  # freed now, not when the waiting thread wakes
+        self.done.set()
+
+
+PassObserver = Callable[[int, int, float], None]  # (requests, tokens, seconds) of each pass
+
+
+class Scheduler:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        limits: PackLimits,
+        capacity: int = 64,
+        on_pass: PassObserver | None = None,
+        poll_seconds: float = 0.02,
+        cache: StateCache | None = None,
+    ):
+        if capacity < 0:
+            raise ValueError("queue capacity must be >= 0")
+        self.runner, self.limits, self.capacity = runner, limits, capacity
+        self.max_depth = max(1, int(getattr(runner, "max_pass_depth", 1)))
+        # requests held at once: those waiting, and at most a pass's worth of segments' owners
+        # already running (the worker sizes its Execute threads from this)
+        self.max_admitted = capacity + limits.max_sequences
+        self._on_pass = on_pass
+        self.cache = cache
+        self._poll_seconds = poll_seconds
+        self._jobs: list[_Job] = []  # admitted, in arrival order
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def depth(self) -> int:
+        """Requests admitted and not finished (waiting or in passes)."""
+        with self._cond:
+            return len(self._jobs)
+
+    def run(
+        self,
+        plan: Plan,
+        is_active: Callable[[], bool] = lambda: True,
+        on_start: Callable[[], None] = lambda: None,
+    ) -> tuple[list[list[float]], PassStats]:
+        """Execute one request's plan; returns its head scores per question and candidate.
+        on_start: called (on the scheduler's thread) when its first pass begins.
+        Raises QueueFull, Cancelled or InferenceError."""
+        prepared = prepare(plan.segments, self.cache) if self.cache is not None and self.cache.enabled else None
+        job = self._admit(_Job(plan, is_active, on_start, prepared))
+        while not job.done.wait(self._poll_seconds):
+            if not is_active():
+                self._cancel(job)
+        if job.error is not None:
+            raise job.error
+        assert job.started_at is not None
+        hit_tokens = 0 if prepared is None else prepared.hit_tokens
+        stats = PassStats(job.started_at - job.submitted_at, job.num_passes, job.num_shared_passes, hit_tokens)
+        return job.scores, stats  # type: ignore[return-value]  # every score is set once done
+
+    def close(self) -> None:
+        """Stop taking requests; the loop ends once the admitted ones are done."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # ---- admission ----------------------------------------------------------------------------
+    def _admit(self, job: _Job) -> _Job:
+        with self._cond:
+            if self._closed:
+                raise QueueFull("worker is shutting down")
+            if job.tree.finished:  # every score came from the cache: nothing to run, nothing held
+                job.started_at = time.perf_counter()
+                job.on_start()
+                job.finish()
+                return job
+            waiting = sum(j.started_at is None for j in self._jobs)
+            # an idle worker always admits: its next pass takes the request at once
+            if self._jobs and (waiting >= self.capacity or len(self._jobs) >= self.max_admitted):
+                raise QueueFull(f"worker queue is full ({self.capacity} waiting)")
+            self._jobs.append(job)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        return job
+
+    def _cancel(self, job: _Job) -> None:
+        with self._cond:
+            if job.done.is_set():
+                return
+            if job.started_at is None:  # not in any pass yet: leave at once
+                self._jobs.remove(job)
+                job.finish(Cancelled("client went away while queued"))
+            else:
+                job.cancel_requested = True  # the loop drops it at the next pass boundary
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._closed:
+                    self._cond.wait()
+                if not self._jobs:
+                    return
+                self._drop_cancelled()
+                jobs = list(self._jobs)
+            if jobs:
+                try:
+                    self._step(jobs)
+                except Exception as error:  # a bug here must not leave waiters hanging
+                    self._finish_all(jobs, InferenceError(f"scheduler failed: {error!r}"))
+
+    def _drop_cancelled(self) -> None:
+        for job in list(self._jobs):
+            if job.cancel_requested or not job.is_active():
+                self._jobs.remove(job)
+                job.finish(Cancelled("request cancelled before it finished"))
+
+    def _step(self, jobs: list[_Job]) -> None:
+        """schedule -> execute -> update, for one pass."""
+        per_request = None if len(jobs) == 1 else self.limits.chunk_tokens
+        picked = fill_pass([j.tree for j in jobs], self.limits, self.max_depth, per_request)
+        chosen: dict[int, set[int]] = {}
+        for p in picked:
+            chosen.setdefault(p.owner, set()).add(p.segment)
+        kept = {owner: kept_after_pass(jobs[owner].tree, segs) for owner, segs in chosen.items()}
+        runs: list[SegmentRun] = []
+        for p in picked:
+            job, segment = jobs[p.owner], jobs[p.owner].segments[p.segment]
+            # a parent run in an earlier pass hands over its kept state; one in this pass is read in place
+            parent = segment.parent if p.parent_in_pass is None else None
+            runs.append(
+                SegmentRun(
+                    token_ids=segment.token_ids,
+                    start_position=segment.start_position,
+                    parent_state=job.states[parent] if parent is not None else None,
+                    keep_state=p.segment in kept[p.owner] or p.segment in job.deposits,
+                    read_head=bool(segment.readers),
+                    parent_in_pass=p.parent_in_pass,
+                )
+            )
+        now = time.perf_counter()
+        for owner in chosen:
+            job = jobs[owner]
+            if job.started_at is None:
+                job.started_at = now
+                job.on_start()
+            job.num_passes += 1
+            job.num_shared_passes += len(chosen) > 1
+        try:
+            results = self.runner.run_launch(runs)
+            if len(results) != len(runs):
+                raise InferenceError(f"runner returned {len(results)} results for {len(runs)} runs")
+        except Exception as error:  # any backend failure fails every request of the pass
+            failure = error if isinstance(error, InferenceError) else InferenceError(f"runner failed: {error!r}")
+            traceback.clear_frames(error.__traceback__)
+            self._finish_all([jobs[owner] for owner in chosen], failure)
+            return
+        if self._on_pass is not None:
+            self._on_pass(len(chosen), sum(len(r.token_ids) for r in runs), time.perf_counter() - now)
+        for p, result in zip(picked, results, strict=True):
+            self._update(jobs[p.owner], p.segment, p.segment in kept[p.owner], result)
+        with self._cond:
+            for owner in chosen:
+                job = jobs[owner]
+                if job.done.is_set():
+                    continue
+                if job.tree.finished:
+                    self._jobs.remove(job)
+                    missing = [(q, c) for q, row in enumerate(job.scores) for c, s in enumerate(row) if s is None]
+                    # a planner bug, but never answer with a made-up score
+                    job.finish(
+                        InferenceError(f"no head score for (question, candidate) {missing[:5]}") if missing else None
+                    )
+
+    def _update(self, job: _Job, index: int, keep: bool, result: SegmentResult) -> None:
+        if job.done.is_set():
+            return
+        segment = job.segments[index]
+        job.tree.mark_done(index)
+        if keep:
+            if result.state is None:
+                self._finish_all([job], InferenceError(f"runner returned no state for segment {index}"))
+                return
+            job.states[index] = result.state
+        if segment.readers:
+            score = result.head_score
+            if score is None:
+                self._finish_all([job], InferenceError(f"runner returned no head score for segment {index}"))
+                return
+            if not math.isfinite(score):
+                self._finish_all([job], InferenceError(f"non-finite head score {score} for segment {index}"))
+                return
+            for reader in segment.readers:
+                job.scores[reader.question][reader.candidate] = float(score)
+        key = job.deposits.get(index)
+        if key is not None and result.state is not None and self.cache is not None:
+            assert job.prepared is not None
+            self.cache.insert(key, result.state, result.head_score, job.prepared.prefix_tokens(index))
+        parent = segment.parent
+        if parent is not None:
+            job.children_left[parent] -= 1
+            if job.children_left[parent] == 0:
+                job.states.pop(parent, None)
+
+    def _finish_all(self, jobs: list[_Job], error: BaseException) -> None:
+        with self._cond:
+            for job in jobs:
+                if job in self._jobs:
+                    self._jobs.remove(job)
+        for job in jobs:
+            job.finish(error)

@@ -1,0 +1,219 @@
+"""The worker's gRPC servicer: thin, wire -> engine -> wire."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from openjev import abi, interceptors, logs, tracing
+from openjev.contract.literals import PrefixPolicy
+from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork, QueueFull
+from openjev.worker.stream import BadStream, Collected, CommitTimer, StreamLimits, collect, collect_unary
+from openjev.worker.v1 import worker_pb2 as wire
+from openjev.worker.v1 import worker_pb2_grpc
+
+log = logs.get("openjev.worker")
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """What Describe reports; fixed once the model is loaded."""
+
+    model_id: str
+    alias: str | None
+    checkpoint_revision: str
+    temperature: float
+    max_length: int
+    vocab_size: int
+    tokenizer_fingerprint: str
+    backend: str
+    default_policy: PrefixPolicy
+    max_questions: int
+    max_candidates: int
+    max_batch_candidates: int
+    max_launch_sequences: int
+    max_launch_tokens: int
+    queue_capacity: int
+    num_token_ids: int = 0  # the tokenizer's ids, specials included (0: vocab_size)
+    max_request_tokens: int | None = None
+
+    def stream_limits(self) -> StreamLimits:
+        return StreamLimits(
+            max_questions=self.max_questions,
+            max_candidates=self.max_candidates,
+            max_length=self.max_length,
+            num_token_ids=self.num_token_ids or self.vocab_size,
+            max_tokens=self.max_request_tokens,
+        )
+
+
+CACHE_HIT_TOKENS_KEY = "openjev-state-cache-hit-tokens"
+
+
+def _question_results(result: ExecutionResult):
+    for index, (probabilities, scores) in enumerate(zip(result.probabilities, result.head_scores, strict=True)):
+        yield wire.QuestionResult(question_index=index, probabilities=probabilities, head_scores=scores)
+
+
+def _summary(result: ExecutionResult) -> wire.ExecutionSummary:
+    return wire.ExecutionSummary(
+        policy=abi.policy_to_enum(result.policy),
+        executed_policy=abi.policy_to_enum(result.executed_policy),
+        prefix_enabled=result.enabled,
+        scope=abi.scope_to_enum(result.scope),
+        saved_tokens=result.num_saved_tokens,
+        computed_tokens=result.num_computed_tokens,
+        submitted_tokens=result.num_submitted_tokens,
+        num_launches=result.num_launches,
+        inference_seconds=result.inference_seconds,
+        queue_seconds=result.queue_seconds,
+    )
+
+
+def _responses(result: ExecutionResult):
+    for question in _question_results(result):
+        yield wire.ExecuteResponse(question=question)
+    yield wire.ExecuteResponse(summary=_summary(result))
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
+    def __init__(
+        self,
+        engine: Engine,
+        identity: WorkerIdentity,
+        *,
+        forced_policy: PrefixPolicy | None = None,
+        commit_timeout_seconds: float | None = None,
+    ):
+        self.engine = engine
+        self.commit_timeout_seconds = commit_timeout_seconds
+        self._stream_limits = identity.stream_limits()
+        self.identity = identity
+        self.forced_policy = forced_policy  # the transformers arm runs every request with `off`
+
+    def Describe(self, request, context):
+        i = self.identity
+        return wire.DescribeResponse(
+            abi_version=abi.ABI_VERSION,
+            model_id=i.model_id,
+            alias=i.alias or "",
+            checkpoint_revision=i.checkpoint_revision,
+            temperature=i.temperature,
+            max_length=i.max_length,
+            limits=wire.Limits(
+                max_questions=i.max_questions,
+                max_candidates=i.max_candidates,
+                max_batch_candidates=i.max_batch_candidates,
+                max_launch_sequences=i.max_launch_sequences,
+                max_launch_tokens=i.max_launch_tokens,
+                queue_capacity=i.queue_capacity,
+            ),
+            tokenizer_fingerprint=i.tokenizer_fingerprint,
+            backend=i.backend,
+            default_prefix_policy=abi.policy_to_enum(i.default_policy),
+            execute_unary=True,
+        )
+
+    def Execute(self, request_iterator, context):
+        started = time.perf_counter()
+        request_id = dict(context.invocation_metadata()).get(interceptors.REQUEST_ID_KEY, "")
+        fields = {"request_id": request_id}
+        timer = CommitTimer(self.commit_timeout_seconds, context.cancel)
+        try:
+            collected = collect(request_iterator, self._stream_limits)
+        except BadStream as error:
+            log.warning("execute", status="INVALID_ARGUMENT", reason=str(error), **fields)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed execute stream: {error}")
+        except grpc.RpcError:  # the stream was cancelled while being read
+            collected = None
+        finally:
+            timer.stop()
+        if timer.expired:
+            log.info("execute", status="CANCELLED", reason="no commit in time", **fields)
+            interceptors.note_outcome("COMMIT_TIMEOUT")
+            context.abort(
+                grpc.StatusCode.CANCELLED, f"execute stream not committed within {self.commit_timeout_seconds} s"
+            )
+        if collected is None:
+            log.info("execute", status="DISCARDED", reason="stream ended without commit", **fields)
+            interceptors.note_outcome("DISCARDED")
+            return
+        yield from _responses(self._run(collected, context, started, fields))
+
+    def ExecuteUnary(self, request, context):
+        """Execute's committed stream in one message, its answer in one reply."""
+        started = time.perf_counter()
+        request_id = dict(context.invocation_metadata()).get(interceptors.REQUEST_ID_KEY, "")
+        fields = {"request_id": request_id}
+        try:
+            collected = collect_unary(request, self._stream_limits)
+        except BadStream as error:
+            log.warning("execute", status="INVALID_ARGUMENT", reason=str(error), **fields)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed execute request: {error}")
+        result = self._run(collected, context, started, fields)
+        return wire.ExecuteUnaryResponse(questions=list(_question_results(result)), summary=_summary(result))
+
+    def _run(self, collected: Collected, context, started: float, fields: dict) -> ExecutionResult:
+        """Accept a checked request, execute it, log it; aborts with the failure's status."""
+        header = collected.header
+        work = [QuestionWork(kind, ids) for kind, ids in zip(collected.kinds, collected.candidates, strict=True)]
+        policy = self.forced_policy or abi.policy_from_enum(header.prefix_policy)
+        fields.update(
+            questions=len(work),
+            candidates=sum(len(q.candidates) for q in work),
+            kinds=sorted({q.kind for q in work}),
+        )
+        interceptors.note_kinds(fields["kinds"])
+        # Response headers now mark the request as accepted: the frontend tries an UNAVAILABLE
+        # Execute again on another worker only without them, so one this worker was about to run
+        # (queued or executing) fails UNAVAILABLE if it dies, never runs twice silently.
+        log.debug("execute_accepted", **fields)
+        context.send_initial_metadata(((abi.ACCEPTED_METADATA_KEY, "1"),))
+
+        # Spans: the wait for the first pass (ended by the scheduler's thread) beside the execution.
+        # (the depth takes the scheduler's lock: only asked for while tracing is on)
+        depth = self.engine.scheduler.depth if tracing.enabled() else 0
+        waiting = tracing.start("queue_wait", queue_depth=depth)
+        try:
+            with tracing.span("execute", policy=policy or "default"):
+                result = self.engine.execute(
+                    work,
+                    temperature=self.identity.temperature,
+                    policy=policy,
+                    should_stop=lambda: not context.is_active(),
+                    on_start=waiting.end,
+                )
+        except QueueFull as error:
+            log.warning("execute", status="RESOURCE_EXHAUSTED", **fields)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        except Cancelled as error:
+            log.info("execute", status="CANCELLED", reason=str(error), **fields)
+            context.abort(grpc.StatusCode.CANCELLED, str(error))
+        except InferenceError as error:
+            log.error("execute", status="INTERNAL", reason=str(error), **fields)
+            context.abort(grpc.StatusCode.INTERNAL, f"inference failed: {error}")
+        except Exception as error:  # never a made-up answer: any failure is INTERNAL
+            log.exception("execute", status="INTERNAL", reason=repr(error), **fields)
+            context.abort(grpc.StatusCode.INTERNAL, f"inference failed: {error!r}")
+        finally:
+            waiting.end()  # refused or abandoned before its turn
+        log.info(
+            "execute",
+            status="OK",
+            policy=result.executed_policy,
+            tokens_submitted=result.num_submitted_tokens,
+            tokens_computed=result.num_computed_tokens,
+            saved_tokens=result.num_saved_tokens,
+            passes=result.num_launches,
+            shared_passes=result.num_shared_passes,
+            cache_hit_tokens=result.cache_hit_tokens,
+            queue_ms=round(result.queue_seconds * 1e3, 3),
+            latency_ms=round((time.perf_counter() - started) * 1e3, 3),
+            **fields,
+        )
+        # cache hits are not part of the public contract (metadata.prefix_cache counts reuse
+        # inside the request): they travel as trailing metadata, beside logs and metrics
+        context.set_trailing_metadata(((CACHE_HIT_TOKENS_KEY, str(result.cache_hit_tokens)),))
+        return result
