@@ -1,1 +1,0 @@
-"""The HTTP/JSON API of the frontend (`--http-listen`), served in the same process as the gRPC API."""

@@ -1,1 +1,0 @@
-"""The model's configuration (config.json) and its checkpoint loader (safetensors -> plain weights)."""
