@@ -156,8 +156,10 @@ def test_ring_hash_keeps_keys_on_one_server_and_moves_only_a_lost_servers_keys(n
         named[0].set(True)
         assert wait_until(lambda: {key: who(channel, key) for key in keys} == first)
 
-        # A server that is gone: its keys go to the others at once, the rest stay.
-        named[1].server.stop(0)
+        # A server that is gone: its keys go to the others at once, the rest stay. Gone means
+        # stopped: a call sent while its shutdown is still under way may see the GOAWAY itself
+        # (UNAVAILABLE, "Stream removed"; seen once in a clean-clone run, 2026-12-01).
+        named[1].server.stop(0).wait()
         gone = {key: who(channel, key) for key in keys}
         assert set(gone.values()) <= {"w0", "w2"}, gone
         assert all(gone[k] == first[k] for k in keys if first[k] != "w1")
