@@ -136,9 +136,8 @@ def test_full_queue_sends_the_request_to_another_worker(cluster):
     narrow = workers[0]
     text = find_state_on(cluster, narrow.name, "full", 400)
     before = routed(cluster["metrics"])
-    # 32 candidates, ~65k tokens under `off`, 0.5-0.6 s on the demo model: the worker must still
-    # be busy when the refused requests come back round-robin (8 candidates, 16k tokens, 0.11 s,
-    # once ended between a refusal and its retry, which the busy worker then answered)
+    # 32 candidates, ~65k tokens under `off` (0.5-0.6 s on the demo model): the worker must still
+    # be busy when the refused requests come back round-robin, or it answers a retry itself
     long_body = {
         "state": text,
         "questions": {"q": {"type": "choice", "instructions": "Pick.", "criteria": {f"k{i}": None for i in range(32)}}},

@@ -157,8 +157,8 @@ def test_ring_hash_keeps_keys_on_one_server_and_moves_only_a_lost_servers_keys(n
         assert wait_until(lambda: {key: who(channel, key) for key in keys} == first)
 
         # A server that is gone: its keys go to the others at once, the rest stay. Gone means
-        # stopped: a call sent while its shutdown is still under way may see the GOAWAY itself
-        # (UNAVAILABLE, "Stream removed"; seen once in a clean-clone run, 2026-12-01).
+        # stopped: a call sent while its shutdown is still under way may meet the GOAWAY itself
+        # (UNAVAILABLE, "Stream removed").
         named[1].server.stop(0).wait()
         gone = {key: who(channel, key) for key in keys}
         assert set(gone.values()) <= {"w0", "w2"}, gone
