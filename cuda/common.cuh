@@ -34,8 +34,8 @@ __device__ __forceinline__ void store8(__nv_bfloat16* p, const float* f) {
 
 // silu(x) = x / (1 + e^-x) with the fast division (a reciprocal and a product): the IEEE division
 // is a refinement, a range check and a branch to a slow path per element, which held the conv
-// kernel at 4.5x its memory floor (Nsight Compute, 2026-12-01). Finite x: 1 + e^-x is at least 1,
-// and an infinite one (x < -88) gives -0, silu's limit. sigmoid likewise (0 for x < -88).
+// kernel at 4.5x its memory floor (docs/cuda-kernels.md). Finite x: 1 + e^-x is at least 1, and
+// an infinite one (x < -88) gives -0, silu's limit. sigmoid likewise (0 for x < -88).
 __device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.f + __expf(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
 
