@@ -44,10 +44,14 @@ ab_install() {
   [ -d /tmp/oj-old ] || python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
     --no-cache-dir --target /tmp/oj-old ./ab-old
 }
+# an arm's installed package (P) and benchmark scripts (B): this tree's (new) or ab-old/'s (old)
+ab_arm() {
+  if [ $1 = new ]; then P=/tmp/oj; B=benchmarks; else P=/tmp/oj-old; B=ab-old/benchmarks; fi
+}
 ab_times() {
   ab_install || return 1
   for i in 1 2; do for arm in new old; do
-    if [ $arm = new ]; then P=/tmp/oj; B=benchmarks; else P=/tmp/oj-old; B=ab-old/benchmarks; fi
+    ab_arm $arm
     PYTHONPATH=$P:$PYTHONPATH timeout 150 python3 $B/kernels_gpu.py --ops $1 --tokens $2 \
       --out $OUT/$3-$arm-$i.json > /dev/null 2>>$OUT/$3.log
   done; done
@@ -73,8 +77,9 @@ for step in "$@"; do
     # alternating processes (ab_times, above), then the outputs of one 700-token launch compared
     # bit for bit
     gdn-ab) cp benchmarks/gdn_probe.py ab-old/benchmarks/gdn_probe.py  # the same probe (--save) for both
+            ab_install || exit 1
             for arm in new old; do
-              if [ $arm = new ]; then P=/tmp/oj; B=benchmarks; else ab_install || exit 1; P=/tmp/oj-old; B=ab-old/benchmarks; fi
+              ab_arm $arm
               PYTHONPATH=$P:$PYTHONPATH python3 $B/gdn_probe.py --case gdn_chunked_w8 --tokens 700 \
                 --save /tmp/gdn-ab-$arm.pt 2>>$OUT/gdn-ab.log
             done

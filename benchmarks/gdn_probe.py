@@ -7,8 +7,8 @@ instead, so the profiler sees the recurrence inside a pass.
     python3 benchmarks/gdn_probe.py [--tokens 4096] [--variant s8c32x2 | --case gdn_chunked_w8]
     python3 benchmarks/gdn_probe.py --request noul:513-2048 --model .openjev/demo-model
 
-With `--save PATH` the inputs are seeded and the last run's output tensors are saved (torch.save),
-so that two builds can be compared bit for bit.
+The inputs are seeded; `--save PATH` saves the last run's output tensors (torch.save), so that two
+builds can be compared bit for bit.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def main() -> None:
     p.add_argument("--case", default="", help="any kernels_gpu.py case name instead (e.g. gdn_chunked_w8)")
     p.add_argument("--request", default="", help="kind:group of a workload request (benchmarks/profile_requests.py)")
     p.add_argument("--model", type=Path, default=Path(".openjev/demo-model"))
-    p.add_argument("--save", type=Path, help="seed the inputs and save the last run's outputs here")
+    p.add_argument("--save", type=Path, help="save the last run's outputs here")
     args = p.parse_args()
     if args.request:
         in_pass(args.request, args.model)
