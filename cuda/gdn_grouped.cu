@@ -56,7 +56,7 @@ __device__ __forceinline__ void gdn_grouped(
     constexpr int CB = DV / NCOLS;
     // per group: e^{G_i} [GR], A [GR][GR], B [GR][GR], e^{G_last - G_j} [GR]
     constexpr int CF = 2 * GR + 2 * GR * GR;
-    static_assert(CP % GR == 0 && R % 4 == 0 && DK == 128 && NT == 128 && NG * GR * GR % (NT / 8) == 0, "layout");
+    static_assert(CP % GR == 0 && R % 4 == 0 && DK == 128 && NT == 128, "layout");
     __shared__ __align__(16) float k_s[2][CP][PARTS * RP];
     __shared__ __align__(16) float q_s[2][CP][PARTS * RP];
     __shared__ __align__(16) __nv_bfloat16 v_s[2][CP][NCOLS];
@@ -150,60 +150,44 @@ __device__ __forceinline__ void gdn_grouped(
             cp_async_wait<1>();
             __syncthreads();  // buffer buf landed for every thread
 
-            // The groups' coefficients. Dot e of the NG GR x GR squares (r, c) is k_r . k_c below
-            // the diagonal (A[r][c]) and q_c . k_r on and above it (B[c][r]): exactly the pairs
-            // the solve reads. Eight lanes a dot (a part's 16 floats each), four dots a warp a round;
-            // no branch around the shuffles.
+            // The groups' coefficients: pair products (a warp each, 4 floats a lane) and decays.
             {
-                const int p = lane & 7;
+                const int off = (lane >> 2) * RP + (lane & 3) * 4;  // lane's 4 elements of a row
+                int d = 0;
 #pragma unroll
-                for (int round = 0; round < NG * GR * GR / (NT / 8); ++round) {
-                    const int e = round * (NT / 8) + warp * 4 + (lane >> 3);
-                    const int gi = e / (GR * GR), r = e / GR % GR, c = e % GR;
-                    const bool below = c < r;
-                    const float* x = below ? k_s[buf][gi * GR + r] : q_s[buf][gi * GR + c];
-                    const float* y = k_s[buf][gi * GR + (below ? c : r)];
-                    float s = 0.f;
+                for (int gi = 0; gi < NG; ++gi) {
+                    float G[GR];  // cumulative decays, summed in row order
+                    float acc = 0.f;
 #pragma unroll
-                    for (int i = 0; i < R; i += 4) {
-                        const float4 x4 = *reinterpret_cast<const float4*>(x + p * RP + i);
-                        const float4 y4 = *reinterpret_cast<const float4*>(y + p * RP + i);
-                        s = fmaf(x4.x, y4.x, s);
-                        s = fmaf(x4.y, y4.y, s);
-                        s = fmaf(x4.z, y4.z, s);
-                        s = fmaf(x4.w, y4.w, s);
-                    }
+                    for (int i = 0; i < GR; ++i) G[i] = acc += gb_s[buf][0][gi * GR + i];
 #pragma unroll
-                    for (int o = 1; o < PARTS; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-                    // G_later - G_earlier, each G a cumulative sum in row order
-                    const int hi = below ? r : c, lo = below ? c : r;
-                    float g_hi = 0.f, g_lo = 0.f;
+                    for (int i = 0; i < GR; ++i)
 #pragma unroll
-                    for (int i = 0; i < GR; ++i) {
-                        const float gv = gb_s[buf][0][gi * GR + i];
-                        g_hi += i <= hi ? gv : 0.f;
-                        g_lo += i <= lo ? gv : 0.f;
-                    }
-                    if (p == 0) cf_s[gi][2 * GR + (below ? r * GR + c : GR * GR + c * GR + r)] = __expf(g_hi - g_lo) * s;
-                }
-                if (tid < NG * GR) {  // e^{G_i} and e^{G_last - G_i}
-                    const int gi = tid / GR, i = tid % GR;
-                    float gi_sum = 0.f, last = 0.f;
+                        for (int j = 0; j <= i; ++j)
 #pragma unroll
-                    for (int j = 0; j < GR; ++j) {
-                        const float gv = gb_s[buf][0][gi * GR + j];
-                        gi_sum += j <= i ? gv : 0.f;
-                        last += gv;
-                    }
-                    cf_s[gi][i] = __expf(gi_sum);
-                    cf_s[gi][CF - GR + i] = __expf(last - gi_sum);
+                            for (int isq = 0; isq < 2; ++isq) {  // A: k_i . k_j (j < i); B: q_i . k_j (j <= i)
+                                if (!isq && j == i) continue;
+                                if (d++ % (NT / 32) != warp) continue;
+                                const float* x = isq ? q_s[buf][gi * GR + i] : k_s[buf][gi * GR + i];
+                                const float4 xa = *reinterpret_cast<const float4*>(x + off);
+                                const float4 yb = *reinterpret_cast<const float4*>(&k_s[buf][gi * GR + j][off]);
+                                const float s = warp_sum(xa.x * yb.x + xa.y * yb.y + xa.z * yb.z + xa.w * yb.w);
+                                if (lane == 0) cf_s[gi][2 * GR + isq * GR * GR + i * GR + j] = __expf(G[i] - G[j]) * s;
+                            }
+#pragma unroll
+                    for (int i = 0; i < GR; ++i)
+                        if (tid == 32 * (i % (NT / 32)) + 1) {  // lanes not busy storing a product
+                            cf_s[gi][i] = __expf(G[i]);
+                            cf_s[gi][CF - GR + i] = __expf(G[GR - 1] - G[i]);
+                        }
                 }
             }
             __syncthreads();
 
 #pragma unroll
             for (int gi = 0; gi < NG; ++gi) {
-                const int vg = vs + gi * GR;  // the group's first virtual row (past the end: zeros)
+                const int vg = vs + gi * GR;  // the group's first virtual row
+                if (vg >= V) break;
                 const int r0 = gi * GR;       // its first row in the buffer
                 const float* cf = cf_s[gi];
                 float a[GR][CC], b[GR][CC];
@@ -257,7 +241,7 @@ __device__ __forceinline__ void gdn_grouped(
                         if (write) out[((long)(start + vg + i - tl) * H + h) * DV + col0 + c0 + c] = __float2bfloat16(o);
                     }
                 }
-                if (vg + GR <= V || vg >= V) {  // a whole group moves S to its end; one of zeros leaves it
+                if (vg + GR <= V) {  // a whole group: S moves to its end
                     const float gl = cf[GR - 1];
 #pragma unroll
                     for (int j = 0; j < GR; ++j)
@@ -281,7 +265,7 @@ __device__ __forceinline__ void gdn_grouped(
                                 S[i + e][c] = s;
                             }
                     }
-                } else {  // the segment ends inside this group: S stays at its start, its rows go to the tail
+                } else {  // the segment ends inside this group: S stays at its start, the rows go to the tail
                     float* dst = tail_out + (long)n * GR * tail_width;
                     for (int r = 0; r < V - vg; ++r) {
                         float* row = dst + r * tail_width;

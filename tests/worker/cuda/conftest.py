@@ -1,4 +1,4 @@
-"""The CUDA kernels module and their references for the GPU tests of this folder (skipped without CuPy and a GPU)."""
+"""The CUDA kernels module for the GPU tests of this folder (skipped without CuPy and a GPU)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,3 @@ def K():
     from openjev.worker.cuda import kernels
 
     return kernels
-
-
-@pytest.fixture(scope="module")
-def ref():
-    """The packed PyTorch references of the kernels (openjev.worker.cuda.reference)."""
-    from openjev.worker.cuda import reference
-
-    return reference

@@ -14,6 +14,13 @@ BF16_TOL = 1e-2  # bf16 operands / bf16 outputs
 FP32_TOL = 1e-4  # fp32 state math (recurrent vs chunked order of summation)
 
 
+@pytest.fixture(scope="module")
+def ref():
+    from openjev.worker.cuda import reference
+
+    return reference
+
+
 DEV = "cuda"
 
 
