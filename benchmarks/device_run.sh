@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab elementwise gdn gdn-grouped gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention
+#   steps: tests conv conv-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -72,14 +72,6 @@ for step in "$@"; do
          timeout 150 python3 benchmarks/kernels_gpu.py --ops gdn --out $OUT/gdn-kernels.json 2>&1 | tee $OUT/gdn-kernels.txt \
            | grep -v "^  " | tail -30
          [ $rc = 0 ] || exit 1 ;;
-    # the grouped GDN kernel: its tests and the recurrence's, then its timings beside the
-    # recurrence, the chunked kernel and fla's, short to long (one segment a launch)
-    gdn-grouped) timeout 200 python3 -m pytest -q -m gpu tests/worker/cuda/test_gdn_grouped.py tests/worker/cuda/test_kernels.py \
-                   -k "gdn" > $OUT/gdn-grouped-tests.txt 2>&1; rc=$?
-                 tail -30 $OUT/gdn-grouped-tests.txt | grep -E "Error|assert|FAILED|passed|failed" | tail -15
-                 timeout 200 python3 benchmarks/kernels_gpu.py --ops gdn_recurrent_s8c32x2,gdn_grouped,gdn_chunked_w16,fla_chunk \
-                   --tokens 64,256,1024,4096,16384 --out $OUT/gdn-grouped.json 2>&1 | tee $OUT/gdn-grouped.txt | grep -v "^  " | tail -30
-                 [ $rc = 0 ] || exit 1 ;;
     # the chunked GDN kernels of this tree against those of ab-old/ (an earlier commit's tree,
     # `git archive C | tar -x -C ab-old`, carried untracked): timings of the two builds in
     # alternating processes (ab_times, above), then the outputs of one 700-token launch compared

@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 
 from openjev.worker.cuda import chunked_gdn as KC
-from openjev.worker.cuda import grouped_gdn as KG
 from openjev.worker.cuda import kernels as K
 
 DEV = "cuda"
@@ -164,11 +163,6 @@ def cases(T: int):
         out.append((f"gdn_chunked:solve+state_{sv}", lambda sv=sv: (solve(), state(sv)), 0, 0, "bw"))
     out.append(("gdn_chunked:solve", solve, 0, 0, "bw"))
     out.append(("gdn_chunked:out", lambda: KC.gdn_chunk_out(geo, qn, kn, u, sc, gc, cu, pos, src, o, plan), 0, 0, "bw"))
-    # the exact rule in groups of a few tokens (fp32, CUDA cores): same traffic, same FLOPs
-    for variant, rows in KG.GDN_GROUPS.items():
-        gsrc = KC.ChunkSources.per_segment(1, H, width, DEV, init, rows=rows)
-        fn = lambda vr=variant, s=gsrc: KG.gdn_grouped(qn, kn, v, g, beta, cu, pos, variant=vr, sources=s)  # noqa: E731
-        out.append((f"gdn_grouped_{variant}", fn, gdn_bytes, gdn_flops, "fp32"))
     fla = _fla_case(qn, kn, v, g, beta, init)
     if fla is not None:
         out.append(("fla_chunk_gdn", fla, gdn_bytes, chunk_flops, "tf32"))

@@ -13,7 +13,6 @@
 // columns are independent; each is split over PARTS threads (adjacent lanes) that each hold
 // 128/PARTS rows of it, so S^T k and S^T q are PARTS-way shuffle reductions.
 #include "common.cuh"
-#include "gdn_sched.cuh"
 
 #if !defined(GDN_DIM)
 #error "compile with the definitions of openjev.worker.cuda.traits"
@@ -97,7 +96,13 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 // final_state:[N, H, DK, DV] fp32
 // grid (G) for any G (4 x the SMs: every resident slot), block NCOLS / CC * PARTS threads.
 //
-// Work items are (segment, column block, head) of the level, taken by ticket (gdn_sched.cuh).
+// Work items are (segment, column block, head) of the level, taken in order by atomic tickets
+// by "workers": blocks that found fewer than L workers on their SM (L = items / SMs rounded up,
+// 1 to 4); the other blocks exit at once. Why not one block an item on a grid sized for the
+// pass's padded segment count: blocks of absent segments exit at once, and then the block
+// scheduler stacked up to 4 live blocks on some SMs while others had none, so one 676-token
+// segment took 0.32 ms in a pass's grid against 0.24 alone (docs/cuda-kernels.md). An item is
+// computed the same way whichever block takes it, so the bits do not depend on the schedule.
 //
 // Per token, with S the state before it: kv = S^T k and sq = S^T q are independent sums over
 // the same registers (interleaved chains, one shuffle round for both); then
@@ -134,10 +139,22 @@ __device__ __forceinline__ void gdn_recurrent(
     const int first = level_off[level], nseg = level_off[level + 1] - first;
     constexpr int CB = DV / NCOLS;  // column blocks a head
     const int items = nseg * CB * H;
-    __shared__ int s_slot[2];
-    GdnWorkers workers;
-    workers.begin(s_slot, sched, items, num_sms);
-    for (int item; (item = workers.next(sched)) < items;) {
+    __shared__ int s_item, s_worker;
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    smid &= GDN_SCHED_SMS - 1;  // %smid may exceed the SM count (disabled SMs keep their numbers)
+    if (tid == 0) {
+        const int limit = min(4, max(1, (items + num_sms - 1) / num_sms));
+        s_worker = atomicAdd(&sched[2 + smid], 1) < limit;
+        if (!s_worker) atomicSub(&sched[2 + smid], 1);
+    }
+    __syncthreads();
+    while (s_worker) {
+        if (tid == 0) s_item = atomicAdd(&sched[0], 1);
+        __syncthreads();
+        const int item = s_item;
+        __syncthreads();  // every thread read s_item before thread 0 takes the next ticket
+        if (item >= items) break;
         const int n = first + item / (CB * H), h = item / CB % H, hk = h / (H / Hk);
         const int col0 = item % CB * NCOLS;
         const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
@@ -239,7 +256,11 @@ __device__ __forceinline__ void gdn_recurrent(
     #pragma unroll
             for (int c = 0; c < CC; ++c) final_state[state_base + (long)(part * R + i) * DV + col0 + c0 + c] = S[i][c];
     }
-    workers.end(sched);
+    if (tid == 0) {
+        if (s_worker) atomicSub(&sched[2 + smid], 1);
+        __threadfence();
+        if (atomicAdd(&sched[1], 1) == (int)gridDim.x - 1) sched[0] = sched[1] = 0;  // the last block
+    }
 }
 
 #define GDN_ARGS                                                                               \

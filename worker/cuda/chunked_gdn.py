@@ -43,16 +43,15 @@ class ChunkSources:
     num_levels: int
 
     @staticmethod
-    def per_segment(N, H, width, device, init_state=None, tail_in=None, rows=GDN_CHUNK) -> ChunkSources:
+    def per_segment(N, H, width, device, init_state=None, tail_in=None) -> ChunkSources:
         """One level, segment n starting from init_state[n] (or zeros) and its tail rows from
-        tail_in[n] [N, rows, width] (tests and benchmarks; the runner passes its slots instead).
-        rows: a tail's rows (64 here, a group's for gdn_grouped)."""
+        tail_in[n] [N, 64, width] (tests and benchmarks; the runner passes its slots instead)."""
         zero_state = torch.zeros(1, H, GDN_DIM, GDN_DIM, dtype=torch.float32, device=device)
         slots = zero_state if init_state is None else torch.cat([zero_state, init_state.float()])
         idx = [n + 1 if init_state is not None else -1 for n in range(N)]
-        zero_tail = torch.zeros(rows, width, dtype=torch.float32, device=device)
+        zero_tail = torch.zeros(GDN_CHUNK, width, dtype=torch.float32, device=device)
         tails = zero_tail if tail_in is None else torch.cat([zero_tail, tail_in.reshape(-1, width).float()])
-        src = [-1 - ((n + 1) * rows + r) if tail_in is not None else 0 for n in range(N) for r in range(rows)]
+        src = [-1 - ((n + 1) * GDN_CHUNK + r) if tail_in is not None else 0 for n in range(N) for r in range(GDN_CHUNK)]
         i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
         return ChunkSources(slots, i32(idx), tails, i32(src), i32([0, N]), 1)
 
