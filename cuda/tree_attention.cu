@@ -11,8 +11,8 @@
 // kv_rows: [cu_k[N]] int32;  cu_q, cu_k: [N+1] int32
 // gate:    [Tq, Hq, 256] bf16 view (strides gate_st, gate_sh in elements), used if has_gate
 // out:     [Tq, Hq, 256] bf16
-// grid (ceil(max T_n * G / BM), Hkv, N), block NT (BM / 16 warps of 16 query rows), 2 HD (BM + 4 BN)
-// bytes of dynamic shared memory (traits.AttentionTraits), G = Hq / Hkv.
+// grid (ceil(max T_n * G / BM), Hkv, N), block NT (4 warps x 16 query rows), ATTN_SMEM (96 KiB)
+// dynamic smem, G = Hq / Hkv.
 //
 // A block's BM query rows are (token, head) pairs of one segment and one KV head: row r of the
 // segment is token r / G, query head hkv * G + r % G. The G heads that read one KV head share its
@@ -23,19 +23,21 @@
 // were (alpha 1, p 0), so results do not depend on how rows are grouped into blocks.
 //
 // Flash-attention-2 structure on mma.sync m16n8k16 (bf16 -> fp32), ldmatrix from XOR-swizzled
-// shared memory (512-byte rows would otherwise put a ldmatrix's 8 rows in one bank group). Two
-// K/V buffers: the next tile's copies are in flight while this tile computes. Variants
-// tree_attention_q{BM}k{BN}: BN sets where the online softmax rescales (a variant's bits are its
-// own, the same for every grouping of rows), BM how many query rows share a K/V tile's loads.
+// shared memory (512-byte rows would otherwise put a ldmatrix's 8 rows in one bank group).
 #include "common.cuh"
 
-// The head dim comes from the host (traits.AttentionTraits), which launches each variant with
-// its shared memory: a Q tile and two K and two V tiles.
-#if !defined(ATTN_HEAD_DIM)
+// Tile sizes come from the host (traits.AttentionTraits), which launches with ATTN_SMEM bytes.
+#if !defined(ATTN_HEAD_DIM) || !defined(ATTN_BLOCK_Q) || !defined(ATTN_BLOCK_K) || !defined(ATTN_THREADS) || \
+    !defined(ATTN_SMEM)
 #error "compile with the definitions of openjev.worker.cuda.traits"
 #endif
 #define HD ATTN_HEAD_DIM
+#define BM ATTN_BLOCK_Q
+#define BN ATTN_BLOCK_K
+#define NT ATTN_THREADS
 #define CHUNKS (HD * 2 / 16)  // 16-byte chunks per row
+static_assert(NT == 32 * BM / 16, "a warp owns 16 query rows");
+static_assert((BM + 2 * BN) * HD * 2 == ATTN_SMEM, "shared memory: a Q tile, a K tile and a V tile (bf16)");
 
 // NVRTC has no INFINITY from <math.h>
 #define NEG_INF __int_as_float(0xff800000)
@@ -65,18 +67,16 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     return *reinterpret_cast<u32*>(&v);
 }
 
-template <int BM, int BN>
-__device__ __forceinline__ void tree_attention(
+extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(
     const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_pool,
     const __nv_bfloat16* __restrict__ v_pool, const int* __restrict__ kv_rows,
     const int* __restrict__ cu_q, const int* __restrict__ cu_k, int Hq, int Hkv, float scale,
     const __nv_bfloat16* __restrict__ gate, long gate_st, long gate_sh, int has_gate,
     __nv_bfloat16* __restrict__ out) {
-    constexpr int NT = 32 * BM / 16;  // a warp owns 16 query rows
     extern __shared__ __align__(128) unsigned char smem[];
     const u32 sQ = smem_addr(smem);
-    const u32 sK0 = sQ + BM * HD * 2;  // K buffers 0, 1, then V buffers 0, 1
-    const u32 sV0 = sK0 + 2 * BN * HD * 2;
+    const u32 sK = sQ + BM * HD * 2;
+    const u32 sV = sK + BN * HD * 2;
 
     const int n = blockIdx.z, hkv = blockIdx.y;
     const int G = Hq / Hkv;
@@ -109,30 +109,24 @@ __device__ __forceinline__ void tree_attention(
 
     const int last_key = q_offset + (min(r0 + BM, Rn) - 1) / G;
     const int n_tiles = last_key / BN + 1;
-    // K/V tile kt into buffer b: rows past the segment's keys load zeros
-    auto load_kv = [&](int b, int kt) {
+    for (int kt = 0; kt < n_tiles; ++kt) {
         const int j0 = kt * BN;
+        __syncthreads();  // every warp is done with the previous K/V tile
         for (int idx = tid; idx < BN * CHUNKS; idx += NT) {
             const int r = idx / CHUNKS, c = idx % CHUNKS;
             const bool ok = j0 + r < Sn;
             const long prow = ok ? (long)kv_rows[k0 + j0 + r] : 0;
             const long off = (prow * Hkv + hkv) * HD + c * 8;
-            cp_async16(sK0 + b * BN * HD * 2 + swz(r, c), k_pool + off, ok ? 16 : 0);
-            cp_async16(sV0 + b * BN * HD * 2 + swz(r, c), v_pool + off, ok ? 16 : 0);
+            cp_async16(sK + swz(r, c), k_pool + off, ok ? 16 : 0);
+            cp_async16(sV + swz(r, c), v_pool + off, ok ? 16 : 0);
         }
-    };
-    load_kv(0, 0);
-    cp_async_commit();  // with the Q tile
-    for (int kt = 0; kt < n_tiles; ++kt) {
-        const int j0 = kt * BN;
-        const u32 sK = sK0 + (kt & 1) * BN * HD * 2, sV = sV0 + (kt & 1) * BN * HD * 2;
-        __syncthreads();  // every warp is done with the other buffer (tile kt - 1)
-        if (kt + 1 < n_tiles) load_kv((kt + 1) & 1, kt + 1);
-        cp_async_commit();  // (empty at the last tile: keeps the wait count uniform)
-        cp_async_wait<1>();  // tile kt (and, at the first, Q) landed
+        // one wait for Q (first tile), K and V: splitting K and V into two copy groups so
+        // Q K^T could start early was slower (docs/cuda-kernels.md), so the tile is loaded whole
+        cp_async_commit();
+        cp_async_wait<0>();
         __syncthreads();
 
-        // S = Q K^T for this warp's 16 rows x BN keys
+        // S = Q K^T for this warp's 16 rows x 64 keys
         float s[BN / 8][4];
 #pragma unroll
         for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
@@ -239,18 +233,3 @@ __device__ __forceinline__ void tree_attention(
         }
     }
 }
-
-#define ATTN_ARGS                                                                                      \
-    const __nv_bfloat16 *__restrict__ q, const __nv_bfloat16 *__restrict__ k_pool,                     \
-        const __nv_bfloat16 *__restrict__ v_pool, const int *__restrict__ kv_rows,                     \
-        const int *__restrict__ cu_q, const int *__restrict__ cu_k, int Hq, int Hkv, float scale,      \
-        const __nv_bfloat16 *__restrict__ gate, long gate_st, long gate_sh, int has_gate,              \
-        __nv_bfloat16 *__restrict__ out
-#define ATTN_PASS q, k_pool, v_pool, kv_rows, cu_q, cu_k, Hq, Hkv, scale, gate, gate_st, gate_sh, has_gate, out
-#define ATTN_VARIANT(BM, BN, MIN_BLOCKS)                                                               \
-    extern "C" __global__ void __launch_bounds__(32 * BM / 16, MIN_BLOCKS) tree_attention_q##BM##k##BN(ATTN_ARGS) { \
-        tree_attention<BM, BN>(ATTN_PASS);                                                             \
-    }
-ATTN_VARIANT(64, 32, 2)
-ATTN_VARIANT(64, 64, 1)
-ATTN_VARIANT(128, 32, 1)

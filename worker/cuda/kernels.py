@@ -302,13 +302,12 @@ def gdn_recurrent(
     return out, final
 
 
-def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None, out=None, variant=None):
+def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None, out=None):
     """Causal GQA attention over packed segments whose keys are rows of shared K/V pools.
 
     q: [Tq, Hq, 256] bf16; k_pool, v_pool: [P, Hkv, 256] bf16; kv_rows: [cu_k[-1]] int32;
     cu_q, cu_k: [N+1] int32 (segment n: T_n queries, S_n >= T_n keys, own keys last);
-    gate: [Tq, Hq, 256] bf16 view or None (output times sigmoid(gate)); variant: (BM, BN) of
-    traits.ATTENTION.variants (None: its default).
+    gate: [Tq, Hq, 256] bf16 view or None (output times sigmoid(gate)).
     Returns [Tq, Hq, 256] bf16.
     """
     Tq, Hq, D = q.shape
@@ -322,15 +321,13 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
         assert gate.stride(2) == 1
         gate_t, st, sh, has_gate = gate, gate.stride(0), gate.stride(1), True
     geo = traits.ATTENTION
-    variant = variant or geo.default
-    assert variant in geo.variants, f"no tree attention variant {variant}"
     # a block's rows are (token, head) pairs of the Hq / Hkv heads that share one KV head
-    grid = ((max_q_len * (Hq // Hkv) + variant[0] - 1) // variant[0], Hkv, N)
+    grid = ((max_q_len * (Hq // Hkv) + geo.block_q - 1) // geo.block_q, Hkv, N)
     _launch(
         "tree_attention",
-        f"tree_attention_{geo.name(variant)}",
+        "tree_attention_fwd",
         grid,
-        (geo.threads(variant),),
+        (geo.threads,),
         (
             q,
             k_pool,
@@ -347,7 +344,7 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
             has_gate,
             out,
         ),
-        dynamic_smem=geo.smem_bytes(variant),
+        dynamic_smem=geo.smem_bytes,
     )
     return out
 

@@ -109,27 +109,26 @@ class GdnChunkTraits:
 
 @dataclass(frozen=True)
 class AttentionTraits:
-    """tree_attention.cu: bf16 Q, K and V tiles in XOR-swizzled shared memory, two K/V buffers.
-    Variants tree_attention_q{BM}k{BN}: BM query rows a block (BM / 16 warps), BN keys a step."""
+    """tree_attention.cu: bf16 Q, K and V tiles in XOR-swizzled shared memory."""
 
     head_dim: int = ATTN_HEAD_DIM
-    variants: tuple[tuple[int, int], ...] = ((64, 32), (64, 64), (128, 32))
-    default: tuple[int, int] = (64, 32)
+    block_q: int = 64  # query rows a block (4 warps x 16)
+    block_k: int = 64  # keys a step
+    threads: int = 128
 
-    @staticmethod
-    def name(variant: tuple[int, int]) -> str:
-        return "q{}k{}".format(*variant)
-
-    def threads(self, variant: tuple[int, int]) -> int:
-        return 32 * variant[0] // 16
-
-    def smem_bytes(self, variant: tuple[int, int]) -> int:
-        """One Q tile and two K and two V tiles."""
-        block_q, block_k = variant
-        return BF16_BYTES * self.head_dim * (block_q + 4 * block_k)
+    @property
+    def smem_bytes(self) -> int:
+        """One Q tile and one K and one V tile."""
+        return BF16_BYTES * self.head_dim * (self.block_q + 2 * self.block_k)
 
     def definitions(self) -> dict[str, int]:
-        return {"ATTN_HEAD_DIM": self.head_dim}
+        return {
+            "ATTN_HEAD_DIM": self.head_dim,
+            "ATTN_BLOCK_Q": self.block_q,
+            "ATTN_BLOCK_K": self.block_k,
+            "ATTN_THREADS": self.threads,
+            "ATTN_SMEM": self.smem_bytes,
+        }
 
 
 @dataclass(frozen=True)

@@ -506,31 +506,26 @@ def tree_inputs(q_lens, prefix_lens, Hq=24, Hkv=4, D=256):
     )
 
 
-ATTENTION_VARIANTS = [(64, 32), (64, 64), (128, 32)]  # traits.ATTENTION.variants
-
-
-@pytest.mark.parametrize("variant", ATTENTION_VARIANTS)
 @pytest.mark.parametrize("gated", [True, False])
-def test_tree_attention(K, ref, gated, variant):
+def test_tree_attention(K, ref, gated):
     q_lens, prefix_lens = [130, 1, 64, 7, 200], [0, 300, 77, 129, 5]
     q, kp, vp, rows, cu_q, cu_k, gate = tree_inputs(q_lens, prefix_lens)
     gate = gate if gated else None
     out = poisoned(q.shape, torch.bfloat16)
-    K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate, out=out, variant=variant)
+    K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate, out=out)
     exp = ref.tree_attention(
         q.cpu(), kp.cpu(), vp.cpu(), rows.cpu(), cu_q.cpu(), cu_k.cpu(), None if gate is None else gate.cpu()
     )
     per_segment(out, exp, cu_q, BF16_TOL, "attention")
 
 
-@pytest.mark.parametrize("variant", ATTENTION_VARIANTS)
-def test_tree_attention_rows_do_not_depend_on_grouping(K, variant):
+def test_tree_attention_rows_do_not_depend_on_grouping(K):
     """A segment's rows are the same bits alone, packed beside others (different block
     groupings of (token, head) rows), and split into a parent whose keys its child reads as
     ancestors (how prefix policies and cached states cut a prompt)."""
     q_lens, prefix_lens = [300, 3, 77, 1, 40], [0, 1500, 0, 2100, 64]
     q, kp, vp, rows, cu_q, cu_k, gate = tree_inputs(q_lens, prefix_lens)
-    packed = K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate, variant=variant)
+    packed = K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate)
     for n in range(len(q_lens)):
         qs, ks = slice(cu_q[n], cu_q[n + 1]), slice(cu_k[n], cu_k[n + 1])
         one = lambda t: torch.tensor([0, t], dtype=torch.int32, device=DEV)  # noqa: E731
@@ -543,7 +538,6 @@ def test_tree_attention_rows_do_not_depend_on_grouping(K, variant):
             one(ks.stop - ks.start),
             q_lens[n],
             gate=gate[qs],
-            variant=variant,
         )
         assert torch.equal(alone, packed[qs]), f"segment {n} alone"
     # segment 0 (300 tokens, no ancestors) cut at 130: the child's keys are the parent's rows then its own
@@ -552,9 +546,7 @@ def test_tree_attention_rows_do_not_depend_on_grouping(K, variant):
     cut_cu_q = torch.tensor([0, split, T], dtype=torch.int32, device=DEV)
     cut_rows = torch.cat([own[:split], own])
     cut_cu_k = torch.tensor([0, split, split + T], dtype=torch.int32, device=DEV)
-    cut = K.tree_attention(
-        q[:T].contiguous(), kp, vp, cut_rows, cut_cu_q, cut_cu_k, T - split, gate=gate[:T], variant=variant
-    )
+    cut = K.tree_attention(q[:T].contiguous(), kp, vp, cut_rows, cut_cu_q, cut_cu_k, T - split, gate=gate[:T])
     assert torch.equal(cut, packed[:T]), "parent + child equals the whole segment"
 
 
