@@ -168,10 +168,11 @@ def cases(T: int):
         out.append(("fla_chunk_gdn", fla, gdn_bytes, chunk_flops, "tf32"))
     q, kv, gate = r(T, HQ, HD), r(2, T, HKV, HD), r(T, HQ, 2 * HD)[..., HD:]
     rows = torch.arange(T, dtype=torch.int32, device=DEV)
-    att = lambda: K.tree_attention(q, kv[0], kv[1], rows, cu, cu, T, gate=gate)  # noqa: E731
     att_flops = 4 * HQ * HD * T * (T + 1) / 2
     att_bytes = 2 * (2 * T * HQ * HD + 2 * T * HKV * HD + T * HQ * HD)
-    out.append(("tree_attention", att, att_bytes, att_flops, "mma"))
+    for form, pipelined in (("", None), (":single", False), (":pipelined", True)):  # "": the runner's choice
+        att = lambda p=pipelined: K.tree_attention(q, kv[0], kv[1], rows, cu, cu, T, gate=gate, pipelined=p)  # noqa: E731
+        out.append(("tree_attention" + form, att, att_bytes, att_flops, "mma"))
     # a state-cache hit: a 40-token question and 8 five-token candidates under T cached keys
     lens = [40] + [5] * 8
     ctx_cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=DEV)
@@ -180,9 +181,13 @@ def cases(T: int):
     )
     ctx_cu_k = torch.tensor([0, *itertools.accumulate(T + n for n in lens)], dtype=torch.int32, device=DEV)
     cq, ckv = r(sum(lens), HQ, HD), r(2, T + sum(lens), HKV, HD)
-    ctx = lambda: K.tree_attention(cq, ckv[0], ckv[1], ctx_rows, ctx_cu, ctx_cu_k, max(lens))  # noqa: E731
     ctx_flops = 4 * HQ * HD * sum(lens) * T
-    out.append(("tree_attention:cached_context", ctx, 2 * (T * 2 * HKV * HD), ctx_flops, "mma"))
+    for form, pipelined in (("", None), (":single", False), (":pipelined", True)):
+
+        def ctx(p=pipelined):
+            return K.tree_attention(cq, ckv[0], ckv[1], ctx_rows, ctx_cu, ctx_cu_k, max(lens), pipelined=p)
+
+        out.append(("tree_attention:cached_context" + form, ctx, 2 * (T * 2 * HKV * HD), ctx_flops, "mma"))
     qt, kt, vt = q.transpose(0, 1)[None], kv[0].transpose(0, 1)[None], kv[1].transpose(0, 1)[None]
     sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)  # noqa: E731
     out.append(("torch_sdpa(ref)", sdpa, att_bytes, att_flops, "mma"))

@@ -24,9 +24,17 @@
 //
 // Flash-attention-2 structure on mma.sync m16n8k16 (bf16 -> fp32), ldmatrix from XOR-swizzled
 // shared memory (512-byte rows would otherwise put a ldmatrix's 8 rows in one bank group).
+//
+// Two forms with the same arithmetic (the same bits): tree_attention_fwd loads each K/V tile and
+// then computes it, two blocks an SM hiding each other's loads; tree_attention_fwd_pipelined
+// keeps two K/V buffers, the next tile's copies in flight while this one computes, one block an
+// SM. The pipelined form is 1.4-1.5x faster where few query rows walk many keys (a question under
+// a cached context: few blocks, each a long chain of tiles) and 1.05-1.25x slower on whole
+// prompts of 512 tokens and more (docs/cuda-kernels.md): the host picks it for short passes.
 #include "common.cuh"
 
-// Tile sizes come from the host (traits.AttentionTraits), which launches with ATTN_SMEM bytes.
+// Tile sizes come from the host (traits.AttentionTraits), which launches the single-buffered form
+// with ATTN_SMEM bytes and the pipelined one with ATTN_SMEM + 2 BN HD (two more K/V tiles).
 #if !defined(ATTN_HEAD_DIM) || !defined(ATTN_BLOCK_Q) || !defined(ATTN_BLOCK_K) || !defined(ATTN_THREADS) || \
     !defined(ATTN_SMEM)
 #error "compile with the definitions of openjev.worker.cuda.traits"
@@ -67,7 +75,8 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     return *reinterpret_cast<u32*>(&v);
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(
+template <int BUFFERS>
+__device__ __forceinline__ void tree_attention(
     const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_pool,
     const __nv_bfloat16* __restrict__ v_pool, const int* __restrict__ kv_rows,
     const int* __restrict__ cu_q, const int* __restrict__ cu_k, int Hq, int Hkv, float scale,
@@ -75,8 +84,8 @@ extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(
     __nv_bfloat16* __restrict__ out) {
     extern __shared__ __align__(128) unsigned char smem[];
     const u32 sQ = smem_addr(smem);
-    const u32 sK = sQ + BM * HD * 2;
-    const u32 sV = sK + BN * HD * 2;
+    const u32 sK0 = sQ + BM * HD * 2;  // BUFFERS K tiles, then BUFFERS V tiles
+    const u32 sV0 = sK0 + BUFFERS * BN * HD * 2;
 
     const int n = blockIdx.z, hkv = blockIdx.y;
     const int G = Hq / Hkv;
@@ -109,21 +118,37 @@ extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(
 
     const int last_key = q_offset + (min(r0 + BM, Rn) - 1) / G;
     const int n_tiles = last_key / BN + 1;
-    for (int kt = 0; kt < n_tiles; ++kt) {
+    // K/V tile kt into buffer b; rows past the segment's keys load zeros
+    auto load_kv = [&](int b, int kt) {
         const int j0 = kt * BN;
-        __syncthreads();  // every warp is done with the previous K/V tile
         for (int idx = tid; idx < BN * CHUNKS; idx += NT) {
             const int r = idx / CHUNKS, c = idx % CHUNKS;
             const bool ok = j0 + r < Sn;
             const long prow = ok ? (long)kv_rows[k0 + j0 + r] : 0;
             const long off = (prow * Hkv + hkv) * HD + c * 8;
-            cp_async16(sK + swz(r, c), k_pool + off, ok ? 16 : 0);
-            cp_async16(sV + swz(r, c), v_pool + off, ok ? 16 : 0);
+            cp_async16(sK0 + b * BN * HD * 2 + swz(r, c), k_pool + off, ok ? 16 : 0);
+            cp_async16(sV0 + b * BN * HD * 2 + swz(r, c), v_pool + off, ok ? 16 : 0);
         }
-        // one wait for Q (first tile), K and V: splitting K and V into two copy groups so
-        // Q K^T could start early was slower (docs/cuda-kernels.md), so the tile is loaded whole
-        cp_async_commit();
-        cp_async_wait<0>();
+    };
+    if (BUFFERS == 2) {
+        load_kv(0, 0);
+        cp_async_commit();  // with the Q tile
+    }
+    for (int kt = 0; kt < n_tiles; ++kt) {
+        const int j0 = kt * BN, b = BUFFERS == 2 ? kt & 1 : 0;
+        const u32 sK = sK0 + b * BN * HD * 2, sV = sV0 + b * BN * HD * 2;
+        __syncthreads();  // every warp is done with the buffer loaded next (tile kt - 1's)
+        if (BUFFERS == 2) {
+            if (kt + 1 < n_tiles) load_kv(b ^ 1, kt + 1);
+            cp_async_commit();   // (empty at the last tile: keeps the wait count uniform)
+            cp_async_wait<1>();  // tile kt (and, at the first, Q) landed
+        } else {
+            // one wait for Q (first tile), K and V: splitting K and V into two copy groups so
+            // Q K^T could start early was slower (docs/cuda-kernels.md), so the tile is loaded whole
+            load_kv(0, kt);
+            cp_async_commit();
+            cp_async_wait<0>();
+        }
         __syncthreads();
 
         // S = Q K^T for this warp's 16 rows x 64 keys
@@ -232,4 +257,16 @@ extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(
             *reinterpret_cast<__nv_bfloat162*>(dst + d) = __floats2bfloat162_rn(x0, x1);
         }
     }
+}
+
+#define ATTN_ARGS                                                                                  \
+    const __nv_bfloat16 *__restrict__ q, const __nv_bfloat16 *__restrict__ k_pool,                 \
+        const __nv_bfloat16 *__restrict__ v_pool, const int *__restrict__ kv_rows,                 \
+        const int *__restrict__ cu_q, const int *__restrict__ cu_k, int Hq, int Hkv, float scale,  \
+        const __nv_bfloat16 *__restrict__ gate, long gate_st, long gate_sh, int has_gate,          \
+        __nv_bfloat16 *__restrict__ out
+#define ATTN_PASS q, k_pool, v_pool, kv_rows, cu_q, cu_k, Hq, Hkv, scale, gate, gate_st, gate_sh, has_gate, out
+extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(ATTN_ARGS) { tree_attention<1>(ATTN_PASS); }
+extern "C" __global__ void __launch_bounds__(NT, 1) tree_attention_fwd_pipelined(ATTN_ARGS) {
+    tree_attention<2>(ATTN_PASS);
 }

@@ -302,12 +302,19 @@ def gdn_recurrent(
     return out, final
 
 
-def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None, out=None):
+# Passes of at most this many query tokens a segment take tree attention's pipelined form (the
+# same bits): 1.4-1.5x faster for a few query rows under a long cached context, within 1% at 74
+# tokens, slower on whole prompts from 512 tokens (cuda/tree_attention.cu, docs/cuda-kernels.md)
+ATTN_PIPELINED_MAX_Q = 256
+
+
+def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None, out=None, pipelined=None):
     """Causal GQA attention over packed segments whose keys are rows of shared K/V pools.
 
     q: [Tq, Hq, 256] bf16; k_pool, v_pool: [P, Hkv, 256] bf16; kv_rows: [cu_k[-1]] int32;
     cu_q, cu_k: [N+1] int32 (segment n: T_n queries, S_n >= T_n keys, own keys last);
-    gate: [Tq, Hq, 256] bf16 view or None (output times sigmoid(gate)).
+    gate: [Tq, Hq, 256] bf16 view or None (output times sigmoid(gate)); pipelined: the kernel's
+    form (None: pipelined up to ATTN_PIPELINED_MAX_Q query tokens; both give the same bits).
     Returns [Tq, Hq, 256] bf16.
     """
     Tq, Hq, D = q.shape
@@ -323,9 +330,11 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
     geo = traits.ATTENTION
     # a block's rows are (token, head) pairs of the Hq / Hkv heads that share one KV head
     grid = ((max_q_len * (Hq // Hkv) + geo.block_q - 1) // geo.block_q, Hkv, N)
+    if pipelined is None:
+        pipelined = max_q_len <= ATTN_PIPELINED_MAX_Q
     _launch(
         "tree_attention",
-        "tree_attention_fwd",
+        "tree_attention_fwd_pipelined" if pipelined else "tree_attention_fwd",
         grid,
         (geo.threads,),
         (
@@ -344,7 +353,7 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
             has_gate,
             out,
         ),
-        dynamic_smem=geo.smem_bytes,
+        dynamic_smem=geo.pipelined_smem_bytes if pipelined else geo.smem_bytes,
     )
     return out
 

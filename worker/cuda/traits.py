@@ -121,6 +121,11 @@ class AttentionTraits:
         """One Q tile and one K and one V tile."""
         return BF16_BYTES * self.head_dim * (self.block_q + 2 * self.block_k)
 
+    @property
+    def pipelined_smem_bytes(self) -> int:
+        """tree_attention_fwd_pipelined: one Q tile, two K and two V tiles."""
+        return self.smem_bytes + 2 * BF16_BYTES * self.head_dim * self.block_k
+
     def definitions(self) -> dict[str, int]:
         return {
             "ATTN_HEAD_DIM": self.head_dim,

@@ -506,17 +506,31 @@ def tree_inputs(q_lens, prefix_lens, Hq=24, Hkv=4, D=256):
     )
 
 
+@pytest.mark.parametrize("pipelined", [False, True])
 @pytest.mark.parametrize("gated", [True, False])
-def test_tree_attention(K, ref, gated):
+def test_tree_attention(K, ref, gated, pipelined):
     q_lens, prefix_lens = [130, 1, 64, 7, 200], [0, 300, 77, 129, 5]
     q, kp, vp, rows, cu_q, cu_k, gate = tree_inputs(q_lens, prefix_lens)
     gate = gate if gated else None
     out = poisoned(q.shape, torch.bfloat16)
-    K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate, out=out)
+    K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate, out=out, pipelined=pipelined)
     exp = ref.tree_attention(
         q.cpu(), kp.cpu(), vp.cpu(), rows.cpu(), cu_q.cpu(), cu_k.cpu(), None if gate is None else gate.cpu()
     )
     per_segment(out, exp, cu_q, BF16_TOL, "attention")
+
+
+@pytest.mark.parametrize(
+    "q_lens, prefix_lens", [([130, 1, 64, 7, 200], [0, 300, 77, 129, 5]), ([40] + [5] * 8, [3000] * 9)]
+)
+def test_tree_attention_forms_agree(K, q_lens, prefix_lens):
+    """The single-buffered and the pipelined form give the same bits (whole prompts, and short
+    segments under a long context), so the host may pick either for any pass."""
+    q, kp, vp, rows, cu_q, cu_k, gate = tree_inputs(q_lens, prefix_lens)
+    one, two = (
+        K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate, pipelined=p) for p in (False, True)
+    )
+    assert torch.equal(one, two)
 
 
 def test_tree_attention_rows_do_not_depend_on_grouping(K):
