@@ -316,9 +316,9 @@ def test_window_sources_equal_gathered_windows(eager, monkeypatch):
     Launch.windows until 2026-12-01) and the kernel read those: head rows and kept states."""
     from openjev.worker.cuda import kernels
 
-    direct, calls = kernels.conv_prepare, []
+    direct, calls = kernels.causal_conv1d, []
 
-    def gathered(x, weight, windows, win_src, cu_seqlens, *rest, **kwargs):
+    def gathered(x, weight, windows, win_src, cu_seqlens, out=None, new_window=None):
         calls.append(1)
         src = win_src.long()
         picked = torch.where(
@@ -327,11 +327,11 @@ def test_window_sources_equal_gathered_windows(eager, monkeypatch):
             windows.flatten(0, 1).index_select(0, (-1 - src).clamp(min=0)),
         ).view(-1, 3, x.shape[1])
         own = kernels.own_windows(picked.shape[0], x.device)
-        return direct(x, weight, picked, own, cu_seqlens, *rest, **kwargs)
+        return direct(x, weight, picked, own, cu_seqlens, out=out, new_window=new_window)
 
     runs, _ = window_sources_pass(eager, seed=5)
     hidden, states = eager.final_hidden(runs)
-    monkeypatch.setattr(kernels, "conv_prepare", gathered)
+    monkeypatch.setattr(kernels, "causal_conv1d", gathered)
     old_hidden, old_states = eager.final_hidden(runs)
     assert len(calls) == len(eager.gdn_layers), "the gathered path did not run"
     assert torch.equal(hidden, old_hidden)
