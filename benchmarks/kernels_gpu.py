@@ -129,13 +129,6 @@ def cases(T: int):
     a_log, dt = torch.rand(H, device=DEV), torch.randn(H, device=DEV)
     prep = lambda: K.gdn_prepare(conv, ab[:, :H], ab[:, H:], a_log, dt, HK)  # noqa: E731
     out.append(("gdn_prepare", prep, T * (2 * HK * DKV * 2 + 2 * H * 2 + 2 * HK * DKV * 4 + 2 * H * 4), 0, "bw"))
-    # the runner's form: both in one launch (the same bits), against the two launches
-    fused = lambda: K.conv_prepare(x, w, win, wsrc, cu, ab[:, :H], ab[:, H:], a_log, dt, HK)  # noqa: E731
-    conv_bytes, prep_bytes = 2 * T * CONV_C * 2, T * (2 * HK * DKV * 2 + 2 * H * 2 + 2 * HK * DKV * 4 + 2 * H * 4)
-    out.append(("conv_prepare", fused, conv_bytes + prep_bytes - 2 * T * 2 * HK * DKV * 2, 8 * T * CONV_C, "bw"))
-    out.append(
-        ("conv1d+gdn_prepare", lambda: (K.causal_conv1d(x, w, win, wsrc, cu), prep()), conv_bytes + prep_bytes, 0, "bw")
-    )
     qn, kn, g, beta, kq = prep()
     v = conv[:, 2 * HK * DKV :].unflatten(1, (H, DKV))
     init = torch.randn(1, H, DKV, DKV, device=DEV) * 0.1

@@ -158,32 +158,6 @@ def causal_conv1d(x, weight, windows, win_src, cu_seqlens, out=None, new_window=
     return out, new_window
 
 
-def conv_prepare(x, weight, windows, win_src, cu_seqlens, a, b, A_log, dt_bias, num_k_heads, rows=None):
-    """causal_conv1d then gdn_prepare in one launch (conv1d.cu, causal_conv1d_prepare), with their
-    bits. x: [T, C] bf16, C = 2 Hk 128 + H 128 channels (q, k, v); the rest as the two kernels.
-    Returns (conv [T, C] bf16 whose v columns are written (its q and k columns are not), new
-    windows [N, 3, C] bf16, (qn, kn, g, beta, kq) as gdn_prepare's)."""
-    T, C = x.shape
-    N, H, hk = cu_seqlens.numel() - 1, a.shape[1], num_k_heads
-    assert x.stride(1) == 1 and weight.is_contiguous() and windows.is_contiguous()
-    assert windows.shape[1:] == (CONV_K - 1, C) and win_src.dtype == torch.int32 and win_src.is_contiguous()
-    assert win_src.numel() == N * (CONV_K - 1) and C == 2 * hk * GDN_DIM + H * GDN_DIM
-    assert a.stride(0) == b.stride(0) and a.stride(1) == 1 and b.stride(1) == 1
-    dev = x.device
-    out = torch.empty(T, C, dtype=torch.bfloat16, device=dev)
-    new_window = torch.empty(N, CONV_K - 1, C, dtype=torch.bfloat16, device=dev)
-    qn, kn = (torch.empty(T, hk, GDN_DIM, dtype=torch.float32, device=dev) for _ in range(2))
-    g, beta = (torch.empty(T, H, dtype=torch.float32, device=dev) for _ in range(2))
-    kq = torch.empty(T, hk, dtype=torch.float32, device=dev)
-    threads, rows = traits.CONV.threads, rows or traits.CONV.rows(T)
-    # the channels' blocks, then one for g and beta; output row groups, then window rows
-    grid = ((C // 8 + threads - 1) // threads + 1, (T + rows - 1) // rows + N * (CONV_K - 1))
-    args = (x, _i64(x.stride(0)), weight, win_src, windows, cu_seqlens, N, T, C, int(rows), hk)
-    args += (a, b, _i64(a.stride(0)), A_log, dt_bias, H, out, new_window, qn, kn, g, beta, kq)
-    _launch("conv1d", "causal_conv1d_prepare", grid, (threads,), args)
-    return out, new_window, (qn, kn, g, beta, kq)
-
-
 def own_windows(num_segments: int, device) -> torch.Tensor:
     """win_src [3N] int32 for causal_conv1d when segment n's window is windows[n] (no in-pass
     parents: tests, benchmarks)."""

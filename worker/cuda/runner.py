@@ -280,21 +280,10 @@ class CudaRunner:
         proj = self._linear(h, layer.w_in)  # [T, C + Hv*Dv + 2*Hv]
         x = proj[:, :C] if (proj.stride(0) * 2) % 16 == 0 else proj[:, :C].contiguous()
         slot_windows, slot_states, slot_tails = io.gdn_in(index)
+        # each run's window is read where it lies: rows of x (in-pass ancestors) or a parent slot
+        conv, new_windows = K.causal_conv1d(x, layer.conv_weight, slot_windows, launch.win_src, launch.cu)
         z, b, a = proj[:, C : C + vd], proj[:, C + vd : C + vd + hv], proj[:, C + vd + hv :]
-        # each run's window is read where it lies: rows of x (in-pass ancestors) or a parent slot;
-        # conv and gdn_prepare in one launch
-        conv, new_windows, (qn, kn, g, beta, kq) = K.conv_prepare(
-            x,
-            layer.conv_weight,
-            slot_windows,
-            launch.win_src,
-            launch.cu,
-            a,
-            b,
-            layer.a_log,
-            layer.dt_bias,
-            c.linear_num_key_heads,
-        )
+        qn, kn, g, beta, kq = K.gdn_prepare(conv, a, b, layer.a_log, layer.dt_bias, c.linear_num_key_heads)
         v = conv[:, 2 * c.linear_key_dim :].unflatten(1, (hv, 128))
         if self.chunked_gdn:  # solve and output once, the state pass once per level
             assert launch.tail_src is not None, "a chunked runner's launches carry tail sources"

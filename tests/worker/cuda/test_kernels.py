@@ -175,30 +175,6 @@ def test_causal_conv1d_window_sources(K, ref, pad):
         assert not nw[R + 1 :].any(), "empty segments' new windows: slot 0's zeros"
 
 
-@pytest.mark.parametrize("pad", [(0, 0), (7, 2)])
-def test_conv_prepare_is_conv_then_prepare(K, pad):
-    """The fused conv + gdn_prepare gives the two kernels' bits: qn, kn, g, beta, q . k, the v
-    columns of the conv output and the new windows, over CONV_FOREST's window sources (with a
-    graph pass's pad and empty segments), at any rows a thread."""
-    Hk, H = 16, 48
-    C = 2 * Hk * 128 + H * 128
-    x, slots, win_src, cu, _, _ = conv_forest(C, *pad)
-    T = x.shape[0]
-    w = (torch.randn(C, 4, device=DEV) * 0.5).bfloat16()
-    ab = torch.randn(T, 2 * H + 7, device=DEV).bfloat16()
-    a, b = ab[:, :H], ab[:, H : 2 * H]
-    a_log = torch.log(torch.rand(H, device=DEV) * 15 + 1)
-    dt_bias = torch.randn(H, device=DEV)
-    conv, nw = K.causal_conv1d(x, w, slots, win_src, cu)
-    expected = K.gdn_prepare(conv, a, b, a_log, dt_bias, Hk)
-    for rows in (None, 1, 16):
-        f_conv, f_nw, got = K.conv_prepare(x, w, slots, win_src, cu, a, b, a_log, dt_bias, Hk, rows=rows)
-        assert torch.equal(f_conv[:, 2 * Hk * 128 :], conv[:, 2 * Hk * 128 :]), f"v columns, {rows} rows"
-        assert torch.equal(f_nw, nw), f"new windows, {rows} rows"
-        for name, o, e in zip(("qn", "kn", "g", "beta", "kq"), got, expected, strict=True):
-            assert torch.equal(o, e), f"{name}, {rows} rows"
-
-
 def test_gdn_prepare(K, ref):
     T, Hk, H = 300, 16, 48
     conv = torch.randn(T, 2 * Hk * 128 + H * 128, device=DEV).bfloat16()
