@@ -28,9 +28,9 @@
 // Two forms with the same arithmetic (the same bits): tree_attention_fwd loads each K/V tile and
 // then computes it, two blocks an SM hiding each other's loads; tree_attention_fwd_pipelined
 // keeps two K/V buffers, the next tile's copies in flight while this one computes, one block an
-// SM. The pipelined form is 1.4-1.5x faster where few query rows walk many keys (a question under
-// a cached context: few blocks, each a long chain of tiles) and 1.05-1.25x slower on whole
-// prompts of 512 tokens and more (docs/cuda-kernels.md): the host picks it for short passes.
+// SM. The pipelined form is 1.2-1.4x faster where few query rows walk many keys (a question under
+// a cached context: few blocks, each a long chain of tiles), as fast on a whole 512-token prompt
+// and 1.26-1.28x slower from 4,096 tokens (docs/cuda-kernels.md): the host picks it for short passes.
 #include "common.cuh"
 
 // Tile sizes come from the host (traits.AttentionTraits), which launches the single-buffered form

@@ -303,8 +303,9 @@ def gdn_recurrent(
 
 
 # Passes of at most this many query tokens a segment take tree attention's pipelined form (the
-# same bits): 1.4-1.5x faster for a few query rows under a long cached context, within 1% at 74
-# tokens, slower on whole prompts from 512 tokens (cuda/tree_attention.cu, docs/cuda-kernels.md)
+# same bits): 1.2-1.4x faster for a few query rows under a long cached context, within 1% on
+# whole prompts of 74 and 512 tokens, 1.26x slower at 4,096 (cuda/tree_attention.cu,
+# docs/cuda-kernels.md)
 ATTN_PIPELINED_MAX_Q = 256
 
 
