@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from openjev.worker.planner.plan import Reader
 
 Prompt = tuple[Reader, Sequence[int]]
+LONG_CONTEXT_TOKENS = 256  # compressed_trie: prompts at least this long are sorted past their shared context
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,17 @@ def compressed_trie(prompts: Sequence[Prompt], block_tokens: int = 1) -> list[Tr
             return t
         return tuple(t[i : i + block_tokens] for i in range(0, len(t), block_tokens))
 
-    items = sorted((keys_of(tokens), reader) for reader, tokens in prompts)
+    items = [(keys_of(tokens), reader) for reader, tokens in prompts]
+    # Prompts that share a long context (a state of thousands of tokens) are sorted by what
+    # follows it: the same order as by whole keys, without every comparison walking the context
+    # element by element (8 such prompts of 4,736 tokens: 1.7-2.3 ms to plan, now 0.9-1.4).
+    shared = 0
+    if len(items) > 1 and min(len(k) for k, _ in items) * block_tokens >= LONG_CONTEXT_TOKENS:
+        shared = min(common_prefix_length(items[0][0], k) for k, _ in items[1:])
+    if shared:
+        items.sort(key=lambda item: (item[0][shared:], item[1]))
+    else:
+        items.sort()
     keys = [k for k, _ in items]
     nodes: list[TreeNode] = []
     # (lo, hi, key depth, parent node index): keys[lo:hi] agree on their first depth+1 keys.

@@ -90,3 +90,16 @@ def test_trie_parents_come_first():
             parent = nodes[node.parent]
             assert node.start_position == parent.start_position + len(parent.token_ids)
     assert sorted(r for n in nodes for r in n.readers) == [R(0, i) for i in range(30)]
+
+
+def test_trie_under_a_long_shared_context_is_the_trie_of_the_tails_below_it():
+    """Eight candidates after a 3,000-token context (how a long state reaches the planner): the
+    root is the context, and below it the trie of the tails, node for node."""
+    context = list(range(1000, 4000))
+    tails = [[7, 1, i % 2, i] for i in range(6)] + [[7, 2], [7]]
+    readers = [R(0, i) for i in range(len(tails))]
+    nodes = compressed_trie([(r, context + t) for r, t in zip(readers, tails, strict=True)])
+    below = compressed_trie(list(zip(readers, tails, strict=True)))
+    assert nodes[0] == TreeNode(None, 0, tuple(context) + below[0].token_ids, below[0].readers)
+    shifted = [TreeNode(n.parent, n.start_position + len(context), n.token_ids, n.readers) for n in below[1:]]
+    assert nodes[1:] == shifted

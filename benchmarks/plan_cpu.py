@@ -1,0 +1,66 @@
+"""How long the worker's planner takes (policy auto, the CUDA cost model, the runner's pass depth):
+requests of benchmarks/workload.jsonl, and a score question with 8 levels over a long state (the
+shape of a state-cache hit in benchmarks/profile_state_hit.py). Planning runs on the request's
+thread before the request is admitted, so its time adds to the request's latency.
+
+    .venv/bin/python benchmarks/plan_cpu.py [--model .openjev/demo-model] [--repeats 50] [--cases A,B]
+
+Prints a table: tokens, candidates and the median time of `repeats` plans per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from openjev.tools.bench import workload
+from openjev.tools.bench.main import longest_tokens_fn
+from openjev.worker.planner.cost import default_cost_model
+from openjev.worker.planner.plan import PackLimits
+from openjev.worker.planner.policy import plan_request
+
+DEFAULT_CASES = "noul-1-128-0,choice-1-128-0,score-129-512-12,choice-2049-4096-112,choice-2049-4096-120"
+# profile_state_hit.py's question and state sentence; 240 sentences: ~4,700 tokens
+LONG_STATE_QUESTION = {
+    "type": "score",
+    "instructions": "Assess the urgency using only the given evidence.",
+    "criteria": ["Routine.", "Low.", "Moderate.", "Elevated.", "High.", "Severe.", "Urgent.", "Critical."],
+}
+SENTENCE = "The customer writes that the invoice for order {n} shows a charge they do not recognise. "
+STATE_SENTENCES = 240
+PASS_DEPTH = 8  # CudaRunner's max_pass_depth
+
+
+def requests(model: Path, cases: list[str]) -> dict[str, list[list[list[int]]]]:
+    """name -> per question, each candidate's token ids."""
+    _, candidates_of, _ = longest_tokens_fn(model)
+    by_name = {c.name: c.request for c in workload.read_jsonl(Path(__file__).parent / "workload.jsonl")}
+    out = {name: [[list(t) for t in q] for q in candidates_of(by_name[name])] for name in cases}
+    state = "".join(SENTENCE.format(n=i) for i in range(STATE_SENTENCES))
+    request = {"state": state, "questions": {"q": LONG_STATE_QUESTION}}
+    out["score-8-over-long-state"] = [[list(t) for t in candidates_of(request)[0]]]
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=Path(".openjev/demo-model"))
+    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--cases", default=DEFAULT_CASES)
+    args = p.parse_args()
+    cost = default_cost_model("cuda")
+    print("| request | tokens | candidates | plan ms (median) |\n|---|---|---|---|")
+    for name, questions in requests(args.model, args.cases.split(",")).items():
+        seconds = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            plan_request(questions, "auto", PackLimits(), cost, PASS_DEPTH)
+            seconds.append(time.perf_counter() - start)
+        tokens, candidates = sum(len(c) for q in questions for c in q), sum(len(q) for q in questions)
+        print(f"| {name} | {tokens} | {candidates} | {1e3 * statistics.median(seconds):.3f} |")
+
+
+if __name__ == "__main__":
+    main()
