@@ -15,6 +15,8 @@ import statistics
 import time
 from pathlib import Path
 
+from profile_state_hit import ASK, SENTENCE  # the cache-hit profile's question and state sentence
+
 from openjev.tools.bench import workload
 from openjev.tools.bench.main import longest_tokens_fn
 from openjev.worker.planner.cost import default_cost_model
@@ -22,14 +24,7 @@ from openjev.worker.planner.plan import PackLimits
 from openjev.worker.planner.policy import plan_request
 
 DEFAULT_CASES = "noul-1-128-0,choice-1-128-0,score-129-512-12,choice-2049-4096-112,choice-2049-4096-120"
-# profile_state_hit.py's question and state sentence; 240 sentences: ~4,700 tokens
-LONG_STATE_QUESTION = {
-    "type": "score",
-    "instructions": "Assess the urgency using only the given evidence.",
-    "criteria": ["Routine.", "Low.", "Moderate.", "Elevated.", "High.", "Severe.", "Urgent.", "Critical."],
-}
-SENTENCE = "The customer writes that the invoice for order {n} shows a charge they do not recognise. "
-STATE_SENTENCES = 240
+STATE_SENTENCES = 240  # ~4,700 tokens, the profile's longest state
 PASS_DEPTH = 8  # CudaRunner's max_pass_depth
 
 
@@ -39,7 +34,7 @@ def requests(model: Path, cases: list[str]) -> dict[str, list[list[list[int]]]]:
     by_name = {c.name: c.request for c in workload.read_jsonl(Path(__file__).parent / "workload.jsonl")}
     out = {name: [[list(t) for t in q] for q in candidates_of(by_name[name])] for name in cases}
     state = "".join(SENTENCE.format(n=i) for i in range(STATE_SENTENCES))
-    request = {"state": state, "questions": {"q": LONG_STATE_QUESTION}}
+    request = {"state": state, "questions": {"q": ASK}}
     out["score-8-over-long-state"] = [[list(t) for t in candidates_of(request)[0]]]
     return out
 
