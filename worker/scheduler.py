@@ -102,6 +102,12 @@ class _Job:
         self.done.set()
 
 
+def _cancel_reason(job: _Job) -> str:
+    # The loop may see a client's deadline before the request's own thread does: a request that
+    # never entered a pass left the queue either way.
+    return "client went away while queued" if job.started_at is None else "request cancelled before it finished"
+
+
 PassObserver = Callable[[int, int, float], None]  # (requests, tokens, seconds) of each pass
 
 
@@ -190,7 +196,7 @@ class Scheduler:
                 return
             if job.started_at is None:  # not in any pass yet: leave at once
                 self._jobs.remove(job)
-                job.finish(Cancelled("client went away while queued"))
+                job.finish(Cancelled(_cancel_reason(job)))
             else:
                 job.cancel_requested = True  # the loop drops it at the next pass boundary
 
@@ -214,7 +220,7 @@ class Scheduler:
         for job in list(self._jobs):
             if job.cancel_requested or not job.is_active():
                 self._jobs.remove(job)
-                job.finish(Cancelled("request cancelled before it finished"))
+                job.finish(Cancelled(_cancel_reason(job)))
 
     def _step(self, jobs: list[_Job]) -> None:
         """schedule -> execute -> update, for one pass."""

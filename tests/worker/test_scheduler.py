@@ -12,7 +12,7 @@ import pytest
 from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.planner import CPU_COST_MODEL, PackLimits
 from openjev.worker.runner_api import SegmentRun
-from openjev.worker.scheduler import QueueFull
+from openjev.worker.scheduler import Cancelled, QueueFull
 
 TEMPERATURE = 2.0
 
@@ -169,6 +169,39 @@ def test_queue_full_and_arrival_order(torch_runner):
     first.join(30)
     second.join(30)
     assert done == [0, 1]
+
+
+def test_a_request_that_leaves_while_queued_is_logged_as_queued(torch_runner):
+    """Whichever thread sees the client gone first (the request's own, or the scheduler's loop
+    before its next pass), a request that never entered a pass left the queue."""
+    gate = threading.Event()
+    engine = Engine(
+        PassLog(torch_runner, gate),
+        cost_model=CPU_COST_MODEL,
+        pack_limits=PackLimits(max_sequences=1, max_tokens=4096),
+    )
+    engine.scheduler._poll_seconds = 60.0  # the waiting thread does not look: the loop must
+    work = [QuestionWork("noul", ((1, 2, 3),))]
+    first = threading.Thread(target=lambda: engine.execute(work, temperature=TEMPERATURE, policy="off"))
+    first.start()
+    wait_until(lambda: _started(engine))  # in a pass, held at the gate
+    gone = threading.Event()
+    errors: list[Exception] = []
+
+    def queued() -> None:
+        try:
+            engine.execute(work, temperature=TEMPERATURE, policy="off", should_stop=gone.is_set)
+        except Cancelled as error:
+            errors.append(error)
+
+    second = threading.Thread(target=queued)
+    second.start()
+    wait_until(lambda: engine.scheduler.depth == 2)
+    gone.set()
+    gate.set()
+    second.join(30)
+    first.join(30)
+    assert [str(e) for e in errors] == ["client went away while queued"]
 
 
 def _started(engine: Engine) -> bool:
