@@ -224,11 +224,27 @@ class Scheduler:
 
     def _step(self, jobs: list[_Job]) -> None:
         """schedule -> execute -> update, for one pass."""
-        per_request = None if len(jobs) == 1 else self.limits.chunk_tokens
-        picked = fill_pass([j.tree for j in jobs], self.limits, self.max_depth, per_request)
-        chosen: dict[int, set[int]] = {}
-        for p in picked:
-            chosen.setdefault(p.owner, set()).add(p.segment)
+        with self._cond:
+            # Chosen and marked started under the lock: a queued request whose client leaves
+            # meanwhile is either out of the pass or in it (then dropped at the next boundary),
+            # never removed, with the cached states it hangs on, from a pass half built.
+            jobs = [j for j in jobs if not j.done.is_set()]
+            if not jobs:
+                return
+            per_request = None if len(jobs) == 1 else self.limits.chunk_tokens
+            picked = fill_pass([j.tree for j in jobs], self.limits, self.max_depth, per_request)
+            chosen: dict[int, set[int]] = {}
+            for p in picked:
+                chosen.setdefault(p.owner, set()).add(p.segment)
+            now = time.perf_counter()
+            starting = [jobs[owner] for owner in chosen if jobs[owner].started_at is None]
+            for job in starting:
+                job.started_at = now
+            for owner in chosen:
+                jobs[owner].num_passes += 1
+                jobs[owner].num_shared_passes += len(chosen) > 1
+        for job in starting:
+            job.on_start()
         kept = {owner: kept_after_pass(jobs[owner].tree, segs) for owner, segs in chosen.items()}
         runs: list[SegmentRun] = []
         for p in picked:
@@ -245,14 +261,6 @@ class Scheduler:
                     parent_in_pass=p.parent_in_pass,
                 )
             )
-        now = time.perf_counter()
-        for owner in chosen:
-            job = jobs[owner]
-            if job.started_at is None:
-                job.started_at = now
-                job.on_start()
-            job.num_passes += 1
-            job.num_shared_passes += len(chosen) > 1
         try:
             results = self.runner.run_launch(runs)
             if len(results) != len(runs):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from openjev.worker.engine import Engine, QuestionWork
+from openjev.worker.engine import Engine, ExecutionResult, QuestionWork
 from openjev.worker.planner import CPU_COST_MODEL, PackLimits
 from openjev.worker.runner_api import SegmentRun
 from openjev.worker.scheduler import Cancelled, QueueFull
@@ -202,6 +202,65 @@ def test_a_request_that_leaves_while_queued_is_logged_as_queued(torch_runner):
     second.join(30)
     first.join(30)
     assert [str(e) for e in errors] == ["client went away while queued"]
+
+
+def test_a_queued_request_leaving_while_a_pass_is_chosen_fails_no_one_else(torch_runner, monkeypatch):
+    """A queued request that hangs on cached states, whose client leaves just as the scheduler
+    chooses the next pass: the request beside it in that pass still gets its answer (the race
+    once failed the whole pass with a KeyError for the leaving request's freed state)."""
+    from openjev.worker import scheduler as scheduler_module
+    from openjev.worker.cache.sizing import build_state_cache
+
+    gate = threading.Event()
+    gate.set()
+    engine = Engine(
+        PassLog(torch_runner, gate),
+        cost_model=CPU_COST_MODEL,
+        state_cache=build_state_cache(torch_runner, 64 << 20, "scheduler-race"),
+    )
+    context = list(range(1000, 1200))  # deposits on the cache's 64-token grid
+
+    def ask(tokens: list[int]) -> list[QuestionWork]:
+        return [QuestionWork("noul", (tuple(tokens),))]
+
+    engine.execute(ask(context + [7, 8, 9]), temperature=TEMPERATURE, policy="off")
+    gate.clear()
+    answers: dict[str, object] = {}
+
+    def send(name: str, tokens: list[int]) -> threading.Thread:
+        def one() -> None:
+            try:
+                answers[name] = engine.execute(ask(tokens), temperature=TEMPERATURE, policy="off")
+            except Exception as error:
+                answers[name] = error
+
+        thread = threading.Thread(target=one)
+        thread.start()
+        return thread
+
+    threads = [send("busy", [5, 6, 7])]
+    wait_until(lambda: _started(engine))  # its pass is held at the gate
+    threads += [send("leaving", context + [4, 5, 6]), send("staying", [3000, 3001, 3002, 3003])]
+    wait_until(lambda: engine.scheduler.depth == 3)
+    leaving = next(j for j in engine.scheduler._jobs if j.prepared is not None and j.prepared.hit_tokens)
+    real_fill_pass = scheduler_module.fill_pass
+
+    def client_leaves_meanwhile(*args, **kwargs):
+        monkeypatch.setattr(scheduler_module, "fill_pass", real_fill_pass)
+        cancel = threading.Thread(target=engine.scheduler._cancel, args=(leaving,))
+        cancel.start()
+        cancel.join(0.5)  # done at once unless the scheduler holds its lock while choosing
+        return real_fill_pass(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler_module, "fill_pass", client_leaves_meanwhile)
+    gate.set()
+    for thread in threads:
+        thread.join(60)
+    alone = engine.execute(ask([3000, 3001, 3002, 3003]), temperature=TEMPERATURE, policy="off")
+    assert isinstance(answers["staying"], ExecutionResult), answers["staying"]
+    assert answers["staying"].head_scores == alone.head_scores
+    # the leaving request either left before the pass was chosen or ran in it to the end
+    assert isinstance(answers["leaving"], Cancelled | ExecutionResult), answers["leaving"]
 
 
 def _started(engine: Engine) -> bool:
