@@ -87,6 +87,13 @@ def _failure(call, code: grpc.StatusCode, details: str | None, *, unrun: bool) -
     return refused
 
 
+def _cancel_with_client(context, cancel: Callable[[], object]) -> None:
+    """The client going away cancels the worker's work. A client gone already (while the request
+    was validated or tokenized) has run its callbacks: gRPC refuses new ones, so cancel now."""
+    if not context.add_callback(cancel):
+        cancel()
+
+
 def _place(results: list, question: wire.QuestionResult) -> None:
     index = question.question_index
     if index >= len(results) or results[index] is not None:
@@ -469,7 +476,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         """One Execute call: (results by question index, summary); Refused, or _NotAccepted when
         it failed UNAVAILABLE before the worker accepted it."""
         call = stub.Execute(requests, timeout=max(timeout, 0.001), metadata=metadata)
-        context.add_callback(call.cancel)  # the client going away cancels the worker's work
+        _cancel_with_client(context, call.cancel)
         results: list[wire.QuestionResult | None] = [None] * num_questions
         summary = None
         received = False
@@ -489,7 +496,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         """One ExecuteUnary call: as `_call`, or _NoUnary when the worker does not serve it. A
         future, not a blocking call: only a future can be cancelled when the client goes away."""
         future = stub.ExecuteUnary.future(request, timeout=max(timeout, 0.001), metadata=metadata)
-        context.add_callback(future.cancel)
+        _cancel_with_client(context, future.cancel)
         try:
             response = future.result()
         except (grpc.RpcError, grpc.FutureCancelledError):

@@ -90,12 +90,11 @@ class HttpCallContext:
         return not self._cancelled and (self._deadline is None or time.monotonic() < self._deadline)
 
     def add_callback(self, callback: Callable[[], None]) -> bool:
+        """As gRPC's: False (the callback not kept) once the call is over; the caller acts."""
         with self._lock:
             if not self._cancelled:
                 self._callbacks.append(callback)
-                return True
-        callback()  # already gone: cancel at once
-        return False
+            return not self._cancelled
 
     def cancel(self) -> None:
         with self._lock:

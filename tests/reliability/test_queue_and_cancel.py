@@ -154,6 +154,51 @@ def test_timed_out_request_leaves_the_queue(busy_pair, stub):
     assert worker_line(busy_pair.worker, running_id)["status"] == "CANCELLED"
 
 
+class _ClientGone:
+    """The servicer context of a Decide whose client left while the frontend validated and
+    tokenized it: gRPC has run its callbacks and takes no more (add_callback returns False)."""
+
+    def add_callback(self, callback) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("method", ["ExecuteUnary", "Execute"])
+def test_a_client_gone_before_the_worker_call_is_not_run_for_nobody(busy_pair, method):
+    from openjev.frontend.service import DecisionServicer, Refused
+    from openjev.worker.v1 import worker_pb2 as wire
+    from openjev.worker.v1 import worker_pb2_grpc
+
+    request_id = rid("gone")
+    header = wire.ExecuteHeader(
+        request_id=request_id,
+        prefix_policy=api.PREFIX_POLICY_OFF,
+        questions=[wire.QuestionShape(kind=wire.QUESTION_KIND_CHOICE, num_candidates=16)],
+    )
+    candidates = [wire.Candidate(question_index=0, candidate_index=c, token_ids=[1000 + c] * 2000) for c in range(16)]
+    metadata = [("x-request-id", request_id)]
+    with grpc.insecure_channel(busy_pair.worker.address) as channel:
+        worker = worker_pb2_grpc.WorkerServiceStub(channel)
+        with pytest.raises(Refused) as caught:
+            if method == "ExecuteUnary":
+                request = wire.ExecuteUnaryRequest(header=header, candidates=candidates)
+                DecisionServicer._call_unary(worker, request, metadata, 60.0, _ClientGone(), 1)
+            else:
+                stream = [
+                    wire.ExecuteRequest(header=header),
+                    wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=candidates)),
+                    wire.ExecuteRequest(commit=wire.Commit()),
+                ]
+                DecisionServicer._call(worker, iter(stream), metadata, 60.0, _ClientGone(), 1)
+    assert caught.value.code == grpc.StatusCode.CANCELLED
+    # the worker is free at once (it would be busy for seconds had it run the request)
+    with Client(busy_pair.frontend.address) as client:
+        started = time.monotonic()
+        send(client.stub, SMALL, rid("after")).result()
+        assert time.monotonic() - started < 2
+    executed = [r for r in log_events(busy_pair.worker.log_text(), "execute") if r.get("request_id") == request_id]
+    assert all(r["status"] != "OK" for r in executed), executed
+
+
 def test_cancelled_requests_do_not_grow_worker_memory(busy_pair, stub):
     def cancel_one() -> None:
         request_id = rid("mem")
