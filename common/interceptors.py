@@ -98,6 +98,9 @@ CLIENT_CANCELLED = "CLIENT_CANCELLED"
 # A deadline of the server's own (the frontend's --worker-deadline-seconds, shorter than the
 # client's): a silent or overloaded worker, which alerts must see.
 WORKER_DEADLINE = "WORKER_DEADLINE_EXCEEDED"
+# The worker cancelled an Execute stream that sent no commit in time: the call is inactive
+# because the server ended it, not the caller.
+COMMIT_TIMEOUT = "COMMIT_TIMEOUT"
 
 
 def _outcome(context: grpc.ServicerContext, failed: bool, info: RequestInfo) -> str:
@@ -108,6 +111,8 @@ def _outcome(context: grpc.ServicerContext, failed: bool, info: RequestInfo) -> 
         code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
     if code == grpc.StatusCode.OK and not failed and info.outcome is None:
         return code.name
+    if info.outcome == COMMIT_TIMEOUT:
+        return info.outcome
     remaining = context.time_remaining()
     if remaining is not None and remaining <= 0:
         return CLIENT_DEADLINE

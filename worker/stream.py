@@ -216,14 +216,23 @@ class CommitTimer:
     def __init__(self, seconds: float | None, cancel):
         self.expired = False
         self._handle: int | None = None
+        # the deadline thread may already hold `expire` when the stream commits and stops the
+        # timer: one lock makes it either expired (and cancelled) or stopped, never cancelled late
+        self._lock = threading.Lock()
+        self._stopped = False
         if seconds:
 
             def expire() -> None:
-                self.expired = True
+                with self._lock:
+                    if self._stopped:
+                        return
+                    self.expired = True
                 cancel()
 
             self._handle = _deadlines.schedule(seconds, expire)
 
     def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
         if self._handle is not None:
             _deadlines.cancel(self._handle)

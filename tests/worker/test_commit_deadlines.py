@@ -70,3 +70,17 @@ def test_an_unstopped_timer_expires_and_cancels():
     timer = CommitTimer(0.05, cancelled.set)
     assert cancelled.wait(5)
     assert timer.expired
+
+
+def test_a_commit_while_the_deadline_fires_is_never_cancelled_late(monkeypatch):
+    """The deadline thread takes the timer's function, then the stream commits and stops the
+    timer before that function runs: the committed stream is not cancelled afterwards."""
+    from openjev.worker import stream
+
+    taken: list = []
+    monkeypatch.setattr(stream._deadlines, "schedule", lambda seconds, fn: taken.append(fn) or 1)
+    cancelled: list[bool] = []
+    timer = CommitTimer(60.0, lambda: cancelled.append(True))
+    timer.stop()  # the commit
+    taken[0]()  # the deadline thread runs what it took before the stop
+    assert not timer.expired and not cancelled
