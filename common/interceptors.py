@@ -111,14 +111,19 @@ def _outcome(context: grpc.ServicerContext, failed: bool, info: RequestInfo) -> 
         code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
     if code == grpc.StatusCode.OK and not failed and info.outcome is None:
         return code.name
+    return ended_outcome(code.name, info, context.time_remaining(), context.is_active())
+
+
+def ended_outcome(status: str, info: RequestInfo, remaining: float | None, active: bool) -> str:
+    """The outcome label of a call that did not simply end OK (gRPC and the HTTP route): the
+    caller's own deadline or cancel first, unless the server ended the call itself."""
     if info.outcome == COMMIT_TIMEOUT:
         return info.outcome
-    remaining = context.time_remaining()
     if remaining is not None and remaining <= 0:
         return CLIENT_DEADLINE
-    if not context.is_active():
+    if not active:
         return CLIENT_CANCELLED
-    return info.outcome or code.name
+    return info.outcome or status
 
 
 class RequestInterceptor(grpc.ServerInterceptor):

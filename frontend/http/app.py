@@ -237,10 +237,16 @@ class HttpApi:
                 log.info("decide", status=outcome, http_status=200, latency_ms=_ms(started), **fields)
                 return 200, payload, {}
         except Refused as refused:
-            outcome = refused.code.name
+            # the metrics' outcome, as on gRPC: who ended the call, not only the status
+            outcome = interceptors.ended_outcome(refused.code.name, info, context.time_remaining(), context.is_active())
             status = HTTP_STATUS.get(refused.code, 502)
             log.info(
-                "decide", status=outcome, http_status=status, reason=refused.message, latency_ms=_ms(started), **fields
+                "decide",
+                status=refused.code.name,
+                http_status=status,
+                reason=refused.message,
+                latency_ms=_ms(started),
+                **fields,
             )
             extra = {"retry-after": RETRY_AFTER_SECONDS} if status == 503 else {}
             return status, _error_body(refused.message), extra

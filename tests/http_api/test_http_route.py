@@ -184,7 +184,27 @@ def busy(demo_model, tmp_path_factory, http_pair_factory):
     started.pair.stop()
 
 
+def _outcomes(url: str) -> dict[str, float]:
+    """The frontend's Decide count by outcome label (HTTP and gRPC together)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    counts: dict[str, float] = {}
+    for outcome, count in re.findall(
+        r'openjev_frontend_request_seconds_count\{kind="[^"]*",outcome="([^"]+)"\} (\S+)', text
+    ):
+        counts[outcome] = counts.get(outcome, 0.0) + float(count)
+    return counts
+
+
+def _counted(url: str, before: dict[str, float], outcome: str, timeout: float = 10.0) -> float:
+    """How many more calls ended with `outcome` than `before` (waiting for the call to be counted)."""
+    deadline = time.monotonic() + timeout
+    while (moved := _outcomes(url).get(outcome, 0.0) - before.get(outcome, 0.0)) == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return moved
+
+
 def test_queue_full_is_503_and_a_client_that_leaves_cancels_the_work(busy):
+    before = _outcomes(busy.url)
     long_id = f"long-{uuid.uuid4().hex[:8]}"
     body = json.dumps(LONG).encode()
     port = int(busy.url.rsplit(":", 1)[1])
@@ -206,6 +226,27 @@ def test_queue_full_is_503_and_a_client_that_leaves_cancels_the_work(busy):
         assert _worker_status(busy.pair, long_id) == "CANCELLED"
         assert time.monotonic() - closed_at < 3  # at the next launch boundary, not the end
         assert http.post(ROUTE, json=SMALL).status_code == 200
+    # counted as the caller's doing (alerts leave it out), not as a server-side CANCELLED
+    assert _counted(busy.url, before, "CLIENT_CANCELLED") == 1
+    assert _outcomes(busy.url).get("CANCELLED", 0.0) == before.get("CANCELLED", 0.0)
+
+
+def test_the_frontends_own_worker_deadline_is_504_counted_as_the_servers(demo_model, tmp_path, http_pair_factory):
+    started = http_pair_factory(
+        demo_model,
+        tmp_path,
+        worker_args=["--max-launch-sequences", "1", "--state-cache-bytes", "0"],
+        frontend_args=["--worker-deadline-seconds", "1.5"],
+    )
+    try:
+        before = _outcomes(started.url)
+        with httpx.Client(base_url=started.url, timeout=30) as http:
+            reply = http.post(ROUTE, json=LONG)  # no x-timeout-seconds: the frontend's cap ends it
+        assert reply.status_code == 504, reply.text
+        assert _counted(started.url, before, "WORKER_DEADLINE_EXCEEDED") == 1
+        assert _outcomes(started.url).get("DEADLINE_EXCEEDED", 0.0) == before.get("DEADLINE_EXCEEDED", 0.0)
+    finally:
+        started.pair.stop()
 
 
 def test_deadline_is_504(busy):
