@@ -29,7 +29,7 @@ from typing import Any
 
 from openjev.worker.cache.prepare import Prepared, prepare
 from openjev.worker.cache.store import StateCache
-from openjev.worker.planner.passes import PendingTree, fill_pass, kept_after_pass
+from openjev.worker.planner.passes import PendingTree, Picked, fill_pass, kept_after_pass
 from openjev.worker.planner.plan import PackLimits, Plan, Segment
 from openjev.worker.runner_api import ModelRunner, SegmentResult, SegmentRun
 
@@ -97,6 +97,8 @@ class _Job:
         return {} if self.prepared is None else self.prepared.deposits
 
     def finish(self, error: BaseException | None = None) -> None:
+        if self.done.is_set():  # the first outcome stands: its thread may be reading it
+            return
         self.error = error
         self.states.clear()  # freed now, not when the waiting thread wakes
         self.done.set()
@@ -153,6 +155,8 @@ class Scheduler:
         Raises QueueFull, Cancelled or InferenceError."""
         prepared = prepare(plan.segments, self.cache) if self.cache is not None and self.cache.enabled else None
         job = self._admit(_Job(plan, is_active, on_start, prepared))
+        if prepared is not None and prepared.hit_tokens and self.cache is not None:
+            self.cache.record_hit(prepared.hit_tokens)  # counted once admitted, not when refused
         while not job.done.wait(self._poll_seconds):
             if not is_active():
                 self._cancel(job)
@@ -213,8 +217,9 @@ class Scheduler:
             if jobs:
                 try:
                     self._step(jobs)
-                except Exception as error:  # a bug here must not leave waiters hanging
+                except Exception as error:  # a bug choosing a pass must not leave waiters hanging
                     self._finish_all(jobs, InferenceError(f"scheduler failed: {error!r}"))
+            del jobs  # an idle loop must not keep the last requests (and the cached states they hung on)
 
     def _drop_cancelled(self) -> None:
         for job in list(self._jobs):
@@ -223,7 +228,7 @@ class Scheduler:
                 job.finish(Cancelled(_cancel_reason(job)))
 
     def _step(self, jobs: list[_Job]) -> None:
-        """schedule -> execute -> update, for one pass."""
+        """One pass: choose it (schedule), then run it (execute -> update)."""
         with self._cond:
             # Chosen and marked started under the lock: a queued request whose client leaves
             # meanwhile is either out of the pass or in it (then dropped at the next boundary),
@@ -243,8 +248,14 @@ class Scheduler:
             for owner in chosen:
                 jobs[owner].num_passes += 1
                 jobs[owner].num_shared_passes += len(chosen) > 1
-        for job in starting:
-            job.on_start()
+        try:
+            for job in starting:
+                job.on_start()
+            self._run_pass(jobs, picked, chosen, now)
+        except Exception as error:  # a bug past the choice fails this pass's requests, not the queue
+            self._finish_all([jobs[owner] for owner in chosen], InferenceError(f"scheduler failed: {error!r}"))
+
+    def _run_pass(self, jobs: list[_Job], picked: list[Picked], chosen: dict[int, set[int]], now: float) -> None:
         kept = {owner: kept_after_pass(jobs[owner].tree, segs) for owner, segs in chosen.items()}
         runs: list[SegmentRun] = []
         for p in picked:
@@ -318,9 +329,8 @@ class Scheduler:
                 job.states.pop(parent, None)
 
     def _finish_all(self, jobs: list[_Job], error: BaseException) -> None:
-        with self._cond:
+        with self._cond:  # finished under the lock: `_cancel` sees them done, not half removed
             for job in jobs:
                 if job in self._jobs:
                     self._jobs.remove(job)
-        for job in jobs:
-            job.finish(error)
+                job.finish(error)

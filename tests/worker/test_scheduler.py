@@ -12,7 +12,7 @@ import pytest
 from openjev.worker.engine import Engine, ExecutionResult, QuestionWork
 from openjev.worker.planner import CPU_COST_MODEL, PackLimits
 from openjev.worker.runner_api import SegmentRun
-from openjev.worker.scheduler import Cancelled, QueueFull
+from openjev.worker.scheduler import Cancelled, InferenceError, QueueFull
 
 TEMPERATURE = 2.0
 
@@ -261,6 +261,106 @@ def test_a_queued_request_leaving_while_a_pass_is_chosen_fails_no_one_else(torch
     assert answers["staying"].head_scores == alone.head_scores
     # the leaving request either left before the pass was chosen or ran in it to the end
     assert isinstance(answers["leaving"], Cancelled | ExecutionResult), answers["leaving"]
+
+
+def _cached_engine(runner, gate: threading.Event, name: str, **kwargs) -> Engine:
+    from openjev.worker.cache.sizing import build_state_cache
+
+    return Engine(
+        PassLog(runner, gate),
+        cost_model=CPU_COST_MODEL,
+        state_cache=build_state_cache(runner, 64 << 20, name),
+        **kwargs,
+    )
+
+
+CONTEXT = list(range(1000, 1200))  # a request's context: the cache deposits its states at 64, 128, 192
+
+
+def _noul(tokens: list[int]) -> list[QuestionWork]:
+    return [QuestionWork("noul", (tuple(tokens),))]
+
+
+def _send(engine: Engine, answers: dict, name: str, tokens: list[int]) -> threading.Thread:
+    def one() -> None:
+        try:
+            answers[name] = engine.execute(_noul(tokens), temperature=TEMPERATURE, policy="off")
+        except Exception as error:
+            answers[name] = error
+
+    thread = threading.Thread(target=one)
+    thread.start()
+    return thread
+
+
+def test_a_request_refused_for_a_full_queue_is_no_cache_hit(torch_runner):
+    gate = threading.Event()
+    gate.set()
+    engine = _cached_engine(torch_runner, gate, "refused-hit", queue_capacity=0)
+    cache = engine.state_cache
+    assert cache is not None
+    engine.execute(_noul(CONTEXT + [7, 8, 9]), temperature=TEMPERATURE, policy="off")
+    gate.clear()
+    answers: dict[str, object] = {}
+    busy = _send(engine, answers, "busy", [5, 6, 7])
+    wait_until(lambda: _started(engine))  # held at the gate; capacity 0 refuses the next one
+    with pytest.raises(QueueFull):
+        engine.execute(_noul(CONTEXT + [4, 5, 6]), temperature=TEMPERATURE, policy="off")
+    assert (cache.num_hits, cache.hit_tokens) == (0, 0)
+    gate.set()
+    busy.join(30)
+    engine.execute(_noul(CONTEXT + [4, 5, 6]), temperature=TEMPERATURE, policy="off")  # admitted: counted
+    assert (cache.num_hits, cache.hit_tokens) == (1, 192)
+
+
+def test_a_failure_in_a_pass_fails_that_pass_only(torch_runner, monkeypatch):
+    """A fault after the pass was chosen (here the cache's copy of a state runs out of memory)
+    fails the requests of that pass; one waiting for the next pass is answered. (One segment a
+    pass: the context runs as pieces cut at the cache's deposit points, a pass each.)"""
+    gate = threading.Event()
+    engine = _cached_engine(torch_runner, gate, "failing-pass", pack_limits=PackLimits(max_sequences=1))
+    cache = engine.state_cache
+    assert cache is not None
+
+    real_insert, inserts = cache.insert, []
+
+    def out_of_memory(*args, **kwargs):
+        inserts.append(1)
+        if len(inserts) == 2:  # the context's second piece: its second pass, the other one waiting
+            raise MemoryError("injected: no memory for the cache's copy of a state")
+        return real_insert(*args, **kwargs)
+
+    answers: dict[str, object] = {}
+    threads = [_send(engine, answers, "depositing", CONTEXT)]
+    wait_until(lambda: _started(engine))
+    threads.append(_send(engine, answers, "queued", [3000, 3001, 3002]))  # one segment a pass: next pass
+    wait_until(lambda: engine.scheduler.depth == 2)
+    monkeypatch.setattr(cache, "insert", out_of_memory)
+    gate.set()
+    for thread in threads:
+        thread.join(60)
+    assert isinstance(answers["depositing"], InferenceError) and "MemoryError" in str(answers["depositing"])
+    assert isinstance(answers["queued"], ExecutionResult), answers["queued"]
+
+
+def test_an_idle_scheduler_holds_no_cached_state_of_finished_requests(torch_runner):
+    import gc
+    import weakref
+
+    gate = threading.Event()
+    gate.set()
+    engine = _cached_engine(torch_runner, gate, "idle-pins")
+    cache = engine.state_cache
+    assert cache is not None
+    engine.execute(_noul(CONTEXT + [7, 8, 9]), temperature=TEMPERATURE, policy="off")
+    with cache._lock:
+        (state,) = [e.state for k, e in cache._entries.items() if k.position == 192]
+    deepest = weakref.ref(state.layers[0].recurrent)
+    del state
+    hit = engine.execute(_noul(CONTEXT + [4, 5, 6]), temperature=TEMPERATURE, policy="off")
+    assert hit.cache_hit_tokens == 192  # it hung on that state
+    cache.clear()  # as if evicted
+    wait_until(lambda: gc.collect() >= 0 and deepest() is None, timeout=5)
 
 
 def _started(engine: Engine) -> bool:

@@ -120,8 +120,6 @@ def prepare(segments: Sequence[Segment], cache: StateCache) -> Prepared:
     out = tuple(
         Segment(i, up, tokens, start, readers, has_child[i]) for i, (up, tokens, start, readers) in enumerate(pieces)
     )
-    if hit_tokens:
-        cache.record_hit(hit_tokens)
     return Prepared(out, tuple(done), states, tuple(scores), deposits, hit_tokens)
 
 
