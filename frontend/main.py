@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
             max_length=meta.max_length,
             max_questions=args.max_questions,
             max_candidates=args.max_candidates,
+            max_request_tokens=args.max_request_tokens,
             refresh_seconds=args.worker_refresh_seconds,
             on_state=on_worker_state,
             credentials=worker_credentials,

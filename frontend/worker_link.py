@@ -130,6 +130,7 @@ class WorkerLink:
         max_length: int,
         max_questions: int = 0,
         max_candidates: int = 0,
+        max_request_tokens: int = 0,
         refresh_seconds: float = 2.0,
         on_state: Callable[[LinkState], None] = lambda state: None,
         credentials: grpc.ChannelCredentials | None = None,
@@ -166,6 +167,7 @@ class WorkerLink:
         self._max_length = max_length
         self._max_questions = max_questions
         self._max_candidates = max_candidates
+        self._max_request_tokens = max_request_tokens
         self._refresh_seconds = refresh_seconds
         self._probe_timeout = max(refresh_seconds, MIN_PROBE_TIMEOUT_SECONDS)
         self._state = LinkState(None, f"worker at {target} has not answered yet", grpc.StatusCode.UNAVAILABLE)
@@ -306,6 +308,13 @@ class WorkerLink:
             return (
                 f"worker accepts at most {d.limits.max_candidates} candidates per request, fewer than this "
                 f"frontend's --max-candidates {self._max_candidates}"
+            )
+        # 0: a worker that does not state its token limit (built before the field); its refusals
+        # of a too-long request still reach the client, as INTERNAL
+        if 0 < d.limits.max_request_tokens < self._max_request_tokens:
+            return (
+                f"worker accepts at most {d.limits.max_request_tokens} tokens per request, fewer than this "
+                f"frontend's --max-request-tokens {self._max_request_tokens}"
             )
         return None
 

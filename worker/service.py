@@ -109,6 +109,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 max_launch_sequences=i.max_launch_sequences,
                 max_launch_tokens=i.max_launch_tokens,
                 queue_capacity=i.queue_capacity,
+                max_request_tokens=i.max_request_tokens or 0,
             ),
             tokenizer_fingerprint=i.tokenizer_fingerprint,
             backend=i.backend,

@@ -77,17 +77,28 @@ def test_public_reflection_does_not_describe_the_worker_schema(pair):
     assert _symbol(pair.worker.address, "openjev.worker.v1.WorkerService").HasField("file_descriptor_response")
 
 
-def test_frontend_refuses_a_worker_with_smaller_limits(demo_model, tmp_path):
-    worker = launch.start_worker(demo_model, tmp_path, ["--max-questions", "10"])
+@pytest.mark.parametrize(
+    ("worker_args", "reason"),
+    [
+        (
+            ["--max-questions", "10"],
+            "worker accepts at most 10 questions per request, fewer than this frontend's --max-questions 4096",
+        ),
+        (
+            ["--max-request-tokens", "1000"],
+            "worker accepts at most 1000 tokens per request, fewer than this frontend's --max-request-tokens",
+        ),
+    ],
+)
+def test_frontend_refuses_a_worker_with_smaller_limits(demo_model, tmp_path, worker_args, reason):
+    worker = launch.start_worker(demo_model, tmp_path, worker_args)
     frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--worker-refresh-seconds", "0.5"])
     try:
         time.sleep(2.0)
         with Client(frontend.address) as client, pytest.raises(grpc.RpcError) as caught:
             client.decide({"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}, timeout=10)
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "worker accepts at most 10 questions per request, fewer than this frontend's --max-questions 4096" in (
-            caught.value.details()
-        )
+        assert reason in caught.value.details()
     finally:
         frontend.stop()
         worker.stop()

@@ -24,20 +24,22 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("max_questions", "max_candidates", "max_batch_candidates", "max_launch_sequences", "max_launch_tokens", "queue_capacity")
+    __slots__ = ("max_questions", "max_candidates", "max_batch_candidates", "max_launch_sequences", "max_launch_tokens", "queue_capacity", "max_request_tokens")
     MAX_QUESTIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     MAX_LAUNCH_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     MAX_LAUNCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_REQUEST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     max_questions: int
     max_candidates: int
     max_batch_candidates: int
     max_launch_sequences: int
     max_launch_tokens: int
     queue_capacity: int
-    def __init__(self, max_questions: _Optional[int] = ..., max_candidates: _Optional[int] = ..., max_batch_candidates: _Optional[int] = ..., max_launch_sequences: _Optional[int] = ..., max_launch_tokens: _Optional[int] = ..., queue_capacity: _Optional[int] = ...) -> None: ...
+    max_request_tokens: int
+    def __init__(self, max_questions: _Optional[int] = ..., max_candidates: _Optional[int] = ..., max_batch_candidates: _Optional[int] = ..., max_launch_sequences: _Optional[int] = ..., max_launch_tokens: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., max_request_tokens: _Optional[int] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
     __slots__ = ("abi_version", "model_id", "alias", "checkpoint_revision", "temperature", "max_length", "limits", "tokenizer_fingerprint", "backend", "default_prefix_policy", "execute_unary")
