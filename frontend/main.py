@@ -241,9 +241,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def start_http(args, servicer: DecisionServicer, link: WorkerLink, tokens: tuple[bytes, ...]):
-    """The HTTP/JSON API beside the gRPC one, with the same bearer tokens and TLS files (so it is
-    no way around either)."""
-    """The HTTP API on its own port; /health is ready exactly when the gRPC health says SERVING."""
+    """The HTTP/JSON API on its own port beside the gRPC one, with the same bearer tokens and TLS
+    files (so it is no way around either); /health is ready exactly when the gRPC health says
+    SERVING."""
     from openjev.frontend.http.app import HttpApi
     from openjev.frontend.http.server import HttpServer
 

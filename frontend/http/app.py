@@ -14,6 +14,7 @@ same bytes; only the transport and the status mapping differ:
 | bad `x-timeout-seconds` header             | 400  |
 | contract violation (INVALID_ARGUMENT)      | 422, the same message |
 | worker queue full (RESOURCE_EXHAUSTED)     | 503 + Retry-After |
+| every route thread busy (32 requests)      | 503 + Retry-After |
 | no worker serving (UNAVAILABLE, CANCELLED) | 503 + Retry-After |
 | deadline passed (DEADLINE_EXCEEDED)        | 504  |
 | the worker failed (INTERNAL, any other)    | 502  |
@@ -137,8 +138,13 @@ class HttpApi:
         self.authorize = authorize
         self.draining = False  # set on SIGTERM: not ready while requests in flight finish
         self.max_body_bytes = max_body_bytes
-        # Decide blocks (it streams to the worker over a synchronous channel): one thread each.
+        self._too_large = f"request body exceeds {max_body_bytes} bytes"
+        # Decide blocks (it streams to the worker over a synchronous channel): one thread each,
+        # and no more requests than threads at once: a request past them is refused, not left
+        # waiting unseen (in no gauge, its body held) in the pool's queue.
         self._pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="http")
+        self.max_concurrent = max_workers
+        self._slots = threading.BoundedSemaphore(max_workers)
         self._observer = metrics.FrontendObserver()
         accepted = sorted(servicer.meta.accepted_model_names)
         document = openapi_document(max_body_bytes, accepted, servicer.max_questions)
@@ -175,10 +181,18 @@ class HttpApi:
             return _error(401, "missing or unknown bearer token", {**headers, "www-authenticate": "Bearer"})
         if not _is_json(request.headers.get("content-type")):
             return _error(415, "content type must be application/json", headers)
-        too_large = f"request body exceeds {self.max_body_bytes} bytes"
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
-            return _error(413, too_large, headers)
+            return _error(413, self._too_large, headers)
+        if not self._slots.acquire(blocking=False):
+            busy = f"server is at its limit of {self.max_concurrent} concurrent requests; retry later"
+            return _error(503, busy, {**headers, "retry-after": RETRY_AFTER_SECONDS})
+        try:
+            return await self._systemone(request, request_id, headers)
+        finally:
+            self._slots.release()
+
+    async def _systemone(self, request: Request, request_id: str, headers: dict[str, str]) -> Response:
         deadline = None
         if _TIMEOUT_HEADER in request.headers:
             try:
@@ -195,7 +209,7 @@ class HttpApi:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > self.max_body_bytes:
-                    return _error(413, too_large, headers)
+                    return _error(413, self._too_large, headers)
                 chunks.append(chunk)
         except ClientDisconnect:  # gone before the body arrived: nothing to answer, nothing ran
             return Response(status_code=400)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
 import time
 import uuid
 from concurrent import futures
@@ -371,6 +372,46 @@ def test_a_bug_is_500_without_internals(max_body_bytes):
         assert reply.json() == {"error": "internal error"}
         assert "secret" not in reply.text and reply.headers["x-request-id"]
     finally:
+        server.wait_stopped()
+
+
+def test_requests_past_the_threads_are_refused_at_once(max_body_bytes):
+    """No request waits unseen for a thread (holding its body): past `max_workers` in flight, 503."""
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+    from openjev.frontend.service import Refused
+
+    release, entered = threading.Event(), threading.Event()
+
+    class Slow:
+        meta = SimpleNamespace(accepted_model_names=frozenset({"m"}))
+        max_questions = 4
+
+        def answer(self, request, context, request_id, fields):
+            entered.set()
+            release.wait(30)
+            raise Refused(grpc.StatusCode.UNAVAILABLE, "no worker")
+
+    api = HttpApi(Slow(), lambda: None, max_body_bytes=max_body_bytes, max_workers=1)  # type: ignore[arg-type]
+    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
+    server.start()
+    url = f"http://127.0.0.1:{server.port}{ROUTE}"
+    try:
+        with futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(httpx.post, url, json=SMALL, timeout=30)
+            assert entered.wait(10)
+            started = time.monotonic()
+            refused = httpx.post(url, json=SMALL, timeout=10)
+            assert time.monotonic() - started < 2
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            assert refused.json()["error"] == "server is at its limit of 1 concurrent requests; retry later"
+            release.set()
+            assert "no worker" in first.result().json()["error"]  # the slow one's own answer
+        entered.clear()
+        again = httpx.post(url, json=SMALL, timeout=10)
+        assert entered.is_set() and "no worker" in again.json()["error"]  # its slot was given back
+    finally:
+        release.set()
         server.wait_stopped()
 
 
