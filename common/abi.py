@@ -10,6 +10,8 @@ every worker offers it, so older peers on either side keep working.
 
 from __future__ import annotations
 
+import hashlib
+
 from openjev.contract.literals import (
     PREFIX_POLICIES,
     PREFIX_SCOPES,
@@ -27,6 +29,19 @@ ABI_VERSION = 1
 # A call that failed before this header came never ran on that worker, so the frontend may try it
 # again elsewhere; empty headers cannot say that, since a failed call reports its headers as empty.
 ACCEPTED_METADATA_KEY = "openjev-accepted"
+
+# Request-header key a frontend sends with every worker call: what it expects of the worker
+# (`expected_worker`). Describe is asked only every refresh period, so a worker restarted with
+# another tokenizer or model could take calls meanwhile; it refuses these itself, before accepting.
+EXPECT_METADATA_KEY = "openjev-expect"
+
+
+def expected_worker(tokenizer_fingerprint: str, max_length: int, model_id: str, temperature: float) -> str:
+    """What makes a worker's answers this frontend's, as a digest both sides compute alike (a
+    header value must be ASCII; a model id need not be)."""
+    described = f"{ABI_VERSION}\n{tokenizer_fingerprint}\n{max_length}\n{model_id}\n{temperature!r}"
+    return hashlib.sha256(described.encode()).hexdigest()[:32]
+
 
 # Each literal's enum value is its name upper-cased after the enum's prefix (protos/ says so).
 _POLICY_TO_ENUM: dict[PrefixPolicy, api.PrefixPolicy] = {

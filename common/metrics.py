@@ -248,9 +248,14 @@ def listen_host(listen: str) -> str:
     return host.strip("[]") or "0.0.0.0"
 
 
-def serve(registry: CollectorRegistry, listen: str, port: int):
-    """Serve `registry` at http://HOST:port/metrics (HOST from `listen`); None when port is 0."""
+def serve(registry: CollectorRegistry, listen: str, port: int, program: str):
+    """Serve `registry` at http://HOST:port/metrics (HOST from `listen`); None when port is 0. A
+    port it cannot listen on ends the program with one line, as the gRPC port does."""
     if port == 0:
         return None
-    server, _thread = start_http_server(port, addr=listen_host(listen), registry=registry)
+    host = listen_host(listen)
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as error:
+        raise SystemExit(f"{program}: cannot listen on {host}:{port} for metrics: {error.strerror or error}") from None
     return server

@@ -86,9 +86,15 @@ class Server:
     health: health.HealthServicer
     port: int
     service_names: tuple[str, ...]
+    _status: int | None = None
 
     def set_serving(self, serving: bool) -> None:
+        """Health of every service name; a change only (a frontend's link refresh calls this every
+        round, and each call would go to every Watch stream)."""
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        if status == self._status:
+            return
+        self._status = status
         for name in ("", *self.service_names):
             self.health.set(name, status)
 
@@ -205,7 +211,8 @@ def serve_until_signal(
     while not stop.wait(0.1):
         pass
     log.info("shutdown", grace_seconds=grace_seconds)
-    server.set_serving(False)
+    # NOT_SERVING for good: a later set_serving (a frontend's link refresh) changes nothing
+    server.health.enter_graceful_shutdown()
     on_signal()
     server.grpc_server.stop(grace_seconds).wait()
     on_stop()

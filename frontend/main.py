@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
             args.worker,
             fingerprint=tokenizer.fingerprint,
             max_length=meta.max_length,
+            model_id=meta.model_id,
+            temperature=meta.temperature,
             max_questions=args.max_questions,
             max_candidates=args.max_candidates,
             max_request_tokens=args.max_request_tokens,
@@ -198,6 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     name = decision_pb2.DESCRIPTOR.services_by_name["DecisionService"].full_name
     observers = {f"/{name}/Decide": metrics.FrontendObserver()}
     traced = tracing.configure("openjev-frontend", args.otlp_endpoint)
+    # before the gRPC server starts: a port it cannot have ends the process with nothing serving
+    metrics.serve(metrics.frontend_registry, args.listen, args.metrics_port, "openjev-frontend")
     servers.append(
         serving.build_server(
             args.listen,
@@ -219,7 +223,6 @@ def main(argv: list[str] | None = None) -> None:
         )
     )
     server = servers[0]
-    metrics.serve(metrics.frontend_registry, args.listen, args.metrics_port)
     http = start_http(args, servicer, link, tokens) if args.http_listen else None
     link.start()
     if args.port_file:

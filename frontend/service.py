@@ -157,6 +157,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
     ):
         self.meta = meta
         self.tokenizer = tokenizer
+        self.expected_worker = abi.expected_worker(
+            tokenizer.fingerprint, meta.max_length, meta.model_id, meta.temperature
+        )
         self.link = link
         self.max_questions = max_questions
         self.max_candidates = max_candidates
@@ -300,7 +303,11 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         deadline = time.monotonic() + timeout
         # Tokenizing runs on gRPC's sending thread (stream) or on this one (unary), in this span.
         worker_span = tracing.start("worker_stream", candidates=decision.num_candidates)
-        metadata = [(REQUEST_ID_KEY, request_id), *tracing.inject(worker_span)]
+        metadata = [
+            (REQUEST_ID_KEY, request_id),
+            (abi.EXPECT_METADATA_KEY, self.expected_worker),
+            *tracing.inject(worker_span),
+        ]
         num_questions = len(decision.questions)
 
         def route(call, replayable, ended_early=lambda: False):

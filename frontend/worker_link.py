@@ -128,6 +128,8 @@ class WorkerLink:
         *,
         fingerprint: str,
         max_length: int,
+        model_id: str = "",
+        temperature: float | None = None,
         max_questions: int = 0,
         max_candidates: int = 0,
         max_request_tokens: int = 0,
@@ -165,6 +167,8 @@ class WorkerLink:
         self.channel.subscribe(self._on_connectivity, try_to_connect=True)
         self._fingerprint = fingerprint
         self._max_length = max_length
+        self._model_id = model_id
+        self._temperature = temperature
         self._max_questions = max_questions
         self._max_candidates = max_candidates
         self._max_request_tokens = max_request_tokens
@@ -298,6 +302,12 @@ class WorkerLink:
             )
         if d.max_length != self._max_length:
             return f"worker max_length {d.max_length} does not match this frontend's {self._max_length}"
+        # Answers carry this frontend's model id and temperature: another model's (the same
+        # tokenizer, another head) would be answers under the wrong name.
+        if self._model_id and d.model_id != self._model_id:
+            return f"worker serves model {d.model_id!r}, not this frontend's {self._model_id!r}"
+        if self._temperature is not None and d.temperature != self._temperature:
+            return f"worker temperature {d.temperature} does not match this frontend's {self._temperature}"
         # A request this frontend accepts must fit the worker: else it would fail part-way.
         if d.limits.max_questions < self._max_questions:
             return (

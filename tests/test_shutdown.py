@@ -4,12 +4,14 @@ and the process exits within its grace period."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
 import urllib.request
 from concurrent import futures
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from openjev.client import Client
@@ -41,11 +43,15 @@ def test_sigterm_drains_in_flight_and_refuses_new(demo_model, tmp_path):
         demo_model,
         worker.address,
         tmp_path,
-        ["--grace-seconds", str(GRACE_SECONDS), "--metrics-port", str(metrics_port)],
+        # link refreshes during the drain too: they must not turn health back to SERVING
+        ["--grace-seconds", str(GRACE_SECONDS), "--metrics-port", str(metrics_port), "--worker-refresh-seconds", "0.3"],
     )
     url = f"http://127.0.0.1:{metrics_port}/metrics"
+    watched: list[tuple[float, int]] = []
     try:
         launch.wait_serving(frontend.address)
+        watcher = threading.Thread(target=_watch_health, args=(frontend.address, watched), daemon=True)
+        watcher.start()
         with Client(frontend.address) as c, futures.ThreadPoolExecutor(4) as pool:
 
             def call(i: int):
@@ -73,6 +79,21 @@ def test_sigterm_drains_in_flight_and_refuses_new(demo_model, tmp_path):
         assert frontend.popen.returncode == 0
         assert time.monotonic() - signalled < GRACE_SECONDS + 3
         assert '"event": "shutdown"' in frontend.log_text()
+        watcher.join(10)
+        # the Watch stream saw SERVING, then NOT_SERVING at the signal, and nothing after it
+        serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+        statuses = [status for _, status in watched]
+        assert serving in statuses and statuses[-1] == not_serving, watched
+        assert serving not in statuses[statuses.index(not_serving, statuses.index(serving)) :], watched
     finally:
         frontend.stop()
         worker.stop()
+
+
+def _watch_health(address: str, into: list[tuple[float, int]]) -> None:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            for reply in health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service="")):
+                into.append((time.monotonic(), reply.status))
+        except grpc.RpcError:
+            pass  # the server stopped

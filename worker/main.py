@@ -298,6 +298,8 @@ def main(argv: list[str] | None = None) -> None:
     name = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
     work_methods = (f"/{name}/Execute", f"/{name}/ExecuteUnary")
     traced = tracing.configure("openjev-worker", args.otlp_endpoint)
+    # before the gRPC server starts: a port it cannot have ends the process with nothing serving
+    metrics.serve(metrics.worker_registry, args.listen, args.metrics_port, "openjev-worker")
     server = serving.build_server(
         args.listen,
         lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s),
@@ -311,7 +313,6 @@ def main(argv: list[str] | None = None) -> None:
         credentials=credentials,
         program="openjev-worker",
     )
-    metrics.serve(metrics.worker_registry, args.listen, args.metrics_port)
     warm_up(engine, runner, meta.temperature, forced_policy or "shared")
     if state_cache is not None:
         state_cache.budget_bytes = state_cache_budget(args.state_cache_bytes, backend)

@@ -92,6 +92,21 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self._stream_limits = identity.stream_limits()
         self.identity = identity
         self.forced_policy = forced_policy  # the transformers arm runs every request with `off`
+        self._expected = abi.expected_worker(
+            identity.tokenizer_fingerprint, identity.max_length, identity.model_id, identity.temperature
+        )
+
+    def _refuse_if_unexpected(self, context) -> None:
+        """A frontend that expects another worker (it described this address before a restart with
+        another tokenizer or model) gets UNAVAILABLE, unaccepted: it may try another worker."""
+        expected = dict(context.invocation_metadata()).get(abi.EXPECT_METADATA_KEY)
+        if expected is not None and expected != self._expected:
+            log.warning("execute", status="UNAVAILABLE", reason="the frontend expects another worker")
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                "this worker is not the one the frontend described (another ABI version, tokenizer, "
+                "max_length, model or temperature)",
+            )
 
     def Describe(self, request, context):
         i = self.identity
@@ -119,6 +134,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
 
     def Execute(self, request_iterator, context):
         started = time.perf_counter()
+        self._refuse_if_unexpected(context)
         request_id = dict(context.invocation_metadata()).get(interceptors.REQUEST_ID_KEY, "")
         fields = {"request_id": request_id}
         timer = CommitTimer(self.commit_timeout_seconds, context.cancel)
@@ -146,6 +162,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def ExecuteUnary(self, request, context):
         """Execute's committed stream in one message, its answer in one reply."""
         started = time.perf_counter()
+        self._refuse_if_unexpected(context)
         request_id = dict(context.invocation_metadata()).get(interceptors.REQUEST_ID_KEY, "")
         fields = {"request_id": request_id}
         try:

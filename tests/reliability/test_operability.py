@@ -3,6 +3,8 @@ limits compared at connect, and outcome metrics that match what clients saw."""
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +43,26 @@ def test_second_server_on_a_busy_port_exits_with_one_line(pair, demo_model):
         last = done.stderr.strip().splitlines()[-1]  # earlier lines: the JSON config log
         assert last == f"{program}: cannot listen on {address}: the address is in use or not available"
         assert "Traceback" not in done.stderr and '"serving"' not in done.stderr
+
+
+def test_a_busy_metrics_port_exits_with_one_line(demo_model):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for program, module, extra in (
+            ("openjev-worker", launch.WORKER_MODULE, []),
+            ("openjev-frontend", launch.FRONTEND_MODULE, ["--worker", "127.0.0.1:1"]),
+        ):
+            listen = f"127.0.0.1:{launch.free_port()}"
+            done = _run(
+                module,
+                ["--model", str(demo_model), "--listen", listen, "--plaintext", "--metrics-port", str(port), *extra],
+            )
+            assert done.returncode == 1, done.stderr
+            last = done.stderr.strip().splitlines()[-1]
+            assert last.startswith(f"{program}: cannot listen on 127.0.0.1:{port} for metrics: "), done.stderr
+            assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize(
@@ -99,6 +121,62 @@ def test_frontend_refuses_a_worker_with_smaller_limits(demo_model, tmp_path, wor
             client.decide({"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}, timeout=10)
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert reason in caught.value.details()
+    finally:
+        frontend.stop()
+        worker.stop()
+
+
+def test_frontend_refuses_a_worker_of_another_model(demo_model, tmp_path):
+    """The same tokenizer and limits, another model (id, head, temperature): its answers would go
+    out under this frontend's model name."""
+    worker = launch.start_worker(_other_model(demo_model, tmp_path / "other"), tmp_path)
+    frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--worker-refresh-seconds", "0.5"])
+    try:
+        time.sleep(2.0)
+        with Client(frontend.address) as client, pytest.raises(grpc.RpcError) as caught:
+            client.decide({"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "worker serves model 'open-jev-other', not this frontend's 'open-jev-demo'" in caught.value.details()
+    finally:
+        frontend.stop()
+        worker.stop()
+
+
+def _other_model(demo_model, into):
+    """The demo export under another model id and temperature (same tokenizer, same weights)."""
+    into.mkdir()
+    for item in demo_model.iterdir():
+        if item.name != "open_jev_export.json":
+            (into / item.name).symlink_to(item.resolve())
+    export = json.loads((demo_model / "open_jev_export.json").read_text())
+    export.update(model_id="open-jev-other", temperature=1.0)
+    (into / "open_jev_export.json").write_text(json.dumps(export))
+    return into
+
+
+def test_a_worker_replaced_between_describes_refuses_the_frontends_calls(demo_model, tmp_path):
+    """The frontend describes its worker only every refresh period; a worker restarted on the same
+    address with another model meanwhile refuses its calls (UNAVAILABLE, unaccepted) instead of
+    answering them under the frontend's model name."""
+    port = launch.free_port()
+    listen = ["--listen", f"127.0.0.1:{port}"]
+    worker = launch.start_worker(demo_model, tmp_path, listen)
+    frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--worker-refresh-seconds", "600"])
+    body = {"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}
+    try:
+        with Client(frontend.address) as client:
+            client.decide(body, timeout=30)
+            worker.stop()
+            worker = launch.start_worker(_other_model(demo_model, tmp_path / "other"), tmp_path, listen, name="other")
+            deadline = time.monotonic() + 30
+            while True:  # until the traffic channel has reconnected to the new worker
+                with pytest.raises(grpc.RpcError) as caught:
+                    client.decide(body, timeout=30)
+                if "not the one the frontend described" in caught.value.details() or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "this worker is not the one the frontend described" in caught.value.details()
     finally:
         frontend.stop()
         worker.stop()
