@@ -221,11 +221,17 @@ class HttpApi:
         answer = loop.run_in_executor(self._pool, self._decide, body, context, request_id, trace_headers)
         gone = asyncio.ensure_future(_disconnected(request))
         racing: set[asyncio.Future[Any]] = {answer, gone}
-        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
-        if not answer.done():
-            context.cancel()  # the caller went away: the worker stops at its next pass boundary
-        gone.cancel()
-        status, payload, extra = await answer
+        try:
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+            if not answer.done():
+                context.cancel()  # the caller went away: the worker stops at its next pass boundary
+            gone.cancel()
+            status, payload, extra = await answer
+        except asyncio.CancelledError:  # the server's grace period ran out with this one in flight
+            context.cancel()
+            gone.cancel()
+            stopping = {**headers, "retry-after": RETRY_AFTER_SECONDS}
+            return _error(503, "the server stopped before the request finished; retry", stopping)
         return Response(payload, status_code=status, media_type="application/json", headers={**headers, **extra})
 
     def _decide(

@@ -61,7 +61,7 @@ class HttpServer:
             lifespan="off",
             access_log=False,
             log_config=None,
-            timeout_graceful_shutdown=max(1, round(grace_seconds)),
+            timeout_graceful_shutdown=grace_seconds,  # type: ignore[arg-type]  # a float works (wait_for)
             ssl_certfile=tls_cert,
             ssl_keyfile=tls_key,
             ssl_ca_certs=tls_client_ca,

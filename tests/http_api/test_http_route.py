@@ -415,6 +415,42 @@ def test_requests_past_the_threads_are_refused_at_once(max_body_bytes):
         server.wait_stopped()
 
 
+def test_a_request_cut_by_the_grace_period_is_a_json_503(max_body_bytes):
+    """A request still running when the HTTP server's grace period (here 0.5 s) ends: cut then,
+    not at a rounded second, and answered as a refusal the caller can retry, not a bare 500."""
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+    from openjev.frontend.service import Refused
+
+    release, entered = threading.Event(), threading.Event()
+
+    class Endless:
+        meta = SimpleNamespace(accepted_model_names=frozenset({"m"}))
+        max_questions = 4
+
+        def answer(self, request, context, request_id, fields):
+            entered.set()
+            release.wait(30)
+            raise Refused(grpc.StatusCode.UNAVAILABLE, "released after the test")
+
+    server = HttpServer(
+        HttpApi(Endless(), lambda: None, max_body_bytes=max_body_bytes), "127.0.0.1:0", grace_seconds=0.5
+    )  # type: ignore[arg-type]
+    server.start()
+    try:
+        with futures.ThreadPoolExecutor(1) as pool:
+            reply = pool.submit(httpx.post, f"http://127.0.0.1:{server.port}{ROUTE}", json=SMALL, timeout=30)
+            assert entered.wait(10)
+            stopping = time.monotonic()
+            server.wait_stopped()
+            assert time.monotonic() - stopping < 0.9  # not rounded up to a second
+            cut = reply.result()
+        assert cut.status_code == 503 and cut.headers["retry-after"] == "1"
+        assert cut.json() == {"error": "the server stopped before the request finished; retry"}
+    finally:
+        release.set()
+
+
 def test_bearer_tokens_when_configured(max_body_bytes):
     """With tokens, a request without a known one is 401 before anything else is looked at."""
     from openjev.frontend.http.app import HttpApi
