@@ -1,5 +1,6 @@
 """A small client of the public API, and the proto -> contract JSON conversion that
-`openjev decide` prints."""
+`openjev decide` prints (write it with `contract.render.dumps_exact`: a score level may hold an
+integer too long for `int()`, kept as a `BigInt`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import grpc
 
 from openjev import abi, serving
 from openjev.contract.literals import PrefixPolicy
+from openjev.contract.render import parse_int
 from openjev.v1 import decision_pb2 as api
 from openjev.v1 import decision_pb2_grpc
 
@@ -27,7 +29,11 @@ def answer_to_json(answer: api.Answer) -> dict[str, Any]:
             "confidence": answer.choice.confidence,
         }
     if kind == "score":
-        legend = {key: json.loads(level) for key, level in zip(answer.keys, answer.score.legend_json, strict=True)}
+        # a level may hold an integer too long for int(): kept as its digits (render.BigInt)
+        legend = {
+            key: json.loads(level, parse_int=parse_int)
+            for key, level in zip(answer.keys, answer.score.legend_json, strict=True)
+        }
         return {
             "type": "score",
             "score": answer.score.score,

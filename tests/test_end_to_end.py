@@ -133,6 +133,19 @@ def test_cli_error_prints_status_and_exits_nonzero(pair, tmp_path):
     assert "INVALID_ARGUMENT: request requires state" in out.stderr
 
 
+def test_cli_request_that_is_not_utf8_is_the_contracts_error(pair, tmp_path):
+    path = tmp_path / "latin1.json"
+    path.write_bytes('{"state": "café", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}'.encode("latin-1"))
+    out = subprocess.run(
+        [sys.executable, "-m", "openjev.tools.cli", "decide", str(path), "--addr", pair.frontend.address],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip() == "error: INVALID_ARGUMENT: request body must be valid JSON"
+
+
 class _WrongAbiWorker(worker_pb2_grpc.WorkerServiceServicer):
     """A worker from another release: answers Describe with a different ABI version."""
 

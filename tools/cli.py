@@ -17,10 +17,15 @@ from pathlib import Path
 import grpc
 
 from openjev.contract.literals import PREFIX_POLICIES
+from openjev.contract.render import dumps_exact
 
 
 def _read(path: str) -> str:
-    return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:  # what the server answers a body that is not UTF-8 (docs/contract.md)
+        raise SystemExit("error: INVALID_ARGUMENT: request body must be valid JSON") from None
 
 
 def cmd_decide(args) -> int:
@@ -35,7 +40,7 @@ def cmd_decide(args) -> int:
         except grpc.RpcError as error:
             print(f"error: {error.code().name}: {error.details()}", file=sys.stderr)
             return 1
-    print(json.dumps(response, indent=1, ensure_ascii=False))
+    print(dumps_exact(response, sort_keys=False, indent=1))
     return 0
 
 

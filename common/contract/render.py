@@ -61,7 +61,7 @@ def parse_int(text: str) -> int | BigInt:
     return int(text)
 
 
-def dumps_exact(value: Any, *, sort_keys: bool) -> str:
+def dumps_exact(value: Any, *, sort_keys: bool, indent: int | None = None) -> str:
     """`json.dumps(value, sort_keys=..., ensure_ascii=False)` that also writes BigInt digits.
 
     json calls `default` for a BigInt; it stands in a random marker string, which is replaced by
@@ -78,7 +78,7 @@ def dumps_exact(value: Any, *, sort_keys: bool) -> str:
         markers[json.dumps(marker)] = o.text
         return marker
 
-    text = json.dumps(value, sort_keys=sort_keys, ensure_ascii=False, default=default)
+    text = json.dumps(value, sort_keys=sort_keys, ensure_ascii=False, default=default, indent=indent)
     for marker, digits in markers.items():
         text = text.replace(marker, digits, 1)
     return text

@@ -47,6 +47,7 @@ from starlette.routing import Route
 
 from openjev import interceptors, logs, metrics, tracing
 from openjev.client import response_to_json
+from openjev.contract.render import dumps_exact
 from openjev.frontend.http.openapi import openapi_document
 from openjev.frontend.service import DecisionServicer, Refused
 from openjev.interceptors import REQUEST_ID_KEY, RequestInfo
@@ -251,7 +252,7 @@ class HttpApi:
                 except UnicodeDecodeError:
                     text = "\x00"  # not JSON either way: the contract's own message follows
                 response = self.servicer.answer(api.DecideRequest(request_json=text), context, request_id, fields)
-                payload = json.dumps(response_to_json(response), ensure_ascii=False).encode()
+                payload = dumps_exact(response_to_json(response), sort_keys=False).encode()
                 self._observer.on_response(info, response)
                 outcome = "OK"
                 log.info("decide", status=outcome, http_status=200, latency_ms=_ms(started), **fields)

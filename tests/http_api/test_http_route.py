@@ -75,6 +75,18 @@ def test_every_case_answers_the_same_bytes_over_http_and_grpc(http_pair, http):
             assert _masked(reply.text) == _masked(json.dumps(over_grpc, ensure_ascii=False))
 
 
+def test_a_score_level_with_a_5001_digit_integer_is_answered_with_its_digits(http):
+    digits = "9" * 5000 + "1"  # beyond Python's 4,300-digit int <-> str limit
+    body = (
+        '{"state": "s", "questions": {"s": {"type": "score", "instructions": "how big?", "criteria": [{"n": 0}, {"n": '
+        + digits
+        + "}]}}}"
+    )
+    reply = http.post(ROUTE, content=body.encode(), headers={"content-type": "application/json"})
+    assert reply.status_code == 200, reply.text
+    assert '"legend": {"0": {"n": 0}, "1": {"n": ' + digits + "}}" in reply.text
+
+
 def test_every_refusal_is_422_with_the_grpc_message(http_pair, http):
     cases = soak.invalid_requests() + [
         ('{"state": {"a": 1}, "questions": []}', "questions must be an object"),

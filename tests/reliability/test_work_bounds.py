@@ -18,6 +18,7 @@ import pytest
 from openjev.client import Client
 from openjev.contract import errors
 from openjev.contract.errors import ContractError
+from openjev.contract.render import dumps_exact
 from openjev.contract.request import parse_request_json
 from openjev.tools import launch
 from openjev.v1 import decision_pb2 as api
@@ -114,3 +115,9 @@ def test_integers_of_any_length_are_rendered_exactly(client):
     legend_body = body.replace('[{"n": 0}', '[{"n": ' + digits + "}", 1)
     reply = client.stub.Decide(api.DecideRequest(request_json=legend_body), timeout=60)
     assert list(reply.answers[0].score.legend_json) == ['{"n": ' + digits + "}", '{"n": 1}']
+    # the client's contract JSON (what `openjev decide` and the HTTP route print) keeps the digits
+    response = client.decide(legend_body, timeout=60)
+    assert (
+        dumps_exact(response["answers"]["s"]["legend"], sort_keys=False)
+        == '{"0": {"n": ' + digits + '}, "1": {"n": 1}}'
+    )
