@@ -387,24 +387,31 @@ def test_a_bug_is_500_without_internals(max_body_bytes):
         server.wait_stopped()
 
 
+class _Blocking:
+    """A servicer whose answer waits for `release`, then refuses (UNAVAILABLE)."""
+
+    meta = SimpleNamespace(accepted_model_names=frozenset({"m"}))
+    max_questions = 4
+
+    def __init__(self) -> None:
+        self.release, self.entered = threading.Event(), threading.Event()
+
+    def answer(self, request, context, request_id, fields):
+        from openjev.frontend.service import Refused
+
+        self.entered.set()
+        self.release.wait(30)
+        raise Refused(grpc.StatusCode.UNAVAILABLE, "released")
+
+
 def test_requests_past_the_threads_are_refused_at_once(max_body_bytes):
     """No request waits unseen for a thread (holding its body): past `max_workers` in flight, 503."""
     from openjev.frontend.http.app import HttpApi
     from openjev.frontend.http.server import HttpServer
-    from openjev.frontend.service import Refused
 
-    release, entered = threading.Event(), threading.Event()
-
-    class Slow:
-        meta = SimpleNamespace(accepted_model_names=frozenset({"m"}))
-        max_questions = 4
-
-        def answer(self, request, context, request_id, fields):
-            entered.set()
-            release.wait(30)
-            raise Refused(grpc.StatusCode.UNAVAILABLE, "no worker")
-
-    api = HttpApi(Slow(), lambda: None, max_body_bytes=max_body_bytes, max_workers=1)  # type: ignore[arg-type]
+    slow = _Blocking()
+    release, entered = slow.release, slow.entered
+    api = HttpApi(slow, lambda: None, max_body_bytes=max_body_bytes, max_workers=1)  # type: ignore[arg-type]
     server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
     server.start()
     url = f"http://127.0.0.1:{server.port}{ROUTE}"
@@ -418,10 +425,10 @@ def test_requests_past_the_threads_are_refused_at_once(max_body_bytes):
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
             assert refused.json()["error"] == "server is at its limit of 1 concurrent requests; retry later"
             release.set()
-            assert "no worker" in first.result().json()["error"]  # the slow one's own answer
+            assert "released" in first.result().json()["error"]  # the slow one's own answer
         entered.clear()
         again = httpx.post(url, json=SMALL, timeout=10)
-        assert entered.is_set() and "no worker" in again.json()["error"]  # its slot was given back
+        assert entered.is_set() and "released" in again.json()["error"]  # its slot was given back
     finally:
         release.set()
         server.wait_stopped()
@@ -432,22 +439,11 @@ def test_a_request_cut_by_the_grace_period_is_a_json_503(max_body_bytes):
     not at a rounded second, and answered as a refusal the caller can retry, not a bare 500."""
     from openjev.frontend.http.app import HttpApi
     from openjev.frontend.http.server import HttpServer
-    from openjev.frontend.service import Refused
 
-    release, entered = threading.Event(), threading.Event()
-
-    class Endless:
-        meta = SimpleNamespace(accepted_model_names=frozenset({"m"}))
-        max_questions = 4
-
-        def answer(self, request, context, request_id, fields):
-            entered.set()
-            release.wait(30)
-            raise Refused(grpc.StatusCode.UNAVAILABLE, "released after the test")
-
-    server = HttpServer(
-        HttpApi(Endless(), lambda: None, max_body_bytes=max_body_bytes), "127.0.0.1:0", grace_seconds=0.5
-    )  # type: ignore[arg-type]
+    endless = _Blocking()
+    release, entered = endless.release, endless.entered
+    api = HttpApi(endless, lambda: None, max_body_bytes=max_body_bytes)  # type: ignore[arg-type]
+    server = HttpServer(api, "127.0.0.1:0", grace_seconds=0.5)
     server.start()
     try:
         with futures.ThreadPoolExecutor(1) as pool:

@@ -99,49 +99,6 @@ def test_public_reflection_does_not_describe_the_worker_schema(pair):
     assert _symbol(pair.worker.address, "openjev.worker.v1.WorkerService").HasField("file_descriptor_response")
 
 
-@pytest.mark.parametrize(
-    ("worker_args", "reason"),
-    [
-        (
-            ["--max-questions", "10"],
-            "worker accepts at most 10 questions per request, fewer than this frontend's --max-questions 4096",
-        ),
-        (
-            ["--max-request-tokens", "1000"],
-            "worker accepts at most 1000 tokens per request, fewer than this frontend's --max-request-tokens",
-        ),
-    ],
-)
-def test_frontend_refuses_a_worker_with_smaller_limits(demo_model, tmp_path, worker_args, reason):
-    worker = launch.start_worker(demo_model, tmp_path, worker_args)
-    frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--worker-refresh-seconds", "0.5"])
-    try:
-        time.sleep(2.0)
-        with Client(frontend.address) as client, pytest.raises(grpc.RpcError) as caught:
-            client.decide({"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}, timeout=10)
-        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert reason in caught.value.details()
-    finally:
-        frontend.stop()
-        worker.stop()
-
-
-def test_frontend_refuses_a_worker_of_another_model(demo_model, tmp_path):
-    """The same tokenizer and limits, another model (id, head, temperature): its answers would go
-    out under this frontend's model name."""
-    worker = launch.start_worker(_other_model(demo_model, tmp_path / "other"), tmp_path)
-    frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--worker-refresh-seconds", "0.5"])
-    try:
-        time.sleep(2.0)
-        with Client(frontend.address) as client, pytest.raises(grpc.RpcError) as caught:
-            client.decide({"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}, timeout=10)
-        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "worker serves model 'open-jev-other', not this frontend's 'open-jev-demo'" in caught.value.details()
-    finally:
-        frontend.stop()
-        worker.stop()
-
-
 def _other_model(demo_model, into):
     """The demo export under another model id and temperature (same tokenizer, same weights)."""
     into.mkdir()
@@ -152,6 +109,40 @@ def _other_model(demo_model, into):
     export.update(model_id="open-jev-other", temperature=1.0)
     (into / "open_jev_export.json").write_text(json.dumps(export))
     return into
+
+
+@pytest.mark.parametrize(
+    ("other_model", "worker_args", "reason"),
+    [
+        (
+            False,
+            ["--max-questions", "10"],
+            "worker accepts at most 10 questions per request, fewer than this frontend's --max-questions 4096",
+        ),
+        (
+            False,
+            ["--max-request-tokens", "1000"],
+            "worker accepts at most 1000 tokens per request, fewer than this frontend's --max-request-tokens",
+        ),
+        # the same tokenizer and limits, another model: its answers would go out under this one's name
+        (True, [], "worker serves model 'open-jev-other', not this frontend's 'open-jev-demo'"),
+    ],
+)
+def test_frontend_refuses_a_worker_with_smaller_limits_or_another_model(
+    demo_model, tmp_path, other_model, worker_args, reason
+):
+    model = _other_model(demo_model, tmp_path / "other") if other_model else demo_model
+    worker = launch.start_worker(model, tmp_path, worker_args)
+    frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--worker-refresh-seconds", "0.5"])
+    try:
+        time.sleep(2.0)
+        with Client(frontend.address) as client, pytest.raises(grpc.RpcError) as caught:
+            client.decide({"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert reason in caught.value.details()
+    finally:
+        frontend.stop()
+        worker.stop()
 
 
 def test_a_worker_replaced_between_describes_refuses_the_frontends_calls(demo_model, tmp_path):

@@ -209,38 +209,19 @@ def test_a_queued_request_leaving_while_a_pass_is_chosen_fails_no_one_else(torch
     chooses the next pass: the request beside it in that pass still gets its answer (the race
     once failed the whole pass with a KeyError for the leaving request's freed state)."""
     from openjev.worker import scheduler as scheduler_module
-    from openjev.worker.cache.sizing import build_state_cache
 
     gate = threading.Event()
     gate.set()
-    engine = Engine(
-        PassLog(torch_runner, gate),
-        cost_model=CPU_COST_MODEL,
-        state_cache=build_state_cache(torch_runner, 64 << 20, "scheduler-race"),
-    )
-    context = list(range(1000, 1200))  # deposits on the cache's 64-token grid
-
-    def ask(tokens: list[int]) -> list[QuestionWork]:
-        return [QuestionWork("noul", (tuple(tokens),))]
-
-    engine.execute(ask(context + [7, 8, 9]), temperature=TEMPERATURE, policy="off")
+    engine = _cached_engine(torch_runner, gate, "scheduler-race")
+    engine.execute(_noul(CONTEXT + [7, 8, 9]), temperature=TEMPERATURE, policy="off")
     gate.clear()
     answers: dict[str, object] = {}
-
-    def send(name: str, tokens: list[int]) -> threading.Thread:
-        def one() -> None:
-            try:
-                answers[name] = engine.execute(ask(tokens), temperature=TEMPERATURE, policy="off")
-            except Exception as error:
-                answers[name] = error
-
-        thread = threading.Thread(target=one)
-        thread.start()
-        return thread
-
-    threads = [send("busy", [5, 6, 7])]
+    threads = [_send(engine, answers, "busy", [5, 6, 7])]
     wait_until(lambda: _started(engine))  # its pass is held at the gate
-    threads += [send("leaving", context + [4, 5, 6]), send("staying", [3000, 3001, 3002, 3003])]
+    threads += [
+        _send(engine, answers, "leaving", CONTEXT + [4, 5, 6]),
+        _send(engine, answers, "staying", [3000, 3001, 3002, 3003]),
+    ]
     wait_until(lambda: engine.scheduler.depth == 3)
     leaving = next(j for j in engine.scheduler._jobs if j.prepared is not None and j.prepared.hit_tokens)
     real_fill_pass = scheduler_module.fill_pass
@@ -256,7 +237,7 @@ def test_a_queued_request_leaving_while_a_pass_is_chosen_fails_no_one_else(torch
     gate.set()
     for thread in threads:
         thread.join(60)
-    alone = engine.execute(ask([3000, 3001, 3002, 3003]), temperature=TEMPERATURE, policy="off")
+    alone = engine.execute(_noul([3000, 3001, 3002, 3003]), temperature=TEMPERATURE, policy="off")
     assert isinstance(answers["staying"], ExecutionResult), answers["staying"]
     assert answers["staying"].head_scores == alone.head_scores
     # the leaving request either left before the pass was chosen or ran in it to the end
