@@ -457,6 +457,7 @@ def test_a_request_cut_by_the_grace_period_is_a_json_503(max_body_bytes):
         assert cut.json() == {"error": "the server stopped before the request finished; retry"}
     finally:
         release.set()
+        api._pool.shutdown(wait=True)  # its thread ends (and logs) within the test
 
 
 def test_bearer_tokens_when_configured(max_body_bytes):
