@@ -272,6 +272,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                     remaining = deadline - time.monotonic()
                     return self._attempt(decision, policy, context, request_id, remaining, fields, affinity)
                 except _NotAccepted as failure:
+                    self.link.refresh_soon()
                     affinity = affinity and not failure.after_queue_full
                     backoff = RETRY_BACKOFF_SECONDS * 2 ** (attempt - 1)
                     if attempt == MAX_ATTEMPTS or deadline - time.monotonic() <= backoff or not context.is_active():

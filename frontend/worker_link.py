@@ -178,6 +178,7 @@ class WorkerLink:
         self._probes: dict[str, _Probe] = {}
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="worker-probe")
         self._stop = threading.Event()
+        self._wake = threading.Event()  # the next refresh now: close(), or refresh_soon()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -199,8 +200,14 @@ class WorkerLink:
     def _on_connectivity(self, connectivity: grpc.ChannelConnectivity) -> None:
         self._connectivity = connectivity
 
+    def refresh_soon(self) -> None:
+        """Describe the workers now, not at the next period: a call was refused before any worker
+        accepted it (one died, or was replaced by another that refuses this frontend's calls)."""
+        self._wake.set()
+
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         self.channel.unsubscribe(self._on_connectivity)
         self.channel.close()
         if self.affinity_channel is not None:
@@ -329,7 +336,11 @@ class WorkerLink:
         return None
 
     def _loop(self) -> None:
-        while not self._stop.wait(self._refresh_seconds):
+        while True:
+            self._wake.wait(self._refresh_seconds)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.refresh()
             except RuntimeError:  # the probe pool was shut down by close() meanwhile

@@ -145,10 +145,11 @@ def test_frontend_refuses_a_worker_with_smaller_limits_or_another_model(
         worker.stop()
 
 
-def test_a_worker_replaced_between_describes_refuses_the_frontends_calls(demo_model, tmp_path):
-    """The frontend describes its worker only every refresh period; a worker restarted on the same
-    address with another model meanwhile refuses its calls (UNAVAILABLE, unaccepted) instead of
-    answering them under the frontend's model name."""
+def test_a_worker_replaced_between_describes_never_answers_for_the_frontend(demo_model, tmp_path):
+    """The frontend describes its worker every refresh period (here 600 s). A worker restarted on
+    the same address with another model meanwhile gets no request answered in this frontend's
+    name: calls fail (the old worker gone, or the new one refusing them) and the first refusal
+    makes the frontend describe it at once, which refuses it for good."""
     port = launch.free_port()
     listen = ["--listen", f"127.0.0.1:{port}"]
     worker = launch.start_worker(demo_model, tmp_path, listen)
@@ -160,16 +161,56 @@ def test_a_worker_replaced_between_describes_refuses_the_frontends_calls(demo_mo
             worker.stop()
             worker = launch.start_worker(_other_model(demo_model, tmp_path / "other"), tmp_path, listen, name="other")
             deadline = time.monotonic() + 30
-            while True:  # until the traffic channel has reconnected to the new worker
-                with pytest.raises(grpc.RpcError) as caught:
+            while True:
+                with pytest.raises(grpc.RpcError) as caught:  # never an answer
                     client.decide(body, timeout=30)
-                if "not the one the frontend described" in caught.value.details() or time.monotonic() > deadline:
+                if caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     break
+                assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value.details()
+                assert time.monotonic() < deadline, "the frontend did not describe the new worker"
                 time.sleep(0.2)
-            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert "this worker is not the one the frontend described" in caught.value.details()
+            assert "worker serves model 'open-jev-other', not this frontend's 'open-jev-demo'" in caught.value.details()
     finally:
         frontend.stop()
+        worker.stop()
+
+
+def test_a_worker_refuses_calls_that_expect_another_worker(demo_model, tmp_path):
+    """What the frontend sends with every call: a worker that is not the one it describes refuses
+    before accepting (no `openjev-accepted` header), so the call may go elsewhere."""
+    from openjev import abi
+    from openjev.export import load_export_meta
+    from openjev.tokenizer import PromptTokenizer
+    from openjev.worker.v1 import worker_pb2 as wire
+    from openjev.worker.v1 import worker_pb2_grpc
+
+    other = _other_model(demo_model, tmp_path / "other")
+    worker = launch.start_worker(other, tmp_path)
+    fingerprint = PromptTokenizer.from_export(demo_model).fingerprint
+    request = wire.ExecuteUnaryRequest(
+        header=wire.ExecuteHeader(questions=[wire.QuestionShape(kind=wire.QUESTION_KIND_NOUL, num_candidates=1)]),
+        candidates=[wire.Candidate(token_ids=[1, 2, 3])],
+    )
+
+    def expecting(model) -> list[tuple[str, str]]:
+        meta = load_export_meta(model)
+        return [
+            (
+                abi.EXPECT_METADATA_KEY,
+                abi.expected_worker(fingerprint, meta.max_length, meta.model_id, meta.temperature),
+            )
+        ]
+
+    try:
+        with grpc.insecure_channel(worker.address) as channel:
+            stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ExecuteUnary(request, metadata=expecting(demo_model), timeout=30)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "this worker is not the one the frontend described" in caught.value.details()
+            assert abi.ACCEPTED_METADATA_KEY not in dict(caught.value.initial_metadata())
+            assert len(stub.ExecuteUnary(request, metadata=expecting(other), timeout=30).questions) == 1
+    finally:
         worker.stop()
 
 
