@@ -38,6 +38,7 @@ class RequestInfo:
     kinds: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.perf_counter)
     outcome: str | None = None  # set by the servicer where the status code does not say it
+    server_ended: bool = False  # the servicer cancelled the call itself: not the caller's doing
 
 
 class Observer:
@@ -61,12 +62,14 @@ def note_kinds(kinds: Iterable[str]) -> None:
         info.kinds.update(kinds)
 
 
-def note_outcome(outcome: str) -> None:
+def note_outcome(outcome: str, *, server_ended: bool = False) -> None:
     """Called by a servicer whose call ends in a way the status code does not tell (a worker
-    stream discarded without a commit ends OK, but nothing was answered)."""
+    stream discarded without a commit ends OK, but nothing was answered). server_ended: the
+    servicer cancelled the call itself, so an inactive call is not a caller that left."""
     info = _current.get()
     if info is not None:
         info.outcome = outcome
+        info.server_ended = server_ended
 
 
 class _IdContext:
@@ -98,8 +101,7 @@ CLIENT_CANCELLED = "CLIENT_CANCELLED"
 # A deadline of the server's own (the frontend's --worker-deadline-seconds, shorter than the
 # client's): a silent or overloaded worker, which alerts must see.
 WORKER_DEADLINE = "WORKER_DEADLINE_EXCEEDED"
-# The worker cancelled an Execute stream that sent no commit in time: the call is inactive
-# because the server ended it, not the caller.
+# The worker cancelled an Execute stream that sent no commit in time (noted server_ended).
 COMMIT_TIMEOUT = "COMMIT_TIMEOUT"
 
 
@@ -117,7 +119,7 @@ def _outcome(context: grpc.ServicerContext, failed: bool, info: RequestInfo) -> 
 def ended_outcome(status: str, info: RequestInfo, remaining: float | None, active: bool) -> str:
     """The outcome label of a call that did not simply end OK (gRPC and the HTTP route): the
     caller's own deadline or cancel first, unless the server ended the call itself."""
-    if info.outcome == COMMIT_TIMEOUT:
+    if info.server_ended and info.outcome:
         return info.outcome
     if remaining is not None and remaining <= 0:
         return CLIENT_DEADLINE

@@ -287,6 +287,18 @@ def oversized_requests(hostile: Hostile) -> list[tuple[str, str]]:
     return out
 
 
+def outcome_counts(url: str, series: str) -> dict[str, float]:
+    """A `..._count{kind,outcome}` series of the /metrics page at `url`, summed per outcome label
+    (outcomes counted at least once)."""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(series + "{") and 'outcome="' in line:
+            outcome = line.split('outcome="')[1].split('"')[0]
+            counts[outcome] = counts.get(outcome, 0.0) + float(line.split()[-1])
+    return {outcome: count for outcome, count in counts.items() if count}
+
+
 def _metric(port: int, name: str) -> float | None:
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()

@@ -25,7 +25,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from openjev.worker.cache.prepare import Prepared, prepare
 from openjev.worker.cache.store import StateCache
@@ -108,6 +108,14 @@ def _cancel_reason(job: _Job) -> str:
     # The loop may see a client's deadline before the request's own thread does: a request that
     # never entered a pass left the queue either way.
     return "client went away while queued" if job.started_at is None else "request cancelled before it finished"
+
+
+class _Pass(NamedTuple):
+    jobs: list[_Job]  # the admitted requests it was chosen from (Picked.owner indexes them)
+    picked: list[Picked]
+    segments: dict[int, set[int]]  # owner -> its segments in the pass
+    starting: list[_Job]  # requests whose first pass this is
+    started: float  # perf_counter when it was chosen
 
 
 PassObserver = Callable[[int, int, float], None]  # (requests, tokens, seconds) of each pass
@@ -214,12 +222,17 @@ class Scheduler:
                     return
                 self._drop_cancelled()
                 jobs = list(self._jobs)
-            if jobs:
+                # Chosen and marked started under the lock: a queued request whose client leaves
+                # meanwhile is either out of the pass or in it (then dropped at the next boundary),
+                # never removed, with the cached states it hangs on, from a pass half built.
                 try:
-                    self._step(jobs)
+                    chosen = self._choose(jobs) if jobs else None
                 except Exception as error:  # a bug choosing a pass must not leave waiters hanging
                     self._finish_all(jobs, InferenceError(f"scheduler failed: {error!r}"))
-            del jobs  # an idle loop must not keep the last requests (and the cached states they hung on)
+                    chosen = None
+            if chosen is not None:
+                self._step(chosen)
+            del jobs, chosen  # an idle loop must not keep the last requests (and the cached states they hung on)
 
     def _drop_cancelled(self) -> None:
         for job in list(self._jobs):
@@ -227,33 +240,33 @@ class Scheduler:
                 self._jobs.remove(job)
                 job.finish(Cancelled(_cancel_reason(job)))
 
-    def _step(self, jobs: list[_Job]) -> None:
-        """One pass: choose it (schedule), then run it (execute -> update)."""
-        with self._cond:
-            # Chosen and marked started under the lock: a queued request whose client leaves
-            # meanwhile is either out of the pass or in it (then dropped at the next boundary),
-            # never removed, with the cached states it hangs on, from a pass half built.
-            jobs = [j for j in jobs if not j.done.is_set()]
-            if not jobs:
-                return
-            per_request = None if len(jobs) == 1 else self.limits.chunk_tokens
-            picked = fill_pass([j.tree for j in jobs], self.limits, self.max_depth, per_request)
-            chosen: dict[int, set[int]] = {}
-            for p in picked:
-                chosen.setdefault(p.owner, set()).add(p.segment)
-            now = time.perf_counter()
-            starting = [jobs[owner] for owner in chosen if jobs[owner].started_at is None]
-            for job in starting:
-                job.started_at = now
-            for owner in chosen:
-                jobs[owner].num_passes += 1
-                jobs[owner].num_shared_passes += len(chosen) > 1
+    def _choose(self, jobs: list[_Job]) -> _Pass:
+        """The next pass over the admitted requests (under the lock): its segments, and its
+        requests marked started."""
+        per_request = None if len(jobs) == 1 else self.limits.chunk_tokens
+        picked = fill_pass([j.tree for j in jobs], self.limits, self.max_depth, per_request)
+        chosen: dict[int, set[int]] = {}
+        for p in picked:
+            chosen.setdefault(p.owner, set()).add(p.segment)
+        now = time.perf_counter()
+        starting = [jobs[owner] for owner in chosen if jobs[owner].started_at is None]
+        for job in starting:
+            job.started_at = now
+        for owner in chosen:
+            jobs[owner].num_passes += 1
+            jobs[owner].num_shared_passes += len(chosen) > 1
+        return _Pass(jobs, picked, chosen, starting, now)
+
+    def _step(self, chosen: _Pass) -> None:
+        """Run a chosen pass (execute -> update)."""
+        jobs = chosen.jobs
         try:
-            for job in starting:
+            for job in chosen.starting:
                 job.on_start()
-            self._run_pass(jobs, picked, chosen, now)
+            self._run_pass(jobs, chosen.picked, chosen.segments, chosen.started)
         except Exception as error:  # a bug past the choice fails this pass's requests, not the queue
-            self._finish_all([jobs[owner] for owner in chosen], InferenceError(f"scheduler failed: {error!r}"))
+            failed = [jobs[owner] for owner in chosen.segments]
+            self._finish_all(failed, InferenceError(f"scheduler failed: {error!r}"))
 
     def _run_pass(self, jobs: list[_Job], picked: list[Picked], chosen: dict[int, set[int]], now: float) -> None:
         kept = {owner: kept_after_pass(jobs[owner].tree, segs) for owner, segs in chosen.items()}

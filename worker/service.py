@@ -149,7 +149,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             timer.stop()
         if timer.expired:
             log.info("execute", status="CANCELLED", reason="no commit in time", **fields)
-            interceptors.note_outcome(interceptors.COMMIT_TIMEOUT)
+            interceptors.note_outcome(interceptors.COMMIT_TIMEOUT, server_ended=True)
             context.abort(
                 grpc.StatusCode.CANCELLED, f"execute stream not committed within {self.commit_timeout_seconds} s"
             )

@@ -199,13 +199,7 @@ def busy(demo_model, tmp_path_factory, http_pair_factory):
 
 def _outcomes(url: str) -> dict[str, float]:
     """The frontend's Decide count by outcome label (HTTP and gRPC together)."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    counts: dict[str, float] = {}
-    for outcome, count in re.findall(
-        r'openjev_frontend_request_seconds_count\{kind="[^"]*",outcome="([^"]+)"\} (\S+)', text
-    ):
-        counts[outcome] = counts.get(outcome, 0.0) + float(count)
-    return counts
+    return soak.outcome_counts(f"{url}/metrics", "openjev_frontend_request_seconds_count")
 
 
 def _counted(url: str, before: dict[str, float], outcome: str, timeout: float = 10.0) -> float:

@@ -9,17 +9,16 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.request
 from concurrent import futures
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 from openjev.client import Client
 from openjev.tools import launch
+from openjev.tools.soak import outcome_counts
 from openjev.v1 import decision_pb2 as api
 from openjev.worker.v1 import worker_pb2 as wire
 from openjev.worker.v1 import worker_pb2_grpc
@@ -102,22 +101,15 @@ def test_uncommitted_execute_is_cancelled_after_the_commit_timeout(demo_model, t
             assert time.monotonic() - started < 5
         # counted as the worker's own timeout, not as a caller that went away
         deadline = time.monotonic() + 10
-        while (outcomes := _execute_outcomes(metrics_port)) == {} and time.monotonic() < deadline:
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        while (
+            outcomes := outcome_counts(url, "openjev_worker_execute_seconds_count")
+        ) == {} and time.monotonic() < deadline:
             time.sleep(0.1)
         assert outcomes == {"COMMIT_TIMEOUT": 1.0}
     finally:
         release.set()
         worker.stop()
-
-
-def _execute_outcomes(metrics_port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-    return {
-        s.labels["outcome"]: s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "openjev_worker_execute_seconds_count" and s.value
-    }
 
 
 LONG = {

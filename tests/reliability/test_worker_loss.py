@@ -22,6 +22,7 @@ import grpc
 
 from openjev.client import Client
 from openjev.tools import launch
+from openjev.tools.soak import outcome_counts
 from openjev.v1 import decision_pb2 as api
 
 CAP_SECONDS = 6.0
@@ -50,17 +51,6 @@ def in_flight(metrics_port: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     line = next(x for x in text.splitlines() if x.startswith("openjev_frontend_in_flight_requests "))
     return float(line.split()[1])
-
-
-def outcomes_counted(metrics_port: int) -> dict[str, float]:
-    """openjev_frontend_request_seconds_count summed per outcome label."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-    counts: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("openjev_frontend_request_seconds_count{"):
-            outcome = line.split('outcome="')[1].split('"')[0]
-            counts[outcome] = counts.get(outcome, 0.0) + float(line.split()[-1])
-    return counts
 
 
 def _load(address: str, stop: threading.Event, outcomes: list) -> None:
@@ -122,7 +112,7 @@ def test_worker_killed_or_stopped_under_load_never_hangs_a_request(demo_model, t
         assert in_flight(metrics_port) == 0
         # The clients set no deadline, so each DEADLINE_EXCEEDED was the frontend's own cap (the
         # stopped worker): counted as a server-side outcome, never as a client's deadline.
-        counted = outcomes_counted(metrics_port)
+        counted = outcome_counts(f"http://127.0.0.1:{metrics_port}/metrics", "openjev_frontend_request_seconds_count")
         timed_out = sum(code == "DEADLINE_EXCEEDED" for code, _ in outcomes)
         assert timed_out > 0 and counted.get("WORKER_DEADLINE_EXCEEDED") == timed_out, (counted, timed_out)
         assert "DEADLINE_EXCEEDED" not in counted, counted
