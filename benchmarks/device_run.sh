@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention
+#   steps: tests conv conv-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention overhead
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -252,6 +252,11 @@ for step in "$@"; do
     tile-e2e) timeout 400 python3 benchmarks/runner_arms_e2e.py --model .openjev/demo-model --workload $WL \
              --arms serial,untiled --groups 513-2048,2049-4096 --per-group 3 --out $OUT/tile-e2e.md 2>&1 \
              | grep -E "^\|" | tail -20 ;;
+    # time outside inference through the service (Decide, the worker's calls, bare gRPC) with the
+    # 27B CUDA worker, two short requests interleaved; ~2.5 min (start-up ~95 s)
+    overhead) timeout 400 python3 benchmarks/service_overhead.py --model .openjev/demo-model --worker-args "--synthetic 27b" \
+             --repeats 100 --shuffle --case noul-1-128-0 --case choice-1-128-0 > $OUT/overhead.md 2>$OUT/overhead.log
+           tail -20 $OUT/overhead.md; tail -3 $OUT/overhead.log ;;
     # where a short request's host time goes: the idle split and a cProfile of the scheduler thread
     profile-host) timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL --graphs-only \
              --host --cases noul:1-128,choice:1-128 --out $OUT/profile-host.md > $OUT/profile-host.txt 2>&1

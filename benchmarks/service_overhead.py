@@ -6,14 +6,16 @@ of gRPC's Python streaming with the same message pattern, and of a unary call, w
 all.
 
     .venv/bin/python benchmarks/service_overhead.py [--model .openjev/demo-model] [--repeats 200]
-        [--case NAME]   (a request of benchmarks/workload.jsonl instead of the small noul one)
-        [--baseline-python OTHER/.venv/bin/python] [--shuffle]
+        [--case NAME]...   (requests of benchmarks/workload.jsonl instead of the small noul one)
+        [--baseline-python OTHER/.venv/bin/python] [--shuffle] [--worker-args "--synthetic 27b"]
 
 --baseline-python starts a second worker and frontend with another environment's interpreter
 (another checkout's editable install: the code before a change) and interleaves its two arms with
 this checkout's, so a before/after comparison shares every moment's machine load. The worker's
 inference_seconds (which includes its planning) and the whole latency are printed too: a change
-must not buy its overhead back inside the model.
+must not buy its overhead back inside the model. --worker-args starts the workers with those flags
+(on a GPU machine, `--synthetic 27b`: the CUDA path with the 27B shape); the worker's own wait
+for the scheduler (its log's queue_ms, part of the time outside inference) is printed last.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
 import statistics
 import sys
 import tempfile
@@ -145,15 +148,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=Path(".openjev/demo-model"))
     p.add_argument("--repeats", type=int, default=200)
-    p.add_argument("--case", default="", help="a request of benchmarks/workload.jsonl by name")
+    p.add_argument(
+        "--case", action="append", default=[], help="a request of benchmarks/workload.jsonl by name (repeatable)"
+    )
     p.add_argument("--baseline-python", type=Path, help="another environment's python: its servers are arms too")
     p.add_argument("--shuffle", action="store_true", help="each round runs the arms in a new (seeded) random order")
+    p.add_argument("--worker-args", default="", help="more worker flags, one string (e.g. '--synthetic 27b')")
     args = p.parse_args()
-    request = workload_request(args.case) if args.case else REQUEST
-    messages = execute_messages(args.model, request)
+    requests = {name: workload_request(name) for name in args.case} or {"small noul": REQUEST}
     workdir = Path(tempfile.mkdtemp(prefix="openjev-overhead-"))
     # repeats of the same requests: the state cache would answer them from cached states
-    no_cache = ["--state-cache-bytes", "0"]
+    no_cache = ["--state-cache-bytes", "0", *shlex.split(args.worker_args)]
     pairs = {}
     try:
         for suffix, python in [("", None), (", baseline", args.baseline_python)][: 1 + bool(args.baseline_python)]:
@@ -165,19 +170,23 @@ def main() -> None:
         for pair in pairs.values():
             pair.stop()
         raise
-    num_down = len(messages[0].header.questions) + 1  # a result per question, then the summary
-    bare_server, bare = bare_stream(len(messages), num_down)
+    messages = {name: execute_messages(args.model, request) for name, request in requests.items()}
+    first = next(iter(messages.values()))
+    num_down = len(first[0].header.questions) + 1  # a result per question, then the summary
+    bare_server, bare = bare_stream(len(first), num_down)
     single_server, single = bare_stream(1, 1)
     unary_server, unary = bare_unary()
     try:
-        text = json.dumps(request)
         arms = {}
-        for suffix, pair in pairs.items():
-            launch.wait_serving(pair.frontend.address)
-            arms[f"frontend (Decide){suffix}"] = via_frontend(pair.frontend.address, text)
-            arms[f"worker (Execute){suffix}"] = via_worker(pair.worker.address, messages)
-            if serves_unary(pair.worker.address):
-                arms[f"worker (ExecuteUnary){suffix}"] = via_worker_unary(pair.worker.address, unary_request(messages))
+        for case, request in requests.items():
+            tag = f" [{case}]" if len(requests) > 1 else ""
+            for suffix, pair in pairs.items():
+                launch.wait_serving(pair.frontend.address)
+                arms[f"frontend (Decide){suffix}{tag}"] = via_frontend(pair.frontend.address, json.dumps(request))
+                arms[f"worker (Execute){suffix}{tag}"] = via_worker(pair.worker.address, messages[case])
+                if serves_unary(pair.worker.address):
+                    unary_call = unary_request(messages[case])
+                    arms[f"worker (ExecuteUnary){suffix}{tag}"] = via_worker_unary(pair.worker.address, unary_call)
 
         def no_model(call):
             def arm() -> float:
@@ -187,7 +196,7 @@ def main() -> None:
             return arm
 
         arms |= {
-            f"bare gRPC stream, {len(messages)} up / {num_down} down": no_model(bare),
+            f"bare gRPC stream, {len(first)} up / {num_down} down": no_model(bare),
             "bare gRPC stream, 1 up / 1 down": no_model(single),
             "bare gRPC unary (future)": no_model(unary),
         }
@@ -209,6 +218,7 @@ def main() -> None:
         unary_server.stop(None)
         for pair in pairs.values():
             pair.stop()
+    print(f"requests: {', '.join(requests)}; worker flags: {' '.join(no_cache)}\n")
     print(f"ms outside inference, {args.repeats} interleaved repeats\n")
     # inference_seconds also holds the worker's planning: the latency column counts everything
     print("| path | p10 | p50 | p90 | model p50 | latency p50 |")
@@ -218,6 +228,20 @@ def main() -> None:
         inside = f"{statistics.median(model[name]):.2f}" if any(model[name]) else "-"
         latency = statistics.median(a + b for a, b in zip(values, model[name], strict=True))
         print(f"| {name} | {q[0]:.2f} | {statistics.median(values):.2f} | {q[-1]:.2f} | {inside} | {latency:.2f} |")
+    for suffix, pair in pairs.items():
+        print(f"\nworker{suffix}: its wait for the scheduler (queue_ms of its log, every request) {queue_ms(pair)}")
+
+
+def queue_ms(pair: launch.Pair) -> str:
+    """p10 / p50 / p90 of the queue_ms fields of the worker's execute log lines."""
+    values = []
+    for line in pair.worker.log_path.read_text(errors="replace").splitlines():
+        if line.startswith("{") and '"event": "execute"' in line and '"queue_ms"' in line:
+            values.append(json.loads(line)["queue_ms"])
+    if len(values) < 2:
+        return "(no execute lines with queue_ms: is the log level above info?)"
+    q = statistics.quantiles(values, n=10)
+    return f"{q[0]:.3f} / {statistics.median(values):.3f} / {q[-1]:.3f} ms over {len(values)} requests"
 
 
 if __name__ == "__main__":
