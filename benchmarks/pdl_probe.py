@@ -68,7 +68,8 @@ def launch_ex(function, grid, block, args, pdl: bool) -> None:
         ctypes.pointer(attr) if pdl else None,
         1 if pdl else 0,
     )
-    rc = _cuda.cuLaunchKernelEx(ctypes.byref(config), function.ptr, ctypes.cast(params, ctypes.c_void_p), None)
+    handle = function.kernel.ptr  # RawKernel -> its cupy.cuda.Function for this device -> CUfunction
+    rc = _cuda.cuLaunchKernelEx(ctypes.byref(config), handle, ctypes.cast(params, ctypes.c_void_p), None)
     if rc != 0:
         raise RuntimeError(f"cuLaunchKernelEx: CUresult {rc}")
 
