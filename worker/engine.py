@@ -18,7 +18,7 @@ from openjev.worker.planner.cost import CostModel, default_cost_model
 from openjev.worker.planner.plan import PackLimits, Plan
 from openjev.worker.planner.policy import plan_request
 from openjev.worker.runner_api import ModelRunner
-from openjev.worker.scheduler import Arrival, Cancelled, InferenceError, PassObserver, QueueFull, Scheduler
+from openjev.worker.scheduler import Cancelled, InferenceError, PassObserver, QueueFull, Scheduler
 
 __all__ = ["Cancelled", "Engine", "ExecutionResult", "InferenceError", "QueueFull", "QuestionWork"]
 
@@ -65,7 +65,6 @@ class Engine:
         queue_capacity: int = 64,
         on_pass: PassObserver | None = None,
         state_cache: StateCache | None = None,
-        arrival_wait_seconds: float = 0.0,
     ) -> None:
         if default_policy not in PREFIX_POLICIES:
             raise ValueError(f"unknown prefix policy {default_policy!r}; expected one of {PREFIX_POLICIES}")
@@ -74,14 +73,7 @@ class Engine:
         self.cost_model = cost_model if cost_model is not None else default_cost_model(runner.backend)
         self.default_policy = default_policy
         self.state_cache = state_cache
-        self.scheduler = Scheduler(
-            runner,
-            pack_limits,
-            queue_capacity,
-            on_pass=on_pass,
-            cache=state_cache,
-            arrival_wait_seconds=arrival_wait_seconds,
-        )
+        self.scheduler = Scheduler(runner, pack_limits, queue_capacity, on_pass=on_pass, cache=state_cache)
 
     def plan(self, questions: Sequence[QuestionWork], policy: PrefixPolicy | None = None) -> Plan:
         return plan_request(
@@ -100,17 +92,13 @@ class Engine:
         policy: PrefixPolicy | None = None,
         should_stop: Callable[[], bool] = lambda: False,
         on_start: Callable[[], None] = lambda: None,
-        arrival: Arrival | None = None,
     ) -> ExecutionResult:
         """Run every candidate of every question; raises QueueFull, Cancelled or InferenceError.
         Safe to call from many threads at once: their requests share passes. on_start: called
-        when the request's first pass begins; arrival: the call's (scheduler.arrival()), ended
-        at admission (the caller ends it if the call fails before)."""
+        when the request's first pass begins."""
         started = time.perf_counter()
         plan = self.plan(questions, policy)
-        head_scores, stats = self.scheduler.run(
-            plan, is_active=lambda: not should_stop(), on_start=on_start, arrival=arrival
-        )
+        head_scores, stats = self.scheduler.run(plan, is_active=lambda: not should_stop(), on_start=on_start)
         probabilities = []
         for q, (question, scores) in enumerate(zip(questions, head_scores, strict=True)):
             try:

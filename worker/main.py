@@ -59,13 +59,6 @@ def parser() -> argparse.ArgumentParser:
         help="requests that may wait for their first pass (0: none while the worker is busy)",
     )
     p.add_argument(
-        "--arrival-wait-ms",
-        type=non_negative_float,
-        default=2.0,
-        help="a pass with room left waits up to this long for calls already arriving at the worker "
-        "(read, checked or planned), so requests sent together share it; a lone request never waits (0: never)",
-    )
-    p.add_argument(
         "--max-launch-sequences",
         type=positive_int,
         default=64,
@@ -278,7 +271,6 @@ def main(argv: list[str] | None = None) -> None:
         queue_capacity=args.queue_capacity,
         on_pass=observe_pass,
         state_cache=state_cache,
-        arrival_wait_seconds=args.arrival_wait_ms / 1e3,
     )
     identity = WorkerIdentity(
         model_id=meta.model_id,

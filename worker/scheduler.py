@@ -9,12 +9,6 @@ make more than `capacity` requests wait for their first pass (0: none may wait w
 is busy), or more than `max_admitted` be held in all, is refused at once (QueueFull).
 Cancellation and deadlines act between passes and free the request's states then.
 
-Arrivals: a call on its way in (an Execute stream from its first message, an ExecuteUnary call
-from its start, until its request is admitted or the call fails) holds an `Arrival`. A pass with
-room left in its budget waits up to `arrival_wait_seconds` while arrivals are counted, so calls
-sent together share a pass instead of the first running alone; the wait ends as soon as they
-are admitted. A request with nothing else arriving (one client) never waits.
-
 A request's answer does not depend on what shares its passes: its segments are fixed by its
 plan, and the runners compute each segment from its own rows and its parent's state only.
 
@@ -127,28 +121,6 @@ class _Pass(NamedTuple):
 PassObserver = Callable[[int, int, float], None]  # (requests, tokens, seconds) of each pass
 
 
-class Arrival:
-    """A call on its way in, counted from `begin` until `end` (admitted, refused, or the call
-    failed first); both idempotent, and nothing counts after `end`."""
-
-    def __init__(self, scheduler: Scheduler):
-        self._scheduler = scheduler
-        self._counted = self._ended = False
-
-    def begin(self) -> None:
-        with self._scheduler._cond:
-            if not self._counted and not self._ended:
-                self._counted = True
-                self._scheduler._arriving += 1
-
-    def end(self) -> None:
-        with self._scheduler._cond:  # re-entrant: _admit ends it under the lock
-            if self._counted and not self._ended:
-                self._scheduler._arriving -= 1
-                self._scheduler._cond.notify_all()
-            self._ended = True
-
-
 class Scheduler:
     def __init__(
         self,
@@ -158,12 +130,9 @@ class Scheduler:
         on_pass: PassObserver | None = None,
         poll_seconds: float = 0.02,
         cache: StateCache | None = None,
-        arrival_wait_seconds: float = 0.0,
     ):
         if capacity < 0:
             raise ValueError("queue capacity must be >= 0")
-        if arrival_wait_seconds < 0:
-            raise ValueError("arrival wait must be >= 0")
         self.runner, self.limits, self.capacity = runner, limits, capacity
         self.max_depth = max(1, int(getattr(runner, "max_pass_depth", 1)))
         # requests held at once: those waiting, and at most a pass's worth of segments' owners
@@ -173,9 +142,7 @@ class Scheduler:
         self.cache = cache
         self._poll_seconds = poll_seconds
         self._jobs: list[_Job] = []  # admitted, in arrival order
-        self._cond = threading.Condition()  # re-entrant (an RLock): Arrival.end runs under it too
-        self._arriving = 0  # calls counted by an Arrival, not yet admitted
-        self.arrival_wait_seconds = arrival_wait_seconds
+        self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
 
@@ -185,26 +152,17 @@ class Scheduler:
         with self._cond:
             return len(self._jobs)
 
-    def arrival(self) -> Arrival:
-        """A call's arrival, to `begin` once it is known to be coming (module docstring)."""
-        return Arrival(self)
-
     def run(
         self,
         plan: Plan,
         is_active: Callable[[], bool] = lambda: True,
         on_start: Callable[[], None] = lambda: None,
-        arrival: Arrival | None = None,
     ) -> tuple[list[list[float]], PassStats]:
         """Execute one request's plan; returns its head scores per question and candidate.
-        on_start: called (on the scheduler's thread) when its first pass begins; arrival: the
-        call's, ended at admission. Raises QueueFull, Cancelled or InferenceError."""
-        try:
-            prepared = prepare(plan.segments, self.cache) if self.cache is not None and self.cache.enabled else None
-            job = self._admit(_Job(plan, is_active, on_start, prepared), arrival)
-        finally:
-            if arrival is not None:
-                arrival.end()
+        on_start: called (on the scheduler's thread) when its first pass begins.
+        Raises QueueFull, Cancelled or InferenceError."""
+        prepared = prepare(plan.segments, self.cache) if self.cache is not None and self.cache.enabled else None
+        job = self._admit(_Job(plan, is_active, on_start, prepared))
         if prepared is not None and prepared.hit_tokens and self.cache is not None:
             self.cache.record_hit(prepared.hit_tokens)  # counted once admitted, not when refused
         while not job.done.wait(self._poll_seconds):
@@ -224,10 +182,8 @@ class Scheduler:
             self._cond.notify_all()
 
     # ---- admission ----------------------------------------------------------------------------
-    def _admit(self, job: _Job, arrival: Arrival | None = None) -> _Job:
+    def _admit(self, job: _Job) -> _Job:
         with self._cond:
-            if arrival is not None:  # under the lock: a waiting pass sees it ended and admitted at once
-                arrival.end()
             if self._closed:
                 raise QueueFull("worker is shutting down")
             if job.tree.finished:  # every score came from the cache: nothing to run, nothing held
@@ -265,8 +221,6 @@ class Scheduler:
                 if not self._jobs:
                     return
                 self._drop_cancelled()
-                if self._arriving and self.arrival_wait_seconds and self._jobs:
-                    self._wait_for_arrivals()
                 jobs = list(self._jobs)
                 # Chosen and marked started under the lock: a queued request whose client leaves
                 # meanwhile is either out of the pass or in it (then dropped at the next boundary),
@@ -279,31 +233,6 @@ class Scheduler:
             if chosen is not None:
                 self._step(chosen)
             del jobs, chosen  # an idle loop must not keep the last requests (and the cached states they hung on)
-
-    def _wait_for_arrivals(self) -> None:
-        """Under the lock: while calls are arriving and the next pass has room, wait for them
-        (at most arrival_wait_seconds), so that they ride it rather than the pass after."""
-        deadline = time.perf_counter() + self.arrival_wait_seconds
-        while self._arriving and self._jobs and not self._closed and self._has_room():
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                break
-            self._cond.wait(left)  # woken by an arrival's end and by admission
-        self._drop_cancelled()  # clients that left meanwhile
-
-    def _has_room(self) -> bool:
-        """Whether the admitted requests leave room in the next pass (a cheap bound: their
-        unfinished segments, counted whole, all fit)."""
-        segments = tokens = 0
-        for job in self._jobs:
-            tree = job.tree
-            for segment in job.segments[tree.first_pending :]:
-                if not tree.done[segment.index]:
-                    segments += 1
-                    tokens += len(segment.token_ids)
-                    if segments >= self.limits.max_sequences or tokens >= self.limits.max_tokens:
-                        return False
-        return True
 
     def _drop_cancelled(self) -> None:
         for job in list(self._jobs):

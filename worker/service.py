@@ -10,7 +10,6 @@ import grpc
 from openjev import abi, interceptors, logs, tracing
 from openjev.contract.literals import PrefixPolicy
 from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork, QueueFull
-from openjev.worker.scheduler import Arrival
 from openjev.worker.stream import BadStream, Collected, CommitTimer, StreamLimits, collect, collect_unary
 from openjev.worker.v1 import worker_pb2 as wire
 from openjev.worker.v1 import worker_pb2_grpc
@@ -71,14 +70,6 @@ def _summary(result: ExecutionResult) -> wire.ExecutionSummary:
         inference_seconds=result.inference_seconds,
         queue_seconds=result.queue_seconds,
     )
-
-
-def _counted(messages, arrival: Arrival):
-    """An Execute stream's messages; the call counts as arriving from the first one (an idle
-    stream that sent nothing does not)."""
-    for message in messages:
-        arrival.begin()
-        yield message
 
 
 def _responses(result: ExecutionResult):
@@ -146,32 +137,27 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self._refuse_if_unexpected(context)
         request_id = dict(context.invocation_metadata()).get(interceptors.REQUEST_ID_KEY, "")
         fields = {"request_id": request_id}
-        arrival = self.engine.scheduler.arrival()  # a pass may wait briefly for it (scheduler.Arrival)
+        timer = CommitTimer(self.commit_timeout_seconds, context.cancel)
         try:
-            timer = CommitTimer(self.commit_timeout_seconds, context.cancel)
-            try:
-                collected = collect(_counted(request_iterator, arrival), self._stream_limits)
-            except BadStream as error:
-                log.warning("execute", status="INVALID_ARGUMENT", reason=str(error), **fields)
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed execute stream: {error}")
-            except grpc.RpcError:  # the stream was cancelled while being read
-                collected = None
-            finally:
-                timer.stop()
-            if timer.expired:
-                log.info("execute", status="CANCELLED", reason="no commit in time", **fields)
-                interceptors.note_outcome(interceptors.COMMIT_TIMEOUT, server_ended=True)
-                context.abort(
-                    grpc.StatusCode.CANCELLED, f"execute stream not committed within {self.commit_timeout_seconds} s"
-                )
-            if collected is None:
-                log.info("execute", status="DISCARDED", reason="stream ended without commit", **fields)
-                interceptors.note_outcome("DISCARDED")
-                return
-            result = self._run(collected, context, started, fields, arrival)
+            collected = collect(request_iterator, self._stream_limits)
+        except BadStream as error:
+            log.warning("execute", status="INVALID_ARGUMENT", reason=str(error), **fields)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed execute stream: {error}")
+        except grpc.RpcError:  # the stream was cancelled while being read
+            collected = None
         finally:
-            arrival.end()
-        yield from _responses(result)
+            timer.stop()
+        if timer.expired:
+            log.info("execute", status="CANCELLED", reason="no commit in time", **fields)
+            interceptors.note_outcome(interceptors.COMMIT_TIMEOUT, server_ended=True)
+            context.abort(
+                grpc.StatusCode.CANCELLED, f"execute stream not committed within {self.commit_timeout_seconds} s"
+            )
+        if collected is None:
+            log.info("execute", status="DISCARDED", reason="stream ended without commit", **fields)
+            interceptors.note_outcome("DISCARDED")
+            return
+        yield from _responses(self._run(collected, context, started, fields))
 
     def ExecuteUnary(self, request, context):
         """Execute's committed stream in one message, its answer in one reply."""
@@ -179,20 +165,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self._refuse_if_unexpected(context)
         request_id = dict(context.invocation_metadata()).get(interceptors.REQUEST_ID_KEY, "")
         fields = {"request_id": request_id}
-        arrival = self.engine.scheduler.arrival()
-        arrival.begin()  # a pass may wait briefly for it (scheduler.Arrival)
         try:
-            try:
-                collected = collect_unary(request, self._stream_limits)
-            except BadStream as error:
-                log.warning("execute", status="INVALID_ARGUMENT", reason=str(error), **fields)
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed execute request: {error}")
-            result = self._run(collected, context, started, fields, arrival)
-        finally:
-            arrival.end()
+            collected = collect_unary(request, self._stream_limits)
+        except BadStream as error:
+            log.warning("execute", status="INVALID_ARGUMENT", reason=str(error), **fields)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed execute request: {error}")
+        result = self._run(collected, context, started, fields)
         return wire.ExecuteUnaryResponse(questions=list(_question_results(result)), summary=_summary(result))
 
-    def _run(self, collected: Collected, context, started: float, fields: dict, arrival: Arrival) -> ExecutionResult:
+    def _run(self, collected: Collected, context, started: float, fields: dict) -> ExecutionResult:
         """Accept a checked request, execute it, log it; aborts with the failure's status."""
         header = collected.header
         work = [QuestionWork(kind, ids) for kind, ids in zip(collected.kinds, collected.candidates, strict=True)]
@@ -221,7 +202,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                     policy=policy,
                     should_stop=lambda: not context.is_active(),
                     on_start=waiting.end,
-                    arrival=arrival,
                 )
         except QueueFull as error:
             log.warning("execute", status="RESOURCE_EXHAUSTED", **fields)
