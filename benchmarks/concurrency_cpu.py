@@ -5,7 +5,8 @@ another, then all eight at once from eight threads; the two arms alternate in re
 machine noise hits both alike. With forest passes and continuous batching the concurrent arm
 shares forward passes; the ratio of wall times is the measure. From the worker's log it also
 reports how each arm's requests rode: the passes they ran in, how many of those carried other
-requests too, and their wait for a first pass.
+requests too, and their wait for a first pass; with `--worker-args "--log-level debug"` (the
+worker then logs each pass) also the requests of each pass of every concurrent block.
 
     .venv/bin/python benchmarks/concurrency_cpu.py [--model .openjev/demo-model] [--blocks 7]
 """
@@ -83,8 +84,12 @@ def main(argv: list[str] | None = None) -> None:
         queue = [r["queue_ms"] for r in rows]
         passes = statistics.median(r["passes"] for r in rows)
         print(f"| {arm} | {len(rows)} | {passes:g} | {shared} | {statistics.median(queue):.1f}, {max(queue):.1f} |")
+    passes = concurrent_passes(workdir / "worker.log", len(bodies))
+    if passes:
+        print("requests of each pass, per concurrent block:", " ".join("+".join(map(str, p)) for p in passes))
     if args.out:
-        args.out.write_text(json.dumps({"times": times, "ratios": ratios, "riding": riding}, indent=1) + "\n")
+        out = {"times": times, "ratios": ratios, "riding": riding, "concurrent_passes": passes}
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
 
 
 def how_requests_rode(worker_log: Path, per_block: int) -> dict[str, list[dict]]:
@@ -98,6 +103,21 @@ def how_requests_rode(worker_log: Path, per_block: int) -> dict[str, list[dict]]
         riding["concurrent"] += done[start + per_block : start + 2 * per_block]
     fields = ("passes", "shared_passes", "queue_ms", "latency_ms", "tokens_computed")
     return {arm: [{f: e[f] for f in fields} for e in rows] for arm, rows in riding.items()}
+
+
+def concurrent_passes(worker_log: Path, per_block: int) -> list[list[int]]:
+    """Per concurrent block, the requests each of its passes carried, from the worker's `pass`
+    events (logged at debug level only; none: an empty list). A pass is logged before its
+    requests' `execute` events, so it belongs to the round whose requests are being answered."""
+    rounds: dict[int, list[int]] = {}
+    answered = 0
+    for e in log_events(worker_log.read_text()):
+        if e.get("event") == "execute" and e.get("status") == "OK":
+            answered += 1
+        elif e.get("event") == "pass":
+            rounds.setdefault(answered // per_block, []).append(e["requests"])
+    # round 0: the warm-up (and the worker's own); then per block the sequential, the concurrent
+    return [rounds[r] for r in sorted(rounds) if r >= 2 and r % 2 == 0]
 
 
 if __name__ == "__main__":

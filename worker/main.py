@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
         cost_model=cost_model,
         default_policy=args.prefix_policy,
         queue_capacity=args.queue_capacity,
-        on_pass=metrics.observe_pass,
+        on_pass=observe_pass,
         state_cache=state_cache,
     )
     identity = WorkerIdentity(
@@ -324,6 +324,12 @@ def main(argv: list[str] | None = None) -> None:
         args.port_file.write_text(str(server.port))
     log.info("serving", port=server.port, backend=backend, model_id=meta.model_id)
     serving.serve_until_signal(server, grace_seconds=args.grace_seconds, on_stop=lambda: stop(engine, runner))
+
+
+def observe_pass(num_requests: int, num_tokens: int, seconds: float) -> None:
+    """Each pass: a metric, and at --log-level debug a `pass` line (how requests shared passes)."""
+    metrics.observe_pass(num_requests, num_tokens, seconds)
+    log.debug("pass", requests=num_requests, tokens=num_tokens, ms=round(seconds * 1e3, 3))
 
 
 def stop(engine: Engine, runner) -> None:
