@@ -8,7 +8,8 @@ Walking the plan's segments parents first, each one:
   (when it is at least a grid long) and the states at a few grid points before the end (the last
   one before the end, then ever farther back: 1, 2, 4, ... grids), where a later request that
   shares only part of it can hang; a prompt that runs alone from its start (a leaf at the root,
-  e.g. a noul question or policy `off`) deposits those grid points too, once per request.
+  e.g. a noul question) deposits those grid points too, once per request.
+(Requests under policy `off` do not come here: the scheduler runs them with no cache.)
 
 Every cut is one the runner computes exactly (keys.CutRule), so the pieces compute the same bits
 the plan's own segments would: a hit changes which tokens run, never a result.

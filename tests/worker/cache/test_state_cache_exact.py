@@ -75,7 +75,7 @@ def test_random_sessions_match_no_cache(torch_runner, tokenizer, workload):
     states += states_of(workload, 6000, 8000, 1) + states_of(workload, 15000, 20000, 1)
     limits = PackLimits(max_sequences=16, max_tokens=2048, chunk_tokens=1024)
     with_cache, without = cached_engine(torch_runner, limits=limits), Engine(torch_runner, pack_limits=limits)
-    hits = 0
+    hits = others = 0
     for _ in range(14):
         work = to_work(tokenizer, session_request(rng, workload, rng.choice(states)))
         policy = rng.choice(POLICIES)
@@ -83,8 +83,10 @@ def test_random_sessions_match_no_cache(torch_runner, tokenizer, workload):
         b = without.execute(work, temperature=TEMPERATURE, policy=policy)
         same_bits(a, b)
         assert b.cache_hit_tokens == 0
+        assert policy != "off" or a.cache_hit_tokens == 0  # the reference path skips nothing
+        others += policy != "off"
         hits += a.cache_hit_tokens > 0
-    assert hits >= 8, f"only {hits} of 14 requests hit the cache"
+    assert hits >= others * 2 // 3, f"only {hits} of the {others} requests not under `off` hit the cache"
     cache = with_cache.state_cache
     assert cache is not None and cache.num_hits == hits and cache.nbytes <= cache.budget_bytes
 
@@ -172,6 +174,25 @@ def test_concurrent_requests_hit_one_node(torch_runner, tokenizer, workload):
         assert got.cache_hit_tokens > 1000
         same_bits(got, alone.execute(work, temperature=TEMPERATURE))
     assert sum(r.num_shared_passes for r in results if r) > 0  # they did run side by side
+
+
+def test_policy_off_computes_everything(torch_runner, tokenizer, workload):
+    """`off` is the reference path: with states of its very prompt in the cache it still runs its
+    plan's segments (no hit, nothing deposited), while `auto` hangs from the same states."""
+    state = states_of(workload, 2000, 3000, 1)[0]
+    work = to_work(tokenizer, session_request(random.Random(4), workload, state))
+    engine = cached_engine(torch_runner)
+    cache = engine.state_cache
+    assert cache is not None
+    engine.execute(work, temperature=TEMPERATURE, policy="auto")  # deposits
+    inserts, hits = cache.num_inserts, cache.num_hits
+    assert inserts > 0
+    off = engine.execute(work, temperature=TEMPERATURE, policy="off")
+    plan = plan_request([q.candidates for q in work], "off")
+    assert off.cache_hit_tokens == 0 and off.num_launches == plan.num_launches
+    assert (cache.num_inserts, cache.num_hits) == (inserts, hits)
+    same_bits(off, Engine(torch_runner).execute(work, temperature=TEMPERATURE, policy="off"))
+    assert engine.execute(work, temperature=TEMPERATURE, policy="auto").cache_hit_tokens > 0
 
 
 @pytest.mark.parametrize("budget", [0])

@@ -85,14 +85,17 @@ def test_random_sessions_match_no_cache(runner):
     vocab = runner.config.vocab_size
     states = [[rng.randrange(vocab) for _ in range(n)] for n in (40, 250, 700)]
     with_cache, without = engines(runner)
-    hits = 0
+    hits = others = 0
     for _ in range(16):
         work = session(rng, vocab, rng.choice(states))
         policy = rng.choice(POLICIES)
         a = with_cache.execute(work, temperature=TEMPERATURE, policy=policy)
         same_bits(a, without.execute(work, temperature=TEMPERATURE, policy=policy))
+        assert policy != "off" or a.cache_hit_tokens == 0  # the reference path skips nothing
+        others += policy != "off"
         hits += a.cache_hit_tokens > 0
-    assert hits >= 6  # the 40-token state never reaches a grid point; first sightings miss
+    # the 40-token state never reaches a grid point; first sightings miss
+    assert hits >= others * 3 // 8, f"{hits} of the {others} requests not under `off` hit the cache"
 
 
 def test_second_question_hangs_within_a_grid(runner):
