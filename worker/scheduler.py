@@ -163,8 +163,8 @@ class Scheduler:
         Raises QueueFull, Cancelled or InferenceError."""
         # `off` is the reference path, every candidate's whole prompt computed (DESIGN): it neither
         # hangs from cached states nor deposits any
-        use_cache = self.cache is not None and self.cache.enabled and plan.policy != "off"
-        prepared = prepare(plan.segments, self.cache) if use_cache else None
+        cache = self.cache if self.cache is not None and self.cache.enabled and plan.policy != "off" else None
+        prepared = prepare(plan.segments, cache) if cache is not None else None
         job = self._admit(_Job(plan, is_active, on_start, prepared))
         if prepared is not None and prepared.hit_tokens and self.cache is not None:
             self.cache.record_hit(prepared.hit_tokens)  # counted once admitted, not when refused
