@@ -176,6 +176,7 @@ class WorkerLink:
         self._probe_timeout = max(refresh_seconds, MIN_PROBE_TIMEOUT_SECONDS)
         self._state = LinkState(None, f"worker at {target} has not answered yet", grpc.StatusCode.UNAVAILABLE)
         self._probes: dict[str, _Probe] = {}
+        self._probes_lock = threading.Lock()  # refresh (the link's thread) against close
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="worker-probe")
         self._stop = threading.Event()
         self._wake = threading.Event()  # the next refresh now: close(), or refresh_soon()
@@ -212,22 +213,30 @@ class WorkerLink:
         self.channel.close()
         if self.affinity_channel is not None:
             self.affinity_channel.close()
-        for probe in self._probes.values():
+        # a refresh running now (a dns:/// target's addresses changing) adds no probe after this
+        with self._probes_lock:
+            probes, self._probes = list(self._probes.values()), {}
+        for probe in probes:
             probe.channel.close()
         self._pool.shutdown(wait=False)
 
     def refresh(self) -> LinkState:
         endpoints = self.targets.endpoints()
-        for gone in set(self._probes) - set(endpoints):
-            self._probes.pop(gone).channel.close()
+        with self._probes_lock:
+            if self._stop.is_set():
+                return self._state
+            gone = {endpoint: self._probes.pop(endpoint) for endpoint in set(self._probes) - set(endpoints)}
+            for endpoint in endpoints:
+                if endpoint not in self._probes:
+                    self._probes[endpoint] = _Probe(endpoint, self._credentials, self._tls_options)
+            probes = [self._probes[endpoint] for endpoint in endpoints]
+        for endpoint, probe in gone.items():
+            probe.channel.close()
             try:
-                metrics.frontend_worker_up.remove(gone)
+                metrics.frontend_worker_up.remove(endpoint)
             except KeyError:
                 pass
-        for endpoint in endpoints:
-            if endpoint not in self._probes:
-                self._probes[endpoint] = _Probe(endpoint, self._credentials, self._tls_options)
-        answers = list(self._pool.map(self._check, endpoints))
+        answers = list(self._pool.map(self._check, endpoints, probes))
         state = self._combine(endpoints, answers)
         for endpoint, (_describe, problem, _reachable) in zip(endpoints, answers, strict=True):
             metrics.frontend_worker_up.labels(endpoint).set(0 if problem else 1)
@@ -251,9 +260,8 @@ class WorkerLink:
         with self._changed:
             self._state = replace(self._state, execute_unary=False)
 
-    def _check(self, endpoint: str) -> tuple[wire.DescribeResponse | None, str | None, bool]:
+    def _check(self, endpoint: str, probe: _Probe) -> tuple[wire.DescribeResponse | None, str | None, bool]:
         """(describe, problem, reachable) of one worker."""
-        probe = self._probes[endpoint]
         try:
             describe = probe.worker.Describe(wire.DescribeRequest(), timeout=self._probe_timeout)
         except grpc.RpcError as error:
