@@ -213,7 +213,7 @@ def test_a_queued_request_leaving_while_a_pass_is_chosen_fails_no_one_else(torch
     gate = threading.Event()
     gate.set()
     engine = _cached_engine(torch_runner, gate, "scheduler-race")
-    engine.execute(_noul(CONTEXT + [7, 8, 9]), temperature=TEMPERATURE, policy="off")
+    engine.execute(_noul(CONTEXT + [7, 8, 9]), temperature=TEMPERATURE, policy=CACHED)
     gate.clear()
     answers: dict[str, object] = {}
     threads = [_send(engine, answers, "busy", [5, 6, 7])]
@@ -237,7 +237,7 @@ def test_a_queued_request_leaving_while_a_pass_is_chosen_fails_no_one_else(torch
     gate.set()
     for thread in threads:
         thread.join(60)
-    alone = engine.execute(_noul([3000, 3001, 3002, 3003]), temperature=TEMPERATURE, policy="off")
+    alone = engine.execute(_noul([3000, 3001, 3002, 3003]), temperature=TEMPERATURE, policy=CACHED)
     assert isinstance(answers["staying"], ExecutionResult), answers["staying"]
     assert answers["staying"].head_scores == alone.head_scores
     # the leaving request either left before the pass was chosen or ran in it to the end
@@ -256,6 +256,7 @@ def _cached_engine(runner, gate: threading.Event, name: str, **kwargs) -> Engine
 
 
 CONTEXT = list(range(1000, 1200))  # a request's context: the cache deposits its states at 64, 128, 192
+CACHED = "default"  # a policy that uses the cache (`off` never does); one candidate: off's plan
 
 
 def _noul(tokens: list[int]) -> list[QuestionWork]:
@@ -265,7 +266,7 @@ def _noul(tokens: list[int]) -> list[QuestionWork]:
 def _send(engine: Engine, answers: dict, name: str, tokens: list[int]) -> threading.Thread:
     def one() -> None:
         try:
-            answers[name] = engine.execute(_noul(tokens), temperature=TEMPERATURE, policy="off")
+            answers[name] = engine.execute(_noul(tokens), temperature=TEMPERATURE, policy=CACHED)
         except Exception as error:
             answers[name] = error
 
@@ -280,17 +281,17 @@ def test_a_request_refused_for_a_full_queue_is_no_cache_hit(torch_runner):
     engine = _cached_engine(torch_runner, gate, "refused-hit", queue_capacity=0)
     cache = engine.state_cache
     assert cache is not None
-    engine.execute(_noul(CONTEXT + [7, 8, 9]), temperature=TEMPERATURE, policy="off")
+    engine.execute(_noul(CONTEXT + [7, 8, 9]), temperature=TEMPERATURE, policy=CACHED)
     gate.clear()
     answers: dict[str, object] = {}
     busy = _send(engine, answers, "busy", [5, 6, 7])
     wait_until(lambda: _started(engine))  # held at the gate; capacity 0 refuses the next one
     with pytest.raises(QueueFull):
-        engine.execute(_noul(CONTEXT + [4, 5, 6]), temperature=TEMPERATURE, policy="off")
+        engine.execute(_noul(CONTEXT + [4, 5, 6]), temperature=TEMPERATURE, policy=CACHED)
     assert (cache.num_hits, cache.hit_tokens) == (0, 0)
     gate.set()
     busy.join(30)
-    engine.execute(_noul(CONTEXT + [4, 5, 6]), temperature=TEMPERATURE, policy="off")  # admitted: counted
+    engine.execute(_noul(CONTEXT + [4, 5, 6]), temperature=TEMPERATURE, policy=CACHED)  # admitted: counted
     assert (cache.num_hits, cache.hit_tokens) == (1, 192)
 
 
@@ -333,12 +334,12 @@ def test_an_idle_scheduler_holds_no_cached_state_of_finished_requests(torch_runn
     engine = _cached_engine(torch_runner, gate, "idle-pins")
     cache = engine.state_cache
     assert cache is not None
-    engine.execute(_noul(CONTEXT + [7, 8, 9]), temperature=TEMPERATURE, policy="off")
+    engine.execute(_noul(CONTEXT + [7, 8, 9]), temperature=TEMPERATURE, policy=CACHED)
     with cache._lock:
         (state,) = [e.state for k, e in cache._entries.items() if k.position == 192]
     deepest = weakref.ref(state.layers[0].recurrent)
     del state
-    hit = engine.execute(_noul(CONTEXT + [4, 5, 6]), temperature=TEMPERATURE, policy="off")
+    hit = engine.execute(_noul(CONTEXT + [4, 5, 6]), temperature=TEMPERATURE, policy=CACHED)
     assert hit.cache_hit_tokens == 192  # it hung on that state
     cache.clear()  # as if evicted
     wait_until(lambda: gc.collect() >= 0 and deepest() is None, timeout=5)
