@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention overhead pdl grpc-floor
+#   steps: tests conv conv-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention overhead pdl grpc-floor lt-choice
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -255,6 +255,8 @@ for step in "$@"; do
     # programmatic dependent launch: 800 small kernels, and 64 x (a product + 8 small kernels), in
     # graphs, launched by CuPy, by cuLaunchKernelEx, and with the PDL attribute; ~20 s
     pdl) timeout 120 python3 benchmarks/pdl_probe.py --out $OUT/pdl.json 2>&1 | tee $OUT/pdl.txt | tail -12 ;;
+    # the start-up choice of product paths, made 3 times: which row counts flip, and what a flip costs
+    lt-choice) timeout 240 python3 benchmarks/lt_choice_probe.py 2>&1 | tee $OUT/lt-choice.txt | grep -v "^  warn" | tail -40 ;;
     # a bare Python gRPC round trip on this host, plain and under other thread placements; ~30 s
     grpc-floor) for cond in "" "taskset -c 0" "taskset -c 0-1" "taskset -c 0-3" "env GRPC_POLL_STRATEGY=poll"; do
                   timeout 60 $cond python3 benchmarks/grpc_floor.py --repeats 300 --label "${cond:-default}" 2>/dev/null
