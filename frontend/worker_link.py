@@ -351,6 +351,8 @@ class WorkerLink:
                 return
             try:
                 self.refresh()
-            except RuntimeError:  # the probe pool was shut down by close() meanwhile
+            # close() meanwhile shut the probe pool (RuntimeError) or closed a probe's channel
+            # before its call started (ValueError: not a grpc.RpcError)
+            except (RuntimeError, ValueError):
                 if not self._stop.is_set():
                     raise

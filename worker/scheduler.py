@@ -14,7 +14,8 @@ plan, and the runners compute each segment from its own rows and its parent's st
 
 With a state cache (openjev.worker.cache), a request's segments are cut where states are
 deposited or found (cuts the runner computes exactly), the pieces a hit covers start done, and
-deposited states go into the cache as their passes finish.
+deposited states go into the cache as their passes finish; requests under policy `off` run
+without it.
 """
 
 from __future__ import annotations
@@ -161,8 +162,8 @@ class Scheduler:
         """Execute one request's plan; returns its head scores per question and candidate.
         on_start: called (on the scheduler's thread) when its first pass begins.
         Raises QueueFull, Cancelled or InferenceError."""
-        # `off` is the reference path, every candidate's whole prompt computed (DESIGN): it neither
-        # hangs from cached states nor deposits any
+        # `off` is the reference path, every candidate's whole prompt computed (the policy table of
+        # docs/prefix-reuse.md): it neither hangs from cached states nor deposits any
         cache = self.cache if self.cache is not None and self.cache.enabled and plan.policy != "off" else None
         prepared = prepare(plan.segments, cache) if cache is not None else None
         job = self._admit(_Job(plan, is_active, on_start, prepared))

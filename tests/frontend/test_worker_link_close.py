@@ -1,10 +1,13 @@
 """WorkerLink.close() against the link's own refresh, which adds and drops per-worker probes (a
-dns:/// target's addresses change): close never trips over a probe added meanwhile, and a refresh
-after close opens no channel."""
+dns:/// target's addresses change) and calls them: close never trips over a refresh, a refresh
+after close opens no channel, and the link's thread ends quietly when close shut a probe's
+channel under it."""
 
 from __future__ import annotations
 
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,8 +16,9 @@ from openjev.frontend.worker_link import WorkerLink
 
 # gRPC's connectivity thread of a channel closed while it still connects raises "Channel closed!"
 # in that (daemon) thread: grpc's own. Each test waits for it (settle) so that it is ignored here
-# rather than reported under the next test.
+# rather than reported under the next test; the link's own thread is checked by excepthook below.
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+ENDPOINTS = ["127.0.0.1:9", "127.0.0.1:10"]  # nothing listens there
 
 
 def settle() -> None:
@@ -22,25 +26,25 @@ def settle() -> None:
 
 
 def make_link() -> WorkerLink:
-    # nothing listens there: nothing here dials the workers
-    return WorkerLink("127.0.0.1:9,127.0.0.1:10", fingerprint="", max_length=16384)
+    return WorkerLink(",".join(ENDPOINTS), fingerprint="", max_length=16384)
 
 
-def test_close_while_a_refresh_adds_a_probe():
+def test_close_while_a_refresh_adds_a_worker(monkeypatch):
+    """The link's refresh runs while close() closes the probes (injected into the first probe's
+    channel close) and the target now resolves to a third worker."""
     link = make_link()
-    link._probes = {endpoint: worker_link._Probe(endpoint) for endpoint in ("127.0.0.1:9", "127.0.0.1:10")}
-    first = next(iter(link._probes.values()))
-    closed = []
+    link._probes = {endpoint: worker_link._Probe(endpoint) for endpoint in ENDPOINTS}
+    monkeypatch.setattr(link, "targets", SimpleNamespace(endpoints=lambda: [*ENDPOINTS, "127.0.0.1:11"]))
+    first = link._probes[ENDPOINTS[0]]
     real_close = first.channel.close
 
-    def close_then_refresh_adds() -> None:  # the fault: the link's thread adds a worker right now
+    def close_during_a_refresh() -> None:
         real_close()
-        closed.append(first)
-        link._probes["127.0.0.1:11"] = worker_link._Probe("127.0.0.1:11")
+        link.refresh()
 
-    first.channel.close = close_then_refresh_adds  # type: ignore[method-assign]
+    first.channel.close = close_during_a_refresh  # type: ignore[method-assign]
     link.close()  # before: RuntimeError, dictionary changed size during iteration
-    assert closed == [first]
+    assert link._probes == {}  # the refresh opened nothing once close had begun
     settle()
 
 
@@ -50,4 +54,26 @@ def test_refresh_after_close_opens_no_probe():
     state = link.refresh()
     assert link._probes == {}
     assert state is link.state
+    settle()
+
+
+def test_the_link_thread_survives_close_during_its_checks(monkeypatch):
+    """close() between the probes' calls: a call on a closed channel raises ValueError (not an
+    RpcError), which must end the link's thread quietly, not as an unhandled exception."""
+    link = make_link()
+    errors: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    real_check = link._check
+
+    def check_after_close(endpoint, probe):
+        link.close()  # closes this probe's channel before its Describe
+        return real_check(endpoint, probe)
+
+    monkeypatch.setattr(link, "_check", check_after_close)
+    thread = threading.Thread(target=link._loop, name="worker-link")
+    link._wake.set()
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert errors == []
     settle()
