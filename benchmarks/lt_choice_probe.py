@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 
 import torch
+from kernels_gpu import time_graph
 
 from openjev.worker.cuda import cublaslt, gemm
 from openjev.worker.cuda.buckets import Bucketing, PassBudget
@@ -35,27 +35,6 @@ SHAPES = [
 def ident(algo) -> tuple | None:
     """An algorithm's identity (its opaque bytes), None for the other path."""
     return None if algo is None else tuple(algo.data)
-
-
-def graph_time(fn, calls: int, replays: int) -> list[float]:
-    """us a call of fn, from replays of a graph of `calls` calls."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        out.append(1e3 * start.elapsed_time(end) / calls)
-    return out
 
 
 def main() -> None:
@@ -87,12 +66,13 @@ def main() -> None:
                 if c[m] is not None and all(ident(c[m]) != ident(d[m]) for d in choices[:run]):
                     lt = cublaslt.UnsplitLinear(*key)
                     arms[f"lt (run {run + 1}'s)"] = functools.partial(lt, x, w, c[m])
-            times = {name: graph_time(fn, args.calls, args.replays) for name, fn in arms.items()}
-            base = statistics.median(times["other path"])
-            cells = ", ".join(
-                f"{name} {statistics.median(t):.1f} us ({statistics.median(t) / base:.3f}x)"
-                for name, t in times.items()
-            )
+            # us a call: graph replays of `calls` back-to-back calls, no host gaps
+            times = {
+                name: 1e3 * time_graph(lambda fn=fn: [fn() for _ in range(args.calls)], reps=args.replays) / args.calls
+                for name, fn in arms.items()
+            }
+            base = times["other path"]
+            cells = ", ".join(f"{name} {t:.1f} us ({t / base:.3f}x)" for name, t in times.items())
             print(f"  {m} rows: {cells}")
 
 
