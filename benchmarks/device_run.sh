@@ -259,7 +259,7 @@ for step in "$@"; do
     lt-choice) timeout 240 python3 benchmarks/lt_choice_probe.py 2>&1 | tee $OUT/lt-choice.txt | grep -v "^  warn" | tail -40 ;;
     # a bare Python gRPC round trip on this host, plain and under other thread placements; ~30 s
     grpc-floor) for cond in "" "taskset -c 0" "taskset -c 0-1" "taskset -c 0-3" "env GRPC_POLL_STRATEGY=poll"; do
-                  timeout 60 $cond python3 benchmarks/grpc_floor.py --repeats 300 --label "${cond:-default}" 2>/dev/null
+                  timeout 60 $cond python3 benchmarks/grpc_floor.py --repeats 300 --label "${cond:-default}" 2>>$OUT/grpc-floor.log
                 done | tee $OUT/grpc-floor.txt ;;
     # time outside inference through the service (Decide, the worker's calls, bare gRPC) with the
     # 27B CUDA worker, two short requests interleaved; ~2.5 min (start-up ~95 s)
