@@ -15,41 +15,28 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent import futures
 
 import grpc
-
-SERVER = """
-import sys, time
-from concurrent import futures
-import grpc
-server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-handler = grpc.unary_unary_rpc_method_handler(lambda request, context: b"r")
-server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bare.Bare", {"U": handler}),))
-print(server.add_insecure_port("127.0.0.1:0"), flush=True)
-server.start()
-sys.stdin.read()  # until the parent closes it
-"""
-
-
-def in_process_server() -> tuple[grpc.Server, int]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: b"r")
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bare.Bare", {"U": handler}),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    return server, port
+from service_overhead import bare_unary_server
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=400)
     p.add_argument("--label", default="")
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the other process's part
     args = p.parse_args()
-    child = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if args.serve:  # print the port, serve until the parent closes stdin
+        server, port = bare_unary_server()
+        print(port, flush=True)
+        sys.stdin.read()
+        return
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert child.stdout is not None and child.stdin is not None
     other_port = int(child.stdout.readline())
-    server, own_port = in_process_server()
+    server, own_port = bare_unary_server()
     try:
         calls = {}
         for where, port in (("other process", other_port), ("this process", own_port)):

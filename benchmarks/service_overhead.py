@@ -41,6 +41,7 @@ from openjev.serving import channel_options
 from openjev.tokenizer import PromptTokenizer
 from openjev.tools import launch
 from openjev.tools.bench import workload
+from openjev.tools.soak import log_events
 from openjev.v1 import decision_pb2 as api
 from openjev.v1 import decision_pb2_grpc
 from openjev.worker.v1 import worker_pb2 as wire
@@ -133,13 +134,19 @@ def bare_stream(up: int, down: int):
     return server, lambda: list(call(iter([b"q"] * up)))
 
 
-def bare_unary():
-    """A server whose unary method answers at once; called as a future, as the frontend does."""
+def bare_unary_server() -> tuple[grpc.Server, int]:
+    """A started server on loopback whose unary method /bare.Bare/U answers at once; its port."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     handler = grpc.unary_unary_rpc_method_handler(lambda request, context: b"r")
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bare.Bare", {"U": handler}),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
+    return server, port
+
+
+def bare_unary():
+    """A bare unary server, called as a future, as the frontend does."""
+    server, port = bare_unary_server()
     call = grpc.insecure_channel(f"127.0.0.1:{port}").unary_unary("/bare.Bare/U")
     return server, lambda: call.future(b"q").result()
 
@@ -234,10 +241,7 @@ def main() -> None:
 
 def queue_ms(pair: launch.Pair) -> str:
     """p10 / p50 / p90 of the queue_ms fields of the worker's execute log lines."""
-    values = []
-    for line in pair.worker.log_path.read_text(errors="replace").splitlines():
-        if line.startswith("{") and '"event": "execute"' in line and '"queue_ms"' in line:
-            values.append(json.loads(line)["queue_ms"])
+    values = [e["queue_ms"] for e in log_events(pair.worker.log_text(), "execute") if "queue_ms" in e]
     if len(values) < 2:
         return "(no execute lines with queue_ms: is the log level above info?)"
     q = statistics.quantiles(values, n=10)

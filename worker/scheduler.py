@@ -267,12 +267,13 @@ class Scheduler:
         try:
             for job in chosen.starting:
                 job.on_start()
-            self._run_pass(jobs, chosen.picked, chosen.segments, chosen.started)
+            self._run_pass(chosen)
         except Exception as error:  # a bug past the choice fails this pass's requests, not the queue
             failed = [jobs[owner] for owner in chosen.segments]
             self._finish_all(failed, InferenceError(f"scheduler failed: {error!r}"))
 
-    def _run_pass(self, jobs: list[_Job], picked: list[Picked], chosen: dict[int, set[int]], now: float) -> None:
+    def _run_pass(self, chosen_pass: _Pass) -> None:
+        jobs, picked, chosen, now = chosen_pass.jobs, chosen_pass.picked, chosen_pass.segments, chosen_pass.started
         kept = {owner: kept_after_pass(jobs[owner].tree, segs) for owner, segs in chosen.items()}
         runs: list[SegmentRun] = []
         for p in picked:

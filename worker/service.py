@@ -96,10 +96,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             identity.tokenizer_fingerprint, identity.max_length, identity.model_id, identity.temperature
         )
 
-    def _refuse_if_unexpected(self, context) -> None:
-        """A frontend that expects another worker (it described this address before a restart with
-        another tokenizer or model) gets UNAVAILABLE, unaccepted: it may try another worker."""
-        expected = dict(context.invocation_metadata()).get(abi.EXPECT_METADATA_KEY)
+    def _call_fields(self, context) -> dict:
+        """A call's log fields (its request id), once it is one for this worker: a frontend that
+        expects another (it described this address before a restart with another tokenizer or
+        model) gets UNAVAILABLE, unaccepted, so it may try another worker."""
+        metadata = dict(context.invocation_metadata())
+        expected = metadata.get(abi.EXPECT_METADATA_KEY)
         if expected is not None and expected != self._expected:
             log.warning("execute", status="UNAVAILABLE", reason="the frontend expects another worker")
             context.abort(
@@ -107,6 +109,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 "this worker is not the one the frontend described (another ABI version, tokenizer, "
                 "max_length, model or temperature)",
             )
+        return {"request_id": metadata.get(interceptors.REQUEST_ID_KEY, "")}
 
     def Describe(self, request, context):
         i = self.identity
@@ -134,9 +137,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
 
     def Execute(self, request_iterator, context):
         started = time.perf_counter()
-        self._refuse_if_unexpected(context)
-        request_id = dict(context.invocation_metadata()).get(interceptors.REQUEST_ID_KEY, "")
-        fields = {"request_id": request_id}
+        fields = self._call_fields(context)
         timer = CommitTimer(self.commit_timeout_seconds, context.cancel)
         try:
             collected = collect(request_iterator, self._stream_limits)
@@ -162,9 +163,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def ExecuteUnary(self, request, context):
         """Execute's committed stream in one message, its answer in one reply."""
         started = time.perf_counter()
-        self._refuse_if_unexpected(context)
-        request_id = dict(context.invocation_metadata()).get(interceptors.REQUEST_ID_KEY, "")
-        fields = {"request_id": request_id}
+        fields = self._call_fields(context)
         try:
             collected = collect_unary(request, self._stream_limits)
         except BadStream as error:
