@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention overhead pdl grpc-floor lt-choice
+#   steps: tests conv conv-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention attention-wg overhead pdl grpc-floor lt-choice
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -155,6 +155,12 @@ for step in "$@"; do
              --synthetic 27b --layers 8 --oracle-cases 0 --limit 40 --gdn-kernel chunked --out $OUT/gates-chunked.md 2>/tmp/gates.log | head -12 ;;
     # every kernel against its two ceilings, then the runner end to end (capacity, peak memory)
     # tree attention alone (whole prompts and a cached-context hit) beside torch SDPA; ~1 min
+    # the wgmma engine of tree attention: part-by-part errors, its tests (both engines), then timings
+    attention-wg) timeout 120 python3 benchmarks/wgmma_probe.py 2>&1 | tee $OUT/wgmma-probe.txt | tail -12
+                  timeout 200 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py -k tree_attention \
+                    > $OUT/attention-tests.txt 2>&1; tail -30 $OUT/attention-tests.txt | grep -E "Error|assert|FAILED|passed|failed" | tail -12
+                  timeout 240 python3 benchmarks/kernels_gpu.py --ops tree_attention,sdpa --out $OUT/attention-gpu.json 2>&1 \
+                    | tee $OUT/attention-gpu.txt | tail -40 ;;
     attention) timeout 200 python3 benchmarks/kernels_gpu.py --ops tree_attention,sdpa --out $OUT/attention-gpu.json 2>&1 \
              | tee $OUT/attention-gpu.txt | tail -20 ;;
     kernels) timeout 300 python3 benchmarks/kernels_gpu.py --capacity 27b --out $OUT/kernels-gpu.json 2>&1 \

@@ -32,6 +32,7 @@
 // a cached context: few blocks, each a long chain of tiles), as fast on a whole 512-token prompt
 // and 1.26-1.28x slower from 4,096 tokens (docs/cuda-kernels.md): the host picks it for short passes.
 #include "common.cuh"
+#include "wgmma.cuh"
 
 // Tile sizes come from the host (traits.AttentionTraits), which launches the single-buffered form
 // with ATTN_SMEM bytes and the pipelined one with ATTN_SMEM + 2 BN HD (two more K/V tiles).
@@ -259,6 +260,188 @@ __device__ __forceinline__ void tree_attention(
     }
 }
 
+// The same attention on Hopper's warpgroup products (wgmma): the block's 4 warps are one
+// warpgroup, S = Q K^T with both operands read from shared memory and O += P V with P from
+// registers (cuda/wgmma.cuh), the tiles in wgmma's swizzled layout. The masks, the online softmax
+// and the epilogue are the form above, on the same per-thread rows and columns.
+template <int BUFFERS>
+__device__ __forceinline__ void tree_attention_wg(
+    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_pool,
+    const __nv_bfloat16* __restrict__ v_pool, const int* __restrict__ kv_rows,
+    const int* __restrict__ cu_q, const int* __restrict__ cu_k, int Hq, int Hkv, float scale,
+    const __nv_bfloat16* __restrict__ gate, long gate_st, long gate_sh, int has_gate,
+    __nv_bfloat16* __restrict__ out) {
+    static_assert(BM == 64 && BN == 64 && NT == 128 && HD % 64 == 0, "one warpgroup, m64 x n64 products");
+    constexpr u32 TILE = 64 * HD * 2;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const u32 sQ = (smem_addr(smem) + 1023u) & ~1023u;  // swizzle atoms on 1,024-byte boundaries
+    const u32 sK0 = sQ + TILE;                           // BUFFERS K tiles, then BUFFERS V tiles
+    const u32 sV0 = sK0 + BUFFERS * TILE;
+
+    const int n = blockIdx.z, hkv = blockIdx.y;
+    const int G = Hq / Hkv;
+    const int q0 = cu_q[n], Tn = cu_q[n + 1] - q0, Rn = Tn * G;
+    const int k0 = cu_k[n], Sn = cu_k[n + 1] - k0;
+    const int q_offset = Sn - Tn;
+    const int tile = gridDim.x - 1 - blockIdx.x;
+    const int r0 = tile * BM;
+    if (r0 >= Rn) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+    for (int idx = tid; idx < BM * CHUNKS; idx += NT) {
+        const int r = idx / CHUNKS, c = idx % CHUNKS;
+        const bool ok = r0 + r < Rn;
+        const int row = ok ? r0 + r : 0;
+        const __nv_bfloat16* src = q + ((long)(q0 + row / G) * Hq + hkv * G + row % G) * HD + c * 8;
+        cp_async16(sQ + wg_off(r, c), src, ok ? 16 : 0);
+    }
+
+    const float sl2 = scale * 1.4426950408889634f;
+    float o[HD / 64][32];
+#pragma unroll
+    for (int b = 0; b < HD / 64; ++b)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) o[b][i] = 0.f;
+    float m_r[2] = {NEG_INF, NEG_INF}, l_r[2] = {0.f, 0.f};
+    const int g = lane >> 2, t4 = lane & 3;
+    const int row_a = r0 + warp * 16 + g;
+    const int tok[2] = {row_a / G, (row_a + 8) / G};
+
+    const int last_key = q_offset + (min(r0 + BM, Rn) - 1) / G;
+    const int n_tiles = last_key / BN + 1;
+    auto load_kv = [&](int b, int kt) {
+        const int j0 = kt * BN;
+        for (int idx = tid; idx < BN * CHUNKS; idx += NT) {
+            const int r = idx / CHUNKS, c = idx % CHUNKS;
+            const bool ok = j0 + r < Sn;
+            const long prow = ok ? (long)kv_rows[k0 + j0 + r] : 0;
+            const long off = (prow * Hkv + hkv) * HD + c * 8;
+            cp_async16(sK0 + b * TILE + wg_off(r, c), k_pool + off, ok ? 16 : 0);
+            cp_async16(sV0 + b * TILE + wg_off(r, c), v_pool + off, ok ? 16 : 0);
+        }
+    };
+    if (BUFFERS == 2) {
+        load_kv(0, 0);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < n_tiles; ++kt) {
+        const int j0 = kt * BN, b = BUFFERS == 2 ? kt & 1 : 0;
+        const u32 sK = sK0 + b * TILE, sV = sV0 + b * TILE;
+        __syncthreads();
+        if (BUFFERS == 2) {
+            if (kt + 1 < n_tiles) load_kv(b ^ 1, kt + 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            load_kv(0, kt);
+            cp_async_commit();
+            cp_async_wait<0>();
+        }
+        fence_async_shared();
+        __syncthreads();
+
+        // S = Q K^T: 16 steps of 16 columns, both operands K-major
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.f;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ++ks) {
+            const u32 at = (ks >> 2) * (64 * 128) + (ks & 3) * 32;
+            wgmma_ss(s, wg_desc_rows(sQ + at), wg_desc_rows(sK + at));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wg_pin(s);
+
+        const bool need_mask = j0 + BN - 1 > q_offset + r0 / G || j0 + BN > Sn;
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float val = s[4 * nt + e] * sl2;
+                if (need_mask) {
+                    const int j = j0 + nt * 8 + 2 * t4 + (e & 1);
+                    if (j > q_offset + tok[e >> 1] || j >= Sn) val = NEG_INF;
+                }
+                s[4 * nt + e] = val;
+                mx[e >> 1] = fmaxf(mx[e >> 1], val);
+            }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float m_new = fmaxf(m_r[r], mx[r]);
+            alpha[r] = exp2f(m_r[r] - m_new);
+            m_r[r] = m_new;
+        }
+        float rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            const float p = exp2f(s[i] - m_r[(i >> 1) & 1]);
+            s[i] = p;
+            rs[(i >> 1) & 1] += p;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) l_r[r] = l_r[r] * alpha[r] + rs[r];
+#pragma unroll
+        for (int db = 0; db < HD / 64; ++db)
+#pragma unroll
+            for (int i = 0; i < 32; ++i) o[db][i] *= alpha[(i >> 1) & 1];
+
+        // O += P V: P's accumulator layout is the A fragment's, 16 keys a step; V MN-major
+        u32 pa[BN / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ++ks) {
+            pa[ks][0] = pack_bf16(s[8 * ks + 0], s[8 * ks + 1]);
+            pa[ks][1] = pack_bf16(s[8 * ks + 2], s[8 * ks + 3]);
+            pa[ks][2] = pack_bf16(s[8 * ks + 4], s[8 * ks + 5]);
+            pa[ks][3] = pack_bf16(s[8 * ks + 6], s[8 * ks + 7]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ++ks)
+#pragma unroll
+            for (int db = 0; db < HD / 64; ++db)
+                wgmma_rs(o[db], pa[ks][0], pa[ks][1], pa[ks][2], pa[ks][3],
+                         wg_desc_cols(sV + db * (64 * 128) + ks * 2048));
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int db = 0; db < HD / 64; ++db) wg_pin(o[db]);
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);
+        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row_a + r * 8;
+        if (row >= Rn) continue;
+        const float inv = 1.f / l_r[r];
+        const long t = q0 + tok[r];
+        const int h = hkv * G + row % G;
+        __nv_bfloat16* dst = out + (t * Hq + h) * HD;
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; ++nt) {
+            const int d = nt * 8 + 2 * t4;
+            float x0 = o[nt >> 3][4 * (nt & 7) + 2 * r] * inv, x1 = o[nt >> 3][4 * (nt & 7) + 2 * r + 1] * inv;
+            if (has_gate) {
+                const float2 gv = __bfloat1622float2(
+                    *reinterpret_cast<const __nv_bfloat162*>(gate + t * gate_st + h * gate_sh + d));
+                x0 *= sigmoid(gv.x);
+                x1 *= sigmoid(gv.y);
+            }
+            *reinterpret_cast<__nv_bfloat162*>(dst + d) = __floats2bfloat162_rn(x0, x1);
+        }
+    }
+}
+
 #define ATTN_ARGS                                                                                  \
     const __nv_bfloat16 *__restrict__ q, const __nv_bfloat16 *__restrict__ k_pool,                 \
         const __nv_bfloat16 *__restrict__ v_pool, const int *__restrict__ kv_rows,                 \
@@ -269,4 +452,8 @@ __device__ __forceinline__ void tree_attention(
 extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(ATTN_ARGS) { tree_attention<1>(ATTN_PASS); }
 extern "C" __global__ void __launch_bounds__(NT, 1) tree_attention_fwd_pipelined(ATTN_ARGS) {
     tree_attention<2>(ATTN_PASS);
+}
+extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_wg_fwd(ATTN_ARGS) { tree_attention_wg<1>(ATTN_PASS); }
+extern "C" __global__ void __launch_bounds__(NT, 1) tree_attention_wg_fwd_pipelined(ATTN_ARGS) {
+    tree_attention_wg<2>(ATTN_PASS);
 }

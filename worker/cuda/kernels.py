@@ -38,8 +38,18 @@ def kernel_folder() -> pathlib.Path:
     return pathlib.Path(__file__).resolve().parents[2] / "cuda"
 
 
+# Modules that use Hopper's architecture-specific instructions (wgmma) compile for sm_90a, whose
+# code runs on sm_90 cards only; the others stay plain sm_90.
+ARCH_SPECIFIC = frozenset({"tree_attention"})
+
+
+def arch_of(name: str, family: str = "sm_90") -> str:
+    """The -arch value module `name` compiles for."""
+    return family + "a" if name in ARCH_SPECIFIC else family
+
+
 @functools.cache
-def _options() -> tuple[str, ...]:
+def _options(arch: str = "sm_90") -> tuple[str, ...]:
     folder = kernel_folder()
     # CuPy's kernel cache keys on the source and the options, not on included headers: the
     # headers' digest in the options makes an edited header compile anew.
@@ -47,7 +57,7 @@ def _options() -> tuple[str, ...]:
     for header in sorted(folder.glob("*.cuh")):
         digest.update(header.name.encode() + b"\0" + header.read_bytes())
     definitions = (f"-DOPENJEV_HEADERS=0x{digest.hexdigest()[:16]}", *traits.compile_definitions())
-    return ("-arch=sm_90", "-std=c++17", f"-I{folder}", *definitions)
+    return (f"-arch={arch}", "-std=c++17", f"-I{folder}", *definitions)
 
 
 def kernel_source(name: str) -> str:
@@ -60,7 +70,7 @@ def _module(name: str):
     import cupy
 
     code = kernel_source(name)
-    options = _options()
+    options = _options(arch_of(name))
     try:
         module = cupy.RawModule(code=code, options=options)
         module.compile()  # compile now, so a failure is seen here rather than at first launch
@@ -309,14 +319,20 @@ def gdn_recurrent(
 ATTN_PIPELINED_MAX_Q = 256
 
 
-def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None, out=None, pipelined=None):
+# Tree attention's products: "wgmma" (Hopper warpgroup products) or "mma" (mma.sync); the two give
+# different bits, so one engine serves every pass of a runner.
+ATTN_ENGINES = ("mma", "wgmma")
+ATTN_ENGINE = "mma"
+
+
+def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None, out=None, pipelined=None, engine=None):
     """Causal GQA attention over packed segments whose keys are rows of shared K/V pools.
 
     q: [Tq, Hq, 256] bf16; k_pool, v_pool: [P, Hkv, 256] bf16; kv_rows: [cu_k[-1]] int32;
     cu_q, cu_k: [N+1] int32 (segment n: T_n queries, S_n >= T_n keys, own keys last);
     gate: [Tq, Hq, 256] bf16 view or None (output times sigmoid(gate)); pipelined: the kernel's
-    form (None: pipelined up to ATTN_PIPELINED_MAX_Q query tokens; both give the same bits).
-    Returns [Tq, Hq, 256] bf16.
+    form (None: pipelined up to ATTN_PIPELINED_MAX_Q query tokens; both give the same bits);
+    engine: one of ATTN_ENGINES (None: ATTN_ENGINE). Returns [Tq, Hq, 256] bf16.
     """
     Tq, Hq, D = q.shape
     Hkv = k_pool.shape[1]
@@ -333,9 +349,12 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
     grid = ((max_q_len * (Hq // Hkv) + geo.block_q - 1) // geo.block_q, Hkv, N)
     if pipelined is None:
         pipelined = max_q_len <= ATTN_PIPELINED_MAX_Q
+    engine = engine or ATTN_ENGINE
+    assert engine in ATTN_ENGINES, engine
+    wg = engine == "wgmma"
     _launch(
         "tree_attention",
-        "tree_attention_fwd_pipelined" if pipelined else "tree_attention_fwd",
+        ("tree_attention_wg_fwd" if wg else "tree_attention_fwd") + ("_pipelined" if pipelined else ""),
         grid,
         (geo.threads,),
         (
@@ -354,7 +373,7 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
             has_gate,
             out,
         ),
-        dynamic_smem=geo.pipelined_smem_bytes if pipelined else geo.smem_bytes,
+        dynamic_smem=(geo.pipelined_smem_bytes if pipelined else geo.smem_bytes) + (geo.wgmma_align if wg else 0),
     )
     return out
 

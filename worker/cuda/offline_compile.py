@@ -16,8 +16,9 @@ import sys
 import time
 
 
-def compile_all(arch_option: str = "-arch=sm_90") -> list[tuple[str, int]]:
-    """(kernel name, cubin bytes) for every .cu file; raises on the first that does not compile."""
+def compile_all(arch: str = "sm_90") -> list[tuple[str, int]]:
+    """(kernel name, cubin bytes) for every .cu file (for `arch`, or its architecture-specific form
+    where the module needs it: kernels.arch_of); raises on the first that does not compile."""
     from cupy_backends.cuda.libs import nvrtc
 
     from openjev.worker.cuda import kernels
@@ -29,10 +30,15 @@ def compile_all(arch_option: str = "-arch=sm_90") -> list[tuple[str, int]]:
     headers = pathfinder.find_nvidia_header_directory("cudart")
     if headers is None:
         raise RuntimeError("no CUDA runtime headers found (the nvidia-cuda-runtime wheel)")
-    options = [o for o in kernels._options() if not o.startswith("-arch=")]
-    options = [arch_option, *options, f"-I{headers}", "--device-as-default-execution-space"]
+    common = [o for o in kernels._options() if not o.startswith("-arch=")]
     compiled = []
     for path in sorted(kernels.kernel_folder().glob("*.cu")):
+        options = [
+            f"-arch={kernels.arch_of(path.stem, arch)}",
+            *common,
+            f"-I{headers}",
+            "--device-as-default-execution-space",
+        ]
         program = nvrtc.createProgram(kernels.kernel_source(path.stem), path.name, (), ())
         try:
             try:
@@ -53,15 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from cupy_backends.cuda.libs import nvrtc
 
+    from openjev.worker.cuda import kernels
+
     started = time.monotonic()
     try:
-        compiled = compile_all(f"-arch={args.arch}")
+        compiled = compile_all(args.arch)
     except RuntimeError as error:
         print(f"offline_compile: {error}", file=sys.stderr)
         return 1
     major, minor = nvrtc.getVersion()
     for name, size in compiled:
-        print(f"{name}.cu: {size} bytes of {args.arch} cubin")
+        print(f"{name}.cu: {size} bytes of {kernels.arch_of(name, args.arch)} cubin")
     print(f"{len(compiled)} kernels compiled by NVRTC {major}.{minor} in {time.monotonic() - started:.1f} s")
     return 0
 

@@ -115,6 +115,7 @@ class AttentionTraits:
     block_q: int = 64  # query rows a block (4 warps x 16)
     block_k: int = 64  # keys a step
     threads: int = 128
+    wgmma_align: int = 1024  # the wgmma form rounds its tiles up to wgmma's 1,024-byte swizzle atoms
 
     @property
     def smem_bytes(self) -> int:
