@@ -264,7 +264,7 @@ __device__ __forceinline__ void tree_attention(
 // warpgroup, S = Q K^T with both operands read from shared memory and O += P V with P from
 // registers (cuda/wgmma.cuh), the tiles in wgmma's swizzled layout. The masks, the online softmax
 // and the epilogue are the form above, on the same per-thread rows and columns.
-template <int BUFFERS>
+template <int FORM>
 __device__ __forceinline__ void tree_attention_wg(
     const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_pool,
     const __nv_bfloat16* __restrict__ v_pool, const int* __restrict__ kv_rows,
@@ -275,7 +275,8 @@ __device__ __forceinline__ void tree_attention_wg(
     constexpr u32 TILE = 64 * HD * 2;
     extern __shared__ __align__(128) unsigned char smem[];
     const u32 sQ = (smem_addr(smem) + 1023u) & ~1023u;  // swizzle atoms on 1,024-byte boundaries
-    const u32 sK0 = sQ + TILE;                           // BUFFERS K tiles, then BUFFERS V tiles
+    constexpr int BUFFERS = FORM == 2 ? 2 : 1;
+    const u32 sK0 = sQ + TILE;  // BUFFERS K tiles, then BUFFERS V tiles
     const u32 sV0 = sK0 + BUFFERS * TILE;
 
     const int n = blockIdx.z, hkv = blockIdx.y;
@@ -309,31 +310,48 @@ __device__ __forceinline__ void tree_attention_wg(
 
     const int last_key = q_offset + (min(r0 + BM, Rn) - 1) / G;
     const int n_tiles = last_key / BN + 1;
-    auto load_kv = [&](int b, int kt) {
+    // K or V (which = 0 or 1) of key tile kt into buffer b; rows past the segment's keys load zeros
+    auto load_tile = [&](int which, int b, int kt) {
         const int j0 = kt * BN;
+        const __nv_bfloat16* pool = which ? v_pool : k_pool;
+        const u32 dst = (which ? sV0 : sK0) + b * TILE;
         for (int idx = tid; idx < BN * CHUNKS; idx += NT) {
             const int r = idx / CHUNKS, c = idx % CHUNKS;
             const bool ok = j0 + r < Sn;
             const long prow = ok ? (long)kv_rows[k0 + j0 + r] : 0;
-            const long off = (prow * Hkv + hkv) * HD + c * 8;
-            cp_async16(sK0 + b * TILE + wg_off(r, c), k_pool + off, ok ? 16 : 0);
-            cp_async16(sV0 + b * TILE + wg_off(r, c), v_pool + off, ok ? 16 : 0);
+            cp_async16(dst + wg_off(r, c), pool + (prow * Hkv + hkv) * HD + c * 8, ok ? 16 : 0);
         }
     };
-    if (BUFFERS == 2) {
-        load_kv(0, 0);
+    // FORM 0: load K and V, wait, compute. FORM 1 (staggered): one K and one V buffer, K of the next
+    // tile copied while this tile's softmax and P V run, V of the next while its Q K^T and softmax
+    // run. FORM 2: two buffers each, the whole next tile copied while this one computes.
+    if (FORM == 2) {
+        load_tile(0, 0, 0);
+        load_tile(1, 0, 0);
+        cp_async_commit();
+    } else if (FORM == 1) {
+        load_tile(0, 0, 0);
+        cp_async_commit();  // with Q
+        load_tile(1, 0, 0);
         cp_async_commit();
     }
     for (int kt = 0; kt < n_tiles; ++kt) {
-        const int j0 = kt * BN, b = BUFFERS == 2 ? kt & 1 : 0;
+        const int j0 = kt * BN, b = FORM == 2 ? kt & 1 : 0;
         const u32 sK = sK0 + b * TILE, sV = sV0 + b * TILE;
-        __syncthreads();
-        if (BUFFERS == 2) {
-            if (kt + 1 < n_tiles) load_kv(b ^ 1, kt + 1);
+        if (FORM == 2) {
+            __syncthreads();
+            if (kt + 1 < n_tiles) {
+                load_tile(0, b ^ 1, kt + 1);
+                load_tile(1, b ^ 1, kt + 1);
+            }
             cp_async_commit();
             cp_async_wait<1>();
+        } else if (FORM == 1) {
+            cp_async_wait<1>();  // K of tile kt (V of tile kt may still be in flight)
         } else {
-            load_kv(0, kt);
+            __syncthreads();
+            load_tile(0, 0, kt);
+            load_tile(1, 0, kt);
             cp_async_commit();
             cp_async_wait<0>();
         }
@@ -353,6 +371,11 @@ __device__ __forceinline__ void tree_attention_wg(
         wgmma_commit();
         wgmma_wait<0>();
         wg_pin(s);
+        if (FORM == 1) {
+            __syncthreads();  // every warp's products are done with K
+            if (kt + 1 < n_tiles) load_tile(0, 0, kt + 1);
+            cp_async_commit();
+        }
 
         const bool need_mask = j0 + BN - 1 > q_offset + r0 / G || j0 + BN > Sn;
         float mx[2] = {NEG_INF, NEG_INF};
@@ -401,6 +424,11 @@ __device__ __forceinline__ void tree_attention_wg(
             pa[ks][2] = pack_bf16(s[8 * ks + 4], s[8 * ks + 5]);
             pa[ks][3] = pack_bf16(s[8 * ks + 6], s[8 * ks + 7]);
         }
+        if (FORM == 1) {
+            cp_async_wait<1>();  // V of tile kt (K of the next may still be in flight)
+            fence_async_shared();
+            __syncthreads();
+        }
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ++ks)
@@ -412,6 +440,11 @@ __device__ __forceinline__ void tree_attention_wg(
         wgmma_wait<0>();
 #pragma unroll
         for (int db = 0; db < HD / 64; ++db) wg_pin(o[db]);
+        if (FORM == 1) {
+            __syncthreads();  // every warp's products are done with V
+            if (kt + 1 < n_tiles) load_tile(1, 0, kt + 1);
+            cp_async_commit();
+        }
     }
 
 #pragma unroll
@@ -453,7 +486,10 @@ extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(ATTN_ARGS
 extern "C" __global__ void __launch_bounds__(NT, 1) tree_attention_fwd_pipelined(ATTN_ARGS) {
     tree_attention<2>(ATTN_PASS);
 }
-extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_wg_fwd(ATTN_ARGS) { tree_attention_wg<1>(ATTN_PASS); }
+extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_wg_fwd(ATTN_ARGS) { tree_attention_wg<0>(ATTN_PASS); }
+extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_wg_fwd_staggered(ATTN_ARGS) {
+    tree_attention_wg<1>(ATTN_PASS);
+}
 extern "C" __global__ void __launch_bounds__(NT, 1) tree_attention_wg_fwd_pipelined(ATTN_ARGS) {
     tree_attention_wg<2>(ATTN_PASS);
 }
