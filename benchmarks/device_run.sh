@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention attention-wg overhead pdl grpc-floor lt-choice
+#   steps: tests conv conv-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention attention-wg overhead pdl grpc-floor lt-choice
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -132,6 +132,13 @@ for step in "$@"; do
     # the chunked kernels' stall reasons and shared-memory traffic at 512 and 4,096 tokens
     # (NCU_CASE: the kernels_gpu.py case, NCU_KERNELS: a regex of the kernels profiled, NCU_SKIP:
     # matching launches skipped of the probe's three runs, NCU_TOKENS: the lengths)
+    # Nsight Compute's sections on the wgmma tree attention forms (NCU_CASES: kernels_gpu.py case names)
+    ncu-attn) for C in ${NCU_CASES:-tree_attention:wgmma tree_attention:wgmma:unstaggered}; do
+             timeout 200 ncu --clock-control none --kernel-name regex:tree_attention --launch-skip 1 --launch-count 1 \
+               --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+               --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+               python3 benchmarks/gdn_probe.py --tokens ${NCU_TOKENS:-4096} --case $C > $OUT/ncu-$C.txt 2>&1
+             grep -vE "^==|^ *$|^\[|----" $OUT/ncu-$C.txt | head -90 | cut -c1-110; done ;;
     ncu-state) for T in ${NCU_TOKENS:-512 4096}; do
              timeout 200 ncu --clock-control none --kernel-name regex:${NCU_KERNELS:-gdn_chunk_[so]} --launch-skip ${NCU_SKIP:-3} --launch-count 3 \
                --metrics gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,$(

@@ -310,29 +310,28 @@ __device__ __forceinline__ void tree_attention_wg(
 
     const int last_key = q_offset + (min(r0 + BM, Rn) - 1) / G;
     const int n_tiles = last_key / BN + 1;
-    // K or V (which = 0 or 1) of key tile kt into buffer b; rows past the segment's keys load zeros
+    // K (which 1), V (which 2) or both (3) of key tile kt into buffer b; rows past the segment's
+    // keys load zeros
     auto load_tile = [&](int which, int b, int kt) {
         const int j0 = kt * BN;
-        const __nv_bfloat16* pool = which ? v_pool : k_pool;
-        const u32 dst = (which ? sV0 : sK0) + b * TILE;
         for (int idx = tid; idx < BN * CHUNKS; idx += NT) {
             const int r = idx / CHUNKS, c = idx % CHUNKS;
             const bool ok = j0 + r < Sn;
-            const long prow = ok ? (long)kv_rows[k0 + j0 + r] : 0;
-            cp_async16(dst + wg_off(r, c), pool + (prow * Hkv + hkv) * HD + c * 8, ok ? 16 : 0);
+            const long off = (ok ? (long)kv_rows[k0 + j0 + r] * Hkv + hkv : 0) * HD + c * 8;
+            if (which & 1) cp_async16(sK0 + b * TILE + wg_off(r, c), k_pool + off, ok ? 16 : 0);
+            if (which & 2) cp_async16(sV0 + b * TILE + wg_off(r, c), v_pool + off, ok ? 16 : 0);
         }
     };
     // FORM 0: load K and V, wait, compute. FORM 1 (staggered): one K and one V buffer, K of the next
     // tile copied while this tile's softmax and P V run, V of the next while its Q K^T and softmax
     // run. FORM 2: two buffers each, the whole next tile copied while this one computes.
     if (FORM == 2) {
-        load_tile(0, 0, 0);
-        load_tile(1, 0, 0);
+        load_tile(3, 0, 0);
         cp_async_commit();
     } else if (FORM == 1) {
-        load_tile(0, 0, 0);
-        cp_async_commit();  // with Q
         load_tile(1, 0, 0);
+        cp_async_commit();  // with Q
+        load_tile(2, 0, 0);
         cp_async_commit();
     }
     for (int kt = 0; kt < n_tiles; ++kt) {
@@ -340,18 +339,14 @@ __device__ __forceinline__ void tree_attention_wg(
         const u32 sK = sK0 + b * TILE, sV = sV0 + b * TILE;
         if (FORM == 2) {
             __syncthreads();
-            if (kt + 1 < n_tiles) {
-                load_tile(0, b ^ 1, kt + 1);
-                load_tile(1, b ^ 1, kt + 1);
-            }
+            if (kt + 1 < n_tiles) load_tile(3, b ^ 1, kt + 1);
             cp_async_commit();
             cp_async_wait<1>();
         } else if (FORM == 1) {
             cp_async_wait<1>();  // K of tile kt (V of tile kt may still be in flight)
         } else {
             __syncthreads();
-            load_tile(0, 0, kt);
-            load_tile(1, 0, kt);
+            load_tile(3, 0, kt);
             cp_async_commit();
             cp_async_wait<0>();
         }
@@ -373,7 +368,7 @@ __device__ __forceinline__ void tree_attention_wg(
         wg_pin(s);
         if (FORM == 1) {
             __syncthreads();  // every warp's products are done with K
-            if (kt + 1 < n_tiles) load_tile(0, 0, kt + 1);
+            if (kt + 1 < n_tiles) load_tile(1, 0, kt + 1);
             cp_async_commit();
         }
 
@@ -410,10 +405,13 @@ __device__ __forceinline__ void tree_attention_wg(
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) l_r[r] = l_r[r] * alpha[r] + rs[r];
+        // (a product by 1 changes no bit: skipped where no row of the warp has a new maximum)
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-        for (int db = 0; db < HD / 64; ++db)
+            for (int db = 0; db < HD / 64; ++db)
 #pragma unroll
-            for (int i = 0; i < 32; ++i) o[db][i] *= alpha[(i >> 1) & 1];
+                for (int i = 0; i < 32; ++i) o[db][i] *= alpha[(i >> 1) & 1];
+        }
 
         // O += P V: P's accumulator layout is the A fragment's, 16 keys a step; V MN-major
         u32 pa[BN / 16][4];
@@ -442,7 +440,7 @@ __device__ __forceinline__ void tree_attention_wg(
         for (int db = 0; db < HD / 64; ++db) wg_pin(o[db]);
         if (FORM == 1) {
             __syncthreads();  // every warp's products are done with V
-            if (kt + 1 < n_tiles) load_tile(1, 0, kt + 1);
+            if (kt + 1 < n_tiles) load_tile(2, 0, kt + 1);
             cp_async_commit();
         }
     }
