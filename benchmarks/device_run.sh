@@ -137,8 +137,8 @@ for step in "$@"; do
              timeout 200 ncu --clock-control none --kernel-name regex:tree_attention --launch-skip 1 --launch-count 1 \
                --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
                --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-               python3 benchmarks/gdn_probe.py --tokens ${NCU_TOKENS:-4096} --case $C > $OUT/ncu-$C.txt 2>&1
-             grep -vE "^==|^ *$|^\[|----" $OUT/ncu-$C.txt | head -90 | cut -c1-110; done ;;
+               python3 benchmarks/gdn_probe.py --tokens ${NCU_TOKENS:-4096} --case $C > $OUT/ncu-${C//:/-}.txt 2>&1
+             grep -vE "^==|^ *$|^\[|----" $OUT/ncu-${C//:/-}.txt | head -90 | cut -c1-110; done ;;
     ncu-state) for T in ${NCU_TOKENS:-512 4096}; do
              timeout 200 ncu --clock-control none --kernel-name regex:${NCU_KERNELS:-gdn_chunk_[so]} --launch-skip ${NCU_SKIP:-3} --launch-count 3 \
                --metrics gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,$(
