@@ -133,7 +133,7 @@ for step in "$@"; do
     # (NCU_CASE: the kernels_gpu.py case, NCU_KERNELS: a regex of the kernels profiled, NCU_SKIP:
     # matching launches skipped of the probe's three runs, NCU_TOKENS: the lengths)
     # Nsight Compute's sections on the wgmma tree attention forms (NCU_CASES: kernels_gpu.py case names)
-    ncu-attn) for C in ${NCU_CASES:-tree_attention:wgmma tree_attention:wgmma:unstaggered}; do
+    ncu-attn) for C in ${NCU_CASES:-tree_attention:wgmma}; do
              timeout 200 ncu --clock-control none --kernel-name regex:tree_attention --launch-skip 1 --launch-count 1 \
                --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
                --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \

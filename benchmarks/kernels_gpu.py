@@ -176,15 +176,9 @@ def cases(T: int):
     forms = [
         (e + f, p, eng) for e, eng in (("", "mma"), (":wgmma", "wgmma")) for f, p in (("", False), (":pipelined", True))
     ]
-    forms.append((":wgmma:unstaggered", False, "wgmma"))
-
-    def staggered(form):
-        K.ATTN_WG_STAGGERED = not form.endswith("unstaggered")
-
     for form, pipelined, engine in forms:
 
-        def att(p=pipelined, e=engine, f=form):
-            staggered(f)
+        def att(p=pipelined, e=engine):
             return K.tree_attention(q, kv[0], kv[1], rows, cu, cu, T, gate=gate, pipelined=p, engine=e)
 
         out.append(("tree_attention" + form, att, att_bytes, att_flops, "mma"))
@@ -199,8 +193,7 @@ def cases(T: int):
     ctx_flops = 4 * HQ * HD * sum(lens) * T
     for form, pipelined, engine in forms:
 
-        def ctx(p=pipelined, e=engine, f=form):
-            staggered(f)
+        def ctx(p=pipelined, e=engine):
             return K.tree_attention(cq, ckv[0], ckv[1], ctx_rows, ctx_cu, ctx_cu_k, max(lens), pipelined=p, engine=e)
 
         out.append(("tree_attention:cached_context" + form, ctx, 2 * (T * 2 * HKV * HD), ctx_flops, "mma"))

@@ -323,7 +323,6 @@ ATTN_PIPELINED_MAX_Q = 256
 # different bits, so one engine serves every pass of a runner.
 ATTN_ENGINES = ("mma", "wgmma")
 ATTN_ENGINE = "wgmma"
-ATTN_WG_STAGGERED = True  # the wgmma engine's single-buffered form copies K and V a half tile ahead
 
 
 def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None, out=None, pipelined=None, engine=None):
@@ -353,10 +352,9 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
     engine = engine or ATTN_ENGINE
     assert engine in ATTN_ENGINES, engine
     wg = engine == "wgmma"
-    form = "_pipelined" if pipelined else ("_staggered" if wg and ATTN_WG_STAGGERED else "")
     _launch(
         "tree_attention",
-        ("tree_attention_wg_fwd" if wg else "tree_attention_fwd") + form,
+        ("tree_attention_wg_fwd" if wg else "tree_attention_fwd") + ("_pipelined" if pipelined else ""),
         grid,
         (geo.threads,),
         (
