@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention attention-wg overhead pdl grpc-floor lt-choice
+#   steps: tests conv conv-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention overhead pdl grpc-floor lt-choice
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
@@ -132,8 +132,8 @@ for step in "$@"; do
     # the chunked kernels' stall reasons and shared-memory traffic at 512 and 4,096 tokens
     # (NCU_CASE: the kernels_gpu.py case, NCU_KERNELS: a regex of the kernels profiled, NCU_SKIP:
     # matching launches skipped of the probe's three runs, NCU_TOKENS: the lengths)
-    # Nsight Compute's sections on the wgmma tree attention forms (NCU_CASES: kernels_gpu.py case names)
-    ncu-attn) for C in ${NCU_CASES:-tree_attention:wgmma}; do
+    # Nsight Compute's sections on tree attention (NCU_CASES: kernels_gpu.py case names)
+    ncu-attn) for C in ${NCU_CASES:-tree_attention}; do
              timeout 200 ncu --clock-control none --kernel-name regex:tree_attention --launch-skip 1 --launch-count 1 \
                --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
                --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
@@ -161,15 +161,10 @@ for step in "$@"; do
     gates-chunked) timeout 150 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
              --synthetic 27b --layers 8 --oracle-cases 0 --limit 40 --gdn-kernel chunked --out $OUT/gates-chunked.md 2>/tmp/gates.log | head -12 ;;
     # every kernel against its two ceilings, then the runner end to end (capacity, peak memory)
-    # tree attention alone (whole prompts and a cached-context hit) beside torch SDPA; ~1 min
-    # the wgmma engine of tree attention: part-by-part errors, its tests (both engines), then timings
-    attention-wg) timeout 120 python3 benchmarks/wgmma_probe.py 2>&1 | tee $OUT/wgmma-probe.txt | tail -12
-                  timeout 200 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py -k tree_attention \
-                    > $OUT/attention-tests.txt 2>&1; tail -30 $OUT/attention-tests.txt | grep -E "Error|assert|FAILED|passed|failed" | tail -12
-                  timeout 240 python3 benchmarks/kernels_gpu.py --ops tree_attention,sdpa --out $OUT/attention-gpu.json 2>&1 \
-                    | tee $OUT/attention-gpu.txt | tail -40 ;;
-    attention) timeout 200 python3 benchmarks/kernels_gpu.py --ops tree_attention,sdpa --out $OUT/attention-gpu.json 2>&1 \
-             | tee $OUT/attention-gpu.txt | tail -20 ;;
+    # tree attention: its part-by-part errors (attention_probe.py), then its timings beside torch SDPA's
+    attention) timeout 120 python3 benchmarks/attention_probe.py 2>&1 | tee $OUT/attention-probe.txt | tail -6
+               timeout 240 python3 benchmarks/kernels_gpu.py --ops tree_attention,sdpa --out $OUT/attention-gpu.json 2>&1 \
+                 | tee $OUT/attention-gpu.txt | tail -20 ;;
     kernels) timeout 300 python3 benchmarks/kernels_gpu.py --capacity 27b --out $OUT/kernels-gpu.json 2>&1 \
              | tee $OUT/kernels-gpu.txt | tail -45 ;;
     gemm) timeout 150 python3 benchmarks/gemm_invariance.py 2>&1 | tail -40 | tee $OUT/gemm-invariance.md ;;

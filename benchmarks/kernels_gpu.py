@@ -172,14 +172,11 @@ def cases(T: int):
     att_bytes = 2 * (2 * T * HQ * HD + 2 * T * HKV * HD + T * HQ * HD)
     # the bare name is the single-buffered form (what the name timed before the pipelined one existed,
     # so conv-ab against an older tree compares the same kernel); the runner's choice is one of the two
-    # (":wgmma": the Hopper warpgroup engine; the bare names are the mma.sync engine)
-    forms = [
-        (e + f, p, eng) for e, eng in (("", "mma"), (":wgmma", "wgmma")) for f, p in (("", False), (":pipelined", True))
-    ]
-    for form, pipelined, engine in forms:
+    forms = (("", False), (":pipelined", True))
+    for form, pipelined in forms:
 
-        def att(p=pipelined, e=engine):
-            return K.tree_attention(q, kv[0], kv[1], rows, cu, cu, T, gate=gate, pipelined=p, engine=e)
+        def att(p=pipelined):
+            return K.tree_attention(q, kv[0], kv[1], rows, cu, cu, T, gate=gate, pipelined=p)
 
         out.append(("tree_attention" + form, att, att_bytes, att_flops, "mma"))
     # a state-cache hit: a 40-token question and 8 five-token candidates under T cached keys
@@ -191,10 +188,10 @@ def cases(T: int):
     ctx_cu_k = torch.tensor([0, *itertools.accumulate(T + n for n in lens)], dtype=torch.int32, device=DEV)
     cq, ckv = r(sum(lens), HQ, HD), r(2, T + sum(lens), HKV, HD)
     ctx_flops = 4 * HQ * HD * sum(lens) * T
-    for form, pipelined, engine in forms:
+    for form, pipelined in forms:
 
-        def ctx(p=pipelined, e=engine):
-            return K.tree_attention(cq, ckv[0], ckv[1], ctx_rows, ctx_cu, ctx_cu_k, max(lens), pipelined=p, engine=e)
+        def ctx(p=pipelined):
+            return K.tree_attention(cq, ckv[0], ckv[1], ctx_rows, ctx_cu, ctx_cu_k, max(lens), pipelined=p)
 
         out.append(("tree_attention:cached_context" + form, ctx, 2 * (T * 2 * HKV * HD), ctx_flops, "mma"))
     qt, kt, vt = q.transpose(0, 1)[None], kv[0].transpose(0, 1)[None], kv[1].transpose(0, 1)[None]

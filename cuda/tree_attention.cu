@@ -11,8 +11,8 @@
 // kv_rows: [cu_k[N]] int32;  cu_q, cu_k: [N+1] int32
 // gate:    [Tq, Hq, 256] bf16 view (strides gate_st, gate_sh in elements), used if has_gate
 // out:     [Tq, Hq, 256] bf16
-// grid (ceil(max T_n * G / BM), Hkv, N), block NT (4 warps x 16 query rows), ATTN_SMEM (96 KiB)
-// dynamic smem, G = Hq / Hkv.
+// grid (ceil(max T_n * G / BM), Hkv, N), block NT (one warpgroup: 4 warps x 16 query rows),
+// ATTN_SMEM + 1 KiB (97 KiB) of dynamic shared memory, G = Hq / Hkv.
 //
 // A block's BM query rows are (token, head) pairs of one segment and one KV head: row r of the
 // segment is token r / G, query head hkv * G + r % G. The G heads that read one KV head share its
@@ -22,20 +22,23 @@
 // positions, and a tile past a row's causal limit leaves its running max, sum and output as they
 // were (alpha 1, p 0), so results do not depend on how rows are grouped into blocks.
 //
-// Flash-attention-2 structure on mma.sync m16n8k16 (bf16 -> fp32), ldmatrix from XOR-swizzled
-// shared memory (512-byte rows would otherwise put a ldmatrix's 8 rows in one bank group).
+// Flash-attention-2 structure on Hopper's warpgroup products (wgmma, sm_90a; cuda/wgmma.cuh):
+// S = Q K^T with both operands read from shared memory, O += P V with P from registers, the
+// tiles in wgmma's 128-byte swizzled layout. It replaced mma.sync m16n8k16 products fed by
+// ldmatrix (1.35-1.55x slower at 512-16,384 tokens; docs/cuda-kernels.md).
 //
 // Two forms with the same arithmetic (the same bits): tree_attention_fwd loads each K/V tile and
 // then computes it, two blocks an SM hiding each other's loads; tree_attention_fwd_pipelined
 // keeps two K/V buffers, the next tile's copies in flight while this one computes, one block an
-// SM. The pipelined form is 1.2-1.4x faster where few query rows walk many keys (a question under
-// a cached context: few blocks, each a long chain of tiles), as fast on a whole 512-token prompt
-// and 1.26-1.28x slower from 4,096 tokens (docs/cuda-kernels.md): the host picks it for short passes.
+// SM. The pipelined form is faster where few query rows walk many keys (a question under a cached
+// context: few blocks, each a long chain of tiles) and slower on whole prompts from 512 tokens
+// (docs/cuda-kernels.md): the host picks it for short passes.
 #include "common.cuh"
 #include "wgmma.cuh"
 
 // Tile sizes come from the host (traits.AttentionTraits), which launches the single-buffered form
-// with ATTN_SMEM bytes and the pipelined one with ATTN_SMEM + 2 BN HD (two more K/V tiles).
+// with ATTN_SMEM bytes and the pipelined one with ATTN_SMEM + 2 BN HD (two more K/V tiles), each
+// plus the 1,024 bytes that align the tiles to wgmma's swizzle atoms.
 #if !defined(ATTN_HEAD_DIM) || !defined(ATTN_BLOCK_Q) || !defined(ATTN_BLOCK_K) || !defined(ATTN_THREADS) || \
     !defined(ATTN_SMEM)
 #error "compile with the definitions of openjev.worker.cuda.traits"
@@ -51,26 +54,6 @@ static_assert((BM + 2 * BN) * HD * 2 == ATTN_SMEM, "shared memory: a Q tile, a K
 // NVRTC has no INFINITY from <math.h>
 #define NEG_INF __int_as_float(0xff800000)
 
-__device__ __forceinline__ u32 swz(int row, int chunk) {
-    return (u32)(row * (HD * 2) + ((chunk ^ (row & 7)) << 4));
-}
-
-__device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-__device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
-                                         u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<u32*>(&v);
@@ -78,194 +61,6 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
 
 template <int BUFFERS>
 __device__ __forceinline__ void tree_attention(
-    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_pool,
-    const __nv_bfloat16* __restrict__ v_pool, const int* __restrict__ kv_rows,
-    const int* __restrict__ cu_q, const int* __restrict__ cu_k, int Hq, int Hkv, float scale,
-    const __nv_bfloat16* __restrict__ gate, long gate_st, long gate_sh, int has_gate,
-    __nv_bfloat16* __restrict__ out) {
-    extern __shared__ __align__(128) unsigned char smem[];
-    const u32 sQ = smem_addr(smem);
-    const u32 sK0 = sQ + BM * HD * 2;  // BUFFERS K tiles, then BUFFERS V tiles
-    const u32 sV0 = sK0 + BUFFERS * BN * HD * 2;
-
-    const int n = blockIdx.z, hkv = blockIdx.y;
-    const int G = Hq / Hkv;
-    const int q0 = cu_q[n], Tn = cu_q[n + 1] - q0, Rn = Tn * G;
-    const int k0 = cu_k[n], Sn = cu_k[n + 1] - k0;
-    const int q_offset = Sn - Tn;
-    // heaviest (last) query tiles first, so the tail of the grid is short ones
-    const int tile = gridDim.x - 1 - blockIdx.x;
-    const int r0 = tile * BM;
-    if (r0 >= Rn) return;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-
-    // Q tile; rows past the segment load zeros (never written out)
-    for (int idx = tid; idx < BM * CHUNKS; idx += NT) {
-        const int r = idx / CHUNKS, c = idx % CHUNKS;
-        const bool ok = r0 + r < Rn;
-        const int row = ok ? r0 + r : 0;
-        const __nv_bfloat16* src = q + ((long)(q0 + row / G) * Hq + hkv * G + row % G) * HD + c * 8;
-        cp_async16(sQ + swz(r, c), src, ok ? 16 : 0);
-    }
-
-    const float sl2 = scale * 1.4426950408889634f;  // softmax in base 2
-    float o[HD / 8][4];
-#pragma unroll
-    for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m_r[2] = {NEG_INF, NEG_INF}, l_r[2] = {0.f, 0.f};
-    const int g = lane >> 2, t4 = lane & 3;
-    const int row_a = r0 + warp * 16 + g;  // this thread's two query rows: row_a, row_a + 8
-    const int tok[2] = {row_a / G, (row_a + 8) / G};
-
-    const int last_key = q_offset + (min(r0 + BM, Rn) - 1) / G;
-    const int n_tiles = last_key / BN + 1;
-    // K/V tile kt into buffer b; rows past the segment's keys load zeros
-    auto load_kv = [&](int b, int kt) {
-        const int j0 = kt * BN;
-        for (int idx = tid; idx < BN * CHUNKS; idx += NT) {
-            const int r = idx / CHUNKS, c = idx % CHUNKS;
-            const bool ok = j0 + r < Sn;
-            const long prow = ok ? (long)kv_rows[k0 + j0 + r] : 0;
-            const long off = (prow * Hkv + hkv) * HD + c * 8;
-            cp_async16(sK0 + b * BN * HD * 2 + swz(r, c), k_pool + off, ok ? 16 : 0);
-            cp_async16(sV0 + b * BN * HD * 2 + swz(r, c), v_pool + off, ok ? 16 : 0);
-        }
-    };
-    if (BUFFERS == 2) {
-        load_kv(0, 0);
-        cp_async_commit();  // with the Q tile
-    }
-    for (int kt = 0; kt < n_tiles; ++kt) {
-        const int j0 = kt * BN, b = BUFFERS == 2 ? kt & 1 : 0;
-        const u32 sK = sK0 + b * BN * HD * 2, sV = sV0 + b * BN * HD * 2;
-        __syncthreads();  // every warp is done with the buffer loaded next (tile kt - 1's)
-        if (BUFFERS == 2) {
-            if (kt + 1 < n_tiles) load_kv(b ^ 1, kt + 1);
-            cp_async_commit();   // (empty at the last tile: keeps the wait count uniform)
-            cp_async_wait<1>();  // tile kt (and, at the first, Q) landed
-        } else {
-            // one wait for Q (first tile), K and V: splitting K and V into two copy groups so
-            // Q K^T could start early was slower (docs/cuda-kernels.md), so the tile is loaded whole
-            load_kv(0, kt);
-            cp_async_commit();
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-
-        // S = Q K^T for this warp's 16 rows x 64 keys
-        float s[BN / 8][4];
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
-            u32 a0, a1, a2, a3;
-            ldsm_x4(sQ + swz(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), a0, a1, a2, a3);
-#pragma unroll
-            for (int p = 0; p < BN / 16; ++p) {
-                u32 b0, b1, b2, b3;
-                ldsm_x4(sK + swz(16 * p + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)),
-                        b0, b1, b2, b3);
-                mma16816(s[2 * p], a0, a1, a2, a3, b0, b1);
-                mma16816(s[2 * p + 1], a0, a1, a2, a3, b2, b3);
-            }
-        }
-
-        // mask (causal within the segment's logical keys, and the tile's tail), online softmax
-        const bool need_mask = j0 + BN - 1 > q_offset + r0 / G || j0 + BN > Sn;
-        float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float val = s[nt][e] * sl2;
-                if (need_mask) {
-                    const int j = j0 + nt * 8 + 2 * t4 + (e & 1);
-                    if (j > q_offset + tok[e >> 1] || j >= Sn) val = NEG_INF;
-                }
-                s[nt][e] = val;
-                mx[e >> 1] = fmaxf(mx[e >> 1], val);
-            }
-        }
-        float alpha[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            const float m_new = fmaxf(m_r[r], mx[r]);  // finite: key 0 is visible to every row
-            alpha[r] = exp2f(m_r[r] - m_new);
-            m_r[r] = m_new;
-        }
-        float rs[2] = {0.f, 0.f};
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float p = exp2f(s[nt][e] - m_r[e >> 1]);
-                s[nt][e] = p;
-                rs[e >> 1] += p;
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) l_r[r] = l_r[r] * alpha[r] + rs[r];  // quad-partial sums
-#pragma unroll
-        for (int i = 0; i < HD / 8; ++i) {
-            o[i][0] *= alpha[0]; o[i][1] *= alpha[0];
-            o[i][2] *= alpha[1]; o[i][3] *= alpha[1];
-        }
-
-        // O += P V: P's accumulator layout is the A-operand layout, 16 keys per k-step
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ++ks) {
-            const u32 a0 = pack_bf16(s[2 * ks][0], s[2 * ks][1]);
-            const u32 a1 = pack_bf16(s[2 * ks][2], s[2 * ks][3]);
-            const u32 a2 = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-            const u32 a3 = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-#pragma unroll
-            for (int dp = 0; dp < HD / 16; ++dp) {
-                u32 b0, b1, b2, b3;
-                ldsm_x4_t(sV + swz(16 * ks + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * dp + (lane >> 4)),
-                          b0, b1, b2, b3);
-                mma16816(o[2 * dp], a0, a1, a2, a3, b0, b1);
-                mma16816(o[2 * dp + 1], a0, a1, a2, a3, b2, b3);
-            }
-        }
-    }
-
-    // epilogue: full row sums, normalize, sigmoid gate, store bf16 pairs
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);
-        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 2);
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int row = row_a + r * 8;
-        if (row >= Rn) continue;
-        const float inv = 1.f / l_r[r];
-        const long t = q0 + tok[r];
-        const int h = hkv * G + row % G;
-        __nv_bfloat16* dst = out + (t * Hq + h) * HD;
-#pragma unroll
-        for (int nt = 0; nt < HD / 8; ++nt) {
-            const int d = nt * 8 + 2 * t4;
-            float x0 = o[nt][2 * r] * inv, x1 = o[nt][2 * r + 1] * inv;
-            if (has_gate) {
-                const float2 gv = __bfloat1622float2(
-                    *reinterpret_cast<const __nv_bfloat162*>(gate + t * gate_st + h * gate_sh + d));
-                x0 *= sigmoid(gv.x);
-                x1 *= sigmoid(gv.y);
-            }
-            *reinterpret_cast<__nv_bfloat162*>(dst + d) = __floats2bfloat162_rn(x0, x1);
-        }
-    }
-}
-
-// The same attention on Hopper's warpgroup products (wgmma): the block's 4 warps are one
-// warpgroup, S = Q K^T with both operands read from shared memory and O += P V with P from
-// registers (cuda/wgmma.cuh), the tiles in wgmma's swizzled layout. The masks, the online softmax
-// and the epilogue are the form above, on the same per-thread rows and columns.
-template <int BUFFERS>
-__device__ __forceinline__ void tree_attention_wg(
     const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_pool,
     const __nv_bfloat16* __restrict__ v_pool, const int* __restrict__ kv_rows,
     const int* __restrict__ cu_q, const int* __restrict__ cu_k, int Hq, int Hkv, float scale,
@@ -465,8 +260,4 @@ __device__ __forceinline__ void tree_attention_wg(
 extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(ATTN_ARGS) { tree_attention<1>(ATTN_PASS); }
 extern "C" __global__ void __launch_bounds__(NT, 1) tree_attention_fwd_pipelined(ATTN_ARGS) {
     tree_attention<2>(ATTN_PASS);
-}
-extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_wg_fwd(ATTN_ARGS) { tree_attention_wg<1>(ATTN_PASS); }
-extern "C" __global__ void __launch_bounds__(NT, 1) tree_attention_wg_fwd_pipelined(ATTN_ARGS) {
-    tree_attention_wg<2>(ATTN_PASS);
 }

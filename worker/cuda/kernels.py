@@ -313,26 +313,19 @@ def gdn_recurrent(
 
 
 # Passes of at most this many query tokens a segment take tree attention's pipelined form (the
-# same bits): 1.2-1.4x faster for a few query rows under a long cached context, within 1% on
-# whole prompts of 74 and 512 tokens, 1.26x slower at 4,096 (cuda/tree_attention.cu,
-# docs/cuda-kernels.md)
+# same bits): 1.06-1.28x faster for a few query rows under a long cached context, 1.06x slower
+# on a whole 512-token prompt, 1.29x at 4,096 (cuda/tree_attention.cu, docs/cuda-kernels.md)
 ATTN_PIPELINED_MAX_Q = 256
 
 
-# Tree attention's products: "wgmma" (Hopper warpgroup products) or "mma" (mma.sync); the two give
-# different bits, so one engine serves every pass of a runner.
-ATTN_ENGINES = ("mma", "wgmma")
-ATTN_ENGINE = "wgmma"
-
-
-def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None, out=None, pipelined=None, engine=None):
+def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None, out=None, pipelined=None):
     """Causal GQA attention over packed segments whose keys are rows of shared K/V pools.
 
     q: [Tq, Hq, 256] bf16; k_pool, v_pool: [P, Hkv, 256] bf16; kv_rows: [cu_k[-1]] int32;
     cu_q, cu_k: [N+1] int32 (segment n: T_n queries, S_n >= T_n keys, own keys last);
     gate: [Tq, Hq, 256] bf16 view or None (output times sigmoid(gate)); pipelined: the kernel's
-    form (None: pipelined up to ATTN_PIPELINED_MAX_Q query tokens; both give the same bits);
-    engine: one of ATTN_ENGINES (None: ATTN_ENGINE). Returns [Tq, Hq, 256] bf16.
+    form (None: pipelined up to ATTN_PIPELINED_MAX_Q query tokens; both give the same bits).
+    Returns [Tq, Hq, 256] bf16.
     """
     Tq, Hq, D = q.shape
     Hkv = k_pool.shape[1]
@@ -349,12 +342,9 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
     grid = ((max_q_len * (Hq // Hkv) + geo.block_q - 1) // geo.block_q, Hkv, N)
     if pipelined is None:
         pipelined = max_q_len <= ATTN_PIPELINED_MAX_Q
-    engine = engine or ATTN_ENGINE
-    assert engine in ATTN_ENGINES, engine
-    wg = engine == "wgmma"
     _launch(
         "tree_attention",
-        ("tree_attention_wg_fwd" if wg else "tree_attention_fwd") + ("_pipelined" if pipelined else ""),
+        "tree_attention_fwd_pipelined" if pipelined else "tree_attention_fwd",
         grid,
         (geo.threads,),
         (
@@ -373,7 +363,7 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
             has_gate,
             out,
         ),
-        dynamic_smem=(geo.pipelined_smem_bytes if pipelined else geo.smem_bytes) + (geo.wgmma_align if wg else 0),
+        dynamic_smem=(geo.pipelined_smem_bytes if pipelined else geo.smem_bytes) + geo.wgmma_align,
     )
     return out
 

@@ -506,47 +506,40 @@ def tree_inputs(q_lens, prefix_lens, Hq=24, Hkv=4, D=256):
     )
 
 
-ENGINES = pytest.mark.parametrize("engine", ["mma", "wgmma"])
-
-
-@ENGINES
 @pytest.mark.parametrize("pipelined", [False, True])
 @pytest.mark.parametrize("gated", [True, False])
-def test_tree_attention(K, ref, gated, pipelined, engine):
+def test_tree_attention(K, ref, gated, pipelined):
     q_lens, prefix_lens = [130, 1, 64, 7, 200], [0, 300, 77, 129, 5]
     q, kp, vp, rows, cu_q, cu_k, gate = tree_inputs(q_lens, prefix_lens)
     gate = gate if gated else None
     out = poisoned(q.shape, torch.bfloat16)
-    K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate, out=out, pipelined=pipelined, engine=engine)
+    K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate, out=out, pipelined=pipelined)
     exp = ref.tree_attention(
         q.cpu(), kp.cpu(), vp.cpu(), rows.cpu(), cu_q.cpu(), cu_k.cpu(), None if gate is None else gate.cpu()
     )
     per_segment(out, exp, cu_q, BF16_TOL, "attention")
 
 
-@ENGINES
 @pytest.mark.parametrize(
     "q_lens, prefix_lens", [([130, 1, 64, 7, 200], [0, 300, 77, 129, 5]), ([40] + [5] * 8, [3000] * 9)]
 )
-def test_tree_attention_forms_agree(K, q_lens, prefix_lens, engine):
+def test_tree_attention_forms_agree(K, q_lens, prefix_lens):
     """The single-buffered and the pipelined form give the same bits (whole prompts, and short
     segments under a long context), so the host may pick either for any pass."""
     q, kp, vp, rows, cu_q, cu_k, gate = tree_inputs(q_lens, prefix_lens)
     one, two = (
-        K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate, pipelined=p, engine=engine)
-        for p in (False, True)
+        K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate, pipelined=p) for p in (False, True)
     )
     assert torch.equal(one, two)
 
 
-@ENGINES
-def test_tree_attention_rows_do_not_depend_on_grouping(K, engine):
+def test_tree_attention_rows_do_not_depend_on_grouping(K):
     """A segment's rows are the same bits alone, packed beside others (different block
     groupings of (token, head) rows), and split into a parent whose keys its child reads as
     ancestors (how prefix policies and cached states cut a prompt)."""
     q_lens, prefix_lens = [300, 3, 77, 1, 40], [0, 1500, 0, 2100, 64]
     q, kp, vp, rows, cu_q, cu_k, gate = tree_inputs(q_lens, prefix_lens)
-    packed = K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate, engine=engine)
+    packed = K.tree_attention(q, kp, vp, rows, cu_q, cu_k, max(q_lens), gate=gate)
     for n in range(len(q_lens)):
         qs, ks = slice(cu_q[n], cu_q[n + 1]), slice(cu_k[n], cu_k[n + 1])
         one = lambda t: torch.tensor([0, t], dtype=torch.int32, device=DEV)  # noqa: E731
@@ -559,7 +552,6 @@ def test_tree_attention_rows_do_not_depend_on_grouping(K, engine):
             one(ks.stop - ks.start),
             q_lens[n],
             gate=gate[qs],
-            engine=engine,
         )
         assert torch.equal(alone, packed[qs]), f"segment {n} alone"
     # segment 0 (300 tokens, no ancestors) cut at 130: the child's keys are the parent's rows then its own
@@ -568,9 +560,7 @@ def test_tree_attention_rows_do_not_depend_on_grouping(K, engine):
     cut_cu_q = torch.tensor([0, split, T], dtype=torch.int32, device=DEV)
     cut_rows = torch.cat([own[:split], own])
     cut_cu_k = torch.tensor([0, split, split + T], dtype=torch.int32, device=DEV)
-    cut = K.tree_attention(
-        q[:T].contiguous(), kp, vp, cut_rows, cut_cu_q, cut_cu_k, T - split, gate=gate[:T], engine=engine
-    )
+    cut = K.tree_attention(q[:T].contiguous(), kp, vp, cut_rows, cut_cu_q, cut_cu_k, T - split, gate=gate[:T])
     assert torch.equal(cut, packed[:T]), "parent + child equals the whole segment"
 
 
