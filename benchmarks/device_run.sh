@@ -160,11 +160,11 @@ for step in "$@"; do
            grep -E "Stall|Warp Cycles|Issued|Eligible|Duration|Throughput|Bank|Achieved Occ" $OUT/ncu-gdn.txt | head -60 ;;
     gates-chunked) timeout 150 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
              --synthetic 27b --layers 8 --oracle-cases 0 --limit 40 --gdn-kernel chunked --out $OUT/gates-chunked.md 2>/tmp/gates.log | head -12 ;;
-    # every kernel against its two ceilings, then the runner end to end (capacity, peak memory)
     # tree attention: its part-by-part errors (attention_probe.py), then its timings beside torch SDPA's
     attention) timeout 120 python3 benchmarks/attention_probe.py 2>&1 | tee $OUT/attention-probe.txt | tail -6
                timeout 240 python3 benchmarks/kernels_gpu.py --ops tree_attention,sdpa --out $OUT/attention-gpu.json 2>&1 \
                  | tee $OUT/attention-gpu.txt | tail -20 ;;
+    # every kernel against its two ceilings, then the runner end to end (capacity, peak memory)
     kernels) timeout 300 python3 benchmarks/kernels_gpu.py --capacity 27b --out $OUT/kernels-gpu.json 2>&1 \
              | tee $OUT/kernels-gpu.txt | tail -45 ;;
     gemm) timeout 150 python3 benchmarks/gemm_invariance.py 2>&1 | tail -40 | tee $OUT/gemm-invariance.md ;;
