@@ -145,33 +145,31 @@ __device__ __forceinline__ void tree_attention(
         fence_async_shared();
         __syncthreads();
 
-        // S = Q K^T: 16 steps of 16 columns, both operands K-major
+        // S = Q K^T: 16 steps of 16 columns, both operands K-major (the first step writes S)
         float s[32];
-#pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] = 0.f;
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ++ks) {
             const u32 at = (ks >> 2) * (64 * 128) + (ks & 3) * 32;
-            wgmma_ss(s, wg_desc_rows(sQ + at), wg_desc_rows(sK + at));
+            wgmma_ss(s, wg_desc_rows(sQ + at), wg_desc_rows(sK + at), ks > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
         wg_pin(s);
 
+        // masks, then the online softmax in base 2: the row maximum is taken before the scale (a
+        // positive factor keeps the order), and each exponent is one fused multiply-add
         const bool need_mask = j0 + BN - 1 > q_offset + r0 / G || j0 + BN > Sn;
         float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
         for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                float val = s[4 * nt + e] * sl2;
                 if (need_mask) {
                     const int j = j0 + nt * 8 + 2 * t4 + (e & 1);
-                    if (j > q_offset + tok[e >> 1] || j >= Sn) val = NEG_INF;
+                    if (j > q_offset + tok[e >> 1] || j >= Sn) s[4 * nt + e] = NEG_INF;
                 }
-                s[4 * nt + e] = val;
-                mx[e >> 1] = fmaxf(mx[e >> 1], val);
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * nt + e]);
             }
         }
         float alpha[2];
@@ -179,14 +177,14 @@ __device__ __forceinline__ void tree_attention(
         for (int r = 0; r < 2; ++r) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            const float m_new = fmaxf(m_r[r], mx[r]);
+            const float m_new = fmaxf(m_r[r], mx[r] * sl2);  // finite: key 0 is visible to every row
             alpha[r] = exp2f(m_r[r] - m_new);
             m_r[r] = m_new;
         }
         float rs[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
-            const float p = exp2f(s[i] - m_r[(i >> 1) & 1]);
+            const float p = exp2f(fmaf(s[i], sl2, -m_r[(i >> 1) & 1]));
             s[i] = p;
             rs[(i >> 1) & 1] += p;
         }

@@ -39,13 +39,14 @@ __device__ __forceinline__ unsigned long long wg_desc_cols(u32 addr) { return wg
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
     "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
 
-// d (64 x 64) += A (64 x 16, rows of a K-major tile) B^T (B: 64 x 16, rows of a K-major tile)
-__device__ __forceinline__ void wgmma_ss(float (&d)[32], unsigned long long a, unsigned long long b) {
+// d (64 x 64) = A (64 x 16, rows of a K-major tile) B^T (B: 64 x 16, rows of a K-major tile), plus
+// d where `accumulate` (else d is only written)
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], unsigned long long a, unsigned long long b, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
         : WG_ACC32(d)
-        : "l"(a), "l"(b), "r"(1));
+        : "l"(a), "l"(b), "r"(accumulate));
 }
 
 // d (64 x 64) += A (64 x 16 in registers: per warp the mma.sync m16n8k16 A fragment) B (16 x 64:
