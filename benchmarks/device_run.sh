@@ -131,9 +131,6 @@ for step in "$@"; do
              --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
              --section LaunchStats python3 benchmarks/gdn_probe.py --tokens 4096 --case gdn_chunked_w8 > $OUT/ncu-chunked.txt 2>&1
            grep -E "gdn_chunk|Duration|Throughput|Stall|Warp Cycles|Eligible|Issued|Achieved Occ|Registers|Block Limit" $OUT/ncu-chunked.txt | head -90 ;;
-    # the chunked kernels' stall reasons and shared-memory traffic at 512 and 4,096 tokens
-    # (NCU_CASE: the kernels_gpu.py case, NCU_KERNELS: a regex of the kernels profiled, NCU_SKIP:
-    # matching launches skipped of the probe's three runs, NCU_TOKENS: the lengths)
     # Nsight Compute's sections on tree attention (NCU_CASES: kernels_gpu.py case names)
     ncu-attn) for C in ${NCU_CASES:-tree_attention}; do
              timeout 200 ncu --clock-control none --kernel-name regex:tree_attention --launch-skip 1 --launch-count 1 \
@@ -141,6 +138,9 @@ for step in "$@"; do
                --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
                python3 benchmarks/gdn_probe.py --tokens ${NCU_TOKENS:-4096} --case $C > $OUT/ncu-${C//:/-}.txt 2>&1
              grep -vE "^==|^ *$|^\[|----" $OUT/ncu-${C//:/-}.txt | head -90 | cut -c1-110; done ;;
+    # the chunked kernels' stall reasons and shared-memory traffic at 512 and 4,096 tokens
+    # (NCU_CASE: the kernels_gpu.py case, NCU_KERNELS: a regex of the kernels profiled, NCU_SKIP:
+    # matching launches skipped of the probe's three runs, NCU_TOKENS: the lengths)
     ncu-state) for T in ${NCU_TOKENS:-512 4096}; do
              timeout 200 ncu --clock-control none --kernel-name regex:${NCU_KERNELS:-gdn_chunk_[so]} --launch-skip ${NCU_SKIP:-3} --launch-count 3 \
                --metrics gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,$(

@@ -171,7 +171,7 @@ def cases(T: int):
     att_flops = 4 * HQ * HD * T * (T + 1) / 2
     att_bytes = 2 * (2 * T * HQ * HD + 2 * T * HKV * HD + T * HQ * HD)
     # the bare name is the single-buffered form (what the name timed before the pipelined one existed,
-    # so conv-ab against an older tree compares the same kernel); the runner's choice is one of the two
+    # so attention-ab against an older tree compares the same form); the runner's choice is one of the two
     forms = (("", False), (":pipelined", True))
     for form, pipelined in forms:
 

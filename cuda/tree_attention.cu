@@ -25,7 +25,7 @@
 // Flash-attention-2 structure on Hopper's warpgroup products (wgmma, sm_90a; cuda/wgmma.cuh):
 // S = Q K^T with both operands read from shared memory, O += P V with P from registers, the
 // tiles in wgmma's 128-byte swizzled layout. It replaced mma.sync m16n8k16 products fed by
-// ldmatrix (1.35-1.55x slower at 512-16,384 tokens; docs/cuda-kernels.md).
+// ldmatrix (1.37-1.59x slower on whole prompts of 512-16,384 tokens; docs/cuda-kernels.md).
 //
 // Two forms with the same arithmetic (the same bits): tree_attention_fwd loads each K/V tile and
 // then computes it, two blocks an SM hiding each other's loads; tree_attention_fwd_pipelined
@@ -158,7 +158,8 @@ __device__ __forceinline__ void tree_attention(
         wg_pin(s);
 
         // masks, then the online softmax in base 2: the row maximum is taken before the scale (a
-        // positive factor keeps the order), and each exponent is one fused multiply-add
+        // positive factor keeps the order; the scale is 1 / sqrt(head dim) > 0, so a masked -inf
+        // stays -inf), and each exponent is one fused multiply-add
         const bool need_mask = j0 + BN - 1 > q_offset + r0 / G || j0 + BN > Sn;
         float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
@@ -207,6 +208,8 @@ __device__ __forceinline__ void tree_attention(
             pa[ks][2] = pack_bf16(s[8 * ks + 4], s[8 * ks + 5]);
             pa[ks][3] = pack_bf16(s[8 * ks + 6], s[8 * ks + 7]);
         }
+#pragma unroll
+        for (int db = 0; db < HD / 64; ++db) wg_pin(o[db]);  // the rescale done before the fence
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ++ks)

@@ -1,6 +1,7 @@
 """Launch wrappers for the CUDA kernels in `cuda/*.cu`.
 
-Each `.cu` file is compiled once per process through `cupy.RawModule` (sm_90, C++17), with the
+Each `.cu` file is compiled once per process through `cupy.RawModule` (sm_90, C++17; sm_90a for
+`tree_attention.cu`, which uses wgmma: `arch_of`), with the
 tile geometry of `traits` as compile definitions and the kernels' folder (for the `.cuh` headers) on the
 include path. Tensors cross from torch by DLPack (no copies) and every launch goes on torch's
 current stream, so the wrappers compose with cuBLAS products issued by torch and can be captured
@@ -44,8 +45,13 @@ ARCH_SPECIFIC = frozenset({"tree_attention"})
 
 
 def arch_of(name: str, family: str = "sm_90") -> str:
-    """The -arch value module `name` compiles for."""
-    return family + "a" if name in ARCH_SPECIFIC else family
+    """The -arch value module `name` compiles for: `family`, or sm_90a for the modules that use
+    Hopper's wgmma (which no other architecture has: asked for another family, they raise)."""
+    if name not in ARCH_SPECIFIC:
+        return family
+    if family != "sm_90":
+        raise ValueError(f"{name}.cu uses Hopper's wgmma: it compiles for sm_90a only, not {family}")
+    return "sm_90a"
 
 
 @functools.cache
@@ -313,8 +319,8 @@ def gdn_recurrent(
 
 
 # Passes of at most this many query tokens a segment take tree attention's pipelined form (the
-# same bits): 1.06-1.28x faster for a few query rows under a long cached context, 1.06x slower
-# on a whole 512-token prompt, 1.29x at 4,096 (cuda/tree_attention.cu, docs/cuda-kernels.md)
+# same bits): 1.06-1.26x faster for a few query rows under a long cached context, 1.08x slower
+# on a whole 512-token prompt, 1.32x at 4,096 (cuda/tree_attention.cu, docs/cuda-kernels.md)
 ATTN_PIPELINED_MAX_Q = 256
 
 

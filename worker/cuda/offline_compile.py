@@ -1,4 +1,5 @@
 """`python -m openjev.worker.cuda.offline_compile`: compile every kernel of `cuda/*.cu` for sm_90
+(tree_attention.cu for sm_90a)
 with this environment's NVRTC and CUDA headers, without a GPU. The GPU image runs it at build time,
 so an image whose CUDA libraries cannot compile the kernels fails to build rather than to start.
 

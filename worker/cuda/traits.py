@@ -109,13 +109,13 @@ class GdnChunkTraits:
 
 @dataclass(frozen=True)
 class AttentionTraits:
-    """tree_attention.cu: bf16 Q, K and V tiles in XOR-swizzled shared memory."""
+    """tree_attention.cu: bf16 Q, K and V tiles in wgmma's swizzled shared-memory layout."""
 
     head_dim: int = ATTN_HEAD_DIM
     block_q: int = 64  # query rows a block (4 warps x 16)
     block_k: int = 64  # keys a step
     threads: int = 128
-    wgmma_align: int = 1024  # the wgmma form rounds its tiles up to wgmma's 1,024-byte swizzle atoms
+    wgmma_align: int = 1024  # both forms round their tiles up to wgmma's 1,024-byte swizzle atoms
 
     @property
     def smem_bytes(self) -> int:

@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from openjev.worker import geometry
 from openjev.worker.cuda import kernels, traits
 
@@ -46,10 +48,11 @@ def test_shared_memory_sizes_follow_the_strides():
     assert g.out_smem_bytes == 4 * (2 * c * lk + c) == 67_840
     a = traits.ATTENTION
     assert a.smem_bytes == 3 * 64 * 256 * 2 and a.pipelined_smem_bytes == 5 * 64 * 256 * 2
-    # one block per SM must fit the H100/H200's 227 KiB of shared memory
-    assert max(g.solve_smem_bytes, g.state_smem_bytes, a.pipelined_smem_bytes) <= 227 * 1024
+    # one block per SM must fit the H100/H200's 227 KiB of shared memory (attention: with the
+    # bytes that align its tiles)
+    assert max(g.solve_smem_bytes, g.state_smem_bytes, a.pipelined_smem_bytes + a.wgmma_align) <= 227 * 1024
     # the single-buffered attention form runs two blocks an SM
-    assert 2 * (a.smem_bytes + 1024) <= 228 * 1024
+    assert 2 * (a.smem_bytes + a.wgmma_align + 1024) <= 228 * 1024
     # two solve and output blocks an SM (1 KiB of each SM's shared memory is reserved per block)
     assert 2 * (max(g.solve_smem_bytes, g.out_smem_bytes) + 1024) <= 228 * 1024
 
@@ -111,3 +114,16 @@ def test_traits_print_the_nvcc_flags():
         [sys.executable, "-m", "openjev.worker.cuda.traits"], check=True, capture_output=True, text=True
     ).stdout.split()
     assert tuple(out) == traits.compile_definitions()
+
+
+def test_modules_that_use_wgmma_compile_for_sm90a():
+    """wgmma exists on sm_90a only: a module whose source uses it must be in ARCH_SPECIFIC (else
+    NVRTC refuses it at the worker's start), and only those leave plain sm_90."""
+    names = sorted(p.stem for p in kernels.kernel_folder().glob("*.cu"))
+    assert {n for n in names if "wgmma" in kernels.kernel_source(n)} == kernels.ARCH_SPECIFIC == {"tree_attention"}
+    assert {n: kernels.arch_of(n) for n in names} == {
+        n: "sm_90a" if n in kernels.ARCH_SPECIFIC else "sm_90" for n in names
+    }
+    assert kernels.arch_of("conv1d", "sm_100") == "sm_100"
+    with pytest.raises(ValueError, match="sm_90a only"):
+        kernels.arch_of("tree_attention", "sm_100")
