@@ -66,7 +66,8 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// Pins the accumulators' reads after a wait (the compiler does not know the product is asynchronous)
+// Keeps the compiler's reads and writes of these registers on their side of a wait or a fence (it
+// does not know the products are asynchronous)
 __device__ __forceinline__ void wg_pin(float (&d)[32]) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");

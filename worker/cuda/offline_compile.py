@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         compiled = compile_all(args.arch)
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:  # ValueError: --arch that a module cannot take
         print(f"offline_compile: {error}", file=sys.stderr)
         return 1
     major, minor = nvrtc.getVersion()
