@@ -270,7 +270,10 @@ for step in "$@"; do
     # a bare Python gRPC round trip on this host, plain and under other thread placements; ~30 s
     grpc-floor) for cond in "" "taskset -c 0" "taskset -c 0-1" "taskset -c 0-3" "env GRPC_POLL_STRATEGY=poll"; do
                   timeout 60 $cond python3 benchmarks/grpc_floor.py --repeats 300 --label "${cond:-default}" 2>>$OUT/grpc-floor.log
-                done | tee $OUT/grpc-floor.txt ;;
+                done | tee $OUT/grpc-floor.txt
+                # the same calls after 25 ms idle: asleep, with C-states held at 0, spinning (~1 min)
+                timeout 150 python3 benchmarks/grpc_floor.py --repeats 150 --gap-ms 25 --label "after idle" \
+                  2>>$OUT/grpc-floor.log | tee -a $OUT/grpc-floor.txt ;;
     # time outside inference through the service (Decide, the worker's calls, bare gRPC) with the
     # 27B CUDA worker, two short requests interleaved; ~2.5 min (start-up ~95 s)
     overhead) timeout 400 python3 benchmarks/service_overhead.py --model .openjev/demo-model --worker-args "--synthetic 27b" \

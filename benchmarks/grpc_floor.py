@@ -5,12 +5,18 @@ this one, called as a future (as the frontend calls its worker) and blocking (as
     python3 benchmarks/grpc_floor.py [--repeats 400] [--label TEXT]
 
 Run it under different conditions (taskset, GRPC_POLL_STRATEGY, ...) to see what the host's
-thread wake-ups cost: `device_run.sh grpc-floor` does that on the GPU machine.
+thread wake-ups cost: `device_run.sh grpc-floor` does that on the GPU machine. With `--gap-ms G`
+every call is also made after G ms of idling (untimed), as a request's hops idle through a model
+pass, in three ways interleaved with the back-to-back calls: asleep; asleep with the kernel asked
+for zero C-state exit latency (/dev/cpu_dma_latency held at 0 around the call, a system-wide
+request, root only; the arm is left out where the device cannot be written); and spinning on
+this thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -20,10 +26,54 @@ import grpc
 from service_overhead import bare_unary_server
 
 
+def hold_dma_latency() -> int | None:
+    """An open /dev/cpu_dma_latency with 0 written (the request lasts while the file is open), or
+    None where the device is missing or not writable."""
+    try:
+        fd = os.open("/dev/cpu_dma_latency", os.O_WRONLY)
+    except OSError:
+        return None
+    os.write(fd, (0).to_bytes(4, sys.byteorder))
+    return fd
+
+
+def idlers(gap_ms: float) -> dict[str, tuple[object, object]]:
+    """(before the call, after it) for each way of idling through the gap."""
+    gap = gap_ms / 1e3
+    nothing = lambda *_: None  # noqa: E731
+    sleep = lambda: time.sleep(gap)  # noqa: E731
+
+    def spin():
+        end = time.perf_counter() + gap
+        while time.perf_counter() < end:
+            pass
+
+    out: dict[str, tuple[object, object]] = {"back to back": (nothing, nothing)}
+    if gap_ms:
+        out[f"after {gap_ms:g} ms asleep"] = (sleep, nothing)
+        probe = hold_dma_latency()
+        if probe is not None:
+            os.close(probe)
+            held: list[int | None] = [None]
+
+            def hold_and_sleep():
+                held[0] = hold_dma_latency()
+                sleep()
+
+            def release():
+                if held[0] is not None:
+                    os.close(held[0])
+
+            out[f"after {gap_ms:g} ms asleep, C-states held"] = (hold_and_sleep, release)
+        out[f"after {gap_ms:g} ms spinning"] = (spin, nothing)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=400)
     p.add_argument("--label", default="")
+    p.add_argument("--gap-ms", type=float, default=0.0, help="also call after idling this long (untimed)")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the other process's part
     args = p.parse_args()
     if args.serve:  # print the port, serve until the parent closes stdin
@@ -43,21 +93,26 @@ def main() -> None:
             call = grpc.insecure_channel(f"127.0.0.1:{port}").unary_unary("/bare.Bare/U")
             calls[f"{where}, future"] = lambda call=call: call.future(b"q").result()
             calls[f"{where}, blocking"] = lambda call=call: call(b"q")
-        times: dict[str, list[float]] = {name: [] for name in calls}
+        ways = idlers(args.gap_ms)
+        times: dict[tuple[str, str], list[float]] = {(w, name): [] for w in ways for name in calls}
         for rep in range(args.repeats + 20):
-            for name, fn in calls.items():  # interleaved: drift lands on every arm alike
-                started = time.perf_counter()
-                fn()
-                if rep >= 20:
-                    times[name].append(1e3 * (time.perf_counter() - started))
+            for way, (before, after) in ways.items():  # interleaved: drift lands on every arm alike
+                for name, fn in calls.items():
+                    before()
+                    started = time.perf_counter()
+                    fn()
+                    elapsed = time.perf_counter() - started
+                    after()
+                    if rep >= 20:
+                        times[way, name].append(1e3 * elapsed)
     finally:
         server.stop(None)
         child.stdin.close()
         child.wait(10)
     print(f"{args.label or 'default'}: bare unary round trip, ms p10 / p50 / p90 of {args.repeats}")
-    for name, values in times.items():
+    for (way, name), values in times.items():
         q = statistics.quantiles(values, n=10)
-        print(f"  {name:24s} {q[0]:.3f} / {statistics.median(values):.3f} / {q[-1]:.3f}")
+        print(f"  {way + ', ' + name:58s} {q[0]:.3f} / {statistics.median(values):.3f} / {q[-1]:.3f}")
 
 
 if __name__ == "__main__":
