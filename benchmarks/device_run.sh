@@ -16,6 +16,10 @@
 #     protobuf==7.36.2 flash-linear-attention==0.6.0 fla-core==0.6.0
 # and name `.whl` in the device call's carry list.
 set -u
+# Reports name the commit they measured: a word such as HEAD would name none (it happened once).
+if [ -n "${OPENJEV_COMMIT:-}" ] && ! [[ $OPENJEV_COMMIT =~ ^[0-9a-f]{7,40}$ ]]; then
+  echo "OPENJEV_COMMIT=$OPENJEV_COMMIT is not a commit hash (git rev-parse --short HEAD here gives one)"; exit 2
+fi
 # Servers from an earlier call that ran out of time live on in their own sessions: stop them.
 pkill -f "openjev.(worker|frontend).main" && sleep 3
 export PYTHONUNBUFFERED=1
