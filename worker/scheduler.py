@@ -167,8 +167,8 @@ class Scheduler:
         cache = self.cache if self.cache is not None and self.cache.enabled and plan.policy != "off" else None
         prepared = prepare(plan.segments, cache) if cache is not None else None
         job = self._admit(_Job(plan, is_active, on_start, prepared))
-        if prepared is not None and prepared.hit_tokens and self.cache is not None:
-            self.cache.record_hit(prepared.hit_tokens)  # counted once admitted, not when refused
+        if prepared is not None and prepared.hit_tokens and cache is not None:
+            cache.record_hit(prepared.hit_tokens)  # counted once admitted, not when refused
         while not job.done.wait(self._poll_seconds):
             if not is_active():
                 self._cancel(job)

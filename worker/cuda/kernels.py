@@ -369,7 +369,7 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
             has_gate,
             out,
         ),
-        dynamic_smem=(geo.pipelined_smem_bytes if pipelined else geo.smem_bytes) + geo.wgmma_align,
+        dynamic_smem=geo.launch_bytes(pipelined),
     )
     return out
 

@@ -31,12 +31,10 @@ def compile_all(arch: str = "sm_90") -> list[tuple[str, int]]:
     headers = pathfinder.find_nvidia_header_directory("cudart")
     if headers is None:
         raise RuntimeError("no CUDA runtime headers found (the nvidia-cuda-runtime wheel)")
-    common = [o for o in kernels._options() if not o.startswith("-arch=")]
     compiled = []
     for path in sorted(kernels.kernel_folder().glob("*.cu")):
         options = [
-            f"-arch={kernels.arch_of(path.stem, arch)}",
-            *common,
+            *kernels._options(kernels.arch_of(path.stem, arch)),
             f"-I{headers}",
             "--device-as-default-execution-space",
         ]

@@ -127,6 +127,10 @@ class AttentionTraits:
         """tree_attention_fwd_pipelined: one Q tile, two K and two V tiles."""
         return self.smem_bytes + 2 * BF16_BYTES * self.head_dim * self.block_k
 
+    def launch_bytes(self, pipelined: bool) -> int:
+        """The dynamic shared memory a form is launched with: its tiles and the bytes that align them."""
+        return (self.pipelined_smem_bytes if pipelined else self.smem_bytes) + self.wgmma_align
+
     def definitions(self) -> dict[str, int]:
         return {
             "ATTN_HEAD_DIM": self.head_dim,
