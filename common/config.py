@@ -1,6 +1,7 @@
 """Flags with environment-variable equivalents, printed once at start.
 
-Every long flag `--some-flag` of a server can also be set as `OPENJEV_SOME_FLAG`; the flag wins.
+Every long flag `--some-flag` of a server can also be set as `OPENJEV_SOME_FLAG` (set empty: as
+if unset); the flag wins.
 A bad value, from a flag or the environment, ends the program with one line naming it (exit
 status 2), never a traceback; `positive_int` and friends are the value checks the flags share.
 """
@@ -57,13 +58,22 @@ def port_number(text: str) -> int:
     return _number(int, text, lambda v: 0 <= v <= 65535, "a port number 0..65535")
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def log_level(text: str) -> str:
+    if text.lower() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    return text.lower()
+
+
 def parse_with_env(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     for action in parser._actions:
         if not action.option_strings or action.dest == "help":
             continue
         name = env_name(action.dest)
         value = os.environ.get(name)
-        if value is None:
+        if not value:  # unset, or set empty (how a deployment blanks an inherited value): the default
             continue
         if isinstance(action, argparse._StoreTrueAction):
             action.default = value.lower() in ("1", "true", "yes", "on")
@@ -124,4 +134,4 @@ def add_server_flags(p: argparse.ArgumentParser, *, client: str) -> None:
         default="",
         help="export OpenTelemetry traces over OTLP/gRPC, e.g. http://HOST:4317 (empty: off)",
     )
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", type=log_level, default="info", help=f"one of {', '.join(LOG_LEVELS)}")

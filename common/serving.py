@@ -191,6 +191,20 @@ def reflection_pool(service_names: Iterable[str]) -> descriptor_pool.DescriptorP
     return pool
 
 
+def exit_on_signal_while_starting(program: str) -> None:
+    """Until serve_until_signal takes over: SIGTERM ends the process (exit 0, nothing to drain).
+    In a container the server is PID 1, for which the kernel drops a signal that has no handler,
+    so without this a `compose down` during a minutes-long model load waits out the grace period
+    and is killed. The handler runs when the main thread next runs Python (within one warm-up
+    pass; after a long native call such as a weight read)."""
+
+    def leave(*_) -> None:
+        log.info("shutdown", during="start-up", program=program)
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, leave)
+
+
 def serve_until_signal(
     server: Server,
     *,

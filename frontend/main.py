@@ -105,7 +105,7 @@ def parser() -> argparse.ArgumentParser:
         "at HOST:PORT (empty: off)",
     )
     p.add_argument(
-        "--http-max-body-bytes", type=int, default=serving.MAX_MESSAGE_BYTES, help="larger HTTP bodies get 413"
+        "--http-max-body-bytes", type=positive_int, default=serving.MAX_MESSAGE_BYTES, help="larger HTTP bodies get 413"
     )
     config.add_server_flags(p, client="client")
     return p
@@ -132,6 +132,7 @@ def affinity_on(setting: str, worker: str) -> bool:
 def main(argv: list[str] | None = None) -> None:
     args = config.parse_with_env(parser(), argv)
     logs.configure(args.log_level)
+    serving.exit_on_signal_while_starting("openjev-frontend")
     config.log_config("openjev.frontend", args)
     try:
         public_credentials = security.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)

@@ -96,3 +96,42 @@ def _watch_health(address: str, into: list[int]) -> None:
                 into.append(reply.status)
         except grpc.RpcError:
             pass  # the server stopped
+
+
+def test_sigterm_while_the_worker_starts_exits_at_once(demo_model, tmp_path):
+    """Before SERVING there is nothing to drain: SIGTERM ends the worker with status 0 (its own
+    handler; a process without one dies of the signal, and as a container's PID 1 it would not
+    see it at all) and a `shutdown` line saying so."""
+    import subprocess
+    import sys
+
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            launch.WORKER_MODULE,
+            "--model",
+            str(demo_model),
+            "--listen",
+            "127.0.0.1:0",
+            "--plaintext",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert worker.stderr is not None
+    lines = []
+    for line in worker.stderr:  # the config line comes first, long before weights are warm
+        lines.append(line)
+        if '"event": "config"' in line:
+            break
+    worker.send_signal(signal.SIGTERM)
+    try:
+        _, rest = worker.communicate(timeout=60)
+    finally:
+        worker.kill()
+    lines += rest.splitlines()
+    assert worker.returncode == 0, lines
+    assert any('"event": "shutdown"' in line and "start-up" in line for line in lines), lines
+    assert not any('"event": "serving"' in line for line in lines), lines

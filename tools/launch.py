@@ -191,10 +191,13 @@ def start_pair(
 ) -> Pair:
     """Both servers; `python` runs each of them (an installed environment's interpreter)."""
     worker = start_worker(model, workdir, worker_args, python=python, timeout_seconds=worker_timeout_seconds)
+    frontend = None
     try:
         frontend = start_frontend(model, worker.address, workdir, frontend_args, python=python)
         wait_serving(frontend.address)
-    except BaseException:
+    except BaseException:  # neither server outlives a failed start (each runs in its own session)
+        if frontend is not None:
+            frontend.stop()
         worker.stop()
         raise
     return Pair(worker, frontend)

@@ -26,6 +26,9 @@ log = logs.get("openjev.worker")
 # 2 CPU cores; the largest request the contract allows (65,536 short candidates) and a capacity
 # case (33 candidates of 16,384 tokens) fit, the 18-million-token requests seen do not.
 DEFAULT_MAX_REQUEST_TOKENS = 1 << 22
+# The shapes of cuda/fused_weights.SHAPES a served model can take: their vocabularies hold the
+# tokenizer's ids ("small" there is the kernel tests' shape, with a 4,096-entry table).
+SYNTHETIC_SHAPES = ("27b", "9b")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -45,8 +48,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--synthetic",
         default=None,
-        help="27b|9b|small: seeded random weights of that "
-        "shape on the GPU instead of the export's (the export still gives tokenizer and metadata)",
+        choices=SYNTHETIC_SHAPES,
+        help="seeded random weights of that shape on the GPU instead of the export's (the export "
+        "still gives tokenizer and metadata)",
     )
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of --synthetic weights")
     p.add_argument(
@@ -203,6 +207,7 @@ def warm_up(engine: Engine, runner, temperature: float, policy: PrefixPolicy) ->
 def main(argv: list[str] | None = None) -> None:
     args = config.parse_with_env(parser(), argv)
     logs.configure(args.log_level)
+    serving.exit_on_signal_while_starting("openjev-worker")
     config.log_config("openjev.worker", args)
     try:
         credentials = security.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
@@ -238,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     tokenizer = PromptTokenizer.from_export(args.model)
     num_token_ids = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
-    if runner.config.vocab_size < num_token_ids:  # e.g. --synthetic small, whose table is tiny
+    if runner.config.vocab_size < num_token_ids:
         raise SystemExit(
             f"openjev-worker: the model's vocab_size {runner.config.vocab_size} is smaller than "
             f"the tokenizer's {num_token_ids} token ids"

@@ -4,6 +4,7 @@ limits compared at connect, and outcome metrics that match what clients saw."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -21,8 +22,6 @@ from openjev.tools import launch
 
 
 def _run(module: str, args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    import os
-
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         capture_output=True,
@@ -75,6 +74,10 @@ def test_a_busy_metrics_port_exits_with_one_line(demo_model):
         (launch.WORKER_MODULE, ["--max-launch-tokens", "0"], {}, "--max-launch-tokens"),
         (launch.WORKER_MODULE, [], {"OPENJEV_QUEUE_CAPACITY": "many"}, "OPENJEV_QUEUE_CAPACITY"),
         (launch.WORKER_MODULE, [], {"OPENJEV_BACKEND": "gpu"}, "OPENJEV_BACKEND"),
+        (launch.WORKER_MODULE, ["--log-level", "verbose"], {}, "--log-level"),
+        (launch.FRONTEND_MODULE, [], {"OPENJEV_LOG_LEVEL": "loud"}, "OPENJEV_LOG_LEVEL"),
+        (launch.WORKER_MODULE, ["--synthetic", "small"], {}, "--synthetic"),  # its vocabulary is too small
+        (launch.FRONTEND_MODULE, ["--http-max-body-bytes", "-5"], {}, "--http-max-body-bytes"),
     ],
 )
 def test_bad_flags_are_one_line_errors(demo_model, module, args, env, names):
@@ -83,6 +86,29 @@ def test_bad_flags_are_one_line_errors(demo_model, module, args, env, names):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "error:" in lines[0] and names in lines[0], done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+
+
+def test_an_empty_environment_variable_is_unset(demo_model, tmp_path):
+    """Blanking an inherited OPENJEV_* value (an image's ENV) gives the flag's default: here no TLS
+    files, so --plaintext serves, rather than a certificate path of '.'."""
+    port_file = tmp_path / "port"
+    env = {"OPENJEV_TLS_CERT": "", "OPENJEV_TLS_KEY": "", "OPENJEV_LOG_LEVEL": ""}
+    args = ["--model", str(demo_model), "--listen", "127.0.0.1:0", "--plaintext", "--port-file", str(port_file)]
+    server = subprocess.Popen(
+        [sys.executable, "-m", launch.WORKER_MODULE, *args],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.poll() is None and port_file.exists(), server.stderr.read() if server.stderr else ""
+    finally:
+        server.terminate()
+        server.wait(30)
 
 
 def _symbol(address: str, symbol: str):
