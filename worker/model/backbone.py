@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from openjev.worker.checkpoint.config import ModelConfig
@@ -45,7 +44,7 @@ class PackedLaunch:
 
 def mlp(x: Tensor, layer: LayerWeights) -> Tensor:
     """SiLU-gated MLP. x: [N, D] -> [N, D]."""
-    return (F.silu(x @ layer.mlp_gate.T) * (x @ layer.mlp_up.T)) @ layer.mlp_down.T
+    return (ops.silu(x @ layer.mlp_gate.T) * (x @ layer.mlp_up.T)) @ layer.mlp_down.T
 
 
 def run_mixer(

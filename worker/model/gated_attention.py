@@ -81,5 +81,5 @@ def attention_mixer(
 
     if asked:
         raise ValueError(f"query rows {sorted(asked)} are not the last row of a segment")
-    gated = out.flatten(1) * torch.sigmoid(gate.flatten(1))
+    gated = out.flatten(1) * ops.sigmoid(gate.flatten(1))
     return gated @ w.o_proj.T, states

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from openjev.worker.checkpoint.config import ModelConfig
@@ -23,8 +22,8 @@ from openjev.worker.model.state import GdnState
 def decay_and_beta(a: Tensor, b: Tensor, w: GdnWeights) -> tuple[Tensor, Tensor]:
     """g = -exp(A_log) * softplus(a + dt_bias) (log decay, <= 0) and beta = sigmoid(b).
     a, b: [T, Hv]. Returns (g [T, Hv] fp32, beta [T, Hv] in b.dtype)."""
-    g = -w.a_log.exp() * F.softplus(a.float() + w.dt_bias)
-    return g, torch.sigmoid(b)
+    g = -w.a_log.exp() * ops.softplus(a.float() + w.dt_bias)
+    return g, ops.sigmoid(b)
 
 
 def split_qkv(mixed: Tensor, config: ModelConfig) -> tuple[Tensor, Tensor, Tensor]:

@@ -10,13 +10,32 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from openjev.worker.geometry import GDN_CHUNK_TOKENS
 
 # transformers' l2norm epsilon (matching flash-linear-attention), added to the squared norm.
 L2NORM_EPS = 1e-6
+
+
+# torch's CPU sigmoid, silu and softplus can round an element differently in the vectorised body
+# and in the scalar tail of a thread's share, and with 3 or more threads the shares' ends move
+# with the tensor's size: a row's bits then depend on what shares its pass (seen 2026-12-01).
+# exp, log1p and the IEEE operations round alike in both paths, so these three are built from them
+# (in fp32, rounded once to the input's dtype).
+def sigmoid(x: Tensor) -> Tensor:
+    return torch.reciprocal(1.0 + torch.exp(-x.float())).to(x.dtype)
+
+
+def silu(x: Tensor) -> Tensor:
+    x32 = x.float()
+    return (x32 / (1.0 + torch.exp(-x32))).to(x.dtype)
+
+
+def softplus(x: Tensor) -> Tensor:
+    """torch's default: x above 20, else log(1 + e^x)."""
+    x32 = x.float()
+    return torch.where(x32 > 20.0, x32, torch.log1p(torch.exp(x32))).to(x.dtype)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -34,7 +53,7 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
     x, gate: [T, H, Dv]; weight: [Dv]. Computes in fp32, returns x.dtype."""
     x32 = x.float()
     normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return (weight * normed * F.silu(gate.float())).to(x.dtype)
+    return (weight * normed * silu(gate.float())).to(x.dtype)
 
 
 def l2_normalize(x: Tensor) -> Tensor:
@@ -76,7 +95,7 @@ def conv_taps(shifted: Sequence[Tensor], weight: Tensor) -> Tensor:
     out = shifted[0] * taps[0]
     for j in range(1, len(taps)):
         out = out + shifted[j] * taps[j]
-    return F.silu(out)
+    return silu(out)
 
 
 def causal_conv1d(x: Tensor, weight: Tensor, window: Tensor | None) -> tuple[Tensor, Tensor]:

@@ -95,3 +95,22 @@ def test_last_layer_asks_queries_of_the_head_rows_alone(runner):
             assert torch.equal(got.keys, want.keys) and torch.equal(got.values, want.values)
         with pytest.raises(ValueError, match="not the last row"):
             attention_mixer(layer.mixer, runner.config, h, positions, spans, parents, [18])
+
+
+@pytest.mark.parametrize("threads", [3, 4, 6])
+def test_a_segment_scores_the_same_bits_whatever_shares_its_pass(runner, threads):
+    """Batch invariance at thread counts where torch's CPU sigmoid and silu rounded the ends of
+    each thread's share differently (ops.sigmoid says why): a segment alone and beside others of
+    many sizes, at the pass's start and end."""
+    ids = random_ids(300)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        alone = score_whole(runner, ids)
+        for other in (1, 17, 250, 700, 2000):
+            runs = [SegmentRun(ids, 0, None, False, True), SegmentRun(random_ids(other), 0, None, False, True)]
+            first, _ = runner.run_launch(runs)
+            _, last = runner.run_launch(runs[::-1])
+            assert (first.head_score, last.head_score) == (alone, alone), other
+    finally:
+        torch.set_num_threads(before)
