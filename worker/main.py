@@ -15,6 +15,7 @@ from openjev.tokenizer import PromptTokenizer
 from openjev.worker import backends
 from openjev.worker.cache.sizing import CPU_DEFAULT_BYTES, build_state_cache, gpu_default_bytes
 from openjev.worker.engine import Engine, QuestionWork
+from openjev.worker.geometry import GDN_CHUNK_TOKENS
 from openjev.worker.planner.cost import default_cost_model
 from openjev.worker.planner.plan import PackLimits
 from openjev.worker.service import WorkerIdentity, WorkerServicer
@@ -29,6 +30,15 @@ DEFAULT_MAX_REQUEST_TOKENS = 1 << 22
 # The shapes of cuda/fused_weights.SHAPES a served model can take: their vocabularies hold the
 # tokenizer's ids ("small" there is the kernel tests' shape, with a 4,096-entry table).
 SYNTHETIC_SHAPES = ("27b", "9b")
+
+
+def chunk_tokens(text: str) -> int:
+    """A positive multiple of the GDN chunk: `fixed` cuts prompts at multiples of it and is
+    bit-identical to `off` only on that grid (docs/prefix-reuse.md)."""
+    value = positive_int(text)
+    if value % GDN_CHUNK_TOKENS:
+        raise argparse.ArgumentTypeError(f"expected a multiple of {GDN_CHUNK_TOKENS}, got {text!r}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--chunk-tokens",
-        type=positive_int,
+        type=chunk_tokens,
         default=2048,
         help="longer prompt parts run as chunks of this many tokens over successive passes, "
         "leaving room in each pass for other requests (a multiple of 64)",

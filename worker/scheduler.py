@@ -28,11 +28,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from openjev import logs
 from openjev.worker.cache.prepare import Prepared, prepare
 from openjev.worker.cache.store import StateCache
 from openjev.worker.planner.passes import PendingTree, Picked, fill_pass, kept_after_pass
 from openjev.worker.planner.plan import PackLimits, Plan, Segment
 from openjev.worker.runner_api import ModelRunner, SegmentResult, SegmentRun
+
+log = logs.get("openjev.worker")
 
 
 class QueueFull(Exception):
@@ -339,7 +342,10 @@ class Scheduler:
         key = job.deposits.get(index)
         if key is not None and result.state is not None and self.cache is not None:
             assert job.prepared is not None
-            self.cache.insert(key, result.state, result.head_score, job.prepared.prefix_tokens(index))
+            try:  # best effort: a state not kept costs a later request time, never an answer now
+                self.cache.insert(key, result.state, result.head_score, job.prepared.prefix_tokens(index))
+            except Exception as error:
+                log.warning("state_cache_insert_failed", error=repr(error))
         parent = segment.parent
         if parent is not None:
             job.children_left[parent] -= 1

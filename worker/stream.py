@@ -115,11 +115,14 @@ class _Collector:
                 raise BadStream(f"candidate ({q}, {c}) is outside the header's questions and candidates")
             if slots[q][c] is not None:
                 raise BadStream(f"candidate ({q}, {c}) sent twice")
+            # the length before any copy: an over-long candidate near the message limit would
+            # otherwise cost ~40 bytes an id as Python ints before it is refused
+            length = len(candidate.token_ids)
+            if not 1 <= length <= limits.max_length:
+                raise BadStream(f"candidate ({q}, {c}) has {length} tokens; expected 1 to {limits.max_length}")
             # one copy out of the message as ints, checked there, then packed (faster than
             # packing first: max() over an array makes every int again)
             ids = list(candidate.token_ids)
-            if not 1 <= len(ids) <= limits.max_length:
-                raise BadStream(f"candidate ({q}, {c}) has {len(ids)} tokens; expected 1 to {limits.max_length}")
             top = max(ids)
             if top >= limits.num_token_ids:
                 raise BadStream(

@@ -76,7 +76,8 @@ def test_a_busy_metrics_port_exits_with_one_line(demo_model):
         (launch.WORKER_MODULE, [], {"OPENJEV_BACKEND": "gpu"}, "OPENJEV_BACKEND"),
         (launch.WORKER_MODULE, ["--log-level", "verbose"], {}, "--log-level"),
         (launch.FRONTEND_MODULE, [], {"OPENJEV_LOG_LEVEL": "loud"}, "OPENJEV_LOG_LEVEL"),
-        (launch.WORKER_MODULE, ["--synthetic", "small"], {}, "--synthetic"),  # its vocabulary is too small
+        (launch.WORKER_MODULE, ["--synthetic", "small"], {}, "--synthetic"),
+        (launch.WORKER_MODULE, ["--chunk-tokens", "100"], {}, "--chunk-tokens"),  # its vocabulary is too small
         (launch.FRONTEND_MODULE, ["--http-max-body-bytes", "-5"], {}, "--http-max-body-bytes"),
     ],
 )

@@ -296,33 +296,70 @@ def test_a_request_refused_for_a_full_queue_is_no_cache_hit(torch_runner):
 
 
 def test_a_failure_in_a_pass_fails_that_pass_only(torch_runner, monkeypatch):
-    """A fault after the pass was chosen (here the cache's copy of a state runs out of memory)
-    fails the requests of that pass; one waiting for the next pass is answered. (One segment a
-    pass: the context runs as pieces cut at the cache's deposit points, a pass each.)"""
+    """A fault in a pass (here the runner raises on the context's second piece) fails the
+    requests of that pass; one waiting for the next pass is answered. (One segment a pass: the
+    context runs as pieces cut at the cache's deposit points, a pass each.)"""
     gate = threading.Event()
     engine = _cached_engine(torch_runner, gate, "failing-pass", pack_limits=PackLimits(max_sequences=1))
-    cache = engine.state_cache
-    assert cache is not None
+    runner = engine.scheduler.runner
+    real_run, passes = runner.run_launch, []
 
-    real_insert, inserts = cache.insert, []
-
-    def out_of_memory(*args, **kwargs):
-        inserts.append(1)
-        if len(inserts) == 2:  # the context's second piece: its second pass, the other one waiting
-            raise MemoryError("injected: no memory for the cache's copy of a state")
-        return real_insert(*args, **kwargs)
+    def out_of_memory(runs):
+        passes.append(1)
+        if len(passes) == 2:  # the context's second piece: its second pass, the other one waiting
+            raise MemoryError("injected: no memory for the pass")
+        return real_run(runs)
 
     answers: dict[str, object] = {}
-    threads = [_send(engine, answers, "depositing", CONTEXT)]
+    threads = [_send(engine, answers, "failing", CONTEXT)]
     wait_until(lambda: _started(engine))
     threads.append(_send(engine, answers, "queued", [3000, 3001, 3002]))  # one segment a pass: next pass
     wait_until(lambda: engine.scheduler.depth == 2)
+    monkeypatch.setattr(runner, "run_launch", out_of_memory)
+    gate.set()
+    for thread in threads:
+        thread.join(60)
+    assert isinstance(answers["failing"], InferenceError) and "MemoryError" in str(answers["failing"])
+    assert isinstance(answers["queued"], ExecutionResult), answers["queued"]
+
+
+def test_a_state_the_cache_cannot_keep_fails_no_request(torch_runner, monkeypatch):
+    """Keeping a state is best effort: when the cache's copy fails (out of memory), the request
+    that deposits it and one sharing its pass are both answered, with their own bits."""
+    gate = threading.Event()
+    engine = _cached_engine(torch_runner, gate, "failing-insert")
+    cache = engine.state_cache
+    assert cache is not None
+    alone = Engine(torch_runner, cost_model=CPU_COST_MODEL)
+    want = {
+        "depositing": alone.execute(_noul(CONTEXT), temperature=TEMPERATURE, policy=CACHED),
+        "sharing": alone.execute(_noul([3000, 3001, 3002]), temperature=TEMPERATURE, policy="off"),
+    }
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("injected: no memory for the cache's copy of a state")
+
+    answers: dict[str, object] = {}
+    blocker = _send(engine, answers, "blocker", [9, 9, 9])
+    wait_until(lambda: _started(engine))
+    threads = [blocker, _send(engine, answers, "depositing", CONTEXT)]
+    sharing = threading.Thread(
+        target=lambda: answers.setdefault(
+            "sharing", engine.execute(_noul([3000, 3001, 3002]), temperature=TEMPERATURE, policy="off")
+        )
+    )
+    sharing.start()
+    threads.append(sharing)
+    wait_until(lambda: engine.scheduler.depth == 3)
     monkeypatch.setattr(cache, "insert", out_of_memory)
     gate.set()
     for thread in threads:
         thread.join(60)
-    assert isinstance(answers["depositing"], InferenceError) and "MemoryError" in str(answers["depositing"])
-    assert isinstance(answers["queued"], ExecutionResult), answers["queued"]
+    for name, result in want.items():
+        got = answers[name]
+        assert isinstance(got, ExecutionResult), got
+        assert got.head_scores == result.head_scores
+    assert len(cache) == 0
 
 
 def test_an_idle_scheduler_holds_no_cached_state_of_finished_requests(torch_runner):
