@@ -77,7 +77,8 @@ def parser() -> argparse.ArgumentParser:
         "--tokenizer-threads",
         type=positive_int,
         default=2,
-        help="batches tokenized at once, by all requests together (on gRPC's sending threads)",
+        help="batches tokenized at once, by all requests together, in each of two lanes: batches of at "
+        "most 64 Ki characters and larger ones (on gRPC's sending threads)",
     )
     p.add_argument(
         "--worker-deadline-seconds",

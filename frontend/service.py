@@ -17,7 +17,7 @@ from openjev.contract.render import dumps_exact
 from openjev.contract.request import MAX_RENDERED_BYTES, DecisionRequest, parse_request_json
 from openjev.export import ExportMeta
 from openjev.frontend import routing
-from openjev.frontend.batches import BATCH_CANDIDATES, EncodeGate, iter_candidate_batches
+from openjev.frontend.batches import BATCH_CANDIDATES, EncodeLanes, iter_candidate_batches
 from openjev.frontend.worker_link import WorkerLink
 from openjev.interceptors import REQUEST_ID_KEY
 from openjev.tokenizer import PromptTokenizer
@@ -170,8 +170,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         self._replay_budget = routing.ReplayBudget(routing.REPLAY_TOTAL_BYTES)
         self._chat_template_bytes = len((tokenizer.chat_prefix + tokenizer.chat_suffix).encode("utf-8"))
         # Tokenizing is the frontend's CPU work: batch by batch in arrival order, never more
-        # than `tokenizer_threads` batches at once (on gRPC's sending threads, see EncodeGate).
-        self._encode = EncodeGate(self.tokenizer.encode, tokenizer_threads)
+        # than `tokenizer_threads` batches at once in each of two lanes, small batches and large
+        # (on gRPC's sending threads, see EncodeGate and EncodeLanes).
+        self._encode = EncodeLanes(self.tokenizer.encode, tokenizer_threads)
 
     def close(self) -> None:
         """Nothing to release: tokenizing holds no threads of its own."""
@@ -199,6 +200,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
     def Decide(self, request, context):
         started = time.perf_counter()
         request_id = dict(context.invocation_metadata()).get(REQUEST_ID_KEY) or uuid.uuid4().hex
+        context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))  # the id the logs carry, to the caller
         fields: dict = {"request_id": request_id}
         try:
             response = self._decide(request, context, request_id, fields)
@@ -240,6 +242,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, PREFIX_POLICY) from None
         link_state = self.link.state
         if link_state.problem is not None:
+            self._check_lengths(decision)  # a request's own fault is INVALID_ARGUMENT, worker or not
             raise Refused(link_state.status, link_state.problem)
         results, summary, num_input_tokens = self._execute(decision, policy, context, request_id, fields)
         fields.update(input_tokens=num_input_tokens)
@@ -386,6 +389,15 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             max_tokens=self.max_request_tokens,
             encode=self._encode,
         )
+
+    def _check_lengths(self, decision: DecisionRequest) -> None:
+        """The contract's last check (every candidate within max_length, the token limit), with
+        no worker to send the batches to."""
+        try:
+            for _ in self._batches(decision):
+                pass
+        except ContractError as error:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message) from None
 
     def _unary_request(
         self, decision: DecisionRequest, policy: PrefixPolicy | None, request_id: str, worker_span

@@ -214,6 +214,12 @@ def test_killed_worker_gives_unavailable_not_a_hang(demo_model, tmp_path):
                 c.decide(EXAMPLE, timeout=30)
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
             assert time.monotonic() - started < 10
+            # a request's own fault is still INVALID_ARGUMENT, worker or not (it was UNAVAILABLE)
+            too_long = {**EXAMPLE, "state": "word " * 20000}
+            with pytest.raises(grpc.RpcError) as caught:
+                c.decide(too_long, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "exceeds max_length=16384; no silent truncation" in caught.value.details()
     finally:
         own.stop()
 
@@ -223,3 +229,18 @@ def test_describe_model(client):
     assert reply.model_id == "open-jev-demo"
     assert {"open-jev", "jev-latest", "open-jev-demo"} <= set(reply.accepted_names)
     assert reply.backend == "torch"
+
+
+def test_the_request_id_comes_back_in_trailing_metadata(client):
+    """The id the frontend's and worker's log lines carry: the caller's x-request-id, or the one
+    the frontend made (for a refusal too), so a gRPC caller can quote it as an HTTP caller can."""
+    message = api.DecideRequest(request_json=json.dumps(EXAMPLE))
+    _, call = client.stub.Decide.with_call(message, timeout=60, metadata=[("x-request-id", "trace-me-7")])
+    assert ("x-request-id", "trace-me-7") in call.trailing_metadata()
+    _, call = client.stub.Decide.with_call(message, timeout=60)
+    made = dict(call.trailing_metadata())["x-request-id"]
+    assert len(made) == 32 and int(made, 16) >= 0
+    with pytest.raises(grpc.RpcError) as caught:
+        client.stub.Decide(api.DecideRequest(request_json="{}"), timeout=60, metadata=[("x-request-id", "bad-1")])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ("x-request-id", "bad-1") in caught.value.trailing_metadata()

@@ -49,8 +49,10 @@ Checks, in this order:
    message.
 6. Our total-work bound: the UTF-8 bytes of every candidate prompt together (chat template
    included) must not exceed `max_rendered_bytes`: "request exceeds the rendered size limit".
-   Computed without rendering a prompt, after every check above (so any request the reference
-   rejects keeps the reference's message) and before tokenization.
+   Computed without rendering a prompt, after every check above (so a request the reference
+   rejects at one of them keeps the reference's message) and before tokenization: a request over
+   this bound that the reference would refuse at tokenization gets this message instead of the
+   reference's, whose token count only tokenizing its megabytes would give.
 Tokenization (the last check, "question {id}: {n} tokens exceeds max_length=...") happens in
 `openjev.frontend.batches`. Other unknown fields are ignored, as the reference does.
 

@@ -11,12 +11,13 @@ same bytes; only the transport and the status mapping differ:
 | bearer token missing or unknown            | 401  |
 | body not `application/json`                | 415  |
 | body over `--http-max-body-bytes`          | 413  |
+| body not in within 60 s                    | 408  |
 | bad `x-timeout-seconds` header             | 400  |
 | contract violation (INVALID_ARGUMENT)      | 422, the same message |
 | worker queue full (RESOURCE_EXHAUSTED)     | 503 + Retry-After |
 | every route thread busy (32 requests)      | 503 + Retry-After |
 | no worker serving (UNAVAILABLE, CANCELLED) | 503 + Retry-After |
-| deadline passed (DEADLINE_EXCEEDED)        | 504  |
+| deadline passed (DEADLINE_EXCEEDED)        | 504, also while the body is read |
 | the worker failed (INTERNAL, any other)    | 502  |
 | anything else                              | 500, no internals |
 
@@ -57,6 +58,7 @@ log = logs.get("openjev.frontend")
 
 ROUTE = "/v1/systemone"
 RETRY_AFTER_SECONDS = "1"
+BODY_SECONDS = 60.0  # to receive a request's body: 64 MiB at ~1 MB/s
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _TIMEOUT_HEADER = "x-timeout-seconds"
 MAX_TIMEOUT_SECONDS = 86400.0
@@ -185,15 +187,6 @@ class HttpApi:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             return _error(413, self._too_large, headers)
-        if not self._slots.acquire(blocking=False):
-            busy = f"server is at its limit of {self.max_concurrent} concurrent requests; retry later"
-            return _error(503, busy, {**headers, "retry-after": RETRY_AFTER_SECONDS})
-        try:
-            return await self._systemone(request, request_id, headers)
-        finally:
-            self._slots.release()
-
-    async def _systemone(self, request: Request, request_id: str, headers: dict[str, str]) -> Response:
         deadline = None
         if _TIMEOUT_HEADER in request.headers:
             try:
@@ -205,17 +198,40 @@ class HttpApi:
                     400, f"{_TIMEOUT_HEADER} must be a number of seconds in (0, {MAX_TIMEOUT_SECONDS:g}]", headers
                 )
             deadline = time.monotonic() + seconds
-        chunks, size = [], 0
+        # The body before a slot, and within a time limit: an upload that stalls holds no slot
+        # (32 such clients once held every slot until they disconnected), and ends with 408.
+        limit = BODY_SECONDS if deadline is None else min(BODY_SECONDS, max(0.0, deadline - time.monotonic()))
         try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > self.max_body_bytes:
-                    return _error(413, self._too_large, headers)
-                chunks.append(chunk)
+            body = await asyncio.wait_for(self._read_body(request), limit)
+        except TimeoutError:
+            if limit < BODY_SECONDS:  # the caller's own deadline ended the wait
+                return _error(504, f"the {_TIMEOUT_HEADER} deadline passed before the body arrived", headers)
+            return _error(408, f"request body not received within {limit:g} s", headers)
         except ClientDisconnect:  # gone before the body arrived: nothing to answer, nothing ran
             return Response(status_code=400)
-        body = b"".join(chunks)
+        if body is None:
+            return _error(413, self._too_large, headers)
+        if not self._slots.acquire(blocking=False):
+            busy = f"server is at its limit of {self.max_concurrent} concurrent requests; retry later"
+            return _error(503, busy, {**headers, "retry-after": RETRY_AFTER_SECONDS})
+        try:
+            return await self._systemone(request, request_id, headers, body, deadline)
+        finally:
+            self._slots.release()
 
+    async def _read_body(self, request: Request) -> bytes | None:
+        """The whole body, or None once it passes max_body_bytes."""
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _systemone(
+        self, request: Request, request_id: str, headers: dict[str, str], body: bytes, deadline: float | None
+    ) -> Response:
         context = HttpCallContext(request_id, deadline)
         trace_headers = {k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")}
         loop = asyncio.get_running_loop()

@@ -171,13 +171,14 @@ _REQUEST_ID_HEADER = {
 _ERRORS = {
     "400": "x-timeout-seconds is not a number of seconds in (0, 86400]",
     "401": "bearer token missing or unknown (only where the server is given tokens)",
+    "408": "the body did not arrive within 60 s",
     "413": "the body is over the server's limit",
     "415": "the body is not application/json",
     "422": "the request breaks the contract (the same message as gRPC INVALID_ARGUMENT)",
     "500": "a fault of this server (no details are given)",
     "502": "the worker failed (gRPC INTERNAL)",
     "503": "the worker queue is full or no worker is serving; retry after Retry-After seconds",
-    "504": "the deadline (x-timeout-seconds) passed",
+    "504": "the deadline (x-timeout-seconds) passed, also while the body was being received",
 }
 
 

@@ -13,7 +13,14 @@ from openjev.contract import errors
 from openjev.contract.errors import ContractError
 from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX
 from openjev.contract.request import parse_request
-from openjev.frontend.batches import EncodeGate, TokenizedCandidate, iter_candidate_batches, tokenize_request
+from openjev.frontend.batches import (
+    EXPRESS_CHARS,
+    EncodeGate,
+    EncodeLanes,
+    TokenizedCandidate,
+    iter_candidate_batches,
+    tokenize_request,
+)
 from openjev.tokenizer import PromptTokenizer, write_tokenizer_json
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "contract" / "data" / "tokenization_cases.json").read_text())
@@ -170,3 +177,25 @@ def test_encode_gate_passes_on_errors_and_frees_the_slot():
     for _ in range(2):
         with pytest.raises(ValueError):
             gate(["x"])
+
+
+def test_small_batches_pass_large_ones_that_hold_every_slot():
+    """Two batches of megabytes hold the large lane's slots; a small batch is encoded at once
+    in the express lane, and a third large one waits its turn."""
+    recorder = Recorder()
+    lanes = EncodeLanes(recorder, slots=2)
+    large = "held" + "x" * EXPRESS_CHARS
+    holders = [threading.Thread(target=lanes, args=([large + str(i)],)) for i in range(3)]
+    for thread in holders:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while len(recorder.running) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    try:
+        assert lanes(["small"]) == [[5]]  # returns while both large slots are held
+        assert len(recorder.running) == 2  # the third large batch still waits
+    finally:
+        recorder.release.set()
+        for thread in holders:
+            thread.join(10)
+    assert recorder.peak == 3 and len(recorder.order) == 4

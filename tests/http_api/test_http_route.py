@@ -428,6 +428,37 @@ def test_requests_past_the_threads_are_refused_at_once(max_body_bytes):
         server.wait_stopped()
 
 
+def test_a_stalled_upload_holds_no_thread_and_ends_408(max_body_bytes, monkeypatch):
+    """A client that sends headers and then stalls mid-body (32 of them once held every thread
+    until they disconnected): the body is read before a thread is taken, within a time limit."""
+    from openjev.frontend.http import app as http_app
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+
+    monkeypatch.setattr(http_app, "BODY_SECONDS", 1.0)
+    quick = _Blocking()
+    quick.release.set()
+    api = HttpApi(quick, lambda: None, max_body_bytes=max_body_bytes, max_workers=1)  # type: ignore[arg-type]
+    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as stalled:
+            stalled.sendall(
+                f"POST {ROUTE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: 100\r\n\r\n{".encode()
+            )
+            time.sleep(0.2)
+            answered = httpx.post(f"http://127.0.0.1:{server.port}{ROUTE}", json=SMALL, timeout=10)
+            assert "released" in answered.json()["error"]  # it had the route's one thread
+            reply = b""
+            while b"}" not in reply and (chunk := stalled.recv(4096)):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 408"), reply
+        assert reply.endswith(b'{"error": "request body not received within 1 s"}'), reply
+    finally:
+        server.wait_stopped()
+
+
 def test_a_request_cut_by_the_grace_period_is_a_json_503(max_body_bytes):
     """A request still running when the HTTP server's grace period (here 0.5 s) ends: cut then,
     not at a rounded second, and answered as a refusal the caller can retry, not a bare 500."""
