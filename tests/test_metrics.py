@@ -57,6 +57,15 @@ def value(samples: dict, name: str, **labels) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def test_a_fresh_worker_counts_no_pass(served):
+    """The warm-up request before SERVING is not traffic: the pass series start at zero (runs
+    first in this module, before any request)."""
+    worker = scrape(served["worker_url"])
+    assert value(worker, "openjev_worker_launches_total") == 0
+    assert value(worker, "openjev_worker_pass_requests_count") == 0
+    assert value(worker, "openjev_worker_launch_tokens_sum") == 0
+
+
 def test_series_move_with_traffic(served):
     frontend_before, worker_before = scrape(served["frontend_url"]), scrape(served["worker_url"])
     with Client(served["frontend"].address) as c:

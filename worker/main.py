@@ -210,7 +210,12 @@ def warm_up(engine: Engine, runner, temperature: float, policy: PrefixPolicy) ->
         stats = ready()
         if stats is not None:
             log.info("graphs_ready", **stats)
-    engine.execute([QuestionWork("choice", ((1, 2, 3, 4), (1, 2, 3, 5)))], temperature=temperature, policy=policy)
+    # an engine of its own over the bare runner: the metrics count served requests only
+    warming = Engine(runner, pack_limits=engine.pack_limits, cost_model=engine.cost_model)
+    try:
+        warming.execute([QuestionWork("choice", ((1, 2, 3, 4), (1, 2, 3, 5)))], temperature=temperature, policy=policy)
+    finally:
+        warming.close()
     log.info("warm", seconds=round(time.perf_counter() - started, 3))
 
 

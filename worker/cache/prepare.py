@@ -163,7 +163,8 @@ def _deposit_points(cache: StateCache, seg: Segment, grid: list[int], hit: int, 
             break
         points.append(position)
     kept = sorted({q for q in points if q > hit and (q == end or q in grid)})
-    return [q for q in kept if not cache.contains(key(q))]
+    # an end kept without a score (no reader then) is deposited again when this one reads it
+    return [q for q in kept if not cache.contains(key(q)) or (q == end and seg.readers and cache.lacks_score(key(q)))]
 
 
 def _path(segments: Sequence[Segment], index: int) -> list[Sequence[int]]:

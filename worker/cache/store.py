@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from openjev.worker.cache.keys import CutRule, NodeKey
@@ -100,14 +100,32 @@ class StateCache:
         if self._listener is not None:
             self._listener.on_hit(tokens)
 
+    def lacks_score(self, key: NodeKey) -> bool:
+        """Whether the entry under key was kept without a head score (its segment had no reader
+        then): a segment that reads one there deposits it again to add it."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry is not None and entry.score is None
+
+    def _kept_with_score(self, key: NodeKey, score: float | None) -> bool:
+        """Under the lock: True if key is kept (made the most recently used), taking `score`
+        where the entry had none (the state is the same bits either way)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return False
+        if entry.score is None and score is not None:
+            self._entries[key] = replace(entry, score=score)
+        self._entries.move_to_end(key)
+        return True
+
     def insert(self, key: NodeKey, state: Any, score: float | None, tokens: bytes) -> bool:
         """Keep a state (evicting least recently used ones to fit); False if it alone exceeds
-        the budget or the cache is off. An existing entry keeps its state (the same bits)."""
+        the budget or the cache is off. An existing entry keeps its state (the same bits) and
+        takes the score if it had none."""
         if not self.enabled:
             return False
         with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
+            if self._kept_with_score(key, score):
                 return True
         kept, nbytes = self._measure(state)
         nbytes += len(tokens)
@@ -115,7 +133,7 @@ class StateCache:
             return False
         evicted, freed = 0, 0
         with self._lock:
-            if key in self._entries:
+            if self._kept_with_score(key, score):
                 return True
             while self.nbytes + nbytes > self.budget_bytes:
                 _, old = self._entries.popitem(last=False)

@@ -131,6 +131,24 @@ def test_hang_inside_a_node_that_starts_off_the_grid(torch_runner):
     assert got.cache_hit_tokens == 356
 
 
+def test_a_node_kept_without_a_score_gains_one(torch_runner):
+    """A node first kept where no candidate read its score: the first request that reads one
+    there deposits it again with the score, so later ones hang at the node's end (they fell back
+    a grid on every repeat, 640 of 700, before)."""
+    rng = random.Random(5)
+    toks = lambda n: [rng.randrange(1000, 5000) for _ in range(n)]  # noqa: E731
+    node = toks(700)
+    unread = [QuestionWork("choice", (tuple(node + toks(3)), tuple(node + toks(3))))]
+    read = [QuestionWork("choice", (tuple(node), tuple(node + toks(3))))]
+    engine = cached_engine(torch_runner)
+    engine.execute(unread, temperature=TEMPERATURE, policy="shared")
+    hits = [engine.execute(read, temperature=TEMPERATURE, policy="shared") for _ in range(3)]
+    assert [got.cache_hit_tokens for got in hits] == [640, 700, 700]
+    want = Engine(torch_runner).execute(read, temperature=TEMPERATURE, policy="shared")
+    for got in hits:
+        same_bits(got, want)
+
+
 def test_tiny_budget_evicts_and_stays_exact(torch_runner, tokenizer, workload):
     """A budget of about two ~500-token states: every deposit evicts, bytes never exceed it,
     answers stay exact."""
