@@ -370,7 +370,14 @@ def stop(engine: Engine, runner) -> None:
                     "graph_eager_passes": graphs.fallbacks,
                 }
             )
-            log.info("peak_memory", device_bytes=torch.cuda.max_memory_allocated(), **stats)
+            # reserved, not allocated: the allocator's cached blocks are the device's too (the
+            # CUDA context and CuPy's own pool are still not counted)
+            log.info(
+                "peak_memory",
+                device_bytes=torch.cuda.max_memory_reserved(),
+                allocated_bytes=torch.cuda.max_memory_allocated(),
+                **stats,
+            )
     except ImportError:
         pass
 

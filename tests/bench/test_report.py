@@ -44,6 +44,44 @@ def test_targets_missed_and_split_weighted_estimate():
     weighted = (120 * 0.020 + 111 * 0.200) / 231
     assert f"| mean <= 1.5x floor | {1e3 * weighted:.1f} ms / 10.0 ms" in text
     assert "| choice 1-128 mean <= 1.4x its floor | 20.0 ms / 10.0 ms = 2.00x | missed by 43% |" in text
+    # and so is the p50: 120 of 231 requests are short, so the weighted median is a short one's
+    # (this run's cases, each counted once, are mostly long: their median is 200 ms)
+    assert "| p50 <= 1.3x floor p50 | 20.0 ms / 10.0 ms = 2.00x | missed by 54% |" in text
+    assert "| p50 <= 1.3x floor p50 | 200.0 ms / 10.0 ms = 20.00x" in text
+
+
+def test_failed_requests_show_beside_the_targets():
+    """Target latencies are of answered requests: a failed one is its own missed row."""
+    cases = stratified([c for c in workload.read_jsonl(WORKLOAD) if c.kind in report.JEVBENCH_KINDS], 1)
+    samples = _samples(cases, "ours-auto", lambda c, b: 0.010)
+    samples[0] = harness.Sample("ours-auto", samples[0].case, 0, 120.0, "DEADLINE_EXCEEDED")
+    text = "\n".join(report.targets(harness.Results(samples), cases, "ours-auto", {c.name: 0.010 for c in cases}))
+    assert (
+        f"| every request answered (the targets below count answered ones) | 1 errors of {len(samples)} | missed |"
+        in text
+    )
+
+
+def test_p50_over_floor_uses_the_floors_of_the_cases_the_arm_ran():
+    """An arm that ran only the short cases is compared with their floors, not the workload's."""
+    cases = stratified([c for c in workload.read_jsonl(WORKLOAD) if c.kind in report.JEVBENCH_KINDS], 1)
+    short = [c for c in cases if c.group == "1-128"]
+    floors = {c.name: (0.010 if c in short else 0.500) for c in cases}
+    results = harness.Results(
+        _samples(cases, "ours-auto", lambda c, b: 2 * floors[c.name])
+        + _samples(short, "transformers", lambda c, b: 0.020)
+    )
+    text = report.render(
+        results,
+        cases,
+        ["ours-auto", "transformers"],
+        reference_arm="ours-auto",
+        floors=floors,
+        tokens={c.name: (10, 5) for c in cases},
+        header="# test",
+    )
+    row = next(line for line in text.splitlines() if line.startswith("| transformers |"))
+    assert row.endswith("| 2.00x | 2.00x |"), row
 
 
 def test_render_saved_leaves_out_early_blocks(tmp_path):

@@ -33,9 +33,14 @@ def first_seen(samples: list[Sample], seed: int | None) -> tuple[list[str], list
         if s.block >= 0 and s.status == "OK" and s.case in first:
             replays.setdefault(s.case, []).append(s.latency_seconds)
     paired = [c for c in first if c in replays]
+    # a first sight that failed (a deadline: what this target is there to catch) fails the target
+    failed_first = sum(1 for s in samples if s.block < 0 and s.status != "OK")
+    target_name = f"first-seen mean <= {FIRST_SEEN_LIMIT}x replayed mean"
     if not paired:
-        return [], []
-    errors = sum(1 for s in samples if s.status != "OK")
+        if not failed_first:
+            return [], []
+        return [], [(target_name, f"{failed_first} first sights failed, none answered", "missed")]
+    errors = sum(1 for s in samples if s.block >= 0 and s.status != "OK")
     blocks = len({s.block for s in samples if s.block >= 0})
     first_lat = [first[c] for c in paired]
     replay_lat = [t for c in paired for t in replays[c]]
@@ -45,7 +50,8 @@ def first_seen(samples: list[Sample], seed: int | None) -> tuple[list[str], list
         "",
         f"## First-seen requests (workload seed {seed}: sent once right after start-up, then replayed)",
         "",
-        f"{len(paired)} requests, {blocks} replay block(s), {errors} errors.",
+        f"{len(paired)} requests answered at first sight and replayed, {blocks} replay block(s); "
+        f"{failed_first} first sights and {errors} replays failed.",
         "",
         "| | mean ms | p50 ms | p95 ms |",
         "|---|---|---|---|",
@@ -57,9 +63,9 @@ def first_seen(samples: list[Sample], seed: int | None) -> tuple[list[str], list
         f"p90 {percentile(per_request, 0.9):.2f}x.",
     ]
     target = (
-        f"first-seen mean <= {FIRST_SEEN_LIMIT}x replayed mean",
+        target_name,
         f"{1e3 * statistics.fmean(first_lat):.1f} ms / {1e3 * statistics.fmean(replay_lat):.1f} ms = {ratio:.2f}x",
-        _verdict(ratio, FIRST_SEEN_LIMIT, True),
+        f"missed: {failed_first} first sights failed" if failed_first else _verdict(ratio, FIRST_SEEN_LIMIT, True),
     )
     return lines, [target]
 
@@ -175,7 +181,7 @@ def service(startup: list[dict], peak_bytes: list, weight_bytes: int | None) -> 
         limit = weight_bytes + MEMORY_HEADROOM
         targets.append(
             (
-                "peak device memory <= weights + 12 GiB",
+                "peak device memory <= weights + 12 GiB (torch's reserved peak)",
                 f"{peak / 2**30:.1f} GiB, limit {limit / 2**30:.1f} GiB" if peak else "no GPU: not measured",
                 _verdict(peak, limit, True) if peak else "not measured",
             )

@@ -32,13 +32,19 @@ def floor_seconds(config: ModelConfig, tokens_computed: int, ceilings: Ceilings)
     )
 
 
-def measure_ceilings(repeats: int = 10) -> Ceilings:
-    """Median of `repeats` timed runs after warm-up, CUDA events; random data, never zeros."""
+def measure_ceilings(repeats: int = 30, warm_seconds: float = 0.5) -> Ceilings:
+    """Median of `repeats` timed runs after `warm_seconds` of the same work (an idle card's
+    clocks take that long to rise: three warm-up runs of a few ms each gave ceilings 8% apart
+    between runs), CUDA events; random data, never zeros."""
+    import time
+
     import torch
 
     def timed(fn) -> float:
-        for _ in range(3):
+        warm_until = time.perf_counter() + warm_seconds
+        while time.perf_counter() < warm_until:
             fn()
+            torch.cuda.synchronize()
         times = []
         for _ in range(repeats):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
