@@ -109,13 +109,10 @@ class Bucketing:
         self.budget, self.tail_rows = budget, tail_rows
 
     def token_steps(self) -> list[int]:
-        """Every T_pad a pass within budget can have, ascending."""
-        out, n = [], 1
-        while n <= self.budget.tokens:
-            t = self.budget.bucket(n)
-            out.append(t)
-            n = t + 1
-        return out
+        """Every T_pad a pass within budget can have, ascending. Each count's own bucket: with a
+        tile_from between fine sizes the buckets are not monotone (1,100 tokens pad to 1,280,
+        1,101 to 1,152), so stepping from one bucket to the next missed some."""
+        return sorted({self.budget.bucket(n) for n in range(1, self.budget.tokens + 1)})
 
     def level_steps(self, tokens_pad: int = 1) -> list[int]:
         """The levels keys of T_pad tokens have (long passes: 2 and the depth)."""

@@ -202,10 +202,13 @@ class GraphLauncher:
         from openjev.worker.cuda.launch import plan_launch
         from openjev.worker.runner_api import SegmentRun
 
-        n = key.tokens - key.levels + 1  # a chain of `levels` runs, the last kept if the key keeps
+        # a chain of `levels` runs, the last kept if the key keeps; at most a token a level (a
+        # 16-token key of 32 levels takes 9 to 16-level passes: fewer levels fit it too)
+        levels = min(key.levels, key.tokens)
+        n = key.tokens - levels + 1
         runs = []
-        for d in range(key.levels):
-            kept = key.kept and d == key.levels - 1
+        for d in range(levels):
+            kept = key.kept and d == levels - 1
             parent = d - 1 if d else None
             runs.append(SegmentRun([0] * (n if d == 0 else 1), n + d - 1 if d else 0, None, kept, True, parent))
         return plan_launch(runs, self.model.config.vocab_size, tail_sources=self.model.chunked_gdn)

@@ -276,6 +276,40 @@ def test_buckets_and_keys():
     assert all(k.index_size <= max(x.index_size for x in small.keys()) for k in small.keys())
 
 
+def test_every_token_count_lands_on_a_warmed_key_whatever_the_tile_start():
+    """A tile_from between fine bucket sizes makes buckets non-monotone (1,100 tokens pad to
+    1,280 and 1,101 to 1,152); every count's bucket is still among the warm-up's keys."""
+    from openjev.worker.cuda.buckets import Bucketing, PassBudget
+
+    for tile_from in (0, 1024, 1100, 1500, 3965):
+        budget = PassBudget(tokens=4096, segments=64, depth=8, context=16384, tile_from=tile_from)
+        steps = set(Bucketing(budget).token_steps())
+        missing = [n for n in range(1, 4097) if budget.bucket(n) not in steps]
+        assert not missing, (tile_from, missing[:3])
+
+
+def test_a_dummy_pass_fits_every_key_of_a_deep_budget():
+    """Keys whose levels exceed their tokens (a depth-32 budget's 16-token keys) get a dummy
+    pass to capture with: it fits the key (before: a chain of negative length, and warm_up raised)."""
+    from types import SimpleNamespace
+
+    from openjev.worker.cuda.buckets import PassBudget
+    from openjev.worker.cuda.fused_weights import shape_config
+    from openjev.worker.cuda.graph_launch import GraphLauncher
+
+    model = SimpleNamespace(
+        config=shape_config("small", 4), device=torch.device("cpu"), gdn_layers=[0], attn_layers=[3], chunked_gdn=False
+    )
+    launcher = GraphLauncher(model, 8, budget=PassBudget(tokens=256, segments=64, depth=32, context=512))
+    keys = launcher.bucketing.keys()
+    assert any(k.levels > k.tokens for k in keys)
+    for key in keys:
+        plan = launcher._dummy_plan(key)
+        got, why = launcher.key_of(plan)
+        assert got is not None, why
+        assert (got.tokens, got.kept) == (key.tokens, key.kept) and got.levels <= key.levels
+
+
 def test_static_buffers_are_fixed_at_the_budget():
     """The graphs' shared static buffers (no GPU needed: they are plain tensors), layer-major,
     sized once from the budget; slot 0 stays zero."""
