@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -25,6 +26,16 @@ import grpc
 import structlog
 
 REQUEST_ID_KEY = "x-request-id"
+# A caller's request id is taken when it is printable ASCII of at most 128 characters (it goes
+# into both servers' log lines and on to the worker as metadata, which refuses control bytes);
+# another is made in its place otherwise.
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
+
+
+def valid_request_id(text: str) -> bool:
+    return _REQUEST_ID.fullmatch(text) is not None
+
+
 _NO_DEADLINE_SECONDS = 10 * 365 * 24 * 3600.0
 
 
@@ -142,6 +153,8 @@ class RequestInterceptor(grpc.ServerInterceptor):
         if handler is None or observer is None:
             return handler
         incoming = dict(handler_call_details.invocation_metadata or ()).get(REQUEST_ID_KEY, "")
+        if not isinstance(incoming, str) or not valid_request_id(incoming):
+            incoming = ""
         method = handler_call_details.method
         make_ids = self._make_ids
 

@@ -91,8 +91,14 @@ def load_tokens(token_file: Path | None, environ: Mapping[str, str] | None = Non
         text = _read(token_file, "auth token file")
         assert text is not None
         tokens += [line.strip() for line in text.decode("utf-8").splitlines()]
-    tokens += [part.strip() for part in env.get(AUTH_TOKENS_ENV, "").split(",")]
-    return tuple(t.encode("utf-8") for t in tokens if t and not t.startswith("#"))
+    given = env.get(AUTH_TOKENS_ENV)
+    tokens += [part.strip() for part in (given or "").split(",")]
+    kept = tuple(t.encode("utf-8") for t in tokens if t and not t.startswith("#"))
+    if not kept and (token_file is not None or (given or "").strip()):
+        # tokens were asked for: none would mean an open port, and nobody would be told
+        source = f"auth token file {token_file}" if token_file is not None else f"${AUTH_TOKENS_ENV}"
+        raise SecurityError(f"{source} holds no token (only blank lines, separators or # comments)")
+    return kept
 
 
 class BearerAuth(grpc.ServerInterceptor):

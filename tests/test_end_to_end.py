@@ -240,6 +240,12 @@ def test_the_request_id_comes_back_in_trailing_metadata(client):
     _, call = client.stub.Decide.with_call(message, timeout=60)
     made = dict(call.trailing_metadata())["x-request-id"]
     assert len(made) == 32 and int(made, 16) >= 0
+    # an id the logs and the worker's metadata should not carry (as on HTTP: over 128 characters,
+    # or not printable ASCII) is replaced by one the frontend makes
+    for bad in ("x" * 7000, "two words"):
+        _, call = client.stub.Decide.with_call(message, timeout=60, metadata=[("x-request-id", bad)])
+        made = dict(call.trailing_metadata())["x-request-id"]
+        assert made != bad and len(made) == 32 and int(made, 16) >= 0
     with pytest.raises(grpc.RpcError) as caught:
         client.stub.Decide(api.DecideRequest(request_json="{}"), timeout=60, metadata=[("x-request-id", "bad-1")])
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -233,3 +233,39 @@ def test_plaintext_when_asked_for_logs_a_warning(demo_model, pair, tmp_path):
     finally:
         frontend.stop()
     assert sorted(r["port"] for r in _plaintext_warnings(frontend.log_text())) == ["public", "worker"]
+
+
+def test_tokens_asked_for_but_none_given_refuses_to_start(demo_model, tmp_path):
+    """A token file of comments only, or a token variable of separators, would have left the
+    port open without a word: the frontend refuses to start instead."""
+    comments = tmp_path / "tokens"
+    comments.write_text("# the real tokens go here\n\n")
+    base = ["--model", str(demo_model), "--worker", "127.0.0.1:1", "--plaintext"]
+    assert _start_fails(launch.FRONTEND_MODULE, [*base, "--auth-token-file", str(comments)]) == (
+        f"openjev-frontend: auth token file {comments} holds no token (only blank lines, separators or # comments)"
+    )
+    env = {**os.environ, "OPENJEV_AUTH_TOKENS": " , "}
+    done = subprocess.run(
+        [sys.executable, "-m", launch.FRONTEND_MODULE, *base, "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
+        "openjev-frontend: $OPENJEV_AUTH_TOKENS holds no token (only blank lines, separators or # comments)"
+    )
+
+
+def test_a_worker_with_tls_but_no_client_ca_warns(demo_model, pki, tmp_path):
+    worker = launch.start(
+        "worker-no-client-ca",
+        launch.WORKER_MODULE,
+        ["--model", str(demo_model), "--tls-cert", str(pki["ca-server"]), "--tls-key", str(pki["ca-server-key"])],
+        workdir=tmp_path,
+    )
+    try:  # logged before the model loads, so before the port file: one warning
+        [warning] = log_events(worker.log_text(), "no_client_auth")
+        assert warning["level"] == "warning" and "--tls-client-ca" in warning["hint"]
+    finally:
+        worker.stop()

@@ -238,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
         log.warning(
             "plaintext", reason="--plaintext", hint="set --tls-cert, --tls-key and --tls-client-ca for mutual TLS"
         )
+    elif args.tls_client_ca is None:  # TLS, but any client may call: the frontend is not checked
+        log.warning("no_client_auth", hint="set --tls-client-ca so only the frontends' certificates are accepted")
     meta = load_export_meta_or_exit(args.model, "openjev-worker")
     backend = backends.resolve_backend(args.backend)
     runner = backends.build_runner(

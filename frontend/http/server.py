@@ -16,6 +16,7 @@ import time
 import uvicorn
 
 from openjev.frontend.http.app import HttpApi
+from openjev.frontend.http.guard import GuardedH11Protocol
 
 
 def _bind(listen: str) -> socket.socket:
@@ -56,7 +57,7 @@ class HttpServer:
         self.port: int = self._socket.getsockname()[1]
         config = uvicorn.Config(
             api.app,
-            http="h11",
+            http=GuardedH11Protocol,  # h11 with a head deadline and a connection cap (guard.py)
             loop="asyncio",
             lifespan="off",
             access_log=False,

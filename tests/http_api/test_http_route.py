@@ -515,5 +515,70 @@ def test_bearer_tokens_when_configured(max_body_bytes):
             timeout=10,
         )
         assert reply.status_code == 422 and reply.json() == {"error": "reached with {}"}
+        # the public port's metrics too (health stays open: load balancers ask it)
+        base = f"http://127.0.0.1:{server.port}"
+        assert httpx.get(f"{base}/metrics", timeout=10).status_code == 401
+        metrics = httpx.get(f"{base}/metrics", headers={"authorization": "Bearer s3cret"}, timeout=10)
+        assert metrics.status_code == 200 and "openjev_frontend" in metrics.text
+        assert httpx.get(f"{base}/health", timeout=10).status_code == 200
+    finally:
+        server.wait_stopped()
+
+
+def test_a_connection_that_never_finishes_its_head_is_closed(max_body_bytes, monkeypatch):
+    """Half a request head (or nothing) held open: closed after the head deadline, so such
+    connections cannot pile up until the process runs out of file descriptors."""
+    from openjev.frontend.http import guard
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+
+    monkeypatch.setattr(guard, "HEAD_SECONDS", 0.5)
+    quick = _Blocking()
+    quick.release.set()
+    api = HttpApi(quick, lambda: None, max_body_bytes=max_body_bytes)  # type: ignore[arg-type]
+    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
+    server.start()
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", server.port), timeout=10) as silent,
+            socket.create_connection(("127.0.0.1", server.port), timeout=10) as halfway,
+        ):
+            halfway.sendall(f"POST {ROUTE} HTTP/1.1\r\nHost: x\r\n".encode())
+            started = time.monotonic()
+            assert silent.recv(4096) == b"" and halfway.recv(4096) == b""  # closed by the server
+            assert time.monotonic() - started < 5
+        answered = httpx.post(f"http://127.0.0.1:{server.port}{ROUTE}", json=SMALL, timeout=10)
+        assert "released" in answered.json()["error"]  # a whole request is unaffected
+    finally:
+        server.wait_stopped()
+
+
+def test_bodies_held_at_once_have_a_byte_budget(max_body_bytes):
+    """Past the bytes of bodies the route holds at once, a request is 503 before its body is read."""
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+
+    quick = _Blocking()
+    quick.release.set()
+    api = HttpApi(quick, lambda: None, max_body_bytes=max_body_bytes)  # type: ignore[arg-type]
+    api.body_budget = 1000
+    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
+    server.start()
+    url = f"http://127.0.0.1:{server.port}{ROUTE}"
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as uploading:
+            uploading.sendall(
+                f"POST {ROUTE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: 900\r\n\r\n{".encode()
+            )
+            time.sleep(0.2)
+            refused = httpx.post(url, json={"state": "x" * 200}, timeout=10)
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            assert refused.json() == {
+                "error": "server is receiving its limit of 1000 bytes of request bodies; retry later"
+            }
+            assert "released" in httpx.post(url, json=SMALL, timeout=10).json()["error"]  # within the rest
+        time.sleep(0.2)
+        assert api._body_bytes == 0
     finally:
         server.wait_stopped()
