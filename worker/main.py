@@ -180,10 +180,10 @@ def _rows(text: str) -> int | None:
 
 def call_limits(args: argparse.Namespace, work_methods: tuple[str, ...]) -> CallLimits:
     """Execute and ExecuteUnary calls: every request the scheduler may hold (those in passes and
-    those waiting, Scheduler.max_admitted) and the streams still arriving (an ExecuteUnary call
-    arrives whole before it takes a thread, and is checked at once). With a thread for each, a full queue
-    is what refuses (RESOURCE_EXHAUSTED from the scheduler), never a thread pool that makes the
-    rest wait unseen."""
+    those waiting, Scheduler.max_admitted) and the streams still arriving (an ExecuteUnary call is
+    counted once its message is in; while it arrives it holds a pool thread outside any cap:
+    docs/reliability.md). With a thread for each, a full queue is what refuses (RESOURCE_EXHAUSTED
+    from the scheduler), never a thread pool that makes the rest wait unseen."""
     return CallLimits(
         work=args.queue_capacity + args.max_launch_sequences + args.max_collecting,
         watch=args.max_watch_streams,
