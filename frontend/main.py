@@ -133,7 +133,12 @@ def affinity_on(setting: str, worker: str) -> bool:
 def main(argv: list[str] | None = None) -> None:
     args = config.parse_with_env(parser(), argv)
     logs.configure(args.log_level)
-    serving.exit_on_signal_while_starting("openjev-frontend")
+    with serving.exit_on_signal_while_starting("openjev-frontend"):
+        serve(args)
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Check the flags' files, connect to the workers, serve until SIGTERM."""
     config.log_config("openjev.frontend", args)
     try:
         public_credentials = security.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)

@@ -126,6 +126,7 @@ def test_sigterm_while_the_worker_starts_exits_at_once(demo_model, tmp_path):
         lines.append(line)
         if '"event": "config"' in line:
             break
+    signalled = time.monotonic()
     worker.send_signal(signal.SIGTERM)
     try:
         _, rest = worker.communicate(timeout=60)
@@ -133,5 +134,39 @@ def test_sigterm_while_the_worker_starts_exits_at_once(demo_model, tmp_path):
         worker.kill()
     lines += rest.splitlines()
     assert worker.returncode == 0, lines
+    assert time.monotonic() - signalled < 20, lines  # seconds at most: the main thread is back in Python
     assert any('"event": "shutdown"' in line and "start-up" in line for line in lines), lines
     assert not any('"event": "serving"' in line for line in lines), lines
+
+
+def test_sigterm_while_starting_never_waits_on_the_loggers_lock(tmp_path):
+    """The start-up handler only raises: the main thread may be inside the logger, holding its
+    (non-reentrant) lock, when the signal comes, and a handler that logged there hung for good
+    (2 of 3 runs of this loop; once in the test suite)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "busy.py"
+    script.write_text(
+        "import sys\n"
+        "from openjev import logs, serving\n"
+        "logs.configure('info')\n"
+        "log = logs.get('busy')\n"
+        "with serving.exit_on_signal_while_starting('busy'):\n"
+        "    print('ready', flush=True)\n"
+        "    while True:\n"
+        "        log.info('busy', padding='x' * 200)\n"
+    )
+    for _ in range(3):
+        busy = subprocess.Popen(
+            [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert busy.stdout is not None and busy.stdout.readline() == "ready\n"
+        time.sleep(0.3)
+        busy.send_signal(signal.SIGTERM)
+        try:
+            _, err = busy.communicate(timeout=20)
+        finally:
+            busy.kill()
+        assert busy.returncode == 0
+        assert '"event": "shutdown"' in err.splitlines()[-1]

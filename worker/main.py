@@ -222,7 +222,12 @@ def warm_up(engine: Engine, runner, temperature: float, policy: PrefixPolicy) ->
 def main(argv: list[str] | None = None) -> None:
     args = config.parse_with_env(parser(), argv)
     logs.configure(args.log_level)
-    serving.exit_on_signal_while_starting("openjev-worker")
+    with serving.exit_on_signal_while_starting("openjev-worker"):
+        serve(args)
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Check the flags' files, load the model, warm up, serve until SIGTERM."""
     config.log_config("openjev.worker", args)
     try:
         credentials = security.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)

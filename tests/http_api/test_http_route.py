@@ -428,26 +428,39 @@ def test_requests_past_the_threads_are_refused_at_once(max_body_bytes):
         server.wait_stopped()
 
 
+def _answering_server(max_body_bytes: int, **options):
+    """(api, started server) whose servicer answers at once: a refusal naming `released`."""
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+
+    quick = _Blocking()
+    quick.release.set()
+    api = HttpApi(quick, lambda: None, max_body_bytes=max_body_bytes, **options)  # type: ignore[arg-type]
+    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
+    server.start()
+    return api, server
+
+
+def _partial_upload(port: int, declared: int) -> socket.socket:
+    """A connection that sends a request head declaring `declared` body bytes, then one of them."""
+    upload = socket.create_connection(("127.0.0.1", port), timeout=10)
+    upload.sendall(
+        f"POST {ROUTE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {declared}\r\n\r\n{{".encode()
+    )
+    time.sleep(0.2)
+    return upload
+
+
 def test_a_stalled_upload_holds_no_thread_and_ends_408(max_body_bytes, monkeypatch):
     """A client that sends headers and then stalls mid-body (32 of them once held every thread
     until they disconnected): the body is read before a thread is taken, within a time limit."""
     from openjev.frontend.http import app as http_app
-    from openjev.frontend.http.app import HttpApi
-    from openjev.frontend.http.server import HttpServer
 
     monkeypatch.setattr(http_app, "BODY_SECONDS", 1.0)
-    quick = _Blocking()
-    quick.release.set()
-    api = HttpApi(quick, lambda: None, max_body_bytes=max_body_bytes, max_workers=1)  # type: ignore[arg-type]
-    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
-    server.start()
+    _, server = _answering_server(max_body_bytes, max_workers=1)
     try:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as stalled:
-            stalled.sendall(
-                f"POST {ROUTE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                "Content-Length: 100\r\n\r\n{".encode()
-            )
-            time.sleep(0.2)
+        with _partial_upload(server.port, 100) as stalled:
             answered = httpx.post(f"http://127.0.0.1:{server.port}{ROUTE}", json=SMALL, timeout=10)
             assert "released" in answered.json()["error"]  # it had the route's one thread
             reply = b""
@@ -529,15 +542,9 @@ def test_a_connection_that_never_finishes_its_head_is_closed(max_body_bytes, mon
     """Half a request head (or nothing) held open: closed after the head deadline, so such
     connections cannot pile up until the process runs out of file descriptors."""
     from openjev.frontend.http import guard
-    from openjev.frontend.http.app import HttpApi
-    from openjev.frontend.http.server import HttpServer
 
     monkeypatch.setattr(guard, "HEAD_SECONDS", 0.5)
-    quick = _Blocking()
-    quick.release.set()
-    api = HttpApi(quick, lambda: None, max_body_bytes=max_body_bytes)  # type: ignore[arg-type]
-    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
-    server.start()
+    _, server = _answering_server(max_body_bytes)
     try:
         with (
             socket.create_connection(("127.0.0.1", server.port), timeout=10) as silent,
@@ -555,23 +562,11 @@ def test_a_connection_that_never_finishes_its_head_is_closed(max_body_bytes, mon
 
 def test_bodies_held_at_once_have_a_byte_budget(max_body_bytes):
     """Past the bytes of bodies the route holds at once, a request is 503 before its body is read."""
-    from openjev.frontend.http.app import HttpApi
-    from openjev.frontend.http.server import HttpServer
-
-    quick = _Blocking()
-    quick.release.set()
-    api = HttpApi(quick, lambda: None, max_body_bytes=max_body_bytes)  # type: ignore[arg-type]
+    api, server = _answering_server(max_body_bytes)
     api.body_budget = 1000
-    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
-    server.start()
     url = f"http://127.0.0.1:{server.port}{ROUTE}"
     try:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as uploading:
-            uploading.sendall(
-                f"POST {ROUTE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                "Content-Length: 900\r\n\r\n{".encode()
-            )
-            time.sleep(0.2)
+        with _partial_upload(server.port, 900):
             refused = httpx.post(url, json={"state": "x" * 200}, timeout=10)
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
             assert refused.json() == {
