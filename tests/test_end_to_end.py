@@ -250,3 +250,28 @@ def test_the_request_id_comes_back_in_trailing_metadata(client):
         client.stub.Decide(api.DecideRequest(request_json="{}"), timeout=60, metadata=[("x-request-id", "bad-1")])
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert ("x-request-id", "bad-1") in caught.value.trailing_metadata()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "openjev.tools.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_mistakes_are_one_line(tmp_path, demo_model):
+    """A missing file, a folder, or a directory that is no export: one line and exit 1, no
+    traceback; `openjev bench` takes the benchmark's own flags."""
+    missing = tmp_path / "nope.json"
+    cases = [
+        (("decide", str(missing)), f"error: cannot read request {missing}: No such file or directory"),
+        (("decide", str(tmp_path)), f"error: cannot read request {tmp_path}: Is a directory"),
+        (("decide", str(demo_model / "config.json"), "--tls-ca", str(missing)), "error: cannot read CA"),
+        (("tokenize", str(missing), "--model", str(demo_model)), "error: cannot read request"),
+        (("tokenize", "-", "--model", str(tmp_path)), "openjev tokenize: open_jev_export.json: missing"),
+    ]
+    for args, want in cases:
+        out = _cli(*args)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, (args, out.stderr)
+        assert out.stderr.strip().splitlines()[-1].startswith(want), (args, out.stderr)
+    bench = _cli("bench", "--help")
+    assert bench.returncode == 0 and "--first-seen-seed" in bench.stdout, bench.stderr

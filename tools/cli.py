@@ -20,8 +20,15 @@ from openjev.contract.literals import PREFIX_POLICIES
 from openjev.contract.render import dumps_exact
 
 
+def _read_file(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:  # a missing file or a folder: one line, as for a server's refusal
+        raise SystemExit(f"error: cannot read {what} {path}: {error.strerror}") from None
+
+
 def _read(path: str) -> str:
-    data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    data = sys.stdin.buffer.read() if path == "-" else _read_file(Path(path), "request")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:  # what the server answers a body that is not UTF-8 (docs/contract.md)
@@ -33,7 +40,7 @@ def cmd_decide(args) -> int:
 
     credentials = None
     if args.tls_ca is not None:
-        credentials = grpc.ssl_channel_credentials(root_certificates=args.tls_ca.read_bytes())
+        credentials = grpc.ssl_channel_credentials(root_certificates=_read_file(args.tls_ca, "CA"))
     with Client(args.addr, credentials) as client:
         try:
             response = client.decide(_read(args.request), policy=args.policy, timeout=args.timeout)
@@ -47,11 +54,11 @@ def cmd_decide(args) -> int:
 def cmd_tokenize(args) -> int:
     from openjev.contract.errors import ContractError
     from openjev.contract.request import parse_request_json
-    from openjev.export import load_export_meta
+    from openjev.export import load_export_meta_or_exit
     from openjev.frontend.batches import iter_candidate_batches
     from openjev.tokenizer import PromptTokenizer
 
-    meta = load_export_meta(args.model)
+    meta = load_export_meta_or_exit(args.model, "openjev tokenize")
     try:
         request = parse_request_json(_read(args.request), accepted_models=meta.accepted_model_names)
         ids: list[list[list[int] | None]] = [[None] * len(q.prompts) for q in request.questions]
@@ -80,13 +87,17 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("request", help="request JSON file ('-' for stdin)")
     t.add_argument("--model", required=True, type=Path, help="Open-Jev export directory")
     t.set_defaults(func=cmd_tokenize)
-    b = sub.add_parser("bench", help="run the benchmark (see `openjev bench --help`)", add_help=False)
-    b.add_argument("rest", nargs=argparse.REMAINDER)
-    b.set_defaults(func=lambda a: __import__("openjev.tools.bench.main", fromlist=["main"]).main(a.rest) or 0)
+    sub.add_parser("bench", help="run the benchmark (see `openjev bench --help`)", add_help=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # every flag its own (argparse's REMAINDER refuses ones before a positional)
+        from openjev.tools.bench.main import main as bench
+
+        bench(argv[1:])
+        sys.exit(0)
     args = parser().parse_args(argv)
     sys.exit(args.func(args))
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
+import grpc
+
 from openjev.client import Client
+from openjev.contract.render import dumps_exact
 from openjev.tools import launch
 
 
@@ -17,6 +19,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--request", type=Path, required=True)
     args = p.parse_args(argv)
+    try:  # before starting anything
+        request = args.request.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise SystemExit(f"error: cannot read request {args.request}: {error}") from None
     workdir = Path(tempfile.mkdtemp(prefix="openjev-run-"))
     print(f"starting worker and frontend (logs in {workdir}) ...", file=sys.stderr)
     pair = launch.start_pair(args.model, workdir)
@@ -25,8 +31,11 @@ def main(argv: list[str] | None = None) -> None:
             f"frontend {pair.frontend.address}, worker {pair.worker.address}; request {args.request}:", file=sys.stderr
         )
         with Client(pair.frontend.address) as client:
-            response = client.decide(args.request.read_text(encoding="utf-8"), timeout=120)
-        print(json.dumps(response, indent=1, ensure_ascii=False))
+            try:
+                response = client.decide(request, timeout=120)
+            except grpc.RpcError as error:  # the servers' answer, as `openjev decide` prints it
+                raise SystemExit(f"error: {error.code().name}: {error.details()}") from None
+        print(dumps_exact(response, sort_keys=False, indent=1))  # integers of any size, as answered
     finally:
         pair.stop()
         print("stopped worker and frontend", file=sys.stderr)

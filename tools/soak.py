@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import random
 import tempfile
 import threading
@@ -34,6 +35,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from openjev import progress
 from openjev.client import Client, response_to_json
 from openjev.contract.literals import PrefixPolicy
+from openjev.frontend.service import DEFAULT_MAX_REQUEST_TOKENS
 from openjev.v1 import decision_pb2 as api
 from openjev.worker.v1 import worker_pb2 as wire
 from openjev.worker.v1 import worker_pb2_grpc
@@ -254,8 +256,8 @@ def percentiles(values: list[float]) -> dict:
         return {}
     values = sorted(values)
 
-    def at(q: float) -> float:
-        return round(values[min(len(values) - 1, int(q * len(values)))] * 1e3, 2)
+    def at(q: float) -> float:  # nearest rank: the smallest value with at least q of them at or below it
+        return round(values[max(0, math.ceil(q * len(values)) - 1)] * 1e3, 2)
 
     return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": round(values[-1] * 1e3, 2), "n": len(values)}
 
@@ -838,7 +840,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--execute-streams", type=int, default=defaults.execute_streams)
     p.add_argument("--commit-timeout-seconds", type=float, default=defaults.commit_timeout_seconds)
     p.add_argument("--max-rendered-bytes", type=int, default=defaults.max_rendered_bytes, help="the frontend's")
-    p.add_argument("--max-request-tokens", type=int, default=defaults.max_request_tokens, help="the frontend's")
+    p.add_argument(
+        "--max-request-tokens",
+        type=int,
+        default=None,
+        help=f"the frontend's (default: {defaults.max_request_tokens}, what the soak's own pair runs with; "
+        "with --addr the frontend's own default)",
+    )
     p.add_argument("--request-bound-seconds", type=float, default=defaults.request_bound_seconds)
     p.add_argument("--memory-bound-mib", type=float, default=defaults.memory_bound_mib)
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
@@ -848,6 +856,9 @@ def main(argv: list[str] | None = None) -> None:
     chosen = tuple(x for x in args.hostile.split(",") if x and x != "none")
     if set(chosen) - set(HOSTILE_PARTS):
         raise SystemExit(f"--hostile: unknown part(s) {sorted(set(chosen) - set(HOSTILE_PARTS))}")
+    tokens_limit = args.max_request_tokens
+    if tokens_limit is None:  # the soak's own pair runs with 32768; another frontend with its default
+        tokens_limit = DEFAULT_MAX_REQUEST_TOKENS if args.addr else defaults.max_request_tokens
     hostile = (
         Hostile(
             parts=chosen,
@@ -857,7 +868,7 @@ def main(argv: list[str] | None = None) -> None:
             commit_timeout_seconds=args.commit_timeout_seconds,
             kills=args.kills,
             max_rendered_bytes=args.max_rendered_bytes,
-            max_request_tokens=args.max_request_tokens,
+            max_request_tokens=tokens_limit,
             request_bound_seconds=args.request_bound_seconds,
             memory_bound_mib=args.memory_bound_mib,
         )

@@ -13,7 +13,7 @@ import asyncio
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-HEAD_SECONDS = 10.0  # from a connection's start, or its last request's end, to a whole head
+HEAD_SECONDS = 10.0  # from a connection's start, or a later head's first bytes, to the whole head
 MAX_CONNECTIONS = 512  # of this port; more are closed at once
 
 

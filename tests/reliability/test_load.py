@@ -63,3 +63,12 @@ def test_many_concurrent_clients_then_one_more(pair):
     assert set(statuses) == {"OK"} and statuses["OK"] >= 32, statuses
     with Client(pair.frontend.address) as client:
         assert client.decide(body, timeout=30)["answers"]["q"]["type"] == "noul"
+
+
+def test_soak_percentiles_are_nearest_rank():
+    """p90 of ten values is the ninth (it was the tenth: the maximum, whenever q x n was whole)."""
+    from openjev.tools.soak import percentiles
+
+    tenths = percentiles([i / 1000 for i in range(1, 11)])
+    assert (tenths["p50"], tenths["p90"], tenths["p99"], tenths["max"]) == (5.0, 9.0, 10.0, 10.0)
+    assert percentiles([0.004, 0.001, 0.003, 0.002])["p50"] == 2.0
