@@ -100,6 +100,34 @@ class Server:
             self.health.set(name, status)
 
 
+def server_options(max_message_bytes: int, max_connection_age_seconds: float) -> list[tuple[str, object]]:
+    """build_server's gRPC core options (grpcio ignores a name it does not know, silently:
+    tests/test_grpc_options.py checks every one against its core)."""
+    options: list[tuple[str, object]] = [
+        *channel_options(max_message_bytes),
+        # Exclusive bind: gRPC sets SO_REUSEPORT by default, and a second server on a busy port
+        # then silently shared its connections.
+        ("grpc.so_reuseport", 0),
+        # No per-connection stream cap (grpc.max_concurrent_streams): under sustained load from
+        # 32 clients both servers began refusing every new stream (RST_STREAM REFUSED_STREAM)
+        # and never recovered. The per-class call caps below bound the calls in all.
+        ("grpc.max_connection_idle_ms", MAX_CONNECTION_IDLE_MS),
+        ("grpc.keepalive_time_ms", SERVER_KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", SERVER_KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # (core's GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS; the name once written here
+        # after the macro was unknown to core, so calls over ~30 s ended `too_many_pings`)
+        ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
+        ("grpc.http2.max_ping_strikes", 2),
+    ]
+    if max_connection_age_seconds > 0:
+        options += [
+            ("grpc.max_connection_age_ms", int(max_connection_age_seconds * 1000)),
+            ("grpc.max_connection_age_grace_ms", 2**31 - 1),
+        ]
+    return options
+
+
 def build_server(
     listen: str,
     register: Callable[[grpc.Server], None],
@@ -119,26 +147,7 @@ def build_server(
     limits: per-class concurrent call caps; the thread pool is sized from them (max_workers
     is used only without limits). credentials: TLS; None serves plaintext."""
     names = tuple(service_names)
-    options: list[tuple[str, object]] = [
-        *channel_options(max_message_bytes),
-        # Exclusive bind: gRPC sets SO_REUSEPORT by default, and a second server on a busy port
-        # then silently shared its connections.
-        ("grpc.so_reuseport", 0),
-        # No per-connection stream cap (grpc.max_concurrent_streams): under sustained load from
-        # 32 clients both servers began refusing every new stream (RST_STREAM REFUSED_STREAM)
-        # and never recovered. The per-class call caps below bound the calls in all.
-        ("grpc.max_connection_idle_ms", MAX_CONNECTION_IDLE_MS),
-        ("grpc.keepalive_time_ms", SERVER_KEEPALIVE_MS),
-        ("grpc.keepalive_timeout_ms", SERVER_KEEPALIVE_TIMEOUT_MS),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
-        ("grpc.http2.max_ping_strikes", 2),
-    ]
-    if max_connection_age_seconds > 0:
-        options += [
-            ("grpc.max_connection_age_ms", int(max_connection_age_seconds * 1000)),
-            ("grpc.max_connection_age_grace_ms", 2**31 - 1),
-        ]
+    options = server_options(max_message_bytes, max_connection_age_seconds)
     limiter = LimitCalls(limits) if limits is not None else None
     threads = limits.threads if limits is not None else max_workers
     server = grpc.server(

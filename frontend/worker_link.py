@@ -66,8 +66,11 @@ def traffic_channel_options(balancing: dict = ROUND_ROBIN) -> list[tuple[str, ob
         # A worker that stops answering (killed host, SIGSTOP, cut network) is found by pings
         # within KEEPALIVE_MS + KEEPALIVE_TIMEOUT_MS and its calls fail UNAVAILABLE, instead of
         # waiting on TCP; the worker permits pings this often (serving.MIN_CLIENT_PING_INTERVAL_MS).
+        # grpcio 1.84 waits for a ping's answer up to ping_timeout_ms (60 s by default), not
+        # keepalive_timeout_ms: without it a frozen worker held calls ~70 s.
         ("grpc.keepalive_time_ms", KEEPALIVE_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         # never idle: readiness below is this channel's connectivity, and an idle channel would
