@@ -33,9 +33,9 @@ def floor_seconds(config: ModelConfig, tokens_computed: int, ceilings: Ceilings)
 
 
 def measure_ceilings(repeats: int = 30, warm_seconds: float = 0.5) -> Ceilings:
-    """Median of `repeats` timed runs after `warm_seconds` of the same work (an idle card's
-    clocks take that long to rise: three warm-up runs of a few ms each gave ceilings 8% apart
-    between runs), CUDA events; random data, never zeros."""
+    """Median of `repeats` timed runs after `warm_seconds` of the same work, CUDA events; random
+    data, never zeros. (Three warm-up and ten timed runs, ~20 ms in all, gave 741-804 TFLOP/s
+    across runs; how much of that is clocks rising from idle and how much the card is not known.)"""
     import time
 
     import torch
