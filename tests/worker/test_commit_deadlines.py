@@ -25,9 +25,9 @@ def test_deadlines_fire_in_time_order_unless_cancelled():
 
         return fire
 
+    started = time.monotonic()  # before the first schedule: a loaded machine may pause between them
     deadlines.schedule(0.6, note("last"))
     cancelled = deadlines.schedule(0.2, note("cancelled"))
-    started = time.monotonic()
     # earlier than every pending deadline: the sleeping thread must be woken for it
     deadlines.schedule(0.1, note("early"))
     deadlines.schedule(0.3, note("middle"))
