@@ -87,35 +87,21 @@ def test_input_tokens_count_every_candidate(client, demo_model):
         assert client.decide(EXAMPLE, policy=policy, timeout=60)["usage"]["input_tokens"] == expected
 
 
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "openjev.tools.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
 def test_cli_decide_and_tokenize(pair, demo_model, tmp_path):
     path = tmp_path / "request.json"
     path.write_text(json.dumps(EXAMPLE))
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "openjev.tools.cli",
-            "decide",
-            str(path),
-            "--addr",
-            pair.frontend.address,
-            "--policy",
-            "off",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = _cli("decide", str(path), "--addr", pair.frontend.address, "--policy", "off")
     assert out.returncode == 0, out.stderr
     assert list(json.loads(out.stdout)["answers"]) == ["route", "refund_review", "urgency"]
     fixture = json.loads((REPO / "tests" / "contract" / "data" / "tokenization_cases.json").read_text())
     path.write_text(json.dumps(fixture["cases"][0]["request"]))
-    out = subprocess.run(
-        [sys.executable, "-m", "openjev.tools.cli", "tokenize", str(path), "--model", str(demo_model)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = _cli("tokenize", str(path), "--model", str(demo_model))
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == fixture["cases"][0]["ids"]
 
@@ -123,12 +109,7 @@ def test_cli_decide_and_tokenize(pair, demo_model, tmp_path):
 def test_cli_error_prints_status_and_exits_nonzero(pair, tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"questions": {}}))
-    out = subprocess.run(
-        [sys.executable, "-m", "openjev.tools.cli", "decide", str(path), "--addr", pair.frontend.address],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = _cli("decide", str(path), "--addr", pair.frontend.address)
     assert out.returncode != 0
     assert "INVALID_ARGUMENT: request requires state" in out.stderr
 
@@ -136,12 +117,7 @@ def test_cli_error_prints_status_and_exits_nonzero(pair, tmp_path):
 def test_cli_request_that_is_not_utf8_is_the_contracts_error(pair, tmp_path):
     path = tmp_path / "latin1.json"
     path.write_bytes('{"state": "café", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}'.encode("latin-1"))
-    out = subprocess.run(
-        [sys.executable, "-m", "openjev.tools.cli", "decide", str(path), "--addr", pair.frontend.address],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = _cli("decide", str(path), "--addr", pair.frontend.address)
     assert out.returncode == 1
     assert out.stderr.strip() == "error: INVALID_ARGUMENT: request body must be valid JSON"
 
@@ -250,12 +226,6 @@ def test_the_request_id_comes_back_in_trailing_metadata(client):
         client.stub.Decide(api.DecideRequest(request_json="{}"), timeout=60, metadata=[("x-request-id", "bad-1")])
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert ("x-request-id", "bad-1") in caught.value.trailing_metadata()
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "openjev.tools.cli", *args], capture_output=True, text=True, timeout=120
-    )
 
 
 def test_cli_mistakes_are_one_line(tmp_path, demo_model):

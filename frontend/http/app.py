@@ -176,9 +176,15 @@ class HttpApi:
     async def metrics(self, request: Request) -> Response:
         # on the public port: behind the tokens where there are any (worker addresses, process
         # figures); --metrics-port serves the same registry on the internal network
-        if self.authorize is not None and not self.authorize(request.headers.get("authorization", "")):
-            return _error(401, "missing or unknown bearer token", {"www-authenticate": "Bearer"})
+        if (refused := self._unauthorized(request, {})) is not None:
+            return refused
         return Response(generate_latest(metrics.frontend_registry), media_type=CONTENT_TYPE_LATEST)
+
+    def _unauthorized(self, request: Request, headers: dict[str, str]) -> Response | None:
+        """401 where the frontend has tokens and the request carries none of them, else None."""
+        if self.authorize is None or self.authorize(request.headers.get("authorization", "")):
+            return None
+        return _error(401, "missing or unknown bearer token", {**headers, "www-authenticate": "Bearer"})
 
     async def openapi(self, request: Request) -> Response:
         return Response(self._openapi, media_type="application/json")
@@ -187,8 +193,8 @@ class HttpApi:
         given = request.headers.get(REQUEST_ID_KEY, "")
         request_id = given if valid_request_id(given) else uuid.uuid4().hex
         headers = {REQUEST_ID_KEY: request_id}
-        if self.authorize is not None and not self.authorize(request.headers.get("authorization", "")):
-            return _error(401, "missing or unknown bearer token", {**headers, "www-authenticate": "Bearer"})
+        if (refused := self._unauthorized(request, headers)) is not None:
+            return refused
         if not _is_json(request.headers.get("content-type")):
             return _error(415, "content type must be application/json", headers)
         declared = request.headers.get("content-length", "")
