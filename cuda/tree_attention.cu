@@ -54,6 +54,16 @@ static_assert((BM + 2 * BN) * HD * 2 == ATTN_SMEM, "shared memory: a Q tile, a K
 // NVRTC has no INFINITY from <math.h>
 #define NEG_INF __int_as_float(0xff800000)
 
+// 2^x on the special-function unit alone: results below 2^-126 flush to zero. exp2f adds a range
+// test and two multiplies around it to keep such results subnormal (3 of the softmax's ~10
+// instructions an element); a weight below 2^-126 of the row's largest (which is 1) is far below
+// the resolution of the row's sum, so the output moves by nothing a bf16 result can show.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<u32*>(&v);
@@ -186,13 +196,13 @@ __device__ __forceinline__ void tree_attention(
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
             const float m_new = fmaxf(m_r[r], mx[r] * sl2);  // finite: key 0 is visible to every row
-            alpha[r] = exp2f(m_r[r] - m_new);
+            alpha[r] = exp2_ftz(m_r[r] - m_new);
             m_r[r] = m_new;
         }
         float rs[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
-            const float p = exp2f(fmaf(s[i], sl2, -m_r[(i >> 1) & 1]));
+            const float p = exp2_ftz(fmaf(s[i], sl2, -m_r[(i >> 1) & 1]));
             s[i] = p;
             rs[(i >> 1) & 1] += p;
         }
