@@ -54,6 +54,16 @@ static_assert((BM + 2 * BN) * HD * 2 == ATTN_SMEM, "shared memory: a Q tile, a K
 // NVRTC has no INFINITY from <math.h>
 #define NEG_INF __int_as_float(0xff800000)
 
+// 2^x on the special-function unit alone: results below 2^-126 flush to zero. exp2f adds a range
+// test and two multiplies around it to keep such results subnormal (3 of the softmax's ~10
+// instructions an element); a weight below 2^-126 of the row's largest (which is 1) is far below
+// the resolution of the row's sum, so the output moves by nothing a bf16 result can show.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<u32*>(&v);
@@ -111,17 +121,23 @@ __device__ __forceinline__ void tree_attention(
 
     const int last_key = q_offset + (min(r0 + BM, Rn) - 1) / G;
     const int n_tiles = last_key / BN + 1;
-    // K and V of key tile kt into buffer b; rows past the segment's keys load zeros
+    // K and V of key tile kt into buffer b; rows past the segment's keys load zeros. This thread's
+    // chunk of pool row p is at base + p * row_stride (the per-copy address arithmetic is what
+    // the copies cost in instructions).
+    const __nv_bfloat16* k_base = k_pool + hkv * HD + chunk * 8;
+    const __nv_bfloat16* v_base = v_pool + hkv * HD + chunk * 8;
+    const long row_stride = (long)Hkv * HD;
     auto load_kv = [&](int b, int kt) {
         const int j0 = kt * BN;
+        const int* rows = kv_rows + k0 + j0;
 #pragma unroll
         for (int it = 0; it < BN / 4; ++it) {
             const int r = lane_row + 4 * it;
             const bool ok = j0 + r < Sn;
-            const long off = (ok ? (long)kv_rows[k0 + j0 + r] * Hkv + hkv : 0) * HD + chunk * 8;
+            const long off = (ok ? rows[r] : 0) * row_stride;
             const u32 at = b * TILE + wg_off(r, chunk);
-            cp_async16(sK0 + at, k_pool + off, ok ? 16 : 0);
-            cp_async16(sV0 + at, v_pool + off, ok ? 16 : 0);
+            cp_async16(sK0 + at, k_base + off, ok ? 16 : 0);
+            cp_async16(sV0 + at, v_base + off, ok ? 16 : 0);
         }
     };
     // BUFFERS 1: load the tile, wait, compute. BUFFERS 2: the next tile copied while this one computes.
@@ -147,11 +163,12 @@ __device__ __forceinline__ void tree_attention(
 
         // S = Q K^T: 16 steps of 16 columns, both operands K-major (the first step writes S)
         float s[32];
+        const unsigned long long dq = wg_desc_rows(sQ), dk = wg_desc_rows(sK);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ++ks) {
             const u32 at = (ks >> 2) * (64 * 128) + (ks & 3) * 32;
-            wgmma_ss(s, wg_desc_rows(sQ + at), wg_desc_rows(sK + at), ks > 0);
+            wgmma_ss(s, wg_desc_add(dq, at), wg_desc_add(dk, at), ks > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -179,13 +196,13 @@ __device__ __forceinline__ void tree_attention(
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
             const float m_new = fmaxf(m_r[r], mx[r] * sl2);  // finite: key 0 is visible to every row
-            alpha[r] = exp2f(m_r[r] - m_new);
+            alpha[r] = exp2_ftz(m_r[r] - m_new);
             m_r[r] = m_new;
         }
         float rs[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
-            const float p = exp2f(fmaf(s[i], sl2, -m_r[(i >> 1) & 1]));
+            const float p = exp2_ftz(fmaf(s[i], sl2, -m_r[(i >> 1) & 1]));
             s[i] = p;
             rs[(i >> 1) & 1] += p;
         }
@@ -208,6 +225,7 @@ __device__ __forceinline__ void tree_attention(
             pa[ks][2] = pack_bf16(s[8 * ks + 4], s[8 * ks + 5]);
             pa[ks][3] = pack_bf16(s[8 * ks + 6], s[8 * ks + 7]);
         }
+        const unsigned long long dv = wg_desc_cols(sV);
 #pragma unroll
         for (int db = 0; db < HD / 64; ++db) wg_pin(o[db]);  // the rescale done before the fence
         wgmma_fence();
@@ -216,7 +234,7 @@ __device__ __forceinline__ void tree_attention(
 #pragma unroll
             for (int db = 0; db < HD / 64; ++db)
                 wgmma_rs(o[db], pa[ks][0], pa[ks][1], pa[ks][2], pa[ks][3],
-                         wg_desc_cols(sV + db * (64 * 128) + ks * 2048));
+                         wg_desc_add(dv, db * (64 * 128) + ks * 2048));
         wgmma_commit();
         wgmma_wait<0>();
 #pragma unroll

@@ -20,12 +20,19 @@ __device__ __forceinline__ u32 wg_off(int r, int c) {
 // groups (1,024 bytes) is used. Operand read along its columns with 64 of them a product: one
 // swizzle atom wide, and its 16 summed rows are two 8-row groups 1,024 bytes apart; both offsets
 // are set to that, whichever of the two the hardware takes for that direction.
-__device__ __forceinline__ unsigned long long wg_desc(u32 addr, u32 leading) {
+__host__ __device__ __forceinline__ unsigned long long wg_desc(u32 addr, u32 leading) {
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(leading >> 4) << 16) |
            ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
-__device__ __forceinline__ unsigned long long wg_desc_rows(u32 addr) { return wg_desc(addr, 16); }
-__device__ __forceinline__ unsigned long long wg_desc_cols(u32 addr) { return wg_desc(addr, 1024); }
+__host__ __device__ __forceinline__ unsigned long long wg_desc_rows(u32 addr) { return wg_desc(addr, 16); }
+__host__ __device__ __forceinline__ unsigned long long wg_desc_cols(u32 addr) { return wg_desc(addr, 1024); }
+// The descriptor of addr + offset from addr's: the start address is the low field (addr >> 4,
+// 14 bits), and a shared-memory address plus offset stays below 2^18 bytes, so the sum cannot
+// carry out of it. With a constant offset that is one add, where building the descriptor anew is
+// ~10 instructions an operand (the mask, the shift, the or).
+__host__ __device__ __forceinline__ unsigned long long wg_desc_add(unsigned long long desc, u32 offset) {
+    return desc + (offset >> 4);
+}
 
 // Accumulators of a m64n64 product: per warp of the warpgroup 16 rows, per thread 32 floats, d[4j + e]
 // at row 16 warp + lane / 4 + 8 (e >> 1), column 8j + 2 (lane % 4) + (e & 1) (the mma.sync C layout,

@@ -175,9 +175,11 @@ class GraphLauncher:
             self.cache.capacity = len(keys)
         t0, mem0 = time.perf_counter(), torch.cuda.memory_reserved(self.model.device)
         self.statics.ensure()
+        warmed_rows: set[int] = set()  # token counts an eager pass has run at (cuBLAS's choices)
         for key in progress.track(keys, "CUDA graphs of the pass budget"):
             if key not in self.cache:
-                self._capture(key, self._dummy_plan(key))
+                self._capture(key, self._dummy_plan(key), warm=key.tokens not in warmed_rows)
+                warmed_rows.add(key.tokens)
         torch.cuda.synchronize(self.model.device)
         self.warmed = True
         out = {
@@ -262,11 +264,14 @@ class GraphLauncher:
         hidden = self.cache.replay(entry)
         return self._collect(hidden, plan, key)
 
-    def _capture(self, key: PassKey, plan: LaunchPlan):
+    def _capture(self, key: PassKey, plan: LaunchPlan, warm: bool = True):
+        """warm: an eager run before the capture (GraphCache.capture); warm_up skips it where a
+        key of the same token count was captured already: the products, the only work whose
+        kernels depend on the row count alone, have then run at that count."""
         try:  # static buffers too: out of memory for them is a failure to capture, not to run
             static = self.statics.ensure()
             self._fill(plan, key)
-            return self.cache.capture(key, functools.partial(self._forward, key), dict(static))
+            return self.cache.capture(key, functools.partial(self._forward, key), dict(static), warm=warm)
         except Exception as error:  # any capture problem: this pass runs eagerly
             self.failures += 1
             if capture_failures is not None:

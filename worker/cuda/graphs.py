@@ -68,21 +68,26 @@ class GraphCache:
             self._entries.move_to_end(key)
         return entry
 
-    def capture(self, key: Hashable, fn: Callable[..., Any], static: dict[str, torch.Tensor]) -> _Entry:
+    def capture(
+        self, key: Hashable, fn: Callable[..., Any], static: dict[str, torch.Tensor], warm: bool = True
+    ) -> _Entry:
         """Capture fn(**static) under key; `static` become the graph's input buffers as they are
         (the caller writes later inputs into entry.inputs in place). Evicts the least recently
-        used entry beyond capacity. Raises whatever the capture raised; nothing is cached then."""
+        used entry beyond capacity. Raises whatever the capture raised; nothing is cached then.
+        warm: run fn once outside the capture first (False where a pass of the same products
+        already ran: what the warm-up loads and sizes is then in place)."""
         if self._side is None:  # one side stream: blocks its warm-ups free stay reusable by the next
             self._side = torch.cuda.Stream()
         if not self._entries:
             # a pool lives while a graph uses it: once the last one is gone, its handle is dead
             # (capturing into it again trips an allocator assertion), so start a new one
             self._pool = torch.cuda.graph_pool_handle()
-        side = self._side
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn(**static)  # warm-up outside capture: module loads, cuBLAS workspaces, allocator
-        torch.cuda.current_stream().wait_stream(side)
+        if warm:
+            side = self._side
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn(**static)  # warm-up outside capture: module loads, cuBLAS workspaces, allocator
+            torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA calls of other threads (servers, metrics) must not invalidate it
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
