@@ -32,28 +32,28 @@ def floor_seconds(config: ModelConfig, tokens_computed: int, ceilings: Ceilings)
     )
 
 
-def measure_ceilings(repeats: int = 30, warm_seconds: float = 0.5) -> Ceilings:
-    """Median of `repeats` timed runs after `warm_seconds` of the same work, CUDA events; random
-    data, never zeros. (Three warm-up and ten timed runs, ~20 ms in all, gave 741-804 TFLOP/s
-    across runs; how much of that is clocks rising from idle and how much the card is not known.)"""
+def measure_ceilings(seconds: float = 0.5) -> Ceilings:
+    """The best rate of back-to-back runs over `seconds` per ceiling, each run timed with CUDA
+    events; random data, never zeros. The best, not a median: a card's clocks rise from idle and
+    fall under sustained load (on one H200 the median after 0.5 s of 8192-wide products gave 690
+    TFLOP/s where short runs had given 741-804), and a lower ceiling raises every floor and the
+    load sweep's share of it, which flatters the results. The fastest run is a rate the card has
+    shown, so a floor built from it is one the card could reach."""
     import time
 
     import torch
 
     def timed(fn) -> float:
-        warm_until = time.perf_counter() + warm_seconds
-        while time.perf_counter() < warm_until:
-            fn()
-            torch.cuda.synchronize()
-        times = []
-        for _ in range(repeats):
+        best = float("inf")
+        until = time.perf_counter() + seconds
+        while time.perf_counter() < until:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
             torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        return sorted(times)[len(times) // 2]
+            best = min(best, start.elapsed_time(end) / 1e3)
+        return best
 
     source = torch.randn(2**30, device="cuda", dtype=torch.bfloat16)  # 2 GiB, far beyond L2
     target = torch.empty_like(source)
