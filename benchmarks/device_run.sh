@@ -231,7 +231,7 @@ for step in "$@"; do
              # cut short: render what results.json kept (no peak memory then)
              [ -f $OUT/bench-c1/report.md ] || python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
                --out $OUT/bench-c1 --report-only >/dev/null 2>>$OUT/bench-c1.log
-             [ -n "${holder:-}" ] && kill $holder ;;
+             if [ -n "${holder:-}" ]; then kill $holder; fi ;;
     # Issue 13, part 2 (expected ~6-7 min: start-up ~2.5 min, then 2 sets x 4 levels x ~17 s, then the mixed
     # run 2 x ~32 s): the auto arm's closed-loop sweep at 1/4/16/32 clients on the whole split and on its
     # <= 512-token requests (throughput, p50, p95, matmul rate against the measured bf16 ceiling), then
