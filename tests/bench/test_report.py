@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from openjev.tools.bench import harness, report, workload
 from openjev.tools.bench.main import render_saved, stratified
 
@@ -102,3 +104,39 @@ def test_render_saved_leaves_out_early_blocks(tmp_path):
     assert f"| ours-auto | {2 * len(cases)} | 0 | 505.0 |" in all_blocks
     assert f"| ours-auto | {len(cases)} | 0 | 10.0 | 10.0 | 10.0 |" in later
     assert (tmp_path / "report-from-block1.md").exists() and (tmp_path / "latency-from-block1.png").exists()
+
+
+def test_render_saved_at_other_ceilings(tmp_path):
+    """--ceilings: the floors follow the given rates (a compute-bound floor halves at twice the
+    GEMM rate, a read-bound one keeps the copy rate's), and a shape that does not give back the
+    run's own floors is refused."""
+    from openjev.tools.bench import roofline
+    from openjev.worker.cuda.fused_weights import shape_config
+
+    config = shape_config("27b")
+    cases = stratified(workload.read_jsonl(WORKLOAD), 1)[:2]
+    tokens = {cases[0].name: [100, 10], cases[1].name: [8000, 4000]}  # read-bound, compute-bound
+    own = roofline.Ceilings(4e12, 500e12, "H200")
+    floors = {n: roofline.floor_seconds(config, t[1], own) for n, t in tokens.items()}
+    read_s = roofline.model_size(config)[0] / 4e12
+    assert floors[cases[0].name] == read_s and floors[cases[1].name] > 2 * read_s
+    saved = {
+        "samples": [s.__dict__ for s in _samples(cases, "ours-auto", lambda c, b: floors[c.name] * 2)],
+        "sweep": [],
+        "floors": floors,
+        "header": "# test",
+        "tokens": tokens,
+        "ceilings": own.__dict__,
+        "matmul_parameters": roofline.matmul_parameters(config),
+    }
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    text = render_saved(tmp_path, cases, ceilings=roofline.Ceilings(4e12, 1000e12, "given"), config=config)
+    assert "re-rendered at ceilings copy 4.00 TB/s, bf16 GEMM 1000 TFLOP/s (the run measured 4.00 TB/s, 500" in text
+    floor = (floors[cases[0].name] + max(read_s, floors[cases[1].name] / 2)) / 2
+    mean = (floors[cases[0].name] + floors[cases[1].name]) / 2 * 2
+    assert f"| ours-auto | 4 | 0 | {1e3 * mean:.1f} |" in text
+    assert f"| {mean / floor:.2f}x |" in text
+    own_text = render_saved(tmp_path, cases)
+    assert f"| {mean / ((floors[cases[0].name] + floors[cases[1].name]) / 2):.2f}x |" in own_text
+    with pytest.raises(ValueError, match="does not follow from this model shape"):
+        render_saved(tmp_path, cases, ceilings=own, config=shape_config("9b"))

@@ -80,7 +80,24 @@ def parser() -> argparse.ArgumentParser:
         default=0,
         help="with --report-only: leave out timed blocks before this one (0-based), writing report-from-blockN.md",
     )
+    p.add_argument(
+        "--ceilings",
+        type=_ceilings,
+        metavar="TB_S,TFLOP_S",
+        help="with --report-only: floors at these copy and bf16 GEMM rates instead of the run's (another run's, "
+        "to compare two runs at one ceiling), written to report-at-ceilings.md; give the run's --worker-args too",
+    )
     return p
+
+
+def _ceilings(text: str) -> roofline.Ceilings:
+    try:
+        copy, gemm = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected two numbers, TB/s and TFLOP/s (e.g. 4.25,789)") from None
+    if not (copy > 0 and gemm > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: both rates must be positive")
+    return roofline.Ceilings(copy * 1e12, gemm * 1e12, "given")
 
 
 def _header(args, argv, cases, ceilings, extra: list[str]) -> str:
@@ -123,6 +140,8 @@ def _header(args, argv, cases, ceilings, extra: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if args.ceilings and not args.report_only:
+        parser().error("--ceilings re-renders a saved run: use it with --report-only")
     args.out.mkdir(parents=True, exist_ok=True)
     meta, candidates_of, longest = longest_tokens_fn(args.model)
     saved_workload = args.out / "workload.jsonl"  # what a run without --workload generated
@@ -135,7 +154,12 @@ def main(argv: list[str] | None = None) -> None:
         workload.write_jsonl(everything, saved_workload)
     if args.report_only:
         name = f"report-from-block{args.from_block}" if args.from_block else "report"
-        print(render_saved(args.out, everything, args.from_block, name))
+        name += "-at-ceilings" if args.ceilings else ""  # the run's own report stays
+        config = prepare.model_config(args.model, shlex.split(args.worker_args)) if args.ceilings else None
+        try:
+            print(render_saved(args.out, everything, args.from_block, name, args.ceilings, config))
+        except ValueError as e:
+            sys.exit(f"--ceilings: {e}")
         return
     cases = [c for c in everything if not args.kinds or c.kind in args.kinds.split(",")]
     cases = stratified(cases, args.per_group) if args.per_group else cases
