@@ -344,8 +344,16 @@ def serve(args: argparse.Namespace) -> None:
     if state_cache is not None:
         state_cache.budget_bytes = state_cache_budget(args.state_cache_bytes, backend)
         metrics.worker_state_cache_bytes.set_function(lambda: state_cache.nbytes)
-    metrics.worker_state_cache_budget_bytes.set(0 if state_cache is None else state_cache.budget_bytes)
-    log.info("state_cache", budget_bytes=0 if state_cache is None else state_cache.budget_bytes)
+        if state_cache.budget_bytes and not state_cache.enabled:
+            log.warning(
+                "state_cache_off",
+                reason="budget below the smallest state",
+                requested_bytes=state_cache.budget_bytes,
+                state_bytes=state_cache.min_entry_bytes,
+            )
+    budget = state_cache.budget_bytes if state_cache is not None and state_cache.enabled else 0
+    metrics.worker_state_cache_budget_bytes.set(budget)
+    log.info("state_cache", budget_bytes=budget)
     server.set_serving(True)
     if args.port_file:
         args.port_file.write_text(str(server.port))

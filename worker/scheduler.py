@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from openjev import logs
-from openjev.worker.cache.prepare import Prepared, prepare
+from openjev.worker.cache.prepare import PassFit, Prepared, prepare
 from openjev.worker.cache.store import StateCache
 from openjev.worker.planner.passes import PendingTree, Picked, fill_pass, kept_after_pass
 from openjev.worker.planner.plan import PackLimits, Plan, Segment
@@ -105,6 +105,8 @@ class _Job:
             return
         self.error = error
         self.states.clear()  # freed now, not when the waiting thread wakes
+        if self.prepared is not None:
+            self.prepared.states.clear()  # the cached states it hung from (copied into states above)
         self.done.set()
 
 
@@ -168,17 +170,20 @@ class Scheduler:
         # `off` is the reference path, every candidate's whole prompt computed (the policy table of
         # docs/prefix-reuse.md): it neither hangs from cached states nor deposits any
         cache = self.cache if self.cache is not None and self.cache.enabled and plan.policy != "off" else None
-        prepared = prepare(plan.segments, cache) if cache is not None else None
+        fit = PassFit(self.limits.max_sequences, self.max_depth)
+        prepared = prepare(plan.segments, cache, fit) if cache is not None else None
         job = self._admit(_Job(plan, is_active, on_start, prepared))
-        if prepared is not None and prepared.hit_tokens and cache is not None:
-            cache.record_hit(prepared.hit_tokens)  # counted once admitted, not when refused
         while not job.done.wait(self._poll_seconds):
             if not is_active():
                 self._cancel(job)
         if job.error is not None:
-            raise job.error
+            error = job.error
+            del job  # the error's traceback holds this frame: no cycle back to the job through it
+            raise error
         assert job.started_at is not None
         hit_tokens = 0 if prepared is None else prepared.hit_tokens
+        if hit_tokens and cache is not None:
+            cache.record_hit(hit_tokens)  # counted once answered, as the call's trailer and log line
         stats = PassStats(job.started_at - job.submitted_at, job.num_passes, job.num_shared_passes, hit_tokens)
         return job.scores, stats  # type: ignore[return-value]  # every score is set once done
 

@@ -297,10 +297,11 @@ def test_a_request_refused_for_a_full_queue_is_no_cache_hit(torch_runner):
 
 def test_a_failure_in_a_pass_fails_that_pass_only(torch_runner, monkeypatch):
     """A fault in a pass (here the runner raises on the context's second piece) fails the
-    requests of that pass; one waiting for the next pass is answered. (One segment a pass: the
-    context runs as pieces cut at the cache's deposit points, a pass each.)"""
+    requests of that pass; one waiting for the next pass is answered. (One segment of at most 64
+    tokens a pass: the context runs as pieces, a pass each.)"""
     gate = threading.Event()
-    engine = _cached_engine(torch_runner, gate, "failing-pass", pack_limits=PackLimits(max_sequences=1))
+    limits = PackLimits(max_sequences=1, max_tokens=64, chunk_tokens=64)
+    engine = _cached_engine(torch_runner, gate, "failing-pass", pack_limits=limits)
     runner = engine.scheduler.runner
     real_run, passes = runner.run_launch, []
 

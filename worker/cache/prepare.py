@@ -13,6 +13,9 @@ Walking the plan's segments parents first, each one:
 
 Every cut is one the runner computes exactly (keys.CutRule), so the pieces compute the same bits
 the plan's own segments would: a hit changes which tokens run, never a result.
+
+A plan that fits one pass (segments, tree levels) still fits it once cut: a deposit cut that
+would need a segment or a level more is left out, those farthest before the end first.
 """
 
 from __future__ import annotations
@@ -49,18 +52,31 @@ class Prepared:
 
 
 @dataclass(frozen=True)
+class PassFit:
+    """One pass's room: most segments and most tree levels (parent, child, ...) it holds."""
+
+    max_sequences: int
+    max_depth: int
+
+
+@dataclass(frozen=True)
 class _Path:
     hasher: Hasher | None  # the tokens up to this segment's end (None: not hashed, a leaf)
     anchors: tuple[int, ...]
     anchor: int
     cached: bool  # its end state came from the cache: its children may look up
     last_piece: int | None
+    depth: int = 0  # pieces that run on the chain up to its last piece (0: that piece is done)
 
 
-def prepare(segments: Sequence[Segment], cache: StateCache) -> Prepared:
+def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None = None) -> Prepared:
     if not cache.enabled:
         return Prepared(tuple(segments))
     rule = cache.rule
+    heights = _heights(segments)
+    # the cap applies where the plan itself fits one pass (a longer one takes several anyway)
+    room = fit if fit and len(segments) <= fit.max_sequences and max(heights, default=0) <= fit.max_depth else None
+    running = 0  # pieces that run, so far
     pieces: list[tuple[int | None, tuple[int, ...], int, tuple[Reader, ...]]] = []  # parent, tokens, start, readers
     done: list[int] = []
     states: dict[int, Any] = {}
@@ -75,7 +91,8 @@ def prepare(segments: Sequence[Segment], cache: StateCache) -> Prepared:
         start, end = seg.start_position, seg.end_position
         if not parent.cached and not seg.keep_state:  # a leaf under computed work: runs as planned
             pieces.append((parent.last_piece, seg.token_ids, start, seg.readers))
-            paths.append(_Path(None, (), 0, False, len(pieces) - 1))
+            paths.append(_Path(None, (), 0, False, len(pieces) - 1, parent.depth + 1))
+            running += 1
             continue
         anchors, anchor = parent.anchors, parent.anchor
         if not rule.neutral(start, anchor):
@@ -93,8 +110,16 @@ def prepare(segments: Sequence[Segment], cache: StateCache) -> Prepared:
         if look and digests:
             hit, entry = _deepest_hit(cache, seg, [*grid, end], key, functools.partial(_prefix, segments, seg.index))
         points: list[int] = []
+        base = parent.depth if hit == start else 0  # the level its first running piece takes
         if digests and (seg.keep_state or seg.parent is None):
             points = [q for q in _deposit_points(cache, seg, grid, hit, anchor, key) if key(q) not in planned]
+            if room is not None:  # each cut is one piece and one level more: keep those that fit
+                later = len(segments) - seg.index - 1  # plan segments still to come, a piece each at most
+                levels = room.max_depth - base - heights[seg.index]
+                cuts = [q for q in points if q < end]  # ascending: the farthest before the end first
+                allowed = max(0, min(levels, room.max_sequences - running - 1 - later))
+                dropped = set(cuts[: max(0, len(cuts) - allowed)])
+                points = [q for q in points if q not in dropped]
             planned.update(key(q) for q in points)
         bounds = sorted({start, end, *(q for q in points if q < end), *([hit] if start < hit < end else [])})
         first = len(pieces)
@@ -113,7 +138,9 @@ def prepare(segments: Sequence[Segment], cache: StateCache) -> Prepared:
             if hi in points:
                 deposits[index] = key(hi)
         hit_tokens += hit - start
-        paths.append(_Path(hasher, anchors, anchor, hit == end, len(pieces) - 1))
+        runs = sum(1 for hi in bounds[1:] if hi > hit)  # its pieces after the hit run
+        running += runs
+        paths.append(_Path(hasher, anchors, anchor, hit == end, len(pieces) - 1, base + runs if hit < end else 0))
     has_child = [False] * len(pieces)
     for up, *_ in pieces:
         if up is not None:
@@ -165,6 +192,15 @@ def _deposit_points(cache: StateCache, seg: Segment, grid: list[int], hit: int, 
     kept = sorted({q for q in points if q > hit and (q == end or q in grid)})
     # an end kept without a score (no reader then) is deposited again when this one reads it
     return [q for q in kept if not cache.contains(key(q)) or (q == end and seg.readers and cache.lacks_score(key(q)))]
+
+
+def _heights(segments: Sequence[Segment]) -> list[int]:
+    """Per segment, the segments on its longest chain down to a leaf, itself included."""
+    heights = [1] * len(segments)
+    for seg in reversed(segments):  # parents first in the plan, so children are done here
+        if seg.parent is not None:
+            heights[seg.parent] = max(heights[seg.parent], heights[seg.index] + 1)
+    return heights
 
 
 def _path(segments: Sequence[Segment], index: int) -> list[Sequence[int]]:

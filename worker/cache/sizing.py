@@ -23,6 +23,15 @@ GPU_FREE_FRACTION = 0.5
 DEPOSITS_PER_SEGMENT = {"torch": 4, "cuda": 2}
 
 
+def min_state_bytes(config) -> int:
+    """Bytes every kept state has at least, whatever its length: the fp32 recurrent state of each
+    GDN layer (Hv x Dk x Dv). A budget below it keeps nothing, so the cache counts as off (it
+    would cut requests for states it could only copy and drop)."""
+    gdn_layers = sum(kind == "linear_attention" for kind in config.layer_types)
+    per_layer = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim
+    return 4 * per_layer * gdn_layers
+
+
 def gpu_default_bytes() -> int:
     import torch
 
@@ -44,4 +53,5 @@ def build_state_cache(
         measure,
         deposits_per_segment=DEPOSITS_PER_SEGMENT.get(runner.backend, 2),
         listener=listener,
+        min_entry_bytes=min_state_bytes(runner.config) if hasattr(runner, "config") else 1,
     )

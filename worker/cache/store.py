@@ -49,6 +49,7 @@ class StateCache:
         *,
         deposits_per_segment: int = 4,
         listener: CacheListener | None = None,
+        min_entry_bytes: int = 1,
     ):
         if budget_bytes < 0:
             raise ValueError("the state cache budget must be >= 0 bytes")
@@ -58,6 +59,7 @@ class StateCache:
         self.fingerprint = fingerprint
         self.rule = rule
         self.deposits_per_segment = deposits_per_segment
+        self.min_entry_bytes = max(1, min_entry_bytes)  # no state is smaller: a smaller budget keeps none
         self._measure = measure
         self._listener = listener
         self._entries: OrderedDict[NodeKey, Entry] = OrderedDict()
@@ -70,7 +72,8 @@ class StateCache:
 
     @property
     def enabled(self) -> bool:
-        return self.budget_bytes > 0
+        """Off below one state's bytes: nothing could be kept, so nothing is cut or copied for it."""
+        return self.budget_bytes >= self.min_entry_bytes
 
     def __len__(self) -> int:
         with self._lock:
