@@ -77,11 +77,17 @@ class _NoUnary(Exception):
     """The worker answered ExecuteUnary UNIMPLEMENTED (a worker from before it): nothing ran."""
 
 
-def _failure(call, code: grpc.StatusCode, details: str | None, *, unrun: bool) -> Exception:
+def _failure(call, code: grpc.StatusCode, details: str | None, *, unrun: bool, client_active: bool) -> Exception:
     """A failed worker call as the servicer reports it: Refused, or _NotAccepted when it failed
-    UNAVAILABLE before the worker accepted it."""
+    UNAVAILABLE before the worker accepted it. A call cancelled while the client is still there
+    was cancelled by the worker (its commit timeout ran out while this frontend was still sending
+    the request): UNAVAILABLE, not a CANCELLED the client would take for its own."""
+    message = f"worker: {details}"
+    if code == grpc.StatusCode.CANCELLED and client_active:
+        code = grpc.StatusCode.UNAVAILABLE
+        message = "worker cancelled the call (the request was not sent within its commit timeout?)"
     code = code if code in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
-    refused = Refused(code, f"worker: {details}", unrun=unrun)
+    refused = Refused(code, message, unrun=unrun)
     if code == grpc.StatusCode.UNAVAILABLE and not _accepted(call):
         return _NotAccepted(refused)
     return refused
@@ -508,7 +514,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 else:
                     summary = message.summary
         except grpc.RpcError as error:
-            raise _failure(call, error.code(), error.details(), unrun=not received) from error
+            raise _failure(
+                call, error.code(), error.details(), unrun=not received, client_active=context.is_active()
+            ) from error
         return results, summary
 
     @staticmethod
@@ -524,7 +532,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             if code == grpc.StatusCode.UNIMPLEMENTED and not _accepted(future):
                 raise _NoUnary() from None
             # whatever failed, no result came: a reply is all or nothing
-            raise _failure(future, code, future.details(), unrun=True) from None
+            raise _failure(future, code, future.details(), unrun=True, client_active=context.is_active()) from None
         results: list[wire.QuestionResult | None] = [None] * num_questions
         for question in response.questions:
             _place(results, question)

@@ -306,3 +306,26 @@ def test_corrupt_export_metadata_is_refused_by_both_servers(demo_model, tmp_path
         assert "open_jev_export.json: not readable JSON" in out.stderr and "Traceback" not in out.stderr, out.stderr[
             -2000:
         ]
+
+
+def test_a_worker_that_cancels_an_uncommitted_stream_is_unavailable_not_cancelled(demo_model, tmp_path):
+    """A worker cancels an Execute stream not committed within --commit-timeout-seconds (here
+    1 ms, shorter than tokenizing 200 candidates): the client, which cancelled nothing, gets
+    UNAVAILABLE saying so (it got CANCELLED, which reads as its own doing), after the retries."""
+    worker = launch.start_worker(demo_model, tmp_path, ["--commit-timeout-seconds", "0.001"])
+    frontend = launch.start_frontend(demo_model, worker.address, tmp_path)
+    many = {
+        "state": "A customer says: I was charged twice.",
+        "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(200)}}},
+    }
+    try:
+        launch.wait_serving(frontend.address)
+        with Client(frontend.address) as client, pytest.raises(grpc.RpcError) as caught:
+            client.decide(many, timeout=60, request_id="uncommitted")
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+        assert "commit timeout" in (caught.value.details() or "")
+        retries = log_events(frontend.log_text(), "worker_retry")
+        assert len(retries) == 2 and all(e["request_id"] == "uncommitted" for e in retries)
+    finally:
+        frontend.stop()
+        worker.stop()
