@@ -71,7 +71,8 @@ def parser() -> argparse.ArgumentParser:
         "--max-concurrent-requests",
         type=positive_int,
         default=128,
-        help="Decide calls served at once; more are refused RESOURCE_EXHAUSTED",
+        help="Decide calls served at once, and as many HTTP route requests (at most 32, its threads) on "
+        "the HTTP port: each port counts its own; more are refused RESOURCE_EXHAUSTED (HTTP 503)",
     )
     p.add_argument(
         "--tokenizer-threads",
@@ -250,6 +251,9 @@ def serve(args: argparse.Namespace) -> None:
     )
 
 
+HTTP_MAX_WORKERS = 32  # the HTTP route's threads (Decide blocks one a request)
+
+
 def start_http(args, servicer: DecisionServicer, link: WorkerLink, tokens: tuple[bytes, ...]):
     """The HTTP/JSON API on its own port beside the gRPC one, with the same bearer tokens and TLS
     files (so it is no way around either); /health is ready exactly when the gRPC health says
@@ -262,6 +266,7 @@ def start_http(args, servicer: DecisionServicer, link: WorkerLink, tokens: tuple
         servicer,
         lambda: link.state.problem,
         max_body_bytes=args.http_max_body_bytes,
+        max_workers=min(HTTP_MAX_WORKERS, args.max_concurrent_requests),
         authorize=None if auth is None else (lambda header: auth.allowed(header)),
     )
     http = HttpServer(

@@ -171,6 +171,10 @@ class HttpApi:
         problem = "the frontend is shutting down" if self.draining else self.ready()
         if problem is None:
             return JSONResponse({"status": "SERVING"})
+        if not self.draining and self._unauthorized(request, {}) is not None:
+            # the worker link's reasons name worker addresses, kept from callers without a token
+            # as /metrics is (the log and --metrics-port have them)
+            problem = "no worker is serving"
         return JSONResponse({"status": "NOT_SERVING", "reason": problem}, status_code=503)
 
     async def metrics(self, request: Request) -> Response:

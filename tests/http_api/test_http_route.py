@@ -577,3 +577,47 @@ def test_bodies_held_at_once_have_a_byte_budget(max_body_bytes):
         assert api._body_bytes == 0
     finally:
         server.wait_stopped()
+
+
+def test_health_names_no_worker_address_to_a_caller_without_a_token(max_body_bytes):
+    """/health stays open (load balancers ask it), but with tokens configured its reason for 503
+    says only that no worker serves; a caller with a token gets the link's own reason."""
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+
+    reason = "no worker at 10.0.0.1:50052 is serving: worker at 10.0.0.1:50052 is unavailable"
+    authorize = lambda h: h == "Bearer s3cret"  # noqa: E731
+    api = HttpApi(_Blocking(), lambda: reason, max_body_bytes=max_body_bytes, authorize=authorize)  # type: ignore[arg-type]
+    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
+    server.start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        anonymous = httpx.get(f"{base}/health", timeout=10)
+        assert anonymous.status_code == 503
+        assert anonymous.json() == {"status": "NOT_SERVING", "reason": "no worker is serving"}
+        holder = httpx.get(f"{base}/health", headers={"authorization": "Bearer s3cret"}, timeout=10)
+        assert holder.status_code == 503 and holder.json()["reason"] == reason
+    finally:
+        server.wait_stopped()
+
+
+def test_max_concurrent_requests_caps_the_http_route_too(demo_model, tmp_path, http_pair_factory):
+    """--max-concurrent-requests 1: with one HTTP request in flight, the next is refused at once
+    (the route had its own 32 threads whatever the flag said)."""
+    started = http_pair_factory(
+        demo_model,
+        tmp_path,
+        worker_args=["--max-launch-sequences", "1", "--state-cache-bytes", "0"],
+        frontend_args=["--max-concurrent-requests", "1"],
+    )
+    try:
+        with httpx.Client(base_url=started.url, timeout=60) as http, futures.ThreadPoolExecutor(1) as pool:
+            long = pool.submit(http.post, ROUTE, json=LONG)
+            time.sleep(1.5)  # accepted and executing (seconds of work, one sequence a launch)
+            refused = http.post(ROUTE, json=SMALL)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"] == "server is at its limit of 1 concurrent requests; retry later"
+            assert long.result().status_code == 200
+            assert http.post(ROUTE, json=SMALL).status_code == 200
+    finally:
+        started.pair.stop()
