@@ -24,6 +24,8 @@ from pathlib import Path
 
 import grpc
 
+from openjev.interceptors import REQUEST_ID_KEY
+
 AUTH_TOKENS_ENV = "OPENJEV_AUTH_TOKENS"
 UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token"
 # Callable without a token: probes and schema discovery.
@@ -130,10 +132,15 @@ class BearerAuth(grpc.ServerInterceptor):
             return handler
 
         def refuse(request, context):
+            # the request id the interceptors gave the call (its own, or one made up), as Decide
+            # returns it: a refused caller can quote it too
+            request_id = dict(context.invocation_metadata() or ()).get(REQUEST_ID_KEY)
+            if request_id:
+                context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
             context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
 
         def refuse_stream(request_iterator, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+            refuse(None, context)
 
         if handler.request_streaming and handler.response_streaming:
             return grpc.stream_stream_rpc_method_handler(refuse_stream)

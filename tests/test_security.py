@@ -161,6 +161,10 @@ def test_tls_and_bearer_token_on_the_public_port(tls_pair, pki):
             _decide(frontend.address, _creds(pki), metadata)
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert caught.value.details() == "missing or invalid bearer token"
+        assert dict(caught.value.trailing_metadata() or ()).get("x-request-id")  # made up: none was sent
+    with pytest.raises(grpc.RpcError) as caught:
+        _decide(frontend.address, _creds(pki), [("x-request-id", "refused-1")])
+    assert dict(caught.value.trailing_metadata() or ()).get("x-request-id") == "refused-1"
     with grpc.insecure_channel(frontend.address) as channel, pytest.raises(grpc.RpcError) as caught:
         decision_pb2_grpc.DecisionServiceStub(channel).Decide(api.DecideRequest(request_json="{}"), timeout=5)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # no plaintext on a TLS port

@@ -51,6 +51,7 @@ from openjev.contract.render import dumps_exact
 from openjev.frontend.http.openapi import openapi_document
 from openjev.frontend.service import DecisionServicer, Refused
 from openjev.interceptors import REQUEST_ID_KEY, RequestInfo, valid_request_id
+from openjev.security import UNAUTHENTICATED_MESSAGE
 from openjev.v1 import decision_pb2 as api
 
 log = logs.get("openjev.frontend")
@@ -188,7 +189,7 @@ class HttpApi:
         """401 where the frontend has tokens and the request carries none of them, else None."""
         if self.authorize is None or self.authorize(request.headers.get("authorization", "")):
             return None
-        return _error(401, "missing or unknown bearer token", {**headers, "www-authenticate": "Bearer"})
+        return _error(401, UNAUTHENTICATED_MESSAGE, {**headers, "www-authenticate": "Bearer"})
 
     async def openapi(self, request: Request) -> Response:
         return Response(self._openapi, media_type="application/json")

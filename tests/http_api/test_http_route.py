@@ -520,7 +520,7 @@ def test_bearer_tokens_when_configured(max_body_bytes):
         for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
             reply = httpx.post(url, content=b"not even json", headers=headers, timeout=10)
             assert reply.status_code == 401 and reply.headers["www-authenticate"] == "Bearer", headers
-            assert reply.json() == {"error": "missing or unknown bearer token"}
+            assert reply.json() == {"error": "missing or invalid bearer token"}  # gRPC's message
         reply = httpx.post(
             url,
             content=b"{}",
