@@ -116,6 +116,20 @@ def _error(status: int, message: str, headers: dict[str, str]) -> Response:
     return Response(_error_body(message), status_code=status, media_type="application/json", headers=headers)
 
 
+def _request_id(request: Request) -> str:
+    """The caller's x-request-id when it is a valid one, else a new one."""
+    given = request.headers.get(REQUEST_ID_KEY, "")
+    return given if valid_request_id(given) else uuid.uuid4().hex
+
+
+async def _not_routed(request: Request, error: Exception) -> Response:
+    """404 and 405 as every other error: a JSON body and the request id."""
+    status = getattr(error, "status_code", 404)
+    headers = {REQUEST_ID_KEY: _request_id(request)} | dict(getattr(error, "headers", None) or {})  # 405's allow
+    message = f"no route {request.url.path}" if status == 404 else f"method {request.method} not allowed here"
+    return _error(status, message, headers)
+
+
 def _is_json(content_type: str | None) -> bool:
     media_type = (content_type or "").split(";", 1)[0].strip().lower()
     return media_type == "application/json"
@@ -162,8 +176,10 @@ class HttpApi:
                 Route("/health", self.health, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
                 Route("/openapi.json", self.openapi, methods=["GET"]),
-            ]
+            ],
+            exception_handlers={404: _not_routed, 405: _not_routed},
         )
+        self.app.router.redirect_slashes = False  # `/v1/systemone/` is no route, not a redirect to one
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
@@ -195,8 +211,7 @@ class HttpApi:
         return Response(self._openapi, media_type="application/json")
 
     async def systemone(self, request: Request) -> Response:
-        given = request.headers.get(REQUEST_ID_KEY, "")
-        request_id = given if valid_request_id(given) else uuid.uuid4().hex
+        request_id = _request_id(request)
         headers = {REQUEST_ID_KEY: request_id}
         if (refused := self._unauthorized(request, headers)) is not None:
             return refused

@@ -621,3 +621,16 @@ def test_max_concurrent_requests_caps_the_http_route_too(demo_model, tmp_path, h
             assert http.post(ROUTE, json=SMALL).status_code == 200
     finally:
         started.pair.stop()
+
+
+def test_no_route_and_wrong_method_are_json_with_the_request_id(http):
+    """404 and 405 answer as every other error: {"error": ...} and the id; a trailing slash is no
+    route (it was a redirect to an absolute http:// URL)."""
+    for method, path, status in (("GET", ROUTE, 405), ("OPTIONS", ROUTE, 405), ("GET", "/nowhere", 404)):
+        reply = http.request(method, path, headers={"x-request-id": "r-404"})
+        assert reply.status_code == status and reply.headers["x-request-id"] == "r-404", (method, path)
+        assert reply.headers["content-type"] == "application/json" and set(reply.json()) == {"error"}
+    assert http.request("GET", ROUTE).headers["allow"] == "POST"
+    slash = http.post(ROUTE + "/", json=SMALL)
+    assert slash.status_code == 404 and slash.json() == {"error": f"no route {ROUTE}/"}
+    assert http.get("/nowhere").headers["x-request-id"]  # made up: none was sent
