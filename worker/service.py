@@ -155,7 +155,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 grpc.StatusCode.CANCELLED, f"execute stream not committed within {self.commit_timeout_seconds} s"
             )
         if collected is None:
-            log.info("execute", status="DISCARDED", reason="stream ended without commit", **fields)
+            # the caller half-closed without a commit (a frontend refusing the request midway), or
+            # went away (its deadline or cancel: the interceptor's outcome says which)
+            reason = "stream ended without commit" if context.is_active() else "client went away before commit"
+            log.info("execute", status="DISCARDED", reason=reason, **fields)
             interceptors.note_outcome("DISCARDED")
             return
         yield from _responses(self._run(collected, context, started, fields))

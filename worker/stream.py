@@ -16,6 +16,9 @@ Checked, in stream order:
   every id inside the tokenizer's range (specials included, padding rows of the embedding
   excluded); the running token total within max_tokens;
 - at commit (for ExecuteUnary: in its one message): every candidate present.
+The commit ends the reading: whatever a caller sends after it is not read, checked or answered
+(the frontend half-closes right after its commit; a caller that keeps sending gets its first
+request's answer alone).
 Token ids are kept as array('I') (4 bytes an id), never as lists of Python ints (28+ bytes each).
 """
 

@@ -107,6 +107,14 @@ def test_uncommitted_execute_is_cancelled_after_the_commit_timeout(demo_model, t
         ) == {} and time.monotonic() < deadline:
             time.sleep(0.1)
         assert outcomes == {"COMMIT_TIMEOUT": 1.0}
+        # a caller whose deadline passes before its commit went away; the log says so
+        with grpc.insecure_channel(worker.address) as channel, pytest.raises(grpc.RpcError) as caught:
+            list(worker_pb2_grpc.WorkerServiceStub(channel).Execute(_blocked(header, release), timeout=0.3))
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        deadline = time.monotonic() + 10
+        while "client went away before commit" not in worker.log_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "client went away before commit" in worker.log_text()
     finally:
         release.set()
         worker.stop()
