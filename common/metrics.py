@@ -147,11 +147,13 @@ graph_cache_misses = Counter(
 
 worker_state_cache_hit_tokens = Counter(
     "openjev_worker_state_cache_hit_tokens",
-    "Tokens whose states came from the state cache (not computed)",
+    "Tokens whose states came from the state cache (not computed), of answered requests",
     registry=worker_registry,
 )
 worker_state_cache_hits = Counter(
-    "openjev_worker_state_cache_hits", "Requests that hung from at least one cached state", registry=worker_registry
+    "openjev_worker_state_cache_hits",
+    "Answered requests that hung from at least one cached state",
+    registry=worker_registry,
 )
 worker_state_cache_inserts = Counter(
     "openjev_worker_state_cache_inserts", "States put into the state cache", registry=worker_registry
