@@ -5,6 +5,7 @@ integer too long for `int()`, kept as a `BigInt`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -67,16 +68,40 @@ def response_to_json(response: api.DecideResponse) -> dict[str, Any]:
     }
 
 
+def sendable_token(token: str) -> bool:
+    """gRPC metadata carries printable ASCII only: any other token would fail every call with
+    INTERNAL "Invalid metadata"."""
+    return bool(token) and all(" " <= c <= "~" for c in token)
+
+
 class Client:
     """One persistent channel to a frontend."""
 
-    def __init__(self, address: str, credentials: grpc.ChannelCredentials | None = None):
-        """credentials: TLS (grpc.ssl_channel_credentials) for a frontend serving TLS; None: plaintext."""
-        options = serving.channel_options()
+    def __init__(
+        self,
+        address: str,
+        credentials: grpc.ChannelCredentials | None = None,
+        *,
+        token: str | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ):
+        """credentials: TLS (grpc.ssl_channel_credentials; with a client certificate for a frontend
+        that requires one) for a frontend serving TLS; None: plaintext. token: a bearer token, sent
+        as `authorization: Bearer <token>` on every call (for a frontend with `--auth-token-file` or
+        `OPENJEV_AUTH_TOKENS`). options: more channel options, e.g.
+        `[("grpc.ssl_target_name_override", "openjev-frontend")]` where the frontend's certificate
+        does not name the address dialled."""
+        self._auth: list[tuple[str, str]] = []
+        if token is not None:
+            token = token.strip()
+            if not sendable_token(token):  # the message names no token: it is a secret
+                raise ValueError("the token is empty or not printable ASCII (gRPC metadata cannot carry it)")
+            self._auth = [("authorization", f"Bearer {token}")]
+        channel_options = [*serving.channel_options(), *options]
         self.channel = (
-            grpc.insecure_channel(address, options=options)
+            grpc.insecure_channel(address, options=channel_options)
             if credentials is None
-            else grpc.secure_channel(address, credentials, options=options)
+            else grpc.secure_channel(address, credentials, options=channel_options)
         )
         self.stub = decision_pb2_grpc.DecisionServiceStub(self.channel)
 
@@ -90,8 +115,8 @@ class Client:
     ) -> dict[str, Any]:
         text = request if isinstance(request, str) else json.dumps(request, ensure_ascii=False)
         message = api.DecideRequest(request_json=text, prefix_policy=abi.policy_to_enum(policy))
-        metadata = [("x-request-id", request_id)] if request_id else None
-        return response_to_json(self.stub.Decide(message, timeout=timeout, metadata=metadata))
+        metadata = [*self._auth, *([("x-request-id", request_id)] if request_id else [])]
+        return response_to_json(self.stub.Decide(message, timeout=timeout, metadata=metadata or None))
 
     def close(self) -> None:
         self.channel.close()

@@ -1,16 +1,27 @@
 """`openjev`: the command-line client.
 
-  openjev decide REQUEST.json [--addr HOST:PORT] [--tls-ca CA.pem] [--policy P]
+  openjev decide REQUEST.json [--addr HOST:PORT] [--tls-ca CA.pem [--tls-cert CERT.pem --tls-key KEY.pem]
+                 [--tls-server-name NAME]] [--token-file FILE] [--policy P] [--timeout SECONDS]
                                                                  print the contract response JSON
   openjev tokenize REQUEST.json --model DIR                      print token ids per question and candidate
   openjev bench --model DIR --out DIR [...]                      the benchmark (openjev.tools.bench.main)
 Errors print the gRPC status and message and exit non-zero.
+
+`decide` sends a bearer token (`authorization: Bearer <token>`, for a frontend with
+`--auth-token-file` or `OPENJEV_AUTH_TOKENS`) read from `--token-file` (its first line that is not
+blank or a `#` comment) or else from the `OPENJEV_TOKEN` variable; never from a flag's value,
+which would show in the process list. `--tls-cert`/`--tls-key` present a client certificate to a
+frontend that requires one (`--tls-client-ca`); `--tls-server-name` names the frontend's
+certificate when it does not name the address dialled (a certificate for a Service's DNS name,
+called by IP).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +29,11 @@ import grpc
 
 from openjev.contract.literals import PREFIX_POLICIES
 from openjev.contract.render import dumps_exact
+
+TOKEN_ENV = "OPENJEV_TOKEN"
+# gRPC turns a deadline past 2**63 ns since the epoch (about 7.4e9 s from now) into one already
+# expired: a larger --timeout would fail at once with DEADLINE_EXCEEDED
+MAX_TIMEOUT_SECONDS = 1e9
 
 
 def _read_file(path: Path, what: str) -> bytes:
@@ -35,13 +51,60 @@ def _read(path: str) -> str:
         raise SystemExit("error: INVALID_ARGUMENT: request body must be valid JSON") from None
 
 
+def _seconds(text: str) -> float:
+    """--timeout: a positive finite number of seconds (inf, nan, 0, negatives and overflows such
+    as 1e309 would each fail at once with a misleading DEADLINE_EXCEEDED)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_SECONDS):
+        raise argparse.ArgumentTypeError(
+            f"must be a positive finite number of seconds up to {MAX_TIMEOUT_SECONDS:.0f}, not {text!r}"
+        )
+    return value
+
+
+def _token(args) -> str | None:
+    """The bearer token: the first token of --token-file (read as the frontend reads its
+    --auth-token-file: blank lines and # comments skipped), else $OPENJEV_TOKEN (empty: unset),
+    else none. No error shows the token."""
+    if args.token_file is None:
+        token = os.environ.get(TOKEN_ENV, "").strip() or None
+        source = f"${TOKEN_ENV}"
+    else:
+        from openjev.security import SecurityError, load_tokens
+
+        source = f"auth token file {args.token_file}"
+        try:
+            token = load_tokens(args.token_file, environ={})[0].decode("utf-8")
+        except SecurityError as error:  # unreadable, empty, or only comments
+            raise SystemExit(f"error: {error}") from None
+        except UnicodeDecodeError:
+            raise SystemExit(f"error: {source} is not UTF-8") from None
+    from openjev.client import sendable_token
+
+    if token is not None and not sendable_token(token):
+        raise SystemExit(f"error: the token of {source} is not printable ASCII (gRPC metadata cannot carry it)")
+    return token
+
+
 def cmd_decide(args) -> int:
     from openjev.client import Client
 
+    if args.tls_ca is None and (args.tls_cert or args.tls_key or args.tls_server_name):
+        args.usage_error("--tls-cert, --tls-key and --tls-server-name need --tls-ca")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        args.usage_error("--tls-cert and --tls-key go together")
     credentials = None
     if args.tls_ca is not None:
-        credentials = grpc.ssl_channel_credentials(root_certificates=_read_file(args.tls_ca, "CA"))
-    with Client(args.addr, credentials) as client:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read_file(args.tls_ca, "CA"),
+            private_key=None if args.tls_key is None else _read_file(args.tls_key, "TLS key"),
+            certificate_chain=None if args.tls_cert is None else _read_file(args.tls_cert, "TLS certificate"),
+        )
+    options = [] if args.tls_server_name is None else [("grpc.ssl_target_name_override", args.tls_server_name)]
+    with Client(args.addr, credentials, token=_token(args), options=options) as client:
         try:
             response = client.decide(_read(args.request), policy=args.policy, timeout=args.timeout)
         except grpc.RpcError as error:
@@ -79,10 +142,35 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("decide", help="send a contract request JSON, print the response JSON")
     d.add_argument("request", help="request JSON file ('-' for stdin)")
     d.add_argument("--addr", default="127.0.0.1:50051", help="frontend address")
-    d.add_argument("--tls-ca", type=Path, default=None, help="TLS, trusting this CA (PEM); default plaintext")
+    d.add_argument(
+        "--tls-ca", type=Path, default=None, metavar="CA.pem", help="TLS, trusting this CA (PEM); default plaintext"
+    )
+    d.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        metavar="CERT.pem",
+        help="client certificate, for a frontend that requires one (mTLS); with --tls-key",
+    )
+    d.add_argument("--tls-key", type=Path, default=None, metavar="KEY.pem", help="PEM private key of --tls-cert")
+    d.add_argument(
+        "--tls-server-name",
+        default=None,
+        metavar="NAME",
+        help="the name the frontend's certificate carries, if not the host of --addr",
+    )
+    d.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"bearer token: the file's first line that is not blank or a # comment (default: ${TOKEN_ENV})",
+    )
     d.add_argument("--policy", choices=PREFIX_POLICIES, default=None, help="prefix policy for this request")
-    d.add_argument("--timeout", type=float, default=60.0, help="deadline in seconds")
-    d.set_defaults(func=cmd_decide)
+    d.add_argument(
+        "--timeout", type=_seconds, default=60.0, metavar="SECONDS", help="deadline (positive, finite; default 60)"
+    )
+    d.set_defaults(func=cmd_decide, usage_error=d.error)
     t = sub.add_parser("tokenize", help="print the token ids of a request's candidate prompts")
     t.add_argument("request", help="request JSON file ('-' for stdin)")
     t.add_argument("--model", required=True, type=Path, help="Open-Jev export directory")
