@@ -11,12 +11,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 pytest.importorskip("cryptography")
 from cryptography import x509  # noqa: E402
@@ -90,20 +88,7 @@ def frontend(pair, demo_model, pki, tmp_path_factory):
     )  # fmt: skip
     try:
         options = [("grpc.ssl_target_name_override", SERVICE_NAME)]
-        deadline = time.monotonic() + 60
-        with grpc.secure_channel(process.address, _credentials(pki), options=options) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                try:
-                    if (
-                        stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                        == health_pb2.HealthCheckResponse.SERVING
-                    ):
-                        break
-                except grpc.RpcError:
-                    pass
-                assert time.monotonic() < deadline, process.log_text()[-2000:]
-                time.sleep(0.1)
+        launch.wait_serving(process.address, 60, credentials=_credentials(pki), options=options)
         yield process
     finally:
         process.stop()

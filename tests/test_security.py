@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -98,20 +97,7 @@ def _creds(pki, client: str | None = None, ca: str = "ca") -> grpc.ChannelCreden
 
 
 def _wait_serving(address: str, credentials, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    with grpc.secure_channel(address, credentials) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            try:
-                if (
-                    stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                    == health_pb2.HealthCheckResponse.SERVING
-                ):
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.1)
-    raise AssertionError(f"{address} not SERVING over TLS")
+    launch.wait_serving(address, timeout, credentials=credentials)
 
 
 @pytest.fixture(scope="module")

@@ -112,9 +112,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_serving(address: str, timeout_seconds: float = 60.0, service: str = "") -> None:
+def wait_serving(address: str, timeout_seconds: float = 60.0, service: str = "", credentials=None, options=()) -> None:
+    """Until the server's health says SERVING (credentials, options: a TLS channel's)."""
     deadline = time.monotonic() + timeout_seconds
-    with grpc.insecure_channel(address) as channel:
+    channel = (
+        grpc.insecure_channel(address, options=options)
+        if credentials is None
+        else grpc.secure_channel(address, credentials, options=options)
+    )
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             try:
