@@ -57,36 +57,58 @@ def fill_pass(
     trees: Sequence[PendingTree], limits: PackLimits, max_depth: int, tokens_per_request: int | None = None
 ) -> list[Picked]:
     """Choose the next pass. max_depth: tree levels the runner can hold in one pass (1: parents
-    must have run before). tokens_per_request: at most this many tokens of one request, so that
-    a long prompt's chunks leave room for the requests behind it (None: the whole budget)."""
-    picked: list[Picked] = []
-    tokens_left = limits.max_tokens
-    for owner, tree in enumerate(trees):
-        if len(picked) == limits.max_sequences or tokens_left == 0:
-            break
-        own_left = limits.max_tokens if tokens_per_request is None else tokens_per_request
-        position: dict[int, int] = {}  # segment index -> its position in the pass
-        depth: dict[int, int] = {}
-        for segment in tree.segments[tree.first_pending :]:
-            i = segment.index
-            if tree.done[i]:
-                continue
-            if len(picked) == limits.max_sequences or min(tokens_left, own_left) == 0:
-                break
-            parent = segment.parent
-            if parent is None or tree.done[parent]:
-                parent_position, level = None, 0
-            elif parent in position and depth[parent] + 1 < max_depth:
-                parent_position, level = position[parent], depth[parent] + 1
-            else:
-                continue  # its parent has not run and does not run in this pass
-            if segment.num_tokens > min(tokens_left, own_left):
-                continue
-            position[i], depth[i] = len(picked), level
-            picked.append(Picked(owner, i, parent_position))
-            tokens_left -= segment.num_tokens
-            own_left -= segment.num_tokens
-    return picked
+    must have run before). tokens_per_request: where several requests wait, each first takes at
+    most this many tokens and half the pass's segments, in arrival order, so that a long prompt's
+    chunks or a request of many candidates leave room for the requests behind it; then, in
+    arrival order again, they fill whatever room is left (None: one round, the whole budget)."""
+    fill = _Fill(trees, limits, max_depth)
+    if tokens_per_request is None:
+        fill.round(limits.max_tokens, limits.max_sequences)
+    else:
+        fill.round(tokens_per_request, max(1, limits.max_sequences // 2))
+        fill.round(limits.max_tokens, limits.max_sequences)
+    return fill.picked
+
+
+class _Fill:
+    """A pass being filled: what it holds, and where each tree's picked segments sit in it."""
+
+    def __init__(self, trees: Sequence[PendingTree], limits: PackLimits, max_depth: int):
+        self.trees, self.limits, self.max_depth = trees, limits, max_depth
+        self.picked: list[Picked] = []
+        self.tokens_left = limits.max_tokens
+        self.position: list[dict[int, int]] = [{} for _ in trees]  # segment -> its position in the pass
+        self.depth: list[dict[int, int]] = [{} for _ in trees]
+
+    def round(self, tokens_each: int, segments_each: int) -> None:
+        """Offer each tree, in order, at most `tokens_each` tokens and `segments_each` segments more."""
+        for owner, tree in enumerate(self.trees):
+            if len(self.picked) == self.limits.max_sequences or self.tokens_left == 0:
+                return
+            position, depth = self.position[owner], self.depth[owner]
+            own_tokens, own_segments = tokens_each, segments_each
+            for segment in tree.segments[tree.first_pending :]:
+                i = segment.index
+                if tree.done[i] or i in position:
+                    continue
+                if len(self.picked) == self.limits.max_sequences or own_segments == 0:
+                    break
+                if min(self.tokens_left, own_tokens) == 0:
+                    break
+                parent = segment.parent
+                if parent is None or tree.done[parent]:
+                    parent_position, level = None, 0
+                elif parent in position and depth[parent] + 1 < self.max_depth:
+                    parent_position, level = position[parent], depth[parent] + 1
+                else:
+                    continue  # its parent has not run and does not run in this pass
+                if segment.num_tokens > min(self.tokens_left, own_tokens):
+                    continue
+                position[i], depth[i] = len(self.picked), level
+                self.picked.append(Picked(owner, i, parent_position))
+                self.tokens_left -= segment.num_tokens
+                own_tokens -= segment.num_tokens
+                own_segments -= 1
 
 
 def kept_after_pass(tree: PendingTree, chosen: set[int]) -> set[int]:

@@ -1,0 +1,48 @@
+"""fill_pass: which waiting segments of several requests one pass takes."""
+
+from __future__ import annotations
+
+from openjev.worker.planner.passes import PendingTree, fill_pass
+from openjev.worker.planner.plan import PackLimits, Reader, Segment
+
+LIMITS = PackLimits(max_sequences=64, max_tokens=4096, chunk_tokens=2048)
+
+
+def _star(root_tokens: int, tails: list[int]) -> PendingTree:
+    """A root segment and its tails (one candidate each)."""
+    segments = [Segment(0, None, tuple(range(root_tokens)), 0, (), True)]
+    for n, tokens in enumerate(tails, start=1):
+        segments.append(Segment(n, 0, tuple(range(tokens)), root_tokens, (Reader(0, n - 1),), False))
+    return PendingTree(segments)
+
+
+def _taken(picked, owner: int) -> list[int]:
+    return [p.segment for p in picked if p.owner == owner]
+
+
+def test_a_request_of_many_candidates_leaves_room_for_the_one_behind_it():
+    """640 tails of 3 tokens use 64 segments and ~250 tokens a pass: a one-segment request
+    waiting behind them rides in the first pass instead of after ten of them."""
+    wide, small = _star(50, [3] * 640), _star(7, [])
+    picked = fill_pass([wide, small], LIMITS, max_depth=8, tokens_per_request=LIMITS.chunk_tokens)
+    assert _taken(picked, 1) == [0]
+    assert len(picked) == LIMITS.max_sequences  # the wide one still fills the rest
+
+
+def test_a_tree_that_fits_beside_the_others_runs_whole():
+    """A 3,700-token tree and a 10-token request fit one pass of 4,096 tokens together: the
+    per-request share (2,048 tokens) is a first round, not a cap that splits the tree in two."""
+    tree, small = _star(1000, [900, 900, 900]), _star(10, [])
+    picked = fill_pass([tree, small], LIMITS, max_depth=8, tokens_per_request=LIMITS.chunk_tokens)
+    assert sorted(_taken(picked, 0)) == [0, 1, 2, 3] and _taken(picked, 1) == [0]
+    positions = {(p.owner, p.segment): i for i, p in enumerate(picked)}
+    assert all(p.parent_in_pass is None or p.parent_in_pass < positions[(p.owner, p.segment)] for p in picked)
+
+
+def test_the_first_round_share_still_holds_back_a_long_prompt():
+    """Chunks of a long prompt: in the first round it takes one chunk (its share), the short
+    request behind it gets in, and the second round adds no chunk that does not fit."""
+    chunks = [Segment(i, i - 1 if i else None, tuple(range(2048)), 2048 * i, (), True) for i in range(8)]
+    long, short = PendingTree(chunks), _star(5, [])
+    picked = fill_pass([long, short], LIMITS, max_depth=8, tokens_per_request=LIMITS.chunk_tokens)
+    assert _taken(picked, 0) == [0] and _taken(picked, 1) == [0]
