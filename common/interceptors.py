@@ -127,12 +127,22 @@ def _outcome(context: grpc.ServicerContext, failed: bool, info: RequestInfo) -> 
     return ended_outcome(code.name, info, context.time_remaining(), context.is_active())
 
 
+# A caller's timer fires before the server's copy of its deadline (by the time its request took to
+# arrive), so a call its deadline ended can look cancelled with a few ms still remaining here.
+DEADLINE_SLACK_SECONDS = 0.1
+
+
+def caller_deadline_passed(remaining: float | None, active: bool) -> bool:
+    """Whether the caller's own deadline ended the call (not a cancel of its own)."""
+    return remaining is not None and (remaining <= 0 or (not active and remaining <= DEADLINE_SLACK_SECONDS))
+
+
 def ended_outcome(status: str, info: RequestInfo, remaining: float | None, active: bool) -> str:
     """The outcome label of a call that did not simply end OK (gRPC and the HTTP route): the
     caller's own deadline or cancel first, unless the server ended the call itself."""
     if info.server_ended and info.outcome:
         return info.outcome
-    if remaining is not None and remaining <= 0:
+    if caller_deadline_passed(remaining, active):
         return CLIENT_DEADLINE
     if not active:
         return CLIENT_CANCELLED

@@ -286,3 +286,43 @@ def test_outcomes_tell_client_deadline_and_cancel_apart_from_server_errors():
     finally:
         server.stop(0)
     assert recorder.outcomes == ["DEADLINE_EXCEEDED", "CLIENT_CANCELLED"]
+
+
+def test_a_caller_deadline_seen_as_a_cancel_is_still_its_deadline():
+    """The caller's timer fires before the server's copy of its deadline: the call ends cancelled
+    with a few ms still remaining on the server, and is the caller's deadline all the same."""
+    info = interceptors.RequestInfo("/m", "r")
+    assert interceptors.ended_outcome("CANCELLED", info, 0.007, active=False) == "DEADLINE_EXCEEDED"
+    assert interceptors.ended_outcome("CANCELLED", info, 5.0, active=False) == "CLIENT_CANCELLED"
+    assert interceptors.ended_outcome("UNAVAILABLE", info, 0.05, active=True) == "UNAVAILABLE"
+    assert interceptors.ended_outcome("CANCELLED", info, None, active=False) == "CLIENT_CANCELLED"
+
+
+def test_client_deadlines_through_the_servers_are_counted_and_logged_as_deadlines(demo_model, tmp_path):
+    """Decide calls whose own 1 s deadline passes while the worker computes: the frontend counts
+    and logs each as DEADLINE_EXCEEDED (4 of 6 were CLIENT_CANCELLED, every log line CANCELLED)."""
+    from openjev.tools.soak import log_events, outcome_counts
+
+    metrics_port = launch.free_port()
+    pair = launch.start_pair(demo_model, tmp_path, frontend_args=["--metrics-port", str(metrics_port)])
+    criteria = {f"c{j}": f"candidate {j}" for j in range(100)}
+    big = {
+        "state": "A long state. " * 50,
+        "questions": {f"q{i}": {"type": "choice", "instructions": f"Pick {i}", "criteria": criteria} for i in range(2)},
+    }
+    try:
+        with Client(pair.frontend.address) as client:
+            for n in range(4):
+                with pytest.raises(grpc.RpcError) as caught:
+                    client.decide(big, policy="off", timeout=1.0, request_id=f"late-{n}")
+                assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        deadline = time.monotonic() + 10
+        while sum(outcome_counts(url, "openjev_frontend_request_seconds_count").values()) < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert outcome_counts(url, "openjev_frontend_request_seconds_count") == {"DEADLINE_EXCEEDED": 4.0}
+        statuses = [e["status"] for e in log_events(pair.frontend.log_text(), "decide")]
+        assert statuses == ["DEADLINE_EXCEEDED"] * 4
+    finally:
+        pair.stop()
