@@ -50,6 +50,8 @@ class WorkerIdentity:
 
 
 CACHE_HIT_TOKENS_KEY = "openjev-state-cache-hit-tokens"
+# How long a stream that ended without a commit waits to learn whether its caller went away
+GONE_WAIT_SECONDS = 0.05
 
 
 def _question_results(result: ExecutionResult):
@@ -156,7 +158,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             )
         if collected is None:
             # the caller half-closed without a commit (a frontend refusing the request midway), or
-            # went away (its deadline or cancel: the interceptor's outcome says which)
+            # went away (its deadline or cancel: the interceptor's outcome says which); a cancel
+            # can end the stream before gRPC marks the call inactive, so wait a moment for that
+            gone_by = time.monotonic() + GONE_WAIT_SECONDS
+            while context.is_active() and time.monotonic() < gone_by:
+                time.sleep(0.005)
             reason = "stream ended without commit" if context.is_active() else "client went away before commit"
             log.info("execute", status="DISCARDED", reason=reason, **fields)
             interceptors.note_outcome("DISCARDED")

@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from openjev.client import Client
 from openjev.tools import launch
-from openjev.tools.soak import outcome_counts
+from openjev.tools.soak import log_events, outcome_counts
 from openjev.v1 import decision_pb2 as api
 from openjev.worker.v1 import worker_pb2 as wire
 from openjev.worker.v1 import worker_pb2_grpc
@@ -111,10 +111,17 @@ def test_uncommitted_execute_is_cancelled_after_the_commit_timeout(demo_model, t
         with grpc.insecure_channel(worker.address) as channel, pytest.raises(grpc.RpcError) as caught:
             list(worker_pb2_grpc.WorkerServiceStub(channel).Execute(_blocked(header, release), timeout=0.3))
         assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # and so is one that cancels (a cancel may end the stream before gRPC marks the call inactive)
+        with grpc.insecure_channel(worker.address) as channel:
+            for _ in range(4):
+                call = worker_pb2_grpc.WorkerServiceStub(channel).Execute(_blocked(header, release), timeout=30)
+                time.sleep(0.2)
+                call.cancel()
         deadline = time.monotonic() + 10
-        while "client went away before commit" not in worker.log_text() and time.monotonic() < deadline:
+        while len(log_events(worker.log_text(), "execute")) < 6 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert "client went away before commit" in worker.log_text()
+        reasons = [e["reason"] for e in log_events(worker.log_text(), "execute")][1:]
+        assert reasons == ["client went away before commit"] * 5, reasons
     finally:
         release.set()
         worker.stop()
