@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import math
+import stat
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 EXPORT_FORMAT = "open-jev-text-merged/1"
 META_FILE = "open_jev_export.json"
@@ -25,6 +27,9 @@ TOKENIZER_FILE = "tokenizer.json"
 MAX_LENGTH_LIMIT = 16384
 # Names every loaded model answers to besides its own id and alias (docs/contract.md).
 GENERIC_MODEL_NAMES = ("open-jev", "jev-latest")
+
+
+T = TypeVar("T")
 
 
 class ExportError(Exception):
@@ -55,13 +60,18 @@ class ExportMeta:
         return frozenset(names)
 
 
+# Larger safetensors headers are refused (the safetensors library's own limit): a stated length
+# of gigabytes would be read into memory whole.
+MAX_SAFETENSORS_HEADER_BYTES = 100_000_000
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ExportError(f"{path.name}: missing from export directory {path.parent}")
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportError(f"{path.name}: not readable JSON ({exc})") from exc
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, 5,000-digit ints
+        raise ExportError(f"{path.name}: not readable JSON ({type(exc).__name__})") from exc
     if not isinstance(value, dict):
         raise ExportError(f"{path.name}: top level must be a JSON object")
     return value
@@ -77,14 +87,28 @@ def _string(meta: dict[str, Any], key: str, *, may_be_empty: bool = False) -> st
 def _finite_number(meta: dict[str, Any], key: str) -> float:
     value = meta.get(key)
     # bool is an int in Python; a JSON true is never a temperature.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite(value):
         raise ExportError(f"{META_FILE}: {key} must be a finite number, got {value!r}")
     return float(value)
 
 
+def finite(value: int | float) -> bool:
+    """A number that is finite as a float (an int past 1.8e308 is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def text_config_of(config: dict[str, Any]) -> Any:
+    """The text model's settings: `text_config` of a nested (`qwen3_5`) config.json, else the
+    top level (a flat `qwen3_5_text` one may carry a stray `text_config`, which is not its own)."""
+    return config.get("text_config", config) if config.get("model_type") == "qwen3_5" else config
+
+
 def hidden_size_of(config: dict[str, Any]) -> int:
     """hidden_size from a nested (`text_config`) or flat Qwen3.5 config.json."""
-    text = config.get("text_config", config)
+    text = text_config_of(config)
     size = text.get("hidden_size") if isinstance(text, dict) else None
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
         raise ExportError(f"{CONFIG_FILE}: hidden_size must be a positive integer, got {size!r}")
@@ -95,6 +119,8 @@ def check_safetensors_file(path: Path) -> list[str]:
     """Parse a safetensors header without torch and check the file holds every tensor's bytes.
     Returns the tensor names. A truncated or garbled file raises ExportError naming it."""
     try:
+        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the read forever
+            raise ExportError(f"{path.name}: not a regular file")
         size_bytes = path.stat().st_size
         with path.open("rb") as f:
             prefix = f.read(8)
@@ -103,11 +129,13 @@ def check_safetensors_file(path: Path) -> list[str]:
             (header_bytes,) = struct.unpack("<Q", prefix)
             if header_bytes > size_bytes - 8:
                 raise ExportError(f"{path.name}: truncated safetensors file (header past end)")
+            if header_bytes > MAX_SAFETENSORS_HEADER_BYTES:
+                raise ExportError(f"{path.name}: safetensors header of {header_bytes} bytes (at most 100 MB)")
             header = json.loads(f.read(header_bytes))
     except OSError as exc:
         raise ExportError(f"{path.name}: not readable ({exc})") from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportError(f"{path.name}: safetensors header is not JSON ({exc})") from exc
+    except (ValueError, RecursionError) as exc:
+        raise ExportError(f"{path.name}: safetensors header is not JSON ({type(exc).__name__})") from exc
     if not isinstance(header, dict):
         raise ExportError(f"{path.name}: safetensors header is not an object")
     data_bytes = size_bytes - 8 - header_bytes
@@ -118,6 +146,8 @@ def check_safetensors_file(path: Path) -> list[str]:
         offsets = info.get("data_offsets") if isinstance(info, dict) else None
         if not (isinstance(offsets, list) and len(offsets) == 2):
             raise ExportError(f"{path.name}: tensor {name} has no data_offsets")
+        if not all(type(o) is int for o in offsets) or not 0 <= offsets[0] <= offsets[1]:
+            raise ExportError(f"{path.name}: tensor {name} has data_offsets {offsets!r} (two integers, start <= end)")
         if offsets[1] > data_bytes:
             raise ExportError(
                 f"{path.name}: truncated safetensors file: tensor {name} ends at byte "
@@ -128,7 +158,7 @@ def check_safetensors_file(path: Path) -> list[str]:
 
 
 def safetensors_files(directory: Path) -> list[Path]:
-    files = sorted(directory.glob("*.safetensors"))
+    files = sorted(directory.glob("*.safetensors"))  # each checked a regular file when read
     if not files:
         raise ExportError(f"*.safetensors: no weight files in export directory {directory}")
     return files
@@ -164,7 +194,7 @@ def load_export_meta(directory: str | Path) -> ExportMeta:
             f"{META_FILE}: head_weight has {len(head_weight)} entries, expected hidden_size={hidden_size}"
         )
     for i, w in enumerate(head_weight):
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not finite(w):
             raise ExportError(f"{META_FILE}: head_weight[{i}] must be a finite number, got {w!r}")
 
     return ExportMeta(
@@ -185,7 +215,12 @@ def load_export_meta(directory: str | Path) -> ExportMeta:
 def load_export_meta_or_exit(directory, program: str) -> ExportMeta:
     """For the servers' start: a malformed export ends the process with the file and the problem,
     not a traceback."""
+    return or_exit(load_export_meta, directory, program=program)
+
+
+def or_exit(load: Callable[..., T], *args, program: str, **kwargs) -> T:
+    """load(*args, **kwargs), or the process ends with one line when it raises ExportError."""
     try:
-        return load_export_meta(directory)
+        return load(*args, **kwargs)
     except ExportError as error:
-        raise SystemExit(f"{program}: {error}") from error
+        raise SystemExit(f"{program}: {error}") from None

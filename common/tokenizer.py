@@ -158,13 +158,23 @@ class PromptTokenizer:
 
     @classmethod
     def from_export(cls, export_dir: str | Path) -> PromptTokenizer:
-        """tokenizer.json and the chat template of an Open-Jev export directory."""
+        """tokenizer.json and the chat template of an Open-Jev export directory (after
+        load_export_meta has checked the manifest). Raises ExportError naming the file."""
+        from openjev.export import ExportError
+
         export_dir = Path(export_dir)
         manifest = json.loads((export_dir / EXPORT_MANIFEST).read_text(encoding="utf-8"))
         missing = [key for key in ("chat_prefix", "chat_suffix") if not isinstance(manifest.get(key), str)]
         if missing:
-            raise ValueError(f"{export_dir / EXPORT_MANIFEST}: missing {', '.join(missing)}")
-        return cls(export_dir / TOKENIZER_FILE, manifest["chat_prefix"], manifest["chat_suffix"])
+            raise ExportError(f"{EXPORT_MANIFEST}: missing {', '.join(missing)}")
+        path = export_dir / TOKENIZER_FILE
+        if not path.is_file():
+            raise ExportError(f"{TOKENIZER_FILE}: missing from export directory {export_dir} (or not a file)")
+        try:
+            return cls(path, manifest["chat_prefix"], manifest["chat_suffix"])
+        except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
+            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            raise ExportError(f"{TOKENIZER_FILE}: not a usable tokenizer ({type(exc).__name__}: {first})") from exc
 
     @property
     def fingerprint(self) -> str:

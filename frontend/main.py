@@ -8,7 +8,7 @@ from pathlib import Path
 from openjev import config, interceptors, logs, metrics, security, serving, tracing
 from openjev.config import positive_float, positive_int
 from openjev.contract.request import MAX_CANDIDATES, MAX_QUESTIONS, MAX_RENDERED_BYTES
-from openjev.export import load_export_meta_or_exit
+from openjev.export import load_export_meta_or_exit, or_exit
 from openjev.frontend import routing
 from openjev.frontend.service import DEFAULT_MAX_REQUEST_TOKENS, DecisionServicer
 from openjev.frontend.worker_link import WorkerLink
@@ -30,7 +30,8 @@ def parser() -> argparse.ArgumentParser:
         "--model",
         required=True,
         type=Path,
-        help="Open-Jev export directory (the frontend reads only its tokenizer and metadata)",
+        help="Open-Jev export directory (the frontend loads its tokenizer and metadata; of the weights it checks "
+        "only the files' headers)",
     )
     p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT (port 0 picks one)")
     p.add_argument(
@@ -166,7 +167,7 @@ def serve(args: argparse.Namespace) -> None:
             hint="set --worker-tls-ca (and a client certificate for mTLS)",
         )
     meta = load_export_meta_or_exit(args.model, "openjev-frontend")
-    tokenizer = PromptTokenizer.from_export(args.model)
+    tokenizer = or_exit(PromptTokenizer.from_export, args.model, program="openjev-frontend")
     servers: list[serving.Server] = []
 
     def on_worker_state(state) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX, chat_wrap
 from openjev.contract.request import parse_request
+from openjev.export import ExportError
 from openjev.tokenizer import (
     PromptTokenizer,
     build_tokenizer_json,
@@ -188,5 +189,5 @@ def test_from_export(tmp_path, tokenizer_json, prompt_tokenizer):
     assert exported.encode(["x"]) == prompt_tokenizer.encode(["x"])
     del manifest["chat_suffix"]
     (tmp_path / "open_jev_export.json").write_text(json.dumps(manifest))
-    with pytest.raises(ValueError, match="chat_suffix"):
+    with pytest.raises(ExportError, match="chat_suffix"):
         PromptTokenizer.from_export(tmp_path)

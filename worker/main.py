@@ -9,7 +9,7 @@ from pathlib import Path
 from openjev import config, interceptors, logs, metrics, security, serving, tracing
 from openjev.config import non_negative_float, non_negative_int, positive_float, positive_int
 from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
-from openjev.export import load_export_meta_or_exit
+from openjev.export import load_export_meta_or_exit, or_exit
 from openjev.limits import CallLimits
 from openjev.tokenizer import PromptTokenizer
 from openjev.worker import backends
@@ -246,8 +246,11 @@ def serve(args: argparse.Namespace) -> None:
     elif args.tls_client_ca is None:  # TLS, but any client may call: the frontend is not checked
         log.warning("no_client_auth", hint="set --tls-client-ca so only the frontends' certificates are accepted")
     meta = load_export_meta_or_exit(args.model, "openjev-worker")
+    # the tokenizer before the weights: a bad tokenizer.json is refused in a second, not after a load
+    tokenizer = or_exit(PromptTokenizer.from_export, args.model, program="openjev-worker")
     backend = backends.resolve_backend(args.backend)
-    runner = backends.build_runner(
+    runner = or_exit(
+        backends.build_runner,
         backend,
         args.model,
         synthetic=args.synthetic,
@@ -262,8 +265,8 @@ def serve(args: argparse.Namespace) -> None:
             "max_pass_tokens": args.max_launch_tokens,
             "max_pass_segments": args.max_launch_sequences,
         },
+        program="openjev-worker",
     )
-    tokenizer = PromptTokenizer.from_export(args.model)
     num_token_ids = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
     if runner.config.vocab_size < num_token_ids:
         raise SystemExit(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from openjev.export import CONFIG_FILE, ExportError
+from openjev.export import CONFIG_FILE, ExportError, finite, text_config_of
 
 LayerKind = Literal["linear_attention", "full_attention"]
 LINEAR_ATTENTION: Final = "linear_attention"
@@ -59,6 +59,9 @@ class ModelConfig:
         return 2 * self.linear_key_dim + self.linear_value_dim
 
 
+MAX_LAYERS = 4096  # far beyond any Qwen3.5 model
+
+
 def _fail(problem: str) -> ExportError:
     return ExportError(f"{CONFIG_FILE}: {problem}")
 
@@ -72,8 +75,8 @@ def _positive_int(text: dict[str, Any], key: str) -> int:
 
 def _positive_float(source: dict[str, Any], key: str) -> float:
     value = source.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise _fail(f"{key} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite(value) or not value > 0:
+        raise _fail(f"{key} must be a positive finite number, got {value!r}")
     return float(value)
 
 
@@ -90,6 +93,8 @@ def _layer_types(text: dict[str, Any], num_layers: int) -> tuple[LayerKind, ...]
     if names is None:
         # transformers' default: every `full_attention_interval`-th layer is full attention.
         interval = text.get("full_attention_interval", 4)
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0:
+            raise _fail(f"full_attention_interval must be a positive integer, got {interval!r}")
         return tuple(FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(num_layers))
     if not isinstance(names, list) or len(names) != num_layers:
         raise _fail(f"layer_types must list num_hidden_layers={num_layers} kinds")
@@ -118,7 +123,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     model_type = raw.get("model_type")
     if model_type not in _MODEL_TYPES:
         raise _fail(f"model_type is {model_type!r}, expected one of {_MODEL_TYPES}")
-    text = raw.get("text_config", raw) if model_type == "qwen3_5" else raw
+    text = text_config_of(raw)
     if not isinstance(text, dict):
         raise _fail("text_config must be an object")
     if text.get("hidden_act", "silu") != "silu":
@@ -126,6 +131,8 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     if text.get("attention_bias", False):
         raise _fail("attention_bias=true is not supported")
     num_layers = _positive_int(text, "num_hidden_layers")
+    if num_layers > MAX_LAYERS:  # a per-layer table of 10^9 entries is built before any weight is read
+        raise _fail(f"num_hidden_layers={num_layers} is more than {MAX_LAYERS}")
     theta, factor = _rope(text)
     config = ModelConfig(
         vocab_size=_positive_int(text, "vocab_size"),
@@ -159,8 +166,8 @@ def load_model_config(directory: str | Path) -> ModelConfig:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise _fail(f"missing from export directory {path.parent}") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _fail(f"not readable JSON ({exc})") from exc
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, 5,000-digit ints
+        raise _fail(f"not readable JSON ({type(exc).__name__})") from exc
     if not isinstance(raw, dict):
         raise _fail("top level must be a JSON object")
     return parse_model_config(raw)

@@ -1,0 +1,128 @@
+"""A malformed or hostile export is refused at start by the real programs with one line naming
+the file, exit non-zero, no traceback, no hang (a review of 2026-12-02 found each case below
+ending in a traceback, a hang or a runaway allocation)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from openjev.tools import launch
+
+WORKER, FRONTEND = launch.WORKER_MODULE, launch.FRONTEND_MODULE
+
+
+def _copy(demo_model: Path, root: Path) -> Path:
+    """The demo export, every file but the weights copied (they are linked: cases that change
+    them replace the link)."""
+    out = root / "export"
+    shutil.copytree(demo_model, out, ignore=shutil.ignore_patterns("model.safetensors", ".*"))
+    (out / "model.safetensors").symlink_to(demo_model / "model.safetensors")
+    return out
+
+
+def _edit_json(name: str, change: Callable[[dict], object]) -> Callable[[Path], None]:
+    def edit(export: Path) -> None:
+        document = json.loads((export / name).read_text())
+        change(document)
+        (export / name).write_text(json.dumps(document))
+
+    return edit
+
+
+def _text(config: dict) -> dict:
+    return config["text_config"]
+
+
+def _offsets_as_strings(export: Path) -> None:
+    data = (export / "model.safetensors").read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + size])
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["data_offsets"] = [str(o) for o in header[name]["data_offsets"]]
+    raw = json.dumps(header).encode()
+    (export / "model.safetensors").unlink()
+    (export / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + size :])
+
+
+def _fifo(export: Path) -> None:
+    (export / "model.safetensors").unlink()
+    os.mkfifo(export / "model.safetensors")
+
+
+CASES = {
+    # name: (how to damage the export, the line expected, the programs that check it)
+    "config field missing": (
+        _edit_json("config.json", lambda c: _text(c).pop("intermediate_size")),
+        "config.json: intermediate_size must be a positive integer",
+        (WORKER,),
+    ),
+    "layer kinds not the weights'": (
+        _edit_json("config.json", lambda c: _text(c)["layer_types"].reverse()),
+        "model.safetensors: missing tensor",
+        (WORKER,),
+    ),
+    "infinite norm epsilon": (
+        _edit_json("config.json", lambda c: _text(c).update(rms_norm_eps=float("inf"))),
+        "config.json: rms_norm_eps must be a positive finite number",
+        (WORKER,),
+    ),
+    "attention interval 0": (
+        _edit_json("config.json", lambda c: [_text(c).pop("layer_types"), _text(c).update(full_attention_interval=0)]),
+        "config.json: full_attention_interval must be a positive integer",
+        (WORKER,),
+    ),
+    "a billion layers": (
+        _edit_json("config.json", lambda c: [_text(c).pop("layer_types"), _text(c).update(num_hidden_layers=10**9)]),
+        "config.json: num_hidden_layers=1000000000 is more than",
+        (WORKER,),
+    ),
+    "temperature past float": (
+        _edit_json("open_jev_export.json", lambda m: m.update(temperature=10**400)),
+        "open_jev_export.json: temperature must be a finite number",
+        (WORKER, FRONTEND),
+    ),
+    "deeply nested config": (
+        lambda e: (e / "config.json").write_text("[" * 100_000 + "]" * 100_000),
+        "config.json: not readable JSON (RecursionError)",
+        (WORKER, FRONTEND),
+    ),
+    "offsets that are strings": (
+        _offsets_as_strings,
+        "has data_offsets ['0',",
+        (WORKER, FRONTEND),
+    ),
+    "weights a FIFO": (_fifo, "model.safetensors: not a regular file", (WORKER, FRONTEND)),
+    "tokenizer truncated": (
+        lambda e: (e / "tokenizer.json").write_text((e / "tokenizer.json").read_text()[:1000]),
+        "tokenizer.json: not a usable tokenizer",
+        (WORKER, FRONTEND),
+    ),
+    "a stale shard beside the weights": (
+        lambda e: shutil.copyfile(e / "model.safetensors", e / "zz-old.safetensors"),
+        "is also in model.safetensors",
+        (WORKER,),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_bad_export_is_refused_in_one_line(demo_model, tmp_path, case):
+    damage, line, programs = CASES[case]
+    export = _copy(demo_model, tmp_path)
+    damage(export)
+    for module in programs:
+        args = ["--model", str(export), "--listen", "127.0.0.1:0", "--plaintext"]
+        if module == FRONTEND:
+            args += ["--worker", "127.0.0.1:1"]
+        out = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0, (module, out.stderr[-2000:])
+        assert line in out.stderr and "Traceback" not in out.stderr, (module, out.stderr[-2000:])
