@@ -9,7 +9,27 @@ import structlog
 
 
 def configure(level: str = "info") -> None:
-    logging.basicConfig(stream=sys.stderr, format="%(message)s", level=level.upper())
+    # Lines of libraries that log through the standard library (uvicorn, asyncio, OpenTelemetry's
+    # exporter, the CUDA runner's warnings) are JSON objects too: event, level, logger, timestamp.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                structlog.processors.JSONRenderer(sort_keys=False),
+            ],
+            foreign_pre_chain=[
+                structlog.contextvars.merge_contextvars,
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.add_logger_name,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(level.upper())
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

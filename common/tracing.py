@@ -49,6 +49,9 @@ def enabled() -> bool:
     return _tracer is not None
 
 
+EXPORT_TIMEOUT_SECONDS = 2.0
+
+
 def configure(service_name: str, otlp_endpoint: str | None, *, exporter: Any = None) -> bool:
     """Turn tracing on for this process when an endpoint (e.g. `http://collector:4317`) or an
     exporter is given; returns whether it is on. A missing `tracing` extra is a clear exit."""
@@ -68,7 +71,10 @@ def configure(service_name: str, otlp_endpoint: str | None, *, exporter: Any = N
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         # An http:// endpoint is plaintext, https:// is TLS (the exporter reads the scheme).
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint)))
+        # a bounded export: an unreachable collector held every SIGTERM exit ~10 s (the default),
+        # which a drain near the grace period cannot spare
+        exporter = OTLPSpanExporter(endpoint=otlp_endpoint, timeout=EXPORT_TIMEOUT_SECONDS)
+        provider.add_span_processor(BatchSpanProcessor(exporter, export_timeout_millis=EXPORT_TIMEOUT_SECONDS * 1e3))
     else:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     _provider = provider

@@ -177,3 +177,43 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+NOUL = {"state": "s", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
+
+
+def test_an_unanswering_collector_delays_no_exit_long(demo_model, tmp_path):
+    """A collector that accepts connections and never answers: the frontend's spans cannot be
+    exported, and its SIGTERM exit waits for that at most ~2 s (the exporter's default 10 s held
+    every exit that long)."""
+    import socket
+    import time
+
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(16)
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.extend(hole.accept()[0] for _ in range(16)), daemon=True).start()
+    http_port = launch.free_port()
+    frontend = launch.start_frontend(
+        demo_model,
+        f"127.0.0.1:{launch.free_port()}",  # no worker: the request is refused, its span still made
+        tmp_path,
+        ["--http-listen", f"127.0.0.1:{http_port}", "--otlp-endpoint", f"http://127.0.0.1:{hole.getsockname()[1]}"],
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                reply = httpx.post(f"http://127.0.0.1:{http_port}/v1/systemone", json=NOUL, timeout=10)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert reply.status_code == 503  # no worker
+        started = time.monotonic()
+        assert frontend.stop(timeout_seconds=30) == 0
+        assert time.monotonic() - started < 6
+    finally:
+        frontend.stop()
+        hole.close()

@@ -326,3 +326,32 @@ def test_client_deadlines_through_the_servers_are_counted_and_logged_as_deadline
         assert statuses == ["DEADLINE_EXCEEDED"] * 4
     finally:
         pair.stop()
+
+
+def test_library_log_lines_are_json_too(demo_model, tmp_path):
+    """Records of libraries that log through the standard library (uvicorn here, on junk sent to
+    the HTTP port) are JSON objects with event, level and logger like ours (they were plain text)."""
+    http_port = launch.free_port()
+    frontend = launch.start_frontend(
+        demo_model, f"127.0.0.1:{launch.free_port()}", tmp_path, ["--http-listen", f"127.0.0.1:{http_port}"]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                junk = socket.create_connection(("127.0.0.1", http_port), timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        junk.sendall(b"\x00junk\r\n\r\n")
+        junk.recv(100)
+        junk.close()
+        deadline = time.monotonic() + 10
+        while "Invalid HTTP request" not in frontend.log_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        frontend.stop()
+    records = [json.loads(line) for line in frontend.log_text().splitlines() if line.strip()]
+    library = [r for r in records if "Invalid HTTP request" in r.get("event", "")]
+    assert library and library[0]["level"] == "warning" and library[0]["logger"].startswith("uvicorn")
