@@ -9,8 +9,13 @@ before the kinds were known); `outcome` is the gRPC status code name.
 
 from __future__ import annotations
 
+import socket
+import sys
+import threading
 from collections.abc import Sequence
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     CollectorRegistry,
@@ -20,7 +25,7 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
-    start_http_server,
+    make_wsgi_app,
 )
 
 from openjev.interceptors import Observer, RequestInfo
@@ -250,6 +255,49 @@ def listen_host(listen: str) -> str:
     return host.strip("[]") or "0.0.0.0"
 
 
+# The metrics port: a thread a connection (prometheus_client's server), so each is bounded in
+# time and in number: 1,000 idle connections held 1,000 threads for as long as they stayed open.
+METRICS_IDLE_SECONDS = 10
+MAX_METRICS_CONNECTIONS = 64
+
+
+class _MetricsHandler(WSGIRequestHandler):
+    timeout = METRICS_IDLE_SECONDS  # the socket's: a silent client is dropped after it
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+        pass  # scrapes are not worth a log line each (prometheus_client's handler is quiet too)
+
+
+class _MetricsServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    request_queue_size = 64  # the listen backlog (socketserver's default is 5)
+
+    def __init__(self, address, handler) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._slots = threading.BoundedSemaphore(MAX_METRICS_CONNECTIONS)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):  # over the cap: closed at once
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):  # a timeout or a reset: the client's doing
+            super().handle_error(request, client_address)
+
+
 def serve(registry: CollectorRegistry, listen: str, port: int, program: str):
     """Serve `registry` at http://HOST:port/metrics (HOST from `listen`); None when port is 0. A
     port it cannot listen on ends the program with one line, as the gRPC port does."""
@@ -257,7 +305,10 @@ def serve(registry: CollectorRegistry, listen: str, port: int, program: str):
         return None
     host = listen_host(listen)
     try:
-        server, _thread = start_http_server(port, addr=host, registry=registry)
+        server = make_server(
+            host, port, make_wsgi_app(registry), server_class=_MetricsServer, handler_class=_MetricsHandler
+        )
     except OSError as error:
         raise SystemExit(f"{program}: cannot listen on {host}:{port} for metrics: {error.strerror or error}") from None
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

@@ -122,3 +122,37 @@ def test_frontend_sees_worker_go_down(served):
         assert time.monotonic() < deadline, "worker_up stayed 1 after the worker stopped"
         time.sleep(0.2)
     assert value(scrape(served["frontend_url"]), "openjev_frontend_workers_serving") == 0
+
+
+def test_idle_connections_to_the_metrics_port_hold_bounded_threads(monkeypatch, capfd):
+    """Connections that never send a request: at most MAX_METRICS_CONNECTIONS get a thread, each
+    for the handler's timeout (here 4 and 2 s); a scrape answers once they are dropped (1,000 such
+    connections held 1,000 threads of a worker for as long as they stayed open)."""
+    import socket
+    import threading
+    import time
+
+    from prometheus_client import CollectorRegistry, Counter
+
+    from openjev import metrics
+
+    monkeypatch.setattr(metrics, "MAX_METRICS_CONNECTIONS", 4)
+    monkeypatch.setattr(metrics._MetricsHandler, "timeout", 2)
+    registry = CollectorRegistry()
+    Counter("t_scrapes", "a series to find", registry=registry).inc()
+    port = launch.free_port()
+    before = threading.active_count()
+    server = metrics.serve(registry, "127.0.0.1:0", port, "test")
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    try:
+        time.sleep(1.0)
+        assert threading.active_count() - before <= 1 + 4  # the server's own thread and 4 handlers
+        time.sleep(1.5)  # the handlers' sockets time out
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            assert "t_scrapes_total 1.0" in reply.read().decode()
+        assert "Traceback" not in capfd.readouterr().err  # a timed-out client is no error to print
+    finally:
+        for sock in idle:
+            sock.close()
+        server.shutdown()
+        server.server_close()
