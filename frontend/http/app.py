@@ -214,7 +214,7 @@ class HttpApi:
         request_id = _request_id(request)
         headers = {REQUEST_ID_KEY: request_id}
         if (refused := self._unauthorized(request, headers)) is not None:
-            return refused
+            return self._counted(refused, request_id, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
         if not _is_json(request.headers.get("content-type")):
             return _error(415, "content type must be application/json", headers)
         declared = request.headers.get("content-length", "")
@@ -235,7 +235,8 @@ class HttpApi:
         reserved = int(declared) if declared.isdigit() else self.max_body_bytes
         if self._body_bytes + reserved > self.body_budget:
             busy = f"server is receiving its limit of {self.body_budget} bytes of request bodies; retry later"
-            return _error(503, busy, {**headers, "retry-after": RETRY_AFTER_SECONDS})
+            refused = _error(503, busy, {**headers, "retry-after": RETRY_AFTER_SECONDS})
+            return self._counted(refused, request_id, grpc.StatusCode.RESOURCE_EXHAUSTED, busy)
         self._body_bytes += reserved
         try:
             return await self._receive_and_decide(request, request_id, headers, deadline)
@@ -252,7 +253,8 @@ class HttpApi:
             body = await asyncio.wait_for(self._read_body(request), limit)
         except TimeoutError:
             if limit < BODY_SECONDS:  # the caller's own deadline ended the wait
-                return _error(504, f"the {_TIMEOUT_HEADER} deadline passed before the body arrived", headers)
+                late = f"the {_TIMEOUT_HEADER} deadline passed before the body arrived"
+                return self._counted(_error(504, late, headers), request_id, grpc.StatusCode.DEADLINE_EXCEEDED, late)
             return _error(408, f"request body not received within {limit:g} s", headers)
         except ClientDisconnect:  # gone before the body arrived: nothing to answer, nothing ran
             return Response(status_code=400)
@@ -260,11 +262,28 @@ class HttpApi:
             return _error(413, self._too_large, headers)
         if not self._slots.acquire(blocking=False):
             busy = f"server is at its limit of {self.max_concurrent} concurrent requests; retry later"
-            return _error(503, busy, {**headers, "retry-after": RETRY_AFTER_SECONDS})
+            refused = _error(503, busy, {**headers, "retry-after": RETRY_AFTER_SECONDS})
+            return self._counted(refused, request_id, grpc.StatusCode.RESOURCE_EXHAUSTED, busy)
         try:
             return await self._systemone(request, request_id, headers, body, deadline)
         finally:
             self._slots.release()
+
+    def _counted(self, response: Response, request_id: str, code: grpc.StatusCode, message: str) -> Response:
+        """A refusal before the decide path, counted and logged as the decide path's are (the
+        capacity ones are what the RESOURCE_EXHAUSTED series is watched for)."""
+        info = RequestInfo(ROUTE, request_id)
+        self._observer.on_start(info)
+        self._observer.on_end(info, code.name, 0.0)
+        log.info(
+            "decide",
+            status=code.name,
+            http_status=response.status_code,
+            reason=message,
+            request_id=request_id,
+            transport="http",
+        )
+        return response
 
     async def _read_body(self, request: Request) -> bytes | None:
         """The whole body, or None once it passes max_body_bytes."""

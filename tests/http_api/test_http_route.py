@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import grpc
 import httpx
 import pytest
+import structlog
 
 from openjev.client import Client
 from openjev.tools import soak
@@ -634,3 +635,44 @@ def test_no_route_and_wrong_method_are_json_with_the_request_id(http):
     slash = http.post(ROUTE + "/", json=SMALL)
     assert slash.status_code == 404 and slash.json() == {"error": f"no route {ROUTE}/"}
     assert http.get("/nowhere").headers["x-request-id"]  # made up: none was sent
+
+
+def _count(outcome: str) -> float:
+    from openjev import metrics
+
+    value = metrics.frontend_registry.get_sample_value(
+        "openjev_frontend_request_seconds_count", {"kind": "unknown", "outcome": outcome}
+    )
+    return value or 0.0
+
+
+def test_refusals_before_the_decide_path_are_counted_and_logged(max_body_bytes):
+    """401 and the all-threads-busy 503 are counted in the request series (the capacity signal
+    RESOURCE_EXHAUSTED is watched for) and logged as decide lines, as the other refusals are."""
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+
+    slow = _Blocking()
+    authorize = lambda h: h == "Bearer s3cret"  # noqa: E731
+    api = HttpApi(slow, lambda: None, max_body_bytes=max_body_bytes, max_workers=1, authorize=authorize)  # type: ignore[arg-type]
+    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
+    server.start()
+    url = f"http://127.0.0.1:{server.port}{ROUTE}"
+    before = {o: _count(o) for o in ("UNAUTHENTICATED", "RESOURCE_EXHAUSTED")}
+    token = {"authorization": "Bearer s3cret"}
+    try:
+        with structlog.testing.capture_logs() as lines:
+            assert httpx.post(url, json=SMALL, timeout=10).status_code == 401
+            with futures.ThreadPoolExecutor(1) as pool:
+                first = pool.submit(httpx.post, url, json=SMALL, headers=token, timeout=30)
+                assert slow.entered.wait(10)
+                assert httpx.post(url, json=SMALL, headers=token, timeout=10).status_code == 503
+                slow.release.set()
+                first.result()
+    finally:
+        slow.release.set()
+        server.wait_stopped()
+    assert _count("UNAUTHENTICATED") == before["UNAUTHENTICATED"] + 1
+    assert _count("RESOURCE_EXHAUSTED") == before["RESOURCE_EXHAUSTED"] + 1
+    decided = {(x["status"], x["http_status"]) for x in lines if x["event"] == "decide"}
+    assert decided >= {("UNAUTHENTICATED", 401), ("RESOURCE_EXHAUSTED", 503)}
