@@ -161,6 +161,9 @@ class _ClientGone:
     def add_callback(self, callback) -> bool:
         return False
 
+    def is_active(self) -> bool:
+        return False
+
 
 @pytest.mark.parametrize("method", ["ExecuteUnary", "Execute"])
 def test_a_client_gone_before_the_worker_call_is_not_run_for_nobody(busy_pair, method):
