@@ -158,7 +158,7 @@ def check_safetensors_file(path: Path) -> list[str]:
 
 
 def safetensors_files(directory: Path) -> list[Path]:
-    files = sorted(directory.glob("*.safetensors"))  # each checked a regular file when read
+    files = sorted(directory.glob("*.safetensors"))  # check_safetensors_file refuses any not a regular file
     if not files:
         raise ExportError(f"*.safetensors: no weight files in export directory {directory}")
     return files

