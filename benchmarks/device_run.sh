@@ -221,17 +221,13 @@ for step in "$@"; do
     # scaled from bench-quick's 27 s per traversal of 21 cases). First the seed-7 split
     # (4 per kind x group) before any other traffic, then off/auto/shared and the floor at concurrency 1,
     # then the seed-7 requests replayed twice; start-up to SERVING and peak memory from the worker.
-    # HOLD_CSTATES=1: /dev/cpu_dma_latency held at 0 (no deep C-states, host-wide) while the step runs
-    bench-c1) [ "${HOLD_CSTATES:-0}" = 1 ] && { python3 -c "import os, time; fd = os.open('/dev/cpu_dma_latency', os.O_WRONLY); \
-                 os.write(fd, bytes(4)); print('C-states held at 0', flush=True); time.sleep(600)" & holder=$!; sleep 1; }
-              timeout 420 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-c1 \
+    bench-c1) timeout 420 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-c1 \
              --worker-args "--synthetic 27b" --arms off,auto,shared --kinds choice,noul,score --per-group 3 --blocks 2 \
              --first-seen-seed 7 --first-seen-per-group 3 --first-seen-replays 2 --sweep "" --timeout 120 \
              2>$OUT/bench-c1.log | head -40; tail -3 $OUT/bench-c1.log
              # cut short: render what results.json kept (no peak memory then)
              [ -f $OUT/bench-c1/report.md ] || python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
-               --out $OUT/bench-c1 --report-only >/dev/null 2>>$OUT/bench-c1.log
-             if [ -n "${holder:-}" ]; then kill $holder; fi ;;
+               --out $OUT/bench-c1 --report-only >/dev/null 2>>$OUT/bench-c1.log ;;
     # Issue 13, part 2 (expected ~6-7 min: start-up ~2.5 min, then 2 sets x 4 levels x ~17 s, then the mixed
     # run 2 x ~32 s): the auto arm's closed-loop sweep at 1/4/16/32 clients on the whole split and on its
     # <= 512-token requests (throughput, p50, p95, matmul rate against the measured bf16 ceiling), then
@@ -275,10 +271,10 @@ for step in "$@"; do
     pdl) timeout 120 python3 benchmarks/pdl_probe.py --out $OUT/pdl.json 2>&1 | tee $OUT/pdl.txt | tail -12 ;;
     # the start-up choice of product paths, made 3 times: which row counts flip, and what a flip costs
     lt-choice) timeout 240 python3 benchmarks/lt_choice_probe.py 2>&1 | tee $OUT/lt-choice.txt | grep -v "^  warn" | tail -40 ;;
-    # a bare Python gRPC round trip on this host, plain and under other thread placements; ~30 s
     # the idle-gap part of grpc-floor alone (~1 min)
     grpc-idle) timeout 150 python3 benchmarks/grpc_floor.py --repeats 150 --gap-ms 25 --label "after idle" \
                  2>>$OUT/grpc-floor.log | tee $OUT/grpc-idle.txt ;;
+    # a bare Python gRPC round trip on this host, plain and under other thread placements; ~30 s
     grpc-floor) for cond in "" "taskset -c 0" "taskset -c 0-1" "taskset -c 0-3" "env GRPC_POLL_STRATEGY=poll"; do
                   timeout 60 $cond python3 benchmarks/grpc_floor.py --repeats 300 --label "${cond:-default}" 2>>$OUT/grpc-floor.log
                 done | tee $OUT/grpc-floor.txt
