@@ -9,6 +9,7 @@ before the kinds were known); `outcome` is the gRPC status code name.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 import threading
@@ -263,6 +264,22 @@ MAX_METRICS_CONNECTIONS = 64
 
 class _MetricsHandler(WSGIRequestHandler):
     timeout = METRICS_IDLE_SECONDS  # the socket's: a silent client is dropped after it
+
+    def setup(self) -> None:
+        super().setup()
+        # and a whole connection gets as long: a byte every few seconds would pass the socket's
+        # timeout forever (a scrape takes milliseconds)
+        self._limit = threading.Timer(self.timeout or METRICS_IDLE_SECONDS, self._cut)
+        self._limit.daemon = True
+        self._limit.start()
+
+    def _cut(self) -> None:
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def finish(self) -> None:
+        self._limit.cancel()
+        super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
         pass  # scrapes are not worth a log line each (prometheus_client's handler is quiet too)

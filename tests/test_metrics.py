@@ -146,7 +146,7 @@ def test_idle_connections_to_the_metrics_port_hold_bounded_threads(monkeypatch, 
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
     try:
         time.sleep(1.0)
-        assert threading.active_count() - before <= 1 + 4  # the server's own thread and 4 handlers
+        assert threading.active_count() - before <= 1 + 2 * 4  # the server's thread, 4 handlers and their timers
         time.sleep(1.5)  # the handlers' sockets time out
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
             assert "t_scrapes_total 1.0" in reply.read().decode()
@@ -154,5 +154,32 @@ def test_idle_connections_to_the_metrics_port_hold_bounded_threads(monkeypatch, 
     finally:
         for sock in idle:
             sock.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_client_trickling_its_request_is_cut_at_the_connection_limit(monkeypatch):
+    """A byte every 0.3 s passes a 1 s socket timeout forever; the connection's own limit (1 s
+    here) ends it all the same, so 64 such clients cannot hold the port."""
+    import socket
+    import time
+
+    from prometheus_client import CollectorRegistry
+
+    from openjev import metrics
+
+    monkeypatch.setattr(metrics._MetricsHandler, "timeout", 1)
+    port = launch.free_port()
+    server = metrics.serve(CollectorRegistry(), "127.0.0.1:0", port, "test")
+    trickle = socket.create_connection(("127.0.0.1", port))
+    started = time.monotonic()
+    try:
+        with pytest.raises(OSError):  # the server shut the connection: a write fails in the end
+            for byte in b"GET /metrics HTTP/1.1\r\n" * 10:
+                trickle.sendall(bytes([byte]))
+                time.sleep(0.3)
+                assert time.monotonic() - started < 5, "the trickle was never cut"
+    finally:
+        trickle.close()
         server.shutdown()
         server.server_close()
