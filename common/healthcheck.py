@@ -19,6 +19,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from openjev import security
+
 ENV_PREFIX = "OPENJEV_HEALTHCHECK_"
 TLS_FLAGS = ("tls_ca", "tls_cert", "tls_key", "tls_server_name")
 
@@ -51,10 +53,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("address", help="HOST:PORT of a frontend or worker")
     p.add_argument("--service", default="", help="service name to check ('' = the whole server)")
     p.add_argument("--timeout", type=float, default=2.0, help="seconds")
-    p.add_argument("--tls-ca", type=Path, help="check over TLS, trusting this CA (PEM)")
-    p.add_argument("--tls-cert", type=Path, help="client certificate, for a server that requires one (mTLS)")
-    p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
-    p.add_argument("--tls-server-name", help="the name the server's certificate carries, if not the address")
+    security.add_client_tls_arguments(p, "server")
     return p
 
 
@@ -65,17 +64,15 @@ def main(argv: list[str] | None = None) -> int:
         if value:
             p.set_defaults(**{dest: value if dest == "tls_server_name" else Path(value)})
     args = p.parse_args(argv)
-    if args.tls_ca is None and (args.tls_cert or args.tls_key or args.tls_server_name):
-        p.error("--tls-cert, --tls-key and --tls-server-name need --tls-ca")
-    if (args.tls_cert is None) != (args.tls_key is None):
-        p.error("--tls-cert and --tls-key go together")
-    credentials = None
-    if args.tls_ca is not None:
+
+    def read(path: Path, _what: str) -> bytes:
         try:
-            ca, key, cert = (None if f is None else f.read_bytes() for f in (args.tls_ca, args.tls_key, args.tls_cert))
+            return path.read_bytes()
         except OSError as error:
             p.error(f"cannot read {error.filename}: {error.strerror}")
-        credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+            raise  # p.error exits
+
+    credentials, _ = security.client_tls(args, p.error, read)  # check() sets the server name itself
     status = check(args.address, args.service, args.timeout, credentials, args.tls_server_name)
     print(status)
     return 0 if status == "SERVING" else 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hmac
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import grpc
@@ -74,6 +74,37 @@ def channel_credentials(ca: Path | None, cert: Path | None, key: Path | None) ->
         private_key=_read(key, "client key"),
         certificate_chain=_read(cert, "client certificate"),
     )
+
+
+def add_client_tls_arguments(p, server: str) -> None:
+    """A client tool's TLS flags (`server`: what it calls, for the help): --tls-ca, --tls-cert,
+    --tls-key, --tls-server-name; client_tls reads them."""
+    p.add_argument("--tls-ca", type=Path, metavar="CA.pem", help="TLS, trusting this CA (PEM); default plaintext")
+    p.add_argument(
+        "--tls-cert", type=Path, metavar="CERT.pem", help=f"client certificate, for a {server} that requires one (mTLS)"
+    )
+    p.add_argument("--tls-key", type=Path, metavar="KEY.pem", help="PEM private key of --tls-cert")
+    name_help = f"the name the {server}'s certificate carries, if not the address"
+    p.add_argument("--tls-server-name", metavar="NAME", help=name_help)
+
+
+def client_tls(args, usage_error: Callable[[str], object], read: Callable[[Path, str], bytes]):
+    """(credentials or None for plaintext, channel options) from add_client_tls_arguments' flags.
+    usage_error: refuses a combination of flags; read(path, what): a file's bytes, or the tool's
+    own way of failing."""
+    if args.tls_ca is None and (args.tls_cert or args.tls_key or args.tls_server_name):
+        usage_error("--tls-cert, --tls-key and --tls-server-name need --tls-ca")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        usage_error("--tls-cert and --tls-key go together")
+    if args.tls_ca is None:
+        return None, []
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=read(args.tls_ca, "CA"),
+        private_key=None if args.tls_key is None else read(args.tls_key, "TLS key"),
+        certificate_chain=None if args.tls_cert is None else read(args.tls_cert, "TLS certificate"),
+    )
+    options = [] if args.tls_server_name is None else [("grpc.ssl_target_name_override", args.tls_server_name)]
+    return credentials, options
 
 
 def require_tls(credentials: object | None, *, plaintext: bool, link: str, flags: str) -> None:

@@ -252,14 +252,11 @@ def serve(args: argparse.Namespace) -> None:
     )
 
 
-HTTP_MAX_WORKERS = 32  # the HTTP route's threads (Decide blocks one a request)
-
-
 def start_http(args, servicer: DecisionServicer, link: WorkerLink, tokens: tuple[bytes, ...]):
     """The HTTP/JSON API on its own port beside the gRPC one, with the same bearer tokens and TLS
     files (so it is no way around either); /health is ready exactly when the gRPC health says
     SERVING."""
-    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.app import MAX_WORKERS, HttpApi
     from openjev.frontend.http.server import HttpServer
 
     auth = security.BearerAuth(tokens) if tokens else None
@@ -267,7 +264,7 @@ def start_http(args, servicer: DecisionServicer, link: WorkerLink, tokens: tuple
         servicer,
         lambda: link.state.problem,
         max_body_bytes=args.http_max_body_bytes,
-        max_workers=min(HTTP_MAX_WORKERS, args.max_concurrent_requests),
+        max_workers=min(MAX_WORKERS, args.max_concurrent_requests),
         authorize=None if auth is None else (lambda header: auth.allowed(header)),
     )
     http = HttpServer(

@@ -96,10 +96,6 @@ def _creds(pki, client: str | None = None, ca: str = "ca") -> grpc.ChannelCreden
     )
 
 
-def _wait_serving(address: str, credentials, timeout: float = 60.0) -> None:
-    launch.wait_serving(address, timeout, credentials=credentials)
-
-
 @pytest.fixture(scope="module")
 def tls_pair(demo_model, pki, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("tls")
@@ -112,7 +108,7 @@ def tls_pair(demo_model, pki, tmp_path_factory):
     )
     frontend = None
     try:
-        _wait_serving(worker.address, _creds(pki, "ca-client"))
+        launch.wait_serving(worker.address, credentials=_creds(pki, "ca-client"))
         frontend = launch.start(
             "frontend",
             launch.FRONTEND_MODULE,
@@ -124,7 +120,7 @@ def tls_pair(demo_model, pki, tmp_path_factory):
             ],
             workdir=workdir,
         )  # fmt: skip
-        _wait_serving(frontend.address, _creds(pki))
+        launch.wait_serving(frontend.address, credentials=_creds(pki))
         yield worker, frontend
     finally:
         if frontend is not None:

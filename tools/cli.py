@@ -27,6 +27,7 @@ from pathlib import Path
 
 import grpc
 
+from openjev import security
 from openjev.contract.literals import PREFIX_POLICIES
 from openjev.contract.render import dumps_exact
 
@@ -92,18 +93,7 @@ def _token(args) -> str | None:
 def cmd_decide(args) -> int:
     from openjev.client import Client
 
-    if args.tls_ca is None and (args.tls_cert or args.tls_key or args.tls_server_name):
-        args.usage_error("--tls-cert, --tls-key and --tls-server-name need --tls-ca")
-    if (args.tls_cert is None) != (args.tls_key is None):
-        args.usage_error("--tls-cert and --tls-key go together")
-    credentials = None
-    if args.tls_ca is not None:
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=_read_file(args.tls_ca, "CA"),
-            private_key=None if args.tls_key is None else _read_file(args.tls_key, "TLS key"),
-            certificate_chain=None if args.tls_cert is None else _read_file(args.tls_cert, "TLS certificate"),
-        )
-    options = [] if args.tls_server_name is None else [("grpc.ssl_target_name_override", args.tls_server_name)]
+    credentials, options = security.client_tls(args, args.usage_error, _read_file)
     with Client(args.addr, credentials, token=_token(args), options=options) as client:
         try:
             response = client.decide(_read(args.request), policy=args.policy, timeout=args.timeout)
@@ -142,23 +132,7 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("decide", help="send a contract request JSON, print the response JSON")
     d.add_argument("request", help="request JSON file ('-' for stdin)")
     d.add_argument("--addr", default="127.0.0.1:50051", help="frontend address")
-    d.add_argument(
-        "--tls-ca", type=Path, default=None, metavar="CA.pem", help="TLS, trusting this CA (PEM); default plaintext"
-    )
-    d.add_argument(
-        "--tls-cert",
-        type=Path,
-        default=None,
-        metavar="CERT.pem",
-        help="client certificate, for a frontend that requires one (mTLS); with --tls-key",
-    )
-    d.add_argument("--tls-key", type=Path, default=None, metavar="KEY.pem", help="PEM private key of --tls-cert")
-    d.add_argument(
-        "--tls-server-name",
-        default=None,
-        metavar="NAME",
-        help="the name the frontend's certificate carries, if not the host of --addr",
-    )
+    security.add_client_tls_arguments(d, "frontend")
     d.add_argument(
         "--token-file",
         type=Path,

@@ -108,6 +108,9 @@ class HttpCallContext:
             callback()
 
 
+MAX_WORKERS = 32  # the route's threads (Decide blocks one a request), and so its requests at once
+
+
 def _error_body(message: str) -> bytes:
     return json.dumps({"error": message}, ensure_ascii=False).encode()
 
@@ -145,7 +148,7 @@ class HttpApi:
         ready: Callable[[], str | None],
         *,
         max_body_bytes: int,
-        max_workers: int = 32,
+        max_workers: int = MAX_WORKERS,
         authorize: Callable[[str], bool] | None = None,
     ):
         self.servicer = servicer

@@ -185,6 +185,10 @@ def _worker_status(pair, request_id: str, timeout: float = 20.0) -> str:
     raise AssertionError(f"worker logged nothing for {request_id}")
 
 
+# one sequence a launch, no state cache: a long request keeps the worker busy for seconds, each time
+SLOW_WORKER = ["--max-launch-sequences", "1", "--state-cache-bytes", "0"]
+
+
 @pytest.fixture(scope="module")
 def busy(demo_model, tmp_path_factory, http_pair_factory):
     """One sequence per launch, nothing may wait: a long request keeps the worker busy for seconds
@@ -192,7 +196,7 @@ def busy(demo_model, tmp_path_factory, http_pair_factory):
     started = http_pair_factory(
         demo_model,
         tmp_path_factory.mktemp("http-busy"),
-        worker_args=["--max-launch-sequences", "1", "--queue-capacity", "0", "--state-cache-bytes", "0"],
+        worker_args=[*SLOW_WORKER, "--queue-capacity", "0"],
     )
     yield started
     started.pair.stop()
@@ -243,7 +247,7 @@ def test_the_frontends_own_worker_deadline_is_504_counted_as_the_servers(demo_mo
     started = http_pair_factory(
         demo_model,
         tmp_path,
-        worker_args=["--max-launch-sequences", "1", "--state-cache-bytes", "0"],
+        worker_args=SLOW_WORKER,
         frontend_args=["--worker-deadline-seconds", "1.5"],
     )
     try:
@@ -608,7 +612,7 @@ def test_max_concurrent_requests_caps_the_http_route_too(demo_model, tmp_path, h
     started = http_pair_factory(
         demo_model,
         tmp_path,
-        worker_args=["--max-launch-sequences", "1", "--state-cache-bytes", "0"],
+        worker_args=SLOW_WORKER,
         frontend_args=["--max-concurrent-requests", "1"],
     )
     try:
