@@ -4,7 +4,8 @@
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
 #   steps: tests conv conv-ab attention-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention overhead pdl grpc-floor grpc-idle lt-choice
-#          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes)
+#          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes;
+#          WORKER_EXTRA='--max-launch-tokens 2048' adds worker flags to both)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
 # bench-full a call of its own.
@@ -222,7 +223,7 @@ for step in "$@"; do
     # (4 per kind x group) before any other traffic, then off/auto/shared and the floor at concurrency 1,
     # then the seed-7 requests replayed twice; start-up to SERVING and peak memory from the worker.
     bench-c1) timeout 420 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-c1 \
-             --worker-args "--synthetic 27b" --arms off,auto,shared --kinds choice,noul,score --per-group 3 --blocks 2 \
+             --worker-args "--synthetic 27b${WORKER_EXTRA:+ $WORKER_EXTRA}" --arms off,auto,shared --kinds choice,noul,score --per-group 3 --blocks 2 \
              --first-seen-seed 7 --first-seen-per-group 3 --first-seen-replays 2 --sweep "" --timeout 120 \
              2>$OUT/bench-c1.log | head -40; tail -3 $OUT/bench-c1.log
              # cut short: render what results.json kept (no peak memory then)
@@ -233,7 +234,7 @@ for step in "$@"; do
     # <= 512-token requests (throughput, p50, p95, matmul rate against the measured bf16 ceiling), then
     # 8 clients of <= 512-token requests alone and beside one client looping the 16,384-token case.
     bench-load) timeout 540 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-load \
-             --worker-args "--synthetic 27b" --arms auto --blocks 0 --sweep 1,4,16,32 --sweep-sets split,short \
+             --worker-args "--synthetic 27b${WORKER_EXTRA:+ $WORKER_EXTRA}" --arms auto --blocks 0 --sweep 1,4,16,32 --sweep-sets split,short \
              --sweep-seconds 10 --mixed-clients 8 --mixed-seconds 20 --timeout 120 2>$OUT/bench-load.log | head -60
              tail -3 $OUT/bench-load.log
              [ -f $OUT/bench-load/report.md ] || python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
