@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from openjev.tools.bench import harness, report, workload
+from openjev.tools.bench import harness, prepare, report, workload
 from openjev.tools.bench.main import render_saved, stratified
 
 WORKLOAD = Path(__file__).resolve().parents[2] / "benchmarks" / "workload.jsonl"
@@ -35,21 +35,23 @@ def test_targets_on_the_whole_split():
     assert "Estimated for the whole split" not in text  # nothing to weight: the whole split ran
 
 
-def test_targets_missed_and_split_weighted_estimate():
-    cases = stratified([c for c in workload.read_jsonl(WORKLOAD) if c.kind in report.JEVBENCH_KINDS], 1)
+def test_verdicts_say_how_far_from_the_limit_and_which_way():
+    """X is relative to the limit: over it for an "at most" target, under it for an "at least" one."""
+    assert report._verdict(1.95, 1.3, True) == "missed: 50% over the limit"
+    assert report._verdict(0.50, 0.55, False) == "missed: 9% under the target"
+    assert report._verdict(1.3, 1.3, True) == report._verdict(0.6, 0.6, False) == "met"
+    assert report._verdict(float("nan"), 1.3, True) == "not measured"
+
+
+def test_targets_missed_on_the_whole_split():
+    cases = [c for c in workload.read_jsonl(WORKLOAD) if c.kind in report.JEVBENCH_KINDS]
     short = {c.name for c in cases if c.group == "1-128"}
     results = harness.Results(_samples(cases, "ours-auto", lambda c, b: 0.020 if c.name in short else 0.200))
     floors = {c.name: 0.010 for c in cases}
     text = "\n".join(report.targets(results, cases, "ours-auto", floors))
-    assert "missed by" in text and "transformers" not in text
-    # weighted by the split's counts (120 of 231 requests are 1-128 tokens) the mean is lower
-    weighted = (120 * 0.020 + 111 * 0.200) / 231
-    assert f"| mean <= 1.5x floor | {1e3 * weighted:.1f} ms / 10.0 ms" in text
-    assert "| choice 1-128 mean <= 1.4x its floor | 20.0 ms / 10.0 ms = 2.00x | missed by 43% |" in text
-    # and so is the p50: 120 of 231 requests are short, so the weighted median is a short one's
-    # (this run's cases, each counted once, are mostly long: their median is 200 ms)
-    assert "| p50 <= 1.3x floor p50 | 20.0 ms / 10.0 ms = 2.00x | missed by 54% |" in text
-    assert "| p50 <= 1.3x floor p50 | 200.0 ms / 10.0 ms = 20.00x" in text
+    assert "| choice 1-128 mean <= 1.4x its floor | 20.0 ms / 10.0 ms = 2.00x | missed: 43% over the limit |" in text
+    # 120 of the 231 requests are short: the median is a short one's
+    assert "| p50 <= 1.3x floor p50 | 20.0 ms / 10.0 ms = 2.00x | missed: 54% over the limit |" in text
 
 
 def test_failed_requests_show_beside_the_targets():
@@ -99,14 +101,14 @@ def test_render_saved_leaves_out_early_blocks(tmp_path):
         "ceilings": None,
     }
     (tmp_path / "results.json").write_text(json.dumps(saved))
-    all_blocks = render_saved(tmp_path, cases)
-    later = render_saved(tmp_path, cases, from_block=1, name="report-from-block1")
+    all_blocks = render_saved(tmp_path, cases, None)  # no floors: the tokenizer is not needed
+    later = render_saved(tmp_path, cases, None, from_block=1, name="report-from-block1")
     assert f"| ours-auto | {2 * len(cases)} | 0 | 505.0 |" in all_blocks
     assert f"| ours-auto | {len(cases)} | 0 | 10.0 | 10.0 | 10.0 |" in later
     assert (tmp_path / "report-from-block1.md").exists() and (tmp_path / "latency-from-block1.png").exists()
 
 
-def test_render_saved_at_other_ceilings(tmp_path):
+def test_render_saved_at_other_ceilings(tmp_path, demo_model):
     """--ceilings: the floors follow the given rates (a compute-bound floor halves at twice the
     GEMM rate, a read-bound one keeps the copy rate's), and a shape that does not give back the
     run's own floors is refused."""
@@ -130,13 +132,36 @@ def test_render_saved_at_other_ceilings(tmp_path):
         "matmul_parameters": roofline.matmul_parameters(config),
     }
     (tmp_path / "results.json").write_text(json.dumps(saved))
-    text = render_saved(tmp_path, cases, ceilings=roofline.Ceilings(4e12, 1000e12, "given"), config=config)
+    _, candidates_of, _ = prepare.longest_tokens_fn(demo_model)
+    text = render_saved(
+        tmp_path, cases, candidates_of, ceilings=roofline.Ceilings(4e12, 1000e12, "given"), config=config
+    )
     assert "re-rendered at ceilings copy 4.00 TB/s, bf16 GEMM 1000 TFLOP/s (the run measured 4.00 TB/s, 500" in text
     floor = (floors[cases[0].name] + max(read_s, floors[cases[1].name] / 2)) / 2
     mean = (floors[cases[0].name] + floors[cases[1].name]) / 2 * 2
     assert f"| ours-auto | 4 | 0 | {1e3 * mean:.1f} |" in text
     assert f"| {mean / floor:.2f}x |" in text
-    own_text = render_saved(tmp_path, cases)
+    own_text = render_saved(tmp_path, cases, candidates_of)
     assert f"| {mean / ((floors[cases[0].name] + floors[cases[1].name]) / 2):.2f}x |" in own_text
     with pytest.raises(ValueError, match="does not follow from this model shape"):
-        render_saved(tmp_path, cases, ceilings=own, config=shape_config("9b"))
+        render_saved(tmp_path, cases, candidates_of, ceilings=own, config=shape_config("9b"))
+
+
+def test_group_table_gives_n_and_p95_only_from_20_samples():
+    cases = [c for c in workload.read_jsonl(WORKLOAD) if c.kind == "choice"]
+    many, few = cases[0], next(c for c in cases if c.group != cases[0].group)
+    samples = _samples([many], "ours-auto", lambda c, b: 0.001 * (b + 1), blocks=range(20))
+    samples += _samples([few], "ours-auto", lambda c, b: 0.010, blocks=(0, 1))
+    text = report.render(
+        harness.Results(samples),
+        [many, few],
+        ["ours-auto"],
+        reference_arm="ours-auto",
+        floors=None,
+        tokens={c.name: (10, 5) for c in (many, few)},
+        header="# test",
+    )
+    assert "| group | cases | floor p50 | ours-auto mean / p50 / p95 (n) |" in text
+    assert f"| {report.group_of(many)} | 1 | - | 10.5 / 10.5 / 19.1 (20) |" in text
+    assert f"| {report.group_of(few)} | 1 | - | 10.0 / 10.0 / - (2) |" in text
+    assert "p95 is shown from 20 of them up" in text

@@ -7,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from openjev.tools.bench import harness, load, report_load, roofline, worker_log, workload
 from openjev.tools.bench.saved import render_saved
 from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
@@ -53,7 +55,11 @@ def test_first_seen_ratio_and_verdict():
     samples = [_sample(c, -1, 0.030) for c in "ab"] + [_sample(c, b, 0.020) for c in "ab" for b in (0, 1)]
     lines, [target] = report_load.first_seen(samples, seed=7)
     assert "| first sight | 30.0 | 30.0 | 30.0 |" in lines and "| replayed | 20.0 | 20.0 | 20.0 |" in lines
-    assert target == ("first-seen mean <= 1.15x replayed mean", "30.0 ms / 20.0 ms = 1.50x", "missed by 30%")
+    assert target == (
+        "first-seen mean <= 1.15x replayed mean",
+        "30.0 ms / 20.0 ms = 1.50x",
+        "missed: 30% over the limit",
+    )
     fast = [_sample("a", -1, 0.021), _sample("a", 0, 0.020)]
     assert report_load.first_seen(fast, seed=7)[1][0][2] == "met"
 
@@ -84,7 +90,7 @@ def test_sweep_matmul_rate_against_the_ceiling():
     assert short == (
         "matmul rate at 16 clients, split, <= 512 tokens: >= 55% of the bf16 ceiling",
         "50.0% (500.0 TFLOP/s, 0.30 req/s)",
-        "missed by 10%",
+        "missed: 9% under the target",
     )
     assert split[0] == "matmul rate at 16 clients, JevBench split: >= 60% of the bf16 ceiling"
     assert split[1:] == ("60.0% (600.0 TFLOP/s, 0.30 req/s)", "met")
@@ -121,7 +127,7 @@ def test_mixed_run_and_service_sections():
     assert start[1] == "95.0 s, graphs_ready {'count': 12, 'seconds': 31.5}"
     target = "peak device memory <= weights + 12 GiB (torch's reserved peak)"
     assert memory == (target, "60.0 GiB, limit 62.0 GiB", "met")
-    assert report_load.service([startup], [70 * 2**30], 50 * 2**30)[1][1][2] == "missed by 13%"
+    assert report_load.service([startup], [70 * 2**30], 50 * 2**30)[1][1][2] == "missed: 13% over the limit"
 
 
 def test_render_saved_puts_every_part_in_one_targets_table(tmp_path):
@@ -142,14 +148,67 @@ def test_render_saved_puts_every_part_in_one_targets_table(tmp_path):
         "first_seen_seed": 7,
     }
     (tmp_path / "results.json").write_text(json.dumps(saved))
-    text = render_saved(tmp_path, cases)
+    text = render_saved(tmp_path, cases, None)  # no floors: the tokenizer is not needed
     for row in (
         "| noul mean <= 40 ms | 30.0 ms | met |",
         "| first-seen mean <= 1.15x replayed mean | 30.0 ms / 30.0 ms = 1.00x | met |",
         "| matmul rate at 16 clients, JevBench split: >= 60% of the bf16 ceiling | 20.0% (200.0 TFLOP/s, 0.30 req/s) "
-        "| missed by 200% |",
+        "| missed: 67% under the target |",
         "| start-up time to SERVING (issue 13: report it) | 12.0 s, no graphs_ready line |",
         "| peak device memory <= weights + 12 GiB (torch's reserved peak) | no GPU: not measured | not measured |",
     ):
         assert row in text
     assert "## First-seen requests (workload seed 7" in text and "## Concurrency sweep" in text
+
+
+def test_a_level_with_errors_misses_its_matmul_rate_target():
+    """Rejected or failed requests are load the server did not carry, whatever rate the rest reached."""
+    row = _row("split", 16, 3_000_000) | {"errors": 3}
+    _, [target] = report_load.sweep([row], 10**9, 1e15)
+    assert target[1:] == ("60.0% (600.0 TFLOP/s, 0.30 req/s)", "missed (3 errors)")
+
+
+def _load_only(tmp_path) -> None:
+    """results.json of a --blocks 0 run: ceilings measured, no concurrency-1 cases nor floors."""
+    saved = {
+        "samples": [],
+        "sweep": [_row("split", 16, 3_000_000)],
+        "floors": {},
+        "header": "# test",
+        "tokens": {},
+        "ceilings": {"copy_bytes_per_second": 4e12, "matmul_flops_per_second": 1e15, "device": "H200"},
+        "matmul_parameters": roofline.matmul_parameters(SMALL),
+    }
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+
+
+def test_a_load_only_run_renders_at_given_ceilings(tmp_path):
+    _load_only(tmp_path)
+    cases = workload.read_jsonl(WORKLOAD)
+    own = render_saved(tmp_path, cases, None)
+    assert "bf16 ceiling measured in this run: 1000 TFLOP/s." in own
+    given = roofline.Ceilings(4e12, 1.2e15, "given")
+    text = render_saved(tmp_path, cases, None, ceilings=given, config=SMALL)
+    assert "bf16 ceiling given (--ceilings): 1200 TFLOP/s, this run measured 1000." in text
+    assert "measured in this run" not in text.split("## Concurrency sweep")[1]
+    assert "re-rendered at ceilings copy 4.00 TB/s, bf16 GEMM 1200 TFLOP/s" in text
+    other = ModelConfig(**{**SMALL.__dict__, "intermediate_size": 32})
+    with pytest.raises(ValueError, match="does not follow from this model shape"):
+        render_saved(tmp_path, cases, None, ceilings=given, config=other)
+
+
+def test_the_sweep_keeps_each_request_latency(monkeypatch):
+    """results.json keeps each answered request of a level, so its percentiles can be redone."""
+    cases = [c for c in workload.read_jsonl(WORKLOAD) if c.kind == "noul"][:8]
+
+    def answered(arm, streams, seconds, timeout):
+        for k, stream in enumerate(streams):
+            stream.latencies += [(c.name, 0.001 * (k + i + 1)) for i, c in enumerate(stream.cases)]
+        return 10.0
+
+    monkeypatch.setattr(load, "run_streams", answered)
+    [row] = load.concurrency_sweep(harness.Arm("ours-auto", "", "auto"), cases, (4,), label="split")
+    row = json.loads(json.dumps(row))
+    assert sorted(name for name, _ in row["latencies"]) == sorted(c.name for c in cases)
+    ms = [1e3 * seconds for _, seconds in row["latencies"]]
+    assert row["p50_ms"] == harness.percentile(ms, 0.5) and row["p95_ms"] == harness.percentile(ms, 0.95)

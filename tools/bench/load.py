@@ -98,6 +98,7 @@ def concurrency_sweep(
         row = {"arm": arm.name, "set": label, "clients": level}
         row |= summary([t for _, t in done], elapsed, sum(s.errors for s in streams))
         row["tree_tokens"] = sum((tree_tokens or {}).get(name, 0) for name, _ in done)
+        row["latencies"] = [[name, seconds] for name, seconds in done]  # (case, seconds): percentiles redone later
         rows.append(row)
     return rows
 

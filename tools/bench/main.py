@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         name += "-at-ceilings" if args.ceilings else ""  # the run's own report stays
         config = prepare.model_config(args.model, shlex.split(args.worker_args)) if args.ceilings else None
         try:
-            print(render_saved(args.out, everything, args.from_block, name, args.ceilings, config))
+            print(render_saved(args.out, everything, candidates_of, args.from_block, name, args.ceilings, config))
         except ValueError as e:
             sys.exit(f"--ceilings: {e}")
         return
@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         "floors": floors,
         "ceilings": ceilings.__dict__ if ceilings else None,
         "matmul_parameters": roofline.matmul_parameters(config),
+        "weight_read_bytes": roofline.model_size(config)[0],  # with the above: the floor of any request
         "weight_bytes": roofline.weight_bytes_resident(config),
         "first_seen_seed": args.first_seen_seed if first_seen else None,
         "startup": [],
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
                 + (f", {s['graph_eager_passes']} eager passes" if "graph_eager_passes" in s else "")
             )
     save()
-    print(render_saved(args.out, everything))
+    print(render_saved(args.out, everything, candidates_of))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from openjev.tools.bench.estimate import Split
 from openjev.tools.bench.harness import Results, percentile
 from openjev.tools.bench.workload import Case
 
@@ -30,14 +31,21 @@ JEVBENCH_KINDS = ("choice", "noul", "score")  # the single-question split; multi
 
 
 def _verdict(value: float, limit: float, below: bool) -> str:
-    """'met' or how far from the limit (below: the value must not exceed it)."""
+    """'met', or how far the value is from the limit, relative to the limit (below: the value must
+    not exceed it; else it must reach it)."""
     if value != value:
         return "not measured"
     if (value <= limit) if below else (value >= limit):
         return "met"
-    if value == 0 or limit == 0:
+    if limit == 0:
         return "missed"
-    return f"missed by {100 * (value / limit - 1 if below else limit / value - 1):.0f}%"
+    if below:
+        return f"missed: {100 * (value / limit - 1):.0f}% over the limit"
+    return f"missed: {100 * (1 - value / limit):.0f}% under the target"
+
+
+MIN_P95_SAMPLES = 20  # below this a p95 is one of the few slowest samples, not a percentile
+SUBSET = "subset: the verdict is the split estimate's, below"
 
 
 def targets(
@@ -46,28 +54,42 @@ def targets(
     arm: str,
     floors: dict[str, float] | None,
     more: Sequence[tuple[str, str, str]] = (),
+    split: Split | None = None,
 ) -> list[str]:
     """Issue 13's targets, each with its verdict: those at concurrency 1 for `arm` on the JevBench
-    split, then `more` (target, measured, verdict) rows from the run's other parts."""
-    split = {c.name for c in cases if c.kind in JEVBENCH_KINDS}
+    split, then `more` (target, measured, verdict) rows from the run's other parts. split: the
+    workload's whole split (None: the run's cases are all of it). Where the run measured part of
+    it, its latency rows get no verdict: the estimate for the whole split below gives it."""
+    run_split = {c.name for c in cases if c.kind in JEVBENCH_KINDS}
+    subset = split is not None and bool(split.names() - run_split)
     noul = {c.name for c in cases if c.kind == "noul"}
     short_choice = {c.name for c in cases if c.kind == "choice" and c.group == "1-128"}
-    timed = [s for s in results.samples if s.block >= 0 and s.status == "OK" and s.case in split]
+    timed = [s for s in results.samples if s.block >= 0 and s.status == "OK" and s.case in run_split]
     ours = {(s.case, s.block): s.latency_seconds for s in timed if s.arm == arm}
-    if not ours and not more:
+    no_split = split is not None and not split.groups and any(s.arm == arm and s.block >= 0 for s in results.samples)
+    if not ours and not more and not no_split:
         return []
+    judge = (lambda value, limit, below: SUBSET) if subset else _verdict
+    if no_split:
+        title = "concurrency 1: the workload has no single-question JevBench-shaped requests, nor a split estimate"
+    elif not ours:
+        title = "no concurrency-1 blocks in this run"
+    elif subset and split:
+        title = (
+            f"concurrency 1: {arm} on {len(run_split)} of the workload's {len(split.names())} single-question "
+            "JevBench-shaped requests, each counted once"
+        )
+    else:
+        title = f"concurrency 1: {arm} on this run's {len(run_split)} single-question JevBench-shaped requests"
     lines = [
         "",
-        f"## Targets (concurrency 1: {arm} on this run's {len(split)} single-question JevBench-shaped requests, "
-        "each counted once: the split's weights follow below)"
-        if ours
-        else "## Targets (no concurrency-1 blocks in this run)",
+        f"## Targets ({title})",
         "",
         "| target | measured | verdict |",
         "|---|---|---|",
     ]
     if ours:  # the latencies below are of answered requests only: a failed one must show
-        sent = [s for s in results.samples if s.block >= 0 and s.arm == arm and s.case in split]
+        sent = [s for s in results.samples if s.block >= 0 and s.arm == arm and s.case in run_split]
         failed = sum(s.status != "OK" for s in sent)
         lines.append(
             f"| every request answered (the targets below count answered ones) | {failed} errors of {len(sent)} "
@@ -79,23 +101,23 @@ def targets(
         p50, p50_floor = _percentile(lat, 0.5), _percentile([floors[c] for c, _ in ours], 0.5)
         lines += [
             f"| p50 <= 1.3x floor p50 | {1e3 * p50:.1f} ms / {1e3 * p50_floor:.1f} ms = {p50 / p50_floor:.2f}x "
-            f"| {_verdict(p50 / p50_floor, 1.3, True)} |",
+            f"| {judge(p50 / p50_floor, 1.3, True)} |",
         ]
         choice = [(t, floors[c]) for (c, _), t in ours.items() if c in short_choice]
         if choice:
             m, f = statistics.fmean(t for t, _ in choice), statistics.fmean(f for _, f in choice)
             lines.append(
                 f"| choice 1-128 mean <= 1.4x its floor | {1e3 * m:.1f} ms / {1e3 * f:.1f} ms = {m / f:.2f}x "
-                f"| {_verdict(m / f, 1.4, True)} |"
+                f"| {judge(m / f, 1.4, True)} |"
             )
     noul_lat = [t for (c, _), t in ours.items() if c in noul]
     if noul_lat:
         noul_mean = statistics.fmean(noul_lat)
-        lines.append(f"| noul mean <= 40 ms | {1e3 * noul_mean:.1f} ms | {_verdict(noul_mean, 0.040, True)} |")
+        lines.append(f"| noul mean <= 40 ms | {1e3 * noul_mean:.1f} ms | {judge(noul_mean, 0.040, True)} |")
     if floors and lat:
         lines.append(
             f"| mean <= 1.5x roofline floor | {1e3 * mean:.1f} ms / {1e3 * mean_floor:.1f} ms "
-            f"= {mean / mean_floor:.2f}x | {_verdict(mean / mean_floor, 1.5, True)} |"
+            f"= {mean / mean_floor:.2f}x | {judge(mean / mean_floor, 1.5, True)} |"
         )
     hf = {(s.case, s.block): s.latency_seconds for s in timed if s.arm == "transformers"}
     paired = [k for k in hf if k in ours]
@@ -103,98 +125,58 @@ def targets(
         speedup = sum(hf[k] for k in paired) / sum(ours[k] for k in paired)
         lines.append(
             f"| >= 12x faster than transformers (ratio of means, same cases and blocks) | {speedup:.1f}x over "
-            f"{len(paired)} paired requests | {_verdict(speedup, 12.0, False)} |"
+            f"{len(paired)} paired requests | {judge(speedup, 12.0, False)} |"
         )
     lines += [f"| {t} | {m} | {v} |" for t, m, v in more]
-    if ours:
-        lines += _split_weighted(results, cases, arm, floors, split)
+    if ours and subset and split:
+        lines += _split_estimate(results, arm, split)
     return lines
 
 
-def _split_weighted(results: Results, cases: list[Case], arm: str, floors, split: set[str]) -> list[str]:
-    """Where the run covered a stratified subset of the split, its group means weighted by the
-    split's request counts: an estimate of the whole split's means (short groups dominate it)."""
-    from openjev.tools.bench.workload import COUNTS, GROUP_NAMES
-
-    weights = {f"{kind} {g}": n for kind, counts in COUNTS.items() for g, n in zip(GROUP_NAMES, counts, strict=True)}
-    by_group = defaultdict(set)
-    for c in cases:
-        if c.name in split:
-            by_group[group_of(c)].add(c.name)
-    if sum(len(v) for v in by_group.values()) >= sum(weights.values()) or set(by_group) != set(weights):
-        return []  # the whole split, or not every group of it: nothing to weight
-    timed = [s for s in results.samples if s.block >= 0 and s.status == "OK"]
-
-    def weighted(arm_name: str, kinds=None) -> float:
-        total = count = 0.0
-        for g, names in by_group.items():
-            if kinds and g.split()[0] not in kinds:
-                continue
-            lat = [s.latency_seconds for s in timed if s.arm == arm_name and s.case in names]
-            if not lat:
-                return float("nan")
-            total += weights[g] * statistics.fmean(lat)
-            count += weights[g]
-        return total / count
-
-    def weighted_p50(values: dict[str, list[float]]) -> float:
-        """The median with each group's values weighing as many requests as the split has of it."""
-        pairs = [
-            (v, weights[g] / sum(len(values.get(n, ())) for n in names))
-            for g, names in by_group.items()
-            for n in names
-            for v in values.get(n, ())
-        ]
-        return _weighted_median(pairs)
-
-    ours, noul = weighted(arm), weighted(arm, ("noul",))
-    lines = [
-        "",
-        "Estimated for the whole split (group means, and medians, of this run weighted by the split's request counts):",
-        "",
-        "| target | estimate | verdict |",
-        "|---|---|---|",
-    ]
+def _split_estimate(results: Results, arm: str, split: Split) -> list[str]:
+    """The whole split's targets from this run's part of it (estimate.py says how)."""
+    everything = list(split.groups)
+    ours = split.scaled(results.samples, arm)
+    floors = split.floor_values()
     if floors:
-        latencies: dict[str, list[float]] = defaultdict(list)
-        for s in timed:
-            if s.arm == arm:
-                latencies[s.case].append(s.latency_seconds)
-        p50 = weighted_p50(latencies)
-        p50_floor = weighted_p50({n: [floors[n]] for names in by_group.values() for n in names})
-        lines.append(
-            f"| p50 <= 1.3x floor p50 | {1e3 * p50:.1f} ms / {1e3 * p50_floor:.1f} ms = {p50 / p50_floor:.2f}x "
-            f"| {_verdict(p50 / p50_floor, 1.3, True)} |"
+        how = (
+            "each group's measured latencies are scaled by the mean floor of all its split requests over that of "
+            "the requests measured, and the groups weighted by the split's request counts (floors exact over all "
+            f"{len(split.names())} split requests, from the tokens of their shared trees)."
         )
+    else:
+        how = f"this run's group means weighted by the split's request counts, unscaled ({split.why})."
+    lines = ["", f"Estimated for the whole split: {how}", "", "| target | estimate | verdict |", "|---|---|---|"]
+
+    def row(target: str, groups: list[str], shown: str, value: float, limit: float) -> None:
+        gaps = split.missing(ours, groups)
+        shown = f"no answered samples in {', '.join(gaps)}" if gaps else shown
+        lines.append(f"| {target} | {shown} | {_verdict(value, limit, True)} |")
+
     if floors:
-        floor = sum(weights[g] * statistics.fmean(floors[n] for n in names) for g, names in by_group.items()) / sum(
-            weights.values()
-        )
-        lines.append(
-            f"| mean <= 1.5x floor | {1e3 * ours:.1f} ms / {1e3 * floor:.1f} ms = {ours / floor:.2f}x "
-            f"| {_verdict(ours / floor, 1.5, True)} |"
-        )
-    hf = weighted("transformers")
-    if hf == hf:
-        lines.append(
-            f"| >= 12x faster than transformers | {1e3 * hf:.1f} ms / {1e3 * ours:.1f} ms = {hf / ours:.1f}x "
-            f"| {_verdict(hf / ours, 12.0, False)} |"
-        )
-    lines.append(f"| noul mean <= 40 ms | {1e3 * noul:.1f} ms | {_verdict(noul, 0.040, True)} |")
+        p50, p50_floor = split.median(ours), split.median(floors)
+        shown = f"{1e3 * p50:.1f} ms / {1e3 * p50_floor:.1f} ms = {p50 / p50_floor:.2f}x"
+        row("p50 <= 1.3x floor p50", everything, shown, p50 / p50_floor, 1.3)
+        for target, groups, limit in (
+            ("choice 1-128 mean <= 1.4x its floor", [g for g in everything if g == "choice 1-128"], 1.4),
+            ("mean <= 1.5x floor", everything, 1.5),
+        ):
+            if groups:
+                m, f = split.mean(ours, groups), split.mean(floors, groups)
+                row(target, groups, f"{1e3 * m:.1f} ms / {1e3 * f:.1f} ms = {m / f:.2f}x", m / f, limit)
+    hf = split.scaled(results.samples, "transformers")
+    if hf:
+        gaps = split.missing(hf, everything)
+        theirs, mine = split.mean(hf, everything), split.mean(ours, everything)
+        speedup = theirs / mine
+        shown = f"{1e3 * theirs:.1f} ms / {1e3 * mine:.1f} ms = {speedup:.1f}x"
+        shown = f"no transformers samples in {', '.join(gaps)}" if gaps else shown
+        lines.append(f"| >= 12x faster than transformers | {shown} | {_verdict(speedup, 12.0, False)} |")
+    noul_groups = [g for g in everything if g.startswith("noul ")]
+    if noul_groups:
+        noul = split.mean(ours, noul_groups)
+        row("noul mean <= 40 ms", noul_groups, f"{1e3 * noul:.1f} ms", noul, 0.040)
     return lines
-
-
-def _weighted_median(pairs: list[tuple[float, float]]) -> float:
-    """The smallest value at which the (value, weight) pairs' cumulative weight reaches half."""
-    if not pairs:
-        return float("nan")
-    ordered = sorted(pairs)
-    half, total = sum(w for _, w in ordered) / 2, 0.0
-    for value, weight in ordered:
-        total += weight
-        if total >= half:
-            return value
-    return ordered[-1][0]
 
 
 def render(
@@ -208,15 +190,19 @@ def render(
     header: str,
     more_targets: Sequence[tuple[str, str, str]] = (),
     sections: Sequence[str] = (),
+    split: Split | None = None,
 ) -> str:
     """floors: case -> floor seconds (None without a GPU); tokens: case -> (submitted, shared-plan computed);
-    more_targets: rows for the targets table from the run's other parts; sections: lines appended at the end."""
+    more_targets: rows for the targets table from the run's other parts; sections: lines appended at the end;
+    split: the workload's whole split, for the estimate where the run measured part of it."""
     timed = [s for s in results.samples if s.block >= 0]
     warm = [s for s in results.samples if s.block < 0]
     lines = [header, ""]
     if not results.samples:  # a run of the load parts alone
         return (
-            "\n".join(lines + targets(results, cases, reference_arm, floors, list(more_targets)) + list(sections))
+            "\n".join(
+                lines + targets(results, cases, reference_arm, floors, list(more_targets), split) + list(sections)
+            )
             + "\n"
         )
 
@@ -249,7 +235,7 @@ def render(
             f"p50 {1e3 * _percentile(floor_values, 0.5):.1f} ms (tokens of the shared tree).",
         ]
 
-    lines += targets(results, cases, reference_arm, floors, list(more_targets))
+    lines += targets(results, cases, reference_arm, floors, list(more_targets), split)
     lines += [
         "",
         "## Warm-up traversal (first request of each case, reported apart)",
@@ -297,7 +283,7 @@ def render(
         "both RPCs, the wait for the scheduler), median.",
         "",
         "| group | cases | floor p50 | "
-        + " | ".join(f"{a} mean / p50 / p95" for a in arms)
+        + " | ".join(f"{a} mean / p50 / p95 (n)" for a in arms)
         + f" | {reference_arm} outside inference |",
         "|---|---|---|" + "---|" * len(arms) + "---|",
     ]
@@ -309,9 +295,9 @@ def render(
         cells = []
         for arm in arms:
             lat = [s.latency_seconds for s in timed if s.arm == arm and s.status == "OK" and s.case in names]
+            p95 = f"{1e3 * _percentile(lat, 0.95):.1f}" if len(lat) >= MIN_P95_SAMPLES else "-"
             cells.append(
-                f"{1e3 * statistics.fmean(lat):.1f} / {1e3 * _percentile(lat, 0.5):.1f} "
-                f"/ {1e3 * _percentile(lat, 0.95):.1f}"
+                f"{1e3 * statistics.fmean(lat):.1f} / {1e3 * _percentile(lat, 0.5):.1f} / {p95} ({len(lat)})"
                 if lat
                 else "-"
             )
@@ -322,6 +308,11 @@ def render(
         ]
         cells.append(f"{1e3 * _percentile(outside, 0.5):.2f}" if outside else "-")
         lines.append(f"| {group} | {len(names)} | {floor_cell} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"n: answered timed requests; p95 is shown from {MIN_P95_SAMPLES} of them up ('-' below: it would be one "
+        "of the few slowest).",
+    ]
 
     submitted = sum(t[0] for t in tokens.values())
     lines += [

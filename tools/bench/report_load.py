@@ -76,16 +76,26 @@ def matmul_rate(row: dict, matmul_parameters: int) -> float:
     return 2.0 * matmul_parameters * row.get("tree_tokens", 0) / seconds if seconds else float("nan")
 
 
-def sweep(rows: list[dict], matmul_parameters: int | None, ceiling: float | None) -> tuple[list[str], list[Target]]:
+def sweep(
+    rows: list[dict], matmul_parameters: int | None, ceiling: float | None, measured: float | None = None
+) -> tuple[list[str], list[Target]]:
+    """ceiling: the bf16 rate the shares are of; measured: the run's own where `ceiling` was given."""
     if not rows:
         return [], []
+    if not ceiling:
+        source = "; no GPU ceiling."
+    elif measured:
+        source = (
+            f"; bf16 ceiling given (--ceilings): {ceiling / 1e12:.0f} TFLOP/s, this run measured {measured / 1e12:.0f}."
+        )
+    else:
+        source = f"; bf16 ceiling measured in this run: {ceiling / 1e12:.0f} TFLOP/s."
     lines = [
         "",
         "## Concurrency sweep (closed loop: each client sends its next request when the last answers)",
         "",
         f"Matmul rate: 2 x {f'{matmul_parameters:,}' if matmul_parameters else 'unknown'} matmul parameters x "
-        "tokens of the answered requests' shared trees / wall time"
-        + (f"; bf16 ceiling measured in this run: {ceiling / 1e12:.0f} TFLOP/s." if ceiling else "; no GPU ceiling."),
+        "tokens of the answered requests' shared trees / wall time" + source,
         "",
         "| set | arm | clients | requests | errors | req/s | mean ms | p50 ms | p95 ms | tree tokens/s | TFLOP/s "
         "| of ceiling |",
@@ -110,7 +120,8 @@ def sweep(rows: list[dict], matmul_parameters: int | None, ceiling: float | None
                     f"{100 * share:.1f}% ({rate / 1e12:.1f} TFLOP/s, {row['throughput_rps']:.2f} req/s)"
                     if share == share
                     else "no GPU ceiling",
-                    _verdict(share, limit, False),
+                    # a rejected or failed request is load the server did not carry
+                    f"missed ({row['errors']} errors)" if row["errors"] else _verdict(share, limit, False),
                 )
             )
     for name in dict.fromkeys(r.get("set", "") for r in rows):
@@ -194,7 +205,12 @@ def sections(saved: dict, results: Results) -> tuple[list[str], list[Target]]:
     ceilings = saved.get("ceilings") or {}
     parts = [
         first_seen(results.first_seen, saved.get("first_seen_seed")),
-        sweep(results.sweep, saved.get("matmul_parameters"), ceilings.get("matmul_flops_per_second")),
+        sweep(
+            results.sweep,
+            saved.get("matmul_parameters"),
+            ceilings.get("matmul_flops_per_second"),
+            (saved.get("measured_ceilings") or {}).get("matmul_flops_per_second"),
+        ),
         mixed(results.mixed),
         service(saved.get("startup", []), saved.get("peak_memory_bytes", []), saved.get("weight_bytes")),
     ]

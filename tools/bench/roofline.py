@@ -26,7 +26,13 @@ def model_size(config: ModelConfig) -> tuple[int, int]:
 
 
 def floor_seconds(config: ModelConfig, tokens_computed: int, ceilings: Ceilings) -> float:
-    weight_bytes, params = model_size(config)
+    return size_floor_seconds(model_size(config), tokens_computed, ceilings)
+
+
+def size_floor_seconds(size: tuple[float, int], tokens_computed: int, ceilings: Ceilings) -> float:
+    """The floor from model_size's (weight bytes read per pass, matmul parameters): what a saved
+    run keeps of its model shape."""
+    weight_bytes, params = size
     return max(
         weight_bytes / ceilings.copy_bytes_per_second, 2.0 * params * tokens_computed / ceilings.matmul_flops_per_second
     )

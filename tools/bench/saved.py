@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from openjev.tools.bench import harness, report, report_load, roofline
+from openjev.tools.bench import harness, prepare, report, report_load, roofline
+from openjev.tools.bench.estimate import Split
 from openjev.tools.bench.workload import Case
 
 
@@ -36,19 +37,23 @@ def load(out: Path) -> tuple[dict, harness.Results]:
 def render_saved(
     out: Path,
     cases: list[Case],
+    candidates_of,
     from_block: int = 0,
     name: str = "report",
     ceilings: roofline.Ceilings | None = None,
     config=None,
 ) -> str:
-    """NAME.md and its latency plot from out/results.json; timed blocks before from_block (0-based)
-    are left out of the concurrency-1 tables. ceilings: floors and shares of the ceiling at these
-    instead of the run's own for the model shape `config` (runs compared at one ceiling: a card's
-    measured ceiling moves between runs, and every ratio to the floor with it)."""
+    """NAME.md and its latency plot from out/results.json; cases: the whole workload, whose split
+    the estimate covers (candidates_of: the tokenizer of --model, prepare.longest_tokens_fn's);
+    timed blocks before from_block (0-based) are left out of the concurrency-1 tables. ceilings:
+    floors and shares of the ceiling at these instead of the run's own for the model shape
+    `config` (runs compared at one ceiling: a card's measured ceiling moves between runs, and
+    every ratio to the floor with it)."""
     saved, results = load(out)
     if ceilings:
         saved = at_ceilings(saved, ceilings, config)
     results.samples = [s for s in results.samples if s.block < 0 or s.block >= from_block]
+    split = split_of(saved, cases, candidates_of, config) if results.samples else None
     arms = list(dict.fromkeys(s.arm for s in results.samples))
     names = {s.case for s in results.samples}
     cases = [c for c in cases if c.name in names]
@@ -67,6 +72,7 @@ def render_saved(
         header=header,
         more_targets=more,
         sections=sections,
+        split=split,
     )
     (out / f"{name}.md").write_text(text)
     if arms:
@@ -80,18 +86,68 @@ def at_ceilings(saved: dict, ceilings: roofline.Ceilings, config) -> dict:
     """saved with its floors recomputed at other ceilings for the model shape `config`, and a
     header line saying so. The run's own floors are recomputed first: a different shape (another
     --worker-args than the run's) would not give them back, and is refused."""
-    measured = saved.get("ceilings") or {}
-    if not measured or not saved.get("floors"):
+    measured = saved.get("ceilings")
+    if not measured:
         raise ValueError("this run measured no ceilings (no GPU): nothing to re-render")
     own = roofline.Ceilings(measured["copy_bytes_per_second"], measured["matmul_flops_per_second"], "")
-    computed = {name: t[1] for name, t in saved["tokens"].items()}
-    for name, t in computed.items():
-        if abs(roofline.floor_seconds(config, t, own) / saved["floors"][name] - 1) > 1e-9:
-            raise ValueError(f"{name}: the run's floor does not follow from this model shape (pass its --worker-args)")
-    floors = {name: roofline.floor_seconds(config, t, ceilings) for name, t in computed.items()}
+    shape = "the run's floor does not follow from this model shape (pass its --worker-args)"
+    if saved.get("matmul_parameters") not in (None, roofline.matmul_parameters(config)):
+        raise ValueError(f"matmul parameters: {shape}")
+    for name, floor in (saved.get("floors") or {}).items():  # none in a load-only run (--blocks 0)
+        if abs(roofline.floor_seconds(config, saved["tokens"][name][1], own) / floor - 1) > 1e-9:
+            raise ValueError(f"{name}: {shape}")
+    floors = {name: roofline.floor_seconds(config, t[1], ceilings) for name, t in saved["tokens"].items()}
     note = (
         f"\n- re-rendered at ceilings copy {ceilings.copy_bytes_per_second / 1e12:.2f} TB/s, bf16 GEMM "
         f"{ceilings.matmul_flops_per_second / 1e12:.0f} TFLOP/s (the run measured "
         f"{own.copy_bytes_per_second / 1e12:.2f} TB/s, {own.matmul_flops_per_second / 1e12:.0f} TFLOP/s)"
     )
-    return saved | {"floors": floors, "ceilings": {**measured, **ceilings.__dict__}, "header": saved["header"] + note}
+    return saved | {
+        "floors": floors,
+        "ceilings": {**measured, **ceilings.__dict__},
+        "measured_ceilings": measured,
+        "header": saved["header"] + note,
+    }
+
+
+def split_of(saved: dict, cases: list[Case], candidates_of, config=None) -> Split:
+    """The workload's split, with every request's floor at the saved ceilings, counted as the run
+    counts its own (prepare.token_counts: tokens of the shared tree) and checked against the
+    run's own tokens and floors (another tokenizer or shape would not give them back)."""
+    split = [c for c in cases if c.kind in report.JEVBENCH_KINDS]
+    groups: dict[str, list[str]] = {}
+    for case in split:
+        groups.setdefault(report.group_of(case), []).append(case.name)
+    rates = saved.get("ceilings")
+    if not rates or not groups:
+        return Split(groups, None, "no GPU: no floors" if groups else "no split requests")
+    size = _model_size(saved, config)
+    if size is None:
+        return Split(groups, None, "results.json does not give the model's size: pass --ceilings and --worker-args")
+    tokens = prepare.token_counts(split, candidates_of)
+    own = [n for n in saved["tokens"] if n in tokens]
+    if any(tuple(saved["tokens"][n]) != tokens[n] for n in own):
+        return Split(groups, None, "the tokenizer of --model does not give the run's token counts")
+    ceilings = roofline.Ceilings(rates["copy_bytes_per_second"], rates["matmul_flops_per_second"], "")
+    floors = {n: roofline.size_floor_seconds(size, t[1], ceilings) for n, t in tokens.items()}
+    if any(abs(floors[n] / saved["floors"][n] - 1) > 1e-9 for n in own if n in (saved.get("floors") or {})):
+        return Split(groups, None, "the saved model size does not give the run's floors back")
+    return Split(groups, floors)
+
+
+def _model_size(saved: dict, config) -> tuple[float, int] | None:
+    """roofline.model_size of the run's shape: of `config` where given (at_ceilings checked it),
+    else as the run saved it; a results.json from before weight_read_bytes was saved gives the
+    bytes back through a read-bound floor (= bytes / copy rate)."""
+    if config is not None:
+        return roofline.model_size(config)
+    params = saved.get("matmul_parameters")
+    if not params:
+        return None
+    if "weight_read_bytes" in saved:
+        return saved["weight_read_bytes"], params
+    rates = saved["ceilings"]
+    for name, floor in (saved.get("floors") or {}).items():
+        if floor > 2.0 * params * saved["tokens"][name][1] / rates["matmul_flops_per_second"] * (1 + 1e-9):
+            return floor * rates["copy_bytes_per_second"], params
+    return None
