@@ -52,6 +52,9 @@ class ModelRunner(Protocol):
     backend: str  # "torch" or "cuda"
     # Most tree levels one pass may hold (1: every parent must have run in an earlier pass).
     max_pass_depth: int
+    # Optional (absent: unbounded): the most parents' states from earlier passes and the most
+    # kept states one pass holds (max_pass_states), and the most ancestor key rows of those
+    # parents (max_pass_context); the CUDA runner's captured passes have fixed slots for them.
 
     def run_launch(self, runs: Sequence[SegmentRun]) -> list[SegmentResult]:
         """Run one pass. A run's parent is a state from an earlier pass or an earlier run of

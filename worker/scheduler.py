@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 from openjev import logs
 from openjev.worker.cache.prepare import PassFit, Prepared, prepare
 from openjev.worker.cache.store import StateCache
-from openjev.worker.planner.passes import PendingTree, Picked, fill_pass, kept_after_pass
+from openjev.worker.planner.passes import PendingTree, Picked, StateRoom, fill_pass, kept_after_pass
 from openjev.worker.planner.plan import PackLimits, Plan, Segment
 from openjev.worker.runner_api import ModelRunner, SegmentResult, SegmentRun
 
@@ -141,6 +141,10 @@ class Scheduler:
             raise ValueError("queue capacity must be >= 0")
         self.runner, self.limits, self.capacity = runner, limits, capacity
         self.max_depth = max(1, int(getattr(runner, "max_pass_depth", 1)))
+        # a runner that holds a pass's states in fixed slots says how many (CudaRunner's graphs):
+        # beyond them a pass would run eagerly, host-bound and with memory nothing bounds
+        states, context = getattr(runner, "max_pass_states", None), getattr(runner, "max_pass_context", 1 << 62)
+        self.room = None if states is None else StateRoom(int(states), int(context))
         # requests held at once: those waiting, and at most a pass's worth of segments' owners
         # already running (the worker sizes its Execute threads from this)
         self.max_admitted = capacity + limits.max_sequences
@@ -256,7 +260,7 @@ class Scheduler:
         """The next pass over the admitted requests (under the lock): its segments, and its
         requests marked started."""
         per_request = None if len(jobs) == 1 else self.limits.chunk_tokens
-        picked = fill_pass([j.tree for j in jobs], self.limits, self.max_depth, per_request)
+        picked = fill_pass([j.tree for j in jobs], self.limits, self.max_depth, per_request, self.room)
         chosen: dict[int, set[int]] = {}
         for p in picked:
             chosen.setdefault(p.owner, set()).add(p.segment)
@@ -283,6 +287,13 @@ class Scheduler:
     def _run_pass(self, chosen_pass: _Pass) -> None:
         jobs, picked, chosen, now = chosen_pass.jobs, chosen_pass.picked, chosen_pass.segments, chosen_pass.started
         kept = {owner: kept_after_pass(jobs[owner].tree, segs) for owner, segs in chosen.items()}
+        # deposits for the cache too, where the pass has room left, first come first (best effort)
+        keep = {owner: set(segs) for owner, segs in kept.items()}
+        room = None if self.room is None else self.room.states - sum(map(len, kept.values()))
+        for p in picked:
+            if p.segment in jobs[p.owner].deposits and p.segment not in keep[p.owner] and (room is None or room > 0):
+                keep[p.owner].add(p.segment)
+                room = None if room is None else room - 1
         runs: list[SegmentRun] = []
         for p in picked:
             job, segment = jobs[p.owner], jobs[p.owner].segments[p.segment]
@@ -293,7 +304,7 @@ class Scheduler:
                     token_ids=segment.token_ids,
                     start_position=segment.start_position,
                     parent_state=job.states[parent] if parent is not None else None,
-                    keep_state=p.segment in kept[p.owner] or p.segment in job.deposits,
+                    keep_state=p.segment in keep[p.owner],
                     read_head=bool(segment.readers),
                     parent_in_pass=p.parent_in_pass,
                 )

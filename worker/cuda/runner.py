@@ -27,7 +27,7 @@ from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, M
 from openjev.worker.cuda import chunked_gdn as KC
 from openjev.worker.cuda import gemm
 from openjev.worker.cuda import kernels as K
-from openjev.worker.cuda.buckets import Bucketing, PassBudget
+from openjev.worker.cuda.buckets import MAX_STATE_SLOTS, Bucketing, PassBudget
 from openjev.worker.cuda.fused_weights import (
     FusedAttentionLayer,
     FusedGdnLayer,
@@ -85,6 +85,9 @@ class CudaRunner:
         # chunked: kept GDN states also carry their unfinished chunk's rows (a tail)
         self.chunked_gdn = gdn_kernel == "chunked"
         self.max_pass_depth = max_pass_depth
+        # a captured pass holds this many parents' states and kept states, and this many of
+        # their ancestors' key rows (graph_launch's slots): the scheduler fills passes within them
+        self.max_pass_states, self.max_pass_context = MAX_STATE_SLOTS, max_pass_context
         self.budget = PassBudget(
             tokens=max_pass_tokens,
             segments=max(max_pass_segments, self.max_pass_depth),

@@ -5,7 +5,10 @@ holds, at any tree depth: a segment may join a pass when its parent has run in a
 or joins the same pass (the runner computes parents before children inside each layer).
 Requests are offered in arrival order, each one's segments in tree order (parents first); a
 segment that does not fit is skipped together with its subtree, and smaller ones behind it may
-still fill the room. Everything here is ints.
+still fill the room. Where the runner holds a pass's states in fixed slots (the CUDA runner's
+captured passes), a pass also keeps within its room for states (`StateRoom`): parents' states
+read from earlier passes, their ancestors' key rows, and states it keeps for later passes.
+Everything here is ints.
 """
 
 from __future__ import annotations
@@ -14,6 +17,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from openjev.worker.planner.plan import PackLimits, Segment
+
+
+@dataclass(frozen=True)
+class StateRoom:
+    """What a pass can hold besides its own tokens (None: unbounded): states of parents that ran
+    in earlier passes (or came from the cache) and states it keeps for later passes, each at most
+    `states`; the parents' ancestor rows, at most `context` (counted per parent: a bound)."""
+
+    states: int
+    context: int
 
 
 @dataclass(frozen=True)
@@ -54,27 +67,36 @@ class PendingTree:
 
 
 def fill_pass(
-    trees: Sequence[PendingTree], limits: PackLimits, max_depth: int, tokens_per_request: int | None = None
+    trees: Sequence[PendingTree],
+    limits: PackLimits,
+    max_depth: int,
+    tokens_per_request: int | None = None,
+    room: StateRoom | None = None,
 ) -> list[Picked]:
     """Choose the next pass. max_depth: tree levels the runner can hold in one pass (1: parents
     must have run before). tokens_per_request: where several requests wait, each first takes at
     most this many tokens and half the pass's segments, in arrival order, so that a long prompt's
     chunks or a request of many candidates leave room for the requests behind it; then, in
-    arrival order again, they fill whatever room is left (None: one round, the whole budget)."""
-    fill = _Fill(trees, limits, max_depth)
+    arrival order again, they fill whatever room is left (None: one round, the whole budget).
+    room: the pass's room for states, or None (the runner has no such limit)."""
+    fill = _Fill(trees, limits, max_depth, room)
     if tokens_per_request is None:
         fill.round(limits.max_tokens, limits.max_sequences)
     else:
         fill.round(tokens_per_request, max(1, limits.max_sequences // 2))
         fill.round(limits.max_tokens, limits.max_sequences)
+    if room is not None:
+        fill.keep_within(room.states)
     return fill.picked
 
 
 class _Fill:
     """A pass being filled: what it holds, and where each tree's picked segments sit in it."""
 
-    def __init__(self, trees: Sequence[PendingTree], limits: PackLimits, max_depth: int):
-        self.trees, self.limits, self.max_depth = trees, limits, max_depth
+    def __init__(self, trees: Sequence[PendingTree], limits: PackLimits, max_depth: int, room: StateRoom | None):
+        self.trees, self.limits, self.max_depth, self.room = trees, limits, max_depth, room
+        self.outside: set[tuple[int, int]] = set()  # (owner, parent segment) read from earlier passes
+        self.context = 0  # their ancestor rows, counted per parent
         self.picked: list[Picked] = []
         self.tokens_left = limits.max_tokens
         self.position: list[dict[int, int]] = [{} for _ in trees]  # segment -> its position in the pass
@@ -104,11 +126,38 @@ class _Fill:
                     continue  # its parent has not run and does not run in this pass
                 if segment.num_tokens > min(self.tokens_left, own_tokens):
                     continue
+                if parent_position is None and parent is not None and not self._reads_state(owner, segment):
+                    continue  # no room for its parent's state: a later pass
                 position[i], depth[i] = len(self.picked), level
                 self.picked.append(Picked(owner, i, parent_position))
                 self.tokens_left -= segment.num_tokens
                 own_tokens -= segment.num_tokens
                 own_segments -= 1
+
+    def _reads_state(self, owner: int, segment: Segment) -> bool:
+        """Take room for the state of a parent computed in an earlier pass, if there is room."""
+        assert segment.parent is not None
+        if self.room is None or (owner, segment.parent) in self.outside:
+            return True
+        # the parent's ancestors are every row before this segment
+        if len(self.outside) == self.room.states or self.context + segment.start_position > self.room.context:
+            return False
+        self.outside.add((owner, segment.parent))
+        self.context += segment.start_position
+        return True
+
+    def keep_within(self, states: int) -> None:
+        """Drop the last picked segments (leaves of the pass: children come after parents)
+        until at most `states` of those left have a child that runs later. The first never goes:
+        alone it keeps at most one state."""
+        while len(self.picked) > 1 and self._num_kept() > states:
+            last = self.picked.pop()
+            del self.position[last.owner][last.segment], self.depth[last.owner][last.segment]
+            self.tokens_left += self.trees[last.owner].segments[last.segment].num_tokens
+
+    def _num_kept(self) -> int:
+        chosen: list[set[int]] = [set(p) for p in self.position]
+        return sum(len(kept_after_pass(tree, chosen[o])) for o, tree in enumerate(self.trees) if chosen[o])
 
 
 def kept_after_pass(tree: PendingTree, chosen: set[int]) -> set[int]:

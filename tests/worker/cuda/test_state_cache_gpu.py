@@ -154,3 +154,20 @@ def test_concurrent_requests_hit_one_node(runner):
     for work, got in zip(works, results, strict=True):
         assert got is not None and got.cache_hit_tokens > 300
         same_bits(got, without.execute(work, temperature=TEMPERATURE))
+
+
+def test_deposits_keep_passes_within_the_graph_slots(runner):
+    """6 questions over their own 300-token contexts deposit more states than a captured pass
+    has slots for (8): the pass keeps within them (graph-replayed, not eager), same bits."""
+    if runner.graphs is None:
+        pytest.skip("eager runner: no slots")
+    from openjev.worker.engine import QuestionWork
+
+    rng = random.Random(5)
+    toks = lambda n: [rng.randrange(runner.config.vocab_size) for _ in range(n)]  # noqa: E731
+    work = [QuestionWork("choice", tuple(tuple(c + toks(4)) for _ in range(3))) for c in (toks(300) for _ in range(6))]
+    cached, alone = engines(runner)
+    before = runner.graphs.fallbacks
+    got = cached.execute(work, temperature=TEMPERATURE, policy="default")
+    assert runner.graphs.fallbacks == before
+    same_bits(got, alone.execute(work, temperature=TEMPERATURE, policy="default"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from openjev.worker.planner.passes import PendingTree, fill_pass
+from openjev.worker.planner.passes import PendingTree, StateRoom, fill_pass, kept_after_pass
 from openjev.worker.planner.plan import PackLimits, Reader, Segment
 
 LIMITS = PackLimits(max_sequences=64, max_tokens=4096, chunk_tokens=2048)
@@ -46,3 +46,43 @@ def test_the_first_round_share_still_holds_back_a_long_prompt():
     long, short = PendingTree(chunks), _star(5, [])
     picked = fill_pass([long, short], LIMITS, max_depth=8, tokens_per_request=LIMITS.chunk_tokens)
     assert _taken(picked, 0) == [0] and _taken(picked, 1) == [0]
+
+
+def _hanging(start: int, tail: int) -> PendingTree:
+    """A request whose first segment ran in an earlier pass (or came from the cache): its next
+    one reads that parent's state."""
+    tree = _star(start, [tail])
+    tree.mark_done(0)
+    return tree
+
+
+def test_a_pass_reads_at_most_its_room_of_parents_states():
+    """12 requests each continue a state of 300 tokens: a pass with room for 8 parents' states
+    takes 8 (the first ones), one with room for 1,000 ancestor rows takes 3; unbounded, all 12."""
+    trees = [_hanging(300, 20) for _ in range(12)]
+    share = LIMITS.chunk_tokens
+    assert len(fill_pass(trees, LIMITS, 8, share)) == 12
+    picked = fill_pass(trees, LIMITS, 8, share, StateRoom(states=8, context=10**6))
+    assert [p.owner for p in picked] == list(range(8))
+    picked = fill_pass(trees, LIMITS, 8, share, StateRoom(states=8, context=1000))
+    assert [p.owner for p in picked] == [0, 1, 2]
+
+
+def test_a_pass_keeps_at_most_its_room_of_states():
+    """Ten 100-token contexts, listed before their two 10-token candidates each: a pass of 1,040
+    tokens holds the contexts and 4 candidates, so 8 contexts would be kept for a later pass.
+    With room for 3 kept states the pass drops its last segments until 3 are left to keep."""
+    segments = [Segment(i, None, tuple(range(100)), 0, (), True) for i in range(10)]
+    for c in range(20):
+        segments.append(Segment(10 + c, c // 2, tuple(range(10)), 100, (Reader(c, 0),), False))
+    limits = PackLimits(max_sequences=64, max_tokens=1040, chunk_tokens=1040)
+
+    def kept(picked):
+        tree = PendingTree(segments)
+        return kept_after_pass(tree, {p.segment for p in picked})
+
+    assert len(kept(fill_pass([PendingTree(segments)], limits, 8))) == 8
+    picked = fill_pass([PendingTree(segments)], limits, 8, room=StateRoom(states=3, context=10**6))
+    assert len(kept(picked)) == 3
+    positions = {p.segment: i for i, p in enumerate(picked)}
+    assert all(p.parent_in_pass is None or p.parent_in_pass < positions[p.segment] for p in picked)
