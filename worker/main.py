@@ -87,9 +87,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chunk-tokens",
         type=chunk_tokens,
-        default=2048,
+        default=None,
         help="longer prompt parts run as chunks of this many tokens over successive passes, "
-        "leaving room in each pass for other requests (a multiple of 64)",
+        "leaving room in each pass for other requests (a multiple of 64; default: half the pass "
+        "budget, 2048)",
     )
     p.add_argument("--max-questions", type=positive_int, default=4096)
     p.add_argument("--max-candidates", type=positive_int, default=65536)
@@ -226,9 +227,26 @@ def main(argv: list[str] | None = None) -> None:
         serve(args)
 
 
+def default_chunk_tokens(max_launch_tokens: int) -> int:
+    """Half the pass budget, on the 64-token grid: a chunk that fills a whole pass leaves other
+    requests no room beside a long prompt (bench-load with a 2,048-token budget and 2,048-token
+    chunks: short requests waited for the whole 16,384-token request, docs/benchmarks/index.md)."""
+    return max(GDN_CHUNK_TOKENS, max_launch_tokens // 2 // GDN_CHUNK_TOKENS * GDN_CHUNK_TOKENS)
+
+
 def serve(args: argparse.Namespace) -> None:
     """Check the flags' files, load the model, warm up, serve until SIGTERM."""
+    if args.chunk_tokens is None:
+        args.chunk_tokens = default_chunk_tokens(args.max_launch_tokens)
     config.log_config("openjev.worker", args)
+    if args.chunk_tokens > args.max_launch_tokens // 2:
+        log.warning(
+            "chunk_fills_pass",
+            chunk_tokens=args.chunk_tokens,
+            max_launch_tokens=args.max_launch_tokens,
+            hint="a long prompt's chunk leaves other requests little or no room in its passes; "
+            "a --chunk-tokens of at most half --max-launch-tokens keeps room",
+        )
     try:
         credentials = security.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
         security.require_tls(

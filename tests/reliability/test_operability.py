@@ -355,3 +355,28 @@ def test_library_log_lines_are_json_too(demo_model, tmp_path):
     records = [json.loads(line) for line in frontend.log_text().splitlines() if line.strip()]
     library = [r for r in records if "Invalid HTTP request" in r.get("event", "")]
     assert library and library[0]["level"] == "warning" and library[0]["logger"].startswith("uvicorn")
+
+
+def _config_and_events(log: str) -> tuple[dict, set[str]]:
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    config = next(line for line in lines if line.get("event") == "config")
+    return config, {line.get("event") for line in lines}
+
+
+def test_the_chunk_defaults_to_half_the_pass_budget(demo_model, tmp_path):
+    """A worker given a 512-token pass budget chunks long prompts at 256 tokens (the chunk was
+    2,048 whatever the budget, so it refused to start); a chunk that fills the pass is logged, as
+    it leaves short requests no room beside a long prompt."""
+    worker = launch.start_worker(demo_model, tmp_path, ["--max-launch-tokens", "512"], name="half")
+    try:
+        config, events = _config_and_events(worker.log_text())
+        assert config["chunk_tokens"] == 256 and "chunk_fills_pass" not in events
+    finally:
+        worker.stop()
+    full = ["--max-launch-tokens", "512", "--chunk-tokens", "512"]
+    worker = launch.start_worker(demo_model, tmp_path, full, name="full")
+    try:
+        config, events = _config_and_events(worker.log_text())
+        assert config["chunk_tokens"] == 512 and "chunk_fills_pass" in events
+    finally:
+        worker.stop()
