@@ -75,15 +75,16 @@ def fill_pass(
 ) -> list[Picked]:
     """Choose the next pass. max_depth: tree levels the runner can hold in one pass (1: parents
     must have run before). tokens_per_request: where several requests wait, each first takes at
-    most this many tokens and half the pass's segments, in arrival order, so that a long prompt's
-    chunks or a request of many candidates leave room for the requests behind it; then, in
+    most this many tokens (and half the tokens left, but the last) and half the pass's segments,
+    in arrival order, so that long prompts' chunks or a request of many candidates leave room for
+    the requests behind them; then, in
     arrival order again, they fill whatever room is left (None: one round, the whole budget).
     room: the pass's room for states, or None (the runner has no such limit)."""
     fill = _Fill(trees, limits, max_depth, room)
     if tokens_per_request is None:
         fill.round(limits.max_tokens, limits.max_sequences)
     else:
-        fill.round(tokens_per_request, max(1, limits.max_sequences // 2))
+        fill.round(tokens_per_request, max(1, limits.max_sequences // 2), halves=True)
         fill.round(limits.max_tokens, limits.max_sequences)
     if room is not None:
         fill.keep_within(room.states)
@@ -102,13 +103,18 @@ class _Fill:
         self.position: list[dict[int, int]] = [{} for _ in trees]  # segment -> its position in the pass
         self.depth: list[dict[int, int]] = [{} for _ in trees]
 
-    def round(self, tokens_each: int, segments_each: int) -> None:
-        """Offer each tree, in order, at most `tokens_each` tokens and `segments_each` segments more."""
+    def round(self, tokens_each: int, segments_each: int, halves: bool = False) -> None:
+        """Offer each tree, in order, at most `tokens_each` tokens and `segments_each` segments more;
+        halves: and at most half the tokens left while trees wait behind it (two long prompts'
+        chunks would otherwise take every pass between them)."""
+        last = len(self.trees) - 1
         for owner, tree in enumerate(self.trees):
             if len(self.picked) == self.limits.max_sequences or self.tokens_left == 0:
                 return
             position, depth = self.position[owner], self.depth[owner]
             own_tokens, own_segments = tokens_each, segments_each
+            if halves and owner < last:
+                own_tokens = min(own_tokens, self.tokens_left // 2)
             for segment in tree.segments[tree.first_pending :]:
                 i = segment.index
                 if tree.done[i] or i in position:

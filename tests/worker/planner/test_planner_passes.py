@@ -86,3 +86,14 @@ def test_a_pass_keeps_at_most_its_room_of_states():
     assert len(kept(picked)) == 3
     positions = {p.segment: i for i, p in enumerate(picked)}
     assert all(p.parent_in_pass is None or p.parent_in_pass < positions[p.segment] for p in picked)
+
+
+def test_two_long_prompts_leave_room_for_a_short_request_behind_them():
+    """Two requests each continuing a long prompt by a 2,048-token chunk took the whole
+    4,096-token pass between them, pass after pass, and a 20-token request behind them waited
+    for the first to finish. A request's first share is at most half of what the pass has left
+    while others wait behind it: the first chunk and the short request run, the second chunk
+    waits its turn."""
+    long1, long2, short = _hanging(2048, 2048), _hanging(2048, 2048), _star(20, [])
+    picked = fill_pass([long1, long2, short], LIMITS, 8, LIMITS.chunk_tokens)
+    assert (_taken(picked, 0), _taken(picked, 1), _taken(picked, 2)) == ([1], [], [0])
