@@ -9,8 +9,9 @@ only the MLP down product (K = 17,408) varies, at up to 128 rows; zero workspace
 shapes but makes every product slower (benchmarks/gemm_invariance.py; docs/cuda-kernels.md).
 
 So each weight shape is probed once at start: the product of M random rows is compared bit for
-bit with the same rows inside a 2,048-row product, for every M up to 320 and multiples of 32 up to
-1,024; products of fewer rows than the smallest M above every mismatch are padded up to it.
+bit with the same rows inside a 4,096-row product, for every M up to 320, multiples of 32 up to
+1,024 and of 128 up to 4,096 (the graph buckets' row counts); products of fewer rows than the
+smallest M above every mismatch are padded up to it.
 
 Products of few rows can instead go to our weight-streaming kernel (gemm_stream.py), which sums
 every output in one order at every row count. On the H200 that order is cuBLAS's unsplit one, bit
@@ -34,8 +35,10 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-REFERENCE_ROWS = 2048
-PROBE_ROWS = list(range(1, 321)) + list(range(352, 1025, 32))
+# Every row count up to 320, then the graph buckets' counts (4 steps an octave to 1,024, then
+# multiples of buckets.TILE_ROWS to the 4,096-token pass budget): long passes run at those too.
+REFERENCE_ROWS = 4096
+PROBE_ROWS = list(range(1, 321)) + list(range(352, 1025, 32)) + list(range(1152, REFERENCE_ROWS + 1, 128))
 
 
 def reference_rows(weight: torch.Tensor, seed: int = 0) -> torch.Tensor:
