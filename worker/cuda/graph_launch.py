@@ -155,7 +155,6 @@ class GraphLauncher:
 
     # ---- keys -------------------------------------------------------------------------------
     def key_of(self, plan: LaunchPlan) -> tuple[PassKey | None, str]:
-        rows, _ = plan.kv_rows(0)
         return self.bucketing.key(
             tokens=len(plan.ids),
             segments=len(plan.runs),
@@ -163,7 +162,7 @@ class GraphLauncher:
             parents=len(plan.parents),
             kept=plan.num_kept,
             base=plan.base,
-            kv_rows=len(rows),
+            kv_rows=plan.num_kv_rows,
         )
 
     def warm_up(self) -> dict:

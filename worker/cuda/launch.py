@@ -125,6 +125,15 @@ class LaunchPlan:
         exceed num_levels: the extra ranges are empty)."""
         return [sum(d < k for d in self.level) for k in range(levels + 1)]
 
+    @property
+    def num_kv_rows(self) -> int:
+        """len(kv_rows(...)[0]) without building it (a graph key needs only the count)."""
+        own = [self.cu[i + 1] - self.cu[i] for i in range(len(self.runs))]
+        return sum(
+            sum(n for _, n in anc) + sum(own[p] for p in chain) + own[i]
+            for i, (anc, chain) in enumerate(zip(self.ancestors, self.in_chain, strict=True))
+        )
+
     def kv_rows(self, anc_base: int):
         """(rows [sum S_n] int32: pool row of each segment's logical keys, cu_k [N+1]) for a pool
         holding this pass's own rows from row 0 and the ancestor nodes' rows from anc_base."""

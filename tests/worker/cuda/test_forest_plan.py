@@ -171,6 +171,7 @@ def test_forest_indices_give_each_run_its_whole_prompt(seed):
             own = {k: v[plan.cu[i] : plan.cu[i + 1]] for k, v in rows.items()}
             final[i] = recurrence(own, init)
     kv_rows, cu_k = plan.kv_rows(len(plan.ids))
+    assert plan.num_kv_rows == len(kv_rows)  # what a graph key counts without building them
     pool = torch.cat([rows["marker"]] + [nd.kv[ATTN_LAYER][0] for nd in plan.nodes])
     # each kept state's tail rows (its positions from its last 64-multiple), slot-major, 64 a slot
     ext_tails = torch.full(((1 + len(plan.parents)) * 64,), -1, dtype=torch.long)
