@@ -77,9 +77,9 @@ def fill_pass(
     must have run before). tokens_per_request: where several requests wait, each first takes at
     most this many tokens (and half the tokens left, but the last) and half the pass's segments,
     in arrival order, so that long prompts' chunks or a request of many candidates leave room for
-    the requests behind them; then, in
-    arrival order again, they fill whatever room is left (None: one round, the whole budget).
-    room: the pass's room for states, or None (the runner has no such limit)."""
+    the requests behind them; then, in arrival order again, they fill whatever room is left (None:
+    one round, the whole budget). room: the pass's room for states, or None (the runner has no
+    such limit)."""
     fill = _Fill(trees, limits, max_depth, room)
     if tokens_per_request is None:
         fill.round(limits.max_tokens, limits.max_sequences)
