@@ -37,6 +37,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--worker",
         default="127.0.0.1:50052",
+        type=worker_target,
         help="worker(s): HOST:PORT, IP:PORT,IP:PORT,... or dns:///NAME:PORT (every address "
         "of NAME); balanced over the SERVING ones (--worker-affinity)",
     )
@@ -114,6 +115,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def worker_target(text: str) -> str:
+    """--worker checked when the flags are parsed: a bad one is a one-line error, exit 2."""
+    try:
+        parse_worker_targets(text)
+    except TargetError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def _at_most(limit: int):
     def check(text: str) -> int:
         value = positive_int(text)
@@ -175,24 +185,21 @@ def serve(args: argparse.Namespace) -> None:
         if servers:
             servers[0].set_serving(state.problem is None)
 
-    try:
-        link = WorkerLink(
-            args.worker,
-            fingerprint=tokenizer.fingerprint,
-            max_length=meta.max_length,
-            model_id=meta.model_id,
-            temperature=meta.temperature,
-            max_questions=args.max_questions,
-            max_candidates=args.max_candidates,
-            max_request_tokens=args.max_request_tokens,
-            refresh_seconds=args.worker_refresh_seconds,
-            on_state=on_worker_state,
-            credentials=worker_credentials,
-            tls_server_name=args.worker_tls_server_name,
-            affinity=affinity_on(args.worker_affinity, args.worker),
-        )
-    except TargetError as error:
-        raise SystemExit(f"openjev-frontend: {error}") from error
+    link = WorkerLink(
+        args.worker,
+        fingerprint=tokenizer.fingerprint,
+        max_length=meta.max_length,
+        model_id=meta.model_id,
+        temperature=meta.temperature,
+        max_questions=args.max_questions,
+        max_candidates=args.max_candidates,
+        max_request_tokens=args.max_request_tokens,
+        refresh_seconds=args.worker_refresh_seconds,
+        on_state=on_worker_state,
+        credentials=worker_credentials,
+        tls_server_name=args.worker_tls_server_name,
+        affinity=affinity_on(args.worker_affinity, args.worker),
+    )
     servicer = DecisionServicer(
         meta,
         tokenizer,

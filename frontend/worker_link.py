@@ -89,10 +89,10 @@ def affinity_channel_options() -> list[tuple[str, object]]:
 
 @dataclass(frozen=True)
 class LinkState:
-    """describe: a compatible worker's last answer (None: none yet). problem: why requests are
-    refused (None: traffic may flow). workers: each known worker -> its problem (None: usable).
-    execute_unary: every worker that answered Describe serves ExecuteUnary (a request may land
-    on any of them)."""
+    """describe: a compatible worker's last answer (None: none yet), never an incompatible one's.
+    problem: why requests are refused (None: traffic may flow). workers: each known worker -> its
+    problem (None: usable). execute_unary: every worker that answered Describe serves
+    ExecuteUnary (a request may land on any of them)."""
 
     describe: wire.DescribeResponse | None
     problem: str | None
@@ -269,7 +269,7 @@ class WorkerLink:
             describe = probe.worker.Describe(wire.DescribeRequest(), timeout=self._probe_timeout)
         except grpc.RpcError as error:
             return None, f"worker at {endpoint} is unavailable: {error.code().name}", False
-        problem = self._incompatibility(describe)
+        problem = self._incompatibility(endpoint, describe)
         if problem is None:
             try:
                 reply = probe.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self._probe_timeout)
@@ -286,9 +286,10 @@ class WorkerLink:
         workers = tuple((endpoint, problem) for endpoint, (_d, problem, _r) in zip(endpoints, answers, strict=True))
         # A reachable incompatible worker could receive traffic: refuse everything until it is
         # gone or replaced, rather than answer some requests with another model or tokenizer.
-        for describe, problem, reachable in answers:
-            if reachable and describe is not None and self._incompatibility(describe) is not None:
-                return LinkState(describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
+        # Its description is never this frontend's (DescribeModel): keep the last compatible one.
+        for endpoint, (describe, problem, reachable) in zip(endpoints, answers, strict=True):
+            if reachable and describe is not None and self._incompatibility(endpoint, describe) is not None:
+                return LinkState(self._state.describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
         for describe, problem, _reachable in answers:
             if problem is None:
                 if self._connectivity != grpc.ChannelConnectivity.READY:
@@ -310,38 +311,41 @@ class WorkerLink:
             problem = f"no worker at {self.target} is serving: " + "; ".join(p for _d, p, _r in answers)
         return LinkState(self._state.describe, problem, grpc.StatusCode.UNAVAILABLE, workers)
 
-    def _incompatibility(self, d: wire.DescribeResponse) -> str | None:
+    def _incompatibility(self, endpoint: str, d: wire.DescribeResponse) -> str | None:
+        """Why that worker cannot serve this frontend (None: it can), naming it: one of several
+        workers is the wrong one."""
+        worker = f"worker at {endpoint}"
         if d.abi_version != abi.ABI_VERSION:
-            return f"worker ABI version {d.abi_version} does not match this frontend's ABI version {abi.ABI_VERSION}"
+            return f"{worker} has ABI version {d.abi_version}, not this frontend's {abi.ABI_VERSION}"
         if d.tokenizer_fingerprint != self._fingerprint:
             return (
-                f"worker tokenizer fingerprint {d.tokenizer_fingerprint[:16]} does not match "
-                f"this frontend's {self._fingerprint[:16]}"
+                f"{worker} has tokenizer fingerprint {d.tokenizer_fingerprint[:16]}, "
+                f"not this frontend's {self._fingerprint[:16]}"
             )
         if d.max_length != self._max_length:
-            return f"worker max_length {d.max_length} does not match this frontend's {self._max_length}"
+            return f"{worker} has max_length {d.max_length}, not this frontend's {self._max_length}"
         # Answers carry this frontend's model id and temperature: another model's (the same
         # tokenizer, another head) would be answers under the wrong name.
         if self._model_id and d.model_id != self._model_id:
-            return f"worker serves model {d.model_id!r}, not this frontend's {self._model_id!r}"
+            return f"{worker} serves model {d.model_id!r}, not this frontend's {self._model_id!r}"
         if self._temperature is not None and d.temperature != self._temperature:
-            return f"worker temperature {d.temperature} does not match this frontend's {self._temperature}"
+            return f"{worker} has temperature {d.temperature}, not this frontend's {self._temperature}"
         # A request this frontend accepts must fit the worker: else it would fail part-way.
         if d.limits.max_questions < self._max_questions:
             return (
-                f"worker accepts at most {d.limits.max_questions} questions per request, fewer than this "
+                f"{worker} accepts at most {d.limits.max_questions} questions per request, fewer than this "
                 f"frontend's --max-questions {self._max_questions}"
             )
         if d.limits.max_candidates < self._max_candidates:
             return (
-                f"worker accepts at most {d.limits.max_candidates} candidates per request, fewer than this "
+                f"{worker} accepts at most {d.limits.max_candidates} candidates per request, fewer than this "
                 f"frontend's --max-candidates {self._max_candidates}"
             )
         # 0: a worker that does not state its token limit (built before the field); its refusals
         # of a too-long request still reach the client, as INTERNAL
         if 0 < d.limits.max_request_tokens < self._max_request_tokens:
             return (
-                f"worker accepts at most {d.limits.max_request_tokens} tokens per request, fewer than this "
+                f"{worker} accepts at most {d.limits.max_request_tokens} tokens per request, fewer than this "
                 f"frontend's --max-request-tokens {self._max_request_tokens}"
             )
         return None

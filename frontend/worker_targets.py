@@ -15,6 +15,7 @@ before traffic depends on it.
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from dataclasses import dataclass
 
@@ -23,11 +24,22 @@ class TargetError(ValueError):
     pass
 
 
+# A DNS name (compose service names may hold `_`). Anything else that is no IP literal, such as
+# `dns://AUTHORITY/NAME` or `DNS:///NAME`, would reach gRPC as a target that never resolves.
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
 def _split_host_port(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise TargetError(f"worker address {address!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        raise TargetError(f"worker address {address!r} is not HOST:PORT (a port 1-65535)")
+    host = host.strip("[]")
+    if _ip_version(host) is None and not _NAME.fullmatch(host):
+        raise TargetError(
+            f"worker address {address!r}: {host!r} is not a host name or IP address "
+            "(forms: HOST:PORT, IP:PORT,IP:PORT,..., ipv4:/ipv6: lists, dns:///NAME:PORT)"
+        )
+    return host, int(port)
 
 
 def _ip_version(host: str) -> int | None:
@@ -66,7 +78,9 @@ class WorkerTargets:
 def parse_worker_targets(text: str) -> WorkerTargets:
     text = text.strip()
     if not text:
-        raise TargetError("--worker is empty")
+        raise TargetError("empty")
+    if text.startswith("dns://") and not text.startswith("dns:///"):
+        raise TargetError(f"{text!r}: a DNS server (dns://AUTHORITY/) is not supported; use dns:///NAME:PORT")
     for scheme in ("dns:///", "dns:"):
         if text.startswith(scheme):
             host, port = _split_host_port(text[len(scheme) :])
@@ -83,11 +97,11 @@ def parse_worker_targets(text: str) -> WorkerTargets:
         return WorkerTargets(text, f"dns:///{host}:{port}", None, host, port)
     if None in versions:
         raise TargetError(
-            f"--worker {text!r}: a list of workers must use IP addresses; "
+            f"{text!r}: a list of workers must use IP addresses; "
             "for names use one dns:///NAME:PORT that resolves to all of them"
         )
     if len(versions) != 1:
-        raise TargetError(f"--worker {text!r}: do not mix IPv4 and IPv6 addresses")
+        raise TargetError(f"{text!r}: do not mix IPv4 and IPv6 addresses")
     endpoints = tuple(_endpoint(host, port) for host, port in parsed)
     scheme = "ipv6" if versions == {6} else "ipv4"
     return WorkerTargets(text, f"{scheme}:{','.join(endpoints)}", endpoints)

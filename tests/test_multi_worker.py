@@ -1,6 +1,6 @@
 """Two CPU workers behind one round-robin frontend (`--worker-affinity off`), all real
 subprocesses on loopback: round-robin spread, a worker killed under a steady stream of requests,
-and the worker coming back.
+and the worker coming back; an incompatible worker among compatible ones; bad `--worker` targets.
 
 Which worker ran what is read from the workers' own JSON logs (`execute_accepted` when a
 worker took a request, `execute` with status OK when it answered), keyed by the request id the
@@ -9,6 +9,9 @@ client sends: that is also the check that the id travels from frontend to worker
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent import futures
@@ -19,6 +22,8 @@ import pytest
 
 from openjev.client import Client
 from openjev.tools import launch
+from openjev.v1 import decision_pb2 as api
+from openjev.v1 import decision_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = json.loads((REPO / "examples" / "contract_example.json").read_text())
@@ -206,3 +211,96 @@ def test_worker_killed_under_load_then_rejoins(cluster, demo_model):
             # answer not yet sent (seen under load).
             assert answered_by.get(request_id) in (None, victim.name), request_id
     assert stream.ok_since(killed_at) >= 6
+
+
+def other_model(demo_model: Path, into: Path) -> Path:
+    """The demo export under another model id and checkpoint revision (same tokenizer, weights)."""
+    into.mkdir()
+    for item in demo_model.iterdir():
+        if item.name != "open_jev_export.json":
+            (into / item.name).symlink_to(item.resolve())
+    export = json.loads((demo_model / "open_jev_export.json").read_text())
+    export.update(model_id="open-jev-other", checkpoint_revision="another-revision")
+    (into / "open_jev_export.json").write_text(json.dumps(export))
+    return into
+
+
+def described(address: str) -> tuple[str, str, int]:
+    """What DescribeModel takes from the workers: checkpoint revision, backend, default policy."""
+    with grpc.insecure_channel(address) as channel:
+        d = decision_pb2_grpc.DecisionServiceStub(channel).DescribeModel(api.DescribeModelRequest(), timeout=10)
+    return d.checkpoint_revision, d.backend, d.default_prefix_policy
+
+
+def refusal(address: str) -> grpc.RpcError | None:
+    with Client(address) as c:
+        try:
+            c.decide(EXAMPLE, timeout=30)
+        except grpc.RpcError as error:
+            return error
+    return None
+
+
+def refused_with(address: str, code: grpc.StatusCode) -> bool:
+    error = refusal(address)
+    return error is not None and error.code() == code
+
+
+def test_an_incompatible_worker_is_named_and_never_described_as_this_model(demo_model, tmp_path):
+    """Among several workers the refusal names the wrong one; DescribeModel keeps the compatible
+    workers' description while the wrong one is there and after it is gone (it reported the other
+    model's checkpoint under this frontend's model id, also once that worker had died)."""
+    good = start_worker(demo_model, tmp_path, launch.free_port(), "good")
+    wrong_port = launch.free_port()
+    frontend = launch.start_frontend(
+        demo_model,
+        f"{good.address},127.0.0.1:{wrong_port}",
+        tmp_path,
+        ["--worker-refresh-seconds", "0.5", "--worker-affinity", "off"],
+    )
+    wrong = None
+    try:
+        launch.wait_serving(frontend.address)
+        before = described(frontend.address)
+        assert before[0] != "another-revision" and before[1]
+        wrong = start_worker(other_model(demo_model, tmp_path / "other"), tmp_path, wrong_port, "wrong")
+        failed = grpc.StatusCode.FAILED_PRECONDITION
+        wait_for(lambda: refused_with(frontend.address, failed), 30, "the frontend to refuse the wrong worker")
+        error = refusal(frontend.address)
+        assert error is not None and error.details() == (
+            f"worker at 127.0.0.1:{wrong_port} serves model 'open-jev-other', not this frontend's 'open-jev-demo'"
+        )
+        assert described(frontend.address) == before
+        good.kill()
+        wrong.kill()
+        unavailable = grpc.StatusCode.UNAVAILABLE
+        wait_for(lambda: refused_with(frontend.address, unavailable), 30, "the frontend to see both workers gone")
+        assert described(frontend.address) == before
+    finally:
+        for process in (frontend, good, *([wrong] if wrong else [])):
+            process.stop(timeout_seconds=10)
+
+
+@pytest.mark.parametrize(
+    ("worker", "env"),
+    [
+        ("dns://10.0.0.2/worker:50052", {}),  # a DNS server: was mangled into dns://///10.0.0.2/...
+        ("DNS:///worker:50052", {}),  # was taken for a host name
+        ("127.0.0.1:99999", {}),
+        ("127.0.0.1:0", {}),
+        (None, {"OPENJEV_WORKER": "worker/a:50052"}),
+    ],
+)
+def test_a_bad_worker_target_is_a_one_line_error(demo_model, worker, env):
+    """Like every other bad flag: one line, exit 2, nothing served (they were accepted and never served)."""
+    args = ["--model", str(demo_model), "--plaintext", "--listen", "127.0.0.1:0"]
+    done = subprocess.run(
+        [sys.executable, "-m", launch.FRONTEND_MODULE, *args, *(["--worker", worker] if worker else [])],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **env},
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and "error:" in lines[0] and ("--worker" in lines[0] or "OPENJEV_WORKER" in lines[0]), lines
