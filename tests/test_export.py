@@ -51,10 +51,12 @@ def rewrite_meta(export: Path, **changes) -> None:
 
 
 def test_good_export_loads(export):
-    rewrite_meta(export, alias="judge-alias", head_weight=[0.5] * HIDDEN)
+    # every entry different, so a head read in any other order (reversed, shifted) is not equal
+    head = [i / 4 - 2.0 for i in range(HIDDEN)]
+    rewrite_meta(export, alias="judge-alias", head_weight=head)
     meta = load_export_meta(export)
     assert meta.model_id == "judge-test" and meta.temperature == 2.5 and meta.max_length == 4096
-    assert meta.head_weight == (0.5,) * HIDDEN and meta.head_bias == 0.25
+    assert meta.head_weight == tuple(head) and meta.head_bias == 0.25
     assert meta.accepted_model_names == {"judge-test", "open-jev", "jev-latest", "judge-alias"}
     rewrite_meta(export)
     assert load_export_meta(export).accepted_model_names == {"judge-test", "open-jev", "jev-latest"}

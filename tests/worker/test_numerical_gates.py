@@ -239,11 +239,14 @@ ORACLE_SUBSET = ("choice-0", "choice-1", "noul-0", "noul-1", "score2-0", "score1
 
 
 @pytest.mark.parametrize("policy", ["off", "shared"])
-def test_oracle_agrees(work, results, runner, oracle, policy):
-    """transformers on each full prompt, head on the last hidden state after the final norm."""
-    from openjev.contract.answers import question_probabilities
-    from openjev.worker.model import ops
+def test_oracle_agrees(work, results, demo_model, oracle, policy):
+    """transformers on each full prompt, head on the last hidden state after the final norm: the
+    head vector, bias and temperature as the export's json holds them (not as the runner loaded them)."""
+    from export_head import export_json, reference_head_score
 
+    from openjev.contract.answers import question_probabilities
+
+    temperature = float(export_json(demo_model)["temperature"])
     requests = dict(work)
     worst_score = worst_p = 0.0
     for name, got in zip(ORACLE_SUBSET, results(policy, ORACLE_SUBSET), strict=True):
@@ -252,8 +255,8 @@ def test_oracle_agrees(work, results, runner, oracle, policy):
             for tokens in question.candidates:
                 with torch.no_grad():
                     hidden = oracle(input_ids=torch.tensor([list(tokens)])).last_hidden_state[0, -1]
-                scores.append(ops.head_score(hidden, runner.head_weight, runner.meta.head_bias))
-            p = question_probabilities(question.kind, scores, runner.meta.temperature)
+                scores.append(reference_head_score(demo_model, hidden))
+            p = question_probabilities(question.kind, scores, temperature)
             worst_score = max(worst_score, max(abs(a - b) for a, b in zip(scores, got.head_scores[q], strict=True)))
             worst_p = max(worst_p, max(abs(a - b) for a, b in zip(p, got.probabilities[q], strict=True)))
     print(f"{policy} vs transformers: max|d head|={worst_score:.2e} max|dp|={worst_p:.2e}")
