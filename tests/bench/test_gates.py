@@ -1,0 +1,128 @@
+"""The numerical-gates tool itself, on the CPU with the demo model: it chooses requests of every
+kind, says what each column covered, and catches an injected error of one ulp (a policy's head
+scores; a request spread over passes that it shared) in --exact mode."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from openjev.tools.bench import gates, workload
+from openjev.worker.scheduler import Scheduler
+
+REPO = Path(__file__).resolve().parents[2]
+WORKLOAD = REPO / "benchmarks" / "workload.jsonl"
+# Short strata only (the CPU is slow); chunks of 128 tokens so that requests of the 129-512 group
+# and the 3-question one run spread over passes when they share them.
+SHORT = "16k,513-2048,2049-4096,4q,8q,17-candidates,33-candidates,mixed,score-10"
+
+
+def run(tmp_path: Path, demo_model: Path, *extra: str) -> tuple[int, str]:
+    out = tmp_path / "gates.md"
+    argv = [
+        "--model",
+        str(demo_model),
+        "--workload",
+        str(WORKLOAD),
+        "--backend",
+        "torch",
+        "--skip",
+        SHORT,
+        "--chunk-tokens",
+        "128",
+        "--max-launch-tokens",
+        "512",
+        "--out",
+        str(out),
+        *extra,
+    ]
+    return gates.run_gates(argv), out.read_text()
+
+
+def bump(score: float) -> float:
+    """One fp32 ulp up."""
+    return float(np.nextafter(np.float32(score), np.float32(np.inf)))
+
+
+def test_selection_is_stratified_and_seeded():
+    cases = workload.read_jsonl(WORKLOAD)
+    chosen = gates.select_cases(cases, 30, seed=0, skip={"16k"}, kinds=None)
+    strata = {(c.kind, c.group) for c in cases if c.group != "16k"}
+    assert len(chosen) == 30 and {(c.kind, c.group) for c in chosen} == strata
+    assert [c.name for c in gates.select_cases(cases, 30, 0, {"16k"}, None)] == [c.name for c in chosen]
+    assert [c.name for c in gates.select_cases(cases, 30, 1, {"16k"}, None)] != [c.name for c in chosen]
+    everything = gates.select_cases(cases, None, 0, set(), None)
+    assert len(everything) == len(cases)
+    assert everything[len(strata)].group == "16k"  # the slow case last of the first round
+
+
+def test_report_covers_kinds_and_passes(tmp_path, demo_model):
+    rc, text = run(tmp_path, demo_model, "--limit", "8", "--oracle-cases", "1", "--policies", "default,fixed")
+    assert rc == 0, text
+    assert "verdict: **PASS**" in text
+    for row in ("| choice | 1-128 |", "| noul | 129-512 |", "| score | 1-128 |", "| multi | 3q |", "| capacity |"):
+        assert row in text
+    # what each row covered, and n/a where the oracle's one request had no such question
+    assert "| fixed | 8 |" in text
+    assert "max abs d score n/a" in text
+    assert "seed 0" in text
+    assert "ran in more passes mixed than alone" in text
+    mixed = text.split(gates.MIXED_LOG_HEADER)[1]
+    assert mixed.count("| yes |") == 8
+
+
+def test_exact_passes_where_the_cpu_is_exact(tmp_path, demo_model):
+    """`fixed` is bit exact against `off` on the CPU, and so is every request mixed and alone."""
+    rc, text = run(tmp_path, demo_model, "--limit", "6", "--oracle-cases", "0", "--policies", "fixed", "--exact")
+    assert rc == 0, text
+    assert "| fixed | 0 | 0.00e+00 | 0 | 0.00e+00 |" in text
+
+
+@pytest.mark.parametrize("shift", ["ulp", "constant"])
+def test_exact_catches_a_policy_off_by_one_ulp(tmp_path, demo_model, monkeypatch, shift):
+    """One policy's head scores one ulp off (or all shifted alike, which softmax hides)."""
+    update = Scheduler._update
+
+    def injected(self, job, index, keep, result):
+        if job.plan.policy == "fixed" and result.head_score is not None:
+            score = bump(result.head_score) if shift == "ulp" else result.head_score + 2.0**-12
+            result = dataclasses.replace(result, head_score=score)
+        update(self, job, index, keep, result)
+
+    monkeypatch.setattr(Scheduler, "_update", injected)
+    rc, text = run(
+        tmp_path,
+        demo_model,
+        "--limit",
+        "4",
+        "--oracle-cases",
+        "0",
+        "--policies",
+        "fixed",
+        "--exact",
+        "--mixed-clients",
+        "1",
+    )
+    assert rc == 1, text
+    assert "verdict: **FAIL**" in text and "fixed: " in text and "differ in some bit" in text
+    row = next(line for line in text.splitlines() if line.startswith("| fixed | ") and "e" in line)
+    assert row.split(" | ")[1] != "0"  # head scores differing
+
+
+def test_exact_catches_a_request_split_while_sharing(tmp_path, demo_model, monkeypatch):
+    """A head score one ulp off only where its request ran spread over passes that it shared:
+    the mixed run must hold such requests to see it."""
+    update = Scheduler._update
+
+    def injected(self, job, index, keep, result):
+        if job.num_passes > 1 and job.num_shared_passes > 0 and result.head_score is not None:
+            result = dataclasses.replace(result, head_score=bump(result.head_score))
+        update(self, job, index, keep, result)
+
+    monkeypatch.setattr(Scheduler, "_update", injected)
+    rc, text = run(tmp_path, demo_model, "--limit", "6", "--oracle-cases", "0", "--policies", "fixed", "--exact")
+    assert rc == 1, text
+    assert "mixed run: " in text and "differ in some bit of a head score from alone" in text
