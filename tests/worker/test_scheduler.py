@@ -115,10 +115,18 @@ def test_answers_are_bit_identical_alone_and_sharing_passes(torch_runner, seed):
         assert have.probabilities == want.probabilities
 
 
-def test_two_concurrent_requests_share_a_pass_through_the_servers(pair, client):
-    """Through the real frontend and worker: two requests sent together ride in one pass,
-    and their answers equal those of the same requests sent alone."""
+def test_two_concurrent_requests_share_a_pass_through_the_servers(demo_model, tmp_path):
+    """Through the real frontend and worker: two requests sent together ride in one pass, and
+    their answers equal those of the same requests sent alone.
+
+    So that they wait together whatever the timing, a long request (one pass of its own: the
+    pass budget holds all of it) keeps the worker busy while they arrive; its pass was chosen
+    before they came, so it shares none, and the pass after it carries both."""
     from concurrent.futures import ThreadPoolExecutor
+
+    from openjev.client import Client
+    from openjev.tools import launch
+    from openjev.tools.soak import log_events
 
     bodies = [
         {"state": "ticket 1: refund please " * 20, "questions": {"q": {"type": "noul", "instructions": "refund?"}}},
@@ -129,19 +137,37 @@ def test_two_concurrent_requests_share_a_pass_through_the_servers(pair, client):
             },
         },
     ]
-    alone = [client.decide(b) for b in bodies]
-    before = pair.worker.log_text()
-    with ThreadPoolExecutor(2) as pool:
-        together = list(pool.map(client.decide, bodies))
+    # ~6,000 tokens, one segment: seconds of one pass on the CPU (budget 8,192 tokens a pass)
+    long_body = {
+        "state": "log line: disk quota warning " * 1000,
+        "questions": {"q": {"type": "noul", "instructions": "full?"}},
+    }
+    pair = launch.start_pair(demo_model, tmp_path, worker_args=["--log-level", "debug", "--max-launch-tokens", "8192"])
+    try:
+        with Client(pair.frontend.address) as client:
+            alone = [client.decide(b) for b in bodies]
+            before = len(pair.worker.log_text())
+            with ThreadPoolExecutor(3) as pool:
+                busy = pool.submit(client.decide, long_body)
+                # the long request is in: its pass starts at once (the worker is idle)
+                wait_until(lambda: log_events(pair.worker.log_text()[before:], "execute_accepted"))
+                together = list(pool.map(client.decide, bodies))
+                busy.result(60)
+            log = pair.worker.log_text()[before:]
+    finally:
+        pair.stop()
     for a, t in zip(alone, together, strict=True):
         assert a["answers"] == t["answers"]
-    from openjev.tools.soak import log_events
-
-    lines = log_events(pair.worker.log_text()[len(before) :], "execute")
-    assert len(lines) == 2 and all(line["status"] == "OK" for line in lines)
-    # Timing decides whether the second request arrived before the first one's pass began;
-    # the answers above must be equal either way, and the log says what happened.
-    assert all("shared_passes" in line for line in lines)
+    lines = log_events(log, "execute")
+    assert len(lines) == 3 and all(line["status"] == "OK" for line in lines), lines
+    long_line = max(lines, key=lambda line: line["tokens_submitted"])
+    assert long_line["tokens_submitted"] > 4000
+    # the long request ran alone, in one pass, before the two: they shared no pass with it ...
+    assert (long_line["passes"], long_line["shared_passes"]) == (1, 0), long_line
+    # ... so the passes they shared, they shared with each other
+    two = [line for line in lines if line is not long_line]
+    assert all(line["shared_passes"] >= 1 for line in two), two
+    assert any(event["requests"] == 2 for event in log_events(log, "pass")), log_events(log, "pass")
 
 
 def test_queue_full_and_arrival_order(torch_runner):
