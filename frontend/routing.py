@@ -7,10 +7,12 @@ the `x-openjev-affinity` header this module computes: a hash of the request's st
 the state, so those bytes are the leading tokens all of a request's candidates share, and an
 agent's later, longer state keeps the same key). gRPC hashes the header onto the ring of the
 workers whose health is SERVING and walks past ones that are down; a call no worker accepted is
-tried again by the frontend (`DecisionServicer._execute`, gRPC's own retries are off), as on the
-round-robin channel. A call a worker accepted and then refused with a full queue
-(`RESOURCE_EXHAUSTED`, before any result) ran nowhere: `Replay` keeps the sent messages so that
-the frontend can send such a request once more, round-robin.
+tried again by the frontend (`DecisionServicer._execute`, gRPC's own retries are off) on the
+round-robin channel: the ring would pick the same worker again, and one that refuses the call
+(replaced by another export) stays on the ring while its health says SERVING. A call a worker
+accepted and then refused with a full queue (`RESOURCE_EXHAUSTED`, before any result) ran
+nowhere: `Replay` keeps the sent messages so that the frontend can send such a request once
+more, round-robin.
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ REPLAY_TOTAL_BYTES = 256 * 1024 * 1024
 # Label values of metrics.frontend_routed_requests (route, reason).
 AFFINITY = ("affinity", "context")
 FALLBACK_QUEUE_FULL = ("fallback", "queue_full")
+# the context's worker took no call (lost, or refusing this frontend's): retried round-robin
+FALLBACK_NOT_ACCEPTED = ("fallback", "not_accepted")
 AFFINITY_NOT_REPLAYED = ("affinity", "queue_full_not_replayable")
 ROUND_ROBIN = ("round_robin", "affinity_off")
-ROUTES = (AFFINITY, FALLBACK_QUEUE_FULL, AFFINITY_NOT_REPLAYED, ROUND_ROBIN)
+ROUTES = (AFFINITY, FALLBACK_QUEUE_FULL, FALLBACK_NOT_ACCEPTED, AFFINITY_NOT_REPLAYED, ROUND_ROBIN)
 
 
 def enable_request_hash_header() -> None:

@@ -6,6 +6,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import grpc
 
@@ -62,9 +63,16 @@ class _NotAccepted(Exception):
     def __init__(self, refused: Refused):
         super().__init__(refused.message)
         self.refused = refused
-        # set when the call was the round-robin resend after a full queue: the retry stays
-        # round-robin, so the context's full worker is not asked a third time
-        self.after_queue_full = False
+
+
+@dataclass
+class _Routing:
+    """One request's routing over its attempts. fallback: once set, every later attempt goes
+    round-robin, counted under this route. chosen: the route of the last call, recorded once
+    when the request ends."""
+
+    fallback: tuple[str, str] | None = None
+    chosen: tuple[str, str] | None = None
 
 
 def _accepted(call) -> bool:
@@ -279,15 +287,18 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         (one died or refused the connection first) is tried again, tokenized afresh."""
         timeout = self.worker_timeout(context)
         deadline = time.monotonic() + timeout
-        affinity = self.link.affinity_stub is not None
+        route = _Routing()
         try:
             for attempt in range(1, MAX_ATTEMPTS + 1):
                 try:
                     remaining = deadline - time.monotonic()
-                    return self._attempt(decision, policy, context, request_id, remaining, fields, affinity)
+                    return self._attempt(decision, policy, context, request_id, remaining, fields, route)
                 except _NotAccepted as failure:
                     self.link.refresh_soon()
-                    affinity = affinity and not failure.after_queue_full
+                    if self.link.affinity_stub is not None and route.fallback is None:
+                        # ring_hash would pick the same worker again (one that refuses the call
+                        # stays on the ring while its health says SERVING): retry round-robin
+                        route.fallback = routing.FALLBACK_NOT_ACCEPTED
                     backoff = RETRY_BACKOFF_SECONDS * 2 ** (attempt - 1)
                     if attempt == MAX_ATTEMPTS or deadline - time.monotonic() <= backoff or not context.is_active():
                         raise failure.refused from None
@@ -300,6 +311,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 # this frontend's cap, not the client's deadline, ran out: the metrics must say so
                 interceptors.note_outcome(interceptors.WORKER_DEADLINE)
             raise
+        finally:
+            if route.chosen is not None:
+                routing.record(route.chosen)
 
     def _attempt(
         self,
@@ -309,7 +323,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         request_id: str,
         timeout: float,
         fields,
-        affinity: bool,
+        route: _Routing,
     ):
         """One attempt on the worker the routing picks (`_route`): one ExecuteUnary call for a
         request that fits one batch when the workers serve it, else the Execute stream. A worker
@@ -325,8 +339,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         ]
         num_questions = len(decision.questions)
 
-        def route(call, replayable, ended_early=lambda: False):
-            return self._route(call, replayable, ended_early, decision, context, deadline, fields, affinity)
+        def routed(call, replayable, ended_early=lambda: False):
+            return self._route(call, replayable, ended_early, decision, context, deadline, fields, route)
 
         def send_unary(request: wire.ExecuteUnaryRequest):
             fields["worker_method"] = "ExecuteUnary"  # the request's log line says which call ran it
@@ -334,13 +348,13 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             def call(stub, extra_metadata, seconds):
                 return self._call_unary(stub, request, [*metadata, *extra_metadata], seconds, context, num_questions)
 
-            return route(call, lambda: True)  # the request is its own replay
+            return routed(call, lambda: True)  # the request is its own replay
 
         def send_stream(messages: Iterator[wire.ExecuteRequest], refusal: list[ContractError]):
             fields["worker_method"] = "Execute"
             # With affinity the messages are kept (routing.Replay) for one round-robin resend.
             kept = None
-            if self.link.affinity_stub is not None and affinity:
+            if self.link.affinity_stub is not None and route.fallback is None:
                 kept = routing.Replay(messages, routing.REPLAY_REQUEST_BYTES, self._replay_budget)
             calls = [0]
 
@@ -350,7 +364,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 return self._call(stub, payload, [*metadata, *extra_metadata], seconds, context, num_questions)
 
             try:
-                return route(call, lambda: kept is not None and kept.replayable, lambda: bool(refusal))
+                return routed(call, lambda: kept is not None and kept.replayable, lambda: bool(refusal))
             except (Refused, _NotAccepted):
                 if refusal:  # the stream ended early on a contract error: that is the answer
                     raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from None
@@ -463,44 +477,39 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         context,
         deadline: float,
         fields,
-        affinity: bool,
+        route: _Routing,
     ):
         """`call(stub, extra_metadata, seconds)` on the channel the routing picks. With affinity,
         a request its context's worker refused unrun (queue full) goes once more, round-robin,
-        if `replayable()` (never one that `ended_early()` on a contract error); if that resend
-        reached no worker, the retry stays round-robin."""
+        if `replayable()` (never one that `ended_early()` on a contract error); a retry after
+        that resend stays round-robin, so the full worker is not asked a third time."""
 
-        def routed(route: tuple[str, str]) -> None:
-            routing.record(route)
-            fields["route"] = route[0]  # the request's log line says how it was routed
+        def routed(chosen: tuple[str, str]) -> None:
+            route.chosen = chosen
+            fields["route"] = chosen[0]  # the request's log line says how it was routed
 
-        if self.link.affinity_stub is None or not affinity:
-            routed(routing.ROUND_ROBIN if self.link.affinity_stub is None else routing.FALLBACK_QUEUE_FULL)
+        if self.link.affinity_stub is None or route.fallback is not None:
+            routed(route.fallback or routing.ROUND_ROBIN)
             return call(self.link.stub, (), deadline - time.monotonic())
         key = routing.affinity_key(decision.state_text, self.affinity_prefix_bytes)
+        routed(routing.AFFINITY)
         try:
-            answer = call(self.link.affinity_stub, [(routing.AFFINITY_HEADER, key)], deadline - time.monotonic())
-            routed(routing.AFFINITY)
-            return answer
+            return call(self.link.affinity_stub, [(routing.AFFINITY_HEADER, key)], deadline - time.monotonic())
         except Refused as refused:
             if ended_early() or not (refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED and refused.unrun):
-                routed(routing.AFFINITY)
                 raise
             if not replayable():
                 routed(routing.AFFINITY_NOT_REPLAYED)
                 raise
             # The context's worker refused it unrun (queue full): once more, round-robin.
+            route.fallback = routing.FALLBACK_QUEUE_FULL
             routed(routing.FALLBACK_QUEUE_FULL)
             remaining = deadline - time.monotonic()
             if not context.is_active():  # the client left: nothing to send again for
                 raise Refused(grpc.StatusCode.CANCELLED, refused.message) from refused
             if remaining <= 0:
                 raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, refused.message) from refused
-            try:
-                return call(self.link.stub, (), remaining)
-            except _NotAccepted as failure:
-                failure.after_queue_full = True
-                raise
+            return call(self.link.stub, (), remaining)
 
     @staticmethod
     def _call(stub, requests, metadata, timeout: float, context, num_questions: int):

@@ -14,7 +14,8 @@ iterator then waited for good, past every deadline (docs/reliability.md).
 
 With context affinity on, a second traffic channel balances the same workers with gRPC's
 `ring_hash` instead (`openjev.frontend.routing`); the round-robin channel stays the one that
-readiness is judged on and that a request refused by a full queue is sent to again."""
+readiness is judged on and that a request is sent to again when its context's worker refused it
+with a full queue or did not accept it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Context affinity with three CPU workers behind one frontend, all real subprocesses on loopback:
 requests about one state go to one worker and states spread; a worker whose queue is full hands
 the request to another; a worker killed under load loses only what it had accepted, and its
-states move to the others while the others' states stay.
+states move to the others while the others' states stay. A worker replaced by another export
+(it refuses calls before accepting them) is not asked again: the retry goes round-robin, and
+every request is counted once by its route.
 
 Worker 0 runs one sequence per pass and lets none wait (`--queue-capacity 0`), so it is easy to
 fill. Which worker did what is read from the workers' JSON logs, keyed by request id: `execute`
@@ -9,17 +11,21 @@ with status OK (answered) or RESOURCE_EXHAUSTED (refused, queue full), `execute_
 
 from __future__ import annotations
 
+import functools
+import json
 import threading
 import time
 import urllib.request
 from collections import defaultdict
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from openjev.client import Client
+from openjev.frontend.worker_link import MAX_RECONNECT_BACKOFF_MS
 from openjev.tools import launch
 from openjev.tools.soak import log_events
 
@@ -250,6 +256,7 @@ def test_worker_killed_under_load_moves_only_its_states(cluster):
     by = answered_by(workers)
     refused = outcomes_by_worker(workers, "RESOURCE_EXHAUSTED")
     accepted_by_victim = {e.get("request_id") for e in log_events(victim.log_text(), "execute_accepted")}
+    retried = {e.get("request_id") for e in log_events(cluster["frontend"].log_text(), "worker_retry")}
     for request_id, _context, _sent, seconds, outcome in agents.results:
         assert seconds <= TIMEOUT + 3.0, (request_id, seconds)
         if outcome == "OK":
@@ -257,8 +264,10 @@ def test_worker_killed_under_load_moves_only_its_states(cluster):
         elif outcome.startswith("UNAVAILABLE"):  # lost with the worker that had accepted it, never re-run
             # (the victim may have logged it answered just before the kill cut the reply off)
             assert request_id in accepted_by_victim and by.get(request_id) in (None, victim.name), (request_id, outcome)
-        else:  # worker 0 full, and full again when tried round-robin
-            assert outcome.startswith("RESOURCE_EXHAUSTED") and len(refused[request_id]) == 2, (request_id, outcome)
+        else:  # worker 0 full, and full again when tried round-robin; or full when the victim, lost
+            # before accepting the request, had it tried again round-robin
+            assert outcome.startswith("RESOURCE_EXHAUSTED"), (request_id, outcome)
+            assert len(refused[request_id]) == 2 or request_id in retried, (request_id, refused[request_id])
     counts: dict[str, int] = defaultdict(int)
     for *_, outcome in agents.results:
         counts[outcome.split(":")[0]] += 1
@@ -281,3 +290,141 @@ def homes(workers, results, since: float) -> dict[str, str]:
             seen[context].add(by[request_id])
     assert all(len(names) == 1 for names in seen.values()), seen
     return {context: next(iter(names)) for context, names in seen.items()}
+
+
+def other_model(demo_model: Path, into: Path) -> Path:
+    """The demo export under another model id (same tokenizer and weights)."""
+    into.mkdir()
+    for item in demo_model.iterdir():
+        if item.name != "open_jev_export.json":
+            (into / item.name).symlink_to(item.resolve())
+    export = json.loads((demo_model / "open_jev_export.json").read_text())
+    export["model_id"] = "open-jev-other"
+    (into / "open_jev_export.json").write_text(json.dumps(export))
+    return into
+
+
+@pytest.fixture(scope="module")
+def replaced(demo_model, tmp_path_factory):
+    """A narrow worker and one that is replaced by another export after two frontends described
+    it (`--worker-refresh-seconds 600`: they describe it again only when a call is refused). Each
+    frontend finds that out once, so each test has its own; states found before the replacement."""
+    workdir = tmp_path_factory.mktemp("replaced")
+    port = launch.free_port()
+    listen = ["--listen", f"127.0.0.1:{port}"]
+    with futures.ThreadPoolExecutor(2) as pool:
+        narrow_start = pool.submit(launch.start_worker, demo_model, workdir, [*WORKER_ARGS, *NARROW_ARGS], "narrow")
+        replaced_start = pool.submit(launch.start_worker, demo_model, workdir, [*WORKER_ARGS, *listen], "replaced")
+        narrow, worker = narrow_start.result(), replaced_start.result()
+    processes = [narrow, worker]
+    frontends, metrics = {}, {}
+    try:
+        for name in ("queue_full", "refusing"):
+            metrics_port = launch.free_port()
+            frontends[name] = launch.start_frontend(
+                demo_model,
+                f"{narrow.address},{worker.address}",
+                workdir,
+                ["--worker-refresh-seconds", "600", "--metrics-port", str(metrics_port)],
+            )
+            processes.append(frontends[name])
+            launch.wait_serving(frontends[name].address)
+            metrics[name] = f"http://127.0.0.1:{metrics_port}/metrics"
+        on_narrow = find_state_on(
+            {"frontend": frontends["queue_full"], "workers": [narrow, worker]}, "narrow", "q", 400
+        )
+        on_replaced = find_state_on(
+            {"frontend": frontends["refusing"], "workers": [narrow, worker]}, "replaced", "r", 20
+        )
+        worker.stop()
+        other = launch.start_worker(
+            other_model(demo_model, workdir / "other"), workdir, [*WORKER_ARGS, *listen], "other"
+        )
+        processes.append(other)
+        # both traffic channels of each frontend reconnect to the address (backoff at most 5 s)
+        time.sleep(MAX_RECONNECT_BACKOFF_MS / 1000 + 1)
+        yield {
+            "narrow": narrow,
+            "other": other,
+            "frontends": frontends,
+            "metrics": metrics,
+            "on_narrow": on_narrow,
+            "on_replaced": on_replaced,
+        }
+    finally:
+        for process in processes:
+            process.stop(timeout_seconds=10)
+
+
+def was_accepted(worker, request_id: str) -> bool:
+    return request_id in [e.get("request_id") for e in log_events(worker.log_text(), "execute_accepted")]
+
+
+def refused_unaccepted(worker) -> set[str]:
+    """Request ids the worker refused as not the one the frontend described."""
+    return {e.get("request_id") for e in log_events(worker.log_text(), "execute") if e.get("status") == "UNAVAILABLE"}
+
+
+def test_a_call_the_state_worker_did_not_accept_is_retried_round_robin(replaced):
+    """A state's worker replaced by another export refuses its calls before accepting them; ring
+    hashing sent all three attempts back to it, UNAVAILABLE while the narrow worker was idle."""
+    frontend, narrow, other = replaced["frontends"]["refusing"], replaced["narrow"], replaced["other"]
+    before = routed(replaced["metrics"]["refusing"])
+    outcomes: dict[str, str] = {}
+    with Client(frontend.address) as c:
+        deadline = time.monotonic() + 30
+        while not set(outcomes) & refused_unaccepted(other):
+            assert time.monotonic() < deadline, "no call reached the replaced worker"
+            request_id = f"refusing-{len(outcomes)}"
+            try:
+                c.decide(noul(replaced["on_replaced"], "Still there?"), request_id=request_id, timeout=TIMEOUT)
+                outcomes[request_id] = "OK"
+            except grpc.RpcError as error:
+                outcomes[request_id] = f"{error.code().name}: {error.details()}"
+            time.sleep(0.2)
+    time.sleep(0.3)
+    assert set(outcomes.values()) == {"OK"}, outcomes
+    by = answered_by([narrow, other])
+    assert all(by[request_id] == narrow.name for request_id in outcomes), by
+    # until the ring reached the new worker its states went on to the next (affinity); then once round-robin
+    counted = moved(routed(replaced["metrics"]["refusing"]), before)
+    assert counted.pop(("fallback", "not_accepted")) == 1
+    assert counted in ({}, {("affinity", "context"): len(outcomes) - 1}), counted
+
+
+def test_a_fallback_no_worker_accepted_is_counted_once(replaced):
+    """The round-robin resend after a full queue reached the refusing worker; the retry that
+    followed (round-robin again) counted `fallback`/`queue_full` a second time."""
+    frontend, narrow, other = replaced["frontends"]["queue_full"], replaced["narrow"], replaced["other"]
+    text = replaced["on_narrow"]
+    long_body = {
+        "state": text,
+        "questions": {"q": {"type": "choice", "instructions": "Pick.", "criteria": {f"k{i}": None for i in range(48)}}},
+    }
+    before = routed(replaced["metrics"]["queue_full"])
+    sent: list[str] = []
+    with Client(frontend.address) as c, futures.ThreadPoolExecutor(1) as pool:
+        deadline = time.monotonic() + 60
+        while not set(sent) & refused_unaccepted(other):
+            assert time.monotonic() < deadline, "no resend reached the replaced worker"
+            long_id = f"full-long-{len(sent)}"
+            sent.append(long_id)
+            busy = pool.submit(c.decide, long_body, policy="off", request_id=long_id, timeout=60)
+            wait_for(functools.partial(was_accepted, narrow, long_id), 30, "the long request")
+            while not busy.done() and not set(sent) & refused_unaccepted(other):
+                sent.append(f"resend-{len(sent)}")
+                try:
+                    c.decide(noul(text, f"Question {len(sent)}?"), request_id=sent[-1], timeout=TIMEOUT)
+                except grpc.RpcError:
+                    pass  # RESOURCE_EXHAUSTED (full twice) or UNAVAILABLE: counted all the same
+            busy.result()
+    time.sleep(0.3)
+    refused_full = outcomes_by_worker([narrow], "RESOURCE_EXHAUSTED")
+    answered = answered_by([narrow, other])
+    expected: dict[tuple[str, str], float] = defaultdict(float)
+    for request_id in sent:  # the route of each request, from what the workers logged
+        if request_id in refused_full:
+            expected[("fallback", "queue_full")] += 1
+        elif request_id in answered:
+            expected[("affinity", "context")] += 1
+    assert moved(routed(replaced["metrics"]["queue_full"]), before) == expected
