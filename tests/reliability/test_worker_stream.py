@@ -4,8 +4,9 @@ worker on loopback.
 Hypothesis builds a valid stream and then, or not, breaks it one way (unknown enums and kinds,
 candidate counts a kind does not allow, token ids beyond the tokenizer, indices out of range or
 repeated, missing candidates, messages out of order, empty messages). A broken stream must get
-INVALID_ARGUMENT "malformed execute stream: ..." and never run the model (the worker's log shows
-no executed request for it); a valid one gets a complete answer. Never INTERNAL or UNKNOWN.
+INVALID_ARGUMENT "malformed execute stream: ..." and never run the model (the worker, at debug
+level, logs each forward pass and each request accepted for execution: a refused call adds
+neither); a valid one gets a complete answer. Never INTERNAL or UNKNOWN.
 ExecuteUnary gets the same breaks that one message can carry (and a missing header): "malformed
 execute request: ...", or, when valid, the answer the same request gets as a stream, bit for bit."""
 
@@ -35,7 +36,8 @@ def worker(demo_model, tmp_path_factory):
     process = launch.start_worker(
         demo_model,
         tmp_path_factory.mktemp("stream"),
-        ["--max-questions", str(MAX_QUESTIONS), "--max-request-tokens", "4000"],
+        # debug: a `pass` line for every forward pass, `execute_accepted` for every request run
+        ["--max-questions", str(MAX_QUESTIONS), "--max-request-tokens", "4000", "--log-level", "debug"],
     )
     yield process
     process.stop()
@@ -162,10 +164,31 @@ def streams(draw):
     return broken, shape, messages
 
 
-def _executed(worker, request_id: str) -> list[dict]:
-    return [
-        r for r in log_events(worker.log_text(), "execute") if r.get("request_id") == request_id and r["status"] == "OK"
-    ]
+class ModelActivity:
+    """What the worker logged while one call ran (calls run one at a time, each answered or refused
+    only after every pass of the one before it): `ran` holds what running the model leaves, its
+    forward passes (any request's) and the call accepted for execution or answered."""
+
+    def __init__(self, worker, request_id: str):
+        self.worker, self.request_id = worker, request_id
+        self.start = len(worker.log_text())
+
+    def lines(self) -> list[dict]:
+        return log_events(self.worker.log_text()[self.start :])
+
+    def ran(self) -> list[dict]:
+        return [
+            r
+            for r in self.lines()
+            if r.get("event") == "pass"
+            or (r.get("event") == "execute_accepted" and r.get("request_id") == self.request_id)
+            or (r.get("event") == "execute" and r.get("status") == "OK")
+        ]
+
+    def assert_ran(self) -> None:
+        """An answered call: the same signals are there (so their absence means something)."""
+        events = {r["event"] for r in self.ran()}
+        assert events == {"pass", "execute_accepted", "execute"}, self.lines()
 
 
 @HYPOTHESIS
@@ -173,15 +196,17 @@ def _executed(worker, request_id: str) -> list[dict]:
 def test_every_stream_is_answered_whole_or_refused_before_running(worker, stub, case):
     broken, shape, messages = case
     request_id = f"hyp-{uuid.uuid4().hex[:10]}"
+    activity = ModelActivity(worker, request_id)
     try:
         replies = list(stub.Execute(iter(messages), timeout=60, metadata=[("x-request-id", request_id)]))
     except grpc.RpcError as error:
         assert broken != "none", error
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (broken, error.code(), error.details())
         assert error.details().startswith("malformed execute stream: "), error.details()
-        assert not _executed(worker, request_id)
+        assert activity.ran() == [], (broken, activity.ran())
         return
     assert broken == "none", f"{broken} was answered"
+    activity.assert_ran()
     results = [r.question for r in replies if r.WhichOneof("item") == "question"]
     assert [r.question_index for r in results] == list(range(len(shape)))
     for result, (kind, n) in zip(results, shape, strict=True):
@@ -203,15 +228,17 @@ def unary_requests(draw):
 def test_every_unary_request_is_answered_as_its_stream_or_refused_before_running(worker, stub, case):
     broken, shape, request = case
     request_id = f"hyp-{uuid.uuid4().hex[:10]}"
+    activity = ModelActivity(worker, request_id)
     try:
         reply = stub.ExecuteUnary(request, timeout=60, metadata=[("x-request-id", request_id)])
     except grpc.RpcError as error:
         assert broken != "none", error
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (broken, error.code(), error.details())
         assert error.details().startswith("malformed execute request: "), error.details()
-        assert not _executed(worker, request_id)
+        assert activity.ran() == [], (broken, activity.ran())
         return
     assert broken == "none", f"{broken} was answered"
+    activity.assert_ran()
     assert [r.question_index for r in reply.questions] == list(range(len(shape)))
     assert reply.HasField("summary")
     stream = [
