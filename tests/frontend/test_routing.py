@@ -5,7 +5,10 @@ frontend's own service config, over three real in-process gRPC servers that answ
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 from concurrent import futures
 
@@ -19,15 +22,46 @@ from openjev.frontend.main import affinity_on
 from openjev.frontend.worker_link import affinity_channel_options
 from openjev.worker.v1 import worker_pb2 as wire
 
+BASE = "A customer says: I was charged twice. " * 200
+# blake2b, 8-byte digest, of the leading bytes: fixed across processes, hosts and releases. Every
+# frontend must route one state to one worker, so the key may not change (a salted `hash()`, or
+# another digest, would send a rolled frontend's requests to other workers than the old ones').
+GOLDEN_KEYS = [
+    ((BASE,), "2359864e3f556d29"),
+    (("short",), "1861d0984ace92d1"),
+    (("€" * 30, 60), "521459ecc5d47938"),
+]
+
+
+@pytest.mark.parametrize(("args", "key"), GOLDEN_KEYS)
+def test_key_is_a_fixed_digest(args, key):
+    assert routing.affinity_key(*args) == key
+
+
+def test_frontend_processes_agree_on_the_key():
+    """Two frontends (processes with different hash seeds) route one state to one worker."""
+    code = "import sys; from openjev.frontend import routing; print(routing.affinity_key(sys.stdin.read()))"
+    keys = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            input=BASE,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert keys == {routing.affinity_key(BASE)}
+
 
 def test_key_is_the_states_leading_bytes():
-    base = "A customer says: I was charged twice. " * 200
-    assert routing.affinity_key(base) == routing.affinity_key(base)
     # An agent's state that grew keeps its worker; another state gets another key.
-    assert routing.affinity_key(base + "Later: and again.") == routing.affinity_key(base)
-    assert routing.affinity_key("B" + base) != routing.affinity_key(base)
+    assert routing.affinity_key(BASE + "Later: and again.") == routing.affinity_key(BASE)
+    assert routing.affinity_key("B" + BASE) != routing.affinity_key(BASE)
     assert routing.affinity_key("short") != routing.affinity_key("short!")
-    assert routing.affinity_key(base, 64) == routing.affinity_key(base[:64] + "anything", 64)
+    assert routing.affinity_key(BASE, 64) == routing.affinity_key(BASE[:64] + "anything", 64)
     # Bytes, not characters: a 3-byte character counts three.
     assert routing.affinity_key("€" * 30, 60) == routing.affinity_key("€" * 20 + "x", 60)
 
