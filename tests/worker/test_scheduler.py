@@ -137,12 +137,15 @@ def test_two_concurrent_requests_share_a_pass_through_the_servers(demo_model, tm
             },
         },
     ]
-    # ~6,000 tokens, one segment: seconds of one pass on the CPU (budget 8,192 tokens a pass)
+    # ~6,000 tokens, one segment: over a second of one pass on the CPU (budget 8,192 tokens a
+    # pass; the torch backend even where a GPU would run it in milliseconds)
     long_body = {
         "state": "log line: disk quota warning " * 1000,
         "questions": {"q": {"type": "noul", "instructions": "full?"}},
     }
-    pair = launch.start_pair(demo_model, tmp_path, worker_args=["--log-level", "debug", "--max-launch-tokens", "8192"])
+    pair = launch.start_pair(
+        demo_model, tmp_path, worker_args=["--backend", "torch", "--log-level", "debug", "--max-launch-tokens", "8192"]
+    )
     try:
         with Client(pair.frontend.address) as client:
             alone = [client.decide(b) for b in bodies]
