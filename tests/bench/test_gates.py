@@ -60,14 +60,14 @@ def test_selection_is_stratified_and_seeded():
 
 
 def test_report_covers_kinds_and_passes(tmp_path, demo_model):
-    rc, text = run(tmp_path, demo_model, "--limit", "8", "--oracle-cases", "1", "--policies", "default,fixed")
+    rc, text = run(tmp_path, demo_model, "--limit", "8", "--oracle-cases", "2", "--policies", "default,fixed")
     assert rc == 0, text
     assert "verdict: **PASS**" in text
     for row in ("| choice | 1-128 |", "| noul | 129-512 |", "| score | 1-128 |", "| multi | 3q |", "| capacity |"):
         assert row in text
-    # what each row covered, and n/a where the oracle's one request had no such question
+    # what each row covered, and n/a where the oracle's requests (two choice) had no such question
     assert "| fixed | 8 |" in text
-    assert "max abs d score n/a" in text
+    assert "2 of the first 2 requests" in text and "max abs d score n/a" in text and "0 requests failed there" in text
     assert "seed 0" in text
     assert "ran in more passes mixed than alone" in text
     mixed = text.split(gates.MIXED_LOG_HEADER)[1]

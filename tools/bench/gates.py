@@ -171,7 +171,11 @@ def build_runners(args):
     from openjev.tools.bench.transformers_arm import TransformersRunner, to_device
     from openjev.worker.cuda.runner import CudaRunner
 
-    options = {"graph_cache_size": args.graphs, "gdn_kernel": args.gdn_kernel}
+    options = {
+        "graph_cache_size": args.graphs,
+        "gdn_kernel": args.gdn_kernel,
+        "max_pass_tokens": args.max_launch_tokens,
+    }
     if args.gemm_min_rows is not None:
         options["gemm_min_rows"] = args.gemm_min_rows
     runner = (
@@ -270,8 +274,16 @@ def run_gates(argv: list[str] | None = None) -> int:
     runner, oracle, exact = build_runners(args)
     limits = PackLimits(max_tokens=args.max_launch_tokens, chunk_tokens=args.chunk_tokens)
     engine = Engine(runner, pack_limits=limits, cost_model=default_cost_model(args.backend))
-    oracle_engine = Engine(oracle, cost_model=default_cost_model("torch")) if oracle is not None else None
-    exact_engine = Engine(exact, cost_model=default_cost_model("torch")) if exact is not None else None
+    # transformers scores whole prompts only (no chunks, no parent states): as the worker runs it
+    whole = PackLimits(
+        max_tokens=max(meta.max_length, limits.max_tokens), chunk_tokens=max(meta.max_length, limits.max_tokens)
+    )
+    oracle_engine = (
+        Engine(oracle, pack_limits=whole, cost_model=default_cost_model("torch")) if oracle is not None else None
+    )
+    exact_engine = (
+        Engine(exact, pack_limits=whole, cost_model=default_cost_model("torch")) if exact is not None else None
+    )
     rows = {policy: Diff() for policy in policies}
     oracle_diff = Diff()
     fp32 = {"ours_vs_fp32": 0.0, "transformers_vs_fp32": 0.0}
@@ -299,10 +311,17 @@ def run_gates(argv: list[str] | None = None) -> int:
             rows[policy].saved_tokens += other.num_saved_tokens
             rows[policy].add(question_kinds, base, other)
         if oracle_engine is not None and index < args.oracle_cases:
-            ref = oracle_engine.execute(work, temperature=meta.temperature, policy="off")
+            try:
+                ref = oracle_engine.execute(work, temperature=meta.temperature, policy="off")
+                truth = None
+                if exact_engine is not None:
+                    truth = exact_engine.execute(work, temperature=meta.temperature, policy="off").head_scores
+            except Exception as error:  # reported, as the whole comparison is
+                print(f"{case.name} transformers: {error!r}", file=sys.stderr)
+                oracle_diff.failures += 1
+                continue
             oracle_diff.add(question_kinds, ref, base)
-            if exact_engine is not None:
-                truth = exact_engine.execute(work, temperature=meta.temperature, policy="off").head_scores
+            if truth is not None:
                 for key, scores in (("ours_vs_fp32", base.head_scores), ("transformers_vs_fp32", ref.head_scores)):
                     fp32[key] = max(fp32[key], max_rel_head(scores, truth))
     mixed = batch_invariance(
@@ -452,14 +471,19 @@ def render(
     o = oracle_diff
     lines += ["", "## Against transformers (reported, not gated)", ""]
     if not o.covered["requests"]:
-        lines += ["Not compared with transformers in this run (--oracle-cases 0)."]
+        lines += [
+            f"Not compared with transformers in this run (--oracle-cases {args.oracle_cases}"
+            + (f"; {o.failures} requests failed there)." if o.failures else ").")
+        ]
     else:
         lines += [
-            f"`off` against transformers on the same weights, the first {o.covered['requests']} requests chosen "
+            f"`off` against transformers on the same weights, {o.covered['requests']} of the first "
+            f"{min(args.oracle_cases, len(cases))} requests chosen "
             f"({o.covered['choice']} choice, {o.covered['noul']} noul, {o.covered['score']} score questions; "
             f"{o.covered['head']} head scores): max abs dp {o.cell('max_dp')}, max abs d score {o.cell('max_dscore')}, "
             f"max head-score difference (relative to max(1, |s|)) {o.cell('max_rel_dhead')}, choice changes "
-            f"(decisive) {o.cell('choice_changes')}, noul flips {o.cell('noul_flips')}.",
+            f"(decisive) {o.cell('choice_changes')}, noul flips {o.cell('noul_flips')}; {o.failures} requests "
+            "failed there.",
         ]
         if has_fp32:
             lines += [
