@@ -165,8 +165,12 @@ for step in "$@"; do
            timeout 120 ncu --clock-control none --kernel-name regex:gdn_recurrent --launch-skip 1 --launch-count 1 \
              python3 benchmarks/gdn_probe.py --tokens 4096 --variant s8c16x1 > $OUT/ncu-gdn-x1.txt 2>&1
            grep -E "Stall|Warp Cycles|Issued|Eligible|Duration|Throughput|Bank|Achieved Occ" $OUT/ncu-gdn.txt | head -60 ;;
-    gates-chunked) timeout 150 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
-             --synthetic 27b --layers 8 --oracle-cases 0 --limit 40 --gdn-kernel chunked --out $OUT/gates-chunked.md 2>/tmp/gates.log | head -12 ;;
+    # gates steps: the report's summary (its per-request log of the mixed run stays in the file), the
+    # tool's exit status (1: a gate failed; 124: timed out) in $OUT/NAME.rc, the log's last lines
+    gates-chunked) timeout 240 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
+             --synthetic 27b --layers 8 --oracle-cases 0 --limit 40 --gdn-kernel chunked --out $OUT/gates-chunked.md \
+             >/dev/null 2>$OUT/gates-chunked.log; rc=$?
+         sed "/^## Mixed run, per request/,\$d" $OUT/gates-chunked.md | grep -v "^$"; echo "$step: gates exit status $rc (0: every gate met)" | tee $OUT/gates-chunked.rc; tail -3 $OUT/gates-chunked.log ;;
     # tree attention: its part-by-part errors (attention_probe.py), then its timings beside torch SDPA's
     attention) timeout 120 python3 benchmarks/attention_probe.py 2>&1 | tee $OUT/attention-probe.txt | tail -6
                timeout 240 python3 benchmarks/kernels_gpu.py --ops tree_attention,sdpa --out $OUT/attention-gpu.json 2>&1 \
@@ -180,24 +184,30 @@ for step in "$@"; do
     # gemm_stream's variants against cuBLAS, the runner's call and the weight copy (PRODUCTS: all if unset)
     gemm-stream) timeout 400 python3 benchmarks/gemm_stream.py --products "${PRODUCTS:-}" --out $OUT/gemm-stream.json 2>&1 \
            | tee $OUT/gemm-stream.txt | tail -40 ;;
-    # gates-N: 40 requests with products padded to N rows (quick comparison); gates: the full gate
-    gates-ws0) CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 timeout 150 python3 -m openjev.tools.bench.gates \
+    # gates-N: 40 requests (every kind x group) with products padded to N rows (quick comparison); gates: the full gate
+    gates-ws0) CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 timeout 240 python3 -m openjev.tools.bench.gates \
              --model .openjev/demo-model --workload $WL --backend cuda --synthetic 27b --layers 8 --oracle-cases 5 \
-             --limit 40 --gemm-min-rows 0 --out $OUT/gates-ws0.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
-    gates-*) rows=${step#gates-}; timeout 150 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL \
+             --limit 40 --gemm-min-rows 0 --out $OUT/gates-ws0.md >/dev/null 2>$OUT/gates-ws0.log; rc=$?
+         sed "/^## Mixed run, per request/,\$d" $OUT/gates-ws0.md | grep -v "^$"; echo "$step: gates exit status $rc (0: every gate met)" | tee $OUT/gates-ws0.rc; tail -3 $OUT/gates-ws0.log ;;
+    gates-*) rows=${step#gates-}; timeout 240 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL \
              --backend cuda --synthetic 27b --layers 8 --oracle-cases 5 --limit 40 --gemm-min-rows $rows \
-             --out $OUT/gates-rows$rows.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
+             --out $OUT/gates-rows$rows.md >/dev/null 2>$OUT/gates-rows$rows.log; rc=$?
+         sed "/^## Mixed run, per request/,\$d" $OUT/gates-rows$rows.md | grep -v "^$"; echo "$step: gates exit status $rc (0: every gate met)" | tee $OUT/gates-rows$rows.rc; tail -3 $OUT/gates-rows$rows.log ;;
     # a quick look at the whole path on the 27B shape: one case per kind x group, three arms, a
     # short sweep; the worker's start-up (graph capture) and peak memory from its log
     bench-quick) timeout 450 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
              --out $OUT/bench-quick --per-group 1 --blocks 2 --arms off,auto,shared --sweep 1,4,16 --sweep-seconds 8 \
              --worker-args "--synthetic 27b" 2>$OUT/bench-quick.log | tail -45
          grep -h '"graphs_ready"\|"warm"\|"peak_memory"' /tmp/openjev-bench-*/ours/worker.log | tee -a $OUT/bench-quick.log ;;
-    quick-gates) timeout 150 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
-             --synthetic 27b --layers 8 --oracle-cases 0 --limit 30 --out $OUT/gpu-gates.md 2>/tmp/gates.log | tail -14
-         tail -3 /tmp/gates.log ;;
-    gates) timeout 300 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
-             --synthetic 27b --layers 8 --oracle-cases 20 --limit 100 --out $OUT/gpu-gates.md 2>/tmp/gates.log | tail -12; tail -3 /tmp/gates.log ;;
+    # quick-gates: 30 requests, every kind x group but the 16,384-token case, exact; gates: 100
+    # requests with the 16,384-token case, exact, and 20 of them against transformers (reported)
+    quick-gates) timeout 240 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
+             --synthetic 27b --layers 8 --oracle-cases 0 --limit 30 --out $OUT/gpu-gates.md >/dev/null 2>$OUT/gpu-gates.log; rc=$?
+         sed "/^## Mixed run, per request/,\$d" $OUT/gpu-gates.md | grep -v "^$"; echo "$step: gates exit status $rc (0: every gate met)" | tee $OUT/gpu-gates.rc; tail -3 $OUT/gpu-gates.log ;;
+    gates) timeout 450 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
+             --synthetic 27b --layers 8 --oracle-cases 20 --limit 100 --skip "" --out $OUT/gpu-gates.md \
+             >/dev/null 2>$OUT/gpu-gates.log; rc=$?
+         sed "/^## Mixed run, per request/,\$d" $OUT/gpu-gates.md | grep -v "^$"; echo "$step: gates exit status $rc (0: every gate met)" | tee $OUT/gpu-gates.rc; tail -3 $OUT/gpu-gates.log ;;
     # our three arms over the whole workload; a run cut short keeps its finished blocks (results.json)
     bench-full) timeout 560 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL --out $OUT/bench-full \
              --worker-args "--synthetic 27b --graph-capture-after 1 --graph-cache-size 512" --arms off,auto,shared --blocks 2 --sweep 1,4,16 \
