@@ -5,6 +5,8 @@ scores; a request spread over passes that it shared) in --exact mode."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +128,13 @@ def test_exact_catches_a_request_split_while_sharing(tmp_path, demo_model, monke
     rc, text = run(tmp_path, demo_model, "--limit", "6", "--oracle-cases", "0", "--policies", "fixed", "--exact")
     assert rc == 1, text
     assert "mixed run: " in text and "differ in some bit of a head score from alone" in text
+
+
+def test_command_line_exit_status(tmp_path, demo_model):
+    """As device_run.sh runs it: 1 where a gate fails (`default` is not bit exact against `off` on
+    the CPU), never an abort at exit (engines closed at the end once ended it with status 134)."""
+    argv = [sys.executable, "-m", "openjev.tools.bench.gates", "--model", str(demo_model), "--workload", str(WORKLOAD)]
+    argv += ["--skip", SHORT, "--kinds", "choice", "--limit", "2", "--oracle-cases", "0", "--policies", "default"]
+    done = subprocess.run([*argv, "--exact"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "verdict: **FAIL**: default: " in done.stdout
