@@ -317,20 +317,23 @@ class WorkerLink:
         workers is the wrong one."""
         worker = f"worker at {endpoint}"
         if d.abi_version != abi.ABI_VERSION:
-            return f"{worker} has ABI version {d.abi_version}, not this frontend's {abi.ABI_VERSION}"
+            return (
+                f"{worker} has ABI version {d.abi_version}, which does not match this frontend's "
+                f"ABI version {abi.ABI_VERSION}"
+            )
         if d.tokenizer_fingerprint != self._fingerprint:
             return (
-                f"{worker} has tokenizer fingerprint {d.tokenizer_fingerprint[:16]}, "
-                f"not this frontend's {self._fingerprint[:16]}"
+                f"{worker} has tokenizer fingerprint {d.tokenizer_fingerprint[:16]}, which does not match "
+                f"this frontend's {self._fingerprint[:16]}"
             )
         if d.max_length != self._max_length:
-            return f"{worker} has max_length {d.max_length}, not this frontend's {self._max_length}"
+            return f"{worker} has max_length {d.max_length}, which does not match this frontend's {self._max_length}"
         # Answers carry this frontend's model id and temperature: another model's (the same
         # tokenizer, another head) would be answers under the wrong name.
         if self._model_id and d.model_id != self._model_id:
             return f"{worker} serves model {d.model_id!r}, not this frontend's {self._model_id!r}"
         if self._temperature is not None and d.temperature != self._temperature:
-            return f"{worker} has temperature {d.temperature}, not this frontend's {self._temperature}"
+            return f"{worker} has temperature {d.temperature}, which does not match this frontend's {self._temperature}"
         # A request this frontend accepts must fit the worker: else it would fail part-way.
         if d.limits.max_questions < self._max_questions:
             return (
