@@ -295,7 +295,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                     return self._attempt(decision, policy, context, request_id, remaining, fields, route)
                 except _NotAccepted as failure:
                     self.link.refresh_soon()
-                    if self.link.affinity_stub is not None and route.fallback is None:
+                    if self.link.affinity and route.fallback is None:
                         # ring_hash would pick the same worker again (one that refuses the call
                         # stays on the ring while its health says SERVING): retry round-robin
                         route.fallback = routing.FALLBACK_NOT_ACCEPTED
@@ -354,7 +354,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             fields["worker_method"] = "Execute"
             # With affinity the messages are kept (routing.Replay) for one round-robin resend.
             kept = None
-            if self.link.affinity_stub is not None and route.fallback is None:
+            if self.link.affinity and route.fallback is None:
                 kept = routing.Replay(messages, routing.REPLAY_REQUEST_BYTES, self._replay_budget)
             calls = [0]
 
@@ -488,13 +488,15 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             route.chosen = chosen
             fields["route"] = chosen[0]  # the request's log line says how it was routed
 
-        if self.link.affinity_stub is None or route.fallback is not None:
+        if not self.link.affinity or route.fallback is not None:
             routed(route.fallback or routing.ROUND_ROBIN)
-            return call(self.link.stub, (), deadline - time.monotonic())
+            with self.link.traffic() as traffic:
+                return call(traffic.stub, (), deadline - time.monotonic())
         key = routing.affinity_key(decision.state_text, self.affinity_prefix_bytes)
         routed(routing.AFFINITY)
         try:
-            return call(self.link.affinity_stub, [(routing.AFFINITY_HEADER, key)], deadline - time.monotonic())
+            with self.link.traffic() as traffic:
+                return call(traffic.affinity_stub, [(routing.AFFINITY_HEADER, key)], deadline - time.monotonic())
         except Refused as refused:
             if ended_early() or not (refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED and refused.unrun):
                 raise
@@ -509,7 +511,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 raise Refused(grpc.StatusCode.CANCELLED, refused.message) from refused
             if remaining <= 0:
                 raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, refused.message) from refused
-            return call(self.link.stub, (), remaining)
+            with self.link.traffic() as traffic:
+                return call(traffic.stub, (), remaining)
 
     @staticmethod
     def _call(stub, requests, metadata, timeout: float, context, num_questions: int):

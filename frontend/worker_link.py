@@ -4,13 +4,20 @@ same ABI version, same tokenizer, same max_length; at least one of them SERVING,
 traffic channel connected).
 
 Balancing and health are gRPC's own: round_robin over every address the target names, sending
-only to workers whose `grpc.health.v1` status is SERVING. Failover is the frontend's
-(`DecisionServicer._execute`): a call that failed UNAVAILABLE before its worker accepted it (the
-worker's response headers carry `abi.ACCEPTED_METADATA_KEY` once the stream is committed) is tried
-again, on another worker where there is one; after acceptance a lost worker is UNAVAILABLE, never
-a second execution. gRPC's own retries are off: with them (grpcio 1.84) a retried call that
-failed could report its status without ever completing its pending reads, and grpcio's response
-iterator then waited for good, past every deadline (docs/reliability.md).
+only to workers whose `grpc.health.v1` status is SERVING. A `dns:///` name the frontend also
+resolves each refresh (for its probes) and, when its addresses change, builds new traffic
+channels: a new channel resolves at once, while gRPC re-resolves an old one only when a
+connection drops, at most every 30 s and backing off to 120 s while the name fails (seen: a name
+that resolved late served 30 s later, a worker added to it got no traffic for 75 s while its probe
+said ok). The old channels close when their last call ends.
+
+Failover is the frontend's (`DecisionServicer._execute`): a call that failed UNAVAILABLE before
+its worker accepted it (the worker's response headers carry `abi.ACCEPTED_METADATA_KEY` once the
+stream is committed) is tried again, on another worker where there is one; after acceptance a
+lost worker is UNAVAILABLE, never a second execution. gRPC's own retries are off: with them
+(grpcio 1.84) a retried call that failed could report its status without ever completing its
+pending reads, and grpcio's response iterator then waited for good, past every deadline
+(docs/reliability.md).
 
 With context affinity on, a second traffic channel balances the same workers with gRPC's
 `ring_hash` instead (`openjev.frontend.routing`); the round-robin channel stays the one that
@@ -19,9 +26,10 @@ with a full queue or did not accept it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, replace
 
@@ -125,6 +133,57 @@ class _Probe:
         self.health = health_pb2_grpc.HealthStub(self.channel)
 
 
+class _Traffic:
+    """The traffic channels built at one time (round robin; ring_hash with affinity), and the
+    calls on them: once replaced (`retire`) they close when the last call ends."""
+
+    def __init__(self, target: str, credentials: grpc.ChannelCredentials | None, tls_options: list, affinity: bool):
+        self.channel = _channel(target, [*traffic_channel_options(), *tls_options], credentials)
+        self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
+        # Context affinity: the same workers on a ring_hash channel. It connects to a worker only
+        # when a call is hashed to it, so readiness stays the round-robin channel's.
+        self.affinity_channel: grpc.Channel | None = None
+        self.affinity_stub: worker_pb2_grpc.WorkerServiceStub | None = None
+        if affinity:
+            self.affinity_channel = _channel(target, [*affinity_channel_options(), *tls_options], credentials)
+            self.affinity_stub = worker_pb2_grpc.WorkerServiceStub(self.affinity_channel)
+        self.connectivity = grpc.ChannelConnectivity.IDLE
+        self.ready = threading.Event()
+        self._calls = 0
+        self._retired = False
+        self._lock = threading.Lock()
+        self.channel.subscribe(self._on_connectivity, try_to_connect=True)
+
+    def _on_connectivity(self, connectivity: grpc.ChannelConnectivity) -> None:
+        self.connectivity = connectivity
+        if connectivity == grpc.ChannelConnectivity.READY:
+            self.ready.set()
+
+    def enter(self) -> None:
+        with self._lock:
+            self._calls += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._calls -= 1
+            last = self._retired and self._calls == 0
+        if last:
+            self.close()
+
+    def retire(self) -> None:
+        with self._lock:
+            self._retired = True
+            idle = self._calls == 0
+        if idle:
+            self.close()
+
+    def close(self) -> None:
+        self.channel.unsubscribe(self._on_connectivity)
+        self.channel.close()
+        if self.affinity_channel is not None:
+            self.affinity_channel.close()
+
+
 class WorkerLink:
     def __init__(
         self,
@@ -149,26 +208,15 @@ class WorkerLink:
         self._credentials = credentials
         # The name the workers' certificates carry, when it is not the address dialled (an IP).
         self._tls_options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
-        self.channel = _channel(
-            self.targets.traffic_target, [*traffic_channel_options(), *self._tls_options], credentials
-        )
-        self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
-        # Context affinity: the same workers on a ring_hash channel. It connects to a worker only
-        # when a call is hashed to it, so readiness below stays the round-robin channel's.
-        self.affinity_channel: grpc.Channel | None = None
-        self.affinity_stub: worker_pb2_grpc.WorkerServiceStub | None = None
+        self.affinity = affinity
         if affinity:
             routing.enable_request_hash_header()
-            self.affinity_channel = _channel(
-                self.targets.traffic_target,
-                [*affinity_channel_options(), *self._tls_options],
-                credentials,
-            )
-            self.affinity_stub = worker_pb2_grpc.WorkerServiceStub(self.affinity_channel)
+        # A name's addresses when the traffic channels were built, as the probes saw them (None: IPs).
+        self._resolved = None if self.targets.fixed is not None else frozenset(self.targets.endpoints())
         # The probes answer on their own channels; after a worker restarts they can say SERVING
-        # while this one still waits out its reconnect backoff, so readiness needs both.
-        self._connectivity = grpc.ChannelConnectivity.IDLE
-        self.channel.subscribe(self._on_connectivity, try_to_connect=True)
+        # while the traffic channel still waits out its reconnect backoff, so readiness needs both.
+        self._traffic = _Traffic(self.targets.traffic_target, credentials, self._tls_options, affinity)
+        self._traffic_lock = threading.Lock()  # a call taking the channels against their swap
         self._fingerprint = fingerprint
         self._max_length = max_length
         self._model_id = model_id
@@ -202,8 +250,33 @@ class WorkerLink:
         with self._changed:
             return self._changed.wait_for(lambda: self._state.problem is None, timeout_seconds)
 
-    def _on_connectivity(self, connectivity: grpc.ChannelConnectivity) -> None:
-        self._connectivity = connectivity
+    @contextlib.contextmanager
+    def traffic(self) -> Iterator[_Traffic]:
+        """The traffic channels, for one call: channels replaced meanwhile stay open until it ends."""
+        with self._traffic_lock:
+            traffic = self._traffic
+            traffic.enter()
+        try:
+            yield traffic
+        finally:
+            traffic.leave()
+
+    def _follow(self, endpoints: list[str]) -> None:
+        """New traffic channels when a name's addresses changed (see the module's docstring),
+        swapped in once connected or after a probe timeout: readiness does not drop meanwhile."""
+        resolved = frozenset(endpoints)
+        if self._resolved is None or not resolved or resolved == self._resolved:
+            return
+        self._resolved = resolved
+        new = _Traffic(self.targets.traffic_target, self._credentials, self._tls_options, self.affinity)
+        new.ready.wait(self._probe_timeout)
+        with self._traffic_lock:
+            if self._stop.is_set():  # closed meanwhile
+                new.close()
+                return
+            old, self._traffic = self._traffic, new
+        old.retire()
+        log.info("worker_channels", target=self.target, addresses=sorted(resolved))
 
     def refresh_soon(self) -> None:
         """Describe the workers now, not at the next period: a call was refused before any worker
@@ -213,10 +286,8 @@ class WorkerLink:
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
-        self.channel.unsubscribe(self._on_connectivity)
-        self.channel.close()
-        if self.affinity_channel is not None:
-            self.affinity_channel.close()
+        with self._traffic_lock:
+            self._traffic.close()
         # a refresh running now (a dns:/// target's addresses changing) adds no probe after this
         with self._probes_lock:
             probes, self._probes = list(self._probes.values()), {}
@@ -240,6 +311,7 @@ class WorkerLink:
                 metrics.frontend_worker_up.remove(endpoint)
             except KeyError:
                 pass
+        self._follow(endpoints)
         answers = list(self._pool.map(self._check, endpoints, probes))
         state = self._combine(endpoints, answers)
         for endpoint, (_describe, problem, _reachable) in zip(endpoints, answers, strict=True):
@@ -293,11 +365,12 @@ class WorkerLink:
                 return LinkState(self._state.describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
         for describe, problem, _reachable in answers:
             if problem is None:
-                if self._connectivity != grpc.ChannelConnectivity.READY:
+                connectivity = self._traffic.connectivity
+                if connectivity != grpc.ChannelConnectivity.READY:
                     return LinkState(
                         describe,
                         f"worker at {self.target} is serving; this frontend's connection to it "
-                        f"is {self._connectivity.name.lower()}",
+                        f"is {connectivity.name.lower()}",
                         grpc.StatusCode.UNAVAILABLE,
                         workers,
                     )

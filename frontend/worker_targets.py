@@ -5,7 +5,7 @@ Accepted forms:
 - `IP1:P1,IP2:P2,...`              a fixed set of workers, IP literals only (names change; use DNS)
 - `ipv4:IP1:P1,...`, `ipv6:[..]:P,...`  the same in gRPC's own syntax
 - `dns:///NAME:PORT`               every address NAME resolves to (compose service, Kubernetes
-                                  headless service); gRPC re-resolves when a connection drops
+                                  headless service), resolved again each refresh (worker_link)
 
 Traffic goes to `traffic_target`, balanced by gRPC's round_robin or ring_hash (worker_link). The
 frontend also talks to each worker (`endpoints()`) on its own, to check it is compatible
