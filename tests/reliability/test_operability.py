@@ -144,15 +144,15 @@ def _other_model(demo_model, into):
         (
             False,
             ["--max-questions", "10"],
-            "worker accepts at most 10 questions per request, fewer than this frontend's --max-questions 4096",
+            "accepts at most 10 questions per request, fewer than this frontend's --max-questions 4096",
         ),
         (
             False,
             ["--max-request-tokens", "1000"],
-            "worker accepts at most 1000 tokens per request, fewer than this frontend's --max-request-tokens",
+            "accepts at most 1000 tokens per request, fewer than this frontend's --max-request-tokens",
         ),
         # the same tokenizer and limits, another model: its answers would go out under this one's name
-        (True, [], "worker serves model 'open-jev-other', not this frontend's 'open-jev-demo'"),
+        (True, [], "serves model 'open-jev-other', not this frontend's 'open-jev-demo'"),
     ],
 )
 def test_frontend_refuses_a_worker_with_smaller_limits_or_another_model(
@@ -166,7 +166,7 @@ def test_frontend_refuses_a_worker_with_smaller_limits_or_another_model(
         with Client(frontend.address) as client, pytest.raises(grpc.RpcError) as caught:
             client.decide({"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}, timeout=10)
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert reason in caught.value.details()
+        assert f"worker at {worker.address} {reason}" in caught.value.details()  # names the worker
     finally:
         frontend.stop()
         worker.stop()
@@ -196,7 +196,7 @@ def test_a_worker_replaced_between_describes_never_answers_for_the_frontend(demo
                 assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value.details()
                 assert time.monotonic() < deadline, "the frontend did not describe the new worker"
                 time.sleep(0.2)
-            assert "worker serves model 'open-jev-other', not this frontend's 'open-jev-demo'" in caught.value.details()
+            assert "serves model 'open-jev-other', not this frontend's 'open-jev-demo'" in caught.value.details()
     finally:
         frontend.stop()
         worker.stop()
