@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from openjev.tools.bench import gates, workload
+from openjev.tools.bench import gates, gates_report, workload
 from openjev.worker.scheduler import Scheduler
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def test_report_covers_kinds_and_passes(tmp_path, demo_model):
     assert "2 of the first 2 requests" in text and "max abs d score n/a" in text and "0 requests failed there" in text
     assert "seed 0" in text
     assert "ran in more passes mixed than alone" in text
-    mixed = text.split(gates.MIXED_LOG_HEADER)[1]
+    mixed = text.split(gates_report.MIXED_LOG_HEADER)[1]
     assert mixed.count("| yes |") == 8
 
 
