@@ -12,16 +12,15 @@ with status OK (answered) or RESOURCE_EXHAUSTED (refused, queue full), `execute_
 from __future__ import annotations
 
 import functools
-import json
 import threading
 import time
 import urllib.request
 from collections import defaultdict
 from concurrent import futures
-from pathlib import Path
 
 import grpc
 import pytest
+from other_export import other_export
 from prometheus_client.parser import text_string_to_metric_families
 
 from openjev.client import Client
@@ -292,18 +291,6 @@ def homes(workers, results, since: float) -> dict[str, str]:
     return {context: next(iter(names)) for context, names in seen.items()}
 
 
-def other_model(demo_model: Path, into: Path) -> Path:
-    """The demo export under another model id (same tokenizer and weights)."""
-    into.mkdir()
-    for item in demo_model.iterdir():
-        if item.name != "open_jev_export.json":
-            (into / item.name).symlink_to(item.resolve())
-    export = json.loads((demo_model / "open_jev_export.json").read_text())
-    export["model_id"] = "open-jev-other"
-    (into / "open_jev_export.json").write_text(json.dumps(export))
-    return into
-
-
 @pytest.fixture(scope="module")
 def replaced(demo_model, tmp_path_factory):
     """A narrow worker and one that is replaced by another export after two frontends described
@@ -338,7 +325,10 @@ def replaced(demo_model, tmp_path_factory):
         )
         worker.stop()
         other = launch.start_worker(
-            other_model(demo_model, workdir / "other"), workdir, [*WORKER_ARGS, *listen], "other"
+            other_export(demo_model, workdir / "other", model_id="open-jev-other"),
+            workdir,
+            [*WORKER_ARGS, *listen],
+            "other",
         )
         processes.append(other)
         # both traffic channels of each frontend reconnect to the address (backoff at most 5 s)

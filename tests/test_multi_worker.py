@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from other_export import other_export
 
 from openjev.client import Client
 from openjev.tools import launch
@@ -213,18 +214,6 @@ def test_worker_killed_under_load_then_rejoins(cluster, demo_model):
     assert stream.ok_since(killed_at) >= 6
 
 
-def other_model(demo_model: Path, into: Path) -> Path:
-    """The demo export under another model id and checkpoint revision (same tokenizer, weights)."""
-    into.mkdir()
-    for item in demo_model.iterdir():
-        if item.name != "open_jev_export.json":
-            (into / item.name).symlink_to(item.resolve())
-    export = json.loads((demo_model / "open_jev_export.json").read_text())
-    export.update(model_id="open-jev-other", checkpoint_revision="another-revision")
-    (into / "open_jev_export.json").write_text(json.dumps(export))
-    return into
-
-
 def described(address: str) -> tuple[str, str, int]:
     """What DescribeModel takes from the workers: checkpoint revision, backend, default policy."""
     with grpc.insecure_channel(address) as channel:
@@ -263,7 +252,14 @@ def test_an_incompatible_worker_is_named_and_never_described_as_this_model(demo_
         launch.wait_serving(frontend.address)
         before = described(frontend.address)
         assert before[0] != "another-revision" and before[1]
-        wrong = start_worker(other_model(demo_model, tmp_path / "other"), tmp_path, wrong_port, "wrong")
+        wrong = start_worker(
+            other_export(
+                demo_model, tmp_path / "other", model_id="open-jev-other", checkpoint_revision="another-revision"
+            ),
+            tmp_path,
+            wrong_port,
+            "wrong",
+        )
         failed = grpc.StatusCode.FAILED_PRECONDITION
         wait_for(lambda: refused_with(frontend.address, failed), 30, "the frontend to refuse the wrong worker")
         error = refusal(frontend.address)

@@ -15,6 +15,7 @@ from concurrent import futures
 import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from other_export import other_export
 
 from openjev import interceptors
 from openjev.client import Client
@@ -126,18 +127,6 @@ def test_public_reflection_does_not_describe_the_worker_schema(pair):
     assert _symbol(pair.worker.address, "openjev.worker.v1.WorkerService").HasField("file_descriptor_response")
 
 
-def _other_model(demo_model, into):
-    """The demo export under another model id and temperature (same tokenizer, same weights)."""
-    into.mkdir()
-    for item in demo_model.iterdir():
-        if item.name != "open_jev_export.json":
-            (into / item.name).symlink_to(item.resolve())
-    export = json.loads((demo_model / "open_jev_export.json").read_text())
-    export.update(model_id="open-jev-other", temperature=1.0)
-    (into / "open_jev_export.json").write_text(json.dumps(export))
-    return into
-
-
 @pytest.mark.parametrize(
     ("other_model", "worker_args", "reason"),
     [
@@ -158,7 +147,11 @@ def _other_model(demo_model, into):
 def test_frontend_refuses_a_worker_with_smaller_limits_or_another_model(
     demo_model, tmp_path, other_model, worker_args, reason
 ):
-    model = _other_model(demo_model, tmp_path / "other") if other_model else demo_model
+    model = (
+        other_export(demo_model, tmp_path / "other", model_id="open-jev-other", temperature=1.0)
+        if other_model
+        else demo_model
+    )
     worker = launch.start_worker(model, tmp_path, worker_args)
     frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--worker-refresh-seconds", "0.5"])
     try:
@@ -186,7 +179,12 @@ def test_a_worker_replaced_between_describes_never_answers_for_the_frontend(demo
         with Client(frontend.address) as client:
             client.decide(body, timeout=30)
             worker.stop()
-            worker = launch.start_worker(_other_model(demo_model, tmp_path / "other"), tmp_path, listen, name="other")
+            worker = launch.start_worker(
+                other_export(demo_model, tmp_path / "other", model_id="open-jev-other", temperature=1.0),
+                tmp_path,
+                listen,
+                name="other",
+            )
             deadline = time.monotonic() + 30
             while True:
                 with pytest.raises(grpc.RpcError) as caught:  # never an answer
@@ -211,7 +209,7 @@ def test_a_worker_refuses_calls_that_expect_another_worker(demo_model, tmp_path)
     from openjev.worker.v1 import worker_pb2 as wire
     from openjev.worker.v1 import worker_pb2_grpc
 
-    other = _other_model(demo_model, tmp_path / "other")
+    other = other_export(demo_model, tmp_path / "other", model_id="open-jev-other", temperature=1.0)
     worker = launch.start_worker(other, tmp_path)
     fingerprint = PromptTokenizer.from_export(demo_model).fingerprint
     request = wire.ExecuteUnaryRequest(
