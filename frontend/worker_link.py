@@ -265,9 +265,11 @@ class WorkerLink:
         """New traffic channels when a name's addresses changed (see the module's docstring),
         swapped in once connected or after a probe timeout: readiness does not drop meanwhile."""
         resolved = frozenset(endpoints)
-        if self._resolved is None or not resolved or resolved == self._resolved:
+        if self._resolved is None or resolved == self._resolved:
             return
         self._resolved = resolved
+        if not resolved:  # nothing to connect to; the addresses coming back, even the same, rebuild
+            return
         new = _Traffic(self.targets.traffic_target, self._credentials, self._tls_options, self.affinity)
         new.ready.wait(self._probe_timeout)
         with self._traffic_lock:

@@ -237,6 +237,11 @@ def default_chunk_tokens(max_launch_tokens: int) -> int:
 def serve(args: argparse.Namespace) -> None:
     """Check the flags' files, load the model, warm up, serve until SIGTERM."""
     if args.chunk_tokens is None:
+        if args.max_launch_tokens < GDN_CHUNK_TOKENS:
+            raise SystemExit(
+                f"openjev-worker: --max-launch-tokens {args.max_launch_tokens} is below {GDN_CHUNK_TOKENS}, "
+                "the smallest chunk a long prompt runs in"
+            )
         args.chunk_tokens = default_chunk_tokens(args.max_launch_tokens)
     config.log_config("openjev.worker", args)
     if args.chunk_tokens > args.max_launch_tokens // 2:

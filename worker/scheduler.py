@@ -261,6 +261,8 @@ class Scheduler:
         requests marked started."""
         per_request = None if len(jobs) == 1 else self.limits.chunk_tokens
         picked = fill_pass([j.tree for j in jobs], self.limits, self.max_depth, per_request, self.room)
+        if not picked:  # a filler bug: fail the waiting requests rather than spin on empty passes
+            raise RuntimeError(f"no segment of {len(jobs)} waiting requests fits a pass")
         chosen: dict[int, set[int]] = {}
         for p in picked:
             chosen.setdefault(p.owner, set()).add(p.segment)

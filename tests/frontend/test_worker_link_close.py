@@ -84,3 +84,32 @@ def test_the_link_thread_survives_close_during_its_checks(monkeypatch):
     assert not thread.is_alive()
     assert errors == []
     settle()
+
+
+def test_a_name_that_empties_and_returns_gets_new_channels(monkeypatch):
+    """A dns:/// name whose one address vanishes (the worker restarting, its record gone) and comes
+    back the same got no new channels: left to gRPC's resolver, up to 30 s. Channels are counted,
+    not connected (a stand-in _Traffic); the addresses come in as the probes resolve them."""
+    built = []
+
+    class Traffic:
+        def __init__(self, *args):
+            built.append(self)
+            self.ready = threading.Event()
+            self.ready.set()
+
+        def retire(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(worker_link, "_Traffic", Traffic)
+    link = WorkerLink("dns:///worker.invalid:9", fingerprint="", max_length=16384)
+    try:
+        link._resolved = frozenset({"10.0.0.5:9"})
+        for endpoints in (["10.0.0.5:9"], [], ["10.0.0.5:9"], ["10.0.0.6:9"]):
+            link._follow(endpoints)
+        assert len(built) == 1 + 2  # at start; on the address's return; on its move
+    finally:
+        link.close()

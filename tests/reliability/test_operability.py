@@ -361,6 +361,14 @@ def _config_and_events(log: str) -> tuple[dict, set[str]]:
     return config, {line.get("event") for line in lines}
 
 
+def test_a_pass_budget_below_one_chunk_is_one_line(demo_model):
+    done = _run(launch.WORKER_MODULE, ["--model", str(demo_model), "--plaintext", "--max-launch-tokens", "32"], {})
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "openjev-worker: --max-launch-tokens 32 is below 64, the smallest chunk a long prompt runs in"
+    )
+
+
 def test_the_chunk_defaults_to_half_the_pass_budget(demo_model, tmp_path):
     """A worker given a 512-token pass budget chunks long prompts at 256 tokens (the chunk was
     2,048 whatever the budget, so it refused to start); a chunk that fills the pass is logged, as

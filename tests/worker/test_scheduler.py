@@ -453,3 +453,23 @@ def test_a_long_prompt_leaves_room_for_short_requests(torch_runner):
     # the short request rode in the second pass, beside one chunk, not after the last chunk
     assert next(i for i, p in enumerate(log.passes) if (3, None) in p) == 1
     assert log.passes[1] == [(256, None), (3, None)]
+
+
+def test_a_pass_with_nothing_to_run_fails_its_requests_rather_than_spinning(torch_runner, monkeypatch):
+    """A filler that picks nothing while requests wait (a bug, injected here) fails them at once
+    instead of running empty passes until their deadlines; the runner sees no empty pass."""
+    from openjev.worker import scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "fill_pass", lambda *args: [])
+    engine = Engine(torch_runner, cost_model=CPU_COST_MODEL)
+    passes: list[int] = []
+    real_run = torch_runner.run_launch
+    monkeypatch.setattr(torch_runner, "run_launch", lambda runs: passes.append(len(runs)) or real_run(runs))
+    answers: dict[str, object] = {}
+    thread = _send(engine, answers, "stuck", [3000, 3001, 3002])
+    thread.join(30)
+    engine.close()
+    assert not thread.is_alive(), f"the request still waits; the runner saw {len(passes)} passes"
+    assert isinstance(answers["stuck"], InferenceError), answers["stuck"]
+    assert "no segment of 1 waiting requests fits a pass" in str(answers["stuck"])
+    assert passes == []

@@ -75,11 +75,11 @@ def fill_pass(
 ) -> list[Picked]:
     """Choose the next pass. max_depth: tree levels the runner can hold in one pass (1: parents
     must have run before). tokens_per_request: where several requests wait, each first takes at
-    most this many tokens (and half the tokens left, but the last) and half the pass's segments,
-    in arrival order, so that long prompts' chunks or a request of many candidates leave room for
-    the requests behind them; then, in arrival order again, they fill whatever room is left (None:
-    one round, the whole budget). room: the pass's room for states, or None (the runner has no
-    such limit)."""
+    most this many tokens (and half the tokens left, but the first to take any and the last) and
+    half the pass's segments, in arrival order, so that long prompts' chunks or a request of many
+    candidates leave room for the requests behind them; then, in arrival order again, they fill
+    whatever room is left (None: one round, the whole budget). room: the pass's room for states,
+    or None (the runner has no such limit)."""
     fill = _Fill(trees, limits, max_depth, room)
     if tokens_per_request is None:
         fill.round(limits.max_tokens, limits.max_sequences)
@@ -105,15 +105,16 @@ class _Fill:
 
     def round(self, tokens_each: int, segments_each: int, halves: bool = False) -> None:
         """Offer each tree, in order, at most `tokens_each` tokens and `segments_each` segments more;
-        halves: and at most half the tokens left while trees wait behind it (two long prompts'
-        chunks would otherwise take every pass between them)."""
+        halves: and, but the first to take any, at most half the tokens left while trees wait
+        behind it (two long prompts' chunks would otherwise take every pass between them; the
+        first keeps its whole share, or a chunk over half the pass could wait for good)."""
         last = len(self.trees) - 1
         for owner, tree in enumerate(self.trees):
             if len(self.picked) == self.limits.max_sequences or self.tokens_left == 0:
                 return
             position, depth = self.position[owner], self.depth[owner]
             own_tokens, own_segments = tokens_each, segments_each
-            if halves and owner < last:
+            if halves and owner < last and self.picked:  # the first with work keeps its whole share
                 own_tokens = min(own_tokens, self.tokens_left // 2)
             for segment in tree.segments[tree.first_pending :]:
                 i = segment.index
@@ -145,8 +146,10 @@ class _Fill:
         assert segment.parent is not None
         if self.room is None or (owner, segment.parent) in self.outside:
             return True
-        # the parent's ancestors are every row before this segment
-        if len(self.outside) == self.room.states or self.context + segment.start_position > self.room.context:
+        # the parent's ancestors are every row before this segment; an empty pass takes it whatever
+        # their count (else a prompt longer than the room never runs: that pass runs eagerly)
+        full = len(self.outside) == self.room.states or self.context + segment.start_position > self.room.context
+        if full and self.picked:
             return False
         self.outside.add((owner, segment.parent))
         self.context += segment.start_position

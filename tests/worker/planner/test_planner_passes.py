@@ -97,3 +97,28 @@ def test_two_long_prompts_leave_room_for_a_short_request_behind_them():
     long1, long2, short = _hanging(2048, 2048), _hanging(2048, 2048), _star(20, [])
     picked = fill_pass([long1, long2, short], LIMITS, 8, LIMITS.chunk_tokens)
     assert (_taken(picked, 0), _taken(picked, 1), _taken(picked, 2)) == ([1], [], [0])
+
+
+def test_a_chunk_over_half_the_pass_still_runs_first():
+    """With chunks as large as the pass (allowed, warned: chunk_fills_pass; the transformers
+    backend's whole prompts), the first request's chunk keeps its whole share even though the
+    halving caps the others: one short request arriving each pass does not hold an 8-chunk
+    request back for good."""
+    limits = PackLimits(max_sequences=64, max_tokens=2048, chunk_tokens=2048)
+    chain = [Segment(i, i - 1 if i else None, tuple(range(2048)), 2048 * i, (), i < 7) for i in range(8)]
+    chain[-1] = Segment(7, 6, tuple(range(2048)), 2048 * 7, (Reader(0, 0),), False)
+    long = PendingTree(chain)
+    queue = [long, _star(30, [])]
+    for _ in range(8):
+        picked = fill_pass(queue, limits, 8, limits.chunk_tokens)
+        for p in picked:
+            queue[p.owner].mark_done(p.segment)
+        queue = [t for t in queue if not t.finished] + [_star(30, [])]
+    assert long.finished
+
+
+def test_an_empty_pass_takes_a_parent_state_beyond_its_room():
+    """A segment whose parent's rows alone exceed the room (a prompt longer than the runner's
+    context budget) still runs, in a pass of its own: it would otherwise never run."""
+    picked = fill_pass([_hanging(3000, 20), _hanging(300, 20)], LIMITS, 8, None, StateRoom(states=8, context=1000))
+    assert [p.owner for p in picked] == [0]
