@@ -232,7 +232,7 @@ class WorkerLink:
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="worker-probe")
         self._stop = threading.Event()
         self._wake = threading.Event()  # the next refresh now: close(), or refresh_soon()
-        self._changed = threading.Condition()
+        self._state_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     @property
@@ -245,10 +245,6 @@ class WorkerLink:
         self.refresh()
         self._thread = threading.Thread(target=self._loop, name="worker-link", daemon=True)
         self._thread.start()
-
-    def wait_compatible(self, timeout_seconds: float) -> bool:
-        with self._changed:
-            return self._changed.wait_for(lambda: self._state.problem is None, timeout_seconds)
 
     @contextlib.contextmanager
     def traffic(self) -> Iterator[_Traffic]:
@@ -326,16 +322,15 @@ class WorkerLink:
                 problem=state.problem,
                 workers={endpoint: problem or "ok" for endpoint, problem in state.workers},
             )
-        with self._changed:
+        with self._state_lock:
             self._state = state
-            self._changed.notify_all()
         self._on_state(state)
         return state
 
     def note_no_execute_unary(self) -> None:
         """A worker answered ExecuteUnary UNIMPLEMENTED (replaced by an older one since the last
         Describe): streams only, until the next refresh finds every worker serving it again."""
-        with self._changed:
+        with self._state_lock:
             self._state = replace(self._state, execute_unary=False)
 
     def _check(self, endpoint: str, probe: _Probe) -> tuple[wire.DescribeResponse | None, str | None, bool]:
