@@ -129,6 +129,17 @@ def find_state_on(cluster, worker_name: str, tag: str, words: int) -> str:
     raise AssertionError(f"no state of 40 went to {worker_name}")
 
 
+def is_running(worker, request_id: str) -> bool:
+    """A pass ended after the worker accepted the request (nothing else runs there meanwhile).
+    `execute_accepted` alone is not enough: it is logged before admission, and a request sent
+    right after it could be admitted first and fill the queue (CI saw the long one refused)."""
+    events = log_events(worker.log_text())
+    accepted = [
+        i for i, e in enumerate(events) if e.get("event") == "execute_accepted" and e.get("request_id") == request_id
+    ]
+    return bool(accepted) and any(e.get("event") == "pass" for e in events[accepted[0] + 1 :])
+
+
 def wait_for(condition, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -151,11 +162,7 @@ def test_full_queue_sends_the_request_to_another_worker(cluster):
         busy = futures.ThreadPoolExecutor(1).submit(
             c.decide, long_body, policy="off", request_id="full-long", timeout=60
         )
-        wait_for(
-            lambda: "full-long" in [e.get("request_id") for e in log_events(narrow.log_text(), "execute_accepted")],
-            30,
-            "the long request",
-        )
+        wait_for(functools.partial(is_running, narrow, "full-long"), 30, "the long request")
 
         def small(i: int) -> str:
             try:
@@ -346,10 +353,6 @@ def replaced(demo_model, tmp_path_factory):
             process.stop(timeout_seconds=10)
 
 
-def was_accepted(worker, request_id: str) -> bool:
-    return request_id in [e.get("request_id") for e in log_events(worker.log_text(), "execute_accepted")]
-
-
 def refused_unaccepted(worker) -> set[str]:
     """Request ids the worker refused as not the one the frontend described."""
     return {e.get("request_id") for e in log_events(worker.log_text(), "execute") if e.get("status") == "UNAVAILABLE"}
@@ -400,7 +403,7 @@ def test_a_fallback_no_worker_accepted_is_counted_once(replaced):
             long_id = f"full-long-{len(sent)}"
             sent.append(long_id)
             busy = pool.submit(c.decide, long_body, policy="off", request_id=long_id, timeout=60)
-            wait_for(functools.partial(was_accepted, narrow, long_id), 30, "the long request")
+            wait_for(functools.partial(is_running, narrow, long_id), 30, "the long request")
             while not busy.done() and not set(sent) & refused_unaccepted(other):
                 sent.append(f"resend-{len(sent)}")
                 try:
