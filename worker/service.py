@@ -202,6 +202,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         # (the depth takes the scheduler's lock: only asked for while tracing is on)
         depth = self.engine.scheduler.depth if tracing.enabled() else 0
         waiting = tracing.start("queue_wait", queue_depth=depth)
+
+        def first_pass() -> None:  # on the scheduler's thread, as the request's first pass begins
+            waiting.end()
+            log.debug("execute_started", **fields)
+
         try:
             with tracing.span("execute", policy=policy or "default"):
                 result = self.engine.execute(
@@ -209,7 +214,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                     temperature=self.identity.temperature,
                     policy=policy,
                     should_stop=lambda: not context.is_active(),
-                    on_start=waiting.end,
+                    on_start=first_pass,
                 )
         except QueueFull as error:
             log.warning("execute", status="RESOURCE_EXHAUSTED", **fields)

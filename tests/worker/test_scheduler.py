@@ -152,8 +152,9 @@ def test_two_concurrent_requests_share_a_pass_through_the_servers(demo_model, tm
             before = len(pair.worker.log_text())
             with ThreadPoolExecutor(3) as pool:
                 busy = pool.submit(client.decide, long_body)
-                # the long request is in: its pass starts at once (the worker is idle)
-                wait_until(lambda: log_events(pair.worker.log_text()[before:], "execute_accepted"))
+                # the long request's pass has begun (accepted alone is not enough: the two
+                # could be admitted before it and share its pass)
+                wait_until(lambda: log_events(pair.worker.log_text()[before:], "execute_started"))
                 together = list(pool.map(client.decide, bodies))
                 busy.result(60)
             log = pair.worker.log_text()[before:]
