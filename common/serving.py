@@ -249,6 +249,8 @@ def serve_until_signal(
     # NOT_SERVING for good: a later set_serving (a frontend's link refresh) changes nothing
     server.health.enter_graceful_shutdown()
     on_signal()
-    server.grpc_server.stop(grace_seconds).wait()
+    stopped = server.grpc_server.stop(grace_seconds)
+    log.info("draining", grace_seconds=grace_seconds)  # new calls are refused from here on
+    stopped.wait()
     on_stop()
     log.info("stopped")

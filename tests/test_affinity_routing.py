@@ -147,8 +147,9 @@ def test_full_queue_sends_the_request_to_another_worker(cluster):
     narrow = workers[0]
     text = find_state_on(cluster, narrow.name, "full", 400)
     before = routed(cluster["metrics"])
-    # 32 candidates, ~65k tokens under `off` (0.5-0.6 s on the demo model): the worker must still
-    # be busy when the refused requests come back round-robin, or it answers a retry itself
+    # 32 candidates, ~65k tokens under `off` (seconds on the demo model, one sequence a pass): the
+    # worker must still be busy when the refused requests come back round-robin, or it answers a
+    # retry itself
     long_body = {
         "state": text,
         "questions": {"q": {"type": "choice", "instructions": "Pick.", "criteria": {f"k{i}": None for i in range(32)}}},

@@ -167,12 +167,14 @@ def test_worker_killed_under_load_then_rejoins(cluster, demo_model):
         wait_for(lambda: stream.ok_since(0) >= 6, 30, "traffic before the kill")
         slow = threading.Thread(target=send_slow)
         slow.start()
+        # its first pass began: `execute_accepted` is logged before the worker sends the header
+        # that tells the frontend it accepted the call (killed in between, the call is retried)
         wait_for(
-            lambda: "slow" in log_events(victim, "execute_accepted") + log_events(survivor, "execute_accepted"),
+            lambda: "slow" in log_events(victim, "execute_started") + log_events(survivor, "execute_started"),
             30,
-            "the slow request to be accepted",
+            "the slow request to start",
         )
-        if "slow" in log_events(survivor, "execute_accepted"):
+        if "slow" in log_events(survivor, "execute_started"):
             victim, survivor = survivor, victim  # kill the worker that runs the slow request
         victim.kill()
         killed_at = time.monotonic()

@@ -186,7 +186,18 @@ def _worker_status(pair, request_id: str, timeout: float = 20.0) -> str:
 
 
 # one sequence a launch, no state cache: a long request keeps the worker busy for seconds, each time
-SLOW_WORKER = ["--max-launch-sequences", "1", "--state-cache-bytes", "0"]
+# debug: the worker logs `execute_started` as a request's first pass begins
+SLOW_WORKER = ["--max-launch-sequences", "1", "--state-cache-bytes", "0", "--log-level", "debug"]
+
+
+def wait_started(pair, request_id: str | None = None, timeout: float = 30.0) -> None:
+    """Until the worker began running the request (any request when no id is given)."""
+    deadline = time.monotonic() + timeout
+    while not any(
+        request_id in (None, r.get("request_id")) for r in log_events(pair.worker.log_text(), "execute_started")
+    ):
+        assert time.monotonic() < deadline, f"the worker never started {request_id or 'a request'}"
+        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +238,7 @@ def test_queue_full_is_503_and_a_client_that_leaves_cancels_the_work(busy):
         f"x-request-id: {long_id}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
         + body
     )
-    time.sleep(1.5)  # accepted and executing
+    wait_started(busy.pair, long_id)
     with httpx.Client(base_url=busy.url, timeout=30) as http:
         reply = http.post(ROUTE, json=SMALL)
         assert reply.status_code == 503, reply.text
@@ -578,8 +589,10 @@ def test_bodies_held_at_once_have_a_byte_budget(max_body_bytes):
                 "error": "server is receiving its limit of 1000 bytes of request bodies; retry later"
             }
             assert "released" in httpx.post(url, json=SMALL, timeout=10).json()["error"]  # within the rest
-        time.sleep(0.2)
-        assert api._body_bytes == 0
+        deadline = time.monotonic() + 10  # the server sees the upload's connection close
+        while api._body_bytes != 0:
+            assert time.monotonic() < deadline, api._body_bytes
+            time.sleep(0.02)
     finally:
         server.wait_stopped()
 
@@ -618,7 +631,7 @@ def test_max_concurrent_requests_caps_the_http_route_too(demo_model, tmp_path, h
     try:
         with httpx.Client(base_url=started.url, timeout=60) as http, futures.ThreadPoolExecutor(1) as pool:
             long = pool.submit(http.post, ROUTE, json=LONG)
-            time.sleep(1.5)  # accepted and executing (seconds of work, one sequence a launch)
+            wait_started(started.pair)  # seconds of work, one sequence a launch
             refused = http.post(ROUTE, json=SMALL)
             assert refused.status_code == 503, refused.text
             assert refused.json()["error"] == "server is at its limit of 1 concurrent requests; retry later"

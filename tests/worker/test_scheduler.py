@@ -180,12 +180,11 @@ def test_queue_full_and_arrival_order(torch_runner):
     engine = Engine(
         log, cost_model=CPU_COST_MODEL, queue_capacity=1, pack_limits=PackLimits(max_sequences=1, max_tokens=4096)
     )
-    work = [QuestionWork("noul", ((1, 2, 3),))]
-    done: list[int] = []
+    # two requests told apart by their length (3 and 4 tokens): the runner sees which ran first
+    works = [[QuestionWork("noul", ((1, 2, 3),))], [QuestionWork("noul", ((1, 2, 3, 4),))]]
 
     def one(i: int) -> None:
-        engine.execute(work, temperature=TEMPERATURE, policy="off")
-        done.append(i)
+        engine.execute(works[i], temperature=TEMPERATURE, policy="off")
 
     first = threading.Thread(target=one, args=(0,))
     first.start()
@@ -194,11 +193,12 @@ def test_queue_full_and_arrival_order(torch_runner):
     second.start()
     wait_until(lambda: engine.scheduler.depth == 2)  # waiting for the only segment slot
     with pytest.raises(QueueFull, match="1 waiting"):
-        engine.execute(work, temperature=TEMPERATURE, policy="off")
+        engine.execute(works[0], temperature=TEMPERATURE, policy="off")
     gate.set()
     first.join(30)
     second.join(30)
-    assert done == [0, 1]
+    # arrival order: the passes' order as the runner got them (the threads may return either way)
+    assert [p[0][0] for p in log.passes] == [3, 4], log.passes
 
 
 def test_a_request_that_leaves_while_queued_is_logged_as_queued(torch_runner):
