@@ -211,10 +211,11 @@ class Scheduler:
             # an idle worker always admits: its next pass takes the request at once
             if self._jobs and (waiting >= self.capacity or len(self._jobs) >= self.max_admitted):
                 raise QueueFull(f"worker queue is full ({self.capacity} waiting)")
-            self._jobs.append(job)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+                thread.start()  # first: a thread that cannot start (a pids limit) leaves nothing admitted
+                self._thread = thread
+            self._jobs.append(job)
             self._cond.notify_all()
         return job
 
@@ -313,11 +314,14 @@ class Scheduler:
             )
         try:
             results = self.runner.run_launch(runs)
-            if len(results) != len(runs):
-                raise InferenceError(f"runner returned {len(results)} results for {len(runs)} runs")
         except Exception as error:  # any backend failure fails every request of the pass
-            failure = error if isinstance(error, InferenceError) else InferenceError(f"runner failed: {error!r}")
             traceback.clear_frames(error.__traceback__)
+            # a new error, not the raised one: that one's traceback holds this running frame (its
+            # runs and their parent states), which a job keeping it would pin in a reference cycle
+            self._finish_all([jobs[owner] for owner in chosen], InferenceError(f"runner failed: {error!r}"))
+            return
+        if len(results) != len(runs):
+            failure = InferenceError(f"runner returned {len(results)} results for {len(runs)} runs")
             self._finish_all([jobs[owner] for owner in chosen], failure)
             return
         if self._on_pass is not None:

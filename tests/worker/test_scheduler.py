@@ -413,6 +413,59 @@ def test_an_idle_scheduler_holds_no_cached_state_of_finished_requests(torch_runn
     wait_until(lambda: gc.collect() >= 0 and deepest() is None, timeout=5)
 
 
+def test_a_runner_result_count_error_pins_no_state_by_refcount(torch_runner, monkeypatch):
+    """A pass failed for its result count: the jobs kept the raised error, whose traceback held the
+    pass's running frame (its runs, the cached states they hung from) in a cycle until the
+    garbage collector ran."""
+    import gc
+    import weakref
+
+    gate = threading.Event()
+    gate.set()
+    engine = _cached_engine(torch_runner, gate, "count-error")
+    cache = engine.state_cache
+    assert cache is not None
+    engine.execute(_noul(CONTEXT + [7, 8, 9]), temperature=TEMPERATURE, policy=CACHED)
+    with cache._lock:
+        refs = [weakref.ref(e.state.layers[0].recurrent) for e in cache._entries.values()]
+    real = torch_runner.run_launch
+    monkeypatch.setattr(torch_runner, "run_launch", lambda runs: real(runs)[:-1])
+    gc.disable()
+    try:
+        with pytest.raises(InferenceError, match="results for"):
+            engine.execute(_noul(CONTEXT + [4, 5, 6]), temperature=TEMPERATURE, policy=CACHED)
+        cache.clear()
+        assert sum(r() is not None for r in refs) == 0, "cached states alive after the failed request"
+    finally:
+        gc.enable()
+        engine.close()
+
+
+def test_a_scheduler_thread_that_cannot_start_leaves_nothing_admitted(torch_runner, monkeypatch):
+    """The job was admitted and the thread recorded before it started: one failed start (a pids
+    limit) left a request queued for good and no loop ever again, while health said SERVING."""
+    engine = Engine(torch_runner, cost_model=CPU_COST_MODEL)
+    real_start = threading.Thread.start
+    failed: list[bool] = []
+
+    def start_once_failing(thread: threading.Thread) -> None:
+        if thread.name == "scheduler" and not failed:
+            failed.append(True)
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_once_failing)
+    with pytest.raises(RuntimeError):
+        engine.execute(_noul([5, 6, 7]), temperature=TEMPERATURE, policy="off")
+    assert engine.scheduler.depth == 0
+    deadline = time.monotonic() + 10
+    result = engine.execute(
+        _noul([5, 6, 7]), temperature=TEMPERATURE, policy="off", should_stop=lambda: time.monotonic() > deadline
+    )
+    assert len(result.head_scores) == 1
+    engine.close()
+
+
 def _started(engine: Engine) -> bool:
     return any(job.started_at is not None for job in engine.scheduler._jobs)
 
