@@ -47,6 +47,14 @@ RENDERED_LIMIT = "request exceeds the rendered size limit"
 TOKEN_LIMIT = "request exceeds the token limit"
 
 
+# A question id in a message is cut to this many characters ("..." after them): gRPC carries the
+# message in a header, percent-encoded (up to 9 bytes a character), refused over 16 KiB, so a
+# longer id turned the refusal into RESOURCE_EXHAUSTED ("retry later") on gRPC alone.
+MAX_ID_CHARS_IN_MESSAGE = 256
+
+
 def too_long_message(question_id: str, num_tokens: int, max_length: int) -> str:
     """The tokenization-stage message for a candidate longer than the model's max_length."""
+    if len(question_id) > MAX_ID_CHARS_IN_MESSAGE:
+        question_id = question_id[:MAX_ID_CHARS_IN_MESSAGE] + "..."
     return f"question {question_id}: {num_tokens} tokens exceeds max_length={max_length}; no silent truncation"

@@ -70,6 +70,7 @@ HTTP_STATUS = {
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.CANCELLED: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.FAILED_PRECONDITION: 503,  # no compatible worker (as /health says), nothing failed
 }
 
 

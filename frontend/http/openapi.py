@@ -177,7 +177,7 @@ _ERRORS = {
     "422": "the request breaks the contract (the same message as gRPC INVALID_ARGUMENT)",
     "500": "a fault of this server (no details are given)",
     "502": "the worker failed (gRPC INTERNAL)",
-    "503": "the worker queue is full or no worker is serving; retry after Retry-After seconds",
+    "503": "the worker queue is full, or no (compatible) worker is serving; retry after Retry-After seconds",
     "504": "the deadline (x-timeout-seconds) passed, also while the body was being received",
 }
 

@@ -88,6 +88,10 @@ def test_too_long_candidate_is_an_error_never_truncated(tokenizer):
         list(iter_candidate_batches(request, tokenizer, 79))
     assert caught.value.message == ("question route: 80 tokens exceeds max_length=79; no silent truncation")
     assert caught.value.message == errors.too_long_message("route", 80, 79)
+    assert (
+        errors.too_long_message("x" * 300, 80, 79)
+        == f"question {'x' * 256}...: 80 tokens exceeds max_length=79; no silent truncation"
+    )
     assert len(tokenize_request(request, tokenizer, 82)[2][0]) == 82  # exactly max_length is fine
 
 

@@ -218,6 +218,26 @@ def test_named_hostile_cases(client, canary, name, text, enum, message):
     canary()
 
 
+@pytest.mark.parametrize("question_id", ["q" * 20000, "问" * 2000], ids=["ascii", "cjk"])
+def test_a_long_question_id_in_a_too_long_refusal_is_cut(client, question_id):
+    """The whole id went into the max_length message, which gRPC sends in a header of at most
+    16 KiB: the refusal came back RESOURCE_EXHAUSTED ("retry later") on gRPC, 422 over HTTP."""
+    body = {"state": "word " * 17000, "questions": {question_id: {"type": "noul", "instructions": "x"}}}
+    with pytest.raises(grpc.RpcError) as caught:
+        client.decide(body, timeout=60)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    cut = question_id[: errors.MAX_ID_CHARS_IN_MESSAGE] + "..."
+    assert TOO_LONG.fullmatch(caught.value.details()) and caught.value.details().startswith(f"question {cut}: ")
+
+
+def test_a_lone_surrogate_in_a_client_dict_is_refused_by_the_server(client):
+    """Client.decide failed to encode the text itself (UnicodeEncodeError) instead of sending it
+    for the contract's refusal, as a JSON body with the same escape gets over HTTP."""
+    with pytest.raises(grpc.RpcError) as caught:
+        client.decide({"state": "\ud800", "questions": {"q": {"type": "noul", "instructions": "x"}}}, timeout=30)
+    assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, errors.INVALID_JSON)
+
+
 def test_empty_question_id_and_deep_but_legal_state_are_answered(client):
     state = "[" * 126 + "]" * 126  # the body object + 126 arrays = 127 containers: the limit
     response = client.decide({"state": state, "questions": {"": {"type": "noul", "instructions": "?"}}}, timeout=60)

@@ -13,6 +13,7 @@ import time
 from concurrent import futures
 
 import grpc
+import httpx
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from other_export import other_export
@@ -153,13 +154,24 @@ def test_frontend_refuses_a_worker_with_smaller_limits_or_another_model(
         else demo_model
     )
     worker = launch.start_worker(model, tmp_path, worker_args)
-    frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--worker-refresh-seconds", "0.5"])
+    http_port = launch.free_port()
+    frontend = launch.start_frontend(
+        demo_model,
+        worker.address,
+        tmp_path,
+        ["--worker-refresh-seconds", "0.5", "--http-listen", f"127.0.0.1:{http_port}"],
+    )
+    body = {"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}
     try:
         time.sleep(2.0)
         with Client(frontend.address) as client, pytest.raises(grpc.RpcError) as caught:
-            client.decide({"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}, timeout=10)
+            client.decide(body, timeout=10)
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert f"worker at {worker.address} {reason}" in caught.value.details()  # names the worker
+        # over HTTP: no compatible worker, as /health says (not 502, "the worker failed")
+        reply = httpx.post(f"http://127.0.0.1:{http_port}/v1/systemone", json=body, timeout=10)
+        assert (reply.status_code, reply.headers.get("retry-after")) == (503, "1"), reply.text
+        assert f"worker at {worker.address} {reason}" in reply.json()["error"]
     finally:
         frontend.stop()
         worker.stop()
