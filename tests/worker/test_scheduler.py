@@ -393,16 +393,21 @@ def test_a_state_the_cache_cannot_keep_fails_no_request(torch_runner, monkeypatc
     assert len(cache) == 0
 
 
+def _engine_with_deposits(runner, name: str):
+    """An engine with a cache (no gate held) that one request of CONTEXT has filled."""
+    gate = threading.Event()
+    gate.set()
+    engine = _cached_engine(runner, gate, name)
+    assert engine.state_cache is not None
+    engine.execute(_noul(CONTEXT + [7, 8, 9]), temperature=TEMPERATURE, policy=CACHED)
+    return engine, engine.state_cache
+
+
 def test_an_idle_scheduler_holds_no_cached_state_of_finished_requests(torch_runner):
     import gc
     import weakref
 
-    gate = threading.Event()
-    gate.set()
-    engine = _cached_engine(torch_runner, gate, "idle-pins")
-    cache = engine.state_cache
-    assert cache is not None
-    engine.execute(_noul(CONTEXT + [7, 8, 9]), temperature=TEMPERATURE, policy=CACHED)
+    engine, cache = _engine_with_deposits(torch_runner, "idle-pins")
     with cache._lock:
         (state,) = [e.state for k, e in cache._entries.items() if k.position == 192]
     deepest = weakref.ref(state.layers[0].recurrent)
@@ -420,12 +425,7 @@ def test_a_runner_result_count_error_pins_no_state_by_refcount(torch_runner, mon
     import gc
     import weakref
 
-    gate = threading.Event()
-    gate.set()
-    engine = _cached_engine(torch_runner, gate, "count-error")
-    cache = engine.state_cache
-    assert cache is not None
-    engine.execute(_noul(CONTEXT + [7, 8, 9]), temperature=TEMPERATURE, policy=CACHED)
+    engine, cache = _engine_with_deposits(torch_runner, "count-error")
     with cache._lock:
         refs = [weakref.ref(e.state.layers[0].recurrent) for e in cache._entries.values()]
     real = torch_runner.run_launch
