@@ -132,6 +132,14 @@ def _outcome(context: grpc.ServicerContext, failed: bool, info: RequestInfo) -> 
 DEADLINE_SLACK_SECONDS = 0.1
 
 
+def refused_outcome(status: str, context: grpc.ServicerContext) -> str:
+    """The outcome label a refused call of this request will be counted under (for its log line)."""
+    info = _current.get()
+    if info is None:
+        return status
+    return ended_outcome(status, info, context.time_remaining(), context.is_active())
+
+
 def caller_deadline_passed(remaining: float | None, active: bool) -> bool:
     """Whether the caller's own deadline ended the call (not a cancel of its own)."""
     return remaining is not None and (remaining <= 0 or (not active and remaining <= DEADLINE_SLACK_SECONDS))

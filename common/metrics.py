@@ -97,7 +97,8 @@ frontend_routed_requests = Counter(
 # --- worker -------------------------------------------------------------------------------
 worker_execute_seconds = Histogram(
     "openjev_worker_execute_seconds",
-    "Execute latency in the worker (queue + inference), by question kind and outcome",
+    "Execute latency in the worker from the call's first message (a stream still arriving, queue, inference), "
+    "by question kind and outcome",
     ["kind", "outcome"],
     buckets=LATENCY_BUCKETS_S,
     registry=worker_registry,
@@ -127,7 +128,9 @@ worker_submitted_tokens = Counter(
     "openjev_worker_submitted_tokens", "Candidate tokens received in executed requests", registry=worker_registry
 )
 worker_computed_tokens = Counter(
-    "openjev_worker_computed_tokens", "Tokens the model actually computed", registry=worker_registry
+    "openjev_worker_computed_tokens",
+    "Tokens the requests' plans compute, state-cache hits included (less the hit tokens: what the model ran)",
+    registry=worker_registry,
 )
 worker_saved_tokens = Counter(
     "openjev_worker_saved_tokens", "Prefix tokens whose computation was skipped", registry=worker_registry

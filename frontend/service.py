@@ -227,6 +227,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             log.info(
                 "decide",
                 status=status,
+                outcome=interceptors.refused_outcome(refused.code.name, context),  # the metrics' label
                 reason=refused.message,
                 latency_ms=round((time.perf_counter() - started) * 1e3, 3),
                 **fields,

@@ -350,6 +350,7 @@ class HttpApi:
             log.info(
                 "decide",
                 status=refused.code.name,
+                outcome=outcome,
                 http_status=status,
                 reason=refused.message,
                 latency_ms=_ms(started),

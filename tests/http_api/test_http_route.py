@@ -268,6 +268,15 @@ def test_the_frontends_own_worker_deadline_is_504_counted_as_the_servers(demo_mo
         assert reply.status_code == 504, reply.text
         assert _counted(started.url, before, "WORKER_DEADLINE_EXCEEDED") == 1
         assert _outcomes(started.url).get("DEADLINE_EXCEEDED", 0.0) == before.get("DEADLINE_EXCEEDED", 0.0)
+        with Client(started.grpc_address) as client, pytest.raises(grpc.RpcError) as caught:
+            client.decide(LONG, timeout=30)  # the same cap over gRPC
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # the log lines say whose deadline it was, as the metrics do (status alone: DEADLINE_EXCEEDED)
+        lines = log_events(started.pair.frontend.log_text(), "decide")
+        assert [(line.get("transport"), line["status"], line.get("outcome")) for line in lines] == [
+            ("http", "DEADLINE_EXCEEDED", "WORKER_DEADLINE_EXCEEDED"),
+            (None, "DEADLINE_EXCEEDED", "WORKER_DEADLINE_EXCEEDED"),
+        ], lines
     finally:
         started.pair.stop()
 

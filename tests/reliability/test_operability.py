@@ -332,8 +332,8 @@ def test_client_deadlines_through_the_servers_are_counted_and_logged_as_deadline
             assert time.monotonic() < deadline
             time.sleep(0.1)
         assert outcome_counts(url, "openjev_frontend_request_seconds_count") == {"DEADLINE_EXCEEDED": 4.0}
-        statuses = [e["status"] for e in log_events(pair.frontend.log_text(), "decide")]
-        assert statuses == ["DEADLINE_EXCEEDED"] * 4
+        statuses = [(e["status"], e["outcome"]) for e in log_events(pair.frontend.log_text(), "decide")]
+        assert statuses == [("DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED")] * 4
     finally:
         pair.stop()
 
