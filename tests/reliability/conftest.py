@@ -17,18 +17,10 @@ def busy_pair(demo_model, tmp_path_factory):
         demo_model,
         tmp_path_factory.mktemp("busy"),
         worker_args=[
-            "--max-launch-sequences",
-            "1",
-            "--queue-capacity",
-            "2",
-            "--state-cache-bytes",
-            "0",
+            *("--max-launch-sequences", "1", "--queue-capacity", "2", "--state-cache-bytes", "0"),
             # execute_started (debug): a request's first pass began; the queue depth gauge:
             # requests admitted (`execute_accepted` comes before admission)
-            "--log-level",
-            "debug",
-            "--metrics-port",
-            str(metrics_port),
+            *("--log-level", "debug", "--metrics-port", str(metrics_port)),
         ],
     )
     started.worker_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
