@@ -113,8 +113,15 @@ class Client:
         timeout: float | None = None,
         request_id: str | None = None,
     ) -> dict[str, Any]:
-        text = request if isinstance(request, str) else _json_text(request)
-        message = api.DecideRequest(request_json=text, prefix_policy=abi.policy_to_enum(policy))
+        enum = abi.policy_to_enum(policy)
+        if isinstance(request, str):
+            message = api.DecideRequest(request_json=request, prefix_policy=enum)
+        else:
+            try:
+                message = api.DecideRequest(request_json=json.dumps(request, ensure_ascii=False), prefix_policy=enum)
+            except UnicodeEncodeError:  # a lone surrogate has no UTF-8: sent as its \u escape, for
+                # the server to refuse as it would over HTTP, rather than failing here
+                message = api.DecideRequest(request_json=json.dumps(request), prefix_policy=enum)
         metadata = [*self._auth, *([("x-request-id", request_id)] if request_id else [])]
         return response_to_json(self.stub.Decide(message, timeout=timeout, metadata=metadata or None))
 
@@ -126,14 +133,3 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _json_text(request: dict) -> str:
-    """The request as JSON text; a lone surrogate (no UTF-8 for it) as its \\u escape, so that the
-    server refuses it as it would over HTTP rather than the client failing to encode it."""
-    text = json.dumps(request, ensure_ascii=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(request)
-    return text
