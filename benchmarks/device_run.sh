@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab attention-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention overhead pdl grpc-floor grpc-idle lt-choice
+#   steps: tests conv conv-ab attention-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention overhead pdl grpc-floor grpc-idle lt-choice
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes;
 #          WORKER_EXTRA='--max-launch-tokens 2048' adds worker flags to both)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
@@ -124,6 +124,9 @@ for step in "$@"; do
            kill $smi ;;
     # one level of the recurrence alone and first among a pass's padded segments (the work-taking schedule)
     gdn-in-pass) timeout 120 python3 benchmarks/gdn_in_pass.py --out $OUT/gdn-in-pass.json 2>&1 | tail -20 ;;
+    # every recurrence shape of kernels.GDN_VARIANTS on the levels of short and long requests, bits checked
+    gdn-shapes) timeout 200 python3 benchmarks/gdn_in_pass.py --variants "${VARIANTS:-$(python3 -c 'from openjev.worker.cuda import kernels as K; print(",".join([K.GDN_DEFAULT] + [v for v in K.GDN_VARIANTS if v != K.GDN_DEFAULT]))')}" \
+                  --levels 1x20,1x74,7x30,4x60,2x300,1x676,33x20,1x2048 --out $OUT/gdn-shapes.json 2>&1 | tee $OUT/gdn-shapes.txt | tail -80 ;;
     # the recurrence inside a 676-token request's pass against the same segment alone, under Nsight Compute
     ncu-pass) M=sm__cycles_elapsed.avg.per_second,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum
            timeout 240 ncu --clock-control none --kernel-name regex:gdn_recurrent --launch-skip 60 --launch-count 2 --metrics $M \

@@ -3,7 +3,9 @@ from CUDA graphs, timed with CUDA events, arms interleaved; medians and spreads 
 - alone: the level's segments only;
 - in a pass's grid: the same segments first among `--segments` (a graph's padded segment
   count), the level's range covering only them.
-Levels: `--levels`, each COUNTxTOKENS.
+Levels: `--levels`, each COUNTxTOKENS. `--variants` times each recurrence shape of
+`kernels.GDN_VARIANTS` in the pass's grid, each segment starting from a kept state as a child
+does, and checks that every variant's outputs and final states are bit-equal to the first's.
 
 Earlier forms of this script: commit 07f4a3a timed one 676-token segment after an idle GPU and
 after 24 down products (the same 0.26 ms: the clock was not why the recurrence ran slower in a
@@ -12,7 +14,7 @@ without a cap of 2 blocks an SM, segments along the grid's z or x (docs/cuda-ker
 led to the work-taking schedule of gated_delta.cu.
 
     python3 benchmarks/gdn_in_pass.py [--levels 1x676,7x30,2x300,33x20] [--segments 65] [--rounds 30]
-        [--out FILE.json]
+        [--variants s8c32x2,s8c16x1b6,...] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ H, HK, D = 48, 16, 128
 DEV = "cuda"
 
 
-def level_inputs(lengths: list[int], pad_to: int):
-    """Inputs of one level: `lengths` segments, then empty ones up to `pad_to` segments."""
+def level_inputs(lengths: list[int], pad_to: int, init: bool = False):
+    """Inputs of one level: `lengths` segments, then empty ones up to `pad_to` segments; with
+    `init`, each starts from a state of its own (as a child starts from its parent's)."""
     T = sum(lengths)
     cu = torch.tensor([0] + [sum(lengths[: i + 1]) for i in range(len(lengths))] + [T] * (pad_to - len(lengths)))
     qn = torch.nn.functional.normalize(torch.randn(T, HK, D, device=DEV), dim=-1) * D**-0.5
@@ -45,19 +48,30 @@ def level_inputs(lengths: list[int], pad_to: int):
         beta=torch.rand(T, H, device=DEV),
         cu_seqlens=cu.to(torch.int32).to(DEV),
         level_off=torch.tensor([0, len(lengths)], dtype=torch.int32, device=DEV),
+        init_state=torch.randn(pad_to, H, D, D, device=DEV) * 0.1 if init else None,
     )
 
 
-def captured(inputs: dict) -> torch.cuda.CUDAGraph:
+def captured(inputs: dict, variant: str = K.GDN_DEFAULT) -> tuple[torch.cuda.CUDAGraph, tuple]:
+    """(a graph of the level's launch, its outputs: o and the final states)."""
     a = inputs
     run = lambda: K.gdn_recurrent(  # noqa: E731
-        a["qn"], a["kn"], a["kq"], a["v"], a["g"], a["beta"], a["cu_seqlens"], level_off=a["level_off"]
+        a["qn"],
+        a["kn"],
+        a["kq"],
+        a["v"],
+        a["g"],
+        a["beta"],
+        a["cu_seqlens"],
+        init_state=a["init_state"],
+        variant=variant,
+        level_off=a["level_off"],
     )
     run()  # compiles
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        run()
-    return graph
+        outputs = run()
+    return graph, outputs
 
 
 def main() -> None:
@@ -65,15 +79,23 @@ def main() -> None:
     p.add_argument("--levels", default="1x676,7x30,2x300,33x20", help="COUNTxTOKENS, ...: segments of one level")
     p.add_argument("--segments", type=int, default=65)
     p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--variants", default="", help="NAME,...: time these shapes in the pass's grid (first: reference)")
     p.add_argument("--out", default="")
     args = p.parse_args()
     levels = [[int(n) for n in spec.split("x")] for spec in args.levels.split(",")]
-    graphs, keep = {}, []
+    variants = [v for v in args.variants.split(",") if v]
+    graphs, outputs, keep = {}, {}, []
     for level, lengths in ((f"{count} x {length}", [length] * count) for count, length in levels):
+        if variants:
+            inputs = level_inputs(lengths, args.segments, init=True)
+            keep.append(inputs)  # a graph holds its inputs' addresses, not the tensors
+            for variant in variants:
+                graphs[(level, variant)], outputs[(level, variant)] = captured(inputs, variant)
+            continue
         for grid, pad_to in (("alone", len(lengths)), (f"in a {args.segments}-segment grid", args.segments)):
             inputs = level_inputs(lengths, pad_to)
-            keep.append(inputs)  # a graph holds its inputs' addresses, not the tensors
-            graphs[(level, grid)] = captured(inputs)
+            keep.append(inputs)
+            graphs[(level, grid)], _ = captured(inputs)
     times: dict[tuple, list[float]] = {arm: [] for arm in graphs}
     for _ in range(args.rounds + 3):
         for arm, graph in graphs.items():  # interleaved: drift lands on every arm alike
@@ -84,17 +106,27 @@ def main() -> None:
             end.record()
             torch.cuda.synchronize()
             times[arm].append(start.elapsed_time(end))
-    print(f"{torch.cuda.get_device_name()}: gdn_recurrent_{K.GDN_DEFAULT}, ms")
-    print(f"{'level':<12} {'grid':<24} {'median':>8} {'min':>8} {'max':>8}")
+    mismatches = []
+    for (level, variant), (o, final) in outputs.items():  # replayed last with the inputs they hold
+        o_ref, final_ref = outputs[(level, variants[0])]
+        N = int(level.split(" x ")[0])
+        if not (torch.equal(o, o_ref) and torch.equal(final[:N], final_ref[:N])):
+            mismatches.append(f"{level} {variant}")
+    what = "variants in the pass's grid, segments from kept states" if variants else f"gdn_recurrent_{K.GDN_DEFAULT}"
+    print(f"{torch.cuda.get_device_name()}: {what}, ms")
+    print(f"{'level':<12} {'arm':<24} {'median':>8} {'min':>8} {'max':>8}")
     rows = []
     for (level, grid), ts in times.items():
         ts = ts[3:]
         med = statistics.median(ts)
         rows.append(dict(level=level, grid=grid, median_ms=med, min_ms=min(ts), max_ms=max(ts)))
         print(f"{level:<12} {grid:<24} {med:>8.4f} {min(ts):>8.4f} {max(ts):>8.4f}")
+    if variants:
+        verdict = "DIFFER: " + ", ".join(mismatches) if mismatches else "equal in every level"
+        print(f"bits against {variants[0]}: {verdict}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+            json.dump({"args": vars(args), "rows": rows, "bits_differ": mismatches}, f, indent=1)
 
 
 if __name__ == "__main__":
