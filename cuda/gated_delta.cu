@@ -94,11 +94,11 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 //             share it must not overlap (one stream).
 // out:        [T, H, DV] bf16
 // final_state:[N, H, DK, DV] fp32
-// grid (G) for any G (MB x the SMs: every resident slot), block NCOLS / CC * PARTS threads.
+// grid (G) for any G (4 x the SMs: every resident slot), block NCOLS / CC * PARTS threads.
 //
 // Work items are (segment, column block, head) of the level, taken in order by atomic tickets
 // by "workers": blocks that found fewer than L workers on their SM (L = items / SMs rounded up,
-// 1 to MB, the blocks an SM the grid and the registers allow); the other blocks exit at once. Why not one block an item on a grid sized for the
+// 1 to 4); the other blocks exit at once. Why not one block an item on a grid sized for the
 // pass's padded segment count: blocks of absent segments exit at once, and then the block
 // scheduler stacked up to 4 live blocks on some SMs while others had none, so one 676-token
 // segment took 0.32 ms in a pass's grid against 0.24 alone (docs/cuda-kernels.md). An item is
@@ -117,7 +117,7 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 // thread, shared memory was 71% busy on the H200; two columns gained 8%: docs/cuda-kernels.md).
 // Tokens past the segment's end are zero-filled: k = q = v = 0, g = 0 (e^g = 1), beta = 0, an
 // exact no-op on S, so the token loop has a fixed trip count and unrolls.
-template <int PARTS, int NCOLS, int CC, int MB, int CP>
+template <int PARTS, int NCOLS, int CC>
 __device__ __forceinline__ void gdn_recurrent(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
     const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
@@ -128,6 +128,7 @@ __device__ __forceinline__ void gdn_recurrent(
     constexpr int R = DK / PARTS;
     constexpr int RP = R + 4;  // padded: the PARTS row groups start in different banks
     constexpr int NT = NCOLS / CC * PARTS;
+    constexpr int CP = 8;  // tokens a buffer
     static_assert(R % 4 == 0 && NCOLS % 8 == 0 && PARTS <= 32, "16-byte copies; a column within a warp");
     __shared__ __align__(16) float k_s[2][CP][PARTS * RP];
     __shared__ __align__(16) float q_s[2][CP][PARTS * RP];
@@ -143,7 +144,7 @@ __device__ __forceinline__ void gdn_recurrent(
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     smid &= GDN_SCHED_SMS - 1;  // %smid may exceed the SM count (disabled SMs keep their numbers)
     if (tid == 0) {
-        const int limit = min(MB, max(1, (items + num_sms - 1) / num_sms));
+        const int limit = min(4, max(1, (items + num_sms - 1) / num_sms));
         s_worker = atomicAdd(&sched[2 + smid], 1) < limit;
         if (!s_worker) atomicSub(&sched[2 + smid], 1);
     }
@@ -273,20 +274,12 @@ __device__ __forceinline__ void gdn_recurrent(
 #define GDN_PASS                                                                                \
     qn, kn, kq, v, v_stride, g, beta, cu_seqlens, H, Hk, init_state, init_stride, init_idx,   \
         level_off, level, sched, num_sms, out, final_state
-// MB blocks an SM (registers capped to fit them), CP tokens a shared-memory buffer
-#define GDN_VARIANT(name, P, NC, CC, MB, CP)                                            \
-    extern "C" __global__ void __launch_bounds__(NC / CC * P, MB) name(GDN_ARGS) {      \
-        gdn_recurrent<P, NC, CC, MB, CP>(GDN_PASS);                                             \
+#define GDN_VARIANT(name, P, NC, CC)                                                    \
+    extern "C" __global__ void __launch_bounds__(NC / CC * P) name(GDN_ARGS) {              \
+        gdn_recurrent<P, NC, CC>(GDN_PASS);                                             \
     }
-// s{threads per column group}c{columns per block}x{columns per thread}[b{blocks an SM}][t{tokens a
-// buffer}] (b4, t8 when absent); the other shapes timed (and the earlier unpipelined kernel's p*
-// variants) were slower at 64-4,096 tokens (docs/cuda-kernels.md)
-GDN_VARIANT(gdn_recurrent_s8c16x1, 8, 16, 1, 4, 8)
-GDN_VARIANT(gdn_recurrent_s8c32x2, 8, 32, 2, 4, 8)
-GDN_VARIANT(gdn_recurrent_s8c32x2t4, 8, 32, 2, 4, 4)
-GDN_VARIANT(gdn_recurrent_s8c32x2b5t4, 8, 32, 2, 5, 4)
-GDN_VARIANT(gdn_recurrent_s8c32x2b5, 8, 32, 2, 5, 8)
-GDN_VARIANT(gdn_recurrent_s8c16x1b6, 8, 16, 1, 6, 8)
-GDN_VARIANT(gdn_recurrent_s8c16x1b6t4, 8, 16, 1, 6, 4)
-GDN_VARIANT(gdn_recurrent_s8c16x2b8t4, 8, 16, 2, 8, 4)
-GDN_VARIANT(gdn_recurrent_s4c16x1b8t4, 4, 16, 1, 8, 4)
+// s{threads per column group}c{columns per block}x{columns per thread}; the other shapes timed
+// (and the earlier unpipelined kernel's p* variants) were slower at 64-4,096 tokens
+// (docs/cuda-kernels.md)
+GDN_VARIANT(gdn_recurrent_s8c16x1, 8, 16, 1)
+GDN_VARIANT(gdn_recurrent_s8c32x2, 8, 32, 2)

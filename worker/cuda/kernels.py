@@ -220,18 +220,8 @@ def gdn_prepare(conv_out, a, b, A_log, dt_bias, num_k_heads, out=None):
     return qn, kn, g, beta, kq
 
 
-# name -> (threads per column group, columns per block, columns per thread, blocks an SM)
-GDN_VARIANTS = {
-    "s8c16x1": (8, 16, 1, 4),
-    "s8c32x2": (8, 32, 2, 4),
-    "s8c32x2t4": (8, 32, 2, 4),
-    "s8c32x2b5t4": (8, 32, 2, 5),
-    "s8c32x2b5": (8, 32, 2, 5),
-    "s8c16x1b6": (8, 16, 1, 6),
-    "s8c16x1b6t4": (8, 16, 1, 6),
-    "s8c16x2b8t4": (8, 16, 2, 8),
-    "s4c16x1b8t4": (4, 16, 1, 8),
-}
+# name -> (threads per column group, columns per block, columns per thread)
+GDN_VARIANTS = {"s8c16x1": (8, 16, 1), "s8c32x2": (8, 32, 2)}
 GDN_DEFAULT = "s8c32x2"  # the fastest variant on an H200 at 64 to 4,096 tokens (docs/cuda-kernels.md)
 
 
@@ -278,7 +268,7 @@ def gdn_recurrent(
     Hk = qn.shape[1]
     N = cu_seqlens.numel() - 1
     assert v.stride(2) == 1 and v.stride(1) == GDN_DIM and H % Hk == 0
-    parts, cols, per_thread, per_sm = GDN_VARIANTS[variant]
+    parts, cols, per_thread = GDN_VARIANTS[variant]
     assert v.data_ptr() % 16 == 0 and v.stride(0) % 8 == 0, "v rows must be 16-byte aligned (cp.async)"
     dev = g.device
     out = _out(out, (T, H, GDN_DIM), torch.bfloat16, dev)
@@ -301,7 +291,7 @@ def gdn_recurrent(
     _launch(
         "gated_delta",
         f"gdn_recurrent_{variant}",
-        (per_sm * sms,),  # every resident slot; workers take the items (gated_delta.cu)
+        (4 * sms,),  # every resident slot at 4 blocks an SM; workers take the items (gated_delta.cu)
         (cols // per_thread * parts,),
         (
             qn,

@@ -203,21 +203,7 @@ def gdn_inputs(lengths, H=48, Hk=16):
     return cu, qn, kn, kq, v, g, beta, init
 
 
-# kernels.GDN_VARIANTS (not imported here: CI has no CuPy)
-GDN_SHAPES = [
-    "s8c16x1",
-    "s8c32x2",
-    "s8c32x2t4",
-    "s8c32x2b5t4",
-    "s8c32x2b5",
-    "s8c16x1b6",
-    "s8c16x1b6t4",
-    "s8c16x2b8t4",
-    "s4c16x1b8t4",
-]
-
-
-@pytest.mark.parametrize("variant", GDN_SHAPES)
+@pytest.mark.parametrize("variant", ["s8c16x1", "s8c32x2"])
 @pytest.mark.parametrize("with_init", [True, False])
 def test_gdn_recurrent(K, ref, variant, with_init):
     cu, qn, kn, kq, v, g, beta, init = gdn_inputs(LENGTHS)
@@ -233,7 +219,7 @@ def test_gdn_recurrent(K, ref, variant, with_init):
         assert rel(fin[n], e_fin[n]) < FP32_TOL, f"final state {n}"
 
 
-@pytest.mark.parametrize("variant", GDN_SHAPES)
+@pytest.mark.parametrize("variant", ["s8c16x1", "s8c32x2"])
 def test_gdn_recurrent_extreme_decays(K, ref, variant):
     """Decays at the edges of fp32: runs of g = 0, steps of -30 and -100 (e^g underflows), -1000
     (a reset), fast-decaying heads beside slow ones; outputs and final states finite and against
@@ -280,7 +266,7 @@ def test_gdn_recurrent_level_range(K, ref):
     assert torch.isnan(out[last:]).all() and torch.isnan(fin[N - 1]).all(), "a segment outside the range ran"
 
 
-@pytest.mark.parametrize("variant", GDN_SHAPES)
+@pytest.mark.parametrize("variant", ["s8c16x1", "s8c32x2"])
 def test_gdn_recurrent_forest_levels(K, ref, variant):
     """One launch per level on a fixed grid: level-0 segments start from rows of a strided slot
     buffer (or zeros), deeper ones from their in-pass parent's final state; each segment equals
