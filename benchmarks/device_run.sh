@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab attention-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e state-hit attention overhead pdl grpc-floor grpc-idle lt-choice
+#   steps: tests conv conv-ab attention-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead pdl grpc-floor grpc-idle lt-choice
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes;
 #          WORKER_EXTRA='--max-launch-tokens 2048' adds worker flags to both)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
@@ -275,6 +275,10 @@ for step in "$@"; do
     # whole requests (one per kind x length group) with the serial and the chunked GDN kernel, interleaved
     gdn-e2e) timeout 300 python3 benchmarks/runner_arms_e2e.py --model .openjev/demo-model --workload $WL --arms serial,chunked \
              --out $OUT/gdn-e2e.md 2>&1 | grep -E "^\|" | tail -16 ;;
+    # whole requests with the recurrence in one launch a pass (default) and one launch a level, interleaved
+    levels-e2e) timeout 400 python3 benchmarks/runner_arms_e2e.py --model .openjev/demo-model --workload $WL \
+             --arms serial,levels --groups 1-128,129-512,513-2048 --per-group 2 --multi 1 --rounds 9 \
+             --out $OUT/levels-e2e.md 2>&1 | grep -E "^\|" | tail -24 ;;
     # whole requests of 513-4,096 tokens with the default buckets (multiples of 128 rows above
     # 1,024 tokens) and the untiled ones (4 steps an octave), interleaved
     tile-e2e) timeout 400 python3 benchmarks/runner_arms_e2e.py --model .openjev/demo-model --workload $WL \

@@ -10,7 +10,7 @@ GDN kernels sum in other orders; padding must not change a bit).
 
     PYTHONPATH=. python3 benchmarks/runner_arms_e2e.py --model .openjev/demo-model \\
         --workload benchmarks/workload.jsonl [--arms serial,chunked] [--rounds 7] [--out e2e.md]
-        [--groups 513-2048,2049-4096] [--per-group 1]
+        [--groups 513-2048,2049-4096] [--per-group 1] [--multi 0]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ ARMS = {
     "serial": {},
     "chunked": {"gdn_kernel": "chunked"},
     "untiled": {"graph_tile_from": 0},  # long passes in 4 token steps an octave (before 2026-12-01c)
+    "levels": {"gdn_level_launches": True},  # the recurrence launched once a level (before 2026-12-02b)
 }
 
 
@@ -73,6 +74,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--groups", default=",".join(workload.GROUP_NAMES), help="length groups, comma-separated")
     p.add_argument("--per-group", type=int, default=1, help="requests of each kind and group")
+    p.add_argument("--multi", type=int, default=0, help="also this many requests of each multi-question group")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     names = args.arms.split(",")
@@ -87,7 +89,7 @@ def main() -> None:
         for k in ("choice", "noul", "score")
         for g in groups
         for c in [c for c in cases if (c.kind, c.group) == (k, g)][: args.per_group]
-    ]
+    ] + [c for g in ("3q", "4q", "8q") for c in [c for c in cases if (c.kind, c.group) == ("multi", g)][: args.multi]]
     runners = make_runners(args.shape, names)
     engines = {name: Engine(runner, cost_model=default_cost_model("cuda")) for name, runner in runners.items()}
     base = names[0]

@@ -84,25 +84,34 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 // init_idx:   [N] int32, where segment n starts: >= 0 row init_idx[n] of init_state; -1 zeros;
 //             <= -2 row -2 - init_idx[n] of final_state (its parent in the same pass, finished
 //             by an earlier launch of this pass)
-// level_off:  [levels + 1] int32; this launch runs segments level_off[level] .. level_off[level + 1] - 1
-//             (a forest pass orders its segments by level and launches once per level on a fixed
-//             grid, so graphs can hold it). Segments outside the range (a graph's pad and empty
-//             segments) never run and their out and final_state rows are left as they are; so
-//             are empty segments'.
+// level_off:  [levels + 1] int32; this launch runs segments level_off[level] .. level_off[level_end] - 1
+//             (a forest pass orders its segments by level, and launches once for all its levels
+//             on a fixed grid, so graphs can hold it). Segments outside the range (a graph's pad
+//             segment) never run and their out and final_state rows are left as they are; so are
+//             empty segments'.
 // sched:      [2 + GDN_SCHED_SMS] int32, zeros before the launch and again after it (the last block resets
 //             them): a ticket counter, a count of finished blocks, workers per SM. Launches that
 //             share it must not overlap (one stream).
+// deps:       [1 + N * H * (DV / NCOLS)] uint64: [0] counts the launches that used it (the last block
+//             adds one); then a flag per item (segment, head, column block), set to that count + 1
+//             when the item's final state is written (an empty segment's at once). Same stream rule.
 // out:        [T, H, DV] bf16
 // final_state:[N, H, DK, DV] fp32
 // grid (G) for any G (4 x the SMs: every resident slot), block NCOLS / CC * PARTS threads.
 //
-// Work items are (segment, column block, head) of the level, taken in order by atomic tickets
+// Work items are (segment, column block, head) of the levels, taken in order by atomic tickets
 // by "workers": blocks that found fewer than L workers on their SM (L = items / SMs rounded up,
 // 1 to 4); the other blocks exit at once. Why not one block an item on a grid sized for the
 // pass's padded segment count: blocks of absent segments exit at once, and then the block
 // scheduler stacked up to 4 live blocks on some SMs while others had none, so one 676-token
 // segment took 0.32 ms in a pass's grid against 0.24 alone (docs/cuda-kernels.md). An item is
 // computed the same way whichever block takes it, so the bits do not depend on the schedule.
+// Segments are ordered by level, so a child's tickets come after its parent's: a block that takes
+// a child whose parent is in this launch waits for the parent item of its head and columns (its
+// flag in deps) and reads that state from L2. Every item it can wait for was taken earlier by a
+// running block, which waits only for items taken earlier still, so no block waits forever, and
+// one launch runs a whole forest (one launch a level cost a launch, a ramp and a tail each:
+// docs/cuda-kernels.md).
 //
 // Per token, with S the state before it: kv = S^T k and sq = S^T q are independent sums over
 // the same registers (interleaved chains, one shuffle round for both); then
@@ -123,8 +132,8 @@ __device__ __forceinline__ void gdn_recurrent(
     const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
     const float* __restrict__ beta, const int* __restrict__ cu_seqlens, int H, int Hk,
     const float* __restrict__ init_state, long init_stride, const int* __restrict__ init_idx,
-    const int* __restrict__ level_off, int level, int* __restrict__ sched, int num_sms,
-    __nv_bfloat16* __restrict__ out, float* __restrict__ final_state) {
+    const int* __restrict__ level_off, int level, int level_end, int* __restrict__ sched, int num_sms,
+    unsigned long long* __restrict__ deps, __nv_bfloat16* __restrict__ out, float* __restrict__ final_state) {
     constexpr int R = DK / PARTS;
     constexpr int RP = R + 4;  // padded: the PARTS row groups start in different banks
     constexpr int NT = NCOLS / CC * PARTS;
@@ -136,14 +145,17 @@ __device__ __forceinline__ void gdn_recurrent(
     __shared__ float gbk_s[2][3][CP];  // g, beta, q.k as given
 
     const int tid = threadIdx.x, c0 = (tid / PARTS) * CC, part = tid % PARTS;
-    const int first = level_off[level], nseg = level_off[level + 1] - first;
+    const int first = level_off[level], nseg = level_off[level_end] - first;
     constexpr int CB = DV / NCOLS;  // column blocks a head
     const int items = nseg * CB * H;
     __shared__ int s_item, s_worker;
+    __shared__ unsigned long long s_done;  // what a flag of this launch's finished item holds
     unsigned smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     smid &= GDN_SCHED_SMS - 1;  // %smid may exceed the SM count (disabled SMs keep their numbers)
+    volatile unsigned long long* flags = deps + 1;
     if (tid == 0) {
+        s_done = *(volatile unsigned long long*)deps + 1;  // the last block adds one only after every block began
         const int limit = min(4, max(1, (items + num_sms - 1) / num_sms));
         s_worker = atomicAdd(&sched[2 + smid], 1) < limit;
         if (!s_worker) atomicSub(&sched[2 + smid], 1);
@@ -158,9 +170,18 @@ __device__ __forceinline__ void gdn_recurrent(
         const int n = first + item / (CB * H), h = item / CB % H, hk = h / (H / Hk);
         const int col0 = item % CB * NCOLS;
         const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
-        if (start == end) continue;  // whole block: an empty segment has no state anyone reads
-        // final_state rows of other segments are only read, never written, by this launch
+        if (start == end) {  // whole block: an empty segment has no state anyone reads
+            if (tid == 0) flags[((long)n * H + h) * CB + col0 / NCOLS] = s_done;
+            continue;
+        }
         const int src = init_idx[n];
+        if (src < -1 && -2 - src >= first) {  // the parent runs in this launch: wait for its item
+            if (tid == 0) {
+                while (flags[((long)(-2 - src) * H + h) * CB + col0 / NCOLS] != s_done) __nanosleep(100);
+                __threadfence();
+            }
+            __syncthreads();
+        }
         const float* init = src >= 0    ? init_state + (long)src * init_stride + (long)h * DK * DV
                             : src < -1 ? final_state + ((long)(-2 - src) * H + h) * DK * DV
                                        : init_state;  // not read
@@ -195,7 +216,7 @@ __device__ __forceinline__ void gdn_recurrent(
     #pragma unroll
         for (int i = 0; i < R; ++i)
     #pragma unroll
-            for (int c = 0; c < CC; ++c) S[i][c] = src != -1 ? init[(long)(part * R + i) * DV + col0 + c0 + c] : 0.f;
+            for (int c = 0; c < CC; ++c) S[i][c] = src != -1 ? __ldcg(init + (long)(part * R + i) * DV + col0 + c0 + c) : 0.f;
 
         int buf = 0;
         for (int cs = start; cs < end; cs += CP) {
@@ -255,11 +276,17 @@ __device__ __forceinline__ void gdn_recurrent(
         for (int i = 0; i < R; ++i)
     #pragma unroll
             for (int c = 0; c < CC; ++c) final_state[state_base + (long)(part * R + i) * DV + col0 + c0 + c] = S[i][c];
+        __threadfence();  // the state is in L2 before the flag says so
+        __syncthreads();
+        if (tid == 0) flags[((long)n * H + h) * CB + col0 / NCOLS] = s_done;
     }
     if (tid == 0) {
         if (s_worker) atomicSub(&sched[2 + smid], 1);
         __threadfence();
-        if (atomicAdd(&sched[1], 1) == (int)gridDim.x - 1) sched[0] = sched[1] = 0;  // the last block
+        if (atomicAdd(&sched[1], 1) == (int)gridDim.x - 1) {  // the last block
+            sched[0] = sched[1] = 0;
+            *deps = s_done;
+        }
     }
 }
 
@@ -268,14 +295,14 @@ __device__ __forceinline__ void gdn_recurrent(
         const __nv_bfloat16 *__restrict__ v, long v_stride, const float *__restrict__ g,       \
         const float *__restrict__ beta, const int *__restrict__ cu_seqlens, int H, int Hk,     \
         const float *__restrict__ init_state, long init_stride, const int *__restrict__ init_idx, \
-        const int *__restrict__ level_off, int level, int *__restrict__ sched, int num_sms,   \
-        __nv_bfloat16 *__restrict__ out,         \
+        const int *__restrict__ level_off, int level, int level_end, int *__restrict__ sched,  \
+        int num_sms, unsigned long long *__restrict__ deps, __nv_bfloat16 *__restrict__ out,   \
         float *__restrict__ final_state
 #define GDN_PASS                                                                                \
     qn, kn, kq, v, v_stride, g, beta, cu_seqlens, H, Hk, init_state, init_stride, init_idx,   \
-        level_off, level, sched, num_sms, out, final_state
+        level_off, level, level_end, sched, num_sms, deps, out, final_state
 #define GDN_VARIANT(name, P, NC, CC)                                                    \
-    extern "C" __global__ void __launch_bounds__(NC / CC * P) name(GDN_ARGS) {              \
+    extern "C" __global__ void __launch_bounds__(NC / CC * P, 4) name(GDN_ARGS) {           \
         gdn_recurrent<P, NC, CC>(GDN_PASS);                                             \
     }
 // s{threads per column group}c{columns per block}x{columns per thread}; the other shapes timed

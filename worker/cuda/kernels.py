@@ -235,6 +235,26 @@ def gdn_schedule(device: torch.device) -> tuple[torch.Tensor, int]:
     return torch.zeros(2 + traits.GDN_SCHED_SMS, dtype=torch.int32, device=device), sms
 
 
+_GDN_DEPS: dict[int, torch.Tensor] = {}
+_GDN_DEPS_KEPT: list[torch.Tensor] = []  # a graph captured with an outgrown one still uses it
+
+
+def gdn_dependencies(device: torch.device, segments: int, heads: int) -> torch.Tensor:
+    """The recurrence's launch count and per-item done flags (gated_delta.cu, `deps`) for passes of
+    up to `segments` segments of `heads` value heads, in any variant; one set a device, grown when
+    a launch needs more. Made at a runner's start for its largest pass (CudaRunner), not while a
+    graph is captured."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    entries = 1 + segments * heads * (GDN_DIM // min(cols for _, cols, _ in GDN_VARIANTS.values()))
+    have = _GDN_DEPS.get(index)
+    if have is None or have.numel() < entries:
+        assert not torch.cuda.is_current_stream_capturing(), "gdn_dependencies: made while a graph is captured"
+        have = torch.zeros(entries, dtype=torch.int64, device=device)
+        _GDN_DEPS[index] = have
+        _GDN_DEPS_KEPT.append(have)
+    return have
+
+
 def gdn_recurrent(
     qn,
     kn,
@@ -250,6 +270,7 @@ def gdn_recurrent(
     init_idx=None,
     level_off=None,
     level: int = 0,
+    levels: int = 1,
 ):
     """Gated delta rule over packed segments.
 
@@ -260,8 +281,8 @@ def gdn_recurrent(
     init_idx: [N] int32 or None (row n of init_state, or zeros without it): >= 0 a row of
     init_state, -1 zeros, <= -2 row -2 - i of `final` (an in-pass parent an earlier launch finished);
     level_off: [levels + 1] int32 or None ([0, N]); this launch runs the non-empty segments
-    level_off[level] .. level_off[level + 1] - 1, the others' rows of out and final are left as
-    they are.
+    level_off[level] .. level_off[level + levels] - 1 (a child after its parent), the others' rows
+    of out and final are left as they are.
     Returns (o [T, H, 128] bf16, final_state [N, H, 128, 128] fp32).
     """
     T, H = g.shape
@@ -288,6 +309,7 @@ def gdn_recurrent(
         assert init_state.shape[1:] == (H, GDN_DIM, GDN_DIM) and init_state[0].is_contiguous()
         init, stride = init_state, init_state.stride(0)
     sched, sms = gdn_schedule(dev)
+    deps = gdn_dependencies(dev, N, H)
     _launch(
         "gated_delta",
         f"gdn_recurrent_{variant}",
@@ -309,8 +331,10 @@ def gdn_recurrent(
             init_idx,
             level_off,
             level,
+            level + levels,
             sched,
             sms,
+            deps,
             out,
             final,
         ),

@@ -79,11 +79,14 @@ class CudaRunner:
         max_pass_depth: int = DEFAULT_PASS_DEPTH,
         max_pass_context: int = 16384,
         graph_tile_from: int = PassBudget.tile_from,
+        gdn_level_launches: bool = False,
     ):
         if gdn_kernel not in GDN_KERNELS:
             raise ValueError(f"gdn_kernel must be one of {GDN_KERNELS}, not {gdn_kernel!r}")
         # chunked: kept GDN states also carry their unfinished chunk's rows (a tail)
         self.chunked_gdn = gdn_kernel == "chunked"
+        # the recurrence launched once a level, as before it ran a forest in one launch (to compare)
+        self.gdn_level_launches = gdn_level_launches
         self.max_pass_depth = max_pass_depth
         # a captured pass holds this many parents' states and kept states, and this many of
         # their ancestors' key rows (graph_launch's slots): the scheduler fills passes within them
@@ -116,6 +119,7 @@ class CudaRunner:
         self.head_bias = float(head_bias)
         self.device = embed.device
         K.gdn_schedule(self.device)  # made now, not while a pass is captured
+        K.gdn_dependencies(self.device, self.budget.segments + 1, config.linear_num_value_heads)
         self.gdn_layers = [j for j, layer in enumerate(layers) if layer.kind == LINEAR_ATTENTION]
         self.attn_layers = [j for j, layer in enumerate(layers) if layer.kind == FULL_ATTENTION]
         if graph_cache_size < 0:
@@ -304,11 +308,12 @@ class CudaRunner:
             o, final, new_tails = KC.gdn_chunked(
                 qn, kn, v, g, beta, launch.cu, launch.pos, launch.max_q, final=final, sources=sources
             )
-        else:  # one launch per level on a fixed grid: parents' finals before children start
+        else:  # one launch on a fixed grid: a child's items wait for their parent's (gated_delta.cu)
             T, N = h.shape[0], launch.cu.numel() - 1
             o = torch.empty(T, hv, 128, dtype=torch.bfloat16, device=h.device)
             final = torch.empty(N, hv, 128, 128, dtype=torch.float32, device=h.device)
-            for level in range(launch.num_levels):
+            step = 1 if self.gdn_level_launches else launch.num_levels
+            for level in range(0, launch.num_levels, step):
                 K.gdn_recurrent(
                     qn,
                     kn,
@@ -323,6 +328,7 @@ class CudaRunner:
                     init_idx=launch.gdn_init,
                     level_off=launch.level_off,
                     level=level,
+                    levels=step,
                 )
             new_tails = None
         io.gdn_out(index, new_windows, final, new_tails)

@@ -266,11 +266,13 @@ def test_gdn_recurrent_level_range(K, ref):
     assert torch.isnan(out[last:]).all() and torch.isnan(fin[N - 1]).all(), "a segment outside the range ran"
 
 
+@pytest.mark.parametrize("one_launch", [True, False], ids=["one-launch", "launch-a-level"])
 @pytest.mark.parametrize("variant", ["s8c16x1", "s8c32x2"])
-def test_gdn_recurrent_forest_levels(K, ref, variant):
-    """One launch per level on a fixed grid: level-0 segments start from rows of a strided slot
-    buffer (or zeros), deeper ones from their in-pass parent's final state; each segment equals
-    the reference started from the same state, and bit-equals the same segment launched alone."""
+def test_gdn_recurrent_forest_levels(K, ref, variant, one_launch):
+    """A forest on a fixed grid, in one launch (a child's items wait for their parent's) or one
+    launch a level: level-0 segments start from rows of a strided slot buffer (or zeros), deeper
+    ones from their in-pass parent's final state; each segment equals the reference started from
+    the same state, and bit-equals the same segment launched alone."""
     lengths = (37, 5, 1, 70, 16, 3, 2)
     level_off = [0, 3, 5, 6, 7, 7]  # levels 0-3 and an empty fifth: segments by level
     # sources: slot 2, zeros, slot 1; parents 0, 1; parent 3; parent 5
@@ -280,7 +282,8 @@ def test_gdn_recurrent_forest_levels(K, ref, variant):
     slots = torch.randn(3, 2, H, 128, 128, device=DEV)[:, 1] * 0.1  # [3, H, 128, 128], dim 0 strided
     i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEV)  # noqa: E731
     out, fin = poisoned((T, H, 128), torch.bfloat16), poisoned((N, H, 128, 128), torch.float32)
-    for d in range(5):  # one more launch than levels: it must change nothing
+    # one level more than there are (empty): it must change nothing
+    for d in [0] if one_launch else range(5):
         K.gdn_recurrent(
             qn,
             kn,
@@ -296,6 +299,7 @@ def test_gdn_recurrent_forest_levels(K, ref, variant):
             init_idx=i32(init_idx),
             level_off=i32(level_off),
             level=d,
+            levels=5 if one_launch else 1,
         )
     assert not torch.isnan(out).any() and not torch.isnan(fin).any()
     for n in range(N):
@@ -328,6 +332,37 @@ def test_gdn_recurrent_forest_levels(K, ref, variant):
             variant=variant,
         )
         assert torch.equal(alone_out, out[s:e]) and torch.equal(alone_fin[0], fin[n]), n
+
+
+def test_gdn_recurrent_one_launch_waits_for_the_parents_of_this_launch(K):
+    """A long parent with many short children, then their children, in one launch, twice, with
+    other inputs the second time: every child waits for its parent's state of this launch (not
+    the one the first launch left in the same rows), so the second launch bit-equals one launch
+    a level over the same inputs."""
+    lengths = [300, 2] + [5] * 20 + [3] * 6
+    level_off = [0, 2, 22, 28]
+    init_idx = [-1, -1] + [-2 - 0] * 20 + [-2 - (2 + i) for i in range(6)]
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEV)  # noqa: E731
+    H, N = 48, len(lengths)
+
+    def run(inputs, one_launch, out=None, fin=None):
+        cu, qn, kn, kq, v, g, beta, _ = inputs
+        out = poisoned((qn.shape[0], H, 128), torch.bfloat16) if out is None else out
+        fin = poisoned((N, H, 128, 128), torch.float32) if fin is None else fin
+        for d in [0] if one_launch else range(3):
+            K.gdn_recurrent(
+                qn, kn, kq, v, g, beta, cu, None, out=out, final=fin, init_idx=i32(init_idx),
+                level_off=i32(level_off), level=d, levels=3 if one_launch else 1,
+            )  # fmt: skip
+        return out, fin
+
+    first, second = gdn_inputs(lengths), gdn_inputs(lengths)
+    out, fin = run(first, one_launch=True)
+    out1 = out.clone()
+    run(second, True, out, fin)  # into the rows the first launch wrote, as a graph's replay does
+    e_out, e_fin = run(second, one_launch=False)
+    assert torch.equal(out, e_out) and torch.equal(fin, e_fin)
+    assert not torch.equal(out, out1), "the two launches' inputs were meant to differ"
 
 
 TF32_TOL = 5e-3  # chunked GDN: tensor-core products of tf32-rounded fp32 operands, fp32 sums
