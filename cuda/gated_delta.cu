@@ -100,8 +100,11 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 // grid (G) for any G (4 x the SMs: every resident slot), block NCOLS / CC * PARTS threads.
 //
 // Work items are (segment, column block, head) of the levels, taken in order by atomic tickets
-// by "workers": blocks that found fewer than L workers on their SM (L = items / SMs rounded up,
-// 1 to 4); the other blocks exit at once. Why not one block an item on a grid sized for the
+// by "workers": blocks that found fewer than L workers on their SM (L = a level's items / SMs
+// rounded up, 1 to 4, the largest of the levels); the other blocks exit at once. A worker of rank
+// r on its SM takes the next ticket only when r < L of that ticket's level, so a level of few
+// items (one long parent) never has more than L of them on an SM, as when each level had a
+// launch of its own (stacked 4 an SM, a 1,922-token request's parent took 1.4x as long). Why not one block an item on a grid sized for the
 // pass's padded segment count: blocks of absent segments exit at once, and then the block
 // scheduler stacked up to 4 live blocks on some SMs while others had none, so one 676-token
 // segment took 0.32 ms in a pass's grid against 0.24 alone (docs/cuda-kernels.md). An item is
@@ -148,21 +151,34 @@ __device__ __forceinline__ void gdn_recurrent(
     const int first = level_off[level], nseg = level_off[level_end] - first;
     constexpr int CB = DV / NCOLS;  // column blocks a head
     const int items = nseg * CB * H;
-    __shared__ int s_item, s_worker;
+    __shared__ int s_item, s_worker, s_rank;
     __shared__ unsigned long long s_done;  // what a flag of this launch's finished item holds
     unsigned smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     smid &= GDN_SCHED_SMS - 1;  // %smid may exceed the SM count (disabled SMs keep their numbers)
     volatile unsigned long long* flags = deps + 1;
+    // workers an SM for level l, and the first ticket of level l
+    auto limit = [&](int l) { return min(4, max(1, ((level_off[l + 1] - level_off[l]) * CB * H + num_sms - 1) / num_sms)); };
+    auto ticket0 = [&](int l) { return (level_off[l] - first) * CB * H; };
     if (tid == 0) {
         s_done = *(volatile unsigned long long*)deps + 1;  // the last block adds one only after every block began
-        const int limit = min(4, max(1, (items + num_sms - 1) / num_sms));
-        s_worker = atomicAdd(&sched[2 + smid], 1) < limit;
+        int most = 1;
+        for (int l = level; l < level_end; ++l) most = max(most, limit(l));
+        s_rank = atomicAdd(&sched[2 + smid], 1);
+        s_worker = s_rank < most;
         if (!s_worker) atomicSub(&sched[2 + smid], 1);
     }
     __syncthreads();
     while (s_worker) {
-        if (tid == 0) s_item = atomicAdd(&sched[0], 1);
+        if (tid == 0) {
+            // rank 0 always takes one, so the tickets run out; a worker leaves only then
+            for (int next, l = level;; __nanosleep(200)) {
+                next = *(volatile int*)&sched[0];
+                while (l + 1 < level_end && next >= ticket0(l + 1)) ++l;
+                if (next >= items || s_rank < limit(l)) break;
+            }
+            s_item = atomicAdd(&sched[0], 1);
+        }
         __syncthreads();
         const int item = s_item;
         __syncthreads();  // every thread read s_item before thread 0 takes the next ticket
