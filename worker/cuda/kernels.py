@@ -277,9 +277,10 @@ def gdn_recurrent(
     qn, kn: [T, Hk, 128] fp32; kq: [T, Hk] fp32 (qn . kn); v: [T, H, 128] bf16 view (token stride
     free, inner contiguous); g, beta: [T, H] fp32; cu_seqlens: [N+1] int32;
     init_state: [*, H, 128, 128] fp32 (dim 0 may be strided) or None (zeros).
-    Forest passes (segments ordered by level, one launch per level, all on the same grid):
+    Forest passes (segments ordered by level, all on the same grid):
     init_idx: [N] int32 or None (row n of init_state, or zeros without it): >= 0 a row of
-    init_state, -1 zeros, <= -2 row -2 - i of `final` (an in-pass parent an earlier launch finished);
+    init_state, -1 zeros, <= -2 row -2 - i of `final` (an in-pass parent: finished by an earlier
+    launch, or by this one before the child's items start);
     level_off: [levels + 1] int32 or None ([0, N]); this launch runs the non-empty segments
     level_off[level] .. level_off[level + levels] - 1 (a child after its parent), the others' rows
     of out and final are left as they are.
