@@ -3,9 +3,10 @@ indices (`Launch`), and the per-segment state a kept segment leaves (CudaSegment
 
 A forest pass holds runs whose parents may be earlier runs of the same pass. The plan orders
 runs by level (stable), so each level is a contiguous range; the GDN recurrence then runs the
-whole forest in one launch (a child's work waits for its parent's), the conv kernel reads each run's window where it lies (an in-pass ancestor's rows or
-an external parent's window, win_src), and attention reads in-pass ancestors' keys from the
-pass's own pool rows (kv_rows just lists them)."""
+whole forest in one launch (a child's work waits for its parent's), the conv kernel reads each
+run's window where it lies (an in-pass ancestor's rows or an external parent's window,
+win_src), and attention reads in-pass ancestors' keys from the pass's own pool rows (kv_rows
+just lists them)."""
 
 from __future__ import annotations
 
