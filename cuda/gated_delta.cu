@@ -191,12 +191,18 @@ __device__ __forceinline__ void gdn_recurrent(
             continue;
         }
         const int src = init_idx[n];
-        if (src < -1 && -2 - src >= first) {  // the parent runs in this launch: wait for its item
-            if (tid == 0) {
-                while (flags[((long)(-2 - src) * H + h) * CB + col0 / NCOLS] != s_done) __nanosleep(100);
-                __threadfence();
+        if (src < -1) {
+            const int p = -2 - src;
+            // a parent after its child, or empty, would hang this launch or give a state nobody
+            // wrote: the plan never makes one (launch.py), so fail loudly if it ever does
+            if (p >= n || cu_seqlens[p] == cu_seqlens[p + 1]) __trap();
+            if (p >= first) {  // the parent runs in this launch: wait for its item
+                if (tid == 0) {
+                    while (flags[((long)p * H + h) * CB + col0 / NCOLS] != s_done) __nanosleep(100);
+                    __threadfence();
+                }
+                __syncthreads();
             }
-            __syncthreads();
         }
         const float* init = src >= 0    ? init_state + (long)src * init_stride + (long)h * DK * DV
                             : src < -1 ? final_state + ((long)(-2 - src) * H + h) * DK * DV

@@ -248,7 +248,8 @@ def gdn_dependencies(device: torch.device, segments: int, heads: int) -> torch.T
     entries = 1 + segments * heads * (GDN_DIM // min(cols for _, cols, _ in GDN_VARIANTS.values()))
     have = _GDN_DEPS.get(index)
     if have is None or have.numel() < entries:
-        assert not torch.cuda.is_current_stream_capturing(), "gdn_dependencies: made while a graph is captured"
+        if torch.cuda.is_current_stream_capturing():  # its zero fill would be part of the graph
+            raise RuntimeError(f"gdn_dependencies: {segments} segments need a larger buffer while a graph is captured")
         have = torch.zeros(entries, dtype=torch.int64, device=device)
         _GDN_DEPS[index] = have
         _GDN_DEPS_KEPT.append(have)
