@@ -1,6 +1,8 @@
-"""The roofline floor of one forward pass (docs/benchmarks/index.md):
+"""The roofline floor of a request (docs/benchmarks/index.md): one read of the weights or its
+products, whichever takes longer,
 max(weight_bytes / copy_bandwidth, 2 * params * tokens_computed / matmul_rate), both ceilings
-measured on the card in the same run."""
+measured on the card in the same run. A lower bound: a request of several passes reads the
+weights once a pass, and attention and the GDN recurrence add work not counted here."""
 
 from __future__ import annotations
 
