@@ -104,8 +104,8 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 // rounded up, 1 to 4, the largest of the levels); the other blocks exit at once. A worker of rank
 // r on its SM takes the next ticket only when r < L of that ticket's level, so a level of few
 // items (one long parent) never has more than L of them on an SM, as when each level had a
-// launch of its own (stacked 4 an SM, a 1,922-token request's parent took 1.4x as long). Why not one block an item on a grid sized for the
-// pass's padded segment count: blocks of absent segments exit at once, and then the block
+// launch of its own (without it, requests with a long parent ran 7% slower: docs/cuda-kernels.md).
+// Why not one block an item on a grid sized for the pass's padded segment count: blocks of absent segments exit at once, and then the block
 // scheduler stacked up to 4 live blocks on some SMs while others had none, so one 676-token
 // segment took 0.32 ms in a pass's grid against 0.24 alone (docs/cuda-kernels.md). An item is
 // computed the same way whichever block takes it, so the bits do not depend on the schedule.
