@@ -53,6 +53,17 @@ def _offsets_as_strings(export: Path) -> None:
     (export / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + size :])
 
 
+def _nan_weight(export: Path) -> None:
+    """One NaN in one projection of the weights (a copy replaces the link)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(export / "model.safetensors")
+    name = next(k for k in sorted(tensors) if k.endswith("mlp.down_proj.weight"))
+    tensors[name][3, 5] = float("nan")
+    (export / "model.safetensors").unlink()
+    save_file(tensors, export / "model.safetensors")
+
+
 def _fifo(export: Path) -> None:
     (export / "model.safetensors").unlink()
     os.mkfifo(export / "model.safetensors")
@@ -101,6 +112,7 @@ CASES = {
         (WORKER, FRONTEND),
     ),
     "weights a FIFO": (_fifo, "model.safetensors: not a regular file", (WORKER, FRONTEND)),
+    "a NaN weight": (_nan_weight, "mlp.down_proj.weight has NaN or infinite values", (WORKER,)),
     "tokenizer truncated": (
         lambda e: (e / "tokenizer.json").write_text((e / "tokenizer.json").read_text()[:1000]),
         "tokenizer.json: not a usable tokenizer",

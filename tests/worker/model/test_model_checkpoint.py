@@ -80,6 +80,32 @@ def test_wrong_shape_is_named(model_export, small, tmp_path):
         TorchRunner(export)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_weight_is_named(model_export, small, tmp_path, bad):
+    tensors, text_config = small
+    weight = tensors["layers.1.mlp.up_proj.weight"].clone()
+    weight[7, 3] = bad
+    export = write_export(
+        model_export, tmp_path / "x", {**tensors, "layers.1.mlp.up_proj.weight": weight}, nested(text_config)
+    )
+    with pytest.raises(
+        ExportError, match=r"model\.safetensors: tensor .*layers\.1\.mlp\.up_proj\.weight has NaN or infinite values"
+    ):
+        TorchRunner(export)
+
+
+def test_huge_finite_weights_load(model_export, small, tmp_path):
+    """The finiteness check refuses NaN and inf only: weights near bf16's largest value (whose sum
+    would overflow) load."""
+    tensors, text_config = small
+    weight = torch.full_like(tensors["layers.1.mlp.up_proj.weight"], 3e38)
+    assert torch.isfinite(weight).all() and not torch.isfinite(weight.sum(dtype=torch.float32))
+    export = write_export(
+        model_export, tmp_path / "x", {**tensors, "layers.1.mlp.up_proj.weight": weight}, nested(text_config)
+    )
+    TorchRunner(export)
+
+
 def test_unknown_layer_type_is_refused(model_export, small, tmp_path):
     tensors, text_config = small
     kinds = list(text_config["layer_types"])
