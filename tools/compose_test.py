@@ -1,5 +1,6 @@
-"""`make compose-test`: the compose `cpu` profile built from deploy/'s Dockerfiles and started for
-real, as a user would: certificates made (deploy/make-dev-certs.sh), images built, `up`, both
+"""`make compose-test`: first deploy/'s override files through the Compose loader
+(compose_overrides.py), then the compose `cpu` profile built from deploy/'s Dockerfiles and
+started for real, as a user would: certificates made (deploy/make-dev-certs.sh), images built, `up`, both
 health checks healthy (over TLS), the contract example answered through the published gRPC and
 HTTP ports over TLS (the same bytes; plaintext refused), metrics scraped from both processes, then
 `down` while a request is in flight, which must still be answered. Then the GPU worker image
@@ -36,6 +37,7 @@ import grpc
 import httpx
 
 from openjev.client import Client
+from openjev.tools import compose_overrides
 from openjev.tools.docker_engine import Engine, EngineError, LowestFree, privileged
 from openjev.tools.launch import free_port
 
@@ -217,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(args.workdir)
     made_base, existing = False, set()
     try:
+        with step("the override files through the Compose loader (compose_overrides.py)"):
+            problems = compose_overrides.check(args.compose)
+            if problems:
+                raise Failed("; ".join(problems))
         with step("docker engine"):
             engine.ensure()
             # What is here before: every other image is one this run made (tagged or not: two

@@ -95,6 +95,8 @@ class ComposeLoader(yaml.SafeLoader):
 
 
 ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
+# `!override` replaces what the file before it set (a list Compose would otherwise append to)
+ComposeLoader.add_constructor("!override", lambda loader, node: loader.construct_sequence(node, deep=True))
 # Read by the health check in each container, not by the server.
 HEALTHCHECK_ENV = {healthcheck.ENV_PREFIX + flag.upper() for flag in healthcheck.TLS_FLAGS}
 # The servers' plaintext opt-in (--plaintext).
@@ -161,8 +163,11 @@ def test_compose_gpu_reservation_and_cpu_demo_profile():
     assert builder["entrypoint"] == ["python", "-m", "openjev.tools.demo_model"]
     assert services["worker-cpu"]["depends_on"] == {"demo-model": {"condition": "service_completed_successfully"}}
     assert (DEPLOY / ".env").read_text().count("COMPOSE_PROFILES=gpu") == 1
-    extra = yaml.safe_load((DEPLOY / "docker-compose.gpus.yml").read_text())["services"]
-    assert all(s["extends"]["service"] == "worker" for s in extra.values())
+    # how Compose resolves and merges these is checked with its loader: tools/compose_overrides.py
+    extra = yaml.load((DEPLOY / "docker-compose.gpus.yml").read_text(), Loader=ComposeLoader)["services"]
+    assert all(s["extends"] == {"file": "docker-compose.yml", "service": "worker"} for s in extra.values())
+    plain = yaml.load((DEPLOY / "docker-compose.gpus.plaintext.yml").read_text(), Loader=ComposeLoader)["services"]
+    assert set(plain) == set(extra), "a plaintext block for every worker of docker-compose.gpus.yml"
 
 
 def k8s_documents() -> list[dict]:
