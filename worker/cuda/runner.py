@@ -312,7 +312,7 @@ class CudaRunner:
             T, N = h.shape[0], launch.cu.numel() - 1
             o = torch.empty(T, hv, 128, dtype=torch.bfloat16, device=h.device)
             final = torch.empty(N, hv, 128, 128, dtype=torch.float32, device=h.device)
-            step = 1 if self.gdn_level_launches else launch.num_levels
+            step = 1 if self.gdn_level_launches else max(launch.num_levels, 1)
             for level in range(0, launch.num_levels, step):
                 K.gdn_recurrent(
                     qn,
