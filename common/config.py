@@ -58,6 +58,29 @@ def port_number(text: str) -> int:
     return _number(int, text, lambda v: 0 <= v <= 65535, "a port number 0..65535")
 
 
+def host_port(text: str, lowest: int = 0) -> str:
+    """HOST:PORT ([IPv6]:PORT too) with a port in lowest..65535; gRPC would take a port past it
+    modulo 65536 and a missing one as 443, and serve or dial there without a word."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not lowest <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port {lowest}..65535, got {text!r}")
+    return text
+
+
+def new_file(text: str) -> Path:
+    """A file to write later (--port-file): its folder must exist now, so a typo fails at start,
+    not after the model has loaded."""
+    path = Path(text)
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{path.parent} is not a folder")
+    return path
+
+
+def dial_address(text: str) -> str:
+    """HOST:PORT to connect to (port 1..65535)."""
+    return host_port(text, lowest=1)
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -110,7 +133,7 @@ def add_server_flags(p: argparse.ArgumentParser, *, client: str) -> None:
     p.add_argument("--max-reflection-streams", type=positive_int, default=8, help="concurrent reflection streams")
     p.add_argument("--grace-seconds", type=non_negative_float, default=10.0, help="drain time on SIGTERM")
     p.add_argument(
-        "--port-file", type=Path, default=None, help="write the bound port here once serving (for --listen HOST:0)"
+        "--port-file", type=new_file, default=None, help="write the bound port here once serving (for --listen HOST:0)"
     )
     p.add_argument(
         "--metrics-port",

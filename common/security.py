@@ -123,7 +123,10 @@ def load_tokens(token_file: Path | None, environ: Mapping[str, str] | None = Non
     if token_file is not None:
         text = _read(token_file, "auth token file")
         assert text is not None
-        tokens += [line.strip() for line in text.decode("utf-8").splitlines()]
+        try:
+            tokens += [line.strip() for line in text.decode("utf-8").splitlines()]
+        except UnicodeDecodeError:
+            raise SecurityError(f"auth token file {token_file}: not UTF-8 text") from None
     given = env.get(AUTH_TOKENS_ENV)
     tokens += [part.strip() for part in (given or "").split(",")]
     kept = tuple(t.encode("utf-8") for t in tokens if t and not t.startswith("#"))

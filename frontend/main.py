@@ -33,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
         help="Open-Jev export directory (the frontend loads its tokenizer and metadata; of the weights it checks "
         "only the files' headers)",
     )
-    p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT (port 0 picks one)")
+    p.add_argument("--listen", type=config.host_port, default="127.0.0.1:50051", help="HOST:PORT (port 0 picks one)")
     p.add_argument(
         "--worker",
         default="127.0.0.1:50052",
@@ -104,6 +104,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-tls-server-name", default=None, help="the name the workers' certificates carry")
     p.add_argument(
         "--http-listen",
+        type=lambda text: config.host_port(text) if text else "",
         default="",
         help="also serve the HTTP/JSON API (POST /v1/systemone, /health, /metrics, /openapi.json) "
         "at HOST:PORT (empty: off)",

@@ -28,6 +28,7 @@ from pathlib import Path
 import grpc
 
 from openjev import security
+from openjev.config import dial_address
 from openjev.contract.literals import PREFIX_POLICIES
 from openjev.contract.render import dumps_exact
 
@@ -131,7 +132,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("decide", help="send a contract request JSON, print the response JSON")
     d.add_argument("request", help="request JSON file ('-' for stdin)")
-    d.add_argument("--addr", default="127.0.0.1:50051", help="frontend address")
+    d.add_argument("--addr", type=dial_address, default="127.0.0.1:50051", help="frontend address (HOST:PORT)")
     security.add_client_tls_arguments(d, "frontend")
     d.add_argument(
         "--token-file",

@@ -48,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
         "Every flag also reads OPENJEV_<FLAG> from the environment.",
     )
     p.add_argument("--model", required=True, type=Path, help="Open-Jev export directory")
-    p.add_argument("--listen", default="127.0.0.1:50052", help="HOST:PORT (port 0 picks one)")
+    p.add_argument("--listen", type=config.host_port, default="127.0.0.1:50052", help="HOST:PORT (port 0 picks one)")
     p.add_argument(
         "--backend",
         default="auto",

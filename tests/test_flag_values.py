@@ -1,0 +1,79 @@
+"""Flag values the servers and the CLI refuse at start with one line, where gRPC or a late write
+would otherwise act on them silently or with a traceback (a review of 2026-12-02: `--listen
+127.0.0.1` served on port 443, `:70000` on 4464, `decide --addr` dialled the same; a
+`--port-file` in a missing folder and a non-UTF-8 `--auth-token-file` ended in tracebacks)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from openjev import config, security
+from openjev.frontend.main import parser as frontend_parser
+from openjev.tools.cli import parser as cli_parser
+from openjev.worker.main import parser as worker_parser
+
+BAD = ["127.0.0.1", "127.0.0.1:70000", "127.0.0.1:-1", ":50051", "127.0.0.1:", "127.0.0.1:5x", ""]
+
+
+@pytest.mark.parametrize("good", ["127.0.0.1:0", "0.0.0.0:50051", "[::]:50051", "localhost:65535"])
+def test_host_port_accepts(good):
+    assert config.host_port(good) == good
+
+
+@pytest.mark.parametrize("bad", BAD)
+def test_host_port_refuses(bad):
+    with pytest.raises(Exception, match="expected HOST:PORT with a port 0..65535"):
+        config.host_port(bad)
+
+
+def test_a_dialled_port_is_never_0():
+    with pytest.raises(Exception, match="port 1..65535"):
+        config.dial_address("127.0.0.1:0")
+
+
+@pytest.mark.parametrize("make", [worker_parser, frontend_parser], ids=["worker", "frontend"])
+@pytest.mark.parametrize("bad", ["127.0.0.1", "127.0.0.1:70000"])
+def test_servers_refuse_a_listen_address_without_a_valid_port(make, bad, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        make().parse_args(["--model", "m", "--listen", bad])
+    assert exit_.value.code == 2 and "--listen: expected HOST:PORT" in capsys.readouterr().err
+
+
+def test_the_environment_variable_is_checked_too(monkeypatch, capsys):
+    monkeypatch.setenv("OPENJEV_LISTEN", "127.0.0.1:70000")
+    with pytest.raises(SystemExit):
+        config.parse_with_env(frontend_parser(), ["--model", "m"])
+    assert "environment variable OPENJEV_LISTEN: expected HOST:PORT" in capsys.readouterr().err
+
+
+def test_frontend_refuses_a_bad_http_listen_and_keeps_it_off_when_empty():
+    assert frontend_parser().parse_args(["--model", "m", "--http-listen", ""]).http_listen == ""
+    with pytest.raises(SystemExit):
+        frontend_parser().parse_args(["--model", "m", "--http-listen", "127.0.0.1:70000"])
+
+
+def test_decide_refuses_an_address_without_a_valid_port():
+    for bad in ("127.0.0.1", "127.0.0.1:70000", "127.0.0.1:0"):
+        with pytest.raises(SystemExit):
+            cli_parser().parse_args(["decide", "r.json", "--addr", bad])
+
+
+def test_port_file_in_a_missing_folder_is_refused_at_start(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "openjev.worker.main", "--model", "m", "--port-file", str(tmp_path / "no" / "p")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "--port-file:" in out.stderr and "is not a folder" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_token_file_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "tokens"
+    path.write_bytes(b"\xff\xfe not text\n")
+    with pytest.raises(security.SecurityError, match="not UTF-8 text"):
+        security.load_tokens(path, environ={})
