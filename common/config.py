@@ -76,6 +76,20 @@ def new_file(text: str) -> Path:
     return path
 
 
+def otlp_endpoint(text: str) -> str:
+    """http(s)://HOST:PORT or empty (off): the exporter takes anything and exports nothing to a
+    malformed one, without a word."""
+    if text:
+        scheme, sep, rest = text.partition("://")
+        try:
+            if scheme not in ("http", "https") or not sep:
+                raise argparse.ArgumentTypeError(scheme)
+            dial_address(rest.rstrip("/"))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected http://HOST:PORT or https://HOST:PORT, got {text!r}") from None
+    return text
+
+
 def dial_address(text: str) -> str:
     """HOST:PORT to connect to (port 1..65535)."""
     return host_port(text, lowest=1)
@@ -154,6 +168,7 @@ def add_server_flags(p: argparse.ArgumentParser, *, client: str) -> None:
     )
     p.add_argument(
         "--otlp-endpoint",
+        type=otlp_endpoint,
         default="",
         help="export OpenTelemetry traces over OTLP/gRPC, e.g. http://HOST:4317 (empty: off)",
     )

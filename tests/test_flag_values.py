@@ -61,6 +61,18 @@ def test_decide_refuses_an_address_without_a_valid_port():
             cli_parser().parse_args(["decide", "r.json", "--addr", bad])
 
 
+@pytest.mark.parametrize("bad", ["not a url", "collector:4317", "http://collector", "ftp://collector:4317"])
+def test_servers_refuse_an_otlp_endpoint_that_is_not_a_url(bad, capsys):
+    with pytest.raises(SystemExit):
+        worker_parser().parse_args(["--model", "m", "--otlp-endpoint", bad])
+    assert "--otlp-endpoint: expected http://HOST:PORT" in capsys.readouterr().err
+
+
+def test_an_otlp_endpoint_url_is_taken_and_empty_is_off():
+    for good in ("http://collector:4317", "https://10.0.0.5:4317/", ""):
+        assert frontend_parser().parse_args(["--model", "m", "--otlp-endpoint", good]).otlp_endpoint == good
+
+
 def test_port_file_in_a_missing_folder_is_refused_at_start(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "openjev.worker.main", "--model", "m", "--port-file", str(tmp_path / "no" / "p")],
