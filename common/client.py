@@ -114,14 +114,13 @@ class Client:
         request_id: str | None = None,
     ) -> dict[str, Any]:
         enum = abi.policy_to_enum(policy)
-        if isinstance(request, str):
-            message = api.DecideRequest(request_json=request, prefix_policy=enum)
-        else:
-            try:
-                message = api.DecideRequest(request_json=json.dumps(request, ensure_ascii=False), prefix_policy=enum)
-            except UnicodeEncodeError:  # a lone surrogate has no UTF-8: sent as its \u escape, for
-                # the server to refuse as it would over HTTP, rather than failing here
-                message = api.DecideRequest(request_json=json.dumps(request), prefix_policy=enum)
+        text = request if isinstance(request, str) else json.dumps(request, ensure_ascii=False)
+        try:
+            message = api.DecideRequest(request_json=text, prefix_policy=enum)
+        except UnicodeEncodeError:  # a lone surrogate has no UTF-8: a dict's goes as its \u escape,
+            if isinstance(request, str):  # for the server to refuse as it would over HTTP
+                raise
+            message = api.DecideRequest(request_json=json.dumps(request), prefix_policy=enum)
         metadata = [*self._auth, *([("x-request-id", request_id)] if request_id else [])]
         return response_to_json(self.stub.Decide(message, timeout=timeout, metadata=metadata or None))
 

@@ -62,7 +62,7 @@ def host_port(text: str, lowest: int = 0) -> str:
     """HOST:PORT ([IPv6]:PORT too) with a port in lowest..65535; gRPC would take a port past it
     modulo 65536 and a missing one as 443, and serve or dial there without a word."""
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not lowest <= int(port) <= 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not lowest <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port {lowest}..65535, got {text!r}")
     return text
 

@@ -20,10 +20,9 @@ from openjev.frontend.http.guard import GuardedH11Protocol
 
 
 def _bind(listen: str) -> socket.socket:
-    """A bound socket for HOST:PORT ([v6]:PORT; port 0 picks one)."""
+    """A bound socket for HOST:PORT ([v6]:PORT; port 0 picks one), checked as --http-listen
+    (config.host_port)."""
     host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise SystemExit(f"--http-listen must be HOST:PORT, got {listen!r}")
     host = host.strip("[]")
     try:
         family, kind, proto, _name, address = socket.getaddrinfo(

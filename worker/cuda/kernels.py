@@ -235,6 +235,7 @@ def gdn_schedule(device: torch.device) -> tuple[torch.Tensor, int]:
     return torch.zeros(2 + traits.GDN_SCHED_SMS, dtype=torch.int32, device=device), sms
 
 
+_GDN_MOST_COLUMN_BLOCKS = GDN_DIM // min(cols for _, cols, _ in GDN_VARIANTS.values())  # flags a head
 _GDN_DEPS: dict[int, torch.Tensor] = {}
 _GDN_DEPS_KEPT: list[torch.Tensor] = []  # a graph captured with an outgrown one still uses it
 
@@ -245,7 +246,7 @@ def gdn_dependencies(device: torch.device, segments: int, heads: int) -> torch.T
     a launch needs more. Made at a runner's start for its largest pass (CudaRunner), not while a
     graph is captured."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    entries = 1 + segments * heads * (GDN_DIM // min(cols for _, cols, _ in GDN_VARIANTS.values()))
+    entries = 1 + segments * heads * _GDN_MOST_COLUMN_BLOCKS
     have = _GDN_DEPS.get(index)
     if have is None or have.numel() < entries:
         if torch.cuda.is_current_stream_capturing():  # its zero fill would be part of the graph
