@@ -277,7 +277,7 @@ for step in "$@"; do
              --out $OUT/gdn-e2e.md 2>&1 | grep -E "^\|" | tail -16 ;;
     # whole requests with the recurrence in one launch a pass (default) and one launch a level, interleaved
     levels-e2e) timeout 400 python3 benchmarks/runner_arms_e2e.py --model .openjev/demo-model --workload $WL \
-             --arms serial,levels --groups 1-128,129-512,513-2048 --per-group 2 --multi 1 --rounds 9 \
+             --arms ${E2E_ARMS:-serial,levels} --groups 1-128,129-512,513-2048 --per-group 2 --multi 1 --rounds 9 \
              --out $OUT/levels-e2e.md 2>&1 | grep -E "^\|" | tail -24 ;;
     # whole requests of 513-4,096 tokens with the default buckets (multiples of 128 rows above
     # 1,024 tokens) and the untiled ones (4 steps an octave), interleaved
