@@ -36,7 +36,6 @@ ARMS = {
     "chunked": {"gdn_kernel": "chunked"},
     "untiled": {"graph_tile_from": 0},  # long passes in 4 token steps an octave (before 2026-12-01c)
     "levels": {"gdn_level_launches": True},  # the recurrence launched once a level (before 2026-12-02b)
-    "lean": {"gdn_variant": "s8c32x2l"},  # the recurrence's copies without index arithmetic (to compare)
 }
 
 

@@ -129,7 +129,7 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 // thread, shared memory was 71% busy on the H200; two columns gained 8%: docs/cuda-kernels.md).
 // Tokens past the segment's end are zero-filled: k = q = v = 0, g = 0 (e^g = 1), beta = 0, an
 // exact no-op on S, so the token loop has a fixed trip count and unrolls.
-template <int PARTS, int NCOLS, int CC, bool LEAN>
+template <int PARTS, int NCOLS, int CC>
 __device__ __forceinline__ void gdn_recurrent(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
     const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
@@ -143,7 +143,7 @@ __device__ __forceinline__ void gdn_recurrent(
     constexpr int CP = 8;  // tokens a buffer
     constexpr int KQ_COPIES = CP * (DK / 4) / NT;  // 16-byte k (and q) copies a thread a buffer
     static_assert(CP * (DK / 4) % NT == 0 && NT % (DK / 4) == 0 && CP * (NCOLS / 8) <= NT && 3 * CP <= NT,
-                  "the lean stage: each thread's copies fixed");
+                  "each thread's copies of a buffer are fixed (stage, below)");
     static_assert(R % 4 == 0 && NCOLS % 8 == 0 && PARTS <= 32, "16-byte copies; a column within a warp");
     __shared__ __align__(16) float k_s[2][CP][PARTS * RP];
     __shared__ __align__(16) float q_s[2][CP][PARTS * RP];
@@ -211,7 +211,8 @@ __device__ __forceinline__ void gdn_recurrent(
                             : src < -1 ? final_state + ((long)(-2 - src) * H + h) * DK * DV
                                        : init_state;  // not read
 
-        // the lean stage's fixed parts: this thread's first k/q row and column, v chunk, smem targets
+        // what this thread copies is fixed for the item: its k/q column and first row, its v chunk.
+        // (a loop over copy indices was ~30% of the loop's instructions: docs/cuda-kernels.md)
         const int kq_t0 = tid / (DK / 4), kq_d = (tid % (DK / 4)) * 4;
         const long kq_off = (long)hk * DK + kq_d;
         const u32 k_dst = smem_addr(&k_s[0][0][(kq_d / R) * RP + kq_d % R]);
@@ -221,50 +222,25 @@ __device__ __forceinline__ void gdn_recurrent(
         __nv_bfloat16* const out_row = out + (long)h * DV + col0 + c0;  // + token * H * DV
         auto stage = [&](int buf, int cs) {
             const int cnt = min(CP, end - cs);
-            if constexpr (LEAN) {
-                // every thread's rows and columns are fixed (NT divides the copies): no index
-                // arithmetic beyond a row offset, no loop remainder
-    #pragma unroll
-                for (int j = 0; j < KQ_COPIES; ++j) {
-                    const int t = kq_t0 + j * (NT / (DK / 4));
-                    const bool ok = t < cnt;
-                    const long at = (long)(ok ? cs + t : cs) * Hk * DK + kq_off;
-                    const u32 bo = buf * (u32)sizeof(k_s[0]) + t * (u32)sizeof(k_s[0][0]);
-                    cp_async16(k_dst + bo, kn + at, ok ? 16 : 0);
-                    cp_async16(q_dst + bo, qn + at, ok ? 16 : 0);
-                }
-                if (tid < CP * (NCOLS / 8)) {
-                    const int t = tid / (NCOLS / 8);
-                    const bool ok = t < cnt;
-                    cp_async16(v_dst + buf * (u32)sizeof(v_s[0]), v + (long)(ok ? cs + t : cs) * v_stride + v_off, ok ? 16 : 0);
-                }
-                if (tid < 3 * CP) {
-                    const int which = tid / CP, t = tid % CP;
-                    const long at = t < cnt ? cs + t : cs;
-                    const float* p = which == 0 ? g + at * H + h : which == 1 ? beta + at * H + h : kq + at * Hk + hk;
-                    cp_async4(smem_addr(&gbk_s[buf][which][t]), p, t < cnt ? 4 : 0);
-                }
-            } else {
-                for (int idx = tid; idx < CP * (DK / 4); idx += NT) {
-                    const int t = idx / (DK / 4), d = (idx % (DK / 4)) * 4;
-                    const int dst = (d / R) * RP + d % R;
-                    const bool ok = t < cnt;
-                    const long at = ((long)(ok ? cs + t : cs) * Hk + hk) * DK + d;
-                    cp_async16(smem_addr(&k_s[buf][t][dst]), kn + at, ok ? 16 : 0);
-                    cp_async16(smem_addr(&q_s[buf][t][dst]), qn + at, ok ? 16 : 0);
-                }
-                for (int idx = tid; idx < CP * (NCOLS / 8); idx += NT) {
-                    const int t = idx / (NCOLS / 8), ch = idx % (NCOLS / 8);
-                    const bool ok = t < cnt;
-                    cp_async16(smem_addr(&v_s[buf][t][ch * 8]), v + (long)(ok ? cs + t : cs) * v_stride + h * DV + col0 + ch * 8,
-                               ok ? 16 : 0);
-                }
-                for (int idx = tid; idx < 3 * CP; idx += NT) {
-                    const int which = idx / CP, t = idx % CP;
-                    const long at = t < cnt ? cs + t : cs;
-                    const float* p = which == 0 ? g + at * H + h : which == 1 ? beta + at * H + h : kq + at * Hk + hk;
-                    cp_async4(smem_addr(&gbk_s[buf][which][t]), p, t < cnt ? 4 : 0);
-                }
+#pragma unroll
+            for (int j = 0; j < KQ_COPIES; ++j) {
+                const int t = kq_t0 + j * (NT / (DK / 4));
+                const bool ok = t < cnt;
+                const long at = (long)(ok ? cs + t : cs) * Hk * DK + kq_off;
+                const u32 bo = buf * (u32)sizeof(k_s[0]) + t * (u32)sizeof(k_s[0][0]);
+                cp_async16(k_dst + bo, kn + at, ok ? 16 : 0);
+                cp_async16(q_dst + bo, qn + at, ok ? 16 : 0);
+            }
+            if (tid < CP * (NCOLS / 8)) {
+                const int t = tid / (NCOLS / 8);
+                const bool ok = t < cnt;
+                cp_async16(v_dst + buf * (u32)sizeof(v_s[0]), v + (long)(ok ? cs + t : cs) * v_stride + v_off, ok ? 16 : 0);
+            }
+            if (tid < 3 * CP) {
+                const int which = tid / CP, t = tid % CP;
+                const long at = t < cnt ? cs + t : cs;
+                const float* p = which == 0 ? g + at * H + h : which == 1 ? beta + at * H + h : kq + at * Hk + hk;
+                cp_async4(smem_addr(&gbk_s[buf][which][t]), p, t < cnt ? 4 : 0);
             }
             cp_async_commit();
         };
@@ -315,7 +291,7 @@ __device__ __forceinline__ void gdn_recurrent(
                     }
                 const float bt = gbk_s[buf][1][t], kqt = gbk_s[buf][2][t];
                 float delta[CC];
-                if constexpr (LEAN && CC == 2) {  // one 4-byte load of v and one store of o
+                if constexpr (CC == 2) {  // one 4-byte load of v and one store of o
                     const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v_s[buf][t][c0]));
                     delta[0] = bt * (vv.x - eg * kv[0]);
                     delta[1] = bt * (vv.y - eg * kv[1]);
@@ -368,13 +344,12 @@ __device__ __forceinline__ void gdn_recurrent(
 #define GDN_PASS                                                                                \
     qn, kn, kq, v, v_stride, g, beta, cu_seqlens, H, Hk, init_state, init_stride, init_idx,   \
         level_off, level, level_end, sched, num_sms, deps, out, final_state
-#define GDN_VARIANT(name, P, NC, CC, LEAN)                                              \
+#define GDN_VARIANT(name, P, NC, CC)                                                    \
     extern "C" __global__ void __launch_bounds__(NC / CC * P, 4) name(GDN_ARGS) {           \
-        gdn_recurrent<P, NC, CC, LEAN>(GDN_PASS);                                       \
+        gdn_recurrent<P, NC, CC>(GDN_PASS);                                             \
     }
 // s{threads per column group}c{columns per block}x{columns per thread}; the other shapes timed
 // (and the earlier unpipelined kernel's p* variants) were slower at 64-4,096 tokens
 // (docs/cuda-kernels.md)
-GDN_VARIANT(gdn_recurrent_s8c16x1, 8, 16, 1, false)
-GDN_VARIANT(gdn_recurrent_s8c32x2, 8, 32, 2, false)
-GDN_VARIANT(gdn_recurrent_s8c32x2l, 8, 32, 2, true)
+GDN_VARIANT(gdn_recurrent_s8c16x1, 8, 16, 1)
+GDN_VARIANT(gdn_recurrent_s8c32x2, 8, 32, 2)

@@ -80,7 +80,6 @@ class CudaRunner:
         max_pass_context: int = 16384,
         graph_tile_from: int = PassBudget.tile_from,
         gdn_level_launches: bool = False,
-        gdn_variant: str = K.GDN_DEFAULT,
     ):
         if gdn_kernel not in GDN_KERNELS:
             raise ValueError(f"gdn_kernel must be one of {GDN_KERNELS}, not {gdn_kernel!r}")
@@ -88,7 +87,6 @@ class CudaRunner:
         self.chunked_gdn = gdn_kernel == "chunked"
         # the recurrence launched once a level, as before it ran a forest in one launch (to compare)
         self.gdn_level_launches = gdn_level_launches
-        self.gdn_variant = gdn_variant
         self.max_pass_depth = max_pass_depth
         # a captured pass holds this many parents' states and kept states, and this many of
         # their ancestors' key rows (graph_launch's slots): the scheduler fills passes within them
@@ -331,7 +329,6 @@ class CudaRunner:
                     level_off=launch.level_off,
                     level=level,
                     levels=step,
-                    variant=self.gdn_variant,
                 )
             new_tails = None
         io.gdn_out(index, new_windows, final, new_tails)
