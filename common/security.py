@@ -119,22 +119,28 @@ def require_tls(credentials: object | None, *, plaintext: bool, link: str, flags
 
 def load_tokens(token_file: Path | None, environ: Mapping[str, str] | None = None) -> tuple[bytes, ...]:
     env: Mapping[str, str] = os.environ if environ is None else environ
-    tokens: list[str] = []
+    tokens: list[tuple[str, str]] = []  # (where it was given, token)
     if token_file is not None:
         text = _read(token_file, "auth token file")
         assert text is not None
         try:
-            tokens += [line.strip() for line in text.decode("utf-8").splitlines()]
+            tokens += [(f"auth token file {token_file}", line.strip()) for line in text.decode("utf-8").splitlines()]
         except UnicodeDecodeError:
             raise SecurityError(f"auth token file {token_file}: not UTF-8 text") from None
     given = env.get(AUTH_TOKENS_ENV)
-    tokens += [part.strip() for part in (given or "").split(",")]
-    kept = tuple(t.encode("utf-8") for t in tokens if t and not t.startswith("#"))
+    tokens += [(f"${AUTH_TOKENS_ENV}", part.strip()) for part in (given or "").split(",")]
+    kept = [(where, t) for where, t in tokens if t and not t.startswith("#")]
     if not kept and (token_file is not None or (given or "").strip()):
         # tokens were asked for: none would mean an open port, and nobody would be told
         source = f"auth token file {token_file}" if token_file is not None else f"${AUTH_TOKENS_ENV}"
         raise SecurityError(f"{source} holds no token (only blank lines, separators or # comments)")
-    return kept
+    for where, token in kept:
+        # a token travels in a header (HTTP's read as latin-1, gRPC's ASCII only): with any other
+        # character it is a token no client can present (the token itself is not shown)
+        if not all(" " <= c <= "~" for c in token):
+            number = [t for w, t in kept if w == where].index(token) + 1
+            raise SecurityError(f"{where}: token {number} has characters other than printable ASCII")
+    return tuple(t.encode("ascii") for _, t in kept)
 
 
 class BearerAuth(grpc.ServerInterceptor):

@@ -89,3 +89,16 @@ def test_a_token_file_that_is_not_utf8_is_named(tmp_path):
     path.write_bytes(b"\xff\xfe not text\n")
     with pytest.raises(security.SecurityError, match="not UTF-8 text"):
         security.load_tokens(path, environ={})
+
+
+def test_a_token_no_client_could_present_is_refused_at_start(tmp_path):
+    """HTTP reads headers as latin-1 and gRPC takes ASCII metadata only: a token with another
+    character would be configured and never match (the token itself is not shown)."""
+    path = tmp_path / "tokens"
+    path.write_text("# comment\ns3cret\ntökén\n", encoding="utf-8")
+    with pytest.raises(security.SecurityError, match=r"tokens: token 2 has characters other than printable ASCII"):
+        security.load_tokens(path, environ={})
+    with pytest.raises(security.SecurityError, match=r"\$OPENJEV_AUTH_TOKENS: token 1 ") as refused:
+        security.load_tokens(None, environ={"OPENJEV_AUTH_TOKENS": "sec\tret, fine"})
+    assert "sec" not in str(refused.value)
+    assert security.load_tokens(None, environ={"OPENJEV_AUTH_TOKENS": "a b,c"}) == (b"a b", b"c")

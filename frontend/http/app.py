@@ -14,14 +14,19 @@ same bytes; only the transport and the status mapping differ:
 | body not in within 60 s                    | 408  |
 | bad `x-timeout-seconds` header             | 400  |
 | contract violation (INVALID_ARGUMENT)      | 422, the same message |
+| both Content-Length and Transfer-Encoding  | 400  |
 | worker queue full (RESOURCE_EXHAUSTED)     | 503 + Retry-After |
 | every route thread busy (32 requests)      | 503 + Retry-After |
+| bodies held at once past their byte budget | 503 + Retry-After |
 | no worker serving (UNAVAILABLE, CANCELLED) | 503 + Retry-After |
+| no compatible worker (FAILED_PRECONDITION) | 503 + Retry-After |
 | deadline passed (DEADLINE_EXCEEDED)        | 504, also while the body is read |
 | the worker failed (INTERNAL, any other)    | 502  |
 | anything else                              | 500, no internals |
 
-Errors are `{"error": MESSAGE}`. The request id is the caller's `x-request-id` (printable ASCII,
+Errors are `{"error": MESSAGE}`; one sent before the request's body was read closes the
+connection (`connection: close`), so an unread body is never parsed on as the next request. The
+request id is the caller's `x-request-id` (printable ASCII,
 at most 128 characters) or a new one, echoed in the response's `x-request-id` either way, as the
 gRPC path echoes it in metadata. A client that disconnects cancels the worker's work.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 import uuid
@@ -120,6 +126,12 @@ def _error(status: int, message: str, headers: dict[str, str]) -> Response:
     return Response(_error_body(message), status_code=status, media_type="application/json", headers=headers)
 
 
+def _early(status: int, message: str, headers: dict[str, str]) -> Response:
+    """An error sent before the body was read: the connection closes after it (else the server
+    would go on reading and parsing whatever the client still sends, with no time limit)."""
+    return _error(status, message, {**headers, "connection": "close"})
+
+
 def _request_id(request: Request) -> str:
     """The caller's x-request-id when it is a valid one, else a new one."""
     given = request.headers.get(REQUEST_ID_KEY, "")
@@ -131,7 +143,7 @@ async def _not_routed(request: Request, error: Exception) -> Response:
     status = getattr(error, "status_code", 404)
     headers = {REQUEST_ID_KEY: _request_id(request)} | dict(getattr(error, "headers", None) or {})  # 405's allow
     message = f"no route {request.url.path}" if status == 404 else f"method {request.method} not allowed here"
-    return _error(status, message, headers)
+    return _early(status, message, headers)
 
 
 def _is_json(content_type: str | None) -> bool:
@@ -209,7 +221,7 @@ class HttpApi:
         """401 where the frontend has tokens and the request carries none of them, else None."""
         if self.authorize is None or self.authorize(request.headers.get("authorization", "")):
             return None
-        return _error(401, UNAUTHENTICATED_MESSAGE, {**headers, "www-authenticate": "Bearer"})
+        return _early(401, UNAUTHENTICATED_MESSAGE, {**headers, "www-authenticate": "Bearer"})
 
     async def openapi(self, request: Request) -> Response:
         return Response(self._openapi, media_type="application/json")
@@ -220,50 +232,57 @@ class HttpApi:
         if (refused := self._unauthorized(request, headers)) is not None:
             return self._counted(refused, request_id, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
         if not _is_json(request.headers.get("content-type")):
-            return _error(415, "content type must be application/json", headers)
+            return _early(415, "content type must be application/json", headers)
         declared = request.headers.get("content-length", "")
+        if declared and "transfer-encoding" in request.headers:
+            # the body is framed by one of them (h11 takes Transfer-Encoding): a length checked
+            # here would not be the length read, so neither is taken (RFC 9112, 6.3)
+            return _early(400, "a request must not carry both content-length and transfer-encoding", headers)
         if declared.isdigit() and int(declared) > self.max_body_bytes:
-            return _error(413, self._too_large, headers)
+            return _early(413, self._too_large, headers)
         deadline = None
         if _TIMEOUT_HEADER in request.headers:
-            try:
-                seconds = float(request.headers[_TIMEOUT_HEADER])
-            except ValueError:
-                seconds = -1.0
-            if not 0 < seconds <= MAX_TIMEOUT_SECONDS:  # also refuses nan
-                return _error(
+            if not 0 < (seconds := _seconds(request.headers[_TIMEOUT_HEADER])) <= MAX_TIMEOUT_SECONDS:  # nan too
+                return _early(
                     400, f"{_TIMEOUT_HEADER} must be a number of seconds in (0, {MAX_TIMEOUT_SECONDS:g}]", headers
                 )
             deadline = time.monotonic() + seconds
-        # Room for the body among those held at once: its declared length, else the most it may be.
-        reserved = int(declared) if declared.isdigit() else self.max_body_bytes
-        if self._body_bytes + reserved > self.body_budget:
-            busy = f"server is receiving its limit of {self.body_budget} bytes of request bodies; retry later"
-            refused = _error(503, busy, {**headers, "retry-after": RETRY_AFTER_SECONDS})
-            return self._counted(refused, request_id, grpc.StatusCode.RESOURCE_EXHAUSTED, busy)
-        self._body_bytes += reserved
+        # Bodies are charged as their bytes arrive (a declared length that never comes costs
+        # nothing: four heads declaring 64 MiB each once shut the route for a minute); one whose
+        # declared length does not fit what the others hold now is refused before it is read.
+        if self._body_bytes + (int(declared) if declared.isdigit() else 1) > self.body_budget:
+            return self._over_budget(request_id, headers)
+        held = [0]  # this request's bytes in _body_bytes
         try:
-            return await self._receive_and_decide(request, request_id, headers, deadline)
+            return await self._receive_and_decide(request, request_id, headers, deadline, held)
         finally:
-            self._body_bytes -= reserved
+            self._body_bytes -= held[0]
+
+    def _over_budget(self, request_id: str, headers: dict[str, str]) -> Response:
+        busy = f"server is receiving its limit of {self.body_budget} bytes of request bodies; retry later"
+        refused = _early(503, busy, {**headers, "retry-after": RETRY_AFTER_SECONDS})
+        return self._counted(refused, request_id, grpc.StatusCode.RESOURCE_EXHAUSTED, busy)
 
     async def _receive_and_decide(
-        self, request: Request, request_id: str, headers: dict[str, str], deadline: float | None
+        self, request: Request, request_id: str, headers: dict[str, str], deadline: float | None, held: list[int]
     ) -> Response:
         # The body before a slot, and within a time limit: an upload that stalls holds no slot
         # (32 such clients once held every slot until they disconnected), and ends with 408.
         limit = BODY_SECONDS if deadline is None else min(BODY_SECONDS, max(0.0, deadline - time.monotonic()))
         try:
-            body = await asyncio.wait_for(self._read_body(request), limit)
+            body = await asyncio.wait_for(self._read_body(request, held), limit)
         except TimeoutError:
             if limit < BODY_SECONDS:  # the caller's own deadline ended the wait
                 late = f"the {_TIMEOUT_HEADER} deadline passed before the body arrived"
-                return self._counted(_error(504, late, headers), request_id, grpc.StatusCode.DEADLINE_EXCEEDED, late)
-            return _error(408, f"request body not received within {limit:g} s", headers)
+                return self._counted(_early(504, late, headers), request_id, grpc.StatusCode.DEADLINE_EXCEEDED, late)
+            return _early(408, f"request body not received within {limit:g} s", headers)
         except ClientDisconnect:  # gone before the body arrived: nothing to answer, nothing ran
             return Response(status_code=400)
-        if body is None:
-            return _error(413, self._too_large, headers)
+        if body is _TOO_LARGE:
+            return _early(413, self._too_large, headers)
+        if body is _OVER_BUDGET:
+            return self._over_budget(request_id, headers)
+        assert isinstance(body, bytes)
         if not self._slots.acquire(blocking=False):
             busy = f"server is at its limit of {self.max_concurrent} concurrent requests; retry later"
             refused = _error(503, busy, {**headers, "retry-after": RETRY_AFTER_SECONDS})
@@ -289,13 +308,18 @@ class HttpApi:
         )
         return response
 
-    async def _read_body(self, request: Request) -> bytes | None:
-        """The whole body, or None once it passes max_body_bytes."""
+    async def _read_body(self, request: Request, held: list[int]) -> bytes | object:
+        """The whole body, charged to the budget as it arrives (held[0]: its bytes charged);
+        _TOO_LARGE once it passes max_body_bytes, _OVER_BUDGET once the budget has no room."""
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > self.max_body_bytes:
-                return None
+                return _TOO_LARGE
+            self._body_bytes += len(chunk)
+            held[0] += len(chunk)
+            if self._body_bytes > self.body_budget:
+                return _OVER_BUDGET
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -373,6 +397,18 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+_TOO_LARGE, _OVER_BUDGET = object(), object()  # _read_body's refusals
+
+
+_SECONDS = re.compile(r"\s*([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*")
+
+
+def _seconds(text: str) -> float:
+    """A header's number of seconds, or -1: a decimal number (float() would also take `1_0`,
+    `inf`, `nan` and non-ASCII digits)."""
+    return float(text) if _SECONDS.fullmatch(text) else -1.0
 
 
 def _ms(started: float) -> float:

@@ -169,7 +169,8 @@ _REQUEST_ID_HEADER = {
 }
 
 _ERRORS = {
-    "400": "x-timeout-seconds is not a number of seconds in (0, 86400]",
+    "400": "x-timeout-seconds is not a decimal number of seconds in (0, 86400], or the request carries both "
+    "content-length and transfer-encoding",
     "401": "bearer token missing or unknown (only where the server is given tokens)",
     "408": "the body did not arrive within 60 s",
     "413": "the body is over the server's limit",
@@ -177,8 +178,10 @@ _ERRORS = {
     "422": "the request breaks the contract (the same message as gRPC INVALID_ARGUMENT)",
     "500": "a fault of this server (no details are given)",
     "502": "the worker failed (gRPC INTERNAL)",
-    "503": "the worker queue is full, or no (compatible) worker is serving; retry after Retry-After seconds",
-    "504": "the deadline (x-timeout-seconds) passed, also while the body was being received",
+    "503": "the worker queue is full, the server holds its limit of request bodies or requests, or no "
+    "(compatible) worker is serving; retry after Retry-After seconds",
+    "504": "the deadline passed (x-timeout-seconds, or the server's own cap on a worker's answer), also while the "
+    "body was being received",
 }
 
 
@@ -215,7 +218,9 @@ def openapi_document(max_body_bytes: int, accepted_models: list[str], max_questi
                             "name": "x-timeout-seconds",
                             "in": "header",
                             "required": False,
-                            "description": "deadline of this request; none when absent",
+                            "description": "deadline of this request; without it, and when it is longer, the "
+                            "server's own cap on the wait for a worker applies (--worker-deadline-seconds, 120 s "
+                            "by default)",
                             "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
                         },
                     ],
