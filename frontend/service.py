@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -519,7 +520,22 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
     def _call(stub, requests, metadata, timeout: float, context, num_questions: int):
         """One Execute call: (results by question index, summary); Refused, or _NotAccepted when
         it failed UNAVAILABLE before the worker accepted it."""
-        call = stub.Execute(requests, timeout=max(timeout, 0.001), metadata=metadata)
+        made = threading.Event()
+        cancel: list[Callable[[], object]] = []
+
+        def sent() -> Iterator[wire.ExecuteRequest]:
+            """The requests; ended without a commit (a contract error part-way), the call is
+            cancelled: waiting for the worker to end it cost every such refusal ~50 ms."""
+            committed = False
+            for message in requests:
+                committed = message.WhichOneof("item") == "commit"
+                yield message
+            if not committed and made.wait(5):
+                cancel[0]()
+
+        call = stub.Execute(sent(), timeout=max(timeout, 0.001), metadata=metadata)
+        cancel.append(call.cancel)
+        made.set()
         _cancel_with_client(context, call.cancel)
         results: list[wire.QuestionResult | None] = [None] * num_questions
         summary = None

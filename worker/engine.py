@@ -97,6 +97,11 @@ class Engine:
         Safe to call from many threads at once: their requests share passes. on_start: called
         when the request's first pass begins."""
         started = time.perf_counter()
+        # refused before planning, not after it (seconds for thousands of candidates, holding the
+        # GIL the passes of admitted requests need)
+        self.scheduler.check_room()
+        if should_stop():
+            raise Cancelled("client went away before its request was planned")
         plan = self.plan(questions, policy)
         head_scores, stats = self.scheduler.run(plan, is_active=lambda: not should_stop(), on_start=on_start)
         probabilities = []

@@ -20,6 +20,7 @@ without it.
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 import time
@@ -183,7 +184,10 @@ class Scheduler:
         if job.error is not None:
             error = job.error
             del job  # the error's traceback holds this frame: no cycle back to the job through it
-            raise error
+            try:
+                raise error
+            finally:
+                del error  # nor back to the error itself: freed without the cycle collector
         assert job.started_at is not None
         hit_tokens = 0 if prepared is None else prepared.hit_tokens
         if hit_tokens and cache is not None:
@@ -198,6 +202,20 @@ class Scheduler:
             self._cond.notify_all()
 
     # ---- admission ----------------------------------------------------------------------------
+    def check_room(self) -> None:
+        """Raise QueueFull if a request arriving now would be refused: called before planning,
+        which can take seconds for thousands of candidates (admission checks again after it)."""
+        with self._cond:
+            self._refuse_if_full()
+
+    def _refuse_if_full(self) -> None:
+        if self._closed:
+            raise QueueFull("worker is shutting down")
+        waiting = sum(j.started_at is None for j in self._jobs)
+        # an idle worker always admits: its next pass takes the request at once
+        if self._jobs and (waiting >= self.capacity or len(self._jobs) >= self.max_admitted):
+            raise QueueFull(f"worker queue is full ({self.capacity} waiting)")
+
     def _admit(self, job: _Job) -> _Job:
         with self._cond:
             if self._closed:
@@ -207,10 +225,7 @@ class Scheduler:
                 job.on_start()
                 job.finish()
                 return job
-            waiting = sum(j.started_at is None for j in self._jobs)
-            # an idle worker always admits: its next pass takes the request at once
-            if self._jobs and (waiting >= self.capacity or len(self._jobs) >= self.max_admitted):
-                raise QueueFull(f"worker queue is full ({self.capacity} waiting)")
+            self._refuse_if_full()
             if self._thread is None:
                 thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
                 thread.start()  # first: a thread that cannot start (a pids limit) leaves nothing admitted
@@ -379,4 +394,6 @@ class Scheduler:
             for job in jobs:
                 if job in self._jobs:
                     self._jobs.remove(job)
-                job.finish(error)
+                # one exception a request: each thread's raise extends its traceback, so a shared
+                # one would carry every other request's frames (and their tokens) along
+                job.finish(copy.copy(error))

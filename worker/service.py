@@ -157,9 +157,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 grpc.StatusCode.CANCELLED, f"execute stream not committed within {self.commit_timeout_seconds} s"
             )
         if collected is None:
-            # the caller half-closed without a commit (a frontend refusing the request midway), or
-            # went away (its deadline or cancel: the interceptor's outcome says which); a cancel
-            # can end the stream before gRPC marks the call inactive, so wait a moment for that
+            # the caller half-closed without a commit, or went away (its deadline or cancel: the
+            # interceptor's outcome says which; this project's frontend cancels a stream it refuses
+            # part-way); a cancel can end the stream before gRPC marks the call inactive, so wait a
+            # moment for that
             gone_by = time.monotonic() + GONE_WAIT_SECONDS
             while context.is_active() and time.monotonic() < gone_by:
                 time.sleep(0.005)

@@ -4,6 +4,7 @@ documented order: INVALID_ARGUMENT with the exact message."""
 from __future__ import annotations
 
 import json
+import time
 
 import grpc
 import pytest
@@ -145,3 +146,27 @@ def test_too_long_candidate_is_refused_with_exact_message(client, demo_model):
         caught.value.details()
         == f"question short: {n} tokens exceeds max_length={meta.max_length}; no silent truncation"
     )
+
+
+def test_a_stream_refused_part_way_is_cancelled_not_left_to_the_worker(pair, client):
+    """17 candidates go as a stream; the last one too long ends it without a commit. The
+    frontend cancels the call then (the worker otherwise waited 50 ms to learn whether its caller
+    had gone, on every such refusal), and the worker never runs the request."""
+    from openjev.tools.soak import log_events
+
+    criteria = {f"c{i}": None for i in range(16)} | {"long": "word " * 17000}
+    body = {"state": STATE, "questions": {"q": {"type": "choice", "instructions": "x", "criteria": criteria}}}
+    request_id = "refused-part-way"
+    with pytest.raises(grpc.RpcError) as caught:
+        client.stub.Decide(
+            api.DecideRequest(request_json=json.dumps(body)), timeout=60, metadata=[("x-request-id", request_id)]
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "exceeds max_length=16384; no silent truncation" in caught.value.details()
+    deadline = time.monotonic() + 10
+    while not (
+        lines := [e for e in log_events(pair.worker.log_text(), "execute") if e.get("request_id") == request_id]
+    ):
+        assert time.monotonic() < deadline, "no execute line from the worker"
+        time.sleep(0.05)
+    assert [(e["status"], e["reason"]) for e in lines] == [("DISCARDED", "client went away before commit")]

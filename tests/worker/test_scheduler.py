@@ -201,6 +201,35 @@ def test_queue_full_and_arrival_order(torch_runner):
     assert [p[0][0] for p in log.passes] == [3, 4], log.passes
 
 
+def test_a_full_queue_refuses_before_planning(torch_runner, monkeypatch):
+    """Planning thousands of candidates takes seconds and holds the GIL the passes need: a full
+    queue refuses before it (a 16,384-candidate request was refused after 8-11 s, slowing the
+    running request 2.5x), and a caller already gone is not planned for either."""
+    gate = threading.Event()
+    engine = Engine(
+        PassLog(torch_runner, gate),
+        cost_model=CPU_COST_MODEL,
+        queue_capacity=0,
+        pack_limits=PackLimits(max_sequences=1, max_tokens=4096),
+    )
+    planned = []
+    real_plan = engine.plan
+    monkeypatch.setattr(engine, "plan", lambda *a, **k: planned.append(1) or real_plan(*a, **k))
+    work = [QuestionWork("noul", ((1, 2, 3),))]
+    busy = threading.Thread(target=lambda: engine.execute(work, temperature=TEMPERATURE, policy="off"))
+    busy.start()
+    wait_until(lambda: _started(engine))  # held at the gate; capacity 0 refuses the next one
+    assert planned == [1]
+    with pytest.raises(QueueFull, match="0 waiting"):
+        engine.execute(work, temperature=TEMPERATURE, policy="off")
+    gate.set()
+    busy.join(30)
+    with pytest.raises(Cancelled, match="before its request was planned"):
+        engine.execute(work, temperature=TEMPERATURE, policy="off", should_stop=lambda: True)
+    assert planned == [1]  # neither refused request was planned
+    engine.close()
+
+
 def test_a_request_that_leaves_while_queued_is_logged_as_queued(torch_runner):
     """Whichever thread sees the client gone first (the request's own, or the scheduler's loop
     before its next pass), a request that never entered a pass left the queue."""
@@ -323,6 +352,61 @@ def test_a_request_refused_for_a_full_queue_is_no_cache_hit(torch_runner):
     busy.join(30)
     engine.execute(_noul(CONTEXT + [4, 5, 6]), temperature=TEMPERATURE, policy=CACHED)  # admitted: counted
     assert (cache.num_hits, cache.hit_tokens) == (1, 192)
+
+
+def test_a_failed_request_frees_its_inputs_and_shares_no_exception(torch_runner):
+    """Requests failed together each get an exception of their own (a shared one grew every
+    raising thread's frames, other requests' tokens among them), and a failed request's inputs
+    are freed when the caller drops the error, without waiting for the cycle collector."""
+    import gc
+    import weakref
+
+    class Ids(list):  # token ids a weak reference can watch
+        pass
+
+    gate = threading.Event()
+
+    class Failing(PassLog):
+        def run_launch(self, runs):
+            if not self.passes:  # the first request's pass: the others queue and share the next
+                self.passes.append([])
+                gate.wait(30)
+                return self.inner.run_launch(runs)
+            raise RuntimeError("device lost")
+
+    engine = Engine(Failing(torch_runner), cost_model=CPU_COST_MODEL)
+    caught: dict[int, BaseException] = {}
+    refs = []
+
+    def one(i: int) -> None:
+        ids = Ids([100 + i] * 20)
+        refs.append(weakref.ref(ids))
+        try:
+            engine.execute([QuestionWork("noul", (ids,))], temperature=TEMPERATURE, policy="off")
+        except InferenceError as error:
+            caught[i] = error
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        first = threading.Thread(target=lambda: engine.execute(_noul([5, 6, 7]), temperature=TEMPERATURE, policy="off"))
+        first.start()
+        wait_until(lambda: _started(engine))
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        wait_until(lambda: engine.scheduler.depth == 3)
+        gate.set()
+        for t in [first, *threads]:
+            t.join(30)
+        assert sorted(caught) == [0, 1] and caught[0] is not caught[1]
+        assert "device lost" in str(caught[0]) and str(caught[0]) == str(caught[1])
+        caught.clear()
+        assert [ref() for ref in refs] == [None, None]
+    finally:
+        if collecting:
+            gc.enable()
+        engine.close()
 
 
 def test_a_failure_in_a_pass_fails_that_pass_only(torch_runner, monkeypatch):
