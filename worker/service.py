@@ -197,7 +197,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         # Execute again on another worker only without them, so one this worker was about to run
         # (queued or executing) fails UNAVAILABLE if it dies, never runs twice silently.
         log.debug("execute_accepted", **fields)
-        context.send_initial_metadata(((abi.ACCEPTED_METADATA_KEY, "1"),))
+        try:
+            context.send_initial_metadata(((abi.ACCEPTED_METADATA_KEY, "1"),))
+        except grpc.RpcError:  # the caller left while the request was read and checked
+            log.info("execute", status="CANCELLED", reason="client went away before acceptance", **fields)
+            context.abort(grpc.StatusCode.CANCELLED, "client went away before acceptance")
 
         # Spans: the wait for the first pass (ended by the scheduler's thread) beside the execution.
         # (the depth takes the scheduler's lock: only asked for while tracing is on)

@@ -250,6 +250,42 @@ def test_malformed_or_non_finite_worker_result_is_internal(bad_worker, mode, rea
     assert len(lines) == 1 and lines[0]["status"] == "INTERNAL" and reason in lines[0]["reason"]
 
 
+def test_a_caller_gone_before_acceptance_gets_its_log_line(bad_worker):
+    """A caller that leaves while the worker reads and checks its request makes the accepting
+    response headers fail to send: the request is still logged (it was counted, unlogged)."""
+    import structlog
+
+    fake, _, _ = bad_worker
+
+    class Gone(grpc.RpcError):
+        pass
+
+    class Aborted(Exception):
+        pass
+
+    class LeftContext:  # the fault: the caller is gone when the headers go out
+        def invocation_metadata(self):
+            return (("x-request-id", "gone-before-acceptance"),)
+
+        def send_initial_metadata(self, metadata):
+            raise Gone()
+
+        def abort(self, code, details):
+            raise Aborted(code, details)
+
+        def is_active(self):
+            return False
+
+    request = wire.ExecuteUnaryRequest(header=wire.ExecuteHeader(request_id="gone-before-acceptance"))
+    request.header.questions.add(kind=abi.kind_to_enum("noul"), num_candidates=1)
+    request.candidates.add(question_index=0, candidate_index=0, token_ids=[1, 2, 3])
+    with structlog.testing.capture_logs() as lines, pytest.raises(Aborted) as aborted:
+        fake.real.ExecuteUnary(request, LeftContext())
+    assert aborted.value.args == (grpc.StatusCode.CANCELLED, "client went away before acceptance")
+    executes = [line for line in lines if line["event"] == "execute"]
+    assert [(e["status"], e["reason"]) for e in executes] == [("CANCELLED", "client went away before acceptance")]
+
+
 # -- corrupt or truncated checkpoints ------------------------------------------------------------
 
 
