@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -19,7 +20,7 @@ from openjev.contract.render import dumps_exact
 from openjev.contract.request import MAX_RENDERED_BYTES, DecisionRequest, parse_request_json
 from openjev.export import ExportMeta
 from openjev.frontend import routing
-from openjev.frontend.batches import BATCH_CANDIDATES, EncodeLanes, iter_candidate_batches
+from openjev.frontend.batches import BATCH_CANDIDATES, Abandoned, EncodeLanes, iter_candidate_batches
 from openjev.frontend.worker_link import WorkerLink
 from openjev.interceptors import REQUEST_ID_KEY
 from openjev.tokenizer import PromptTokenizer
@@ -377,7 +378,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
         try:
             if self.link.state.execute_unary and decision.num_candidates <= BATCH_CANDIDATES:
-                request, num_tokens = self._unary_request(decision, policy, request_id, worker_span)
+                request, num_tokens = self._unary_request(decision, policy, request_id, worker_span, context.is_active)
                 try:
                     results, summary = send_unary(request)
                 except _NoUnary:
@@ -389,7 +390,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 token_count = [0]
                 tokenize_span = tracing.start("tokenize", parent=worker_span)
                 try:
-                    stream = self._stream(decision, policy, request_id, refusal, token_count, tokenize_span)
+                    stream = self._stream(
+                        decision, policy, request_id, refusal, token_count, tokenize_span, context.is_active
+                    )
                     results, summary = send_stream(stream, refusal)
                 finally:
                     tokenize_span.end()  # a stream that never started or was cut off
@@ -407,14 +410,15 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             header.questions.add(kind=abi.kind_to_enum(question.kind), num_candidates=len(question.prompts))
         return header
 
-    def _batches(self, decision: DecisionRequest):
+    def _batches(self, decision: DecisionRequest, wanted: Callable[[], bool] | None = None):
+        """wanted: whether the client is still there, asked as each batch's tokenizer turn comes."""
         return iter_candidate_batches(
             decision,
             self.tokenizer,
             self.meta.max_length,
             BATCH_CANDIDATES,
             max_tokens=self.max_request_tokens,
-            encode=self._encode,
+            encode=self._encode if wanted is None else functools.partial(self._encode, wanted=wanted),
         )
 
     def _check_lengths(self, decision: DecisionRequest) -> None:
@@ -427,7 +431,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message) from None
 
     def _unary_request(
-        self, decision: DecisionRequest, policy: PrefixPolicy | None, request_id: str, worker_span
+        self, decision: DecisionRequest, policy: PrefixPolicy | None, request_id: str, worker_span, wanted
     ) -> tuple[wire.ExecuteUnaryRequest, int]:
         """The whole request in one message, tokenized on this thread (through the same gate as
         the streams' batches) before anything is sent: a candidate that is too long is
@@ -436,10 +440,12 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         num_tokens = 0
         tokenize_span = tracing.start("tokenize", parent=worker_span)
         try:
-            for batch in self._batches(decision):
+            for batch in self._batches(decision, wanted):
                 num_tokens += _add_candidates(request.candidates, batch)
         except ContractError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message) from None
+        except Abandoned as gone:
+            raise Refused(grpc.StatusCode.CANCELLED, str(gone)) from None
         finally:
             tokenize_span.set_attribute("tokens", num_tokens)
             tokenize_span.end()
@@ -453,17 +459,20 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         refusal: list[ContractError],
         token_count: list[int],
         tokenize_span,
+        wanted: Callable[[], bool],
     ) -> Iterator[wire.ExecuteRequest]:
         """The Execute stream: header, each batch as it is tokenized, commit. A candidate found too
         long part-way ends it without a commit (into `refusal`), so the worker never runs it."""
         yield wire.ExecuteRequest(header=self._header(decision, policy, request_id))
         try:
-            for batch in self._batches(decision):
+            for batch in self._batches(decision, wanted):
                 message = wire.ExecuteRequest()
                 token_count[0] += _add_candidates(message.batch.candidates, batch)
                 yield message
         except ContractError as error:
             refusal.append(error)
+            return
+        except Abandoned:  # the client left, which cancelled the call: nothing more to send
             return
         finally:
             tokenize_span.set_attribute("tokens", token_count[0])

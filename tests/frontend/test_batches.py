@@ -15,6 +15,7 @@ from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX
 from openjev.contract.request import parse_request
 from openjev.frontend.batches import (
     EXPRESS_CHARS,
+    Abandoned,
     EncodeGate,
     EncodeLanes,
     TokenizedCandidate,
@@ -181,6 +182,38 @@ def test_encode_gate_passes_on_errors_and_frees_the_slot():
     for _ in range(2):
         with pytest.raises(ValueError):
             gate(["x"])
+
+
+def test_a_batch_whose_client_left_while_waiting_is_not_encoded():
+    """Its turn comes after the client has gone (a cancelled request's batches once took their
+    turns, holding a later request 19 s instead of 3.7): Abandoned, the encoder not run, and the
+    slot passed on to the next waiter."""
+    recorder = Recorder()
+    gate = EncodeGate(recorder, slots=1)
+    outcomes: dict[str, object] = {}
+
+    def send(name: str, wanted) -> None:
+        try:
+            outcomes[name] = gate([name], wanted)
+        except Abandoned as error:
+            outcomes[name] = error
+
+    holder = threading.Thread(target=send, args=("held", None))
+    holder.start()
+    deadline = time.monotonic() + 5
+    while "held" not in recorder.running and time.monotonic() < deadline:
+        time.sleep(0.005)
+    gone, after = (threading.Thread(target=send, args=(n, w)) for n, w in (("gone", lambda: False), ("next", None)))
+    gone.start()
+    time.sleep(0.05)
+    after.start()
+    time.sleep(0.05)
+    recorder.release.set()
+    for thread in (holder, gone, after):
+        thread.join(10)
+    assert isinstance(outcomes["gone"], Abandoned) and "went away" in str(outcomes["gone"])
+    assert recorder.order == ["held", "next"] and outcomes["next"] == [[4]]
+    assert gate(["abc"], lambda: True) == [[3]]  # the slot came back
 
 
 def test_small_batches_pass_large_ones_that_hold_every_slot():
