@@ -380,7 +380,8 @@ class Scheduler:
         if key is not None and result.state is not None and self.cache is not None:
             assert job.prepared is not None
             try:  # best effort: a state not kept costs a later request time, never an answer now
-                self.cache.insert(key, result.state, result.head_score, job.prepared.prefix_tokens(index))
+                tokens = job.prepared.prefix_tokens(index)
+                self.cache.insert(key, result.state, result.head_score, tokens, job.prepared.requires[index])
             except Exception as error:
                 log.warning("state_cache_insert_failed", error=repr(error))
         parent = segment.parent

@@ -37,6 +37,8 @@ class Prepared:
     last piece); done: pieces already computed (their states or scores came from the cache);
     states: the cached state of done pieces that children hang from; scores: candidates answered
     by a cached head score; deposits: pieces whose final state (and score) goes into the cache;
+    requires: per deposit, the states a later lookup passes on its way down to it (the ends of
+    the plan segments above it, root first: store.py keeps it only while they are kept);
     hit_tokens: tokens of the done pieces."""
 
     segments: tuple[Segment, ...]
@@ -44,6 +46,7 @@ class Prepared:
     states: dict[int, Any] = field(default_factory=dict)
     scores: tuple[tuple[Reader, float], ...] = ()
     deposits: dict[int, NodeKey] = field(default_factory=dict)
+    requires: dict[int, tuple[NodeKey, ...]] = field(default_factory=dict)
     hit_tokens: int = 0
 
     def prefix_tokens(self, index: int) -> bytes:
@@ -67,6 +70,9 @@ class _Path:
     cached: bool  # its end state came from the cache: its children may look up
     last_piece: int | None
     depth: int = 0  # pieces that run on the chain up to its last piece (0: that piece is done)
+    # the keys a lookup below its end passes (its end's included, root first); None: its end is
+    # neither kept nor cached (shorter than a grid), so nothing below it can ever be looked up
+    chain: tuple[NodeKey, ...] | None = ()
 
 
 def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None = None) -> Prepared:
@@ -82,6 +88,7 @@ def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None 
     states: dict[int, Any] = {}
     scores: list[tuple[Reader, float]] = []
     deposits: dict[int, NodeKey] = {}
+    requires: dict[int, tuple[NodeKey, ...]] = {}
     hit_tokens = 0
     paths: list[_Path] = []
     planned: set[NodeKey] = set()  # deposits already planned by this request (prompts sharing a prefix)
@@ -91,7 +98,7 @@ def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None 
         start, end = seg.start_position, seg.end_position
         if not parent.cached and not seg.keep_state:  # a leaf under computed work: runs as planned
             pieces.append((parent.last_piece, seg.token_ids, start, seg.readers))
-            paths.append(_Path(None, (), 0, False, len(pieces) - 1, parent.depth + 1))
+            paths.append(_Path(None, (), 0, False, len(pieces) - 1, parent.depth + 1, None))
             running += 1
             continue
         anchors, anchor = parent.anchors, parent.anchor
@@ -111,7 +118,7 @@ def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None 
             hit, entry = _deepest_hit(cache, seg, [*grid, end], key, functools.partial(_prefix, segments, seg.index))
         points: list[int] = []
         base = parent.depth if hit == start else 0  # the level its first running piece takes
-        if digests and (seg.keep_state or seg.parent is None):
+        if digests and (seg.keep_state or seg.parent is None) and parent.chain is not None:
             points = [q for q in _deposit_points(cache, seg, grid, hit, anchor, key) if key(q) not in planned]
             if room is not None:  # each cut is one piece and one level more: keep those that fit
                 later = len(segments) - seg.index - 1  # plan segments still to come, a piece each at most
@@ -137,10 +144,20 @@ def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None 
                         scores.extend((r, entry.score) for r in readers)
             if hi in points:
                 deposits[index] = key(hi)
+                assert parent.chain is not None  # no points below an unreachable end
+                requires[index] = parent.chain
         hit_tokens += hit - start
         runs = sum(1 for hi in bounds[1:] if hi > hit)  # its pieces after the hit run
         running += runs
-        paths.append(_Path(hasher, anchors, anchor, hit == end, len(pieces) - 1, base + runs if hit < end else 0))
+        # its end is reachable when this request keeps it (here or at an identical segment's end),
+        # it is cached already, or it was hit
+        reachable = parent.chain is not None and end in digests
+        if reachable and not (hit == end or key(end) in planned):
+            reachable = cache.contains(key(end))
+        chain = (*parent.chain, key(end)) if reachable and parent.chain is not None else None
+        paths.append(
+            _Path(hasher, anchors, anchor, hit == end, len(pieces) - 1, base + runs if hit < end else 0, chain)
+        )
     has_child = [False] * len(pieces)
     for up, *_ in pieces:
         if up is not None:
@@ -148,7 +165,7 @@ def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None 
     out = tuple(
         Segment(i, up, tokens, start, readers, has_child[i]) for i, (up, tokens, start, readers) in enumerate(pieces)
     )
-    return Prepared(out, tuple(done), states, tuple(scores), deposits, hit_tokens)
+    return Prepared(out, tuple(done), states, tuple(scores), deposits, requires, hit_tokens)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,13 @@ that left them read one, the exact tokens before them (compared on every hit) an
 bytes, as the runner measured it. Inserting past the budget evicts least recently used entries;
 an entry larger than the whole budget is not kept. A budget of 0 turns the cache off. Lookups
 come from the RPC threads (at admission), inserts from the scheduler's thread: one lock.
+
+An entry may *require* others: the states a later lookup must hit on its way down to it (the ends
+of the segments above it, prepare.py). It is kept only while they are: evicting one evicts what
+requires it, an entry whose requirements are missing is not inserted, and inserting or hitting it
+makes its requirements more recent than itself, the shallowest most recent. So the LRU order
+drops a prompt's deepest states first; before, a long prompt's own later deposits evicted its
+first ones, leaving the rest in the budget and unreachable (a repeat of it hit nothing).
 States are never written after they are made (runners read parents, never write them), so an
 entry handed to several requests at once is safe.
 """
@@ -29,6 +36,7 @@ class Entry:
     score: float | None
     tokens: bytes
     nbytes: int
+    requires: tuple[NodeKey, ...] = ()  # root first
 
 
 class CacheListener(Protocol):
@@ -63,6 +71,7 @@ class StateCache:
         self._measure = measure
         self._listener = listener
         self._entries: OrderedDict[NodeKey, Entry] = OrderedDict()
+        self._dependents: dict[NodeKey, set[NodeKey]] = {}  # key -> the entries that require it
         self._lock = threading.Lock()
         self.nbytes = 0
         self.num_hits = 0
@@ -92,7 +101,7 @@ class StateCache:
             return None
         with self._lock:
             if key in self._entries:
-                self._entries.move_to_end(key)
+                self._touch(key)
         return entry
 
     def record_hit(self, tokens: int) -> None:
@@ -118,13 +127,35 @@ class StateCache:
             return False
         if entry.score is None and score is not None:
             self._entries[key] = replace(entry, score=score)
-        self._entries.move_to_end(key)
+        self._touch(key)
         return True
 
-    def insert(self, key: NodeKey, state: Any, score: float | None, tokens: bytes) -> bool:
-        """Keep a state (evicting least recently used ones to fit); False if it alone exceeds
-        the budget or the cache is off. An existing entry keeps its state (the same bits) and
-        takes the score if it had none."""
+    def _touch(self, key: NodeKey) -> None:
+        """Under the lock: key, then its requirements (deepest first), made the most recent."""
+        self._entries.move_to_end(key)
+        for required in reversed(self._entries[key].requires):
+            self._entries.move_to_end(required)
+
+    def _evict(self, key: NodeKey) -> tuple[int, int]:
+        """Under the lock: drop key and every entry that requires it; (entries, bytes) freed."""
+        count, freed = 0, 0
+        for gone in [key, *self._dependents.pop(key, ())]:
+            entry = self._entries.pop(gone, None)
+            if entry is None:
+                continue
+            count, freed = count + 1, freed + entry.nbytes
+            for required in entry.requires:
+                self._dependents.get(required, set()).discard(gone)
+        self.nbytes -= freed
+        return count, freed
+
+    def insert(
+        self, key: NodeKey, state: Any, score: float | None, tokens: bytes, requires: tuple[NodeKey, ...] = ()
+    ) -> bool:
+        """Keep a state (evicting least recently used ones to fit, never one it requires); False
+        if it alone exceeds the budget, a state it requires is not kept (it could never be
+        reached), the others it requires leave no room, or the cache is off. An existing entry
+        keeps its state (the same bits) and takes the score if it had none."""
         if not self.enabled:
             return False
         with self._lock:
@@ -138,11 +169,19 @@ class StateCache:
         with self._lock:
             if self._kept_with_score(key, score):
                 return True
+            if not all(r in self._entries for r in requires):
+                return False
+            if sum(self._entries[r].nbytes for r in requires) + nbytes > self.budget_bytes:
+                return False  # its chain and it do not fit together: nothing evicted for it
+            protected = set(requires)  # a chain's whole ancestry: no dependent of a victim is in it
             while self.nbytes + nbytes > self.budget_bytes:
-                _, old = self._entries.popitem(last=False)
-                self.nbytes -= old.nbytes
-                evicted, freed = evicted + 1, freed + old.nbytes
-            self._entries[key] = Entry(kept, score, tokens, nbytes)
+                victim = next(k for k in self._entries if k not in protected)
+                count, size = self._evict(victim)
+                evicted, freed = evicted + count, freed + size
+            self._entries[key] = Entry(kept, score, tokens, nbytes, requires)
+            for required in requires:
+                self._dependents.setdefault(required, set()).add(key)
+            self._touch(key)
             self.nbytes += nbytes
             self.num_inserts += 1
             self.num_evictions += evicted
@@ -155,4 +194,5 @@ class StateCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._dependents.clear()
             self.nbytes = 0

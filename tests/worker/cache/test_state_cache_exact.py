@@ -131,6 +131,49 @@ def test_hang_inside_a_node_that_starts_off_the_grid(torch_runner):
     assert got.cache_hit_tokens == 356
 
 
+def test_a_repeat_of_a_prompt_longer_than_the_budget_hangs_deep(torch_runner):
+    """A 6,000-token prompt runs as chunks whose deposits need more than a 32 MiB budget: the
+    chunks' later deposits must not evict the earlier ends a lookup passes on its way down (they
+    did, and a repeat hit nothing while its unreachable states filled the budget). The repeat
+    hangs from the first chunk's end and the second's, and is exact."""
+    rng = random.Random(3)
+    work = [QuestionWork("noul", (tuple(rng.randrange(1000, 5000) for _ in range(6000)),))]
+    engine = cached_engine(torch_runner, budget=32 << 20)
+    cache = engine.state_cache
+    assert cache is not None
+    engine.execute(work, temperature=TEMPERATURE, policy="auto")
+    assert cache.num_evictions > 0 and cache.nbytes <= cache.budget_bytes
+    repeats = [engine.execute(work, temperature=TEMPERATURE, policy="auto") for _ in range(2)]
+    assert [r.cache_hit_tokens for r in repeats] == [4096, 4096]
+    same_bits(repeats[0], Engine(torch_runner).execute(work, temperature=TEMPERATURE, policy="auto"))
+
+
+def test_nothing_is_kept_below_a_node_no_lookup_can_pass(torch_runner):
+    """A 10-token node two questions share is shorter than a grid, so its end is never kept and
+    no lookup goes below it: the 300-token nodes under it keep no states either (they did: a
+    dozen states in the budget that nothing could reach), while the third question's node,
+    hanging from the kept 1,000-token root, keeps and hits its own."""
+    rng = random.Random(0)
+    toks = lambda n: [rng.randrange(1000, 5000) for _ in range(n)]  # noqa: E731
+    state, short = toks(1000), toks(10)
+    a, b, c = toks(300), toks(300), toks(300)
+    work = [
+        QuestionWork("choice", tuple(tuple(state + short + a + [k]) for k in (1, 2))),
+        QuestionWork("choice", tuple(tuple(state + short + b + [k]) for k in (1, 2))),
+        QuestionWork("choice", tuple(tuple(state + c + [k]) for k in (1, 2))),
+    ]
+    engine = cached_engine(torch_runner)
+    cache = engine.state_cache
+    assert cache is not None
+    engine.execute(work, temperature=TEMPERATURE, policy="shared")
+    kept = sorted((k.position, k.anchors) for k in cache._entries)
+    assert kept and all(anchors in ((), (1000,)) for _, anchors in kept), kept  # none under 1,010
+    assert any(anchors == (1000,) for _, anchors in kept)  # the third question's node
+    again = engine.execute(work, temperature=TEMPERATURE, policy="shared")
+    assert again.cache_hit_tokens == 1300
+    same_bits(again, Engine(torch_runner).execute(work, temperature=TEMPERATURE, policy="shared"))
+
+
 def test_a_node_kept_without_a_score_gains_one(torch_runner):
     """A node first kept where no candidate read its score: the first request that reads one
     there deposits it again with the score, so later ones hang at the node's end (they fell back

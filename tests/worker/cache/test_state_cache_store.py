@@ -80,3 +80,31 @@ def test_grid_and_anchors():
     assert gpu.grid_points(100, 400, 100) == [128, 192, 256, 320, 384]
     assert cpu.neutral(164, 100) and not cpu.neutral(128, 100) and gpu.neutral(101, 0)
     assert cpu.floor(399, 100) == 356 and gpu.floor(399, 100) == 384
+
+
+def test_a_chain_is_kept_whole_and_evicted_from_its_deepest_state():
+    """An entry requires the ends above it (what a lookup passes on the way down): it is not
+    inserted without them, inserting or hitting it makes them more recent than itself, an
+    eviction takes the chain's deepest state first, and evicting a state evicts what requires
+    it (a long prompt's own later deposits once evicted its first ones, leaving the rest
+    unreachable in the budget)."""
+    listener = Listener()
+    cache = store(1000, listener)
+    t = {p: token_bytes(range(p)) for p in (10, 20, 30, 40)}  # 40, 80, 120, 160 bytes
+    assert not cache.insert(key(20), 100, None, t[20], requires=(key(10),))  # 10 is not kept
+    assert cache.insert(key(10), 100, None, t[10])
+    assert cache.insert(key(20), 100, None, t[20], requires=(key(10),))
+    assert cache.insert(key(30), 100, None, t[30], requires=(key(10), key(20)))
+    assert list(cache._entries) == [key(30), key(20), key(10)]  # the root end the most recent
+    assert cache.insert(key(40), 301, None, t[40])  # 1,001 bytes would overflow: 30 goes, not 10
+    assert [k.position for k in cache._entries] == [20, 10, 40] and cache.nbytes == 180 + 140 + 461
+    assert cache.lookup(key(20), lambda: t[20]) is not None  # a hit refreshes its chain too
+    assert [k.position for k in cache._entries] == [40, 20, 10]
+    cache._evict(key(10))  # the root end goes: what requires it goes with it
+    assert [k.position for k in cache._entries] == [40] and cache.nbytes == 461
+    assert cache._dependents == {} or all(not v for v in cache._dependents.values())
+    # a chain that cannot fit beside its requirements evicts nothing for it
+    assert cache.insert(key(10), 400, None, t[10])
+    assert not cache.insert(key(30), 700, None, t[30], requires=(key(10),))
+    assert [k.position for k in cache._entries] == [40, 10]
+    assert listener.evicted == cache.num_evictions == 1  # 30, for 40 (the _evict above was direct)
