@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from openjev.worker.cache.keys import CutRule
+from openjev.worker.cache.keys import GRID_TOKENS, CutRule
 from openjev.worker.cache.store import CacheListener, StateCache
 
 CPU_DEFAULT_BYTES = 256 << 20
@@ -23,13 +23,20 @@ GPU_FREE_FRACTION = 0.5
 DEPOSITS_PER_SEGMENT = {"torch": 4, "cuda": 2}
 
 
-def min_state_bytes(config) -> int:
-    """Bytes every kept state has at least, whatever its length: the fp32 recurrent state of each
-    GDN layer (Hv x Dk x Dv). A budget below it keeps nothing, so the cache counts as off (it
-    would cut requests for states it could only copy and drop)."""
+def min_state_bytes(config, itemsize: int = 2) -> int:
+    """Bytes every kept state has at least: the shortest one kept is a grid long (GRID_TOKENS
+    tokens), with the fp32 recurrent state (Hv x Dk x Dv) and conv window of each GDN layer, its
+    tokens' keys and values in each attention layer (both at `itemsize` bytes an element, the
+    runner's activations) and its token ids. A budget below it keeps nothing, so the cache counts
+    as off (it would cut requests for states it could only copy and drop; counting the GDN state
+    alone left budgets up to 2.5x it on, keeping nothing)."""
     gdn_layers = sum(kind == "linear_attention" for kind in config.layer_types)
-    per_layer = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim
-    return 4 * per_layer * gdn_layers
+    attention_layers = sum(kind == "full_attention" for kind in config.layer_types)
+    state = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim
+    conv_dim = 2 * config.linear_num_key_heads * config.linear_key_head_dim + state // config.linear_key_head_dim
+    window = (config.linear_conv_kernel_dim - 1) * conv_dim
+    kv = 2 * GRID_TOKENS * config.num_key_value_heads * config.head_dim
+    return gdn_layers * (4 * state + itemsize * window) + attention_layers * itemsize * kv + 4 * GRID_TOKENS
 
 
 def gpu_default_bytes() -> int:
@@ -53,5 +60,8 @@ def build_state_cache(
         measure,
         deposits_per_segment=DEPOSITS_PER_SEGMENT.get(runner.backend, 2),
         listener=listener,
-        min_entry_bytes=min_state_bytes(runner.config) if hasattr(runner, "config") else 1,
+        # the torch runner's activations are its dtype (fp32 by default), the CUDA runner's bf16
+        min_entry_bytes=min_state_bytes(runner.config, getattr(getattr(runner, "dtype", None), "itemsize", 2))
+        if hasattr(runner, "config")
+        else 1,
     )

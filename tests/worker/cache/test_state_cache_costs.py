@@ -10,7 +10,7 @@ import weakref
 
 import pytest
 
-from openjev.worker.cache.keys import CutRule
+from openjev.worker.cache.keys import GRID_TOKENS, CutRule
 from openjev.worker.cache.prepare import PassFit, prepare
 from openjev.worker.cache.sizing import build_state_cache, min_state_bytes
 from openjev.worker.cache.store import StateCache
@@ -80,9 +80,23 @@ def test_deposit_cuts_keep_the_plans_levels(max_depth):
     assert len(prepare(segments, _cache()).segments) > 8
 
 
+def test_the_floor_is_the_smallest_state_kept(torch_runner):
+    """The smallest state the cache keeps is a grid long: its bytes, as the runner measures them,
+    are min_state_bytes (it counted the GDN state alone, so budgets of up to 2.5x it were on and
+    kept nothing)."""
+    engine = _engine(torch_runner, 256 << 20)
+    cache = engine.state_cache
+    assert cache is not None
+    prompt = tuple(_tokens(random.Random(4), GRID_TOKENS + 1))  # deposits its state at the grid point
+    engine.execute([QuestionWork("noul", (prompt,))], temperature=TEMPERATURE, policy="default")
+    kept = {k.position: e.nbytes for k, e in cache._entries.items()}
+    assert kept == {GRID_TOKENS: min_state_bytes(torch_runner.config, torch_runner.dtype.itemsize)}
+    assert cache.min_entry_bytes == kept[GRID_TOKENS]
+
+
 def test_budget_below_one_state_is_off(torch_runner):
     """A budget that cannot hold one state keeps nothing: the cache is off, nothing is cut or copied."""
-    floor = min_state_bytes(torch_runner.config)
+    floor = min_state_bytes(torch_runner.config, torch_runner.dtype.itemsize)
     rng = random.Random(3)
     state = _tokens(rng, 700)
     copied: list = []
