@@ -1,7 +1,9 @@
 """Load the backbone weights of an export (Hugging Face Qwen3.5 tensor names, bf16 safetensors).
 
 Tensors may sit under `model.language_model.`, `model.` or no prefix; anything else in the
-files (vision tower, lm_head, mtp) is ignored. Every tensor we need is checked for presence,
+files (vision tower, lm_head, mtp) is ignored, but a backbone layer tensor config.json has no
+place for (more layers, another layer type) or a second backbone is refused: the config and the
+weights disagree. Every tensor we need is checked for presence,
 shape against config.json and finite values, and a problem raises ExportError naming the file
 and tensor.
 """
@@ -133,10 +135,28 @@ def _tensor_index(directory: Path) -> dict[str, Path]:
 
 
 def _prefix(index: dict[str, Path], directory: Path) -> str:
-    for prefix in PREFIXES:
-        if prefix + _EMBED in index:
-            return prefix
-    raise ExportError(f"*.safetensors: no tensor {_EMBED} under any of the prefixes {PREFIXES} in {directory}")
+    found = [prefix for prefix in PREFIXES if prefix + _EMBED in index]
+    if not found:
+        raise ExportError(f"*.safetensors: no tensor {_EMBED} under any of the prefixes {PREFIXES} in {directory}")
+    if len(found) > 1:  # two backbones: which one the config describes is anybody's guess
+        names = " and ".join(f"{prefix + _EMBED} ({index[prefix + _EMBED].name})" for prefix in found)
+        raise ExportError(f"*.safetensors: two backbones, {names}")
+    return found[0]
+
+
+def _refuse_unused_layers(index: dict[str, Path], prefix: str, shapes: dict, config: ModelConfig) -> None:
+    """A backbone layer tensor config.json has no place for means the config and the weights
+    disagree (fewer layers, another layer type): served, it would give other answers silently."""
+    for name, path in sorted(index.items()):
+        short = name[len(prefix) :] if name.startswith(prefix) else ""
+        if short.startswith("layers.") and short not in shapes:
+            layer = short.split(".")[1]
+            where = (
+                f"layer {layer} is {config.layer_types[int(layer)]}"
+                if layer.isdigit() and int(layer) < len(config.layer_types)
+                else f"num_hidden_layers is {len(config.layer_types)}"
+            )
+            raise ExportError(f"{path.name}: tensor {name} is not used by config.json ({where})")
 
 
 def load_tensors(directory: str | Path, config: ModelConfig, dtype: torch.dtype) -> dict[str, Tensor]:
@@ -145,6 +165,7 @@ def load_tensors(directory: str | Path, config: ModelConfig, dtype: torch.dtype)
     index = _tensor_index(directory)
     prefix = _prefix(index, directory)
     shapes = expected_shapes(config)
+    _refuse_unused_layers(index, prefix, shapes, config)
     for name in shapes:
         if prefix + name not in index:
             files = ", ".join(sorted({path.name for path in index.values()}))

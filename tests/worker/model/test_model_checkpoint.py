@@ -69,6 +69,47 @@ def test_missing_tensor_is_named(model_export, small, tmp_path):
         TorchRunner(export)
 
 
+@pytest.mark.parametrize(
+    "case,expected",
+    [
+        (
+            "fewer layers in the config",
+            r"layers\.4\.input_layernorm\.weight is not used by config\.json \(num_hidden_layers is 4\)",
+        ),
+        (
+            "a layer more in the weights",
+            r"layers\.8\.input_layernorm\.weight is not used by config\.json \(num_hidden_layers is 8\)",
+        ),
+        (
+            "attention tensors in a linear layer",
+            r"layers\.0\.self_attn\.q_norm\.weight is not used .*layer 0 is linear_attention",
+        ),
+        (
+            "a second backbone",
+            r"two backbones, model\.language_model\.embed_tokens\.weight \(model\.safetensors\) and ",
+        ),
+    ],
+)
+def test_weights_the_config_has_no_place_for_are_refused(model_export, small, tmp_path, case, expected):
+    """A config and weights that disagree were served as the config said (a 4-layer config on
+    8 layers of weights answered 0.9406 where the export answers 0.9354), extra tensors ignored."""
+    tensors, text_config = small
+    tensors, config = dict(tensors), dict(text_config)
+    if case == "fewer layers in the config":
+        config |= {"num_hidden_layers": 4, "layer_types": config["layer_types"][:4]}
+    elif case == "a layer more in the weights":
+        tensors |= {
+            k.replace("layers.7.", "layers.8."): v.clone() for k, v in tensors.items() if k.startswith("layers.7.")
+        }
+    elif case == "attention tensors in a linear layer":
+        tensors["layers.0.self_attn.q_norm.weight"] = tensors["layers.3.self_attn.q_norm.weight"].clone()
+    export = write_export(model_export, tmp_path / "x", tensors, nested(config))
+    if case == "a second backbone":
+        save_file({"model." + k: v for k, v in tensors.items()}, str(export / "old.safetensors"))
+    with pytest.raises(ExportError, match=expected):
+        TorchRunner(export)
+
+
 def test_wrong_shape_is_named(model_export, small, tmp_path):
     tensors, text_config = small
     tensors = {**tensors, "layers.0.linear_attn.in_proj_a.weight": torch.zeros(3, 128, dtype=torch.bfloat16)}
