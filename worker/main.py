@@ -200,6 +200,21 @@ def state_cache_budget(requested: int | None, backend: str) -> int:
     return gpu_default_bytes() if backend == "cuda" else CPU_DEFAULT_BYTES
 
 
+END_TOKENS = ("<|im_end|>", "<|endoftext|>")  # what a Qwen3.5 config's eos_token_id names
+
+
+def check_end_tokens(tokenizer, eos_token_ids: tuple[int, ...]) -> None:
+    """config.json's end-of-sequence ids must be the tokenizer's end tokens: a tokenizer.json of
+    another model (another vocabulary, renumbered specials) otherwise serves answers computed on
+    ids the weights never saw, every check passed (the vocabulary fits in the embedding)."""
+    for eos in eos_token_ids:
+        if (token := tokenizer.id_to_token(eos)) not in END_TOKENS:
+            raise SystemExit(
+                f"openjev-worker: config.json's eos_token_id {eos} is {token!r} in tokenizer.json, "
+                f"not one of {', '.join(END_TOKENS)}: the tokenizer is not this model's"
+            )
+
+
 def warm_up(engine: Engine, runner, temperature: float, policy: PrefixPolicy) -> None:
     """Before SERVING: the CUDA runner captures a graph for every pass shape within the budget
     (no request within capacity then pays a capture or an eager pass), and one tiny request
@@ -296,6 +311,7 @@ def serve(args: argparse.Namespace) -> None:
             f"openjev-worker: the model's vocab_size {runner.config.vocab_size} is smaller than "
             f"the tokenizer's {num_token_ids} token ids"
         )
+    check_end_tokens(tokenizer.tokenizer, runner.config.eos_token_ids)
     forced_policy: PrefixPolicy | None = None
     if backend == "transformers":
         forced_policy = args.prefix_policy = "off"  # it cannot start from a parent's state

@@ -78,7 +78,7 @@ CASES = {
     ),
     "layer kinds not the weights'": (
         _edit_json("config.json", lambda c: _text(c)["layer_types"].reverse()),
-        "model.safetensors: missing tensor",
+        "is not used by config.json (layer 0 is full_attention)",
         (WORKER,),
     ),
     "infinite norm epsilon": (
@@ -117,6 +117,22 @@ CASES = {
         lambda e: (e / "tokenizer.json").write_text((e / "tokenizer.json").read_text()[:1000]),
         "tokenizer.json: not a usable tokenizer",
         (WORKER, FRONTEND),
+    ),
+    "a head weight past float32": (
+        _edit_json("open_jev_export.json", lambda m: m["head_weight"].__setitem__(0, 1e300)),
+        "open_jev_export.json: head_weight[0] must be a finite number within float32's range, got 1e+300",
+        (WORKER, FRONTEND),
+    ),
+    "a head bias past float32": (
+        _edit_json("open_jev_export.json", lambda m: m.update(head_bias=1e39)),
+        "open_jev_export.json: head_bias must be a finite number within float32's range, got 1e+39",
+        (WORKER, FRONTEND),
+    ),
+    "an end token the tokenizer does not have there": (
+        _edit_json("config.json", lambda c: _text(c).update(eos_token_id=248045)),
+        "config.json's eos_token_id 248045 is '<|im_start|>' in tokenizer.json, not one of <|im_end|>, "
+        "<|endoftext|>: the tokenizer is not this model's",
+        (WORKER,),
     ),
     "a stale shard beside the weights": (
         lambda e: shutil.copyfile(e / "model.safetensors", e / "zz-old.safetensors"),

@@ -35,6 +35,7 @@ class ModelConfig:
     rms_norm_eps: float
     rope_theta: float
     partial_rotary_factor: float
+    eos_token_ids: tuple[int, ...] = ()  # config.json's eos_token_id (one or a list; none: unchecked)
 
     @property
     def num_layers(self) -> int:
@@ -71,6 +72,14 @@ def _positive_int(text: dict[str, Any], key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise _fail(f"{key} must be a positive integer, got {value!r}")
     return value
+
+
+def _eos_token_ids(text: dict[str, Any]) -> tuple[int, ...]:
+    value = text.get("eos_token_id")
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise _fail(f"eos_token_id must be a token id or a list of them, got {value!r}")
+    return tuple(ids)
 
 
 def _positive_float(source: dict[str, Any], key: str) -> float:
@@ -150,6 +159,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         rms_norm_eps=_positive_float(text, "rms_norm_eps"),
         rope_theta=theta,
         partial_rotary_factor=factor,
+        eos_token_ids=_eos_token_ids(text),
     )
     if config.num_attention_heads % config.num_key_value_heads:
         raise _fail("num_attention_heads must be a multiple of num_key_value_heads")
