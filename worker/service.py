@@ -167,6 +167,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             reason = "stream ended without commit" if context.is_active() else "client went away before commit"
             log.info("execute", status="DISCARDED", reason=reason, **fields)
             interceptors.note_outcome("DISCARDED")
+            if context.is_active():  # a caller still there must not read an empty OK as an answer
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed execute stream: ended without a commit")
             return
         yield from _responses(self._run(collected, context, started, fields))
 

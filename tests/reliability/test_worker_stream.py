@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis_profiles import HYPOTHESIS
 
+from openjev import abi
 from openjev.tools import launch
 from openjev.tools.soak import log_events
 from openjev.v1 import decision_pb2 as api
@@ -251,6 +252,26 @@ def test_every_unary_request_is_answered_as_its_stream_or_refused_before_running
     expected, got = streamed[-1].summary, reply.summary
     for field in ("policy", "executed_policy", "prefix_enabled", "scope", "saved_tokens", "submitted_tokens"):
         assert getattr(got, field) == getattr(expected, field), field
+
+
+@pytest.mark.parametrize("sent", ["nothing", "header", "header and a batch"])
+def test_a_stream_ended_without_a_commit_is_refused_not_answered_empty(worker, stub, sent):
+    """A caller that half-closes before its commit got an OK with no message, which a hand-written
+    client cannot tell from an answer (this project's frontend cancels such a stream instead)."""
+    header = wire.ExecuteHeader(request_id="uncommitted", prefix_policy=api.PREFIX_POLICY_OFF)
+    header.questions.add(kind=abi.kind_to_enum("noul"), num_candidates=1)
+    batch = wire.CandidateBatch(candidates=[wire.Candidate(question_index=0, candidate_index=0, token_ids=[1, 2])])
+    messages = {
+        "nothing": [],
+        "header": [wire.ExecuteRequest(header=header)],
+        "header and a batch": [wire.ExecuteRequest(header=header), wire.ExecuteRequest(batch=batch)],
+    }[sent]
+    activity = ModelActivity(worker, "uncommitted")
+    with pytest.raises(grpc.RpcError) as refused:
+        list(stub.Execute(iter(messages), timeout=30, metadata=[("x-request-id", "uncommitted")]))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == "malformed execute stream: ended without a commit"
+    assert activity.ran() == []
 
 
 def test_unary_without_header_is_refused(stub):
