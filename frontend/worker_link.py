@@ -192,6 +192,7 @@ class WorkerLink:
         fingerprint: str,
         max_length: int,
         model_id: str = "",
+        checkpoint_revision: str = "",
         temperature: float | None = None,
         max_questions: int = 0,
         max_candidates: int = 0,
@@ -220,6 +221,7 @@ class WorkerLink:
         self._fingerprint = fingerprint
         self._max_length = max_length
         self._model_id = model_id
+        self._checkpoint_revision = checkpoint_revision
         self._temperature = temperature
         self._max_questions = max_questions
         self._max_candidates = max_candidates
@@ -402,6 +404,13 @@ class WorkerLink:
         # tokenizer, another head) would be answers under the wrong name.
         if self._model_id and d.model_id != self._model_id:
             return f"{worker} serves model {d.model_id!r}, not this frontend's {self._model_id!r}"
+        # the same model id from two checkpoints would be two sets of answers under one name,
+        # each request getting whichever its worker holds
+        if self._checkpoint_revision and d.checkpoint_revision != self._checkpoint_revision:
+            return (
+                f"{worker} serves checkpoint revision {d.checkpoint_revision!r}, not this frontend's "
+                f"{self._checkpoint_revision!r}"
+            )
         if self._temperature is not None and d.temperature != self._temperature:
             return f"{worker} has temperature {d.temperature}, which does not match this frontend's {self._temperature}"
         # A request this frontend accepts must fit the worker: else it would fail part-way.

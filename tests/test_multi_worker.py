@@ -279,6 +279,27 @@ def test_an_incompatible_worker_is_named_and_never_described_as_this_model(demo_
             process.stop(timeout_seconds=10)
 
 
+def test_a_worker_of_another_checkpoint_under_the_same_model_id_is_refused(demo_model, tmp_path):
+    """Two workers with the same model id, tokenizer and temperature but another checkpoint (a
+    retrained head) were balanced between: the same request alternated between two answers."""
+    port = launch.free_port()
+    other = start_worker(
+        other_export(demo_model, tmp_path / "retrained", checkpoint_revision="retrained"), tmp_path, port, "retrained"
+    )
+    frontend = launch.start_frontend(demo_model, other.address, tmp_path, ["--worker-refresh-seconds", "0.5"])
+    try:
+        failed = grpc.StatusCode.FAILED_PRECONDITION
+        wait_for(lambda: refused_with(frontend.address, failed), 30, "the frontend to refuse the worker")
+        error = refusal(frontend.address)
+        revision = json.loads((demo_model / "open_jev_export.json").read_text())["checkpoint_revision"]
+        assert error is not None and error.details() == (
+            f"worker at 127.0.0.1:{port} serves checkpoint revision 'retrained', not this frontend's {revision!r}"
+        )
+    finally:
+        for process in (frontend, other):
+            process.stop(timeout_seconds=10)
+
+
 @pytest.mark.parametrize(
     ("worker", "env"),
     [
