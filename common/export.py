@@ -65,9 +65,18 @@ class ExportMeta:
 MAX_SAFETENSORS_HEADER_BYTES = 100_000_000
 
 
+# config.json and open_jev_export.json are kilobytes (a 27B head is ~100 KB): one of gigabytes
+# would be read and parsed whole first (a 360 MB one took 21 s and 1.5 GB to refuse)
+MAX_JSON_BYTES = 16 << 20
+
+
 def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    if not path.exists():
         raise ExportError(f"{path.name}: missing from export directory {path.parent}")
+    if not path.is_file():  # a device or FIFO (symlinks followed): a read could block or never end
+        raise ExportError(f"{path.name}: not a regular file")
+    if (size := path.stat().st_size) > MAX_JSON_BYTES:
+        raise ExportError(f"{path.name}: {size} bytes, more than an export's JSON files may have ({MAX_JSON_BYTES})")
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, 5,000-digit ints
@@ -110,8 +119,14 @@ def text_config_of(config: dict[str, Any]) -> Any:
     return config.get("text_config", config) if config.get("model_type") == "qwen3_5" else config
 
 
+MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+
+
 def hidden_size_of(config: dict[str, Any]) -> int:
-    """hidden_size from a nested (`text_config`) or flat Qwen3.5 config.json."""
+    """hidden_size from a nested (`text_config`) or flat Qwen3.5 config.json (another model type
+    is named as such, not as a missing hidden_size)."""
+    if config.get("model_type") not in MODEL_TYPES:
+        raise ExportError(f"{CONFIG_FILE}: model_type is {config.get('model_type')!r}, expected one of {MODEL_TYPES}")
     text = text_config_of(config)
     size = text.get("hidden_size") if isinstance(text, dict) else None
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0:

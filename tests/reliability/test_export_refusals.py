@@ -134,6 +134,21 @@ CASES = {
         "<|endoftext|>: the tokenizer is not this model's",
         (WORKER,),
     ),
+    "another model type": (
+        _edit_json("config.json", lambda c: c.update(model_type="llama")),
+        "config.json: model_type is 'llama', expected one of ('qwen3_5', 'qwen3_5_text')",
+        (WORKER, FRONTEND),
+    ),
+    "a config of gigabytes": (
+        lambda e: [(e / "config.json").unlink(), (e / "config.json").write_bytes(b" " * (17 << 20) + b"{}")],
+        "config.json: 17825794 bytes, more than an export's JSON files may have (16777216)",
+        (WORKER, FRONTEND),
+    ),
+    "metadata a FIFO": (
+        lambda e: [(e / "open_jev_export.json").unlink(), os.mkfifo(e / "open_jev_export.json")],
+        "open_jev_export.json: not a regular file",
+        (WORKER, FRONTEND),
+    ),
     "a stale shard beside the weights": (
         lambda e: shutil.copyfile(e / "model.safetensors", e / "zz-old.safetensors"),
         "is also in model.safetensors",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from openjev.export import CONFIG_FILE, ExportError, finite, text_config_of
+from openjev.export import CONFIG_FILE, MODEL_TYPES, ExportError, finite, text_config_of
 
 LayerKind = Literal["linear_attention", "full_attention"]
 LINEAR_ATTENTION: Final = "linear_attention"
@@ -15,7 +15,6 @@ FULL_ATTENTION: Final = "full_attention"
 LAYER_KINDS: tuple[LayerKind, ...] = (LINEAR_ATTENTION, FULL_ATTENTION)
 # Older Qwen-Next style names that transformers also maps onto the two kinds.
 _LEGACY_LAYER_KINDS: dict[str, LayerKind] = {"mamba": LINEAR_ATTENTION, "attention": FULL_ATTENTION}
-_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 
 
 @dataclass(frozen=True)
@@ -130,8 +129,8 @@ def _rope(text: dict[str, Any]) -> tuple[float, float]:
 def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
     """ModelConfig from the parsed config.json; raises ExportError naming config.json."""
     model_type = raw.get("model_type")
-    if model_type not in _MODEL_TYPES:
-        raise _fail(f"model_type is {model_type!r}, expected one of {_MODEL_TYPES}")
+    if model_type not in MODEL_TYPES:
+        raise _fail(f"model_type is {model_type!r}, expected one of {MODEL_TYPES}")
     text = text_config_of(raw)
     if not isinstance(text, dict):
         raise _fail("text_config must be an object")
