@@ -89,16 +89,21 @@ class _NoUnary(Exception):
 
 def _failure(call, code: grpc.StatusCode, details: str | None, *, unrun: bool, client_active: bool) -> Exception:
     """A failed worker call as the servicer reports it: Refused, or _NotAccepted when it failed
-    UNAVAILABLE before the worker accepted it. A call cancelled while the client is still there
+    UNAVAILABLE or INVALID_ARGUMENT before the worker accepted it. A call cancelled while the client is still there
     was cancelled by the worker (its commit timeout ran out while this frontend was still sending
     the request): UNAVAILABLE, not a CANCELLED the client would take for its own."""
     message = f"worker: {details}"
     if code == grpc.StatusCode.CANCELLED and client_active:
         code = grpc.StatusCode.UNAVAILABLE
         message = "worker cancelled the call (the request was not sent within its commit timeout?)"
+    disagrees = code == grpc.StatusCode.INVALID_ARGUMENT  # a request this frontend checked and sent
     code = code if code in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
     refused = Refused(code, message, unrun=unrun)
-    if code == grpc.StatusCode.UNAVAILABLE and not _accepted(call):
+    # Not accepted, so never run: another worker may take it. A worker that finds malformed what
+    # this frontend checked has other limits than it described (restarted with smaller ones): the
+    # retry also has the workers described again at once (else every request it drew failed
+    # INTERNAL until the next refresh).
+    if (code == grpc.StatusCode.UNAVAILABLE or disagrees) and not _accepted(call):
         return _NotAccepted(refused)
     return refused
 

@@ -13,7 +13,7 @@ said ok). The old channels close when their last call ends.
 
 Failover is the frontend's (`DecisionServicer._execute`): a call that failed UNAVAILABLE before
 its worker accepted it (the worker's response headers carry `abi.ACCEPTED_METADATA_KEY` once the
-stream is committed) is tried again, on another worker where there is one; after acceptance a
+stream is committed) is tried again, round robin over the workers; after acceptance a
 lost worker is UNAVAILABLE, never a second execution. gRPC's own retries are off: with them
 (grpcio 1.84) a retried call that failed could report its status without ever completing its
 pending reads, and grpcio's response iterator then waited for good, past every deadline
@@ -316,7 +316,10 @@ class WorkerLink:
         state = self._combine(endpoints, answers)
         for endpoint, (_describe, problem, _reachable) in zip(endpoints, answers, strict=True):
             metrics.frontend_worker_up.labels(endpoint).set(0 if problem else 1)
-        metrics.frontend_workers_serving.set(sum(problem is None for _d, problem, _r in answers))
+        # none while the link refuses traffic (an incompatible worker among them, the channel not
+        # ready): the gauge is the workers requests may go to, which is none then
+        serving = sum(problem is None for _d, problem, _r in answers)
+        metrics.frontend_workers_serving.set(0 if state.problem else serving)
         if state.problem != self._state.problem or state.workers != self._state.workers:
             log.info(
                 "worker_link",

@@ -34,7 +34,9 @@ def _split_host_port(address: str) -> tuple[str, int]:
     if not sep or not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
         raise TargetError(f"worker address {address!r} is not HOST:PORT (a port 1-65535)")
     host = host.strip("[]")
-    if _ip_version(host) is None and not _NAME.fullmatch(host):
+    # a name's labels are 1-63 characters (the resolver's IDNA codec raised on others, a traceback)
+    labels = host.removesuffix(".").split(".")
+    if _ip_version(host) is None and not (_NAME.fullmatch(host) and all(0 < len(x) <= 63 for x in labels)):
         raise TargetError(
             f"worker address {address!r}: {host!r} is not a host name or IP address "
             "(forms: HOST:PORT, IP:PORT,IP:PORT,..., ipv4:/ipv6: lists, dns:///NAME:PORT)"

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from concurrent import futures
 from pathlib import Path
 
@@ -242,13 +243,22 @@ def test_an_incompatible_worker_is_named_and_never_described_as_this_model(demo_
     workers' description while the wrong one is there and after it is gone (it reported the other
     model's checkpoint under this frontend's model id, also once that worker had died)."""
     good = start_worker(demo_model, tmp_path, launch.free_port(), "good")
-    wrong_port = launch.free_port()
+    wrong_port, metrics_port = launch.free_port(), launch.free_port()
     frontend = launch.start_frontend(
         demo_model,
         f"{good.address},127.0.0.1:{wrong_port}",
         tmp_path,
-        ["--worker-refresh-seconds", "0.5", "--worker-affinity", "off"],
+        ["--worker-refresh-seconds", "0.5", "--worker-affinity", "off", "--metrics-port", str(metrics_port)],
     )
+
+    def serving_gauge() -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        return next(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("openjev_frontend_workers_serving ")
+        )
+
     wrong = None
     try:
         launch.wait_serving(frontend.address)
@@ -269,6 +279,8 @@ def test_an_incompatible_worker_is_named_and_never_described_as_this_model(demo_
             f"worker at 127.0.0.1:{wrong_port} serves model 'open-jev-other', not this frontend's 'open-jev-demo'"
         )
         assert described(frontend.address) == before
+        # requests may go to no worker while one is wrong: the gauge alerts watch says 0 (it said 1)
+        wait_for(lambda: serving_gauge() == 0, 10, "the serving gauge to say no worker takes traffic")
         good.kill()
         wrong.kill()
         unavailable = grpc.StatusCode.UNAVAILABLE
@@ -300,6 +312,57 @@ def test_a_worker_of_another_checkpoint_under_the_same_model_id_is_refused(demo_
             process.stop(timeout_seconds=10)
 
 
+def test_a_worker_restarted_with_smaller_limits_is_found_at_its_first_refusal(demo_model, tmp_path):
+    """Between two descriptions a worker restarted with fewer candidates allowed refused what the
+    frontend had checked, and every request it drew failed INTERNAL until the next refresh (here
+    10 minutes away): such a refusal (before acceptance: nothing ran) now goes to another worker
+    and has the workers described at once, so requests are answered or FAILED_PRECONDITION."""
+    ports = [launch.free_port(), launch.free_port()]
+    workers = [start_worker(demo_model, tmp_path, port, f"w{i}") for i, port in enumerate(ports)]
+    frontend = launch.start_frontend(
+        demo_model,
+        ",".join(w.address for w in workers),
+        tmp_path,
+        ["--worker-refresh-seconds", "600", "--worker-affinity", "off"],
+    )
+    small = None
+    try:
+        launch.wait_serving(frontend.address)
+        workers[1].stop(timeout_seconds=10)
+        small = launch.start_worker(
+            demo_model,
+            tmp_path,
+            ["--listen", f"127.0.0.1:{ports[1]}", *WORKER_ARGS, "--max-candidates", "4"],
+            name="small",
+        )
+        codes: list[str] = []
+        deadline = time.monotonic() + 30
+        while not codes or codes[-1] != "FAILED_PRECONDITION":  # once a call reached the new worker
+            assert time.monotonic() < deadline, codes
+            error = _six(frontend.address)
+            codes.append("OK" if error is None else error.code().name)
+            assert "INTERNAL" not in codes, (codes, error and error.details())
+            time.sleep(0.2)
+    finally:
+        for process in (frontend, workers[0], *([small] if small else [])):
+            process.stop(timeout_seconds=10)
+
+
+SIX = {
+    "state": "A customer writes in.",
+    "questions": {"q": {"type": "choice", "instructions": "Pick.", "criteria": {f"k{i}": None for i in range(6)}}},
+}
+
+
+def _six(address: str) -> grpc.RpcError | None:
+    with Client(address) as c:
+        try:
+            c.decide(SIX, timeout=30)
+        except grpc.RpcError as error:
+            return error
+    return None
+
+
 @pytest.mark.parametrize(
     ("worker", "env"),
     [
@@ -308,6 +371,8 @@ def test_a_worker_of_another_checkpoint_under_the_same_model_id_is_refused(demo_
         ("127.0.0.1:99999", {}),
         ("127.0.0.1:0", {}),
         (None, {"OPENJEV_WORKER": "worker/a:50052"}),
+        ("dns:///worker..openjev:50052", {}),  # an empty label: the resolver's traceback
+        (f"dns:///{'w' * 64}.openjev:50052", {}),  # a label over 63 characters: the same
     ],
 )
 def test_a_bad_worker_target_is_a_one_line_error(demo_model, worker, env):
