@@ -191,7 +191,6 @@ def serve(args: argparse.Namespace) -> None:
         fingerprint=tokenizer.fingerprint,
         max_length=meta.max_length,
         model_id=meta.model_id,
-        checkpoint_revision=meta.checkpoint_revision,
         temperature=meta.temperature,
         max_questions=args.max_questions,
         max_candidates=args.max_candidates,

@@ -192,7 +192,6 @@ class WorkerLink:
         fingerprint: str,
         max_length: int,
         model_id: str = "",
-        checkpoint_revision: str = "",
         temperature: float | None = None,
         max_questions: int = 0,
         max_candidates: int = 0,
@@ -221,7 +220,6 @@ class WorkerLink:
         self._fingerprint = fingerprint
         self._max_length = max_length
         self._model_id = model_id
-        self._checkpoint_revision = checkpoint_revision
         self._temperature = temperature
         self._max_questions = max_questions
         self._max_candidates = max_candidates
@@ -365,6 +363,19 @@ class WorkerLink:
         for endpoint, (describe, problem, reachable) in zip(endpoints, answers, strict=True):
             if reachable and describe is not None and self._incompatibility(endpoint, describe) is not None:
                 return LinkState(self._state.describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
+        # Workers of one model id, tokenizer and temperature but two checkpoints (a retrained head)
+        # would answer each request by whichever one it reached: the same request alternated
+        # between two answers. Whichever checkpoint the workers hold, they must hold the same one
+        # (not necessarily this frontend's export's: a benchmark's workers hold synthetic weights).
+        revisions = {
+            endpoint: describe.checkpoint_revision
+            for endpoint, (describe, _problem, reachable) in zip(endpoints, answers, strict=True)
+            if reachable and describe is not None
+        }
+        if len(set(revisions.values())) > 1:
+            named = ", ".join(f"{endpoint} {revision!r}" for endpoint, revision in sorted(revisions.items()))
+            problem = f"workers at {self.target} serve different checkpoint revisions: {named}"
+            return LinkState(self._state.describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
         for describe, problem, _reachable in answers:
             if problem is None:
                 connectivity = self._traffic.connectivity
@@ -407,13 +418,6 @@ class WorkerLink:
         # tokenizer, another head) would be answers under the wrong name.
         if self._model_id and d.model_id != self._model_id:
             return f"{worker} serves model {d.model_id!r}, not this frontend's {self._model_id!r}"
-        # the same model id from two checkpoints would be two sets of answers under one name,
-        # each request getting whichever its worker holds
-        if self._checkpoint_revision and d.checkpoint_revision != self._checkpoint_revision:
-            return (
-                f"{worker} serves checkpoint revision {d.checkpoint_revision!r}, not this frontend's "
-                f"{self._checkpoint_revision!r}"
-            )
         if self._temperature is not None and d.temperature != self._temperature:
             return f"{worker} has temperature {d.temperature}, which does not match this frontend's {self._temperature}"
         # A request this frontend accepts must fit the worker: else it would fail part-way.

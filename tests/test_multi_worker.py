@@ -291,25 +291,39 @@ def test_an_incompatible_worker_is_named_and_never_described_as_this_model(demo_
             process.stop(timeout_seconds=10)
 
 
-def test_a_worker_of_another_checkpoint_under_the_same_model_id_is_refused(demo_model, tmp_path):
+def test_workers_of_two_checkpoints_under_one_model_id_are_refused(demo_model, tmp_path):
     """Two workers with the same model id, tokenizer and temperature but another checkpoint (a
-    retrained head) were balanced between: the same request alternated between two answers."""
-    port = launch.free_port()
-    other = start_worker(
-        other_export(demo_model, tmp_path / "retrained", checkpoint_revision="retrained"), tmp_path, port, "retrained"
+    retrained head) were balanced between: the same request alternated between two answers.
+    Workers of one checkpoint serve, also one other than the frontend's export (a benchmark's
+    synthetic weights)."""
+    ports = [launch.free_port(), launch.free_port()]
+    retrained = other_export(demo_model, tmp_path / "retrained", checkpoint_revision="retrained")
+    workers = [
+        start_worker(demo_model, tmp_path, ports[0], "first"),
+        start_worker(retrained, tmp_path, ports[1], "retrained"),
+    ]
+    frontend = launch.start_frontend(
+        demo_model, ",".join(w.address for w in workers), tmp_path, ["--worker-refresh-seconds", "0.5"]
     )
-    frontend = launch.start_frontend(demo_model, other.address, tmp_path, ["--worker-refresh-seconds", "0.5"])
     try:
         failed = grpc.StatusCode.FAILED_PRECONDITION
-        wait_for(lambda: refused_with(frontend.address, failed), 30, "the frontend to refuse the worker")
+        wait_for(lambda: refused_with(frontend.address, failed), 30, "the frontend to refuse the two checkpoints")
         error = refusal(frontend.address)
         revision = json.loads((demo_model / "open_jev_export.json").read_text())["checkpoint_revision"]
+        named = sorted([(f"127.0.0.1:{ports[0]}", revision), (f"127.0.0.1:{ports[1]}", "retrained")])
         assert error is not None and error.details() == (
-            f"worker at 127.0.0.1:{port} serves checkpoint revision 'retrained', not this frontend's {revision!r}"
+            f"workers at {frontend_target(workers)} serve different checkpoint revisions: "
+            + ", ".join(f"{endpoint} {rev!r}" for endpoint, rev in named)
         )
+        workers[0].stop(timeout_seconds=10)
+        wait_for(lambda: refusal(frontend.address) is None, 30, "the frontend to serve the one checkpoint left")
     finally:
-        for process in (frontend, other):
+        for process in (frontend, *workers):
             process.stop(timeout_seconds=10)
+
+
+def frontend_target(workers) -> str:
+    return ",".join(w.address for w in workers)
 
 
 def test_a_worker_restarted_with_smaller_limits_is_found_at_its_first_refusal(demo_model, tmp_path):
