@@ -89,9 +89,10 @@ class _NoUnary(Exception):
 
 def _failure(call, code: grpc.StatusCode, details: str | None, *, unrun: bool, client_active: bool) -> Exception:
     """A failed worker call as the servicer reports it: Refused, or _NotAccepted when it failed
-    UNAVAILABLE or INVALID_ARGUMENT before the worker accepted it. A call cancelled while the client is still there
-    was cancelled by the worker (its commit timeout ran out while this frontend was still sending
-    the request): UNAVAILABLE, not a CANCELLED the client would take for its own."""
+    UNAVAILABLE or INVALID_ARGUMENT before the worker accepted it. A call cancelled while the
+    client is still there was cancelled by the worker (its commit timeout ran out while this
+    frontend was still sending the request): UNAVAILABLE, not a CANCELLED the client would take
+    for its own."""
     message = f"worker: {details}"
     if code == grpc.StatusCode.CANCELLED and client_active:
         code = grpc.StatusCode.UNAVAILABLE
@@ -533,7 +534,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
     @staticmethod
     def _call(stub, requests, metadata, timeout: float, context, num_questions: int):
         """One Execute call: (results by question index, summary); Refused, or _NotAccepted when
-        it failed UNAVAILABLE before the worker accepted it."""
+        it failed before the worker accepted it (`_failure`)."""
         made = threading.Event()
         cancel: list[Callable[[], object]] = []
 

@@ -204,7 +204,8 @@ class Scheduler:
     # ---- admission ----------------------------------------------------------------------------
     def check_room(self) -> None:
         """Raise QueueFull if a request arriving now would be refused: called before planning,
-        which can take seconds for thousands of candidates (admission checks again after it)."""
+        which can take seconds for thousands of candidates (admission checks again after it; a
+        request the cache would answer whole is refused too, as that is known only once planned)."""
         with self._cond:
             self._refuse_if_full()
 
