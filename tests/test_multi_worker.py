@@ -224,10 +224,10 @@ def described(address: str) -> tuple[str, str, int]:
     return d.checkpoint_revision, d.backend, d.default_prefix_policy
 
 
-def refusal(address: str) -> grpc.RpcError | None:
+def refusal(address: str, body: dict = EXAMPLE) -> grpc.RpcError | None:
     with Client(address) as c:
         try:
-            c.decide(EXAMPLE, timeout=30)
+            c.decide(body, timeout=30)
         except grpc.RpcError as error:
             return error
     return None
@@ -353,7 +353,7 @@ def test_a_worker_restarted_with_smaller_limits_is_found_at_its_first_refusal(de
         deadline = time.monotonic() + 30
         while not codes or codes[-1] != "FAILED_PRECONDITION":  # once a call reached the new worker
             assert time.monotonic() < deadline, codes
-            error = _six(frontend.address)
+            error = refusal(frontend.address, SIX)
             codes.append("OK" if error is None else error.code().name)
             assert "INTERNAL" not in codes, (codes, error and error.details())
             time.sleep(0.2)
@@ -366,15 +366,6 @@ SIX = {
     "state": "A customer writes in.",
     "questions": {"q": {"type": "choice", "instructions": "Pick.", "criteria": {f"k{i}": None for i in range(6)}}},
 }
-
-
-def _six(address: str) -> grpc.RpcError | None:
-    with Client(address) as c:
-        try:
-            c.decide(SIX, timeout=30)
-        except grpc.RpcError as error:
-            return error
-    return None
 
 
 @pytest.mark.parametrize(
