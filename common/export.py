@@ -97,11 +97,14 @@ FLOAT32_MAX = 3.4028234663852886e38  # the head runs in fp32: a weight past it i
 
 
 def _finite_number(meta: dict[str, Any], key: str, limit: float = math.inf) -> float:
-    value = meta.get(key)
+    return _checked_number(meta.get(key), key, limit)
+
+
+def _checked_number(value: Any, name: str, limit: float = math.inf) -> float:
     # bool is an int in Python; a JSON true is never a temperature.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite(value) or abs(value) > limit:
         bound = "" if limit == math.inf else " within float32's range"
-        raise ExportError(f"{META_FILE}: {key} must be a finite number{bound}, got {value!r}")
+        raise ExportError(f"{META_FILE}: {name} must be a finite number{bound}, got {value!r}")
     return float(value)
 
 
@@ -212,11 +215,7 @@ def load_export_meta(directory: str | Path) -> ExportMeta:
         raise ExportError(
             f"{META_FILE}: head_weight has {len(head_weight)} entries, expected hidden_size={hidden_size}"
         )
-    for i, w in enumerate(head_weight):
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not finite(w) or abs(w) > FLOAT32_MAX:
-            raise ExportError(
-                f"{META_FILE}: head_weight[{i}] must be a finite number within float32's range, got {w!r}"
-            )
+    head = tuple(_checked_number(w, f"head_weight[{i}]", FLOAT32_MAX) for i, w in enumerate(head_weight))
 
     return ExportMeta(
         directory=directory,
@@ -228,7 +227,7 @@ def load_export_meta(directory: str | Path) -> ExportMeta:
         max_length=max_length,
         chat_prefix=_string(meta, "chat_prefix", may_be_empty=True),
         chat_suffix=_string(meta, "chat_suffix", may_be_empty=True),
-        head_weight=tuple(float(w) for w in head_weight),
+        head_weight=head,
         head_bias=_finite_number(meta, "head_bias", FLOAT32_MAX),
     )
 

@@ -14,10 +14,13 @@ before traffic depends on it.
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import re
 import socket
 from dataclasses import dataclass
+
+from openjev import config
 
 
 class TargetError(ValueError):
@@ -30,9 +33,11 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def _split_host_port(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
-        raise TargetError(f"worker address {address!r} is not HOST:PORT (a port 1-65535)")
+    try:
+        config.dial_address(address)
+    except argparse.ArgumentTypeError:
+        raise TargetError(f"worker address {address!r} is not HOST:PORT (a port 1-65535)") from None
+    host, _, port = address.rpartition(":")
     host = host.strip("[]")
     # a name's labels are 1-63 characters (the resolver's IDNA codec raised on others, a traceback)
     labels = host.removesuffix(".").split(".")
