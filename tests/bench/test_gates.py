@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from openjev.tools.bench import gates, gates_report, workload
+from openjev.worker.engine import ExecutionResult
 from openjev.worker.scheduler import Scheduler
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,3 +139,22 @@ def test_command_line_exit_status(tmp_path, demo_model):
     done = subprocess.run([*argv, "--exact"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr[-2000:]
     assert "verdict: **FAIL**: default: " in done.stdout
+
+
+def test_nothing_compared_fails(tmp_path, demo_model):
+    """A selection that leaves no request (a misspelt --kinds) compares nothing: that is a failed
+    gate, not a pass over zero comparisons."""
+    rc, text = run(tmp_path, demo_model, "--kinds", "chioce", "--oracle-cases", "0", "--policies", "fixed")
+    assert rc == 1, text
+    assert "fixed: compared no request" in text and "mixed run: compared no request" in text
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_non_finite_answer_fails(exact):
+    """A NaN in both answers has the same bits and max() skips it: counted on its own."""
+    nan = float("nan")
+    base = ExecutionResult([[0.5, nan]], [[0.3, nan]], "off", "off", False, "none", 0, 2, 2, 1, 0, 0.0, 0.0)
+    diff = gates.Diff()
+    diff.add(["score"], base, base)
+    problems = diff.problems("auto", exact, 1e-3)
+    assert problems == ["auto: 2 head scores or probabilities are not finite"]

@@ -19,6 +19,7 @@ there than alone). The per-request log of the mixed run ends the report.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import struct
 import sys
@@ -66,6 +67,7 @@ class Diff:
     noul_flips: int = 0
     failures: int = 0
     saved_tokens: int = 0
+    non_finite: int = 0  # values of either answer that are NaN or infinite (max() would skip a NaN)
     covered: Counter[str] = field(default_factory=Counter)  # requests, head, prob, choice, noul, score
 
     def add(self, kinds: list[str], base: ExecutionResult, other: ExecutionResult) -> None:
@@ -73,6 +75,7 @@ class Diff:
         for a_row, b_row in zip(base.head_scores, other.head_scores, strict=True):
             for a, b in zip(a_row, b_row, strict=True):
                 self.covered["head"] += 1
+                self.non_finite += not (math.isfinite(a) and math.isfinite(b))
                 self.head_bits += not same_bits(a, b)
                 self.max_dhead = max(self.max_dhead, abs(a - b))
                 self.max_rel_dhead = max(self.max_rel_dhead, abs(a - b) / max(1.0, abs(a)))
@@ -80,6 +83,7 @@ class Diff:
             self.covered[kind] += 1
             for a, b in zip(p, q, strict=True):
                 self.covered["prob"] += 1
+                self.non_finite += not (math.isfinite(a) and math.isfinite(b))
                 self.prob_bits += not same_bits(a, b)
                 self.max_dp = max(self.max_dp, abs(a - b))
             if kind == "choice" and p.index(max(p)) != q.index(max(q)):
@@ -115,6 +119,10 @@ class Diff:
     def problems(self, name: str, exact: bool, tolerance: float) -> list[str]:
         """Why this comparison fails its gate ([] where it meets it)."""
         out = []
+        if not self.covered["requests"]:
+            out.append(f"{name}: compared no request")
+        if self.non_finite:
+            out.append(f"{name}: {self.non_finite} head scores or probabilities are not finite")
         if exact and (self.head_bits or self.prob_bits):
             out.append(
                 f"{name}: {self.head_bits} head scores and {self.prob_bits} probabilities differ in some bit "
@@ -364,7 +372,7 @@ def run_gates(argv: list[str] | None = None) -> int:
 
 
 def mixed_problems(mixed: dict[str, Any]) -> list[str]:
-    out = []
+    out = [] if mixed["requests"] else ["mixed run: compared no request"]
     if mixed["requests"] and not mixed["shared"]:
         out.append("mixed run: no request shared a pass with another (batch invariance not tested)")
     if mixed["long"] and not mixed["long_shared"]:
