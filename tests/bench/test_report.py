@@ -64,6 +64,21 @@ def test_failed_requests_show_beside_the_targets():
         f"| every request answered (the targets below count answered ones) | 1 errors of {len(samples)} | missed |"
         in text
     )
+    # the answered ones are fast, but a run with a failed request meets no latency target
+    assert "| met |" not in text
+    assert f"= 1.00x | missed: 1 of {len(samples)} requests failed |" in text
+
+
+def test_no_answered_request_still_shows_the_failures():
+    """Every timed request failed: the targets table says so (it was left out, or showed only
+    the memory row as if no blocks had run)."""
+    cases = stratified([c for c in workload.read_jsonl(WORKLOAD) if c.kind in report.JEVBENCH_KINDS], 1)
+    samples = [harness.Sample("ours-auto", c.name, b, 120.0, "DEADLINE_EXCEEDED") for c in cases for b in (0, 1)]
+    memory = [("peak device memory", "50 GiB", "met")]
+    floors = {c.name: 0.01 for c in cases}
+    text = "\n".join(report.targets(harness.Results(samples), cases, "ours-auto", floors, memory))
+    assert f"none of ours-auto's {len(samples)} timed requests was answered" in text
+    assert f"| {len(samples)} errors of {len(samples)} | missed |" in text
 
 
 def test_p50_over_floor_uses_the_floors_of_the_cases_the_arm_ran():
