@@ -144,7 +144,7 @@ def test_render_saved_at_other_ceilings(tmp_path, demo_model):
         "header": "# test",
         "tokens": tokens,
         "ceilings": own.__dict__,
-        "matmul_parameters": roofline.matmul_parameters(config),
+        "matmul_parameters": roofline.token_matmul_parameters(config),
     }
     (tmp_path / "results.json").write_text(json.dumps(saved))
     _, candidates_of, _ = prepare.longest_tokens_fn(demo_model)
@@ -160,6 +160,16 @@ def test_render_saved_at_other_ceilings(tmp_path, demo_model):
     assert f"| {mean / ((floors[cases[0].name] + floors[cases[1].name]) / 2):.2f}x |" in own_text
     with pytest.raises(ValueError, match="does not follow from this model shape"):
         render_saved(tmp_path, cases, candidates_of, ceilings=own, config=shape_config("9b"))
+    # a run saved before the last layer's MLP was left out of the count re-renders as it measured
+    old = {
+        n: max(read_s, 2.0 * roofline.matmul_parameters(config) * t[1] / own.matmul_flops_per_second)
+        for n, t in tokens.items()
+    }
+    assert old[cases[1].name] > floors[cases[1].name]
+    saved |= {"floors": old, "matmul_parameters": roofline.matmul_parameters(config)}
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    at_own = render_saved(tmp_path, cases, candidates_of, ceilings=own, config=config)
+    assert f"| {mean / ((old[cases[0].name] + old[cases[1].name]) / 2):.2f}x |" in at_own
 
 
 def test_group_table_gives_n_and_p95_only_from_20_samples():

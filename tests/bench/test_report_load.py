@@ -177,7 +177,7 @@ def _load_only(tmp_path) -> None:
         "header": "# test",
         "tokens": {},
         "ceilings": {"copy_bytes_per_second": 4e12, "matmul_flops_per_second": 1e15, "device": "H200"},
-        "matmul_parameters": roofline.matmul_parameters(SMALL),
+        "matmul_parameters": roofline.token_matmul_parameters(SMALL),
     }
     (tmp_path / "results.json").write_text(json.dumps(saved))
 
@@ -192,7 +192,7 @@ def test_a_load_only_run_renders_at_given_ceilings(tmp_path):
     assert "bf16 ceiling given (--ceilings): 1200 TFLOP/s, this run measured 1000." in text
     assert "measured in this run" not in text.split("## Concurrency sweep")[1]
     assert "re-rendered at ceilings copy 4.00 TB/s, bf16 GEMM 1200 TFLOP/s" in text
-    other = ModelConfig(**{**SMALL.__dict__, "intermediate_size": 32})
+    other = ModelConfig(**{**SMALL.__dict__, "intermediate_size": 24})
     with pytest.raises(ValueError, match="does not follow from this model shape"):
         render_saved(tmp_path, cases, None, ceilings=given, config=other)
 

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         "tokens": tokens,
         "floors": floors,
         "ceilings": ceilings.__dict__ if ceilings else None,
-        "matmul_parameters": roofline.matmul_parameters(config),
+        "matmul_parameters": roofline.token_matmul_parameters(config),  # what the floors and rates count
         "weight_read_bytes": roofline.model_size(config)[0],  # with the above: the floor of any request
         "weight_bytes": roofline.weight_bytes_resident(config),
         "first_seen_seed": args.first_seen_seed if first_seen else None,

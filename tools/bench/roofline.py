@@ -21,10 +21,11 @@ class Ceilings:
 
 
 def model_size(config: ModelConfig) -> tuple[int, int]:
-    """(weight bytes read per pass in bf16, parameters in matrix products). The embedding table is
-    a row gather, not a read of the whole table nor a matrix product, so it counts in neither."""
+    """(weight bytes read per pass in bf16, matrix-product parameters a computed token multiplies).
+    The embedding table is a row gather, not a read of the whole table nor a matrix product, so it
+    counts in neither."""
     params = sum(_numel(shape) for name, shape in expected_shapes(config).items() if name != "embed_tokens.weight")
-    return 2 * params, matmul_parameters(config)
+    return 2 * params, token_matmul_parameters(config)
 
 
 def floor_seconds(config: ModelConfig, tokens_computed: int, ceilings: Ceilings) -> float:
@@ -96,6 +97,14 @@ def matmul_parameters(config: ModelConfig) -> int:
     attention = d * (2 * hq * dh + 2 * hkv * dh) + hq * dh * d  # q (with its gate), k, v; o
     per_kind = {"linear_attention": gdn, "full_attention": attention}
     return sum(mlp + per_kind[kind] for kind in config.layer_types)
+
+
+def token_matmul_parameters(config: ModelConfig) -> int:
+    """matmul_parameters less the last layer's MLP, which the engine runs on the head rows only (a
+    few a request): what every computed token multiplies, and what floors and the load sweep's
+    matmul rate count (the head rows' last MLP left out keeps a floor a lower bound and the rate an
+    under-count). Runs saved before 2026-12-02 counted all of matmul_parameters (1.1% more on 27B)."""
+    return matmul_parameters(config) - 3 * config.hidden_size * config.intermediate_size
 
 
 def weight_bytes_resident(config: ModelConfig) -> int:

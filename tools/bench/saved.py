@@ -91,12 +91,15 @@ def at_ceilings(saved: dict, ceilings: roofline.Ceilings, config) -> dict:
         raise ValueError("this run measured no ceilings (no GPU): nothing to re-render")
     own = roofline.Ceilings(measured["copy_bytes_per_second"], measured["matmul_flops_per_second"], "")
     shape = "the run's floor does not follow from this model shape (pass its --worker-args)"
-    if saved.get("matmul_parameters") not in (None, roofline.matmul_parameters(config)):
+    # a run counts the parameters a token multiplies; one saved before 2026-12-02 counted them all
+    counts = (roofline.token_matmul_parameters(config), roofline.matmul_parameters(config))
+    if saved.get("matmul_parameters") not in (None, *counts):
         raise ValueError(f"matmul parameters: {shape}")
+    size = _config_size(saved, config)
     for name, floor in (saved.get("floors") or {}).items():  # none in a load-only run (--blocks 0)
-        if abs(roofline.floor_seconds(config, saved["tokens"][name][1], own) / floor - 1) > 1e-9:
+        if abs(roofline.size_floor_seconds(size, saved["tokens"][name][1], own) / floor - 1) > 1e-9:
             raise ValueError(f"{name}: {shape}")
-    floors = {name: roofline.floor_seconds(config, t[1], ceilings) for name, t in saved["tokens"].items()}
+    floors = {name: roofline.size_floor_seconds(size, t[1], ceilings) for name, t in saved["tokens"].items()}
     note = (
         f"\n- re-rendered at ceilings copy {ceilings.copy_bytes_per_second / 1e12:.2f} TB/s, bf16 GEMM "
         f"{ceilings.matmul_flops_per_second / 1e12:.0f} TFLOP/s (the run measured "
@@ -135,12 +138,19 @@ def split_of(saved: dict, cases: list[Case], candidates_of, config=None) -> Spli
     return Split(groups, floors)
 
 
+def _config_size(saved: dict, config) -> tuple[float, int]:
+    """roofline.model_size of `config`, its parameters as the run counted them where it saved them
+    (a run before 2026-12-02 counted the last layer's MLP too)."""
+    weight_bytes, params = roofline.model_size(config)
+    return weight_bytes, int(saved.get("matmul_parameters") or params)
+
+
 def _model_size(saved: dict, config) -> tuple[float, int] | None:
     """roofline.model_size of the run's shape: of `config` where given (at_ceilings checked it),
     else as the run saved it; a results.json from before weight_read_bytes was saved gives the
     bytes back through a read-bound floor (= bytes / copy rate)."""
     if config is not None:
-        return roofline.model_size(config)
+        return _config_size(saved, config)
     params = saved.get("matmul_parameters")
     if not params:
         return None
