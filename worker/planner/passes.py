@@ -42,10 +42,17 @@ class Picked:
 
 class PendingTree:
     """A request's segments and which of them have run. Segments before `first_pending` have
-    all run, so a pass over a request of tens of thousands of candidates does not rescan them."""
+    all run, so a pass over a request of tens of thousands of candidates does not rescan them;
+    smallest_from[i], the fewest tokens of any segment from i on, ends a scan where nothing left
+    fits (without it a pass with 63 tokens of room walked all of 60,000 65-token candidates)."""
 
     def __init__(self, segments: Sequence[Segment]):
         self.segments = segments
+        self.smallest_from = [0] * len(segments)
+        smallest = None
+        for s in reversed(segments):
+            smallest = s.num_tokens if smallest is None else min(smallest, s.num_tokens)
+            self.smallest_from[s.index] = smallest
         self.done = [False] * len(segments)
         self.children: list[list[int]] = [[] for _ in segments]
         for s in segments:
@@ -75,17 +82,21 @@ def fill_pass(
 ) -> list[Picked]:
     """Choose the next pass. max_depth: tree levels the runner can hold in one pass (1: parents
     must have run before). tokens_per_request: where several requests wait, each first takes at
-    most this many tokens (and half the tokens left, but the first to take any and the last) and
-    half the pass's segments, in arrival order, so that long prompts' chunks or a request of many
-    candidates leave room for the requests behind them; then, in arrival order again, they fill
-    whatever room is left (None: one round, the whole budget). room: the pass's room for states,
-    or None (the runner has no such limit)."""
+    most this many tokens (and half the tokens left, but the first to take any) and half the
+    pass's segments, in arrival order, so that long prompts' chunks or a request of many
+    candidates leave room for the requests behind them; then the requests the first round gave
+    nothing, then the others, each in arrival order, fill whatever room is left (in plain arrival
+    order a request whose segment was over half the room waited while later ones took it; None:
+    one round, the whole budget). room: the pass's room for states, or None (the runner has no
+    such limit)."""
     fill = _Fill(trees, limits, max_depth, room)
+    everyone = list(range(len(trees)))
     if tokens_per_request is None:
-        fill.round(limits.max_tokens, limits.max_sequences)
+        fill.round(everyone, limits.max_tokens, limits.max_sequences)
     else:
-        fill.round(tokens_per_request, max(1, limits.max_sequences // 2), halves=True)
-        fill.round(limits.max_tokens, limits.max_sequences)
+        fill.round(everyone, tokens_per_request, max(1, limits.max_sequences // 2), halves=True)
+        took = {p.owner for p in fill.picked}
+        fill.round([o for o in everyone if o not in took] + sorted(took), limits.max_tokens, limits.max_sequences)
     if room is not None:
         fill.keep_within(room.states)
     return fill.picked
@@ -103,18 +114,18 @@ class _Fill:
         self.position: list[dict[int, int]] = [{} for _ in trees]  # segment -> its position in the pass
         self.depth: list[dict[int, int]] = [{} for _ in trees]
 
-    def round(self, tokens_each: int, segments_each: int, halves: bool = False) -> None:
-        """Offer each tree, in order, at most `tokens_each` tokens and `segments_each` segments more;
-        halves: and, but the first to take any, at most half the tokens left while trees wait
-        behind it (two long prompts' chunks would otherwise take every pass between them; the
-        first keeps its whole share, or a chunk over half the pass could wait for good)."""
-        last = len(self.trees) - 1
-        for owner, tree in enumerate(self.trees):
+    def round(self, order: list[int], tokens_each: int, segments_each: int, halves: bool = False) -> None:
+        """Offer each tree of `order` at most `tokens_each` tokens and `segments_each` segments more;
+        halves: and, but the first to take any, at most half the tokens left (two long prompts'
+        chunks would otherwise take every pass between them; the first keeps its whole share, or a
+        chunk over half the pass could wait for good)."""
+        for owner in order:
+            tree = self.trees[owner]
             if len(self.picked) == self.limits.max_sequences or self.tokens_left == 0:
                 return
             position, depth = self.position[owner], self.depth[owner]
             own_tokens, own_segments = tokens_each, segments_each
-            if halves and owner < last and self.picked:  # the first with work keeps its whole share
+            if halves and self.picked:  # the first with work keeps its whole share
                 own_tokens = min(own_tokens, self.tokens_left // 2)
             for segment in tree.segments[tree.first_pending :]:
                 i = segment.index
@@ -122,8 +133,8 @@ class _Fill:
                     continue
                 if len(self.picked) == self.limits.max_sequences or own_segments == 0:
                     break
-                if min(self.tokens_left, own_tokens) == 0:
-                    break
+                if tree.smallest_from[i] > min(self.tokens_left, own_tokens):
+                    break  # no segment from here on fits
                 parent = segment.parent
                 if parent is None or tree.done[parent]:
                     parent_position, level = None, 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from openjev.worker.planner.passes import PendingTree, StateRoom, fill_pass, kept_after_pass
 from openjev.worker.planner.plan import PackLimits, Reader, Segment
 
@@ -122,3 +124,43 @@ def test_an_empty_pass_takes_a_parent_state_beyond_its_room():
     context budget) still runs, in a pass of its own: it would otherwise never run."""
     picked = fill_pass([_hanging(3000, 20), _hanging(300, 20)], LIMITS, 8, None, StateRoom(states=8, context=1000))
     assert [p.owner for p in picked] == [0]
+
+
+def test_the_room_left_goes_first_to_requests_the_first_round_skipped():
+    """A long prompt's chunk and five 600-token requests in arrival order: the first round gives
+    S1 and S2 their share and skips S3-S5 (over half the room left); the room left then goes to S3,
+    the earliest of them, not to the last to arrive (which the first round once let take it)."""
+    chunks = [Segment(i, i - 1 if i else None, tuple(range(2048)), 2048 * i, (), True) for i in range(4)]
+    trees = [PendingTree(chunks)] + [_star(600, []) for _ in range(5)]
+    picked = fill_pass(trees, LIMITS, max_depth=8, tokens_per_request=LIMITS.chunk_tokens)
+    assert sorted({p.owner for p in picked}) == [0, 1, 2, 3]
+
+
+class _CountedSegments(Sequence):
+    """A request's segments that count how many a pass's scan looks at."""
+
+    def __init__(self, segments: list[Segment]):
+        self.segments, self.looked_at = segments, 0
+
+    def __len__(self) -> int:
+        return len(self.segments)
+
+    def __getitem__(self, key):
+        if not isinstance(key, slice):
+            return self.segments[key]
+
+        def walk():
+            for segment in self.segments[key]:
+                self.looked_at += 1
+                yield segment
+
+        return walk()
+
+
+def test_a_full_pass_stops_scanning_where_nothing_left_fits():
+    """60,000 candidates of 65 tokens, unshared: 63 fill 4,095 of the 4,096 tokens, and the scan
+    ends at the next one instead of walking the other 59,936 (every pass, quadratic over the
+    request: 22 s to plan such a request and ~40 ms a pass)."""
+    segments = _CountedSegments([Segment(i, None, tuple(range(65)), 0, (Reader(i, 0),), False) for i in range(60_000)])
+    picked = fill_pass([PendingTree(segments)], LIMITS, max_depth=1)
+    assert len(picked) == 63 and segments.looked_at == 64
