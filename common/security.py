@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import ssl
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -48,6 +49,24 @@ def _read(path: Path | None, what: str) -> bytes | None:
     return data
 
 
+def _check_pair(cert: Path, key: Path, flags: str) -> None:
+    """The certificate and key are PEM and belong together (gRPC finds out only when the port is
+    bound, after the worker has loaded its weights, and then says the address is in use)."""
+    try:  # an encrypted key gets an empty password (never a prompt): gRPC cannot use one either
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=b"")
+    except ssl.SSLError as error:
+        raise SecurityError(
+            f"{flags} {cert} and {key}: not a PEM certificate and its unencrypted private key ({error.reason})"
+        ) from None
+
+
+def _check_ca(ca: Path, flag: str) -> None:
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=ca)
+    except ssl.SSLError as error:
+        raise SecurityError(f"{flag} {ca}: not a PEM CA certificate ({error.reason})") from None
+
+
 def server_credentials(cert: Path | None, key: Path | None, client_ca: Path | None) -> grpc.ServerCredentials | None:
     """None (plaintext) when no certificate is given; mutual TLS when client_ca is."""
     if cert is None and key is None:
@@ -58,6 +77,9 @@ def server_credentials(cert: Path | None, key: Path | None, client_ca: Path | No
         raise SecurityError("--tls-cert and --tls-key go together")
     pair = (_read(key, "TLS key"), _read(cert, "TLS certificate"))
     ca = _read(client_ca, "client CA")
+    _check_pair(cert, key, "--tls-cert/--tls-key")
+    if client_ca is not None:
+        _check_ca(client_ca, "--tls-client-ca")
     return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
 
 
@@ -69,11 +91,15 @@ def channel_credentials(ca: Path | None, cert: Path | None, key: Path | None) ->
         return None
     if (cert is None) != (key is None):
         raise SecurityError("--worker-tls-cert and --worker-tls-key go together")
-    return grpc.ssl_channel_credentials(
+    credentials = grpc.ssl_channel_credentials(
         root_certificates=_read(ca, "worker CA"),
         private_key=_read(key, "client key"),
         certificate_chain=_read(cert, "client certificate"),
     )
+    _check_ca(ca, "--worker-tls-ca")  # a bad one left the frontend NOT_SERVING for good, unexplained
+    if cert is not None and key is not None:
+        _check_pair(cert, key, "--worker-tls-cert/--worker-tls-key")
+    return credentials
 
 
 def add_client_tls_arguments(p, server: str) -> None:

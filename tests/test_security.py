@@ -198,6 +198,21 @@ def test_no_certificates_and_no_plaintext_flag_refuses_to_start(demo_model, pki)
     )
 
 
+def test_a_certificate_and_key_that_do_not_go_together_refuse_at_once(demo_model, pki):
+    """gRPC checks them only when the port is bound: the worker had loaded its weights by then and
+    said the address was in use. A CA file that is no certificate left the frontend NOT_SERVING."""
+    mismatched = ["--tls-cert", str(pki["ca-server"]), "--tls-key", str(pki["ca-client-key"])]
+    line = _start_fails(launch.WORKER_MODULE, ["--model", str(demo_model), *mismatched])
+    assert line.startswith(f"openjev-worker: --tls-cert/--tls-key {pki['ca-server']} and {pki['ca-client-key']}: ")
+    assert "not a PEM certificate and its unencrypted private key" in line
+    tls = ["--tls-cert", str(pki["ca-server"]), "--tls-key", str(pki["ca-server-key"])]
+    not_a_ca = ["--worker-tls-ca", str(pki["ca-client-key"])]
+    line = _start_fails(
+        launch.FRONTEND_MODULE, ["--model", str(demo_model), "--worker", "127.0.0.1:1", *tls, *not_a_ca]
+    )
+    assert line.startswith(f"openjev-frontend: --worker-tls-ca {pki['ca-client-key']}: not a PEM CA certificate")
+
+
 def _plaintext_warnings(log_text: str) -> list[dict]:
     return [r for r in log_events(log_text, "plaintext") if r.get("level") == "warning"]
 
