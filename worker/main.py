@@ -236,7 +236,16 @@ def warm_up(engine: Engine, runner, temperature: float, policy: PrefixPolicy) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = config.parse_with_env(parser(), argv)
+    flags = parser()
+    args = config.parse_with_env(flags, argv)
+    # the pass budget before anything loads: a bad one is a usage error (status 2), not a refusal
+    # after the weights have loaded
+    if args.chunk_tokens is None:
+        if args.max_launch_tokens < GDN_CHUNK_TOKENS:
+            flags.error(f"--max-launch-tokens {args.max_launch_tokens} is below {GDN_CHUNK_TOKENS}, the smallest chunk")
+        args.chunk_tokens = default_chunk_tokens(args.max_launch_tokens)
+    elif args.chunk_tokens > args.max_launch_tokens:
+        flags.error(f"--chunk-tokens {args.chunk_tokens} exceeds --max-launch-tokens {args.max_launch_tokens}")
     logs.configure(args.log_level)
     with serving.exit_on_signal_while_starting("openjev-worker"):
         serve(args)
@@ -250,14 +259,8 @@ def default_chunk_tokens(max_launch_tokens: int) -> int:
 
 
 def serve(args: argparse.Namespace) -> None:
-    """Check the flags' files, load the model, warm up, serve until SIGTERM."""
-    if args.chunk_tokens is None:
-        if args.max_launch_tokens < GDN_CHUNK_TOKENS:
-            raise SystemExit(
-                f"openjev-worker: --max-launch-tokens {args.max_launch_tokens} is below {GDN_CHUNK_TOKENS}, "
-                "the smallest chunk a long prompt runs in"
-            )
-        args.chunk_tokens = default_chunk_tokens(args.max_launch_tokens)
+    """Check the flags' files, load the model, warm up, serve until SIGTERM (main has checked
+    the pass budget and set chunk_tokens)."""
     config.log_config("openjev.worker", args)
     if args.chunk_tokens > args.max_launch_tokens // 2:
         log.warning(
