@@ -15,7 +15,7 @@ COPY frontend ./frontend
 COPY worker ./worker
 COPY tools ./tools
 COPY cuda ./cuda
-RUN pip install . \
+RUN pip install ".[tracing]" \
  && python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)" \
  && rm -rf /app/* \
  && useradd --system --uid 10001 --no-create-home openjev

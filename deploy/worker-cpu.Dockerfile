@@ -21,7 +21,7 @@ COPY worker ./worker
 COPY tools ./tools
 COPY cuda ./cuda
 # torch's own dependencies and the rest come from PyPI; the torch above already satisfies the pin.
-RUN pip install ".[worker]" \
+RUN pip install ".[worker,tracing]" \
  && useradd --system --uid 10001 --create-home --home-dir /home/openjev openjev \
  && mkdir -p /var/lib/openjev && chown 10001:10001 /var/lib/openjev
 

@@ -20,7 +20,7 @@ COPY worker ./worker
 COPY tools ./tools
 COPY cuda ./cuda
 # One layer: Docker's vfs storage driver copies the whole filesystem for every layer.
-RUN pip install ".[cuda]" \
+RUN pip install ".[cuda,tracing]" \
  && rm -rf /app/* \
  && cd / && python -m openjev.worker.cuda.offline_compile \
  && useradd --system --uid 10001 --create-home --home-dir /home/openjev openjev

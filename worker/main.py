@@ -286,6 +286,8 @@ def serve(args: argparse.Namespace) -> None:
         )
     elif args.tls_client_ca is None:  # TLS, but any client may call: the frontend is not checked
         log.warning("no_client_auth", hint="set --tls-client-ca so only the frontends' certificates are accepted")
+    # before the weights: without the tracing extra --otlp-endpoint is refused in a second
+    traced = tracing.configure("openjev-worker", args.otlp_endpoint)
     meta = load_export_meta_or_exit(args.model, "openjev-worker")
     # the tokenizer before the weights: a bad tokenizer.json is refused in a second, not after a load
     tokenizer = or_exit(PromptTokenizer.from_export, args.model, program="openjev-worker")
@@ -369,7 +371,6 @@ def serve(args: argparse.Namespace) -> None:
     )
     name = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
     work_methods = (f"/{name}/Execute", f"/{name}/ExecuteUnary")
-    traced = tracing.configure("openjev-worker", args.otlp_endpoint)
     # before the gRPC server starts: a port it cannot have ends the process with nothing serving
     metrics.serve(metrics.worker_registry, args.listen, args.metrics_port, "openjev-worker")
     server = serving.build_server(

@@ -70,11 +70,12 @@ def test_images_run_the_tested_entry_points_as_non_root(name):
     assert json.loads(health.strip()) == ["python", "-m", "openjev.healthcheck", f"127.0.0.1:{listen_port}"]
 
 
-@pytest.mark.parametrize(("name", "requirement"), [("frontend", "."), ("worker", '".[cuda]"')])
+# the tracing extra too: --otlp-endpoint, which deploy.md offers on both servers, needs it
+@pytest.mark.parametrize(("name", "requirement"), [("frontend", '".[tracing]"'), ("worker", '".[cuda,tracing]"')])
 def test_images_install_the_distribution_through_its_extras(name, requirement):
     """A regular install (no -e, no source tree needed afterwards) of every package folder the
     distribution maps, with dependencies from pyproject.toml only: the frontend the base install,
-    the worker the cuda extra."""
+    the worker the cuda extra; both the tracing extra."""
     text = dockerfile(name)["text"]
     package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     copied = set(re.findall(r"^COPY (\S+) \./(\S+)$", text, re.M))
