@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import re
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -114,6 +115,17 @@ CLIENT_CANCELLED = "CLIENT_CANCELLED"
 WORKER_DEADLINE = "WORKER_DEADLINE_EXCEEDED"
 # The worker cancelled an Execute stream that sent no commit in time (noted server_ended).
 COMMIT_TIMEOUT = "COMMIT_TIMEOUT"
+# Calls still running when a server's shutdown grace period ended, cut off by the server (they
+# counted as CLIENT_CANCELLED, which alerts leave out: requests lost in a restart went unseen).
+SHUTDOWN = "SERVER_SHUTDOWN"
+# Set by serving.serve_until_signal as the process's grace period ends; nothing clears it, since
+# the process is stopping (in-process servers of the tests never set it).
+_grace_over = threading.Event()
+
+
+def end_of_grace() -> None:
+    """From now on a call that ends inactive was cut off by this process's shutdown."""
+    _grace_over.set()
 
 
 def _outcome(context: grpc.ServicerContext, failed: bool, info: RequestInfo) -> str:
@@ -150,6 +162,8 @@ def ended_outcome(status: str, info: RequestInfo, remaining: float | None, activ
     caller's own deadline or cancel first, unless the server ended the call itself."""
     if info.server_ended and info.outcome:
         return info.outcome
+    if not active and _grace_over.is_set():
+        return SHUTDOWN
     if caller_deadline_passed(remaining, active):
         return CLIENT_DEADLINE
     if not active:

@@ -15,7 +15,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from openjev import logs
+from openjev import interceptors, logs
 from openjev.limits import CallLimits, LimitCalls
 
 log = logs.get("openjev.serving")
@@ -23,6 +23,8 @@ log = logs.get("openjev.serving")
 # 64 MiB: a request of 65,536 candidates' token ids fits; anything larger is refused by gRPC
 # itself with RESOURCE_EXHAUSTED before it reaches a servicer.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# how long before its grace period ends a stopping server counts calls still running as its own cuts
+GRACE_MARK_SECONDS = 0.05
 # A connection with no call for this long is closed (its client reconnects when it needs to).
 MAX_CONNECTION_IDLE_MS = 5 * 60 * 1000
 # Servers ping each connection this often and drop it when no answer comes in time, so a vanished
@@ -251,6 +253,10 @@ def serve_until_signal(
     on_signal()
     stopped = server.grpc_server.stop(grace_seconds)
     log.info("draining", grace_seconds=grace_seconds)  # new calls are refused from here on
+    # calls still running as the grace period ends are cut off by this server, not their callers
+    # (marked a moment early: a caller's own cancel in that moment is counted as the server's)
+    if not stopped.wait(max(0.0, grace_seconds - GRACE_MARK_SECONDS)):
+        interceptors.end_of_grace()
     stopped.wait()
     on_stop()
     log.info("stopped")

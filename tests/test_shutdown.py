@@ -177,3 +177,33 @@ def test_sigterm_while_starting_never_waits_on_the_loggers_lock(tmp_path):
             busy.kill()
         assert busy.returncode == 0
         assert '"event": "shutdown"' in err.splitlines()[-1]
+
+
+def test_a_request_cut_off_by_the_grace_period_counts_as_the_servers(demo_model, tmp_path):
+    """A request still running when the frontend's grace period ends is ended by the server: its
+    log line and metrics say SERVER_SHUTDOWN (they said CLIENT_CANCELLED, which alerts leave out,
+    so requests lost in a restart went unseen)."""
+    worker = launch.start_worker(demo_model, tmp_path, ["--log-level", "debug"])  # logs execute_started
+    frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--grace-seconds", "1"])
+    slow = {  # ~64,000 tokens computed one prompt after another: many seconds on a CPU
+        "state": "A customer message that goes on. " * 250,
+        "questions": {"q": {"type": "choice", "instructions": "Pick.", "criteria": {f"o{i}": None for i in range(32)}}},
+    }
+    try:
+        launch.wait_serving(frontend.address)
+        with Client(frontend.address) as c, futures.ThreadPoolExecutor(1) as pool:
+            call = pool.submit(c.decide, slow, policy="off", timeout=120, request_id="cut-off")
+            deadline = time.monotonic() + 30
+            while '"execute_started"' not in worker.log_text():
+                assert time.monotonic() < deadline, "the request never started"
+                time.sleep(0.02)
+            frontend.popen.send_signal(signal.SIGTERM)
+            with pytest.raises(grpc.RpcError) as cut:
+                call.result(timeout=60)
+            assert cut.value.code() == grpc.StatusCode.UNAVAILABLE
+        frontend.popen.wait(timeout=15)
+        lines = [line for line in frontend.log_text().splitlines() if '"cut-off"' in line and '"decide"' in line]
+        assert lines and '"outcome": "SERVER_SHUTDOWN"' in lines[-1], lines
+    finally:
+        frontend.stop()
+        worker.stop()

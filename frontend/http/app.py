@@ -89,6 +89,7 @@ class HttpCallContext:
         self._deadline = deadline
         self._callbacks: list[Callable[[], None]] = []
         self._cancelled = False
+        self.stopped_by_server = False
         self._lock = threading.Lock()
 
     def invocation_metadata(self):
@@ -107,9 +108,11 @@ class HttpCallContext:
                 self._callbacks.append(callback)
             return not self._cancelled
 
-    def cancel(self) -> None:
+    def cancel(self, by_server: bool = False) -> None:
+        """by_server: the server's shutdown cut the call off (its outcome SERVER_SHUTDOWN)."""
         with self._lock:
             self._cancelled = True
+            self.stopped_by_server = self.stopped_by_server or by_server
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
@@ -339,7 +342,7 @@ class HttpApi:
             gone.cancel()
             status, payload, extra = await answer
         except asyncio.CancelledError:  # the server's grace period ran out with this one in flight
-            context.cancel()
+            context.cancel(by_server=True)
             gone.cancel()
             stopping = {**headers, "retry-after": RETRY_AFTER_SECONDS}
             return _error(503, "the server stopped before the request finished; retry", stopping)
@@ -369,7 +372,11 @@ class HttpApi:
                 return 200, payload, {}
         except Refused as refused:
             # the metrics' outcome, as on gRPC: who ended the call, not only the status
-            outcome = interceptors.ended_outcome(refused.code.name, info, context.time_remaining(), context.is_active())
+            outcome = (
+                interceptors.SHUTDOWN
+                if context.stopped_by_server
+                else interceptors.ended_outcome(refused.code.name, info, context.time_remaining(), context.is_active())
+            )
             status = HTTP_STATUS.get(refused.code, 502)
             log.info(
                 "decide",
