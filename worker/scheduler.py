@@ -177,9 +177,9 @@ class Scheduler:
         cache = self.cache if self.cache is not None and self.cache.enabled and plan.policy != "off" else None
         fit = PassFit(self.limits.max_sequences, self.max_depth)
         prepared = prepare(plan.segments, cache, fit) if cache is not None else None
-        job = self._admit(_Job(plan, is_active, on_start, prepared))
+        job = self._admit(_Job(plan, _no_raise(is_active), on_start, prepared))
         while not job.done.wait(self._poll_seconds):
-            if not is_active():
+            if not job.is_active():
                 self._cancel(job)
         if job.error is not None:
             error = job.error
@@ -245,7 +245,7 @@ class Scheduler:
             else:
                 job.cancel_requested = True  # the loop drops it at the next pass boundary
 
-    # ---- the loop -----------------------------------------------------------------------------
+    # ---- the loop (its thread serves every request: nothing a caller passed may end it) ---------
     def _loop(self) -> None:
         while True:
             with self._cond:
@@ -399,3 +399,16 @@ class Scheduler:
                 # one exception a request: each thread's raise extends its traceback, so a shared
                 # one would carry every other request's frames (and their tokens) along
                 job.finish(copy.copy(error))
+
+
+def _no_raise(is_active: Callable[[], bool]) -> Callable[[], bool]:
+    """A caller's liveness check that cannot raise: one that does counts as the caller gone (it
+    killed the scheduler's thread, and with it every other request, when it ran there)."""
+
+    def checked() -> bool:
+        try:
+            return bool(is_active())
+        except Exception:
+            return False
+
+    return checked

@@ -31,11 +31,15 @@ from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import structlog
+
 from openjev import abi
 from openjev.contract.literals import PREFIX_POLICIES, QuestionKind
 from openjev.contract.request import MAX_CANDIDATES, MAX_CHOICE_CANDIDATES, MAX_SCORE_LEVELS, MIN_SCORE_LEVELS
 from openjev.v1 import decision_pb2 as api
 from openjev.worker.v1 import worker_pb2 as wire
+
+log = structlog.get_logger(__name__)
 
 # Candidates per question by kind, as the request contract allows them.
 CANDIDATES_PER_KIND: dict[QuestionKind, tuple[int, int]] = {
@@ -200,16 +204,26 @@ class _Deadlines:
     def cancel(self, handle: int) -> None:
         with self._cond:
             self._pending.pop(handle, None)
+            # a cancelled deadline stays in the heap until due: with a long timeout that is every
+            # stream's, so drop them once they outnumber the live ones
+            if len(self._heap) > 2 * len(self._pending) + 1024:
+                self._heap = [entry for entry in self._heap if entry[1] in self._pending]
+                heapq.heapify(self._heap)
 
     def _loop(self) -> None:
         while True:
             with self._cond:
                 while not self._heap or self._heap[0][0] > time.monotonic():
-                    self._cond.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
+                    # a wait beyond TIMEOUT_MAX raises (a huge --commit-timeout-seconds ended the thread)
+                    wait = None if not self._heap else min(self._heap[0][0] - time.monotonic(), threading.TIMEOUT_MAX)
+                    self._cond.wait(wait)
                 _, handle = heapq.heappop(self._heap)
                 fn = self._pending.pop(handle, None)
             if fn is not None:
-                fn()
+                try:
+                    fn()
+                except Exception:  # this thread times every stream's commit: it must not end
+                    log.exception("commit_deadline_failed")
 
 
 _deadlines = _Deadlines()

@@ -84,3 +84,22 @@ def test_a_commit_while_the_deadline_fires_is_never_cancelled_late(monkeypatch):
     timer.stop()  # the commit
     taken[0]()  # the deadline thread runs what it took before the stop
     assert not timer.expired and not cancelled
+
+
+def test_a_deadline_past_the_longest_wait_and_a_failing_one_leave_the_thread_running():
+    """A deadline beyond threading.TIMEOUT_MAX (a --commit-timeout-seconds of 1e10) made the
+    thread's wait raise, and a function that raises ended it: later deadlines never fired. A
+    cancelled far deadline no longer stays in the heap either."""
+    deadlines = _Deadlines()
+    far = [deadlines.schedule(1e10, lambda: None) for _ in range(3000)]
+    fired = threading.Event()
+
+    def broken() -> None:
+        raise RuntimeError("a stream's cancel failed")
+
+    deadlines.schedule(0.05, broken)
+    deadlines.schedule(0.1, fired.set)
+    assert fired.wait(5)
+    for handle in far:
+        deadlines.cancel(handle)
+    assert len(deadlines._heap) <= 1024

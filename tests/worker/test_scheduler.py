@@ -611,3 +611,45 @@ def test_a_pass_with_nothing_to_run_fails_its_requests_rather_than_spinning(torc
     assert isinstance(answers["stuck"], InferenceError), answers["stuck"]
     assert "no segment of 1 waiting requests fits a pass" in str(answers["stuck"])
     assert passes == []
+
+
+def test_a_liveness_check_that_raises_cancels_its_own_request_only(torch_runner):
+    """A caller's should_stop that raises (the in-process API) ran on the scheduler's thread too
+    and ended it: every other request, and any later one, then waited for good."""
+    gate = threading.Event()
+    engine = Engine(PassLog(torch_runner, gate), cost_model=CPU_COST_MODEL, pack_limits=PackLimits())
+    calls = {"n": 0}
+
+    def broken() -> bool:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise RuntimeError("the caller's check broke")
+        return False
+
+    out: dict[str, object] = {}
+
+    def send(name: str, tokens, should_stop) -> None:
+        try:
+            work = [QuestionWork("noul", (tuple(tokens),))]
+            out[name] = engine.execute(work, temperature=TEMPERATURE, policy="off", should_stop=should_stop)
+        except Exception as error:
+            out[name] = error
+
+    try:
+        a = threading.Thread(target=send, args=("a", range(1000, 1100), lambda: False))
+        b = threading.Thread(target=send, args=("b", range(2000, 2050), broken))
+        a.start()
+        b.start()
+        deadline = time.monotonic() + 30
+        while calls["n"] < 2:  # b's check has raised (the passes wait at the gate)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        gate.set()
+        a.join(60)
+        b.join(60)
+        assert isinstance(out["a"], ExecutionResult) and isinstance(out["b"], Cancelled), out
+        later = engine.execute([QuestionWork("noul", (tuple(range(3000, 3010)),))], temperature=TEMPERATURE)
+        assert later.probabilities and engine.scheduler.depth == 0
+    finally:
+        gate.set()
+        engine.close()
