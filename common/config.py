@@ -136,7 +136,11 @@ def is_secret(dest: str) -> bool:
 
 def log_config(name: str, args: argparse.Namespace) -> None:
     logs.get(name).info(
-        "config", **{k: "<redacted>" if is_secret(k) and v is not None else v for k, v in sorted(vars(args).items())}
+        "config",
+        **{
+            k: "<redacted>" if is_secret(k) and v is not None else str(v) if isinstance(v, Path) else v
+            for k, v in sorted(vars(args).items())
+        },
     )
 
 

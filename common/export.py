@@ -190,7 +190,8 @@ def load_export_meta(directory: str | Path) -> ExportMeta:
     """Validate an export directory and return its metadata. Raises ExportError."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise ExportError(f"{directory}: export directory does not exist")
+        what = "is a file, not an export directory" if directory.exists() else "export directory does not exist"
+        raise ExportError(f"{directory}: {what}")
     meta = _read_json(directory / META_FILE)
     config = _read_json(directory / CONFIG_FILE)
     if not (directory / TOKENIZER_FILE).is_file():

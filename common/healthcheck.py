@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from openjev import security
+from openjev import config, security
 
 ENV_PREFIX = "OPENJEV_HEALTHCHECK_"
 TLS_FLAGS = ("tls_ca", "tls_cert", "tls_key", "tls_server_name")
@@ -49,10 +49,10 @@ def check(
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="openjev-healthcheck", description=__doc__)
-    p.add_argument("address", help="HOST:PORT of a frontend or worker")
+    p = argparse.ArgumentParser(prog="python -m openjev.healthcheck", description=__doc__)
+    p.add_argument("address", type=config.dial_address, help="HOST:PORT of a frontend or worker")
     p.add_argument("--service", default="", help="service name to check ('' = the whole server)")
-    p.add_argument("--timeout", type=float, default=2.0, help="seconds")
+    p.add_argument("--timeout", type=config.positive_float, default=2.0, help="seconds")
     security.add_client_tls_arguments(p, "server")
     return p
 

@@ -55,8 +55,15 @@ def parser() -> argparse.ArgumentParser:
         default=routing.DEFAULT_PREFIX_BYTES,
         help="UTF-8 bytes of the state's start that choose its worker",
     )
-    p.add_argument("--max-questions", type=_at_most(MAX_QUESTIONS), default=MAX_QUESTIONS)
-    p.add_argument("--max-candidates", type=_at_most(MAX_CANDIDATES), default=MAX_CANDIDATES)
+    p.add_argument(
+        "--max-questions", type=_at_most(MAX_QUESTIONS), default=MAX_QUESTIONS, help="questions a request may hold"
+    )
+    p.add_argument(
+        "--max-candidates",
+        type=_at_most(MAX_CANDIDATES),
+        default=MAX_CANDIDATES,
+        help="candidates a request may hold, all questions together",
+    )
     p.add_argument(
         "--max-request-tokens",
         type=positive_int,

@@ -23,7 +23,7 @@ def resolve_backend(requested: str) -> str:
     if requested == "auto":
         return "cuda" if cuda_available() else "torch"
     if requested == "cuda" and not cuda_available():
-        raise SystemExit("--backend cuda: no CUDA GPU with CuPy is available")
+        raise SystemExit("openjev-worker: --backend cuda: no CUDA GPU with CuPy is available")
     if requested not in BACKENDS:
         raise SystemExit(f"unknown backend {requested!r}")
     return requested
@@ -50,7 +50,7 @@ def build_runner(
     CudaRunner keyword arguments (graph cache, GEMM padding) of the cuda backend."""
     if backend == "torch":
         if synthetic is not None:
-            raise SystemExit("--synthetic needs a GPU (--backend cuda or transformers)")
+            raise SystemExit("openjev-worker: --synthetic needs a GPU (--backend cuda or transformers)")
         from openjev.worker.checkpoint.config import load_model_config
         from openjev.worker.model.runner import TorchRunner
 

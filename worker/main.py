@@ -92,8 +92,13 @@ def parser() -> argparse.ArgumentParser:
         "leaving room in each pass for other requests (a multiple of 64; default: half the pass "
         "budget, 2048)",
     )
-    p.add_argument("--max-questions", type=positive_int, default=4096)
-    p.add_argument("--max-candidates", type=positive_int, default=65536)
+    p.add_argument("--max-questions", type=positive_int, default=4096, help="questions a request may hold")
+    p.add_argument(
+        "--max-candidates",
+        type=positive_int,
+        default=65536,
+        help="candidates a request may hold, all questions together",
+    )
     p.add_argument(
         "--max-request-tokens",
         type=positive_int,

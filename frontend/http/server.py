@@ -32,7 +32,7 @@ def _bind(listen: str) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
     except OSError as error:
-        raise SystemExit(f"cannot listen on {listen} for HTTP: {error}") from error
+        raise SystemExit(f"openjev-frontend: cannot listen on {listen} for HTTP: {error}") from error
     return sock
 
 

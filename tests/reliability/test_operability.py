@@ -393,3 +393,21 @@ def test_the_chunk_defaults_to_half_the_pass_budget(demo_model, tmp_path):
         assert config["chunk_tokens"] == 512 and "chunk_fills_pass" in events
     finally:
         worker.stop()
+
+
+@pytest.mark.parametrize("args", [["127.0.0.1:1", "--timeout", "-1"], ["127.0.0.1:1", "--timeout", "nan"], ["noport"]])
+def test_the_health_check_refuses_bad_flags(args):
+    """A negative or NaN timeout answered DEADLINE_EXCEEDED and an address without a port
+    UNAVAILABLE, as if the server were at fault: a probe misconfigured must say so."""
+    done = subprocess.run(
+        [sys.executable, "-m", "openjev.healthcheck", *args], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and "python -m openjev.healthcheck: error:" in done.stderr, done.stderr
+
+
+def test_a_model_path_that_is_a_file_says_so(tmp_path):
+    from openjev.export import ExportError, load_export_meta
+
+    (tmp_path / "model").write_text("{}")
+    with pytest.raises(ExportError, match="model: is a file, not an export directory"):
+        load_export_meta(tmp_path / "model")
