@@ -13,11 +13,20 @@ and gRPC's own `maximum_concurrent_rpcs` equals the pool size, so:
 
 Classes: `work` (Decide, Execute, ExecuteUnary), `watch` (health Watch streams), `reflection`, and `unary`
 (everything else: health Check, Describe, DescribeModel).
+
+A call of a method that takes one request message holds its slot and thread from its headers on,
+while grpcio waits for the message, before any interceptor's code (the caps, the token check)
+runs: calls that send headers and nothing more took every slot of the public port, health
+included, with no token. `FirstMessage` (outermost) serves such methods as streams that read
+their one message themselves, and cancels the oldest calls still waiting for it beyond a few at
+once, and any that waited `FIRST_MESSAGE_SECONDS`.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import grpc
@@ -137,3 +146,74 @@ class LimitCalls(grpc.ServerInterceptor):
         return grpc.unary_unary_rpc_method_handler(
             unary_unary, handler.request_deserializer, handler.response_serializer
         )
+
+
+FIRST_MESSAGE_SECONDS = 10.0  # as long as the HTTP route gives a client to send its headers
+
+
+class FirstMessage(grpc.ServerInterceptor):
+    """Methods with one request message read it under a bound: at most `most` calls wait for it at
+    once (a new one beyond that cancels the oldest; a real client's message follows its headers
+    within milliseconds, so only calls that send nothing stay waiting), none longer than
+    `seconds` (a sweeper thread, as a port whose slots are all held sees no new call)."""
+
+    def __init__(self, most: int, seconds: float = FIRST_MESSAGE_SECONDS):
+        self.most, self.seconds = max(1, most), seconds
+        self._waiting: OrderedDict[int, tuple[float, grpc.ServicerContext]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._next = 0
+        self._sweeper: threading.Thread | None = None
+
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._waiting)
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_streaming:
+            return handler
+        if handler.response_streaming:
+
+            def unary_stream(requests, context):
+                yield from handler.unary_stream(self._first(requests, context), context)
+
+            return grpc.stream_stream_rpc_method_handler(
+                unary_stream, handler.request_deserializer, handler.response_serializer
+            )
+
+        def unary_unary(requests, context):
+            return handler.unary_unary(self._first(requests, context), context)
+
+        return grpc.stream_unary_rpc_method_handler(
+            unary_unary, handler.request_deserializer, handler.response_serializer
+        )
+
+    def _first(self, requests, context):
+        """The call's one message, or the call cancelled (RpcError) if it does not come in time."""
+        with self._lock:
+            self._next += 1
+            key = self._next
+            self._waiting[key] = (time.monotonic(), context)
+            evicted = [self._waiting.popitem(last=False)[1][1] for _ in range(len(self._waiting) - self.most)]
+            if self._sweeper is None:
+                self._sweeper = threading.Thread(target=self._sweep, name="first-message", daemon=True)
+                self._sweeper.start()
+        for old in evicted:
+            old.cancel()
+        try:
+            return next(requests)
+        except StopIteration:  # half-closed without a message: what grpcio's own unary read refuses
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call sent no request message")
+        finally:
+            with self._lock:
+                self._waiting.pop(key, None)
+
+    def _sweep(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.seconds / 4))
+            cutoff = time.monotonic() - self.seconds
+            with self._lock:
+                late = [key for key, (since, _) in self._waiting.items() if since < cutoff]
+                expired = [self._waiting.pop(key)[1] for key in late]
+            for context in expired:
+                context.cancel()

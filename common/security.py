@@ -25,7 +25,10 @@ from pathlib import Path
 
 import grpc
 
+from openjev import logs
 from openjev.interceptors import REQUEST_ID_KEY
+
+log = logs.get("openjev.security")
 
 AUTH_TOKENS_ENV = "OPENJEV_AUTH_TOKENS"
 UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token"
@@ -197,12 +200,16 @@ class BearerAuth(grpc.ServerInterceptor):
         if self._allowed(handler_call_details.invocation_metadata):
             return handler
 
+        method = handler_call_details.method
+
         def refuse(request, context):
             # the request id the interceptors gave the call (its own, or one made up), as Decide
             # returns it: a refused caller can quote it too
             request_id = dict(context.invocation_metadata() or ()).get(REQUEST_ID_KEY)
             if request_id:
                 context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
+            # logged as the HTTP route logs its 401s (token guessing over gRPC left no trail)
+            log.info("refused", status="UNAUTHENTICATED", method=method, request_id=request_id, transport="grpc")
             context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
 
         def refuse_stream(request_iterator, context):

@@ -16,7 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from openjev import interceptors, logs
-from openjev.limits import CallLimits, LimitCalls
+from openjev.limits import CallLimits, FirstMessage, LimitCalls
 
 log = logs.get("openjev.serving")
 
@@ -152,10 +152,12 @@ def build_server(
     options = server_options(max_message_bytes, max_connection_age_seconds)
     limiter = LimitCalls(limits) if limits is not None else None
     threads = limits.threads if limits is not None else max_workers
+    # outermost: no interceptor's code runs before a one-message call's message has come
+    first = FirstMessage(most=max(1, threads // 4))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
         options=options,
-        interceptors=[*interceptors, *([limiter] if limiter else []), ParseRequests()],
+        interceptors=[first, *interceptors, *([limiter] if limiter else []), ParseRequests()],
         # Past this many open calls gRPC answers RESOURCE_EXHAUSTED itself, using no thread:
         # nothing waits unseen in a backlog behind busy threads.
         maximum_concurrent_rpcs=threads if limits is not None else None,

@@ -147,6 +147,9 @@ def test_tls_and_bearer_token_on_the_public_port(tls_pair, pki):
     with pytest.raises(grpc.RpcError) as caught:
         _decide(frontend.address, _creds(pki), [("x-request-id", "refused-1")])
     assert dict(caught.value.trailing_metadata() or ()).get("x-request-id") == "refused-1"
+    # a refusal leaves a trail in the log, as the HTTP route's 401s do
+    refused = [json.loads(line) for line in frontend.log_text().splitlines() if '"refused-1"' in line]
+    assert any(r["event"] == "refused" and r["status"] == "UNAUTHENTICATED" for r in refused), refused
     with grpc.insecure_channel(frontend.address) as channel, pytest.raises(grpc.RpcError) as caught:
         decision_pb2_grpc.DecisionServiceStub(channel).Decide(api.DecideRequest(request_json="{}"), timeout=5)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # no plaintext on a TLS port

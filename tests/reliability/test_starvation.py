@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from openjev.client import Client
@@ -80,6 +81,34 @@ def test_idle_streams_of_every_kind_do_not_block_decide_or_health(pair):
             call.cancel()
         for channel in channels:
             channel.close()
+
+
+def _silent() -> Iterator[bytes]:
+    """A request stream that sends nothing (headers only) until its call ends."""
+    threading.Event().wait(120)
+    yield b""
+
+
+def test_calls_that_never_send_their_message_do_not_shut_the_port(pair):
+    """Unary calls whose client sends headers and no message: grpcio holds a slot and a thread for
+    each while it waits, before any cap or token check runs, so 200 of them (no token needed) left
+    health and Decide RESOURCE_EXHAUSTED for as long as the client liked."""
+    methods = ["/openjev.v1.DecisionService/Decide", "/grpc.health.v1.Health/Check"]
+    channel = grpc.insecure_channel(pair.frontend.address)
+    calls = []
+    try:
+        for i in range(200):
+            silent = channel.stream_unary(methods[i % 2], request_serializer=bytes, response_deserializer=bytes)
+            calls.append(silent.future(_silent(), timeout=120))
+        time.sleep(2.0)  # every call is open (or already cancelled) on the server
+        assert _health(pair.frontend.address) == health_pb2.HealthCheckResponse.SERVING
+        reply = _decide(pair.frontend.address)
+        assert len(reply.answers) == 1
+        assert sum(c.done() for c in calls) > 150  # cancelled as newer ones came: a few wait at most
+    finally:
+        for call in calls:
+            call.cancel()
+        channel.close()
 
 
 def test_uncommitted_execute_is_cancelled_after_the_commit_timeout(demo_model, tmp_path):
@@ -163,3 +192,24 @@ def test_full_queue_is_resource_exhausted_with_default_threads(demo_model, tmp_p
         assert max(exhausted) < 3.0, "refused at once, not after waiting"
     finally:
         started_pair.stop()
+
+
+def test_a_lone_silent_call_is_cancelled_after_the_first_message_bound():
+    """Below the count that cancels the oldest, a call that never sends its message still ends:
+    a sweeper cancels it after `seconds` (a port whose slots are all held sees no new call)."""
+    from openjev.limits import FirstMessage
+
+    first = FirstMessage(most=4, seconds=0.5)
+    server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[first])
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            silent = channel.stream_unary("/grpc.health.v1.Health/Check", bytes, bytes).future(_silent(), timeout=30)
+            assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1
+            with pytest.raises(grpc.RpcError) as ended:
+                silent.result(timeout=10)
+            assert ended.value.code() == grpc.StatusCode.CANCELLED and first.waiting() == 0
+    finally:
+        server.stop(0).wait()
