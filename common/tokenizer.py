@@ -33,6 +33,7 @@ import functools
 import hashlib
 import json
 import os
+import unicodedata
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -178,6 +179,28 @@ class PromptTokenizer:
     @property
     def fingerprint(self) -> str:
         return self._fingerprint
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """UTF-8 bytes of the longest token (128 for Qwen3.5's vocabulary): every token covers at
+        most this many bytes of the normalized text."""
+        byte_of = {char: byte for byte, char in _bytes_to_unicode().items()}
+        vocab = self.tokenizer.get_vocab(with_added_tokens=False)
+        longest = max((len(token) for token in vocab if all(c in byte_of for c in token)), default=1)
+        added = [len(t.content.encode("utf-8")) for t in self.tokenizer.get_added_tokens_decoder().values()]
+        return max([longest, *added])
+
+    def surely_too_long(self, prompt: str, max_length: int) -> int | None:
+        """The wrapped prompt's NFC bytes where they alone put it over max_length tokens (each token
+        covers at most max_token_bytes), else None. A 60 MB prompt took the tokenizer 100 s and
+        14 GB to find its count; this refuses it first, in a normalization's time and memory."""
+        wrapped = len(prompt) + len(self.chat_prefix) + len(self.chat_suffix)
+        # at most 4 bytes a character and 3 characters from one under NFC: short prompts skip it
+        if 12 * wrapped <= max_length * self.max_token_bytes:
+            return None
+        text = chat_wrap(prompt, self.chat_prefix, self.chat_suffix)
+        size = len(unicodedata.normalize("NFC", text).encode("utf-8"))
+        return size if size > max_length * self.max_token_bytes else None
 
     def encode(self, prompts: Sequence[str]) -> list[list[int]]:
         """Chat-wrap each prompt (already stripped, as compiled) and encode it with special

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from openjev.contract import errors
-from openjev.contract.errors import ContractError, too_long_message
+from openjev.contract.errors import ContractError, too_long_message, too_many_bytes_message
 from openjev.contract.request import DecisionRequest
 from openjev.tokenizer import PromptTokenizer
 
@@ -137,10 +137,10 @@ def iter_candidate_batches(
             pending.append((question_index, candidate_index))
             prompts.append(prompt)
             if len(prompts) == batch_size:
-                yield _tokenize(request, run, max_length, max_tokens, total, pending, prompts)
+                yield _tokenize(request, tokenizer, run, max_length, max_tokens, total, pending, prompts)
                 pending, prompts = [], []
     if prompts:
-        yield _tokenize(request, run, max_length, max_tokens, total, pending, prompts)
+        yield _tokenize(request, tokenizer, run, max_length, max_tokens, total, pending, prompts)
 
 
 def tokenize_request(
@@ -157,6 +157,7 @@ def tokenize_request(
 
 def _tokenize(
     request: DecisionRequest,
+    tokenizer: PromptTokenizer,
     encode: Encode,
     max_length: int,
     max_tokens: int | None,
@@ -164,6 +165,12 @@ def _tokenize(
     positions: list[tuple[int, int]],
     prompts: list[str],
 ) -> list[TokenizedCandidate]:
+    for at, prompt in enumerate(prompts):
+        size = tokenizer.surely_too_long(prompt, max_length)
+        if size is not None:  # too long to tokenize; an earlier candidate's count may still come first
+            _tokenize(request, tokenizer, encode, max_length, max_tokens, total, positions[:at], prompts[:at])
+            question_id = request.questions[positions[at][0]].id
+            raise ContractError(too_many_bytes_message(question_id, size, max_length))
     batch = []
     for (question_index, candidate_index), token_ids in zip(positions, encode(prompts), strict=True):
         if len(token_ids) > max_length:

@@ -53,6 +53,17 @@ TOKEN_LIMIT = "request exceeds the token limit"
 MAX_ID_CHARS_IN_MESSAGE = 256
 
 
+def too_many_bytes_message(question_id: str, num_bytes: int, max_length: int) -> str:
+    """A candidate whose prompt is too long to tokenize at all: its bytes (NFC) over max_length
+    times the longest token's (so more than max_length tokens whatever they are)."""
+    if len(question_id) > MAX_ID_CHARS_IN_MESSAGE:
+        question_id = question_id[:MAX_ID_CHARS_IN_MESSAGE] + "..."
+    return (
+        f"question {question_id}: {num_bytes} bytes of prompt, more tokens than max_length={max_length}; "
+        "no silent truncation"
+    )
+
+
 def too_long_message(question_id: str, num_tokens: int, max_length: int) -> str:
     """The tokenization-stage message for a candidate longer than the model's max_length."""
     if len(question_id) > MAX_ID_CHARS_IN_MESSAGE:

@@ -71,6 +71,8 @@ def test_batches_are_yielded_before_the_rest_is_tokenized(tokenizer):
     encode = tokenizer.encode
 
     class Counting:
+        surely_too_long = tokenizer.surely_too_long
+
         def encode(self, prompts):
             calls.append(len(prompts))
             return encode(prompts)
@@ -236,3 +238,34 @@ def test_small_batches_pass_large_ones_that_hold_every_slot():
         for thread in holders:
             thread.join(10)
     assert recorder.peak == 3 and len(recorder.order) == 4
+
+
+def _request(questions: dict):
+    return parse_request({"state": "A short state.", "questions": questions}, accepted_models=ACCEPTED)
+
+
+def test_a_prompt_too_long_to_tokenize_is_refused_by_its_bytes(tokenizer):
+    """A prompt whose bytes alone exceed max_length times the longest token's is refused without
+    being encoded (a 60 MB one took the tokenizer 100 s and 14 GB of memory to count)."""
+    assert tokenizer.max_token_bytes == 128
+    huge = {"q": {"type": "noul", "instructions": "word " * 4000}}
+    encoded: list[int] = []
+
+    def encode(prompts):
+        encoded.extend(len(p) for p in prompts)
+        return tokenizer.encode(prompts)
+
+    with pytest.raises(ContractError) as caught:
+        list(iter_candidate_batches(_request(huge), tokenizer, 100, encode=encode))
+    assert (
+        caught.value.message.startswith("question q: ")
+        and "bytes of prompt, more tokens than max_length=100" in caught.value.message
+    )
+    assert encoded == []
+    # an earlier candidate over max_length by its count is still the one reported
+    both = {"first": {"type": "noul", "instructions": " ".join(f"w{i}" for i in range(200))}, **huge}
+    with pytest.raises(ContractError) as caught:
+        tokenize_request(_request(both), tokenizer, 100)
+    assert (
+        caught.value.message.startswith("question first: ") and "tokens exceeds max_length=100" in caught.value.message
+    )
