@@ -5,6 +5,7 @@ integer too long for `int()`, kept as a `BigInt`)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +13,8 @@ import grpc
 
 from openjev import abi, serving
 from openjev.contract.literals import PrefixPolicy
-from openjev.contract.render import parse_int
+from openjev.contract.render import dumps_exact, parse_int
+from openjev.interceptors import valid_request_id
 from openjev.v1 import decision_pb2 as api
 from openjev.v1 import decision_pb2_grpc
 
@@ -59,19 +61,31 @@ def response_to_json(response: api.DecideResponse) -> dict[str, Any]:
             "inference_seconds": m.inference_seconds,
             "max_length": m.max_length,
             "prefix_cache": {
-                "policy": abi.policy_from_enum(m.prefix_cache.policy),
+                "policy": _known(abi.policy_from_enum, m.prefix_cache.policy),
                 "enabled": m.prefix_cache.enabled,
-                "scope": abi.scope_from_enum(m.prefix_cache.scope),
+                "scope": _known(abi.scope_from_enum, m.prefix_cache.scope),
                 "saved_tokens": m.prefix_cache.saved_tokens,
             },
         },
     }
 
 
+def _known(name_of, value: int) -> str | None:
+    """The enum value's name, or `unknown-N` for one a newer server sent that this build does
+    not know (a KeyError lost the answers the server had computed)."""
+    try:
+        return name_of(value)
+    except KeyError:
+        return f"unknown-{value}"
+
+
 def sendable_token(token: str) -> bool:
     """gRPC metadata carries printable ASCII only: any other token would fail every call with
     INTERNAL "Invalid metadata"."""
     return bool(token) and all(" " <= c <= "~" for c in token)
+
+
+MAX_DEADLINE_SECONDS = 1e9  # longer is no deadline (as the command line's --timeout bound)
 
 
 class Client:
@@ -97,7 +111,9 @@ class Client:
             if not sendable_token(token):  # the message names no token: it is a secret
                 raise ValueError("the token is empty or not printable ASCII (gRPC metadata cannot carry it)")
             self._auth = [("authorization", f"Bearer {token}")]
-        channel_options = [*serving.channel_options(), *options]
+        # the caller's options first: gRPC keeps the first of a repeated key
+        given = {key for key, _ in options}
+        channel_options = [*options, *((k, v) for k, v in serving.channel_options() if k not in given)]
         self.channel = (
             grpc.insecure_channel(address, options=channel_options)
             if credentials is None
@@ -113,8 +129,17 @@ class Client:
         timeout: float | None = None,
         request_id: str | None = None,
     ) -> dict[str, Any]:
+        """The contract's JSON answer. timeout: seconds (None or inf: no deadline); request_id: 1-128
+        visible ASCII characters (what the servers keep; others failed as INTERNAL)."""
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        if timeout is not None and not math.isfinite(timeout) or (timeout or 0) > MAX_DEADLINE_SECONDS:
+            timeout = None  # gRPC fails a deadline past its range at once
+        if request_id is not None and not valid_request_id(request_id):
+            raise ValueError("request_id must be 1 to 128 visible ASCII characters (no spaces)")
         enum = abi.policy_to_enum(policy)
-        text = request if isinstance(request, str) else json.dumps(request, ensure_ascii=False)
+        # dumps_exact: integers of any length, as the servers read them (json.dumps refuses some)
+        text = request if isinstance(request, str) else dumps_exact(request, sort_keys=False)
         try:
             message = api.DecideRequest(request_json=text, prefix_policy=enum)
         except UnicodeEncodeError:  # a lone surrogate has no UTF-8: a dict's goes as its \u escape,

@@ -46,6 +46,8 @@ def _read_file(path: Path, what: str) -> bytes:
 
 
 def _read(path: str) -> str:
+    if path == "-" and sys.stdin is None:  # started with stdin closed
+        raise SystemExit("error: no standard input to read the request from")
     data = sys.stdin.buffer.read() if path == "-" else _read_file(Path(path), "request")
     try:
         return data.decode("utf-8")
@@ -101,7 +103,7 @@ def cmd_decide(args) -> int:
         except grpc.RpcError as error:
             print(f"error: {error.code().name}: {error.details()}", file=sys.stderr)
             return 1
-    print(dumps_exact(response, sort_keys=False, indent=1))
+    _write(dumps_exact(response, sort_keys=False, indent=1))
     return 0
 
 
@@ -123,8 +125,15 @@ def cmd_tokenize(args) -> int:
     except ContractError as error:
         print(f"error: INVALID_ARGUMENT: {error.message}", file=sys.stderr)
         return 1
-    print(json.dumps(ids))
+    _write(json.dumps(ids))
     return 0
+
+
+def _write(text: str) -> None:
+    """UTF-8 whatever the terminal's encoding, as the input is read (print() encoded with the
+    locale's and lost a computed answer to UnicodeEncodeError)."""
+    sys.stdout.buffer.write((text + "\n").encode("utf-8"))
+    sys.stdout.flush()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -162,7 +171,14 @@ def main(argv: list[str] | None = None) -> None:
         bench(argv[1:])
         sys.exit(0)
     args = parser().parse_args(argv)
-    sys.exit(args.func(args))
+    try:
+        code = args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: the call is cancelled with the process; no traceback
+        sys.exit(130)
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
