@@ -132,6 +132,12 @@ def client_tls(args, usage_error: Callable[[str], object], read: Callable[[Path,
         private_key=None if args.tls_key is None else read(args.tls_key, "TLS key"),
         certificate_chain=None if args.tls_cert is None else read(args.tls_cert, "TLS certificate"),
     )
+    try:  # gRPC says only "Failed to create security handshaker" for files it cannot use
+        _check_ca(args.tls_ca, "--tls-ca")
+        if args.tls_cert is not None and args.tls_key is not None:
+            _check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key")
+    except SecurityError as error:
+        usage_error(str(error))
     options = [] if args.tls_server_name is None else [("grpc.ssl_target_name_override", args.tls_server_name)]
     return credentials, options
 

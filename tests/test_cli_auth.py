@@ -204,6 +204,9 @@ def test_client_flag_mistakes_are_one_line(request_file, pki, tmp_path):
         (("--token-file", str(missing)), None, 1, f"error: cannot read auth token file {missing}: No such file"),
         (("--token-file", str(comments)), None, 1, f"error: auth token file {comments} holds no token"),
         ((), "s\u00e9cret", 1, "error: the token of $OPENJEV_TOKEN is not printable ASCII"),
+        # files that are not what they say: one line naming them (gRPC's was a handshake failure)
+        (("--tls-ca", str(pki / "client.key")), None, 2, "openjev decide: error: --tls-ca "),
+        ((*ca, *cert, "--tls-key", str(pki / "server.key")), None, 2, "openjev decide: error: --tls-cert/--tls-key "),
     ]
     for flags, token, code, want in cases:
         out = _cli("decide", str(request_file), "--addr", "127.0.0.1:1", *flags, token=token)
