@@ -5,7 +5,6 @@ integer too long for `int()`, kept as a `BigInt`)."""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -85,7 +84,9 @@ def sendable_token(token: str) -> bool:
     return bool(token) and all(" " <= c <= "~" for c in token)
 
 
-MAX_DEADLINE_SECONDS = 1e9  # longer is no deadline (as the command line's --timeout bound)
+# gRPC turns a deadline past 2**63 ns since the epoch (about 7.4e9 s from now) into one already
+# expired, failing the call at once with DEADLINE_EXCEEDED: a longer timeout here is no deadline
+MAX_DEADLINE_SECONDS = 1e9
 
 
 class Client:
@@ -133,7 +134,7 @@ class Client:
         visible ASCII characters (what the servers keep; others failed as INTERNAL)."""
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
-        if timeout is not None and not math.isfinite(timeout) or (timeout or 0) > MAX_DEADLINE_SECONDS:
+        if timeout is not None and timeout > MAX_DEADLINE_SECONDS:  # inf too
             timeout = None  # gRPC fails a deadline past its range at once
         if request_id is not None and not valid_request_id(request_id):
             raise ValueError("request_id must be 1 to 128 visible ASCII characters (no spaces)")

@@ -70,6 +70,12 @@ def _check_ca(ca: Path, flag: str) -> None:
         raise SecurityError(f"{flag} {ca}: not a PEM CA certificate ({error.reason})") from None
 
 
+def _check_client_files(ca: Path, cert: Path | None, key: Path | None, ca_flag: str, pair_flags: str) -> None:
+    _check_ca(ca, ca_flag)
+    if cert is not None and key is not None:
+        _check_pair(cert, key, pair_flags)
+
+
 def server_credentials(cert: Path | None, key: Path | None, client_ca: Path | None) -> grpc.ServerCredentials | None:
     """None (plaintext) when no certificate is given; mutual TLS when client_ca is."""
     if cert is None and key is None:
@@ -99,9 +105,8 @@ def channel_credentials(ca: Path | None, cert: Path | None, key: Path | None) ->
         private_key=_read(key, "client key"),
         certificate_chain=_read(cert, "client certificate"),
     )
-    _check_ca(ca, "--worker-tls-ca")  # a bad one left the frontend NOT_SERVING for good, unexplained
-    if cert is not None and key is not None:
-        _check_pair(cert, key, "--worker-tls-cert/--worker-tls-key")
+    # a bad CA left the frontend NOT_SERVING for good, unexplained
+    _check_client_files(ca, cert, key, "--worker-tls-ca", "--worker-tls-cert/--worker-tls-key")
     return credentials
 
 
@@ -133,9 +138,7 @@ def client_tls(args, usage_error: Callable[[str], object], read: Callable[[Path,
         certificate_chain=None if args.tls_cert is None else read(args.tls_cert, "TLS certificate"),
     )
     try:  # gRPC says only "Failed to create security handshaker" for files it cannot use
-        _check_ca(args.tls_ca, "--tls-ca")
-        if args.tls_cert is not None and args.tls_key is not None:
-            _check_pair(args.tls_cert, args.tls_key, "--tls-cert/--tls-key")
+        _check_client_files(args.tls_ca, args.tls_cert, args.tls_key, "--tls-ca", "--tls-cert/--tls-key")
     except SecurityError as error:
         usage_error(str(error))
     options = [] if args.tls_server_name is None else [("grpc.ssl_target_name_override", args.tls_server_name)]

@@ -28,14 +28,13 @@ from pathlib import Path
 import grpc
 
 from openjev import security
+from openjev.client import MAX_DEADLINE_SECONDS
 from openjev.config import dial_address
 from openjev.contract.literals import PREFIX_POLICIES
 from openjev.contract.render import dumps_exact
 
 TOKEN_ENV = "OPENJEV_TOKEN"
-# gRPC turns a deadline past 2**63 ns since the epoch (about 7.4e9 s from now) into one already
-# expired: a larger --timeout would fail at once with DEADLINE_EXCEEDED
-MAX_TIMEOUT_SECONDS = 1e9
+MAX_TIMEOUT_SECONDS = MAX_DEADLINE_SECONDS  # a larger --timeout would fail at once (client.py)
 
 
 def _read_file(path: Path, what: str) -> bytes:

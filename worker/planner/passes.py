@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from openjev.worker.planner.plan import PackLimits, Segment
 
@@ -48,11 +49,7 @@ class PendingTree:
 
     def __init__(self, segments: Sequence[Segment]):
         self.segments = segments
-        self.smallest_from = [0] * len(segments)
-        smallest = None
-        for s in reversed(segments):
-            smallest = s.num_tokens if smallest is None else min(smallest, s.num_tokens)
-            self.smallest_from[s.index] = smallest
+        self.smallest_from = list(accumulate((s.num_tokens for s in reversed(segments)), min))[::-1]
         self.done = [False] * len(segments)
         self.children: list[list[int]] = [[] for _ in segments]
         for s in segments:
