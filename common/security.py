@@ -190,7 +190,12 @@ class BearerAuth(grpc.ServerInterceptor):
         self._tokens = tokens
 
     def _allowed(self, metadata) -> bool:
-        return self.allowed(dict(metadata or ()).get("authorization", ""))
+        return self.allowed_headers([value for key, value in metadata or () if key == "authorization"])
+
+    def allowed_headers(self, values: list[str]) -> bool:
+        """Whether a call's `authorization` headers are exactly one carrying a token. Two are
+        refused: a proxy that checked one of them and this server would not agree on which."""
+        return len(values) == 1 and self.allowed(values[0])
 
     def allowed(self, header: str) -> bool:
         """Whether an `authorization` header value carries one of the tokens."""

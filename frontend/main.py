@@ -280,7 +280,7 @@ def start_http(args, servicer: DecisionServicer, link: WorkerLink, tokens: tuple
         lambda: link.state.problem,
         max_body_bytes=args.http_max_body_bytes,
         max_workers=min(MAX_WORKERS, args.max_concurrent_requests),
-        authorize=None if auth is None else (lambda header: auth.allowed(header)),
+        authorize=None if auth is None else auth.allowed_headers,
     )
     http = HttpServer(
         api,

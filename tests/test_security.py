@@ -138,7 +138,8 @@ def test_tls_and_bearer_token_on_the_public_port(tls_pair, pki):
     _worker, frontend = tls_pair
     reply = _decide(frontend.address, _creds(pki), [("authorization", f"Bearer {TOKEN}")])
     assert reply.answers[0].question_id == "q"
-    for metadata in (None, [("authorization", "Bearer wrong")], [("authorization", TOKEN)]):
+    twice = [("authorization", f"Bearer {TOKEN}"), ("authorization", "Bearer wrong")]
+    for metadata in (None, [("authorization", "Bearer wrong")], [("authorization", TOKEN)], twice, twice[::-1]):
         with pytest.raises(grpc.RpcError) as caught:
             _decide(frontend.address, _creds(pki), metadata)
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -165,12 +165,12 @@ class HttpApi:
         *,
         max_body_bytes: int,
         max_workers: int = MAX_WORKERS,
-        authorize: Callable[[str], bool] | None = None,
+        authorize: Callable[[list[str]], bool] | None = None,
     ):
         self.servicer = servicer
         self.ready = ready
-        # The public API's bearer-token check, given the `authorization` header ("" when absent);
-        # None: no tokens configured. The same check the gRPC port applies (one token set).
+        # The public API's bearer-token check, given the request's `authorization` headers (none,
+        # one or several); None: no tokens configured. The gRPC port's check (one token set).
         self.authorize = authorize
         self.draining = False  # set on SIGTERM: not ready while requests in flight finish
         self.max_body_bytes = max_body_bytes
@@ -222,7 +222,7 @@ class HttpApi:
 
     def _unauthorized(self, request: Request, headers: dict[str, str]) -> Response | None:
         """401 where the frontend has tokens and the request carries none of them, else None."""
-        if self.authorize is None or self.authorize(request.headers.get("authorization", "")):
+        if self.authorize is None or self.authorize(request.headers.getlist("authorization")):
             return None
         return _early(401, UNAUTHENTICATED_MESSAGE, {**headers, "www-authenticate": "Bearer"})
 

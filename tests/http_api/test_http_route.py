@@ -19,11 +19,13 @@ import pytest
 import structlog
 
 from openjev.client import Client
+from openjev.security import BearerAuth
 from openjev.tools import soak
 from openjev.tools.soak import log_events
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTE = "/v1/systemone"
+ONE_TOKEN = BearerAuth((b"s3cret",)).allowed_headers  # the check the frontend gives its HTTP route
 
 
 def golden_requests() -> list[dict]:
@@ -551,12 +553,13 @@ def test_bearer_tokens_when_configured(max_body_bytes):
 
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"reached with {request.request_json}")
 
-    api = HttpApi(Echo(), lambda: None, max_body_bytes=max_body_bytes, authorize=lambda h: h == "Bearer s3cret")  # type: ignore[arg-type]
+    api = HttpApi(Echo(), lambda: None, max_body_bytes=max_body_bytes, authorize=ONE_TOKEN)
     server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
     server.start()
     url = f"http://127.0.0.1:{server.port}{ROUTE}"
     try:
-        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
+        twice = [("authorization", "Bearer s3cret"), ("authorization", "Bearer wrong")]
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}, twice, twice[::-1]):
             reply = httpx.post(url, content=b"not even json", headers=headers, timeout=10)
             assert reply.status_code == 401 and reply.headers["www-authenticate"] == "Bearer", headers
             assert reply.json() == {"error": "missing or invalid bearer token"}  # gRPC's message
@@ -658,7 +661,7 @@ def test_a_refusal_before_the_body_closes_the_connection(max_body_bytes, refusal
 
     quick = _Blocking()
     quick.release.set()
-    authorize = (lambda header: header == "Bearer s3cret") if refusal == "401" else None
+    authorize = ONE_TOKEN if refusal == "401" else None
     api = HttpApi(quick, lambda: None, max_body_bytes=max_body_bytes, authorize=authorize)  # type: ignore[arg-type]
     server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
     server.start()
@@ -687,7 +690,7 @@ def test_health_names_no_worker_address_to_a_caller_without_a_token(max_body_byt
     from openjev.frontend.http.server import HttpServer
 
     reason = "no worker at 10.0.0.1:50052 is serving: worker at 10.0.0.1:50052 is unavailable"
-    authorize = lambda h: h == "Bearer s3cret"  # noqa: E731
+    authorize = ONE_TOKEN
     api = HttpApi(_Blocking(), lambda: reason, max_body_bytes=max_body_bytes, authorize=authorize)  # type: ignore[arg-type]
     server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
     server.start()
@@ -753,7 +756,7 @@ def test_refusals_before_the_decide_path_are_counted_and_logged(max_body_bytes):
     from openjev.frontend.http.server import HttpServer
 
     slow = _Blocking()
-    authorize = lambda h: h == "Bearer s3cret"  # noqa: E731
+    authorize = ONE_TOKEN
     api = HttpApi(slow, lambda: None, max_body_bytes=max_body_bytes, max_workers=1, authorize=authorize)  # type: ignore[arg-type]
     server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
     server.start()
