@@ -208,9 +208,10 @@ for step in "$@"; do
              --synthetic 27b --layers 8 --oracle-cases 0 --limit 30 --out $OUT/gpu-gates.md >/dev/null 2>$OUT/gpu-gates.log; rc=$?
          sed "/^## Mixed run, per request/,\$d" $OUT/gpu-gates.md | grep -v "^$"; echo "$step: gates exit status $rc (0: every gate met)" | tee $OUT/gpu-gates.rc; tail -3 $OUT/gpu-gates.log ;;
     # (GATES_WL, GATES_LIMIT: another request file and count, e.g. the first 20 of the workload,
-    # the oracle's requests before the gates chose round-robin)
+    # the oracle's requests before the gates chose round-robin; GATES_EXTRA: more flags of the
+    # gates tool, e.g. --gdn-kernel chunked)
     gates) timeout 450 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload ${GATES_WL:-$WL} --backend cuda \
-             --synthetic 27b --layers 8 --oracle-cases 20 --limit ${GATES_LIMIT:-100} --skip "" --out $OUT/gpu-gates.md \
+             --synthetic 27b --layers 8 --oracle-cases 20 --limit ${GATES_LIMIT:-100} --skip "" --out $OUT/gpu-gates.md ${GATES_EXTRA:-} \
              >/dev/null 2>$OUT/gpu-gates.log; rc=$?
          sed "/^## Mixed run, per request/,\$d" $OUT/gpu-gates.md | grep -v "^$"; echo "$step: gates exit status $rc (0: every gate met)" | tee $OUT/gpu-gates.rc; tail -3 $OUT/gpu-gates.log ;;
     # our three arms over the whole workload; a run cut short keeps its finished blocks (results.json)
