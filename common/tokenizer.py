@@ -144,6 +144,16 @@ def tokenizer_fingerprint(tokenizer_json: bytes, chat_prefix: str, chat_suffix: 
     return digest.hexdigest()
 
 
+def longest_token_bytes(tokenizer: Tokenizer) -> int:
+    """UTF-8 bytes of the longest token (128 for Qwen3.5's vocabulary): every token covers at most
+    this many bytes of the normalized text."""
+    byte_of = {char: byte for byte, char in _bytes_to_unicode().items()}
+    vocab = tokenizer.get_vocab(with_added_tokens=False)
+    longest = max((len(token) for token in vocab if all(c in byte_of for c in token)), default=1)
+    added = [len(t.content.encode("utf-8")) for t in tokenizer.get_added_tokens_decoder().values()]
+    return max([longest, *added])
+
+
 class PromptTokenizer:
     """Encodes compiled candidate prompts (`Question.prompts`) into token ids."""
 
@@ -157,6 +167,8 @@ class PromptTokenizer:
         self._encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
         # None where the file is not the configuration pieces.py proves its cut for
         self.pieces = PieceEncoder.for_tokenizer(self.tokenizer, QWEN3_5_PAT_STR, self._encode_whole)
+        # a walk over the vocabulary (~0.5 s): here at load, not in the first request's time
+        self.max_token_bytes = longest_token_bytes(self.tokenizer)
 
     @classmethod
     def from_export(cls, export_dir: str | Path) -> PromptTokenizer:
@@ -179,16 +191,6 @@ class PromptTokenizer:
     @property
     def fingerprint(self) -> str:
         return self._fingerprint
-
-    @functools.cached_property
-    def max_token_bytes(self) -> int:
-        """UTF-8 bytes of the longest token (128 for Qwen3.5's vocabulary): every token covers at
-        most this many bytes of the normalized text."""
-        byte_of = {char: byte for byte, char in _bytes_to_unicode().items()}
-        vocab = self.tokenizer.get_vocab(with_added_tokens=False)
-        longest = max((len(token) for token in vocab if all(c in byte_of for c in token)), default=1)
-        added = [len(t.content.encode("utf-8")) for t in self.tokenizer.get_added_tokens_decoder().values()]
-        return max([longest, *added])
 
     def surely_too_long(self, prompt: str, max_length: int) -> int | None:
         """The wrapped prompt's NFC bytes where they alone put it over max_length tokens (each token
