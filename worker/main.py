@@ -14,6 +14,7 @@ from openjev.limits import CallLimits
 from openjev.tokenizer import PromptTokenizer
 from openjev.worker import backends
 from openjev.worker.cache.sizing import CPU_DEFAULT_BYTES, build_state_cache, gpu_default_bytes
+from openjev.worker.checkpoint.config import ModelConfig, load_model_config
 from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.geometry import GDN_CHUNK_TOKENS
 from openjev.worker.planner.cost import default_cost_model
@@ -208,11 +209,18 @@ def state_cache_budget(requested: int | None, backend: str) -> int:
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")  # what a Qwen3.5 config's eos_token_id names
 
 
-def check_end_tokens(tokenizer, eos_token_ids: tuple[int, ...]) -> None:
-    """config.json's end-of-sequence ids must be the tokenizer's end tokens: a tokenizer.json of
-    another model (another vocabulary, renumbered specials) otherwise serves answers computed on
-    ids the weights never saw, every check passed (the vocabulary fits in the embedding)."""
-    for eos in eos_token_ids:
+def check_model_tokens(tokenizer, model: ModelConfig) -> None:
+    """The tokenizer's ids must fit the model's embedding, and config.json's end-of-sequence ids
+    must be the tokenizer's end tokens: a tokenizer.json of another model (another vocabulary,
+    renumbered specials) otherwise serves answers computed on ids the weights never saw, every
+    other check passed."""
+    num_token_ids = tokenizer.get_vocab_size(with_added_tokens=True)
+    if model.vocab_size < num_token_ids:
+        raise SystemExit(
+            f"openjev-worker: the model's vocab_size {model.vocab_size} is smaller than "
+            f"the tokenizer's {num_token_ids} token ids"
+        )
+    for eos in model.eos_token_ids:
         if (token := tokenizer.id_to_token(eos)) not in END_TOKENS:
             raise SystemExit(
                 f"openjev-worker: config.json's eos_token_id {eos} is {token!r} in tokenizer.json, "
@@ -297,6 +305,8 @@ def serve(args: argparse.Namespace) -> None:
     # the tokenizer before the weights: a bad tokenizer.json is refused in a second, not after a load
     tokenizer = or_exit(PromptTokenizer.from_export, args.model, program="openjev-worker")
     backend = backends.resolve_backend(args.backend)
+    if args.synthetic is None:  # config.json against the tokenizer before the weights load, not after
+        check_model_tokens(tokenizer.tokenizer, or_exit(load_model_config, args.model, program="openjev-worker"))
     runner = or_exit(
         backends.build_runner,
         backend,
@@ -315,13 +325,8 @@ def serve(args: argparse.Namespace) -> None:
         },
         program="openjev-worker",
     )
-    num_token_ids = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
-    if runner.config.vocab_size < num_token_ids:
-        raise SystemExit(
-            f"openjev-worker: the model's vocab_size {runner.config.vocab_size} is smaller than "
-            f"the tokenizer's {num_token_ids} token ids"
-        )
-    check_end_tokens(tokenizer.tokenizer, runner.config.eos_token_ids)
+    if args.synthetic is not None:  # the shape's own config (an export's was checked above)
+        check_model_tokens(tokenizer.tokenizer, runner.config)
     forced_policy: PrefixPolicy | None = None
     if backend == "transformers":
         forced_policy = args.prefix_policy = "off"  # it cannot start from a parent's state
@@ -367,7 +372,7 @@ def serve(args: argparse.Namespace) -> None:
         max_launch_sequences=args.max_launch_sequences,
         max_launch_tokens=args.max_launch_tokens,
         queue_capacity=args.queue_capacity,
-        num_token_ids=num_token_ids,
+        num_token_ids=tokenizer.tokenizer.get_vocab_size(with_added_tokens=True),
         max_request_tokens=args.max_request_tokens,
     )
     metrics.worker_queue_depth.set_function(lambda: engine.scheduler.depth)

@@ -134,6 +134,11 @@ CASES = {
         "<|endoftext|>: the tokenizer is not this model's",
         (WORKER,),
     ),
+    "an end token not the tokenizer's, and weights that would be refused later": (
+        lambda e: [_nan_weight(e), _edit_json("config.json", lambda c: _text(c).update(eos_token_id=248045))(e)],
+        "the tokenizer is not this model's",  # config.json against tokenizer.json before the weights load
+        (WORKER,),
+    ),
     "another model type": (
         _edit_json("config.json", lambda c: c.update(model_type="llama")),
         "config.json: model_type is 'llama', expected one of ('qwen3_5', 'qwen3_5_text')",
