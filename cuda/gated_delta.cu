@@ -129,7 +129,7 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 // thread, shared memory was 71% busy on the H200; two columns gained 8%: docs/cuda-kernels.md).
 // Tokens past the segment's end are zero-filled: k = q = v = 0, g = 0 (e^g = 1), beta = 0, an
 // exact no-op on S, so the token loop has a fixed trip count and unrolls.
-template <int PARTS, int NCOLS, int CC>
+template <int PARTS, int NCOLS, int CC, bool SCATTER = false>
 __device__ __forceinline__ void gdn_recurrent(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
     const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
@@ -282,20 +282,41 @@ __device__ __forceinline__ void gdn_recurrent(
                 float kv[CC], sq[CC];
     #pragma unroll
                 for (int c = 0; c < CC; ++c) { kv[c] = a[c][0] + a[c][1]; sq[c] = b[c][0] + b[c][1]; }
+                if constexpr (SCATTER) {
+                    // The four sums reduced over the 8 lanes as each lane's share: 4 shuffles, then 3
+                    // to hand kv to every lane and sq to the writer, where the butterfly below takes
+                    // 12. The pairs added are the butterfly's (lanes 1, 2, 4 apart), and a + b is b + a
+                    // bit for bit, so every sum has the butterfly's bits.
+                    static_assert(!SCATTER || (CC == 2 && PARTS == 8), "scatter: two columns over 8 lanes");
+                    const bool odd = part & 1, hi = part & 2;
+                    // lanes 1 apart: even lanes keep the S^T k sums, odd ones the S^T q sums
+                    const float w0 = (odd ? sq[0] : kv[0]) + __shfl_xor_sync(0xffffffffu, odd ? kv[0] : sq[0], 1);
+                    const float w1 = (odd ? sq[1] : kv[1]) + __shfl_xor_sync(0xffffffffu, odd ? kv[1] : sq[1], 1);
+                    // lanes 2 apart: column 0 stays where bit 1 is clear, column 1 where it is set
+                    float x = (hi ? w1 : w0) + __shfl_xor_sync(0xffffffffu, hi ? w0 : w1, 2);
+                    x += __shfl_xor_sync(0xffffffffu, x, 4);
+                    // part p holds (p & 1 ? sq : kv) of column (p >> 1) & 1
+                    kv[0] = __shfl_sync(0xffffffffu, x, 0, PARTS);
+                    kv[1] = __shfl_sync(0xffffffffu, x, 2, PARTS);
+                    sq[1] = __shfl_sync(0xffffffffu, x, 3, PARTS);
+                    sq[0] = x;  // part 1's (the writer's); the other parts' sq is not read
+                } else {
     #pragma unroll
-                for (int o = 1; o < PARTS; o <<= 1)
+                    for (int o = 1; o < PARTS; o <<= 1)
     #pragma unroll
-                    for (int c = 0; c < CC; ++c) {
-                        kv[c] += __shfl_xor_sync(0xffffffffu, kv[c], o);
-                        sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], o);
-                    }
+                        for (int c = 0; c < CC; ++c) {
+                            kv[c] += __shfl_xor_sync(0xffffffffu, kv[c], o);
+                            sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], o);
+                        }
+                }
+                constexpr int WRITER = SCATTER ? 1 : 0;  // the part that holds the sums of S^T q
                 const float bt = gbk_s[buf][1][t], kqt = gbk_s[buf][2][t];
                 float delta[CC];
                 if constexpr (CC == 2) {  // one 4-byte load of v and one store of o
                     const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v_s[buf][t][c0]));
                     delta[0] = bt * (vv.x - eg * kv[0]);
                     delta[1] = bt * (vv.y - eg * kv[1]);
-                    if (part == 0 && t < cnt)
+                    if (part == WRITER && t < cnt)
                         *reinterpret_cast<__nv_bfloat162*>(out_row + (long)(cs + t) * H * DV) =
                             __floats2bfloat162_rn(fmaf(eg, sq[0], kqt * delta[0]), fmaf(eg, sq[1], kqt * delta[1]));
                 } else {
@@ -344,12 +365,13 @@ __device__ __forceinline__ void gdn_recurrent(
 #define GDN_PASS                                                                                \
     qn, kn, kq, v, v_stride, g, beta, cu_seqlens, H, Hk, init_state, init_stride, init_idx,   \
         level_off, level, level_end, sched, num_sms, deps, out, final_state
-#define GDN_VARIANT(name, P, NC, CC)                                                    \
+#define GDN_VARIANT(name, P, NC, CC, SCATTER)                                           \
     extern "C" __global__ void __launch_bounds__(NC / CC * P, 4) name(GDN_ARGS) {           \
-        gdn_recurrent<P, NC, CC>(GDN_PASS);                                             \
+        gdn_recurrent<P, NC, CC, SCATTER>(GDN_PASS);                                    \
     }
 // s{threads per column group}c{columns per block}x{columns per thread}; the other shapes timed
 // (and the earlier unpipelined kernel's p* variants) were slower at 64-4,096 tokens
 // (docs/cuda-kernels.md)
-GDN_VARIANT(gdn_recurrent_s8c16x1, 8, 16, 1)
-GDN_VARIANT(gdn_recurrent_s8c32x2, 8, 32, 2)
+GDN_VARIANT(gdn_recurrent_s8c16x1, 8, 16, 1, false)
+GDN_VARIANT(gdn_recurrent_s8c32x2, 8, 32, 2, false)
+GDN_VARIANT(gdn_recurrent_s8c32x2r, 8, 32, 2, true)  // the sums reduced as shares (above)
