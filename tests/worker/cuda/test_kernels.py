@@ -203,7 +203,7 @@ def gdn_inputs(lengths, H=48, Hk=16):
     return cu, qn, kn, kq, v, g, beta, init
 
 
-@pytest.mark.parametrize("variant", ["s8c16x1", "s8c32x2", "s8c32x2r"])
+@pytest.mark.parametrize("variant", ["s8c16x1", "s8c32x2"])
 @pytest.mark.parametrize("with_init", [True, False])
 def test_gdn_recurrent(K, ref, variant, with_init):
     cu, qn, kn, kq, v, g, beta, init = gdn_inputs(LENGTHS)
@@ -220,18 +220,19 @@ def test_gdn_recurrent(K, ref, variant, with_init):
 
 
 def test_gdn_recurrent_shares_keep_the_butterflys_bits(K):
-    """s8c32x2r reduces the sums as lane shares, adding the butterfly's pairs: the same bits."""
+    """s8c32x2 reduces its sums as lane shares, s8c16x1 by a butterfly; both add the same pairs
+    over the same 8 lanes of a column, so their bits are equal."""
     cu, qn, kn, kq, v, g, beta, init = gdn_inputs(LENGTHS)
     got = {
         variant: K.gdn_recurrent(qn, kn, kq, v, g, beta, cu, init, variant=variant)
-        for variant in ("s8c32x2", "s8c32x2r")
+        for variant in ("s8c16x1", "s8c32x2")
     }
     (o_a, f_a), (o_b, f_b) = got.values()
     assert torch.equal(o_a.view(torch.int16), o_b.view(torch.int16))
     assert torch.equal(f_a.view(torch.int32), f_b.view(torch.int32))
 
 
-@pytest.mark.parametrize("variant", ["s8c16x1", "s8c32x2", "s8c32x2r"])
+@pytest.mark.parametrize("variant", ["s8c16x1", "s8c32x2"])
 def test_gdn_recurrent_extreme_decays(K, ref, variant):
     """Decays at the edges of fp32: runs of g = 0, steps of -30 and -100 (e^g underflows), -1000
     (a reset), fast-decaying heads beside slow ones; outputs and final states finite and against
@@ -279,7 +280,7 @@ def test_gdn_recurrent_level_range(K, ref):
 
 
 @pytest.mark.parametrize("one_launch", [True, False], ids=["one-launch", "launch-a-level"])
-@pytest.mark.parametrize("variant", ["s8c16x1", "s8c32x2", "s8c32x2r"])
+@pytest.mark.parametrize("variant", ["s8c16x1", "s8c32x2"])
 def test_gdn_recurrent_forest_levels(K, ref, variant, one_launch):
     """A forest on a fixed grid, in one launch (a child's items wait for their parent's) or one
     launch a level: level-0 segments start from rows of a strided slot buffer (or zeros), deeper
