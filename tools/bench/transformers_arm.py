@@ -108,7 +108,8 @@ class TransformersRunner:
         with torch.device("meta"):  # no allocation: the weights are assigned below
             model = Qwen3_5TextModel(hf)
         model.load_state_dict(hf_state_dict(weights), strict=True, assign=True)
-        model.rotary_emb = Qwen3_5TextRotaryEmbedding(hf, device=device)
+        with torch.device(device):  # its buffers made there (the `device` argument is deprecated)
+            model.rotary_emb = Qwen3_5TextRotaryEmbedding(hf)
         self.model = model.eval()
         self.head_weight = torch.tensor(list(head_weight), dtype=torch.float32, device=device)
         self.head_bias = float(head_bias)
