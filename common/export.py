@@ -180,7 +180,9 @@ def check_safetensors_file(path: Path) -> list[str]:
 
 
 def safetensors_files(directory: Path) -> list[Path]:
-    files = sorted(directory.glob("*.safetensors"))  # check_safetensors_file refuses any not a regular file
+    # iterdir, not glob: glob finds nothing in a directory it may not list, iterdir says why
+    # (check_safetensors_file refuses any not a regular file)
+    files = sorted(path for path in directory.iterdir() if path.name.endswith(".safetensors"))
     if not files:
         raise ExportError(f"*.safetensors: no weight files in export directory {directory}")
     return files
@@ -240,8 +242,11 @@ def load_export_meta_or_exit(directory, program: str) -> ExportMeta:
 
 
 def or_exit(load: Callable[..., T], *args, program: str, **kwargs) -> T:
-    """load(*args, **kwargs), or the process ends with one line when it raises ExportError."""
+    """load(*args, **kwargs), or the process ends with one line when it raises ExportError or
+    cannot read the export (an OSError such as a directory the process may not read)."""
     try:
         return load(*args, **kwargs)
     except ExportError as error:
         raise SystemExit(f"{program}: {error}") from None
+    except OSError as error:
+        raise SystemExit(f"{program}: cannot read the export: {error}") from None

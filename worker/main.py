@@ -19,6 +19,7 @@ from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.geometry import GDN_CHUNK_TOKENS
 from openjev.worker.planner.cost import default_cost_model
 from openjev.worker.planner.plan import PackLimits
+from openjev.worker.scheduler import InferenceError
 from openjev.worker.service import WorkerIdentity, WorkerServicer
 from openjev.worker.v1 import worker_pb2, worker_pb2_grpc
 
@@ -217,8 +218,8 @@ def check_model_tokens(tokenizer, model: ModelConfig) -> None:
     num_token_ids = tokenizer.get_vocab_size(with_added_tokens=True)
     if model.vocab_size < num_token_ids:
         raise SystemExit(
-            f"openjev-worker: the model's vocab_size {model.vocab_size} is smaller than "
-            f"the tokenizer's {num_token_ids} token ids"
+            f"openjev-worker: config.json's vocab_size {model.vocab_size} is smaller than "
+            f"tokenizer.json's {num_token_ids} token ids: the tokenizer is not this model's"
         )
     for eos in model.eos_token_ids:
         if (token := tokenizer.id_to_token(eos)) not in END_TOKENS:
@@ -396,7 +397,10 @@ def serve(args: argparse.Namespace) -> None:
         credentials=credentials,
         program="openjev-worker",
     )
-    warm_up(engine, runner, meta.temperature, forced_policy or "shared")
+    try:
+        warm_up(engine, runner, meta.temperature, forced_policy or "shared")
+    except InferenceError as error:  # weights that load but cannot answer (e.g. overflow in a product)
+        raise SystemExit(f"openjev-worker: the warm-up request failed: {error}") from None
     if state_cache is not None:
         state_cache.budget_bytes = state_cache_budget(args.state_cache_bytes, backend)
         metrics.worker_state_cache_bytes.set_function(lambda: state_cache.nbytes)

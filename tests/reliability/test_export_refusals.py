@@ -64,6 +64,17 @@ def _nan_weight(export: Path) -> None:
     save_file(tensors, export / "model.safetensors")
 
 
+def _overflowing_weights(export: Path) -> None:
+    """Finite weights (so they load) whose first product overflows: every answer non-finite."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(export / "model.safetensors")
+    name = next(k for k in sorted(tensors) if k.endswith("mlp.down_proj.weight"))
+    tensors[name].fill_(3e38)
+    (export / "model.safetensors").unlink()
+    save_file(tensors, export / "model.safetensors")
+
+
 def _fifo(export: Path) -> None:
     (export / "model.safetensors").unlink()
     os.mkfifo(export / "model.safetensors")
@@ -84,6 +95,21 @@ CASES = {
     "infinite norm epsilon": (
         _edit_json("config.json", lambda c: _text(c).update(rms_norm_eps=float("inf"))),
         "config.json: rms_norm_eps must be a positive finite number",
+        (WORKER,),
+    ),
+    "a norm epsilon that flattens every norm": (
+        _edit_json("config.json", lambda c: _text(c).update(rms_norm_eps=1e30)),
+        "config.json: rms_norm_eps must be at most 0.1, got 1e+30",
+        (WORKER,),
+    ),
+    "attention biases as a string": (
+        _edit_json("config.json", lambda c: _text(c).update(attention_bias="false")),
+        "config.json: attention_bias must be false (biases are not supported), got 'false'",
+        (WORKER,),
+    ),
+    "a vocabulary smaller than the tokenizer's": (
+        _edit_json("config.json", lambda c: _text(c).update(vocab_size=1000)),
+        "config.json's vocab_size 1000 is smaller than tokenizer.json's",
         (WORKER,),
     ),
     "attention interval 0": (
@@ -113,6 +139,11 @@ CASES = {
     ),
     "weights a FIFO": (_fifo, "model.safetensors: not a regular file", (WORKER, FRONTEND)),
     "a NaN weight": (_nan_weight, "mlp.down_proj.weight has NaN or infinite values", (WORKER,)),
+    "weights that load but overflow": (
+        _overflowing_weights,
+        "openjev-worker: the warm-up request failed: non-finite head score",
+        (WORKER,),
+    ),
     "tokenizer truncated": (
         lambda e: (e / "tokenizer.json").write_text((e / "tokenizer.json").read_text()[:1000]),
         "tokenizer.json: not a usable tokenizer",
@@ -174,3 +205,33 @@ def test_a_bad_export_is_refused_in_one_line(demo_model, tmp_path, case):
         out = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=60)
         assert out.returncode != 0, (module, out.stderr[-2000:])
         assert line in out.stderr and "Traceback" not in out.stderr, (module, out.stderr[-2000:])
+
+
+def _without_root_reads() -> list[str]:
+    """The command prefix under which a mode's read bits bind this process: as root, setpriv
+    drops the capabilities that bypass them (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "running as root: setpriv (util-linux) is needed to drop the read-bypass capabilities"
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
+
+
+@pytest.mark.parametrize("mode", [0o000, 0o111], ids=["mode-000", "mode-0111"])
+def test_an_export_the_process_may_not_read_is_refused_in_one_line(demo_model, tmp_path, mode):
+    """Mode 000 raised PermissionError (a traceback); 0111 (enter, not list) reported "no weight
+    files" where the files are there."""
+    export = _copy(demo_model, tmp_path)
+    export.chmod(mode)
+    try:
+        for module in (WORKER, FRONTEND):
+            args = ["--model", str(export), "--listen", "127.0.0.1:0", "--plaintext"]
+            if module == FRONTEND:
+                args += ["--worker", "127.0.0.1:1"]
+            command = [*_without_root_reads(), sys.executable, "-m", module, *args]
+            out = subprocess.run(command, capture_output=True, text=True, timeout=60)
+            assert out.returncode != 0, (module, out.stderr[-2000:])
+            assert "cannot read the export: [Errno 13] Permission denied" in out.stderr, (module, out.stderr[-2000:])
+            assert "Traceback" not in out.stderr, (module, out.stderr[-2000:])
+    finally:
+        export.chmod(0o755)

@@ -81,11 +81,18 @@ def _eos_token_ids(text: dict[str, Any]) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _positive_float(source: dict[str, Any], key: str) -> float:
+def _positive_float(source: dict[str, Any], key: str, most: float | None = None) -> float:
     value = source.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite(value) or not value > 0:
         raise _fail(f"{key} must be a positive finite number, got {value!r}")
+    if most is not None and value > most:
+        raise _fail(f"{key} must be at most {most}, got {value!r}")
     return float(value)
+
+
+# Qwen3.5 uses 1e-6; an epsilon near the activations' mean square (order 1) flattens every norm's
+# output and with it every answer, so a larger one is a broken config, not a model
+MAX_RMS_NORM_EPS = 0.1
 
 
 def _layer_kind(index: int, name: object) -> LayerKind:
@@ -136,8 +143,8 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         raise _fail("text_config must be an object")
     if text.get("hidden_act", "silu") != "silu":
         raise _fail(f"hidden_act {text.get('hidden_act')!r} is not supported (only 'silu')")
-    if text.get("attention_bias", False):
-        raise _fail("attention_bias=true is not supported")
+    if (bias := text.get("attention_bias", False)) is not False:
+        raise _fail(f"attention_bias must be false (biases are not supported), got {bias!r}")
     num_layers = _positive_int(text, "num_hidden_layers")
     if num_layers > MAX_LAYERS:  # a per-layer table of 10^9 entries is built before any weight is read
         raise _fail(f"num_hidden_layers={num_layers} is more than {MAX_LAYERS}")
@@ -155,7 +162,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         linear_key_head_dim=_positive_int(text, "linear_key_head_dim"),
         linear_value_head_dim=_positive_int(text, "linear_value_head_dim"),
         linear_conv_kernel_dim=_positive_int(text, "linear_conv_kernel_dim"),
-        rms_norm_eps=_positive_float(text, "rms_norm_eps"),
+        rms_norm_eps=_positive_float(text, "rms_norm_eps", MAX_RMS_NORM_EPS),
         rope_theta=theta,
         partial_rotary_factor=factor,
         eos_token_ids=_eos_token_ids(text),

@@ -159,6 +159,15 @@ def _refuse_unused_layers(index: dict[str, Path], prefix: str, shapes: dict, con
             raise ExportError(f"{path.name}: tensor {name} is not used by config.json ({where})")
 
 
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def _finite(tensor: Tensor) -> bool:
+    """min and max in one pass: NaN propagates, an inf is one of them, no overflow (~16 GB/s a
+    core here; isfinite().all() on bf16 took 0.4 GB/s)."""
+    return not tensor.numel() or all(bool(torch.isfinite(x)) for x in torch.aminmax(tensor))
+
+
 def load_tensors(directory: str | Path, config: ModelConfig, dtype: torch.dtype) -> dict[str, Tensor]:
     """Unprefixed name -> tensor upcast to dtype, for exactly the tensors expected_shapes lists."""
     directory = Path(directory)
@@ -186,12 +195,17 @@ def load_tensors(directory: str | Path, config: ModelConfig, dtype: torch.dtype)
                         )
                     if not tensor.is_floating_point():
                         raise ExportError(f"{path.name}: tensor {prefix + name} has dtype {tensor.dtype}")
-                    # a NaN or inf weight would fail every request it reaches (a non-finite score).
-                    # min and max in one pass: NaN propagates, an inf is one of them, no overflow
-                    # (~16 GB/s a core here; isfinite().all() on bf16 took 0.4 GB/s)
-                    if tensor.numel() and not all(torch.isfinite(x) for x in torch.aminmax(tensor)):
+                    # a NaN or inf weight would fail every request it reaches (a non-finite score),
+                    # and so would a finite F64/F32 weight that overflows the compute dtype
+                    if not _finite(tensor):
                         raise ExportError(f"{path.name}: tensor {prefix + name} has NaN or infinite values")
-                    tensors[name] = tensor.to(dtype)
+                    converted = tensor.to(dtype)
+                    if converted is not tensor and not _finite(converted):
+                        stored = _SAFETENSORS_DTYPES.get(tensor.dtype, tensor.dtype)
+                        raise ExportError(
+                            f"{path.name}: tensor {prefix + name} ({stored}) has values beyond {dtype}'s range"
+                        )
+                    tensors[name] = converted
         except ExportError:
             raise
         except Exception as exc:  # safetensors raises its own error types for corrupt files

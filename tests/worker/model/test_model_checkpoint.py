@@ -135,6 +135,26 @@ def test_a_non_finite_weight_is_named(model_export, small, tmp_path, bad):
         TorchRunner(export)
 
 
+@pytest.mark.parametrize(
+    ("stored", "value", "dtype"), [(torch.float64, 1e300, torch.float32), (torch.float32, 3.4e38, torch.bfloat16)]
+)
+def test_a_weight_past_the_compute_dtype_is_named(model_export, small, tmp_path, stored, value, dtype):
+    """A finite F64 or F32 weight that overflows the compute dtype (the CPU runner's fp32, the GPU
+    runner's bf16) is refused by name, not turned into inf that fails the warm-up."""
+    from openjev.worker.checkpoint.config import load_model_config
+    from openjev.worker.checkpoint.weights import load_tensors
+
+    tensors, text_config = small
+    weight = tensors["layers.1.mlp.up_proj.weight"].to(stored)
+    weight[7, 3] = value
+    assert torch.isfinite(weight).all() and not torch.isfinite(weight.to(dtype)).all()
+    export = write_export(
+        model_export, tmp_path / "x", {**tensors, "layers.1.mlp.up_proj.weight": weight}, nested(text_config)
+    )
+    with pytest.raises(ExportError, match=rf"up_proj\.weight \(F\d\d\) has values beyond {dtype}'s range"):
+        load_tensors(export, load_model_config(export), dtype)
+
+
 def test_huge_finite_weights_load(model_export, small, tmp_path):
     """The finiteness check refuses NaN and inf only: weights near bf16's largest value (whose sum
     would overflow) load."""
