@@ -25,6 +25,10 @@ from openjev.worker.v1 import worker_pb2 as wire
 
 ABI_VERSION = 1
 
+# Candidates in one Execute message (a stream's batch, or an ExecuteUnary's whole request): the
+# frontend sends at most this many, the worker states its limit in Describe and refuses more.
+BATCH_CANDIDATES = 16
+
 # Response-header key a worker sends once it accepts an Execute stream (committed and valid).
 # A call that failed before this header came never ran on that worker, so the frontend may try it
 # again elsewhere; empty headers cannot say that, since a failed call reports its headers as empty.

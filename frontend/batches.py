@@ -29,13 +29,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from openjev.abi import BATCH_CANDIDATES
 from openjev.contract import errors
 from openjev.contract.errors import ContractError, too_long_message, too_many_bytes_message
 from openjev.contract.request import DecisionRequest
 from openjev.tokenizer import PromptTokenizer
-
-# Candidates per batch: a request of at most this many is sent to the worker in one message.
-BATCH_CANDIDATES = 16
 
 # What `encode` is run through: a bounded executor's submit-and-wait in the server, or a plain
 # call. Lets the frontend keep tokenization off its RPC threads without this module knowing.

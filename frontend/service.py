@@ -20,7 +20,7 @@ from openjev.contract.render import dumps_exact
 from openjev.contract.request import MAX_RENDERED_BYTES, DecisionRequest, parse_request_json
 from openjev.export import ExportMeta
 from openjev.frontend import routing
-from openjev.frontend.batches import BATCH_CANDIDATES, Abandoned, EncodeLanes, iter_candidate_batches
+from openjev.frontend.batches import Abandoned, EncodeLanes, iter_candidate_batches
 from openjev.frontend.worker_link import WorkerLink
 from openjev.interceptors import REQUEST_ID_KEY
 from openjev.tokenizer import PromptTokenizer
@@ -383,7 +383,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                     kept.close()
 
         try:
-            if self.link.state.execute_unary and decision.num_candidates <= BATCH_CANDIDATES:
+            if self.link.state.execute_unary and decision.num_candidates <= abi.BATCH_CANDIDATES:
                 request, num_tokens = self._unary_request(decision, policy, request_id, worker_span, context.is_active)
                 try:
                     results, summary = send_unary(request)
@@ -422,7 +422,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             decision,
             self.tokenizer,
             self.meta.max_length,
-            BATCH_CANDIDATES,
+            abi.BATCH_CANDIDATES,
             max_tokens=self.max_request_tokens,
             encode=self._encode if wanted is None else functools.partial(self._encode, wanted=wanted),
         )

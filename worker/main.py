@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from openjev import config, interceptors, logs, metrics, security, serving, tracing
+from openjev import abi, config, interceptors, logs, metrics, security, serving, tracing
 from openjev.config import non_negative_float, non_negative_int, positive_float, positive_int
 from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
 from openjev.export import load_export_meta_or_exit, or_exit
@@ -369,7 +369,7 @@ def serve(args: argparse.Namespace) -> None:
         default_policy=args.prefix_policy,
         max_questions=args.max_questions,
         max_candidates=args.max_candidates,
-        max_batch_candidates=16,
+        max_batch_candidates=abi.BATCH_CANDIDATES,
         max_launch_sequences=args.max_launch_sequences,
         max_launch_tokens=args.max_launch_tokens,
         queue_capacity=args.queue_capacity,

@@ -46,6 +46,7 @@ class WorkerIdentity:
             max_length=self.max_length,
             num_token_ids=self.num_token_ids or self.vocab_size,
             max_tokens=self.max_request_tokens,
+            max_batch_candidates=self.max_batch_candidates,
         )
 
 

@@ -28,7 +28,7 @@ import heapq
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -61,6 +61,7 @@ class StreamLimits:
     max_length: int = 16384
     num_token_ids: int = 248320  # ids 0..num_token_ids-1 are valid
     max_tokens: int | None = None  # submitted tokens per request
+    max_batch_candidates: int | None = None  # candidates per message (Describe states it)
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,13 @@ class _Collector:
         self.missing = sum(q.num_candidates for q in header.questions)
         self.num_tokens = 0
 
-    def add(self, candidates: Iterable[wire.Candidate]) -> None:
+    def add(self, candidates: Sequence[wire.Candidate]) -> None:
         limits, slots = self.limits, self.slots
+        if limits.max_batch_candidates is not None and len(candidates) > limits.max_batch_candidates:
+            raise BadStream(
+                f"a message of {len(candidates)} candidates; the worker takes at most {limits.max_batch_candidates} "
+                "a message (its Describe limits' max_batch_candidates)"
+            )
         for candidate in candidates:
             q, c = candidate.question_index, candidate.candidate_index
             if q >= len(slots) or c >= len(slots[q]):

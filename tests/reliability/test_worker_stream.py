@@ -314,3 +314,33 @@ def test_token_id_beyond_the_tokenizer_is_refused(stub):
         list(stub.Execute(iter(stream), timeout=30))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "token id 248319, outside the tokenizer's range 0..248076" in caught.value.details()
+
+
+def test_a_message_of_more_candidates_than_describe_states_is_refused(stub):
+    """Describe's max_batch_candidates is enforced, in a stream's batch and in an ExecuteUnary;
+    the same candidates split into two batches are answered."""
+    limit = stub.Describe(wire.DescribeRequest(), timeout=30).limits.max_batch_candidates
+    assert limit == abi.BATCH_CANDIDATES
+    header = wire.ExecuteHeader(questions=[_shape("choice", limit + 1)])
+    candidates = [wire.Candidate(candidate_index=c, token_ids=[1, 2 + c]) for c in range(limit + 1)]
+    message = f"a message of {limit + 1} candidates; the worker takes at most {limit} a message"
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ExecuteUnary(wire.ExecuteUnaryRequest(header=header, candidates=candidates), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in caught.value.details()
+
+    def stream(*batches):
+        return iter(
+            [
+                wire.ExecuteRequest(header=header),
+                *(wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=b)) for b in batches),
+                wire.ExecuteRequest(commit={}),
+            ]
+        )
+
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.Execute(stream(candidates), timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in caught.value.details()
+    [question, summary] = list(stub.Execute(stream(candidates[:limit], candidates[limit:]), timeout=60))
+    assert len(question.question.head_scores) == limit + 1 and summary.HasField("summary")
