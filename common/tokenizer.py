@@ -154,6 +154,11 @@ def longest_token_bytes(tokenizer: Tokenizer) -> int:
     return max([longest, *added])
 
 
+# Qwen3.5's tokenizer.json is 15 MB; one of hundreds of MB would be read and parsed whole first
+# (a 434 MB one was, by a review of 2026-12-02)
+MAX_TOKENIZER_BYTES = 64 << 20
+
+
 class PromptTokenizer:
     """Encodes compiled candidate prompts (`Question.prompts`) into token ids."""
 
@@ -182,6 +187,8 @@ class PromptTokenizer:
         path = export_dir / TOKENIZER_FILE
         if not path.is_file():
             raise ExportError(f"{TOKENIZER_FILE}: missing from export directory {export_dir} (or not a file)")
+        if (size := path.stat().st_size) > MAX_TOKENIZER_BYTES:
+            raise ExportError(f"{TOKENIZER_FILE}: {size} bytes, more than a tokenizer may have ({MAX_TOKENIZER_BYTES})")
         try:
             return cls(path, manifest["chat_prefix"], manifest["chat_suffix"])
         except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from openjev import abi
+from openjev import abi, interceptors
 from openjev.contract.literals import PREFIX_POLICIES, QuestionKind
 from openjev.contract.request import MAX_CANDIDATES, MAX_CHOICE_CANDIDATES, MAX_SCORE_LEVELS, MIN_SCORE_LEVELS
 from openjev.v1 import decision_pb2 as api
@@ -158,6 +158,10 @@ class _Collector:
 def _check_header(header: wire.ExecuteHeader, limits: StreamLimits) -> tuple[QuestionKind, ...]:
     if header.prefix_policy not in _KNOWN_POLICIES:
         raise BadStream(f"unknown prefix policy {header.prefix_policy}")
+    # the frontend sends its x-request-id here (at most 128 visible ASCII); the message limit
+    # alone let a caller send 60 MB of it
+    if header.request_id and not interceptors.valid_request_id(header.request_id):
+        raise BadStream(f"request_id of {len(header.request_id)} characters is not 1-128 visible ASCII characters")
     if not 1 <= len(header.questions) <= limits.max_questions:
         raise BadStream(f"{len(header.questions)} questions; the worker takes 1 to {limits.max_questions}")
     kinds: list[QuestionKind] = []

@@ -180,6 +180,11 @@ CASES = {
         "config.json: 17825794 bytes, more than an export's JSON files may have (16777216)",
         (WORKER, FRONTEND),
     ),
+    "a tokenizer of hundreds of MB": (
+        lambda e: [(e / "tokenizer.json").unlink(), (e / "tokenizer.json").write_bytes(b" " * (65 << 20))],
+        "tokenizer.json: 68157440 bytes, more than a tokenizer may have (67108864)",
+        (WORKER, FRONTEND),
+    ),
     "metadata a FIFO": (
         lambda e: [(e / "open_jev_export.json").unlink(), os.mkfifo(e / "open_jev_export.json")],
         "open_jev_export.json: not a regular file",

@@ -344,3 +344,17 @@ def test_a_message_of_more_candidates_than_describe_states_is_refused(stub):
     assert message in caught.value.details()
     [question, summary] = list(stub.Execute(stream(candidates[:limit], candidates[limit:]), timeout=60))
     assert len(question.question.head_scores) == limit + 1 and summary.HasField("summary")
+
+
+@pytest.mark.parametrize("request_id", ["x" * 129, "a b", "\u00e9t\u00e9"])
+def test_a_request_id_that_no_frontend_sends_is_refused(stub, request_id):
+    header = wire.ExecuteHeader(request_id=request_id, questions=[_shape("noul", 1)])
+    request = wire.ExecuteUnaryRequest(header=header, candidates=[wire.Candidate(token_ids=[1, 2])])
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ExecuteUnary(request, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == (
+        f"malformed execute request: request_id of {len(request_id)} characters is not 1-128 visible ASCII characters"
+    )
+    request.header.request_id = "r-" + "x" * 126  # 128: answered
+    assert len(stub.ExecuteUnary(request, timeout=30).questions) == 1
