@@ -147,9 +147,12 @@ def tokenizer_fingerprint(tokenizer_json: bytes, chat_prefix: str, chat_suffix: 
 def longest_token_bytes(tokenizer: Tokenizer) -> int:
     """UTF-8 bytes of the longest token (128 for Qwen3.5's vocabulary): every token covers at most
     this many bytes of the normalized text."""
-    byte_of = {char: byte for byte, char in _bytes_to_unicode().items()}
-    vocab = tokenizer.get_vocab(with_added_tokens=False)
-    longest = max((len(token) for token in vocab if all(c in byte_of for c in token)), default=1)
+    byte_chars = frozenset(_bytes_to_unicode().values())
+    # id_to_token over the ranks and a set test in C: 0.24 s at every start of either program,
+    # where get_vocab's dict and a per-character test took 0.5 s
+    ranks = range(tokenizer.get_vocab_size(with_added_tokens=False))
+    tokens = (tokenizer.id_to_token(rank) for rank in ranks)
+    longest = max((len(token) for token in tokens if token is not None and byte_chars.issuperset(token)), default=1)
     added = [len(t.content.encode("utf-8")) for t in tokenizer.get_added_tokens_decoder().values()]
     return max([longest, *added])
 
