@@ -227,6 +227,10 @@ class HttpApi:
         return _early(401, UNAUTHENTICATED_MESSAGE, {**headers, "www-authenticate": "Bearer"})
 
     async def openapi(self, request: Request) -> Response:
+        # behind the tokens where there are any: it names the accepted models and limits, as
+        # DescribeModel does on gRPC, which needs a token
+        if (refused := self._unauthorized(request, {})) is not None:
+            return refused
         return Response(self._openapi, media_type="application/json")
 
     async def systemone(self, request: Request) -> Response:
@@ -377,6 +381,10 @@ class HttpApi:
                 if context.stopped_by_server
                 else interceptors.ended_outcome(refused.code.name, info, context.time_remaining(), context.is_active())
             )
+            if refused.code == grpc.StatusCode.CANCELLED and outcome == interceptors.CLIENT_DEADLINE:
+                # the call ended because the deadline passed, not because the client left (gRPC's
+                # Decide reports the same as DEADLINE_EXCEEDED)
+                refused = Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"the {_TIMEOUT_HEADER} deadline passed")
             status = HTTP_STATUS.get(refused.code, 502)
             log.info(
                 "decide",

@@ -294,6 +294,27 @@ def test_deadline_is_504(busy):
         assert _worker_status(busy.pair, request_id) in ("CANCELLED", "DEADLINE_EXCEEDED")
 
 
+def test_a_deadline_that_passes_before_tokenizing_is_504_not_503(demo_model, tmp_path, http_pair_factory):
+    """16 MB of JSON whitespace: the x-timeout-seconds deadline passes while the body is parsed and
+    checked, and the tokenizer then finds the call gone. That was 503 "the client went away ..."
+    with Retry-After, the client still waiting (a review, 2026-12-03); gRPC's Decide reports
+    DEADLINE_EXCEEDED there."""
+    started = http_pair_factory(demo_model, tmp_path, frontend_args=["--http-max-body-bytes", str(32 << 20)])
+    body = json.dumps(SMALL)[:-1].encode() + b" " * (16 << 20) + b"}"
+    replies = {}
+    try:
+        with httpx.Client(base_url=started.url, timeout=60) as http:
+            for step in range(15):  # deadlines that pass in the body's read, its parse, or not at all
+                seconds = f"{0.02 * (step + 1):.2f}"
+                headers = {"content-type": "application/json", "x-timeout-seconds": seconds}
+                reply = http.post(ROUTE, content=body, headers=headers)
+                replies[seconds] = (reply.status_code, reply.json().get("error"))
+    finally:
+        started.pair.stop()
+    assert {code for code, _ in replies.values()} <= {200, 504}, replies
+    assert (504, "the x-timeout-seconds deadline passed") in replies.values(), replies  # the path was taken
+
+
 def test_sigterm_drains_the_request_in_flight(demo_model, tmp_path, http_pair_factory):
     started = http_pair_factory(
         demo_model, tmp_path, worker_args=["--max-launch-sequences", "1"], frontend_args=["--grace-seconds", "30"]
@@ -576,6 +597,9 @@ def test_bearer_tokens_when_configured(max_body_bytes):
         metrics = httpx.get(f"{base}/metrics", headers={"authorization": "Bearer s3cret"}, timeout=10)
         assert metrics.status_code == 200 and "openjev_frontend" in metrics.text
         assert httpx.get(f"{base}/health", timeout=10).status_code == 200
+        assert httpx.get(f"{base}/openapi.json", timeout=10).status_code == 401  # model names, as DescribeModel
+        document = httpx.get(f"{base}/openapi.json", headers={"authorization": "Bearer s3cret"}, timeout=10)
+        assert document.status_code == 200 and document.json()["openapi"].startswith("3.1")
     finally:
         server.wait_stopped()
 
@@ -598,6 +622,56 @@ def test_a_connection_that_never_finishes_its_head_is_closed(max_body_bytes, mon
             assert time.monotonic() - started < 5
         answered = httpx.post(f"http://127.0.0.1:{server.port}{ROUTE}", json=SMALL, timeout=10)
         assert "released" in answered.json()["error"]  # a whole request is unaffected
+    finally:
+        server.wait_stopped()
+
+
+@pytest.mark.parametrize("framing", ["Content-Length: 1000000000", "Transfer-Encoding: chunked"])
+def test_a_body_a_route_does_not_read_cannot_hold_the_connection(max_body_bytes, monkeypatch, framing):
+    """GET /health with a declared body, answered, then one body byte: uvicorn stopped its
+    keep-alive timer on that byte and the connection stayed open for good (150 such held a
+    frontend's port for minutes in a review); the body deadline closes it."""
+    from openjev.frontend.http import guard
+
+    monkeypatch.setattr(guard, "BODY_SECONDS", 0.5)
+    _, server = _answering_server(max_body_bytes)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as holder:
+            holder.sendall(f"GET /health HTTP/1.1\r\nHost: x\r\n{framing}\r\n\r\n".encode())
+            head = holder.recv(65536)
+            holder.sendall(b"1")
+            started = time.monotonic()
+            reply = head + _reply_and_close(holder)  # until the server closes (a timeout: it did not)
+            assert time.monotonic() - started < 5
+            assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b'{"status":"SERVING"}'), reply
+        assert httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=10).status_code == 200
+    finally:
+        server.wait_stopped()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /health HTTP/1.1\r\n\r\n",  # no Host
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ],
+    ids=["no-host", "negative-length", "bad-chunk-size"],
+)
+def test_a_request_h11_cannot_parse_is_a_json_400(max_body_bytes, head):
+    """uvicorn answered these in plain text without a request id (one of them chunked)."""
+    _, server = _answering_server(max_body_bytes)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as bad:
+            bad.sendall(head)
+            reply = _reply_and_close(bad)
+        status, _, rest = reply.partition(b"\r\n")
+        headers, _, body = rest.partition(b"\r\n\r\n")
+        fields = dict(line.lower().split(b": ", 1) for line in headers.split(b"\r\n"))
+        assert status == b"HTTP/1.1 400 Bad Request", reply
+        assert fields[b"content-type"] == b"application/json" and fields[b"connection"] == b"close", reply
+        assert re.fullmatch(rb"[0-9a-f]{32}", fields[b"x-request-id"]) and b"transfer-encoding" not in fields, reply
+        assert json.loads(body) == {"error": "malformed HTTP request"}
     finally:
         server.wait_stopped()
 
