@@ -8,8 +8,11 @@ come from the RPC threads (at admission), inserts from the scheduler's thread: o
 
 An entry may *require* others: the states a later lookup must hit on its way down to it (the ends
 of the segments above it, prepare.py). It is kept only while they are: evicting one evicts what
-requires it, an entry whose requirements are missing is not inserted, and inserting or hitting it
-makes its requirements more recent than itself, the shallowest most recent. So the LRU order
+requires it, and what requires that, and so on down (one key may be kept under one request's
+chain and hung from by another request's: a one-level eviction once left entries whose
+requirement was gone, and a lookup that reached one failed with KeyError); an entry whose
+requirements are missing is not inserted, and inserting or hitting it makes its requirements
+more recent than itself, the shallowest most recent. So the LRU order
 drops a prompt's deepest states first; before, a long prompt's own later deposits evicted its
 first ones, leaving the rest in the budget and unreachable (a repeat of it hit nothing).
 States are never written after they are made (runners read parents, never write them), so an
@@ -137,9 +140,13 @@ class StateCache:
             self._entries.move_to_end(required)
 
     def _evict(self, key: NodeKey) -> tuple[int, int]:
-        """Under the lock: drop key and every entry that requires it; (entries, bytes) freed."""
+        """Under the lock: drop key, every entry that requires it, every entry that requires one
+        of those, and so on; (entries, bytes) freed."""
         count, freed = 0, 0
-        for gone in [key, *self._dependents.pop(key, ())]:
+        pending = [key]
+        while pending:
+            gone = pending.pop()
+            pending.extend(self._dependents.pop(gone, ()))
             entry = self._entries.pop(gone, None)
             if entry is None:
                 continue
@@ -148,6 +155,17 @@ class StateCache:
                 self._dependents.get(required, set()).discard(gone)
         self.nbytes -= freed
         return count, freed
+
+    def _ancestry(self, keys: tuple[NodeKey, ...]) -> set[NodeKey]:
+        """Under the lock: keys (all kept), what they require, what that requires, and so on: the
+        entries an eviction must not touch for an entry requiring keys to stay reachable."""
+        found: set[NodeKey] = set()
+        pending = list(keys)
+        while pending:
+            if (key := pending.pop()) not in found:
+                found.add(key)
+                pending.extend(self._entries[key].requires)
+        return found
 
     def insert(
         self, key: NodeKey, state: Any, score: float | None, tokens: bytes, requires: tuple[NodeKey, ...] = ()
@@ -171,18 +189,20 @@ class StateCache:
                 return True
             if not all(r in self._entries for r in requires):
                 return False
-            if sum(self._entries[r].nbytes for r in requires) + nbytes > self.budget_bytes:
+            # its chain and the chains those entries were kept under: an eviction reaches none of
+            # them (each requires only protected entries), so what the new entry requires stays
+            protected = self._ancestry(requires)
+            if sum(self._entries[r].nbytes for r in protected) + nbytes > self.budget_bytes:
                 return False  # its chain and it do not fit together: nothing evicted for it
-            protected = set(requires)  # a chain's whole ancestry: no dependent of a victim is in it
             while self.nbytes + nbytes > self.budget_bytes:
                 victim = next(k for k in self._entries if k not in protected)
                 count, size = self._evict(victim)
                 evicted, freed = evicted + count, freed + size
             self._entries[key] = Entry(kept, score, tokens, nbytes, requires)
+            self.nbytes += nbytes
             for required in requires:
                 self._dependents.setdefault(required, set()).add(key)
             self._touch(key)
-            self.nbytes += nbytes
             self.num_inserts += 1
             self.num_evictions += evicted
         if self._listener is not None:

@@ -192,6 +192,31 @@ def test_a_node_kept_without_a_score_gains_one(torch_runner):
         same_bits(got, want)
 
 
+def test_a_node_kept_under_one_tree_and_hung_from_by_another_stays_reachable(torch_runner):
+    """The end at 192 is kept by a request whose tree branches at 128 (so it requires 128's) and
+    hung from by one whose tree branches at 192 (whose deposits require 192's only); unrelated
+    traffic then evicts 128. The deposits under 192 once stayed, requiring a state that was gone:
+    the next lookup that reached one failed with KeyError, on every retry (a review, 2026-12-03)."""
+    rng = random.Random(5)
+    state = [rng.randrange(1000, 5000) for _ in range(600)]
+    other = [random.Random(99).randrange(1000, 5000) for _ in range(300)]
+    requests = [
+        [QuestionWork("choice", (tuple(state[:300] + [7]), tuple(state[:300] + [8]), tuple(state[:128] + [9] * 3)))],
+        [QuestionWork("choice", (tuple(state[:400] + [7]), tuple(state[:400] + [8]), tuple(state[:192] + [9] * 3)))],
+        [QuestionWork("noul", (tuple(other),))],
+        [QuestionWork("noul", (tuple(state[:350]),))],
+    ]
+    engine = cached_engine(torch_runner, budget=4_600_000)
+    cache = engine.state_cache
+    assert cache is not None
+    for work in requests:
+        got = engine.execute(work, temperature=TEMPERATURE, policy="shared")
+        assert all(r in cache._entries for entry in cache._entries.values() for r in entry.requires)
+        assert cache.nbytes == sum(entry.nbytes for entry in cache._entries.values()) <= cache.budget_bytes
+    assert cache.num_evictions > 0
+    same_bits(got, Engine(torch_runner).execute(requests[-1], temperature=TEMPERATURE, policy="shared"))
+
+
 def test_tiny_budget_evicts_and_stays_exact(torch_runner, tokenizer, workload):
     """A budget of about two ~500-token states: every deposit evicts, bytes never exceed it,
     answers stay exact."""

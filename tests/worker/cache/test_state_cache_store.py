@@ -108,3 +108,32 @@ def test_a_chain_is_kept_whole_and_evicted_from_its_deepest_state():
     assert not cache.insert(key(30), 700, None, t[30], requires=(key(10),))
     assert [k.position for k in cache._entries] == [40, 10]
     assert listener.evicted == cache.num_evictions == 1  # 30, for 40 (the _evict above was direct)
+
+
+def test_a_key_kept_under_one_chain_and_hung_from_under_another():
+    """One key can be kept under one request's chain (10, then 30) and hung from by another's
+    (20, then 30): evicting 10 evicts 30 and what hangs from it (a one-level eviction left 40
+    requiring a 30 that was gone, and its lookup raised KeyError), and making room for an entry
+    that requires 30 never evicts 10, which 30 requires (it did, leaving the new entry placed,
+    uncounted and requiring a missing state)."""
+    t = {p: token_bytes(range(p)) for p in (10, 20, 30, 40, 50, 60)}
+    cache = store(10_000)
+    assert cache.insert(key(10), 100, None, t[10])
+    assert cache.insert(key(20), 100, None, t[20])
+    assert cache.insert(key(30), 100, None, t[30], requires=(key(10),))  # the first request's chain
+    assert cache.insert(key(40), 100, None, t[40], requires=(key(20), key(30)))  # the second's
+    cache._evict(key(10))
+    assert [k.position for k in cache._entries] == [20]
+    assert cache.nbytes == 180 and not any(cache._dependents.values())
+
+    cache = store(1000)  # entries of 140, 180, 220, 300 bytes; then one of 440
+    assert cache.insert(key(10), 100, None, t[10])
+    assert cache.insert(key(20), 100, None, t[20])
+    assert cache.insert(key(30), 100, None, t[30], requires=(key(10),))
+    assert cache.insert(key(50), 100, None, t[50])
+    cache._entries.move_to_end(key(10), last=False)  # 10 first in line for eviction
+    assert cache.insert(key(60), 200, None, t[60], requires=(key(20), key(30)))
+    assert all(r in cache._entries for e in cache._entries.values() for r in e.requires)
+    assert key(10) in cache._entries and key(50) not in cache._entries  # 50 went instead
+    assert cache.nbytes == sum(e.nbytes for e in cache._entries.values()) == 980
+    assert cache.lookup(key(60), lambda: t[60]) is not None
