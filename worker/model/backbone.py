@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -33,13 +33,15 @@ class PackedLaunch:
     positions; spans: each segment's [start, end) rows; parents: per segment, its
     parent's per-layer states from an earlier pass, or the index of an earlier segment of this
     pass, or None (start of prompt); head_rows: rows whose final hidden state is wanted, in
-    output order."""
+    output order; keep: per segment, whether its state is wanted after the pass (an attention
+    state no one wants is not kept, layer by layer: it is a copy of its ancestors' keys)."""
 
     token_ids: Tensor
     positions: Tensor
     spans: tuple[tuple[int, int], ...]
     parents: tuple[tuple[LayerState, ...] | int | None, ...]
     head_rows: tuple[int, ...]
+    keep: tuple[bool, ...] | None = None  # None: every segment's
 
 
 def mlp(x: Tensor, layer: LayerWeights) -> Tensor:
@@ -55,12 +57,13 @@ def run_mixer(
     index: int,
     plan: GdnPlan,
     query_rows: Sequence[int] | None = None,
-) -> tuple[Tensor, Sequence[LayerState]]:
+) -> tuple[Tensor, Sequence[LayerState | None]]:
     parents = [p if p is None or isinstance(p, int) else p[index] for p in launch.parents]
     if isinstance(layer, GdnLayerWeights):
         return gdn_mixer(layer.mixer, config, h, launch.spans, _states_of(GdnState, parents, index), plan)
+    parent_states = _states_of(AttentionState, parents, index)
     return attention_mixer(
-        layer.mixer, config, h, launch.positions, launch.spans, _states_of(AttentionState, parents, index), query_rows
+        layer.mixer, config, h, launch.positions, launch.spans, parent_states, query_rows, launch.keep
     )
 
 
@@ -79,11 +82,11 @@ def _states_of(
 
 def forward(
     weights: ModelWeights, config: ModelConfig, launch: PackedLaunch
-) -> tuple[Tensor, list[tuple[LayerState, ...]]]:
+) -> tuple[Tensor, list[tuple[LayerState, ...] | None]]:
     """Returns (final-normed hidden states of launch.head_rows [R, D], and per segment its
-    per-layer final states)."""
+    per-layer final states, None for a segment launch.keep does not keep)."""
     x = weights.embed_tokens[launch.token_ids]  # [T_total, D]
-    per_layer_states: list[Sequence[LayerState]] = []
+    per_layer_states: list[Sequence[LayerState | None]] = []
     last = len(weights.layers) - 1
     head_rows = _padded(list(launch.head_rows))
     plan = gdn_plan(launch.spans, launch.parents, config, len(launch.token_ids))  # one for all GDN layers
@@ -101,7 +104,11 @@ def forward(
         per_layer_states.append(states)
         x = x + mlp(ops.rms_norm(x, layer.post_attention_norm, config.rms_norm_eps), layer)
     hidden = ops.rms_norm(x, weights.final_norm, config.rms_norm_eps)[: len(launch.head_rows)]
-    per_segment = [tuple(layer_states[s] for layer_states in per_layer_states) for s in range(len(launch.spans))]
+    kept = launch.keep or (True,) * len(launch.spans)
+    per_segment = [
+        cast(tuple[LayerState, ...], tuple(layer_states[s] for layer_states in per_layer_states)) if keep else None
+        for s, keep in enumerate(kept)
+    ]
     return hidden, per_segment
 
 
@@ -122,6 +129,7 @@ def pack(
     start_positions: Sequence[int],
     parents: Sequence[tuple[LayerState, ...] | int | None],
     read_head: Sequence[bool],
+    keep: Sequence[bool] | None = None,
 ) -> PackedLaunch:
     """Lay segments back to back, plus pad rows (token 0 from position 0, in no segment: only the
     row-wise dense work sees them) up to a multiple of ROW_QUANTUM rows. The head reads each
@@ -143,4 +151,5 @@ def pack(
         spans=tuple(spans),
         parents=tuple(parents),
         head_rows=tuple(end - 1 for (_, end), reads in zip(spans, read_head, strict=True) if reads),
+        keep=None if keep is None else tuple(keep),
     )

@@ -32,7 +32,8 @@ def attention_mixer(
     spans: Sequence[tuple[int, int]],
     parent_states: Sequence[AttentionState | int | None],
     query_rows: Sequence[int] | None = None,
-) -> tuple[Tensor, list[AttentionState]]:
+    keep: Sequence[bool] | None = None,
+) -> tuple[Tensor, list[AttentionState | None]]:
     """h: [T_total, D] normed hidden rows; positions: [T_total] int64 rotary positions;
     spans: each segment's [start, end) rows; parent_states: each segment's ancestors' keys/values,
     or the index of an earlier segment of this launch whose keys/values it continues; rows after
@@ -40,7 +41,10 @@ def attention_mixer(
     wanted, each the last row of its segment (the last layer's head rows): keys and values are
     still made for every row (the states), queries and outputs for these rows alone.
     Returns (mixer output [T_total, D], or [len(query_rows), D] in query_rows' order, and each
-    segment's AttentionState covering all its positions)."""
+    segment's AttentionState covering all its positions; None for a segment that keep says is
+    not kept and that no later segment of the launch continues: its keys are its ancestors' and
+    its own, copied, and 255 candidates under a 16,000-token state grew the demo worker by 2.3 GB
+    of such copies, 0.2 GB without them: benchmarks/wide_tree_memory_cpu.py)."""
     num_heads, num_kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     eps = config.rms_norm_eps
     rows = list(query_rows) if query_rows is not None else None
@@ -62,9 +66,11 @@ def attention_mixer(
     asked: dict[int, list[int]] = {}
     for place, row in enumerate(rows or ()):
         asked.setdefault(row, []).append(place)
-    states: list[AttentionState] = []
-    for (start, end), source in zip(spans, parent_states, strict=True):
+    continued = {source for source in parent_states if isinstance(source, int)}
+    states: list[AttentionState | None] = []
+    for index, ((start, end), source) in enumerate(zip(spans, parent_states, strict=True)):
         parent = states[source] if isinstance(source, int) else source
+        assert parent is not None or source is None  # a continued segment's state is always made
         if parent is None:
             all_keys, all_values, num_before = keys[start:end], values[start:end], 0
         else:
@@ -77,7 +83,8 @@ def attention_mixer(
             places = asked.pop(end - 1)
             last = ops.attention(query[places[0] : places[0] + 1], all_keys, all_values, q_offset=all_keys.shape[0] - 1)
             out[places] = last.expand(len(places), -1, -1)
-        states.append(AttentionState(keys=all_keys, values=all_values))
+        needed = keep is None or keep[index] or index in continued
+        states.append(AttentionState(keys=all_keys, values=all_values) if needed else None)
 
     if asked:
         raise ValueError(f"query rows {sorted(asked)} are not the last row of a segment")

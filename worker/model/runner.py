@@ -53,9 +53,9 @@ class TorchRunner:
         if bad:
             raise ValueError(f"token id {bad[0]} outside the vocabulary (size {self.config.vocab_size})")
 
-    def final_hidden(self, runs: Sequence[SegmentRun]) -> tuple[Tensor, list[SegmentState]]:
+    def final_hidden(self, runs: Sequence[SegmentRun]) -> tuple[Tensor, list[SegmentState | None]]:
         """Final-normed hidden states [R, D] of the reading runs' last tokens (in run order), and
-        every run's final state."""
+        every run's final state (None where the run keeps none)."""
         pass_depths(runs)
         for run in runs:
             self._check(run)
@@ -64,11 +64,12 @@ class TorchRunner:
             [run.start_position for run in runs],
             [run.parent_in_pass if run.parent_state is None else run.parent_state.layers for run in runs],
             [run.read_head for run in runs],
+            [run.keep_state for run in runs],
         )
         with torch.inference_mode():
             hidden, layer_states = forward(self.weights, self.config, launch)
         states = [
-            SegmentState(num_tokens=run.start_position + len(run.token_ids), layers=layers)
+            None if layers is None else SegmentState(num_tokens=run.start_position + len(run.token_ids), layers=layers)
             for run, layers in zip(runs, layer_states, strict=True)
         ]
         return hidden, states
