@@ -32,6 +32,7 @@ names() {  # the subjectAltName list: the fixed names, then each extra argument
 
 leaf() {  # leaf NAME SAN: NAME/tls.key, NAME/tls.crt, NAME/ca.crt
   mkdir -p "$DIR/$1"
+  chmod 0755 "$DIR/$1"  # under umask 077 the images' user could not enter it
   openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=openjev-$1" \
     -keyout "$DIR/$1/tls.key" -out "$WORK/$1.csr" 2>/dev/null
   printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n%s\nsubjectAltName=%s\n' \

@@ -99,6 +99,12 @@ def test_health_checks_pass_over_tls_and_fail_without_it(tls_stack):
         assert (ok.returncode, ok.stdout.strip()) == (0, "SERVING"), ok.stderr
         plain = healthcheck(address, {})
         assert (plain.returncode, plain.stdout.strip()) == (1, "UNAVAILABLE")
+    # The name the check verifies, not the address it dials: the certificate names 127.0.0.1 and
+    # `worker`, not 127.0.0.2 (a certificate from one's own CA need name no address at all).
+    other = f"127.0.0.2:{worker.port}"
+    assert worker_env["OPENJEV_HEALTHCHECK_TLS_SERVER_NAME"] == "worker"
+    ok = healthcheck(other, worker_env)
+    assert (ok.returncode, ok.stdout.strip()) == (0, "SERVING"), ok.stderr
     # The worker requires a client certificate: the CA alone is not enough.
     no_cert = healthcheck(worker.address, {"OPENJEV_HEALTHCHECK_TLS_CA": worker_env["OPENJEV_HEALTHCHECK_TLS_CA"]})
     assert (no_cert.returncode, no_cert.stdout.strip()) == (1, "UNAVAILABLE")
@@ -148,3 +154,14 @@ def test_plaintext_override_starts_both_servers_without_certificates(demo_model,
         if frontend is not None:
             frontend.stop()
         worker.stop()
+
+
+def test_the_certificate_folders_are_readable_by_the_images_user_under_any_umask(tmp_path):
+    """Under umask 077 the folders were 0700, root's: the images' user (uid 10001) could not read
+    its key ("cannot read TLS key ... Permission denied" at start)."""
+    certs = tmp_path / "certs"
+    subprocess.run(
+        ["sh", "-c", f'umask 077 && "{DEPLOY / "make-dev-certs.sh"}" "{certs}"'], check=True, capture_output=True
+    )
+    for folder in ("frontend", "worker"):
+        assert (certs / folder).stat().st_mode & 0o777 == 0o755, folder
