@@ -116,10 +116,31 @@ def _channel(target: str, options: list, credentials: grpc.ChannelCredentials | 
     return grpc.secure_channel(target, credentials, options=options)
 
 
+def _when_ready(channel: grpc.Channel, callback: Callable[[grpc.ChannelConnectivity], None], on_ready) -> Callable:
+    """callback on every connectivity change, then on_ready() each time the channel becomes READY
+    (it keeps connecting: subscribed with try_to_connect); returns what to unsubscribe."""
+    last: list[grpc.ChannelConnectivity | None] = [None]
+
+    def changed(connectivity: grpc.ChannelConnectivity) -> None:
+        callback(connectivity)
+        if connectivity == grpc.ChannelConnectivity.READY != last[0]:
+            on_ready()
+        last[0] = connectivity
+
+    channel.subscribe(changed, try_to_connect=True)
+    return changed
+
+
 class _Probe:
     """One worker's own channel, for Describe and Health.Check (never for traffic)."""
 
-    def __init__(self, endpoint: str, credentials: grpc.ChannelCredentials | None = None, options: list | None = None):
+    def __init__(
+        self,
+        endpoint: str,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: list | None = None,
+        on_ready: Callable[[], None] = lambda: None,
+    ):
         self.channel = _channel(
             endpoint,
             [
@@ -131,13 +152,21 @@ class _Probe:
         )
         self.worker = worker_pb2_grpc.WorkerServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
+        _when_ready(self.channel, lambda connectivity: None, on_ready)
 
 
 class _Traffic:
     """The traffic channels built at one time (round robin; ring_hash with affinity), and the
     calls on them: once replaced (`retire`) they close when the last call ends."""
 
-    def __init__(self, target: str, credentials: grpc.ChannelCredentials | None, tls_options: list, affinity: bool):
+    def __init__(
+        self,
+        target: str,
+        credentials: grpc.ChannelCredentials | None,
+        tls_options: list,
+        affinity: bool,
+        on_ready: Callable[[], None],
+    ):
         self.channel = _channel(target, [*traffic_channel_options(), *tls_options], credentials)
         self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
         # Context affinity: the same workers on a ring_hash channel. It connects to a worker only
@@ -152,7 +181,7 @@ class _Traffic:
         self._calls = 0
         self._retired = False
         self._lock = threading.Lock()
-        self.channel.subscribe(self._on_connectivity, try_to_connect=True)
+        self._subscribed = _when_ready(self.channel, self._on_connectivity, on_ready)
 
     def _on_connectivity(self, connectivity: grpc.ChannelConnectivity) -> None:
         self.connectivity = connectivity
@@ -178,7 +207,7 @@ class _Traffic:
             self.close()
 
     def close(self) -> None:
-        self.channel.unsubscribe(self._on_connectivity)
+        self.channel.unsubscribe(self._subscribed)
         self.channel.close()
         if self.affinity_channel is not None:
             self.affinity_channel.close()
@@ -215,7 +244,14 @@ class WorkerLink:
         self._resolved = None if self.targets.fixed is not None else frozenset(self.targets.endpoints())
         # The probes answer on their own channels; after a worker restarts they can say SERVING
         # while the traffic channel still waits out its reconnect backoff, so readiness needs both.
-        self._traffic = _Traffic(self.targets.traffic_target, credentials, self._tls_options, affinity)
+        # A link state computed while a channel was still connecting says UNAVAILABLE ("its
+        # connection is idle", or the probe's Describe failed): a channel's READY, the traffic's or
+        # a probe's, asks for a refresh at once, not a period later (600 s in a test, where the
+        # first requests were refused all that time).
+        self._wake = threading.Event()  # the next refresh now: close(), or refresh_soon()
+        self._traffic = _Traffic(
+            self.targets.traffic_target, credentials, self._tls_options, affinity, self.refresh_soon
+        )
         self._traffic_lock = threading.Lock()  # a call taking the channels against their swap
         self._fingerprint = fingerprint
         self._max_length = max_length
@@ -231,7 +267,6 @@ class WorkerLink:
         self._probes_lock = threading.Lock()  # refresh (the link's thread) against close
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="worker-probe")
         self._stop = threading.Event()
-        self._wake = threading.Event()  # the next refresh now: close(), or refresh_soon()
         self._state_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -266,7 +301,9 @@ class WorkerLink:
         self._resolved = resolved
         if not resolved:  # nothing to connect to; the addresses coming back, even the same, rebuild
             return
-        new = _Traffic(self.targets.traffic_target, self._credentials, self._tls_options, self.affinity)
+        new = _Traffic(
+            self.targets.traffic_target, self._credentials, self._tls_options, self.affinity, self.refresh_soon
+        )
         new.ready.wait(self._probe_timeout)
         with self._traffic_lock:
             if self._stop.is_set():  # closed meanwhile
@@ -301,7 +338,7 @@ class WorkerLink:
             gone = {endpoint: self._probes.pop(endpoint) for endpoint in set(self._probes) - set(endpoints)}
             for endpoint in endpoints:
                 if endpoint not in self._probes:
-                    self._probes[endpoint] = _Probe(endpoint, self._credentials, self._tls_options)
+                    self._probes[endpoint] = _Probe(endpoint, self._credentials, self._tls_options, self.refresh_soon)
             probes = [self._probes[endpoint] for endpoint in endpoints]
         for endpoint, probe in gone.items():
             probe.channel.close()

@@ -215,6 +215,25 @@ def test_a_worker_replaced_between_describes_never_answers_for_the_frontend(demo
         worker.stop()
 
 
+def test_a_worker_that_comes_up_after_the_frontend_is_served_without_waiting_a_refresh(demo_model, tmp_path):
+    """The link's state is computed at each refresh, and it is UNAVAILABLE while the traffic
+    channel is not READY: a frontend that described its worker before that channel connected
+    (at start, or before the worker was up) refused every call until the next refresh, 600 s
+    here (a fresh-clone run failed on it, 2026-12-03). The channel's READY now refreshes at once."""
+    port = launch.free_port()
+    frontend = launch.start_frontend(demo_model, f"127.0.0.1:{port}", tmp_path, ["--worker-refresh-seconds", "600"])
+    worker = None
+    try:
+        worker = launch.start_worker(demo_model, tmp_path, ["--listen", f"127.0.0.1:{port}"])
+        launch.wait_serving(frontend.address, timeout_seconds=30)
+        with Client(frontend.address) as client:
+            assert client.decide({"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}, timeout=30)
+    finally:
+        frontend.stop()
+        if worker is not None:
+            worker.stop()
+
+
 def test_a_worker_refuses_calls_that_expect_another_worker(demo_model, tmp_path):
     """What the frontend sends with every call: a worker that is not the one it describes refuses
     before accepting (no `openjev-accepted` header), so the call may go elsewhere."""
