@@ -238,6 +238,11 @@ class HttpApi:
         headers = {REQUEST_ID_KEY: request_id}
         if (refused := self._unauthorized(request, headers)) is not None:
             return self._counted(refused, request_id, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+        # one of each: two that disagree were read as the first, silently (as `authorization` is,
+        # a request that carries two is refused)
+        for name in ("content-type", _TIMEOUT_HEADER):
+            if len(request.headers.getlist(name)) > 1:
+                return _early(400, f"a request must carry at most one {name} header", headers)
         if not _is_json(request.headers.get("content-type")):
             return _early(415, "content type must be application/json", headers)
         declared = request.headers.get("content-length", "")

@@ -136,6 +136,16 @@ def test_content_type_size_and_timeout_header_are_checked_first(http, max_body_b
         reply = http.post(ROUTE, content=small, headers={**json_type, "x-timeout-seconds": value})
         assert reply.status_code == 400, value
     assert http.post(ROUTE, content=small, headers={**json_type, "x-timeout-seconds": "30"}).status_code == 200
+    # two of a header, which were read as the first
+    for twice in (
+        [("x-timeout-seconds", "5"), ("x-timeout-seconds", "abc")],
+        [("content-type", "application/json")] * 2,
+    ):
+        name = twice[0][0]
+        reply = http.post(
+            ROUTE, content=small, headers=[*(json_type.items() if name != "content-type" else ()), *twice]
+        )
+        assert reply.status_code == 400 and reply.json() == {"error": f"a request must carry at most one {name} header"}
 
 
 def test_request_id_is_echoed_and_reaches_both_logs(http_pair, http):
