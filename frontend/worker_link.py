@@ -119,13 +119,14 @@ def _channel(target: str, options: list, credentials: grpc.ChannelCredentials | 
 def _when_ready(channel: grpc.Channel, callback: Callable[[grpc.ChannelConnectivity], None], on_ready) -> Callable:
     """callback on every connectivity change, then on_ready() each time the channel becomes READY
     (it keeps connecting: subscribed with try_to_connect); returns what to unsubscribe."""
-    last: list[grpc.ChannelConnectivity | None] = [None]
+    last: grpc.ChannelConnectivity | None = None
 
     def changed(connectivity: grpc.ChannelConnectivity) -> None:
+        nonlocal last
         callback(connectivity)
-        if connectivity == grpc.ChannelConnectivity.READY != last[0]:
+        if connectivity == grpc.ChannelConnectivity.READY != last:
             on_ready()
-        last[0] = connectivity
+        last = connectivity
 
     channel.subscribe(changed, try_to_connect=True)
     return changed
