@@ -47,6 +47,20 @@ def expected_worker(tokenizer_fingerprint: str, max_length: int, model_id: str, 
     return hashlib.sha256(described.encode()).hexdigest()[:32]
 
 
+# Request-header key: what the frontend's workers agreed on at its last Describe round, their
+# checkpoint revision and default prefix policy (`expected_fleet`). A worker restarted meanwhile
+# with a retrained head (same model id and tokenizer) would otherwise answer the same request
+# otherwise than the others until the next round; it refuses these calls itself, unaccepted.
+EXPECT_FLEET_METADATA_KEY = "openjev-expect-fleet"
+
+
+def expected_fleet(checkpoint_revision: str, default_prefix_policy: int) -> str:
+    """A digest of what the workers behind one frontend must agree on (the policy as its enum
+    value: what Describe says)."""
+    described = f"{checkpoint_revision}\n{default_prefix_policy}"
+    return hashlib.sha256(described.encode()).hexdigest()[:32]
+
+
 # Each literal's enum value is its name upper-cased after the enum's prefix (protos/ says so).
 _POLICY_TO_ENUM: dict[PrefixPolicy, api.PrefixPolicy] = {
     name: api.PrefixPolicy.Value(f"PREFIX_POLICY_{name.upper()}") for name in PREFIX_POLICIES

@@ -89,7 +89,7 @@ class _NoUnary(Exception):
 
 def _failure(call, code: grpc.StatusCode, details: str | None, *, unrun: bool, client_active: bool) -> Exception:
     """A failed worker call as the servicer reports it: Refused, or _NotAccepted when it failed
-    UNAVAILABLE or INVALID_ARGUMENT before the worker accepted it. A call cancelled while the
+    UNAVAILABLE, INVALID_ARGUMENT or UNIMPLEMENTED before the worker accepted it. A call cancelled while the
     client is still there was cancelled by the worker (its commit timeout ran out while this
     frontend was still sending the request): UNAVAILABLE, not a CANCELLED the client would take
     for its own."""
@@ -98,6 +98,10 @@ def _failure(call, code: grpc.StatusCode, details: str | None, *, unrun: bool, c
         code = grpc.StatusCode.UNAVAILABLE
         message = "worker cancelled the call (the request was not sent within its commit timeout?)"
     disagrees = code == grpc.StatusCode.INVALID_ARGUMENT  # a request this frontend checked and sent
+    if code == grpc.StatusCode.UNIMPLEMENTED and not _accepted(call):
+        # something else answers at that address (a reused one, another server's port): no worker
+        # ran it, so another may; the retry's Describe round names the address
+        code, message = grpc.StatusCode.UNAVAILABLE, f"{message} (that address does not serve Execute)"
     code = code if code in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
     refused = Refused(code, message, unrun=unrun)
     # Not accepted, so never run: another worker may take it. A worker that finds malformed what
@@ -346,6 +350,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             (abi.EXPECT_METADATA_KEY, self.expected_worker),
             *tracing.inject(worker_span),
         ]
+        if (described := self.link.state.describe) is not None:  # what the workers agreed on
+            fleet = abi.expected_fleet(described.checkpoint_revision, described.default_prefix_policy)
+            metadata.append((abi.EXPECT_FLEET_METADATA_KEY, fleet))
         num_questions = len(decision.questions)
 
         def routed(call, replayable, ended_early=lambda: False):

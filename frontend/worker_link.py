@@ -96,6 +96,13 @@ def affinity_channel_options() -> list[tuple[str, object]]:
     ]
 
 
+def _policy_name(value: int) -> str:
+    try:
+        return abi.policy_from_enum(value) or "unspecified"
+    except KeyError:  # a newer worker's
+        return f"policy {value}"
+
+
 @dataclass(frozen=True)
 class LinkState:
     """describe: a compatible worker's last answer (None: none yet), never an incompatible one's.
@@ -375,10 +382,13 @@ class WorkerLink:
             self._state = replace(self._state, execute_unary=False)
 
     def _check(self, endpoint: str, probe: _Probe) -> tuple[wire.DescribeResponse | None, str | None, bool]:
-        """(describe, problem, reachable) of one worker."""
+        """(describe, problem, reachable) of one worker; reachable without a description: not a
+        worker at all."""
         try:
             describe = probe.worker.Describe(wire.DescribeRequest(), timeout=self._probe_timeout)
         except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.UNIMPLEMENTED:  # something answers there, not a worker
+                return None, f"worker at {endpoint} is not an Open-Jev worker (Describe is UNIMPLEMENTED)", True
             return None, f"worker at {endpoint} is unavailable: {error.code().name}", False
         problem = self._incompatibility(endpoint, describe)
         if problem is None:
@@ -399,7 +409,7 @@ class WorkerLink:
         # gone or replaced, rather than answer some requests with another model or tokenizer.
         # Its description is never this frontend's (DescribeModel): keep the last compatible one.
         for endpoint, (describe, problem, reachable) in zip(endpoints, answers, strict=True):
-            if reachable and describe is not None and self._incompatibility(endpoint, describe) is not None:
+            if reachable and (describe is None or self._incompatibility(endpoint, describe) is not None):
                 return LinkState(self._state.describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
         # Workers of one model id, tokenizer and temperature but two checkpoints (a retrained head)
         # would answer each request by whichever one it reached: the same request alternated
@@ -413,6 +423,17 @@ class WorkerLink:
         if len(set(revisions.values())) > 1:
             named = ", ".join(f"{endpoint} {revision!r}" for endpoint, revision in sorted(revisions.items()))
             problem = f"workers at {self.target} serve different checkpoint revisions: {named}"
+            return LinkState(self._state.describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
+        # Likewise a request without a policy: run `auto` by one worker and `off` by another, its
+        # answer and its prefix_cache metadata would depend on where it landed.
+        policies = {
+            endpoint: describe.default_prefix_policy
+            for endpoint, (describe, _problem, reachable) in zip(endpoints, answers, strict=True)
+            if reachable and describe is not None
+        }
+        if len(set(policies.values())) > 1:
+            named = ", ".join(f"{endpoint} {_policy_name(policy)}" for endpoint, policy in sorted(policies.items()))
+            problem = f"workers at {self.target} have different default prefix policies: {named}"
             return LinkState(self._state.describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
         for describe, problem, _reachable in answers:
             if problem is None:

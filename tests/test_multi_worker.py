@@ -20,6 +20,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health as grpc_health
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from other_export import other_export
 
 from openjev.client import Client
@@ -326,11 +328,51 @@ def frontend_target(workers) -> str:
     return ",".join(w.address for w in workers)
 
 
-def test_a_worker_restarted_with_smaller_limits_is_found_at_its_first_refusal(demo_model, tmp_path):
-    """Between two descriptions a worker restarted with fewer candidates allowed refused what the
-    frontend had checked, and every request it drew failed INTERNAL until the next refresh (here
-    10 minutes away): such a refusal (before acceptance: nothing ran) now goes to another worker
-    and has the workers described at once, so requests are answered or FAILED_PRECONDITION."""
+class NotAWorker:
+    """Some other gRPC server on a worker's address (a reused address, another server's port):
+    its health says SERVING, and it serves neither Describe nor Execute."""
+
+    def __init__(self, port: int):
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        health = grpc_health.HealthServicer()
+        health.set("", health_pb2.HealthCheckResponse.SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(health, self.server)
+        self.server.add_insecure_port(f"127.0.0.1:{port}")
+        self.server.start()
+
+    def stop(self, timeout_seconds: float) -> None:
+        self.server.stop(0)
+
+
+# How the second worker comes back between two descriptions, and how the frontend then refuses.
+RESTARTS = {
+    "fewer candidates allowed": (
+        lambda export, tmp: (export, ["--max-candidates", "4"]),
+        "accepts at most 4 candidates per request",
+    ),
+    # a retrained head under the same model id: its answers differ from the first worker's
+    "another checkpoint": (
+        lambda export, tmp: (other_export(export, tmp / "retrained", checkpoint_revision="retrained"), []),
+        "serve different checkpoint revisions",
+    ),
+    "another default policy": (
+        lambda export, tmp: (export, ["--prefix-policy", "off"]),
+        "have different default prefix policies",
+    ),
+    "not a worker": (None, "is not an Open-Jev worker (Describe is UNIMPLEMENTED)"),
+}
+
+
+@pytest.mark.parametrize("restart", list(RESTARTS))
+def test_a_worker_restarted_otherwise_is_found_at_its_first_refusal(demo_model, tmp_path, restart):
+    """Between two descriptions (here 10 minutes apart) the second worker's address comes back as
+    another worker. With fewer candidates allowed it refused what the frontend had checked, and
+    every request it drew failed INTERNAL; with another checkpoint or default policy it answered
+    the same request otherwise than the first worker; something other than a worker failed them
+    INTERNAL. Each now refuses such calls before accepting them (nothing ran), so they go to
+    the first worker and have the workers described at once: requests are answered by the first
+    worker until the frontend refuses them all, naming the problem."""
+    make, problem = RESTARTS[restart]
     ports = [launch.free_port(), launch.free_port()]
     workers = [start_worker(demo_model, tmp_path, port, f"w{i}") for i, port in enumerate(ports)]
     frontend = launch.start_frontend(
@@ -339,26 +381,29 @@ def test_a_worker_restarted_with_smaller_limits_is_found_at_its_first_refusal(de
         tmp_path,
         ["--worker-refresh-seconds", "600", "--worker-affinity", "off"],
     )
-    small = None
+    replaced = None
     try:
         launch.wait_serving(frontend.address)
         workers[1].stop(timeout_seconds=10)
-        small = launch.start_worker(
-            demo_model,
-            tmp_path,
-            ["--listen", f"127.0.0.1:{ports[1]}", *WORKER_ARGS, "--max-candidates", "4"],
-            name="small",
-        )
+        if make is None:
+            replaced = NotAWorker(ports[1])
+        else:
+            export, args = make(demo_model, tmp_path)
+            listen = ["--listen", f"127.0.0.1:{ports[1]}"]
+            replaced = launch.start_worker(export, tmp_path, [*listen, *WORKER_ARGS, *args], name="replaced")
         codes: list[str] = []
         deadline = time.monotonic() + 30
-        while not codes or codes[-1] != "FAILED_PRECONDITION":  # once a call reached the new worker
+        while not codes or codes[-1] != "FAILED_PRECONDITION":  # once a call reached the new one
             assert time.monotonic() < deadline, codes
             error = refusal(frontend.address, SIX)
             codes.append("OK" if error is None else error.code().name)
             assert "INTERNAL" not in codes, (codes, error and error.details())
             time.sleep(0.2)
+        assert error is not None and problem in error.details(), error.details()
+        if isinstance(replaced, launch.Process):  # it answered none of them
+            assert log_events(replaced, "execute", "OK") == []
     finally:
-        for process in (frontend, workers[0], *([small] if small else [])):
+        for process in (frontend, workers[0], *([replaced] if replaced else [])):
             process.stop(timeout_seconds=10)
 
 

@@ -98,6 +98,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self._expected = abi.expected_worker(
             identity.tokenizer_fingerprint, identity.max_length, identity.model_id, identity.temperature
         )
+        self._expected_fleet = abi.expected_fleet(
+            identity.checkpoint_revision, abi.policy_to_enum(identity.default_policy)
+        )
 
     def _call_fields(self, context) -> dict:
         """A call's log fields (its request id), once it is one for this worker: a frontend that
@@ -111,6 +114,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 grpc.StatusCode.UNAVAILABLE,
                 "this worker is not the one the frontend described (another ABI version, tokenizer, "
                 "max_length, model or temperature)",
+            )
+        fleet = metadata.get(abi.EXPECT_FLEET_METADATA_KEY)
+        if fleet is not None and fleet != self._expected_fleet:
+            log.warning("execute", status="UNAVAILABLE", reason="the frontend's workers hold another checkpoint")
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                "this worker is not the one the frontend described (another checkpoint revision or "
+                "default prefix policy than its other workers)",
             )
         return {"request_id": metadata.get(interceptors.REQUEST_ID_KEY, "")}
 
