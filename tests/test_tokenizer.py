@@ -15,6 +15,7 @@ from openjev.contract.request import parse_request
 from openjev.export import ExportError
 from openjev.tokenizer import (
     PromptTokenizer,
+    TokenizerFile,
     build_tokenizer_json,
     tokenizer_fingerprint,
     tokenizer_json_bytes,
@@ -187,10 +188,12 @@ def test_from_export(tmp_path, tokenizer_json, prompt_tokenizer):
     exported = PromptTokenizer.from_export(tmp_path)
     assert exported.fingerprint == prompt_tokenizer.fingerprint
     assert exported.encode(["x"]) == prompt_tokenizer.encode(["x"])
+    assert TokenizerFile.from_export(tmp_path).fingerprint == prompt_tokenizer.fingerprint  # the worker's
     del manifest["chat_suffix"]
     (tmp_path / "open_jev_export.json").write_text(json.dumps(manifest))
-    with pytest.raises(ExportError, match="chat_suffix"):
-        PromptTokenizer.from_export(tmp_path)
+    for load in (PromptTokenizer.from_export, TokenizerFile.from_export):
+        with pytest.raises(ExportError, match="chat_suffix"):
+            load(tmp_path)
 
 
 def test_the_longest_token_is_measured_at_load_not_by_the_first_request(tokenizer_json):
@@ -199,3 +202,25 @@ def test_the_longest_token_is_measured_at_load_not_by_the_first_request(tokenize
     request after start take 580-900 ms against ~50 ms for the next (demo model, CPU)."""
     loaded = PromptTokenizer(tokenizer_json, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
     assert vars(loaded).get("max_token_bytes") == 128  # a value already, no property left to run
+
+
+def test_the_workers_reading_counts_ids_as_the_library_does(tokenizer_json, prompt_tokenizer, tmp_path):
+    """The worker reads tokenizer.json as JSON (it never tokenizes: 0.6 s where building the
+    tokenizer took 2 s at each start); its count of token ids and their text are the library's,
+    on Qwen3.5's file and on one whose added tokens repeat a vocabulary entry."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import BPE
+
+    small = Tokenizer(BPE(vocab={"a": 0, "b": 1, "ab": 2}, merges=[("a", "b")]))
+    small.add_special_tokens(["<x>", "a", "<y>"])  # "a" is the vocabulary's id 0 already
+    (tmp_path / "small.json").write_text(small.to_str())
+    for path, library in ((tokenizer_json, prompt_tokenizer.tokenizer), (tmp_path / "small.json", small)):
+        read = TokenizerFile(path, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
+        size = library.get_vocab_size(with_added_tokens=True)
+        assert read.num_token_ids == size
+        ids = [*range(min(size, 50)), *range(max(size - 50, 0), size + 3), *random.Random(0).sample(range(size), 3)]
+        assert [read.id_to_token(i) for i in ids] == [library.id_to_token(i) for i in ids]
+    assert small.get_vocab_size(with_added_tokens=True) == 5  # the case is the one meant
+    (tmp_path / "bad.json").write_text('{"model": {"vocab": {"a": "0"}}}')
+    with pytest.raises(ValueError, match="integer ids"):
+        TokenizerFile(tmp_path / "bad.json", "", "")

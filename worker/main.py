@@ -11,7 +11,7 @@ from openjev.config import non_negative_float, non_negative_int, positive_float,
 from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
 from openjev.export import load_export_meta_or_exit, or_exit
 from openjev.limits import CallLimits
-from openjev.tokenizer import PromptTokenizer
+from openjev.tokenizer import TokenizerFile
 from openjev.worker import backends
 from openjev.worker.cache.sizing import CPU_DEFAULT_BYTES, build_state_cache, gpu_default_bytes
 from openjev.worker.checkpoint.config import ModelConfig, load_model_config
@@ -210,12 +210,12 @@ def state_cache_budget(requested: int | None, backend: str) -> int:
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")  # what a Qwen3.5 config's eos_token_id names
 
 
-def check_model_tokens(tokenizer, model: ModelConfig) -> None:
+def check_model_tokens(tokenizer: TokenizerFile, model: ModelConfig) -> None:
     """The tokenizer's ids must fit the model's embedding, and config.json's end-of-sequence ids
     must be the tokenizer's end tokens: a tokenizer.json of another model (another vocabulary,
     renumbered specials) otherwise serves answers computed on ids the weights never saw, every
     other check passed."""
-    num_token_ids = tokenizer.get_vocab_size(with_added_tokens=True)
+    num_token_ids = tokenizer.num_token_ids
     if model.vocab_size < num_token_ids:
         raise SystemExit(
             f"openjev-worker: config.json's vocab_size {model.vocab_size} is smaller than "
@@ -304,10 +304,10 @@ def serve(args: argparse.Namespace) -> None:
     traced = tracing.configure("openjev-worker", args.otlp_endpoint)
     meta = load_export_meta_or_exit(args.model, "openjev-worker")
     # the tokenizer before the weights: a bad tokenizer.json is refused in a second, not after a load
-    tokenizer = or_exit(PromptTokenizer.from_export, args.model, program="openjev-worker")
+    tokenizer = or_exit(TokenizerFile.from_export, args.model, program="openjev-worker")
     backend = backends.resolve_backend(args.backend)
     if args.synthetic is None:  # config.json against the tokenizer before the weights load, not after
-        check_model_tokens(tokenizer.tokenizer, or_exit(load_model_config, args.model, program="openjev-worker"))
+        check_model_tokens(tokenizer, or_exit(load_model_config, args.model, program="openjev-worker"))
     runner = or_exit(
         backends.build_runner,
         backend,
@@ -327,7 +327,7 @@ def serve(args: argparse.Namespace) -> None:
         program="openjev-worker",
     )
     if args.synthetic is not None:  # the shape's own config (an export's was checked above)
-        check_model_tokens(tokenizer.tokenizer, runner.config)
+        check_model_tokens(tokenizer, runner.config)
     forced_policy: PrefixPolicy | None = None
     if backend == "transformers":
         forced_policy = args.prefix_policy = "off"  # it cannot start from a parent's state
@@ -373,7 +373,7 @@ def serve(args: argparse.Namespace) -> None:
         max_launch_sequences=args.max_launch_sequences,
         max_launch_tokens=args.max_launch_tokens,
         queue_capacity=args.queue_capacity,
-        num_token_ids=tokenizer.tokenizer.get_vocab_size(with_added_tokens=True),
+        num_token_ids=tokenizer.num_token_ids,
         max_request_tokens=args.max_request_tokens,
     )
     metrics.worker_queue_depth.set_function(lambda: engine.scheduler.depth)
