@@ -70,13 +70,27 @@ MAX_SAFETENSORS_HEADER_BYTES = 100_000_000
 MAX_JSON_BYTES = 16 << 20
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def check_file(path: Path, max_bytes: int, limit: str) -> None:
+    """An export's file must be a regular file of at most max_bytes (`limit` says whose limit):
+    else ExportError naming it. One of hundreds of MB would be read and parsed whole first."""
     if not path.exists():
         raise ExportError(f"{path.name}: missing from export directory {path.parent}")
     if not path.is_file():  # a device or FIFO (symlinks followed): a read could block or never end
         raise ExportError(f"{path.name}: not a regular file")
-    if (size := path.stat().st_size) > MAX_JSON_BYTES:
-        raise ExportError(f"{path.name}: {size} bytes, more than an export's JSON files may have ({MAX_JSON_BYTES})")
+    if (size := path.stat().st_size) > max_bytes:
+        raise ExportError(f"{path.name}: {size} bytes, more than {limit} ({max_bytes})")
+
+
+# Qwen3.5's tokenizer.json is 15 MB (a 434 MB one was read whole, by a review of 2026-12-02)
+MAX_TOKENIZER_BYTES = 64 << 20
+
+
+def check_tokenizer_file(path: Path) -> None:
+    check_file(path, MAX_TOKENIZER_BYTES, "a tokenizer may have")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    check_file(path, MAX_JSON_BYTES, "an export's JSON files may have")
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, JSON, 5,000-digit ints
@@ -196,8 +210,7 @@ def load_export_meta(directory: str | Path) -> ExportMeta:
         raise ExportError(f"{directory}: {what}")
     meta = _read_json(directory / META_FILE)
     config = _read_json(directory / CONFIG_FILE)
-    if not (directory / TOKENIZER_FILE).is_file():
-        raise ExportError(f"{TOKENIZER_FILE}: missing from export directory {directory}")
+    check_tokenizer_file(directory / TOKENIZER_FILE)
     for path in safetensors_files(directory):
         check_safetensors_file(path)
 

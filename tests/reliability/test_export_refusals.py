@@ -185,6 +185,11 @@ CASES = {
         "tokenizer.json: 68157440 bytes, more than a tokenizer may have (67108864)",
         (WORKER, FRONTEND),
     ),
+    "tokenizer a FIFO": (
+        lambda e: [(e / "tokenizer.json").unlink(), os.mkfifo(e / "tokenizer.json")],
+        "tokenizer.json: not a regular file",
+        (WORKER, FRONTEND),
+    ),
     "metadata a FIFO": (
         lambda e: [(e / "open_jev_export.json").unlink(), os.mkfifo(e / "open_jev_export.json")],
         "open_jev_export.json: not a regular file",
