@@ -9,7 +9,7 @@ same bytes; only the transport and the status mapping differ:
 |--------------------------------------------|------|
 | answered (OK)                              | 200  |
 | bearer token missing or unknown            | 401  |
-| body not `application/json`                | 415  |
+| body not `application/json`, or compressed | 415  |
 | body over `--http-max-body-bytes`          | 413  |
 | body not in within 60 s                    | 408  |
 | bad `x-timeout-seconds` header             | 400  |
@@ -245,6 +245,9 @@ class HttpApi:
                 return _early(400, f"a request must carry at most one {name} header", headers)
         if not _is_json(request.headers.get("content-type")):
             return _early(415, "content type must be application/json", headers)
+        if (encoding := request.headers.get("content-encoding", "identity").strip().lower()) != "identity":
+            # RFC 9110, 15.5.16: a coding the server does not apply is 415, not a body read as it came
+            return _early(415, f"content encoding {encoding} is not supported: send the body uncompressed", headers)
         declared = request.headers.get("content-length", "")
         if declared and "transfer-encoding" in request.headers:
             # the body is framed by one of them (h11 takes Transfer-Encoding): a length checked

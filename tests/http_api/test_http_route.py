@@ -3,6 +3,7 @@ same refusal messages, the status codes of the reference service, ids, health, m
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import socket
@@ -121,6 +122,15 @@ def test_content_type_size_and_timeout_header_are_checked_first(http, max_body_b
         assert reply.json() == {"error": "content type must be application/json"}
     ok = http.post(ROUTE, content=small, headers={"content-type": "Application/JSON; charset=utf-8"})
     assert ok.status_code == 200, ok.text
+    # a compressed body was parsed as it came, which gave 422 "must be valid JSON" for a valid one
+    for encoding, body in (("gzip", gzip.compress(small)), ("br", small)):
+        headers = {"content-type": "application/json", "content-encoding": encoding}
+        reply = http.post(ROUTE, content=body, headers=headers)
+        assert reply.status_code == 415 and reply.json() == {
+            "error": f"content encoding {encoding} is not supported: send the body uncompressed"
+        }, reply.text
+    plain = {"content-type": "application/json", "content-encoding": "Identity"}
+    assert http.post(ROUTE, content=small, headers=plain).status_code == 200
 
     too_large = b'{"state": "' + b"x" * limit + b'"}'
     json_type = {"content-type": "application/json"}
