@@ -214,6 +214,10 @@ class PromptTokenizer:
     def __init__(self, tokenizer_json: str | Path, chat_prefix: str, chat_suffix: str):
         data = Path(tokenizer_json).read_bytes()
         self.tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+        # a file's own padding or truncation (a hand-made export's) would pad each piece or cut a
+        # prompt silently: ids are the whole prompt's, and too long is refused by the contract
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
         self.chat_prefix = chat_prefix
         self.chat_suffix = chat_suffix
         self._fingerprint = tokenizer_fingerprint(data, chat_prefix, chat_suffix)

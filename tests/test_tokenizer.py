@@ -224,3 +224,23 @@ def test_the_workers_reading_counts_ids_as_the_library_does(tokenizer_json, prom
     (tmp_path / "bad.json").write_text('{"model": {"vocab": {"a": "0"}}}')
     with pytest.raises(ValueError, match="integer ids"):
         TokenizerFile(tmp_path / "bad.json", "", "")
+
+
+def test_a_files_padding_and_truncation_are_not_applied(tokenizer_json, prompt_tokenizer, tmp_path):
+    """A tokenizer.json that sets padding or truncation (a hand-made export's) padded every piece
+    with <|endoftext|> or cut the prompt silently: ids are always the whole prompt's."""
+    document = json.loads(tokenizer_json.read_bytes())
+    document["truncation"] = {"direction": "Right", "max_length": 12, "strategy": "LongestFirst", "stride": 0}
+    document["padding"] = {
+        "strategy": "BatchLongest",
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 248044,
+        "pad_type_id": 0,
+        "pad_token": "<|endoftext|>",
+    }
+    (tmp_path / "tokenizer.json").write_text(json.dumps(document, ensure_ascii=False))
+    configured = PromptTokenizer(tmp_path / "tokenizer.json", DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
+    prompts = ["Is the parcel late? " * 5, "yes"]
+    assert configured.encode(prompts) == prompt_tokenizer.encode(prompts)
+    assert len(configured.encode(prompts)[0]) > 12

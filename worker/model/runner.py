@@ -44,14 +44,15 @@ class TorchRunner:
         parent = run.parent_state
         if parent is not None and not isinstance(parent, SegmentState):
             raise TypeError(f"parent_state is a {type(parent).__name__}, not a state this runner returned")
+        # every run's ids, a child's in the same pass too (-1 read the table's last row)
+        bad = [t for t in run.token_ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} outside the vocabulary (size {self.config.vocab_size})")
         if run.parent_in_pass is not None:
             return  # pass_depths checked its start position
         num_before = 0 if parent is None else parent.num_tokens
         if run.start_position != num_before:
             raise ValueError(f"start_position {run.start_position} != the parent's end position {num_before}")
-        bad = [t for t in run.token_ids if not 0 <= t < self.config.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} outside the vocabulary (size {self.config.vocab_size})")
 
     def final_hidden(self, runs: Sequence[SegmentRun]) -> tuple[Tensor, list[SegmentState | None]]:
         """Final-normed hidden states [R, D] of the reading runs' last tokens (in run order), and

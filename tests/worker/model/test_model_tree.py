@@ -85,6 +85,17 @@ def test_wrong_start_position_is_refused(runner):
         runner.run_launch([SegmentRun(ids[4:], 5, parent.state, keep_state=False, read_head=True)])
 
 
+@pytest.mark.parametrize("bad", [-1, "vocab_size"])
+def test_an_id_outside_the_vocabulary_is_refused_in_a_child_of_the_same_pass(runner, bad):
+    """A child whose parent runs in the same pass skipped the check: -1 read the table's last
+    row, and vocab_size failed the whole pass with an IndexError."""
+    bad = runner.config.vocab_size if bad == "vocab_size" else bad
+    parent = SegmentRun(random_ids(3), 0, None, keep_state=False, read_head=False)
+    child = SegmentRun((bad,), 3, None, keep_state=False, read_head=True, parent_in_pass=0)
+    with pytest.raises(ValueError, match=f"token id {bad} outside the vocabulary"):
+        runner.run_launch([parent, child])
+
+
 def test_last_layer_asks_queries_of_the_head_rows_alone(runner):
     """The last attention layer's queries and outputs for the head rows only (each the last row
     of a segment, one row asked twice as the row padding does) equal those rows of the whole
