@@ -415,26 +415,22 @@ class WorkerLink:
         # would answer each request by whichever one it reached: the same request alternated
         # between two answers. Whichever checkpoint the workers hold, they must hold the same one
         # (not necessarily this frontend's export's: a benchmark's workers hold synthetic weights).
-        revisions = {
-            endpoint: describe.checkpoint_revision
-            for endpoint, (describe, _problem, reachable) in zip(endpoints, answers, strict=True)
-            if reachable and describe is not None
-        }
-        if len(set(revisions.values())) > 1:
-            named = ", ".join(f"{endpoint} {revision!r}" for endpoint, revision in sorted(revisions.items()))
-            problem = f"workers at {self.target} serve different checkpoint revisions: {named}"
-            return LinkState(self._state.describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
         # Likewise a request without a policy: run `auto` by one worker and `off` by another, its
         # answer and its prefix_cache metadata would depend on where it landed.
-        policies = {
-            endpoint: describe.default_prefix_policy
-            for endpoint, (describe, _problem, reachable) in zip(endpoints, answers, strict=True)
-            if reachable and describe is not None
-        }
-        if len(set(policies.values())) > 1:
-            named = ", ".join(f"{endpoint} {_policy_name(policy)}" for endpoint, policy in sorted(policies.items()))
-            problem = f"workers at {self.target} have different default prefix policies: {named}"
-            return LinkState(self._state.describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
+        reached = [
+            (endpoint, d)
+            for endpoint, (d, _p, reachable) in zip(endpoints, answers, strict=True)
+            if reachable and d is not None
+        ]
+        for disagreement, value in (
+            ("serve different checkpoint revisions", lambda d: repr(d.checkpoint_revision)),
+            ("have different default prefix policies", lambda d: _policy_name(d.default_prefix_policy)),
+        ):
+            values = {endpoint: value(describe) for endpoint, describe in reached}
+            if len(set(values.values())) > 1:
+                named = ", ".join(f"{endpoint} {shown}" for endpoint, shown in sorted(values.items()))
+                problem = f"workers at {self.target} {disagreement}: {named}"
+                return LinkState(self._state.describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
         for describe, problem, _reachable in answers:
             if problem is None:
                 connectivity = self._traffic.connectivity

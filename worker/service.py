@@ -107,22 +107,23 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         expects another (it described this address before a restart with another tokenizer or
         model) gets UNAVAILABLE, unaccepted, so it may try another worker."""
         metadata = dict(context.invocation_metadata())
-        expected = metadata.get(abi.EXPECT_METADATA_KEY)
-        if expected is not None and expected != self._expected:
-            log.warning("execute", status="UNAVAILABLE", reason="the frontend expects another worker")
-            context.abort(
-                grpc.StatusCode.UNAVAILABLE,
-                "this worker is not the one the frontend described (another ABI version, tokenizer, "
-                "max_length, model or temperature)",
-            )
-        fleet = metadata.get(abi.EXPECT_FLEET_METADATA_KEY)
-        if fleet is not None and fleet != self._expected_fleet:
-            log.warning("execute", status="UNAVAILABLE", reason="the frontend's workers hold another checkpoint")
-            context.abort(
-                grpc.StatusCode.UNAVAILABLE,
-                "this worker is not the one the frontend described (another checkpoint revision or "
-                "default prefix policy than its other workers)",
-            )
+        for key, mine, differs in (
+            (
+                abi.EXPECT_METADATA_KEY,
+                self._expected,
+                "another ABI version, tokenizer, max_length, model or temperature",
+            ),
+            (
+                abi.EXPECT_FLEET_METADATA_KEY,
+                self._expected_fleet,
+                "another checkpoint revision or default prefix policy",
+            ),
+        ):
+            if (expected := metadata.get(key)) is not None and expected != mine:
+                log.warning("execute", status="UNAVAILABLE", reason="the frontend expects another worker", header=key)
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE, f"this worker is not the one the frontend described ({differs})"
+                )
         return {"request_id": metadata.get(interceptors.REQUEST_ID_KEY, "")}
 
     def Describe(self, request, context):
