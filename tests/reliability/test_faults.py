@@ -175,6 +175,7 @@ def bad_worker(demo_model, tmp_path_factory, request):
         max_length=meta.max_length,
         tokenizer_fingerprint=fingerprint,
         backend="fake",
+        default_prefix_policy=abi.policy_to_enum("off"),  # the servicer's below: the fleet header's
         limits=wire.Limits(max_questions=4096, max_candidates=65536),  # compared at connect
         execute_unary=request.param == "ExecuteUnary",
     )
