@@ -347,13 +347,18 @@ def test_corrupt_export_metadata_is_refused_by_both_servers(demo_model, tmp_path
 
 def test_a_worker_that_cancels_an_uncommitted_stream_is_unavailable_not_cancelled(demo_model, tmp_path):
     """A worker cancels an Execute stream not committed within --commit-timeout-seconds (here
-    1 ms, shorter than tokenizing 200 candidates): the client, which cancelled nothing, gets
-    UNAVAILABLE saying so (it got CANCELLED, which reads as its own doing), after the retries."""
+    1 ms, shorter than tokenizing 1,000 candidates): the client, which cancelled nothing, gets
+    UNAVAILABLE saying so (it got CANCELLED, which reads as its own doing), after the retries.
+    (With 200 a loaded machine once answered it: a stream wholly buffered before the worker's
+    handler started commits at once.)"""
     worker = launch.start_worker(demo_model, tmp_path, ["--commit-timeout-seconds", "0.001"])
     frontend = launch.start_frontend(demo_model, worker.address, tmp_path)
     many = {
         "state": "A customer says: I was charged twice.",
-        "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(200)}}},
+        "questions": {
+            f"q{q}": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(250)}}
+            for q in range(4)
+        },
     }
     try:
         launch.wait_serving(frontend.address)
