@@ -350,8 +350,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             (abi.EXPECT_METADATA_KEY, self.expected_worker),
             *tracing.inject(worker_span),
         ]
-        if (described := self.link.state.describe) is not None:  # what the workers agreed on
-            fleet = abi.expected_fleet(described.checkpoint_revision, described.default_prefix_policy)
+        if (fleet := self.link.state.expected_fleet) is not None:  # what the workers agreed on
             metadata.append((abi.EXPECT_FLEET_METADATA_KEY, fleet))
         num_questions = len(decision.questions)
 

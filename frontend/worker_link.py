@@ -27,6 +27,7 @@ with a full queue or did not accept it."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -115,6 +116,13 @@ class LinkState:
     status: grpc.StatusCode
     workers: tuple[tuple[str, str | None], ...] = ()
     execute_unary: bool = False
+
+    @functools.cached_property
+    def expected_fleet(self) -> str | None:
+        """What every worker call expects its worker to have agreed on (the expect-fleet header),
+        computed once a state, not once a call; None before any worker was described."""
+        d = self.describe
+        return None if d is None else abi.expected_fleet(d.checkpoint_revision, d.default_prefix_policy)
 
 
 def _channel(target: str, options: list, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
