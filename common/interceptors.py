@@ -50,6 +50,7 @@ class RequestInfo:
     kinds: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.perf_counter)
     outcome: str | None = None  # set by the servicer where the status code does not say it
+    response: Any = None  # the (last) response message, for observers that count answered calls
     server_ended: bool = False  # the servicer cancelled the call itself: not the caller's doing
 
 
@@ -134,7 +135,8 @@ def _outcome(context: grpc.ServicerContext, failed: bool, info: RequestInfo) -> 
     code = context.code()
     if code is None:
         code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
-    if code == grpc.StatusCode.OK and not failed and info.outcome is None:
+    # a handler that returned after its caller left (or its deadline passed) answered no one
+    if code == grpc.StatusCode.OK and not failed and info.outcome is None and context.is_active():
         return code.name
     return ended_outcome(code.name, info, context.time_remaining(), context.is_active())
 

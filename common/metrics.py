@@ -205,13 +205,16 @@ class FrontendObserver(Observer):
         frontend_in_flight_requests.inc()
 
     def on_response(self, info: RequestInfo, message) -> None:
-        frontend_input_tokens.inc(message.usage.input_tokens)
-        frontend_saved_tokens.inc(message.metadata.prefix_cache.saved_tokens)
-        frontend_request_candidates.observe(message.metadata.candidate_sequences)
+        info.response = message  # counted once the call ends OK: a caller that left got no answer
 
     def on_end(self, info: RequestInfo, outcome: str, seconds: float) -> None:
         frontend_in_flight_requests.dec()
         frontend_request_seconds.labels(kind_label(info.kinds), outcome).observe(seconds)
+        message = info.response
+        if outcome == "OK" and message is not None:
+            frontend_input_tokens.inc(message.usage.input_tokens)
+            frontend_saved_tokens.inc(message.metadata.prefix_cache.saved_tokens)
+            frontend_request_candidates.observe(message.metadata.candidate_sequences)
 
 
 class WorkerObserver(Observer):

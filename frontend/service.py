@@ -245,6 +245,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 **fields,
             )
             context.abort(refused.code, refused.message)
+        if not context.is_active():  # answered after the caller left or its deadline passed: the metrics' label
+            fields["outcome"] = interceptors.refused_outcome("OK", context)
         log.info("decide", status="OK", latency_ms=round((time.perf_counter() - started) * 1e3, 3), **fields)
         return response
 

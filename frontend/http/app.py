@@ -89,6 +89,7 @@ class HttpCallContext:
         self._deadline = deadline
         self._callbacks: list[Callable[[], None]] = []
         self._cancelled = False
+        self._settled = False  # the decide path has its answer: the caller gets it
         self.stopped_by_server = False
         self._lock = threading.Lock()
 
@@ -108,14 +109,25 @@ class HttpCallContext:
                 self._callbacks.append(callback)
             return not self._cancelled
 
-    def cancel(self, by_server: bool = False) -> None:
-        """by_server: the server's shutdown cut the call off (its outcome SERVER_SHUTDOWN)."""
+    def cancel(self, by_server: bool = False) -> bool:
+        """by_server: the server's shutdown cut the call off (its outcome SERVER_SHUTDOWN). False
+        when the answer was settled first: the call is not cut, the caller gets that answer."""
         with self._lock:
+            if self._settled:
+                return False
             self._cancelled = True
             self.stopped_by_server = self.stopped_by_server or by_server
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
+        return True
+
+    def settle(self) -> bool:
+        """The decide path has its answer: True when the call was not cut first (then it is
+        sent and counted OK), False when it was (then it is counted as the cut's outcome)."""
+        with self._lock:
+            self._settled = not self._cancelled
+            return self._settled
 
 
 MAX_WORKERS = 32  # the route's threads (Decide blocks one a request), and so its requests at once
@@ -316,6 +328,7 @@ class HttpApi:
         log.info(
             "decide",
             status=code.name,
+            outcome=code.name,  # nothing ran: no caller or server cut to tell apart
             http_status=response.status_code,
             reason=message,
             request_id=request_id,
@@ -354,10 +367,11 @@ class HttpApi:
             gone.cancel()
             status, payload, extra = await answer
         except asyncio.CancelledError:  # the server's grace period ran out with this one in flight
-            context.cancel(by_server=True)
             gone.cancel()
-            stopping = {**headers, "retry-after": RETRY_AFTER_SECONDS}
-            return _error(503, "the server stopped before the request finished; retry", stopping)
+            if context.cancel(by_server=True):
+                stopping = {**headers, "retry-after": RETRY_AFTER_SECONDS}
+                return _error(503, "the server stopped before the request finished; retry", stopping)
+            status, payload, extra = await answer  # settled before the cut (and counted so): send it
         return Response(payload, status_code=status, media_type="application/json", headers={**headers, **extra})
 
     def _decide(
@@ -378,11 +392,14 @@ class HttpApi:
                     text = "\x00"  # not JSON either way: the contract's own message follows
                 response = self.servicer.answer(api.DecideRequest(request_json=text), context, request_id, fields)
                 payload = dumps_exact(response_to_json(response), sort_keys=False).encode()
+                if not context.settle():  # cut off while it was answered: no one gets the answer
+                    raise Refused(grpc.StatusCode.CANCELLED, "the call ended before its answer was sent")
                 self._observer.on_response(info, response)
                 outcome = "OK"
                 log.info("decide", status=outcome, http_status=200, latency_ms=_ms(started), **fields)
                 return 200, payload, {}
         except Refused as refused:
+            context.settle()  # from here a cut no longer changes what the caller gets
             # the metrics' outcome, as on gRPC: who ended the call, not only the status
             outcome = (
                 interceptors.SHUTDOWN

@@ -23,6 +23,7 @@ from openjev.client import Client
 from openjev.security import BearerAuth
 from openjev.tools import soak
 from openjev.tools.soak import log_events
+from openjev.v1 import decision_pb2 as api
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTE = "/v1/systemone"
@@ -450,19 +451,23 @@ def test_a_bug_is_500_without_internals(max_body_bytes):
 
 
 class _Blocking:
-    """A servicer whose answer waits for `release`, then refuses (UNAVAILABLE)."""
+    """A servicer whose answer waits for `release`, then refuses (UNAVAILABLE), or answers
+    (an empty response) when `answers`."""
 
     meta = SimpleNamespace(accepted_model_names=frozenset({"m"}))
     max_questions = 4
 
-    def __init__(self) -> None:
+    def __init__(self, answers: bool = False) -> None:
         self.release, self.entered = threading.Event(), threading.Event()
+        self.answers = answers
 
     def answer(self, request, context, request_id, fields):
         from openjev.frontend.service import Refused
 
         self.entered.set()
         self.release.wait(30)
+        if self.answers:
+            return api.DecideResponse()
         raise Refused(grpc.StatusCode.UNAVAILABLE, "released")
 
 
@@ -549,13 +554,15 @@ def test_a_stalled_upload_holds_no_thread_and_ends_408(max_body_bytes, monkeypat
         server.wait_stopped()
 
 
-def test_a_request_cut_by_the_grace_period_is_a_json_503(max_body_bytes):
+@pytest.mark.parametrize("answers", [False, True])
+def test_a_request_cut_by_the_grace_period_is_a_json_503(max_body_bytes, answers):
     """A request still running when the HTTP server's grace period (here 0.5 s) ends: cut then,
-    not at a rounded second, and answered as a refusal the caller can retry, not a bare 500."""
+    not at a rounded second, and answered as a refusal the caller can retry, not a bare 500.
+    Its answer computed after the cut reaches no one and is not counted OK."""
     from openjev.frontend.http.app import HttpApi
     from openjev.frontend.http.server import HttpServer
 
-    endless = _Blocking()
+    endless = _Blocking(answers)
     release, entered = endless.release, endless.entered
     api = HttpApi(endless, lambda: None, max_body_bytes=max_body_bytes)  # type: ignore[arg-type]
     ended: list[str] = []
@@ -871,5 +878,5 @@ def test_refusals_before_the_decide_path_are_counted_and_logged(max_body_bytes):
         server.wait_stopped()
     assert _count("UNAUTHENTICATED") == before["UNAUTHENTICATED"] + 1
     assert _count("RESOURCE_EXHAUSTED") == before["RESOURCE_EXHAUSTED"] + 1
-    decided = {(x["status"], x["http_status"]) for x in lines if x["event"] == "decide"}
-    assert decided >= {("UNAUTHENTICATED", 401), ("RESOURCE_EXHAUSTED", 503)}
+    decided = {(x["status"], x["http_status"], x.get("outcome")) for x in lines if x["event"] == "decide"}
+    assert decided >= {("UNAUTHENTICATED", 401, "UNAUTHENTICATED"), ("RESOURCE_EXHAUSTED", 503, "RESOURCE_EXHAUSTED")}

@@ -283,15 +283,19 @@ class _Recorder(interceptors.Observer):
         self.ended.set()
 
 
-def test_outcomes_tell_client_deadline_and_cancel_apart_from_server_errors():
+@pytest.mark.parametrize("ends", ["abort", "answer"])
+def test_outcomes_tell_client_deadline_and_cancel_apart_from_server_errors(ends):
     """A real server with the real interceptor; the handler notices its caller left and ends
-    the way the servicers do (abort CANCELLED)."""
+    the way the servicers do (abort CANCELLED), or returns its answer all the same (one computed
+    as the caller left): no one got it, so it is not counted OK."""
     recorder = _Recorder()
 
     def slow(request, context):
         while context.is_active():
             time.sleep(0.01)
-        context.abort(grpc.StatusCode.CANCELLED, "client went away")
+        if ends == "abort":
+            context.abort(grpc.StatusCode.CANCELLED, "client went away")
+        return b"too late"
 
     method = "/t.T/Slow"
     handler = grpc.method_handlers_generic_handler(
@@ -318,6 +322,25 @@ def test_outcomes_tell_client_deadline_and_cancel_apart_from_server_errors():
     finally:
         server.stop(0)
     assert recorder.outcomes == ["DEADLINE_EXCEEDED", "CLIENT_CANCELLED"]
+
+
+def test_tokens_are_counted_for_answered_calls_only():
+    """The frontend's token series count what callers got: an answer its caller left before it
+    was sent is counted under its outcome's latency series, and not in the tokens."""
+    from openjev import metrics
+    from openjev.v1 import decision_pb2 as api
+
+    def tokens() -> float:
+        return metrics.frontend_registry.get_sample_value("openjev_frontend_input_tokens_total") or 0.0
+
+    observer = metrics.FrontendObserver()
+    for outcome, counted in (("CLIENT_CANCELLED", 0), ("OK", 7)):
+        info = interceptors.RequestInfo("/m", "r")
+        before = tokens()
+        observer.on_start(info)
+        observer.on_response(info, api.DecideResponse(usage=api.Usage(input_tokens=7)))
+        observer.on_end(info, outcome, 0.01)
+        assert tokens() - before == counted, outcome
 
 
 def test_a_caller_deadline_seen_as_a_cancel_is_still_its_deadline():
