@@ -276,7 +276,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, PREFIX_POLICY) from None
         link_state = self.link.state
         if link_state.problem is not None:
-            self._check_lengths(decision)  # a request's own fault is INVALID_ARGUMENT, worker or not
+            self._check_lengths(decision, context.is_active)  # a request's own fault is INVALID_ARGUMENT, worker or not
             raise Refused(link_state.status, link_state.problem)
         results, summary, num_input_tokens = self._execute(decision, policy, context, request_id, fields)
         fields.update(input_tokens=num_input_tokens)
@@ -435,14 +435,17 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             encode=self._encode if wanted is None else functools.partial(self._encode, wanted=wanted),
         )
 
-    def _check_lengths(self, decision: DecisionRequest) -> None:
+    def _check_lengths(self, decision: DecisionRequest, wanted: Callable[[], bool]) -> None:
         """The contract's last check (every candidate within max_length, the token limit), with
-        no worker to send the batches to."""
+        no worker to send the batches to; stops at the batch after the client left (a request of
+        seconds of tokenizing was checked to its end for a caller long gone)."""
         try:
-            for _ in self._batches(decision):
+            for _ in self._batches(decision, wanted):
                 pass
         except ContractError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message) from None
+        except Abandoned as gone:
+            raise Refused(grpc.StatusCode.CANCELLED, str(gone)) from None
 
     def _unary_request(
         self, decision: DecisionRequest, policy: PrefixPolicy | None, request_id: str, worker_span, wanted

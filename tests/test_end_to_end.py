@@ -200,6 +200,43 @@ def test_killed_worker_gives_unavailable_not_a_hang(demo_model, tmp_path):
         own.stop()
 
 
+def test_with_no_worker_a_request_whose_caller_left_is_not_checked_to_its_end(demo_model, tmp_path):
+    """No worker: the frontend still checks a request's lengths (its own fault is
+    INVALID_ARGUMENT), but stops at the batch after the caller's deadline passed. A request of
+    seconds of tokenizing was checked to its end and logged UNAVAILABLE for a caller long gone."""
+    from openjev.tools.soak import log_events
+
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
+    questions = {
+        f"q{i}": {
+            "type": "choice",
+            "instructions": f"Pick {i}",
+            "criteria": {f"c{j}": " ".join(f"{words[(j + k) % 8]}{i}x{j}x{k}" for k in range(200)) for j in range(250)},
+        }
+        for i in range(16)
+    }
+    frontend = launch.start_frontend(demo_model, f"127.0.0.1:{launch.free_port()}", tmp_path)
+    try:
+        with Client(frontend.address) as c:
+            with pytest.raises(grpc.RpcError) as caught:
+                c.decide(EXAMPLE, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # the link knows it has no worker
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as caught:
+                c.decide({"state": "A state.", "questions": questions}, timeout=1.0, request_id="gone")
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert time.monotonic() - started < 10
+            deadline = time.monotonic() + 30  # the log line comes when the frontend stops checking
+            while not (events := [e for e in log_events(frontend.log_text(), "decide") if e["request_id"] == "gone"]):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    finally:
+        frontend.stop()
+    assert events[0]["status"] == "DEADLINE_EXCEEDED", events
+    # checked to its end, it is refused at the token limit after 2.9 s on a 2-core machine
+    assert events[0]["latency_ms"] < 2500, events
+
+
 def test_describe_model(client):
     reply = client.stub.DescribeModel(api.DescribeModelRequest(), timeout=10)
     assert reply.model_id == "open-jev-demo"

@@ -19,6 +19,7 @@ from openjev.frontend.batches import (
     EncodeGate,
     EncodeLanes,
     TokenizedCandidate,
+    is_express,
     iter_candidate_batches,
     tokenize_request,
 )
@@ -238,6 +239,56 @@ def test_small_batches_pass_large_ones_that_hold_every_slot():
         for thread in holders:
             thread.join(10)
     assert recorder.peak == 3 and len(recorder.order) == 4
+
+
+def test_candidates_over_one_state_take_the_express_lane_by_what_is_encoded():
+    """16 candidates over a 20 KB state are 320 KB of prompts but about 20 KB of encoding (the
+    state's pieces are encoded once): the express lane, while both large slots are held. They
+    were measured by the sum and queued behind the megabyte requests."""
+    recorder = Recorder()
+    lanes = EncodeLanes(recorder, slots=2)
+    large = "held" + "x" * EXPRESS_CHARS
+    holders = [threading.Thread(target=lanes, args=([large + str(i)],)) for i in range(2)]
+    state = "Context:\n" + "a line of the state\n" * 1000
+    candidates = [f"{state}Proposed answer: option {i}" for i in range(16)]
+    answered: list = []
+    for thread in holders:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 5
+        while len(recorder.running) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        small = threading.Thread(target=lambda: answered.append(lanes(candidates)))
+        small.start()
+        small.join(5)
+        assert answered == [[[len(c)] for c in candidates]]  # returned while both large slots are held
+        assert not is_express([state + "x" * EXPRESS_CHARS, state + "y"])  # what is fresh still counts
+        assert is_express(["abc", "abd"]) and is_express([])
+    finally:
+        recorder.release.set()
+        for thread in holders:
+            thread.join(10)
+
+
+def test_a_large_batch_is_encoded_a_candidate_at_a_time_and_refused_at_the_first_too_long(tokenizer):
+    """A batch of large prompts is encoded candidate by candidate, each checked before the next:
+    the first one over max_length ends the request with one prompt encoded, not 16 (a refused
+    33 MB request raised the frontend's peak memory from 0.4 to 2.5 GiB)."""
+    criteria = {f"c{i}": f"option {i}" for i in range(16)}
+    request = _request({"q": {"type": "choice", "instructions": "word\n" * 14000, "criteria": criteria}})
+    encoded: list[int] = []
+
+    def encode(prompts):
+        encoded.append(len(prompts))
+        return tokenizer.encode(prompts)
+
+    with pytest.raises(ContractError) as caught:
+        list(iter_candidate_batches(request, tokenizer, 1000, encode=encode))
+    assert "tokens exceeds max_length=1000" in caught.value.message
+    assert encoded == [1]
+    # the same candidates within max_length: every one encoded, ids as the whole batch's
+    ids = [c.token_ids for batch in iter_candidate_batches(request, tokenizer, 100_000, encode=encode) for c in batch]
+    assert encoded[1:] == [1] * 16 and ids == tokenizer.encode(list(request.questions[0].prompts))
 
 
 def _request(questions: dict):
