@@ -32,9 +32,12 @@ from prometheus_client import (
 from openjev.interceptors import Observer, RequestInfo
 from openjev.worker.v1 import worker_pb2 as wire
 
-# Agents expect tens of milliseconds; long CPU-path or 16k-token requests reach seconds.
-LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Agents expect tens of milliseconds; long CPU-path or 16k-token requests reach seconds, and a
+# call may run to the frontend's 120 s worker deadline (or a client's longer one).
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 SEQUENCE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+# 65,536 candidates at 64 segments a pass take 1,024 passes
+PASS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
 CANDIDATE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096, 65536)
 
@@ -121,7 +124,7 @@ worker_pass_requests = Histogram(
 worker_passes_per_request = Histogram(
     "openjev_worker_passes_per_request",
     "Forward passes an executed request ran in",
-    buckets=SEQUENCE_BUCKETS,
+    buckets=PASS_BUCKETS,
     registry=worker_registry,
 )
 worker_submitted_tokens = Counter(

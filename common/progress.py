@@ -5,11 +5,13 @@
 
 On a terminal (the stream is a tty) one line is redrawn at most 10 times a second; otherwise a
 line is written at the start, about every 10 % or 10 s, and at the end, so a log of a long run
-shows it advancing without a line per item.
+shows it advancing without a line per item. A server passes its logger: those lines are then
+its log records (JSON like the rest of its log), not plain text among them.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -20,8 +22,11 @@ _WIDTH = 30
 
 
 class Progress:
-    def __init__(self, label: str, total: int | None, *, stream: IO[str] | None = None):
+    def __init__(
+        self, label: str, total: int | None, *, stream: IO[str] | None = None, log: logging.Logger | None = None
+    ):
         self.label = label
+        self.log = log
         self.total = total
         self.done = 0
         self.stream = stream if stream is not None else sys.stderr
@@ -66,15 +71,26 @@ class Progress:
         self.stream.flush()
 
     def _line(self, text: str) -> None:
+        if self.log is not None:
+            self.log.info(text)
+            return
         self.stream.write(text + "\n")
         self.stream.flush()
 
 
-def track(items: Iterable[T], label: str, total: int | None = None, *, stream: IO[str] | None = None) -> Iterator[T]:
-    """Yield `items`, showing how many have been handled (total: default len(items) if it has one)."""
+def track(
+    items: Iterable[T],
+    label: str,
+    total: int | None = None,
+    *,
+    stream: IO[str] | None = None,
+    log: logging.Logger | None = None,
+) -> Iterator[T]:
+    """Yield `items`, showing how many have been handled (total: default len(items) if it has one;
+    log: where the lines go when the stream is not a terminal)."""
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
-    bar = Progress(label, total, stream=stream)
+    bar = Progress(label, total, stream=stream, log=log)
     try:
         for item in items:
             yield item

@@ -185,3 +185,18 @@ def test_a_client_trickling_its_request_is_cut_at_the_connection_limit(monkeypat
         trickle.close()
         server.shutdown()
         server.server_close()
+
+
+def test_histograms_reach_the_largest_values_the_defaults_allow():
+    """A call may last the frontend's default 120 s worker deadline, and a request of 65,536
+    candidates at 64 segments a pass runs 1,024 passes: each lands in a finite bucket (latency
+    buckets ended at 30 s and pass buckets at 128, so both read as +Inf)."""
+    from openjev import metrics
+    from openjev.contract.request import MAX_CANDIDATES
+    from openjev.frontend.main import parser as frontend_parser
+    from openjev.worker.main import parser as worker_parser
+
+    deadline = frontend_parser().parse_args(["--model", "m"]).worker_deadline_seconds
+    segments = worker_parser().parse_args(["--model", "m"]).max_launch_sequences
+    assert max(metrics.LATENCY_BUCKETS_S) >= deadline == 120.0
+    assert max(metrics.worker_passes_per_request._upper_bounds[:-1]) >= MAX_CANDIDATES // segments == 1024

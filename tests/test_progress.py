@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 
 from openjev import progress
 
@@ -41,3 +42,18 @@ def test_unknown_total_counts_only():
     bar.close()
     assert log.getvalue().splitlines() == ["soak: started", log.getvalue().splitlines()[1]]
     assert log.getvalue().splitlines()[1].startswith("soak: done, 3 in ")
+
+
+def test_a_servers_log_gets_its_lines_as_log_records(caplog):
+    """The worker's graph warm-up passes its logger: off a terminal the lines are its log records
+    (JSON in a server's log), not plain text written among them."""
+    stream = io.StringIO()
+    logger = logging.getLogger("openjev.test.progress")
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        assert list(progress.track(range(20), "graphs", stream=stream, log=logger)) == list(range(20))
+    assert stream.getvalue() == ""
+    messages = [r.getMessage() for r in caplog.records if r.name == logger.name]
+    assert messages[0] == "graphs: started, 20 to do" and messages[-1].startswith("graphs: done, 20/20")
+    terminal = Terminal()  # a terminal still gets its bar
+    list(progress.track(range(3), "graphs", stream=terminal, log=logger))
+    assert "\r" in terminal.getvalue()

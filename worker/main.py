@@ -15,6 +15,7 @@ from openjev.tokenizer import TokenizerFile
 from openjev.worker import backends
 from openjev.worker.cache.sizing import CPU_DEFAULT_BYTES, build_state_cache, gpu_default_bytes
 from openjev.worker.checkpoint.config import ModelConfig, load_model_config
+from openjev.worker.cuda.traits import GDN_CHUNKED
 from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.geometry import GDN_CHUNK_TOKENS
 from openjev.worker.planner.cost import default_cost_model
@@ -135,7 +136,8 @@ def parser() -> argparse.ArgumentParser:
         "--graph-capture-after",
         type=positive_int,
         default=2,
-        help="capture a shape's graph on its Nth launch (1: at once; a capture costs several eager launches)",
+        help="no effect since graphs are captured at start for every pass shape (before SERVING); "
+        "kept so that existing command lines still start",
     )
     p.add_argument(
         "--graph-tile-from",
@@ -260,6 +262,11 @@ def main(argv: list[str] | None = None) -> None:
         args.chunk_tokens = default_chunk_tokens(args.max_launch_tokens)
     elif args.chunk_tokens > args.max_launch_tokens:
         flags.error(f"--chunk-tokens {args.chunk_tokens} exceeds --max-launch-tokens {args.max_launch_tokens}")
+    if args.gdn_kernel == "chunked" and args.max_launch_sequences > GDN_CHUNKED.max_segments:
+        flags.error(
+            f"--max-launch-sequences {args.max_launch_sequences} exceeds {GDN_CHUNKED.max_segments}, "
+            "the most segments a pass of --gdn-kernel chunked plans"
+        )
     logs.configure(args.log_level)
     with serving.exit_on_signal_while_starting("openjev-worker"):
         serve(args)

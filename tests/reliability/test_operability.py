@@ -83,6 +83,12 @@ def test_a_busy_metrics_port_exits_with_one_line(demo_model):
         # a chunk over the pass budget (refused after the weights had loaded, with exit status 1)
         (launch.WORKER_MODULE, ["--chunk-tokens", "8192"], {}, "--chunk-tokens 8192 exceeds --max-launch-tokens 4096"),
         (launch.WORKER_MODULE, ["--max-launch-tokens", "32"], {}, "--max-launch-tokens 32 is below 64"),
+        (
+            launch.WORKER_MODULE,
+            ["--gdn-kernel", "chunked", "--max-launch-sequences", "1024"],
+            {},
+            "--max-launch-sequences 1024 exceeds 1023",
+        ),
         (launch.FRONTEND_MODULE, ["--http-max-body-bytes", "-5"], {}, "--http-max-body-bytes"),
     ],
 )

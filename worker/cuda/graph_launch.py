@@ -175,7 +175,7 @@ class GraphLauncher:
         t0, mem0 = time.perf_counter(), torch.cuda.memory_reserved(self.model.device)
         self.statics.ensure()
         warmed_rows: set[int] = set()  # token counts an eager pass has run at (cuBLAS's choices)
-        for key in progress.track(keys, "CUDA graphs of the pass budget"):
+        for key in progress.track(keys, "CUDA graphs of the pass budget", log=log):
             if key not in self.cache:
                 self._capture(key, self._dummy_plan(key), warm=key.tokens not in warmed_rows)
                 warmed_rows.add(key.tokens)

@@ -25,7 +25,7 @@ import torch
 
 from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from openjev.worker.cuda import chunked_gdn as KC
-from openjev.worker.cuda import gemm
+from openjev.worker.cuda import gemm, traits
 from openjev.worker.cuda import kernels as K
 from openjev.worker.cuda.buckets import MAX_STATE_SLOTS, Bucketing, PassBudget
 from openjev.worker.cuda.fused_weights import (
@@ -98,6 +98,11 @@ class CudaRunner:
             context=max_pass_context,
             tile_from=graph_tile_from,
         )
+        if self.chunked_gdn and self.budget.segments > traits.GDN_CHUNKED.max_segments:
+            raise ValueError(
+                f"a pass of the chunked GDN kernel plans at most {traits.GDN_CHUNKED.max_segments} segments, "
+                f"not {self.budget.segments}"
+            )
         self.config, self.embed, self.layers, self.final_norm = config, embed, layers, final_norm
         # Split-K products must not sum their partial results in bf16 (the library's default)
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False

@@ -39,6 +39,11 @@ class GdnChunkTraits:
     b_pad: int = 8
 
     @property
+    def max_segments(self) -> int:
+        """The most segments of a pass budget: a launch has one more (buckets.PassKey's padding)."""
+        return self.plan_threads - 1
+
+    @property
     def k_stride(self) -> int:
         """Row stride (floats) of [chunk][head_dim] tiles: k, q, W, O."""
         return self.head_dim + self.row_pad

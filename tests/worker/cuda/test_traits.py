@@ -127,3 +127,18 @@ def test_modules_that_use_wgmma_compile_for_sm90a():
     assert kernels.arch_of("conv1d", "sm_100") == "sm_100"
     with pytest.raises(ValueError, match="sm_90a only"):
         kernels.arch_of("tree_attention", "sm_100")
+
+
+def test_the_chunked_kernels_segment_limit_is_its_plan_launchs():
+    """gdn_chunk_plan plans a segment a thread. Pass budgets of up to max_segments have no key
+    wider than its threads and one more has: the launch's assert fired at warm-up, on a GPU
+    after the weights had loaded, for --max-launch-sequences 1024; now refused at start."""
+    from openjev.worker.cuda.buckets import Bucketing, PassBudget
+
+    def widest(segments: int) -> int:
+        keys = Bucketing(PassBudget(tokens=4096, segments=segments, depth=8), tail_rows=True).keys()
+        return max(key.segments for key in keys)
+
+    limit = traits.GDN_CHUNKED.max_segments
+    assert widest(limit) == traits.GDN_CHUNKED.plan_threads
+    assert widest(limit + 1) > traits.GDN_CHUNKED.plan_threads
