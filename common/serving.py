@@ -236,11 +236,13 @@ def serve_until_signal(
     grace_seconds: float,
     on_stop: Callable[[], None] = lambda: None,
     on_signal: Callable[[], None] = lambda: None,
+    stop: threading.Event | None = None,
 ) -> None:
-    """Block until SIGTERM/SIGINT; then go NOT_SERVING, refuse new RPCs, let in-flight ones
-    finish within the grace period, and return. on_signal: run at once on the signal (another
-    listener starts draining alongside); on_stop: once the gRPC server has stopped."""
-    stop = threading.Event()
+    """Block until SIGTERM/SIGINT (or `stop` is set: the server's own reason to end); then go
+    NOT_SERVING, refuse new RPCs, let in-flight ones finish within the grace period, and return.
+    on_signal: run at once on the signal (another listener starts draining alongside); on_stop:
+    once the gRPC server has stopped."""
+    stop = stop or threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     # Timed waits, not one endless wait: the kernel may deliver the signal to any of the

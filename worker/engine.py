@@ -65,6 +65,7 @@ class Engine:
         queue_capacity: int = 64,
         on_pass: PassObserver | None = None,
         state_cache: StateCache | None = None,
+        on_device_lost: Callable[[str], None] | None = None,
     ) -> None:
         if default_policy not in PREFIX_POLICIES:
             raise ValueError(f"unknown prefix policy {default_policy!r}; expected one of {PREFIX_POLICIES}")
@@ -73,7 +74,9 @@ class Engine:
         self.cost_model = cost_model if cost_model is not None else default_cost_model(runner.backend)
         self.default_policy = default_policy
         self.state_cache = state_cache
-        self.scheduler = Scheduler(runner, pack_limits, queue_capacity, on_pass=on_pass, cache=state_cache)
+        self.scheduler = Scheduler(
+            runner, pack_limits, queue_capacity, on_pass=on_pass, cache=state_cache, on_device_lost=on_device_lost
+        )
 
     def plan(self, questions: Sequence[QuestionWork], policy: PrefixPolicy | None = None) -> Plan:
         return plan_request(

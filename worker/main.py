@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from pathlib import Path
 
@@ -355,6 +356,15 @@ def serve(args: argparse.Namespace) -> None:
         fingerprint=f"{meta.model_id}@{revision}/{backend}/{args.gdn_kernel}/{args.gemm_min_rows}",
         listener=metrics.StateCacheObserver(),
     )
+    # a device that can run nothing more (a sticky CUDA error): stop serving and exit 1, so that a
+    # supervisor restarts the worker, rather than fail every request while health says SERVING
+    device_lost: list[str] = []
+    stopping = threading.Event()
+
+    def on_device_lost(reason: str) -> None:
+        device_lost.append(reason)
+        stopping.set()
+
     engine = Engine(
         metrics.CountingRunner(runner),
         pack_limits=limits,
@@ -363,6 +373,7 @@ def serve(args: argparse.Namespace) -> None:
         queue_capacity=args.queue_capacity,
         on_pass=observe_pass,
         state_cache=state_cache,
+        on_device_lost=on_device_lost,
     )
     identity = WorkerIdentity(
         model_id=meta.model_id,
@@ -385,7 +396,11 @@ def serve(args: argparse.Namespace) -> None:
     )
     metrics.worker_queue_depth.set_function(lambda: engine.scheduler.depth)
     servicer = WorkerServicer(
-        engine, identity, forced_policy=forced_policy, commit_timeout_seconds=args.commit_timeout_seconds
+        engine,
+        identity,
+        forced_policy=forced_policy,
+        commit_timeout_seconds=args.commit_timeout_seconds,
+        ready=False,
     )
     name = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
     work_methods = (f"/{name}/Execute", f"/{name}/ExecuteUnary")
@@ -421,11 +436,16 @@ def serve(args: argparse.Namespace) -> None:
     budget = state_cache.budget_bytes if state_cache is not None and state_cache.enabled else 0
     metrics.worker_state_cache_budget_bytes.set(budget)
     log.info("state_cache", budget_bytes=budget)
+    servicer.ready.set()
     server.set_serving(True)
     if args.port_file:
         args.port_file.write_text(str(server.port))
     log.info("serving", port=server.port, backend=backend, model_id=meta.model_id)
-    serving.serve_until_signal(server, grace_seconds=args.grace_seconds, on_stop=lambda: stop(engine, runner))
+    serving.serve_until_signal(
+        server, grace_seconds=args.grace_seconds, on_stop=lambda: stop(engine, runner), stop=stopping
+    )
+    if device_lost:
+        raise SystemExit(f"openjev-worker: the device failed ({device_lost[0]}); exiting so that it is restarted")
 
 
 def observe_pass(num_requests: int, num_tokens: int, seconds: float) -> None:

@@ -55,6 +55,8 @@ class ModelRunner(Protocol):
     # Optional (absent: unbounded): the most parents' states from earlier passes and the most
     # kept states one pass holds (max_pass_states), and the most ancestor key rows of those
     # parents (max_pass_context); the CUDA runner's captured passes have fixed slots for them.
+    # Optional too: device_lost() -> str | None, asked after a pass failed: why the device can run
+    # nothing more (a sticky CUDA error), or None where the failure was the pass's own.
 
     def run_launch(self, runs: Sequence[SegmentRun]) -> list[SegmentResult]:
         """Run one pass. A run's parent is a state from an earlier pass or an earlier run of

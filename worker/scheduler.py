@@ -137,6 +137,7 @@ class Scheduler:
         on_pass: PassObserver | None = None,
         poll_seconds: float = 0.02,
         cache: StateCache | None = None,
+        on_device_lost: Callable[[str], None] | None = None,
     ):
         if capacity < 0:
             raise ValueError("queue capacity must be >= 0")
@@ -150,6 +151,7 @@ class Scheduler:
         # already running (the worker sizes its Execute threads from this)
         self.max_admitted = capacity + limits.max_sequences
         self._on_pass = on_pass
+        self._on_device_lost = on_device_lost
         self.cache = cache
         self._poll_seconds = poll_seconds
         self._jobs: list[_Job] = []  # admitted, in arrival order
@@ -335,6 +337,7 @@ class Scheduler:
             # a new error, not the raised one: that one's traceback holds this running frame (its
             # runs and their parent states), which a job keeping it would pin in a reference cycle
             self._finish_all([jobs[owner] for owner in chosen], InferenceError(f"runner failed: {error!r}"))
+            self._check_device()
             return
         if len(results) != len(runs):
             failure = InferenceError(f"runner returned {len(results)} results for {len(runs)} runs")
@@ -390,6 +393,21 @@ class Scheduler:
             job.children_left[parent] -= 1
             if job.children_left[parent] == 0:
                 job.states.pop(parent, None)
+
+    def _check_device(self) -> None:
+        """After a failed pass: a device that can run nothing more (a sticky CUDA error fails
+        every later pass while health said SERVING) is reported, once, to on_device_lost."""
+        probe = getattr(self.runner, "device_lost", None)
+        if probe is None or self._on_device_lost is None:
+            return
+        try:
+            reason = probe()
+        except Exception as error:  # the probe's own failure says as much
+            reason = repr(error)
+        if reason is not None:
+            log.error("device_lost", reason=reason)
+            callback, self._on_device_lost = self._on_device_lost, None
+            callback(reason)
 
     def _finish_all(self, jobs: list[_Job], error: BaseException) -> None:
         with self._cond:  # finished under the lock: `_cancel` sees them done, not half removed

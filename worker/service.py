@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -89,7 +90,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         *,
         forced_policy: PrefixPolicy | None = None,
         commit_timeout_seconds: float | None = None,
+        ready: bool = True,
     ):
+        # Work calls wait for this: the server starts (NOT_SERVING) before the warm-up, whose
+        # graph captures a pass run beside them would break (main sets it as health says SERVING)
+        self.ready = threading.Event()
+        if ready:
+            self.ready.set()
         self.engine = engine
         self.commit_timeout_seconds = commit_timeout_seconds
         self._stream_limits = identity.stream_limits()
@@ -105,8 +112,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def _call_fields(self, context) -> dict:
         """A call's log fields (its request id), once it is one for this worker: a frontend that
         expects another (it described this address before a restart with another tokenizer or
-        model) gets UNAVAILABLE, unaccepted, so it may try another worker."""
+        model), or that calls before the warm-up is over, gets UNAVAILABLE, unaccepted, so it may
+        try another worker."""
         metadata = dict(context.invocation_metadata())
+        if not self.ready.is_set():
+            log.info(
+                "execute",
+                status="UNAVAILABLE",
+                reason="starting",
+                request_id=metadata.get(interceptors.REQUEST_ID_KEY, ""),
+            )
+            context.abort(grpc.StatusCode.UNAVAILABLE, "this worker is starting (warm-up) and not serving yet")
         for key, mine, differs in (
             (
                 abi.EXPECT_METADATA_KEY,

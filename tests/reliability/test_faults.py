@@ -371,3 +371,105 @@ def test_a_worker_that_cancels_an_uncommitted_stream_is_unavailable_not_cancelle
     finally:
         frontend.stop()
         worker.stop()
+
+
+class _ConstantRunner:
+    backend = "torch"
+
+    def run_launch(self, runs):
+        return [SegmentResult(object() if r.keep_state else None, 0.0 if r.read_head else None) for r in runs]
+
+
+def test_work_calls_before_the_warm_up_is_over_are_unavailable_and_unaccepted():
+    """The worker's server starts (NOT_SERVING) before its warm-up, whose CUDA graph captures a
+    pass run beside them would break (the captures fail, and those shapes run eagerly for good):
+    a work call then is UNAVAILABLE without the accepted header, so a frontend tries another
+    worker; once the worker is ready the same call is answered. Calls were served during it."""
+    from openjev.worker.engine import Engine
+    from openjev.worker.service import WorkerIdentity, WorkerServicer
+
+    identity = WorkerIdentity("m", None, "r", 1.0, 64, 1000, "fp", "torch", "off", 4, 64, 16, 16, 4096, 4)
+    servicer = WorkerServicer(Engine(_ConstantRunner(), queue_capacity=4), identity, ready=False)
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    request = wire.ExecuteUnaryRequest(header=wire.ExecuteHeader(request_id="early"))
+    request.header.questions.add(kind=abi.kind_to_enum("noul"), num_candidates=1)
+    request.candidates.add(question_index=0, candidate_index=0, token_ids=[1, 2, 3])
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ExecuteUnary(request, timeout=10)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "starting" in caught.value.details()
+            assert abi.ACCEPTED_METADATA_KEY not in dict(caught.value.initial_metadata())
+            servicer.ready.set()
+            reply = stub.ExecuteUnary(request, timeout=10)
+            assert list(reply.questions[0].probabilities) == [0.5, 0.5]
+    finally:
+        server.stop(0)
+        servicer.engine.close()
+
+
+class _LostDevice:
+    """A runner whose passes fail; `sticky`: the device can run nothing more afterwards."""
+
+    backend = "cuda"
+
+    def __init__(self, sticky: bool):
+        self.sticky = sticky
+        self.probes = 0
+
+    def run_launch(self, runs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def device_lost(self):
+        self.probes += 1
+        return "CUDA error: an illegal memory access was encountered" if self.sticky else None
+
+
+@pytest.mark.parametrize("sticky", [True, False])
+def test_a_device_that_can_run_nothing_more_is_reported_once(sticky):
+    """After a failed pass the scheduler asks the runner whether its device still works: a sticky
+    CUDA error (every later pass fails while health said SERVING) reaches on_device_lost once,
+    and the worker stops serving and exits 1 on it; a pass's own failure (an out-of-memory) does
+    not."""
+    from openjev.worker.engine import Engine, InferenceError, QuestionWork
+
+    runner, lost = _LostDevice(sticky), []
+    engine = Engine(runner, default_policy="off", on_device_lost=lost.append)
+    try:
+        for _ in range(2):
+            with pytest.raises(InferenceError, match="illegal memory access"):
+                engine.execute([QuestionWork("noul", ((1, 2, 3),))], temperature=1.0)
+    finally:
+        engine.close()
+    assert runner.probes == (1 if sticky else 2)  # reported once: the probe is not asked again
+    assert lost == (["CUDA error: an illegal memory access was encountered"] if sticky else [])
+
+
+def test_serving_ends_when_the_server_itself_stops_it():
+    """serve_until_signal's `stop` (set on a lost device) ends serving as SIGTERM does: health
+    NOT_SERVING for good, the server stopped, and the caller's cleanup run."""
+    import signal
+    import threading
+
+    from openjev import serving
+
+    server = serving.build_server("127.0.0.1:0", lambda s: None, [])
+    server.set_serving(True)
+    stop, stopped = threading.Event(), []
+    threading.Timer(0.2, stop.set).start()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        serving.serve_until_signal(server, grace_seconds=1.0, on_stop=lambda: stopped.append(True), stop=stop)
+    finally:  # it took this process's SIGTERM and SIGINT
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert stopped == [True]
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -135,6 +135,10 @@ class CudaRunner:
 
             self.graphs = GraphLauncher(self, graph_cache_size, graph_capture_after, self.budget)
 
+    def device_lost(self) -> str | None:
+        """Asked after a pass failed (ModelRunner): see device_fault."""
+        return device_fault(self.device)
+
     def warm_up(self) -> dict | None:
         """Capture a graph for every pass shape within the budget (before SERVING); None when
         the graph cache is off. See GraphLauncher.warm_up."""
@@ -417,3 +421,16 @@ class _EagerIO:
             if layers is not None:  # a materialised run (plan.materialise, ascending)
                 rows = slice(cu[i], cu[i + 1])
                 layers[index] = (k_pool[rows].clone(), v_pool[rows].clone())
+
+
+def device_fault(device) -> str | None:
+    """The error a trivial computation on `device` raises, or None where it runs: a sticky CUDA
+    error (an illegal address, a failed launch) leaves the context unable to run anything, and
+    every later pass fails; an out-of-memory or a bad argument does not."""
+    try:
+        torch.cuda.synchronize(device)
+        if (torch.ones(1, device=device) + 1).item() != 2.0:
+            return "the device computed 1 + 1 wrong"
+    except Exception as error:
+        return repr(error)
+    return None
