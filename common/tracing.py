@@ -173,14 +173,57 @@ def inject(target: Any = None) -> list[tuple[str, str]]:
 
 def server_span(name: str, carrier: Mapping[str, str] | None, **attributes: Any):
     """A SERVER span for a request that arrived with `carrier` (HTTP headers or gRPC
-    metadata, lower-case keys) continuing the caller's trace when it sent one."""
+    metadata, lower-case keys) continuing the caller's trace when it sent one. Its outcome is
+    the caller's to note (`note_status`): an exception leaving it marks nothing."""
     if _tracer is None:
         return _NO_SPAN_CONTEXT
     from opentelemetry import trace
 
     return _tracer.start_as_current_span(
-        name, context=_extract(carrier), kind=trace.SpanKind.SERVER, attributes=attributes
+        name,
+        context=_extract(carrier),
+        kind=trace.SpanKind.SERVER,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
     )
+
+
+# The gRPC codes a server span counts as its own failure (OpenTelemetry's RPC conventions); a
+# refusal of the caller's request (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...) is not one.
+_GRPC_SERVER_ERRORS = frozenset(
+    {"UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"}
+)
+
+
+def note_status(span: Any, code: str, http_status: int | None = None) -> None:
+    """A server span's outcome, as the conventions name it: `rpc.grpc.status_code` (gRPC) or
+    `http.response.status_code` (HTTP, `code` then the gRPC status it stands for), and the
+    span's status ERROR where the server failed (those codes; HTTP 5xx)."""
+    if isinstance(span, _NoSpan):
+        return
+    from opentelemetry import trace
+
+    if http_status is None:
+        span.set_attribute("rpc.grpc.status_code", grpc.StatusCode[code].value[0])
+        failed = code in _GRPC_SERVER_ERRORS
+    else:
+        span.set_attribute("http.response.status_code", http_status)
+        failed = http_status >= 500
+    span.set_attribute("openjev.status", code)
+    if failed:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, code))
+
+
+def _call_code(context: Any, error: BaseException | None) -> str:
+    """The status a call handler ended with: its abort's, CANCELLED for a stream its caller
+    closed, UNKNOWN for any other exception (gRPC's own), else OK."""
+    code = context.code()
+    if code is not None:
+        return code.name
+    if isinstance(error, GeneratorExit):
+        return "CANCELLED"
+    return "OK" if error is None else "UNKNOWN"
 
 
 def _extract(carrier: Mapping[str, str] | None) -> Any:
@@ -217,6 +260,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
 
                 current = _tracer.start_span(name, context=_extract(carrier), kind=trace.SpanKind.SERVER)
                 captured = trace.set_span_in_context(current)
+                ended: BaseException | None = None
                 # The span stays open over the whole stream; its context is attached around each
                 # step only, never across a yield (a stream the client abandons is closed
                 # wherever its generator is collected, where there would be nothing to detach).
@@ -232,10 +276,10 @@ class ServerInterceptor(grpc.ServerInterceptor):
                             otel_context.detach(token)
                         yield message
                 except BaseException as error:
-                    current.record_exception(error)
-                    current.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+                    ended = error
                     raise
                 finally:
+                    note_status(current, _call_code(context, ended))
                     current.end()
 
             return factory(
@@ -247,8 +291,15 @@ class ServerInterceptor(grpc.ServerInterceptor):
             return handler  # no such method in our protos
 
         def unary(request, context):
-            with server_span(name, carrier):
-                return handler.unary_unary(request, context)
+            with server_span(name, carrier) as current:
+                ended: BaseException | None = None
+                try:
+                    return handler.unary_unary(request, context)
+                except BaseException as error:
+                    ended = error
+                    raise
+                finally:
+                    note_status(current, _call_code(context, ended))
 
         return grpc.unary_unary_rpc_method_handler(
             unary, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer

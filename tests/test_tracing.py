@@ -20,7 +20,9 @@ from openjev.v1 import decision_pb2 as api
 
 pytest.importorskip("opentelemetry.sdk", reason="the tracing extra")
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc  # noqa: E402
+from opentelemetry.proto.trace.v1 import trace_pb2  # noqa: E402
 
+BAD_GRPC, BAD_HTTP, DOWN_GRPC = "1" * 32, "2" * 32, "3" * 32
 SMALL = {
     "state": "hi",
     "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {"a": None, "b": None}}},
@@ -48,6 +50,7 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
                                 "span": span.span_id.hex(),
                                 "parent": span.parent_span_id.hex(),
                                 "attributes": {a.key: a.value for a in span.attributes},
+                                "status": span.status.code,
                             }
                         )
         return trace_service_pb2.ExportTraceServiceResponse()
@@ -113,6 +116,21 @@ def test_one_trace_spans_both_processes(demo_model, tmp_path, collector, monkeyp
             timeout=60,
         )
         assert reply.status_code == 200
+        bad = {"state": "hi", "questions": {}}  # the caller's fault: a status, not a server failure
+        with Client(pair.frontend.address) as client, pytest.raises(grpc.RpcError):
+            metadata = [("traceparent", f"00-{BAD_GRPC}-{caller_span}-01")]
+            client.stub.Decide(api.DecideRequest(request_json=json.dumps(bad)), metadata=metadata, timeout=60)
+        refused = httpx.post(
+            f"http://127.0.0.1:{http_port}/v1/systemone",
+            json=bad,
+            headers={"traceparent": f"00-{BAD_HTTP}-{caller_span}-01"},
+            timeout=60,
+        )
+        assert refused.status_code == 422
+        pair.worker.kill()  # no worker: UNAVAILABLE / 503, the server's failure
+        with Client(pair.frontend.address) as client, pytest.raises(grpc.RpcError):
+            metadata = [("traceparent", f"00-{DOWN_GRPC}-{caller_span}-01")]
+            client.stub.Decide(api.DecideRequest(request_json=json.dumps(SMALL)), metadata=metadata, timeout=60)
     finally:
         pair.stop()  # both processes flush their spans on the way out
     spans = receiver.spans
@@ -121,8 +139,22 @@ def test_one_trace_spans_both_processes(demo_model, tmp_path, collector, monkeyp
     assert grpc_root["parent"] == http_root["parent"] == caller_span  # the caller's trace goes on
     _check_request_trace(spans, grpc_root)
     _check_request_trace(spans, http_root)
-    # The warm-up at the worker's start is no request: only the two requests' traces exist.
-    assert {s["trace"] for s in spans} == {grpc_trace, http_trace}
+    # each server span says how its call ended (they carried no status: 2026-12-04)
+    ok = trace_pb2.Status.STATUS_CODE_UNSET
+    assert (grpc_root["attributes"]["rpc.grpc.status_code"].int_value, grpc_root["status"]) == (0, ok)
+    assert (http_root["attributes"]["http.response.status_code"].int_value, http_root["status"]) == (200, ok)
+    execute_call = _one(spans, name="openjev.worker.v1.WorkerService/ExecuteUnary", trace=grpc_trace)
+    assert execute_call["attributes"]["rpc.grpc.status_code"].int_value == 0
+    bad_grpc = _one(spans, name="openjev.v1.DecisionService/Decide", trace=BAD_GRPC)
+    assert (bad_grpc["attributes"]["rpc.grpc.status_code"].int_value, bad_grpc["status"]) == (3, ok)
+    bad_http = _one(spans, name="POST /v1/systemone", trace=BAD_HTTP)
+    assert (bad_http["attributes"]["http.response.status_code"].int_value, bad_http["status"]) == (422, ok)
+    assert bad_http["attributes"]["openjev.status"].string_value == "INVALID_ARGUMENT"
+    down = _one(spans, name="openjev.v1.DecisionService/Decide", trace=DOWN_GRPC)
+    error = trace_pb2.Status.STATUS_CODE_ERROR
+    assert (down["attributes"]["rpc.grpc.status_code"].int_value, down["status"]) == (14, error)
+    # The warm-up at the worker's start is no request: only the requests' traces exist.
+    assert {s["trace"] for s in spans} == {grpc_trace, http_trace, BAD_GRPC, BAD_HTTP, DOWN_GRPC}
 
 
 def test_spans_nest_across_threads_in_memory():

@@ -384,51 +384,56 @@ class HttpApi:
         bound = structlog.contextvars.bind_contextvars(request_id=request_id)
         outcome = "UNKNOWN"
         self._observer.on_start(info)
-        try:
-            with tracing.server_span(f"POST {ROUTE}", trace_headers), interceptors.current_request(info):
-                try:
-                    text = body.decode("utf-8")
-                except UnicodeDecodeError:
-                    text = "\x00"  # not JSON either way: the contract's own message follows
-                response = self.servicer.answer(api.DecideRequest(request_json=text), context, request_id, fields)
-                payload = dumps_exact(response_to_json(response), sort_keys=False).encode()
-                if not context.settle():  # cut off while it was answered: no one gets the answer
-                    raise Refused(grpc.StatusCode.CANCELLED, "the call ended before its answer was sent")
-                self._observer.on_response(info, response)
-                outcome = "OK"
-                log.info("decide", status=outcome, http_status=200, latency_ms=_ms(started), **fields)
-                return 200, payload, {}
-        except Refused as refused:
-            context.settle()  # from here a cut no longer changes what the caller gets
-            # the metrics' outcome, as on gRPC: who ended the call, not only the status
-            outcome = (
-                interceptors.SHUTDOWN
-                if context.stopped_by_server
-                else interceptors.ended_outcome(refused.code.name, info, context.time_remaining(), context.is_active())
-            )
-            if refused.code == grpc.StatusCode.CANCELLED and outcome == interceptors.CLIENT_DEADLINE:
-                # the call ended because the deadline passed, not because the client left (gRPC's
-                # Decide reports the same as DEADLINE_EXCEEDED)
-                refused = Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"the {_TIMEOUT_HEADER} deadline passed")
-            status = HTTP_STATUS.get(refused.code, 502)
-            log.info(
-                "decide",
-                status=refused.code.name,
-                outcome=outcome,
-                http_status=status,
-                reason=refused.message,
-                latency_ms=_ms(started),
-                **fields,
-            )
-            extra = {"retry-after": RETRY_AFTER_SECONDS} if status == 503 else {}
-            return status, _error_body(refused.message), extra
-        except Exception as error:  # a bug of ours: logged in full, never shown to the caller
-            outcome = "INTERNAL"
-            log.exception("decide", status=outcome, http_status=500, reason=repr(error), **fields)
-            return 500, _error_body("internal error"), {}
-        finally:
-            self._observer.on_end(info, outcome, time.perf_counter() - info.started)
-            structlog.contextvars.reset_contextvars(**bound)
+        with tracing.server_span(f"POST {ROUTE}", trace_headers) as span:
+            try:
+                with interceptors.current_request(info):
+                    try:
+                        text = body.decode("utf-8")
+                    except UnicodeDecodeError:
+                        text = "\x00"  # not JSON either way: the contract's own message follows
+                    response = self.servicer.answer(api.DecideRequest(request_json=text), context, request_id, fields)
+                    payload = dumps_exact(response_to_json(response), sort_keys=False).encode()
+                    if not context.settle():  # cut off while it was answered: no one gets the answer
+                        raise Refused(grpc.StatusCode.CANCELLED, "the call ended before its answer was sent")
+                    self._observer.on_response(info, response)
+                    outcome = "OK"
+                    log.info("decide", status=outcome, http_status=200, latency_ms=_ms(started), **fields)
+                    tracing.note_status(span, outcome, 200)
+                    return 200, payload, {}
+            except Refused as refused:
+                context.settle()  # from here a cut no longer changes what the caller gets
+                # the metrics' outcome, as on gRPC: who ended the call, not only the status
+                remaining, active = context.time_remaining(), context.is_active()
+                outcome = (
+                    interceptors.SHUTDOWN
+                    if context.stopped_by_server
+                    else interceptors.ended_outcome(refused.code.name, info, remaining, active)
+                )
+                if refused.code == grpc.StatusCode.CANCELLED and outcome == interceptors.CLIENT_DEADLINE:
+                    # the call ended because the deadline passed, not because the client left (gRPC's
+                    # Decide reports the same as DEADLINE_EXCEEDED)
+                    refused = Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"the {_TIMEOUT_HEADER} deadline passed")
+                status = HTTP_STATUS.get(refused.code, 502)
+                log.info(
+                    "decide",
+                    status=refused.code.name,
+                    outcome=outcome,
+                    http_status=status,
+                    reason=refused.message,
+                    latency_ms=_ms(started),
+                    **fields,
+                )
+                tracing.note_status(span, refused.code.name, status)
+                extra = {"retry-after": RETRY_AFTER_SECONDS} if status == 503 else {}
+                return status, _error_body(refused.message), extra
+            except Exception as error:  # a bug of ours: logged in full, never shown to the caller
+                outcome = "INTERNAL"
+                log.exception("decide", status=outcome, http_status=500, reason=repr(error), **fields)
+                tracing.note_status(span, outcome, 500)
+                return 500, _error_body("internal error"), {}
+            finally:
+                self._observer.on_end(info, outcome, time.perf_counter() - info.started)
+                structlog.contextvars.reset_contextvars(**bound)
 
 
 async def _disconnected(request: Request) -> None:
