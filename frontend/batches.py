@@ -35,6 +35,7 @@ from openjev.abi import BATCH_CANDIDATES
 from openjev.contract import errors
 from openjev.contract.errors import ContractError, too_long_message, too_many_bytes_message
 from openjev.contract.request import DecisionRequest
+from openjev.sequences import common_prefix_length
 from openjev.tokenizer import PromptTokenizer
 
 # What `encode` is run through: a bounded executor's submit-and-wait in the server, or a plain
@@ -112,21 +113,8 @@ def is_express(prompts: list[str]) -> bool:
         return True
     if max(len(prompt) for prompt in prompts) > EXPRESS_CHARS:
         return False
-    fresh = len(prompts[0]) + sum(len(b) - _shared_start(a, b) for a, b in itertools.pairwise(prompts))
+    fresh = len(prompts[0]) + sum(len(b) - common_prefix_length(a, b) for a, b in itertools.pairwise(prompts))
     return fresh <= EXPRESS_CHARS
-
-
-def _shared_start(a: str, b: str) -> int:
-    """The length of the start `a` and `b` share, by halving: string compares of slices, each
-    character compared about twice, no Python step per character."""
-    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo], and the shared start is at most hi
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from openjev.sequences import common_prefix_length
 from openjev.worker.planner.plan import Reader
 
 Prompt = tuple[Reader, Sequence[int]]
@@ -28,21 +29,6 @@ class TreeNode:
     start_position: int
     token_ids: tuple[int, ...]
     readers: tuple[Reader, ...]
-
-
-def common_prefix_length(a: Sequence, b: Sequence) -> int:
-    """Length of the longest common prefix of two sequences."""
-    n = min(len(a), len(b))
-    # Binary search on C-speed slice comparisons: long shared contexts (thousands of tokens)
-    # would make a Python-level loop the planner's dominant cost.
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def singletons(prompts: Sequence[Prompt]) -> list[TreeNode]:
