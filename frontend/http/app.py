@@ -409,9 +409,10 @@ class HttpApi:
                     if context.stopped_by_server
                     else interceptors.ended_outcome(refused.code.name, info, remaining, active)
                 )
-                if refused.code == grpc.StatusCode.CANCELLED and outcome == interceptors.CLIENT_DEADLINE:
-                    # the call ended because the deadline passed, not because the client left (gRPC's
-                    # Decide reports the same as DEADLINE_EXCEEDED)
+                if outcome == interceptors.CLIENT_DEADLINE:
+                    # the caller's deadline, whichever step it ended (the worker call's message was
+                    # "worker: Stream removed (Deadline Exceeded)"); gRPC's Decide reports a cancel
+                    # it caused as DEADLINE_EXCEEDED too
                     refused = Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"the {_TIMEOUT_HEADER} deadline passed")
                 status = HTTP_STATUS.get(refused.code, 502)
                 log.info(
