@@ -128,7 +128,7 @@ worker_passes_per_request = Histogram(
     registry=worker_registry,
 )
 worker_submitted_tokens = Counter(
-    "openjev_worker_submitted_tokens", "Candidate tokens received in executed requests", registry=worker_registry
+    "openjev_worker_submitted_tokens", "Candidate tokens of answered requests", registry=worker_registry
 )
 worker_computed_tokens = Counter(
     "openjev_worker_computed_tokens",
@@ -221,21 +221,24 @@ class FrontendObserver(Observer):
 
 
 class WorkerObserver(Observer):
-    """Execute and ExecuteUnary: latency by kind and outcome; token counts from the summary
-    message (Execute) or reply (ExecuteUnary) it sends."""
+    """Execute and ExecuteUnary: latency by kind and outcome; token counts of answered calls from
+    the summary message (Execute) or reply (ExecuteUnary) they sent."""
 
     def on_response(self, info: RequestInfo, message) -> None:
         if isinstance(message, wire.ExecuteResponse) and message.WhichOneof("item") != "summary":
             return
-        s = message.summary
+        info.response = message.summary  # counted once the call ends answered (on_end)
+
+    def on_end(self, info: RequestInfo, outcome: str, seconds: float) -> None:
+        worker_execute_seconds.labels(kind_label(info.kinds), outcome).observe(seconds)
+        s = info.response
+        if outcome != "OK" or s is None:  # a caller gone before its answer got none
+            return
         worker_submitted_tokens.inc(s.submitted_tokens)
         worker_computed_tokens.inc(s.computed_tokens)
         worker_saved_tokens.inc(s.saved_tokens)
         worker_queue_seconds.observe(s.queue_seconds)
         worker_passes_per_request.observe(s.num_launches)
-
-    def on_end(self, info: RequestInfo, outcome: str, seconds: float) -> None:
-        worker_execute_seconds.labels(kind_label(info.kinds), outcome).observe(seconds)
 
 
 def observe_pass(num_requests: int, num_tokens: int, seconds: float) -> None:

@@ -192,8 +192,9 @@ class Scheduler:
                 del error  # nor back to the error itself: freed without the cycle collector
         assert job.started_at is not None
         hit_tokens = 0 if prepared is None else prepared.hit_tokens
-        if hit_tokens and cache is not None:
-            cache.record_hit(hit_tokens)  # counted once answered, as the call's trailer and log line
+        if hit_tokens and cache is not None and job.is_active():
+            # counted for an answer its caller is still there for, as its trailer and log line
+            cache.record_hit(hit_tokens)
         stats = PassStats(job.started_at - job.submitted_at, job.num_passes, job.num_shared_passes, hit_tokens)
         return job.scores, stats  # type: ignore[return-value]  # every score is set once done
 

@@ -266,6 +266,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             context.abort(grpc.StatusCode.INTERNAL, f"inference failed: {error!r}")
         finally:
             waiting.end()  # refused or abandoned before its turn
+        if not context.is_active():  # answered after the caller left or its deadline passed: the metrics' label
+            fields["outcome"] = interceptors.refused_outcome("OK", context)
         log.info(
             "execute",
             status="OK",

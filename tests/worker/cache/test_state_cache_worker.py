@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 import urllib.request
 
 import grpc
@@ -37,7 +38,7 @@ def workers(demo_model, tmp_path_factory):
             process.stop()
 
 
-def execute(address: str, questions: list[list[list[int]]], request_id: str):
+def execute(address: str, questions: list[list[list[int]]], request_id: str, timeout: float = 60):
     header = wire.ExecuteHeader(request_id=request_id, prefix_policy=api.PREFIX_POLICY_SHARED)
     for candidates in questions:
         header.questions.append(wire.QuestionShape(kind=wire.QUESTION_KIND_CHOICE, num_candidates=len(candidates)))
@@ -55,7 +56,7 @@ def execute(address: str, questions: list[list[list[int]]], request_id: str):
     ]
     with grpc.insecure_channel(address) as channel:
         call = worker_pb2_grpc.WorkerServiceStub(channel).Execute(
-            iter(messages), timeout=60, metadata=((interceptors.REQUEST_ID_KEY, request_id),)
+            iter(messages), timeout=timeout, metadata=((interceptors.REQUEST_ID_KEY, request_id),)
         )
         responses = list(call)
         trailing = dict(call.trailing_metadata() or ())
@@ -104,3 +105,44 @@ def test_hits_reported_and_answers_unchanged(workers):
         if line.get("event") == "execute" and "cache_hit_tokens" in line
     }
     assert [logged[f"on-{i}"] for i in range(3)] == on_hits
+
+
+def test_a_call_whose_caller_left_in_its_last_pass_is_not_counted_answered(demo_model, tmp_path):
+    """A request that hangs from cached states and whose caller's deadline passes in its last
+    pass: the worker finishes it, but no one gets the answer. Its log line says so (outcome),
+    and neither the cache's hit counters nor the token counters count it (they did, with the
+    log line OK: a review, 2026-12-04)."""
+    from openjev.tools.soak import log_events
+
+    port = launch.free_port()
+    process = launch.start_worker(demo_model, tmp_path, ["--metrics-port", str(port)])
+    url = f"http://127.0.0.1:{port}/metrics"
+    rng = random.Random(5)
+    state = [rng.randrange(1000, 5000) for _ in range(1500)]
+    try:
+        execute(process.address, [[state + [7], state + [8]]], "deposit")
+        before = {name: metric(url, name) for name in COUNTED}
+        long_tails = [[state + [rng.randrange(1000, 5000) for _ in range(1800)] + [c] for c in (7, 8)]]  # one pass
+        with pytest.raises(grpc.RpcError) as caught:
+            execute(process.address, long_tails, "late", timeout=0.3)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        deadline = time.monotonic() + 60  # the worker finishes the pass, then logs the call
+        while not (lines := [e for e in log_events(process.log_text(), "execute") if e["request_id"] == "late"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(0.5)  # the call's end is counted after its log line
+        after = {name: metric(url, name) for name in COUNTED}
+    finally:
+        process.stop()
+    assert lines[0]["status"] == "OK" and lines[0]["cache_hit_tokens"] >= 1408, lines  # it did hang from the cache
+    assert lines[0]["outcome"] == "DEADLINE_EXCEEDED", lines
+    assert after == before
+
+
+COUNTED = (
+    "openjev_worker_state_cache_hits_total",
+    "openjev_worker_state_cache_hit_tokens_total",
+    "openjev_worker_submitted_tokens_total",
+    "openjev_worker_computed_tokens_total",
+    "openjev_worker_queue_seconds_count",
+)
