@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,8 +17,9 @@ from openjev.contract.literals import PrefixPolicy
 from openjev.contract.render import dumps_exact
 from openjev.contract.request import MAX_RENDERED_BYTES, DecisionRequest, parse_request_json
 from openjev.export import ExportMeta
-from openjev.frontend import routing
+from openjev.frontend import routing, worker_calls
 from openjev.frontend.batches import Abandoned, EncodeLanes, iter_candidate_batches
+from openjev.frontend.worker_calls import Refused
 from openjev.frontend.worker_link import WorkerLink
 from openjev.interceptors import REQUEST_ID_KEY
 from openjev.tokenizer import PromptTokenizer
@@ -34,37 +33,11 @@ METHOD = "open-jev-scalar-head"
 # Submitted tokens per request, all candidates together (as the worker's default): the largest
 # request the contract allows (65,536 short candidates, ~2.3 M tokens) fits.
 DEFAULT_MAX_REQUEST_TOKENS = 1 << 22
-# Worker failures the client sees as they are; anything else from a worker is INTERNAL.
-_PASSED_THROUGH = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.CANCELLED,
-}
-
 # A worker call that failed UNAVAILABLE before the worker accepted it ran nowhere: it is tried
 # again (on another worker where there is one) up to this many times in all, within the same
 # deadline, after RETRY_BACKOFF_SECONDS, doubling. gRPC's own retries are off (worker_link.py).
 MAX_ATTEMPTS = 3
 RETRY_BACKOFF_SECONDS = 0.05
-
-
-class Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str, *, unrun: bool = False):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        # The worker failed the call before sending any result; with RESOURCE_EXHAUSTED (a full
-        # queue) the request never ran there and may go to another worker.
-        self.unrun = unrun
-
-
-class _NotAccepted(Exception):
-    """A worker call failed UNAVAILABLE before the worker accepted it: it ran nowhere."""
-
-    def __init__(self, refused: Refused):
-        super().__init__(refused.message)
-        self.refused = refused
 
 
 @dataclass
@@ -75,77 +48,6 @@ class _Routing:
 
     fallback: tuple[str, str] | None = None
     chosen: tuple[str, str] | None = None
-
-
-def _accepted(call) -> bool:
-    """Whether the worker accepted the call (its response headers say so). Asked once the call
-    has ended, when its headers, if any came, are in."""
-    return any(key == abi.ACCEPTED_METADATA_KEY for key, _value in call.initial_metadata() or ())
-
-
-class _NoUnary(Exception):
-    """The worker answered ExecuteUnary UNIMPLEMENTED (a worker from before it): nothing ran."""
-
-
-def _failure(call, code: grpc.StatusCode, details: str | None, *, unrun: bool, client_active: bool) -> Exception:
-    """A failed worker call as the servicer reports it: Refused, or _NotAccepted when it failed
-    UNAVAILABLE, INVALID_ARGUMENT or UNIMPLEMENTED before the worker accepted it. A call cancelled while the
-    client is still there was cancelled by the worker (its commit timeout ran out while this
-    frontend was still sending the request): UNAVAILABLE, not a CANCELLED the client would take
-    for its own."""
-    message = f"worker: {details}"
-    if code == grpc.StatusCode.CANCELLED and client_active:
-        code = grpc.StatusCode.UNAVAILABLE
-        message = "worker cancelled the call (the request was not sent within its commit timeout?)"
-    disagrees = code == grpc.StatusCode.INVALID_ARGUMENT  # a request this frontend checked and sent
-    if code == grpc.StatusCode.UNIMPLEMENTED and not _accepted(call):
-        # something else answers at that address (a reused one, another server's port): no worker
-        # ran it, so another may; the retry's Describe round names the address
-        code, message = grpc.StatusCode.UNAVAILABLE, f"{message} (that address does not serve Execute)"
-    code = code if code in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
-    refused = Refused(code, message, unrun=unrun)
-    # Not accepted, so never run: another worker may take it. A worker that finds malformed what
-    # this frontend checked has other limits than it described (restarted with smaller ones): the
-    # retry also has the workers described again at once (else every request it drew failed
-    # INTERNAL until the next refresh).
-    if (code == grpc.StatusCode.UNAVAILABLE or disagrees) and not _accepted(call):
-        return _NotAccepted(refused)
-    return refused
-
-
-def _cancel_with_client(context, cancel: Callable[[], object]) -> None:
-    """The client going away cancels the worker's work. A client gone already (while the request
-    was validated or tokenized) has run its callbacks: gRPC refuses new ones, so cancel now."""
-    if not context.add_callback(cancel):
-        cancel()
-
-
-def _place(results: list, question: wire.QuestionResult) -> None:
-    index = question.question_index
-    if index >= len(results) or results[index] is not None:
-        raise Refused(grpc.StatusCode.INTERNAL, f"worker returned question {index} twice or out of range")
-    results[index] = question
-
-
-def _add_candidates(into, batch) -> int:
-    """Append a tokenized batch to a repeated Candidate field (a stream message's batch or the
-    one-message request); returns the tokens it held."""
-    tokens = 0
-    for candidate in batch:
-        tokens += len(candidate.token_ids)
-        into.add(
-            question_index=candidate.question_index,
-            candidate_index=candidate.candidate_index,
-            token_ids=candidate.token_ids,
-        )
-    return tokens
-
-
-def _as_stream(request: wire.ExecuteUnaryRequest):
-    """An ExecuteUnary request as the Execute stream of the same request."""
-    yield wire.ExecuteRequest(header=request.header)
-    yield wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=request.candidates))
-    yield wire.ExecuteRequest(commit=wire.Commit())
 
 
 def answer_to_proto(question_id: str, answer: dict) -> api.Answer:
@@ -308,7 +210,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 try:
                     remaining = deadline - time.monotonic()
                     return self._attempt(decision, policy, context, request_id, remaining, fields, route)
-                except _NotAccepted as failure:
+                except worker_calls.NotAccepted as failure:
                     self.link.refresh_soon()
                     if self.link.affinity and route.fallback is None:
                         # ring_hash would pick the same worker again (one that refuses the call
@@ -363,7 +265,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             fields["worker_method"] = "ExecuteUnary"  # the request's log line says which call ran it
 
             def call(stub, extra_metadata, seconds):
-                return self._call_unary(stub, request, [*metadata, *extra_metadata], seconds, context, num_questions)
+                return worker_calls.call_unary(
+                    stub, request, [*metadata, *extra_metadata], seconds, context, num_questions
+                )
 
             return routed(call, lambda: True)  # the request is its own replay
 
@@ -378,11 +282,13 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             def call(stub, extra_metadata, seconds):
                 payload = messages if kept is None else iter(kept) if not calls[0] else kept.again()
                 calls[0] += 1
-                return self._call(stub, payload, [*metadata, *extra_metadata], seconds, context, num_questions)
+                return worker_calls.call_stream(
+                    stub, payload, [*metadata, *extra_metadata], seconds, context, num_questions
+                )
 
             try:
                 return routed(call, lambda: kept is not None and kept.replayable, lambda: bool(refusal))
-            except (Refused, _NotAccepted):
+            except (Refused, worker_calls.NotAccepted):
                 if refusal:  # the stream ended early on a contract error: that is the answer
                     raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from None
                 raise
@@ -395,10 +301,10 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 request, num_tokens = self._unary_request(decision, policy, request_id, worker_span, context.is_active)
                 try:
                     results, summary = send_unary(request)
-                except _NoUnary:
+                except worker_calls.NoUnary:
                     self.link.note_no_execute_unary()
                     log.info("worker_no_execute_unary", request_id=request_id)
-                    results, summary = send_stream(_as_stream(request), [])
+                    results, summary = send_stream(worker_calls.as_stream(request), [])
             else:
                 refusal: list[ContractError] = []
                 token_count = [0]
@@ -415,7 +321,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 num_tokens = token_count[0]
         finally:
             worker_span.end()
-        self._check_results(decision, results, summary)
+        worker_calls.check_results(decision, results, summary)
         return results, summary, num_tokens
 
     def _header(self, decision: DecisionRequest, policy: PrefixPolicy | None, request_id: str) -> wire.ExecuteHeader:
@@ -458,7 +364,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         tokenize_span = tracing.start("tokenize", parent=worker_span)
         try:
             for batch in self._batches(decision, wanted):
-                num_tokens += _add_candidates(request.candidates, batch)
+                num_tokens += worker_calls.add_candidates(request.candidates, batch)
         except ContractError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message) from None
         except Abandoned as gone:
@@ -484,7 +390,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         try:
             for batch in self._batches(decision, wanted):
                 message = wire.ExecuteRequest()
-                token_count[0] += _add_candidates(message.batch.candidates, batch)
+                token_count[0] += worker_calls.add_candidates(message.batch.candidates, batch)
                 yield message
         except ContractError as error:
             refusal.append(error)
@@ -541,76 +447,3 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, refused.message) from refused
             with self.link.traffic() as traffic:
                 return call(traffic.stub, (), remaining)
-
-    @staticmethod
-    def _call(stub, requests, metadata, timeout: float, context, num_questions: int):
-        """One Execute call: (results by question index, summary); Refused, or _NotAccepted when
-        it failed before the worker accepted it (`_failure`)."""
-        made = threading.Event()
-        cancel: list[Callable[[], object]] = []
-
-        def sent() -> Iterator[wire.ExecuteRequest]:
-            """The requests; ended without a commit (a contract error part-way), the call is
-            cancelled: waiting for the worker to end it cost every such refusal ~50 ms."""
-            committed = False
-            for message in requests:
-                committed = message.WhichOneof("item") == "commit"
-                yield message
-            if not committed and made.wait(5):
-                cancel[0]()
-
-        call = stub.Execute(sent(), timeout=max(timeout, 0.001), metadata=metadata)
-        cancel.append(call.cancel)
-        made.set()
-        _cancel_with_client(context, call.cancel)
-        results: list[wire.QuestionResult | None] = [None] * num_questions
-        summary = None
-        received = False
-        try:
-            for message in call:
-                received = True
-                if message.WhichOneof("item") == "question":
-                    _place(results, message.question)
-                else:
-                    summary = message.summary
-        except grpc.RpcError as error:
-            raise _failure(
-                call, error.code(), error.details(), unrun=not received, client_active=context.is_active()
-            ) from error
-        return results, summary
-
-    @staticmethod
-    def _call_unary(stub, request, metadata, timeout: float, context, num_questions: int):
-        """One ExecuteUnary call: as `_call`, or _NoUnary when the worker does not serve it. A
-        future, not a blocking call: only a future can be cancelled when the client goes away."""
-        future = stub.ExecuteUnary.future(request, timeout=max(timeout, 0.001), metadata=metadata)
-        _cancel_with_client(context, future.cancel)
-        try:
-            response = future.result()
-        except (grpc.RpcError, grpc.FutureCancelledError):
-            code = future.code()
-            if code == grpc.StatusCode.UNIMPLEMENTED and not _accepted(future):
-                raise _NoUnary() from None
-            # whatever failed, no result came: a reply is all or nothing
-            raise _failure(future, code, future.details(), unrun=True, client_active=context.is_active()) from None
-        results: list[wire.QuestionResult | None] = [None] * num_questions
-        for question in response.questions:
-            _place(results, question)
-        return results, (response.summary if response.HasField("summary") else None)
-
-    @staticmethod
-    def _check_results(decision: DecisionRequest, results, summary) -> None:
-        """Never pass on an answer the worker did not fully give: a malformed result is INTERNAL."""
-        if summary is None or any(r is None for r in results):
-            raise Refused(grpc.StatusCode.INTERNAL, "worker ended the stream without a complete result")
-        for question, result in zip(decision.questions, results, strict=True):
-            expected = 2 if question.kind == "noul" else len(question.prompts)
-            p = list(result.probabilities)
-            if (
-                len(p) != expected
-                or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in p)
-                or abs(sum(p) - 1.0) > 1e-6
-            ):
-                raise Refused(
-                    grpc.StatusCode.INTERNAL, f"worker returned invalid probabilities for question {question.id}"
-                )

@@ -191,7 +191,8 @@ class _ClientGone:
 
 @pytest.mark.parametrize("method", ["ExecuteUnary", "Execute"])
 def test_a_client_gone_before_the_worker_call_is_not_run_for_nobody(busy_pair, method):
-    from openjev.frontend.service import DecisionServicer, Refused
+    from openjev.frontend import worker_calls
+    from openjev.frontend.worker_calls import Refused
     from openjev.worker.v1 import worker_pb2 as wire
     from openjev.worker.v1 import worker_pb2_grpc
 
@@ -208,14 +209,14 @@ def test_a_client_gone_before_the_worker_call_is_not_run_for_nobody(busy_pair, m
         with pytest.raises(Refused) as caught:
             if method == "ExecuteUnary":
                 request = wire.ExecuteUnaryRequest(header=header, candidates=candidates)
-                DecisionServicer._call_unary(worker, request, metadata, 60.0, _ClientGone(), 1)
+                worker_calls.call_unary(worker, request, metadata, 60.0, _ClientGone(), 1)
             else:
                 stream = [
                     wire.ExecuteRequest(header=header),
                     wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=candidates)),
                     wire.ExecuteRequest(commit=wire.Commit()),
                 ]
-                DecisionServicer._call(worker, iter(stream), metadata, 60.0, _ClientGone(), 1)
+                worker_calls.call_stream(worker, iter(stream), metadata, 60.0, _ClientGone(), 1)
     assert caught.value.code == grpc.StatusCode.CANCELLED
     # the worker is free at once (it would be busy for seconds had it run the request)
     with Client(busy_pair.frontend.address) as client:

@@ -1,0 +1,181 @@
+"""A frontend's calls to a worker: one Execute stream or ExecuteUnary call, and what its failure
+means for the request (Refused with the client's status, or NotAccepted: it ran nowhere and may
+be tried again). The servicer (`service.py`) routes, retries and assembles around them."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from openjev import abi
+from openjev.contract.request import DecisionRequest
+from openjev.worker.v1 import worker_pb2 as wire
+
+# Worker failures the client sees as they are; anything else from a worker is INTERNAL.
+_PASSED_THROUGH = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.CANCELLED,
+}
+
+
+class Refused(Exception):
+    """The request ends with this gRPC status and message (the client's own answer)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, *, unrun: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        # The worker failed the call before sending any result; with RESOURCE_EXHAUSTED (a full
+        # queue) the request never ran there and may go to another worker.
+        self.unrun = unrun
+
+
+class NotAccepted(Exception):
+    """A worker call failed UNAVAILABLE before the worker accepted it: it ran nowhere."""
+
+    def __init__(self, refused: Refused):
+        super().__init__(refused.message)
+        self.refused = refused
+
+
+def accepted(call) -> bool:
+    """Whether the worker accepted the call (its response headers say so). Asked once the call
+    has ended, when its headers, if any came, are in."""
+    return any(key == abi.ACCEPTED_METADATA_KEY for key, _value in call.initial_metadata() or ())
+
+
+class NoUnary(Exception):
+    """The worker answered ExecuteUnary UNIMPLEMENTED (a worker from before it): nothing ran."""
+
+
+def failure(call, code: grpc.StatusCode, details: str | None, *, unrun: bool, client_active: bool) -> Exception:
+    """A failed worker call as the servicer reports it: Refused, or NotAccepted when it failed
+    UNAVAILABLE, INVALID_ARGUMENT or UNIMPLEMENTED before the worker accepted it. A call cancelled while the
+    client is still there was cancelled by the worker (its commit timeout ran out while this
+    frontend was still sending the request): UNAVAILABLE, not a CANCELLED the client would take
+    for its own."""
+    message = f"worker: {details}"
+    if code == grpc.StatusCode.CANCELLED and client_active:
+        code = grpc.StatusCode.UNAVAILABLE
+        message = "worker cancelled the call (the request was not sent within its commit timeout?)"
+    disagrees = code == grpc.StatusCode.INVALID_ARGUMENT  # a request this frontend checked and sent
+    if code == grpc.StatusCode.UNIMPLEMENTED and not accepted(call):
+        # something else answers at that address (a reused one, another server's port): no worker
+        # ran it, so another may; the retry's Describe round names the address
+        code, message = grpc.StatusCode.UNAVAILABLE, f"{message} (that address does not serve Execute)"
+    code = code if code in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
+    refused = Refused(code, message, unrun=unrun)
+    # Not accepted, so never run: another worker may take it. A worker that finds malformed what
+    # this frontend checked has other limits than it described (restarted with smaller ones): the
+    # retry also has the workers described again at once (else every request it drew failed
+    # INTERNAL until the next refresh).
+    if (code == grpc.StatusCode.UNAVAILABLE or disagrees) and not accepted(call):
+        return NotAccepted(refused)
+    return refused
+
+
+def cancel_with_client(context, cancel: Callable[[], object]) -> None:
+    """The client going away cancels the worker's work. A client gone already (while the request
+    was validated or tokenized) has run its callbacks: gRPC refuses new ones, so cancel now."""
+    if not context.add_callback(cancel):
+        cancel()
+
+
+def place(results: list, question: wire.QuestionResult) -> None:
+    index = question.question_index
+    if index >= len(results) or results[index] is not None:
+        raise Refused(grpc.StatusCode.INTERNAL, f"worker returned question {index} twice or out of range")
+    results[index] = question
+
+
+def add_candidates(into, batch) -> int:
+    """Append a tokenized batch to a repeated Candidate field (a stream message's batch or the
+    one-message request); returns the tokens it held."""
+    tokens = 0
+    for candidate in batch:
+        tokens += len(candidate.token_ids)
+        into.add(
+            question_index=candidate.question_index,
+            candidate_index=candidate.candidate_index,
+            token_ids=candidate.token_ids,
+        )
+    return tokens
+
+
+def as_stream(request: wire.ExecuteUnaryRequest):
+    """An ExecuteUnary request as the Execute stream of the same request."""
+    yield wire.ExecuteRequest(header=request.header)
+    yield wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=request.candidates))
+    yield wire.ExecuteRequest(commit=wire.Commit())
+
+
+def call_stream(stub, requests, metadata, timeout: float, context, num_questions: int):
+    """One Execute call: (results by question index, summary); Refused, or NotAccepted when
+    it failed before the worker accepted it (`failure`)."""
+    made = threading.Event()
+    cancel: list[Callable[[], object]] = []
+
+    def sent() -> Iterator[wire.ExecuteRequest]:
+        """The requests; ended without a commit (a contract error part-way), the call is
+        cancelled: waiting for the worker to end it cost every such refusal ~50 ms."""
+        committed = False
+        for message in requests:
+            committed = message.WhichOneof("item") == "commit"
+            yield message
+        if not committed and made.wait(5):
+            cancel[0]()
+
+    call = stub.Execute(sent(), timeout=max(timeout, 0.001), metadata=metadata)
+    cancel.append(call.cancel)
+    made.set()
+    cancel_with_client(context, call.cancel)
+    results: list[wire.QuestionResult | None] = [None] * num_questions
+    summary = None
+    received = False
+    try:
+        for message in call:
+            received = True
+            if message.WhichOneof("item") == "question":
+                place(results, message.question)
+            else:
+                summary = message.summary
+    except grpc.RpcError as error:
+        raise failure(
+            call, error.code(), error.details(), unrun=not received, client_active=context.is_active()
+        ) from error
+    return results, summary
+
+
+def call_unary(stub, request, metadata, timeout: float, context, num_questions: int):
+    """One ExecuteUnary call: as `_call`, or NoUnary when the worker does not serve it. A
+    future, not a blocking call: only a future can be cancelled when the client goes away."""
+    future = stub.ExecuteUnary.future(request, timeout=max(timeout, 0.001), metadata=metadata)
+    cancel_with_client(context, future.cancel)
+    try:
+        response = future.result()
+    except (grpc.RpcError, grpc.FutureCancelledError):
+        code = future.code()
+        if code == grpc.StatusCode.UNIMPLEMENTED and not accepted(future):
+            raise NoUnary() from None
+        # whatever failed, no result came: a reply is all or nothing
+        raise failure(future, code, future.details(), unrun=True, client_active=context.is_active()) from None
+    results: list[wire.QuestionResult | None] = [None] * num_questions
+    for question in response.questions:
+        place(results, question)
+    return results, (response.summary if response.HasField("summary") else None)
+
+
+def check_results(decision: DecisionRequest, results, summary) -> None:
+    """Never pass on an answer the worker did not fully give: a malformed result is INTERNAL."""
+    if summary is None or any(r is None for r in results):
+        raise Refused(grpc.StatusCode.INTERNAL, "worker ended the stream without a complete result")
+    for question, result in zip(decision.questions, results, strict=True):
+        expected = 2 if question.kind == "noul" else len(question.prompts)
+        p = list(result.probabilities)
+        if len(p) != expected or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in p) or abs(sum(p) - 1.0) > 1e-6:
+            raise Refused(grpc.StatusCode.INTERNAL, f"worker returned invalid probabilities for question {question.id}")
