@@ -105,32 +105,26 @@ def test_one_trace_spans_both_processes(demo_model, tmp_path, collector, monkeyp
     )
     grpc_trace, http_trace = "4bf92f3577b34da6a3ce929d0e0e4736", "0af7651916cd43dd8448eb211c80319c"
     caller_span = "00f067aa0ba902b7"
-    try:
+
+    def decide(request: dict, trace: str) -> None:
         with Client(pair.frontend.address) as client:
-            metadata = [("traceparent", f"00-{grpc_trace}-{caller_span}-01")]
-            client.stub.Decide(api.DecideRequest(request_json=json.dumps(SMALL)), metadata=metadata, timeout=60)
-        reply = httpx.post(
-            f"http://127.0.0.1:{http_port}/v1/systemone",
-            json=SMALL,
-            headers={"traceparent": f"00-{http_trace}-{caller_span}-01"},
-            timeout=60,
-        )
-        assert reply.status_code == 200
+            metadata = [("traceparent", f"00-{trace}-{caller_span}-01")]
+            client.stub.Decide(api.DecideRequest(request_json=json.dumps(request)), metadata=metadata, timeout=60)
+
+    def post(request: dict, trace: str) -> int:
+        url, headers = f"http://127.0.0.1:{http_port}/v1/systemone", {"traceparent": f"00-{trace}-{caller_span}-01"}
+        return httpx.post(url, json=request, headers=headers, timeout=60).status_code
+
+    try:
+        decide(SMALL, grpc_trace)
+        assert post(SMALL, http_trace) == 200
         bad = {"state": "hi", "questions": {}}  # the caller's fault: a status, not a server failure
-        with Client(pair.frontend.address) as client, pytest.raises(grpc.RpcError):
-            metadata = [("traceparent", f"00-{BAD_GRPC}-{caller_span}-01")]
-            client.stub.Decide(api.DecideRequest(request_json=json.dumps(bad)), metadata=metadata, timeout=60)
-        refused = httpx.post(
-            f"http://127.0.0.1:{http_port}/v1/systemone",
-            json=bad,
-            headers={"traceparent": f"00-{BAD_HTTP}-{caller_span}-01"},
-            timeout=60,
-        )
-        assert refused.status_code == 422
+        with pytest.raises(grpc.RpcError):
+            decide(bad, BAD_GRPC)
+        assert post(bad, BAD_HTTP) == 422
         pair.worker.kill()  # no worker: UNAVAILABLE / 503, the server's failure
-        with Client(pair.frontend.address) as client, pytest.raises(grpc.RpcError):
-            metadata = [("traceparent", f"00-{DOWN_GRPC}-{caller_span}-01")]
-            client.stub.Decide(api.DecideRequest(request_json=json.dumps(SMALL)), metadata=metadata, timeout=60)
+        with pytest.raises(grpc.RpcError):
+            decide(SMALL, DOWN_GRPC)
     finally:
         pair.stop()  # both processes flush their spans on the way out
     spans = receiver.spans
