@@ -95,7 +95,9 @@ def test_a_name_that_resolves_late_moves_or_gains_a_worker_is_followed(demo_mode
         )
         processes.append(second)
         launch.wait_serving(f"127.0.0.2:{port}")
-        with Client(frontend.address) as c, futures.ThreadPoolExecutor(1) as pool:
+        # Requests are sent without waiting for their answers: one round-robined to the first
+        # worker waits there behind the slow one (over 10 s on CI's two loaded cores).
+        with Client(frontend.address) as c, futures.ThreadPoolExecutor(64) as pool:
             slow = pool.submit(c.decide, SLOW, policy="off", request_id="slow", timeout=120)
             deadline = time.monotonic() + 30
             while "slow" not in {e.get("request_id") for e in log_events(first.log_text(), "execute_accepted")}:
@@ -104,15 +106,17 @@ def test_a_name_that_resolves_late_moves_or_gains_a_worker_is_followed(demo_mode
             with open(hosts, "a") as f:
                 f.write("127.0.0.2 wk\n")
             started = time.monotonic()
-            sent: list[str] = []
+            sent: dict[str, futures.Future] = {}
             while not answered(second) & set(sent):
                 assert time.monotonic() < started + 10, "no request reached the worker added to the name"
-                sent.append(f"spread-{len(sent)}")
-                c.decide(noul(f"State {len(sent)}."), request_id=sent[-1], timeout=30)
+                request_id = f"spread-{len(sent)}"
+                sent[request_id] = pool.submit(c.decide, noul(f"State {len(sent)}."), request_id=request_id, timeout=60)
+                time.sleep(0.2)
             print(f"the added worker answered {time.monotonic() - started:.1f} s after it was added")
             # the new channels came while the slow request ran on the old ones, which stayed open
             assert not slow.done(), "the slow request ended before the worker was added: make it slower"
             assert slow.result()["answers"]["q"]["choice"]
+            assert all(f.result()["answers"]["q"]["type"] == "noul" for f in sent.values())
     finally:
         for process in reversed(processes):
             process.stop(timeout_seconds=10)
