@@ -314,6 +314,13 @@ def serve(args: argparse.Namespace) -> None:
     # the tokenizer before the weights: a bad tokenizer.json is refused in a second, not after a load
     tokenizer = or_exit(TokenizerFile.from_export, args.model, program="openjev-worker")
     backend = backends.resolve_backend(args.backend)
+    if backend == "cuda":  # a pass budget the kernels cannot launch, refused before the weights load
+        from openjev.worker.cuda.runner import budget_problem, pass_budget
+
+        budget = pass_budget(args.max_launch_tokens, args.max_launch_sequences, tile_from=args.graph_tile_from)
+        problem = budget_problem(budget, chunked_gdn=args.gdn_kernel == "chunked")
+        if problem:
+            raise SystemExit(f"openjev-worker: {problem}")
     if args.synthetic is None:  # config.json against the tokenizer before the weights load, not after
         check_model_tokens(tokenizer, or_exit(load_model_config, args.model, program="openjev-worker"))
     runner = or_exit(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from openjev.worker.cuda import traits
 from openjev.worker.cuda.graphs import fine_bucket
 from openjev.worker.geometry import GDN_CHUNK_TOKENS
 
@@ -124,6 +125,20 @@ class Bucketing:
 
     def kept_steps(self, tokens_pad: int) -> tuple[bool, ...]:
         return (True,) if self.budget.long(tokens_pad) else (False, True)
+
+    def launch_problem(self) -> str | None:
+        """Why the budget's widest pass would not launch, or None: conv1d's grid y (a block per
+        16 rows and 3 a segment) passes CUDA's limit from ~21,400 tokens and segments."""
+        widest = self.make(self.token_steps()[-1], 1, False)
+        grid_rows = traits.CONV.grid_rows(widest.tokens, widest.segments)
+        if grid_rows > traits.MAX_GRID_Y:
+            b = self.budget
+            return (
+                f"a pass budget of {b.tokens} tokens and {b.segments} segments launches conv1d on "
+                f"{grid_rows} grid rows, over CUDA's {traits.MAX_GRID_Y}: lower --max-launch-tokens "
+                "or --max-launch-sequences"
+            )
+        return None
 
     def make(self, tokens_pad: int, levels: int, kept: bool) -> PassKey:
         segments = min(self.budget.segments, tokens_pad) + 1

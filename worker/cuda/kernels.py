@@ -168,7 +168,7 @@ def causal_conv1d(x, weight, windows, win_src, cu_seqlens, out=None, new_window=
     out = _out(out, (T, C), torch.bfloat16, x.device)
     new_window = _out(new_window, (N, CONV_K - 1, C), torch.bfloat16, x.device)
     threads, rows = traits.CONV.threads, rows or traits.CONV.rows(T)
-    grid = ((C // 8 + threads - 1) // threads, (T + rows - 1) // rows + N * (CONV_K - 1))
+    grid = ((C // 8 + threads - 1) // threads, traits.CONV.grid_rows(T, N, rows))
     args = (x, _i64(x.stride(0)), weight, win_src, windows, cu_seqlens, N, T, C, int(rows), out, new_window)
     _launch("conv1d", "causal_conv1d_packed", grid, (threads,), args)
     return out, new_window

@@ -51,6 +51,25 @@ DEFAULT_PASS_DEPTH = 8  # tree levels one pass holds
 LT_ROWS = 1024  # graph passes up to this many tokens get products timed against cuBLASLt's at start
 
 
+def pass_budget(
+    tokens: int,
+    segments: int,
+    depth: int = DEFAULT_PASS_DEPTH,
+    context: int = 16384,
+    tile_from: int = PassBudget.tile_from,
+) -> PassBudget:
+    """What a CudaRunner is warmed for (a pass holds at least a segment a level)."""
+    return PassBudget(tokens=tokens, segments=max(segments, depth), depth=depth, context=context, tile_from=tile_from)
+
+
+def budget_problem(budget: PassBudget, chunked_gdn: bool) -> str | None:
+    """Why a pass within `budget` could not launch, or None (checked before the weights load)."""
+    if chunked_gdn and budget.segments > traits.GDN_CHUNKED.max_segments:
+        most = traits.GDN_CHUNKED.max_segments
+        return f"a pass of the chunked GDN kernel plans at most {most} segments, not {budget.segments}"
+    return Bucketing(budget, tail_rows=chunked_gdn).launch_problem()
+
+
 def product_weights(layers) -> list[torch.Tensor]:
     """Every layer's product weights, in order (what the product paths are chosen for at start)."""
     return [w for layer in layers for w in (layer.w_in, layer.w_out, layer.w_gate_up, layer.w_down)]
@@ -87,22 +106,14 @@ class CudaRunner:
         self.chunked_gdn = gdn_kernel == "chunked"
         # the recurrence launched once a level, as before it ran a forest in one launch (to compare)
         self.gdn_level_launches = gdn_level_launches
-        self.max_pass_depth = max_pass_depth
         # a captured pass holds this many parents' states and kept states, and this many of
         # their ancestors' key rows (graph_launch's slots): the scheduler fills passes within them
         self.max_pass_states, self.max_pass_context = MAX_STATE_SLOTS, max_pass_context
-        self.budget = PassBudget(
-            tokens=max_pass_tokens,
-            segments=max(max_pass_segments, self.max_pass_depth),
-            depth=self.max_pass_depth,
-            context=max_pass_context,
-            tile_from=graph_tile_from,
-        )
-        if self.chunked_gdn and self.budget.segments > traits.GDN_CHUNKED.max_segments:
-            raise ValueError(
-                f"a pass of the chunked GDN kernel plans at most {traits.GDN_CHUNKED.max_segments} segments, "
-                f"not {self.budget.segments}"
-            )
+        self.max_pass_depth = max_pass_depth
+        self.budget = pass_budget(max_pass_tokens, max_pass_segments, max_pass_depth, max_pass_context, graph_tile_from)
+        problem = budget_problem(self.budget, self.chunked_gdn)
+        if problem:
+            raise ValueError(problem)
         self.config, self.embed, self.layers, self.final_norm = config, embed, layers, final_norm
         # Split-K products must not sum their partial results in bf16 (the library's default)
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False

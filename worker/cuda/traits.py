@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from openjev.worker.geometry import ATTN_HEAD_DIM, CONV_KERNEL_SIZE, GDN_CHUNK_TOKENS, GDN_HEAD_DIM
 
 FLOAT_BYTES = 4
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's y and z dimensions
 BF16_BYTES = 2
 # gated_delta.cu's per-SM worker counters of the recurrence's schedule: above any %smid
 GDN_SCHED_SMS = 1024
@@ -161,6 +162,11 @@ class ConvTraits:
         """Output rows a thread: 4 up to 512 tokens (more grid), 16 above (fewer window
         reloads); measured on an H200, 2026-12-01 (docs/cuda-kernels.md)."""
         return 4 if tokens <= 512 else 16
+
+    def grid_rows(self, tokens: int, segments: int, rows: int | None = None) -> int:
+        """The launch's grid y: a block of row groups, then one for each new window row."""
+        rows = rows or self.rows(tokens)
+        return -(-tokens // rows) + segments * (self.kernel_size - 1)
 
 
 @dataclass(frozen=True)

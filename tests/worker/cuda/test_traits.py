@@ -142,3 +142,23 @@ def test_the_chunked_kernels_segment_limit_is_its_plan_launchs():
     limit = traits.GDN_CHUNKED.max_segments
     assert widest(limit) == traits.GDN_CHUNKED.plan_threads
     assert widest(limit + 1) > traits.GDN_CHUNKED.plan_threads
+
+
+def test_a_pass_budget_whose_conv_grid_passes_cudas_limit_is_refused():
+    """conv1d launches a grid row per 16 tokens and 3 a segment: a budget of ~21,400 tokens and
+    segments has keys whose graphs could not be captured (their passes failed INTERNAL)."""
+    from openjev.worker.cuda.buckets import Bucketing
+    from openjev.worker.cuda.runner import budget_problem, pass_budget
+
+    def widest_grid(budget) -> int:
+        return max(traits.CONV.grid_rows(key.tokens, key.segments) for key in Bucketing(budget).keys())
+
+    assert budget_problem(pass_budget(4096, 64), chunked_gdn=False) is None
+    fits = pass_budget(20000, 20000)
+    assert budget_problem(fits, chunked_gdn=False) is None
+    assert widest_grid(fits) <= traits.MAX_GRID_Y
+    over = pass_budget(21400, 21400)
+    assert widest_grid(over) > traits.MAX_GRID_Y
+    problem = budget_problem(over, chunked_gdn=False)
+    assert problem is not None and "over CUDA's 65535" in problem and "--max-launch-tokens" in problem
+    assert "plans at most 1023 segments" in str(budget_problem(pass_budget(4096, 1024), chunked_gdn=True))
