@@ -317,8 +317,8 @@ def serve(args: argparse.Namespace) -> None:
     if backend == "cuda":  # a pass budget the kernels cannot launch, refused before the weights load
         from openjev.worker.cuda.runner import budget_problem, pass_budget
 
-        budget = pass_budget(args.max_launch_tokens, args.max_launch_sequences, tile_from=args.graph_tile_from)
-        problem = budget_problem(budget, chunked_gdn=args.gdn_kernel == "chunked")
+        passes = pass_budget(args.max_launch_tokens, args.max_launch_sequences, tile_from=args.graph_tile_from)
+        problem = budget_problem(passes, chunked_gdn=args.gdn_kernel == "chunked")
         if problem:
             raise SystemExit(f"openjev-worker: {problem}")
     if args.synthetic is None:  # config.json against the tokenizer before the weights load, not after
