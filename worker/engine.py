@@ -98,7 +98,7 @@ class Engine:
     ) -> ExecutionResult:
         """Run every candidate of every question; raises QueueFull, Cancelled or InferenceError.
         Safe to call from many threads at once: their requests share passes. on_start: called
-        when the request's first pass begins."""
+        when the request's first pass begins (a notice: one that raises is logged, fails nothing)."""
         started = time.perf_counter()
         # refused before planning, not after it (seconds for thousands of candidates, holding the
         # GIL the passes of admitted requests need)

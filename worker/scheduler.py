@@ -172,14 +172,15 @@ class Scheduler:
         on_start: Callable[[], None] = lambda: None,
     ) -> tuple[list[list[float]], PassStats]:
         """Execute one request's plan; returns its head scores per question and candidate.
-        on_start: called (on the scheduler's thread) when its first pass begins.
+        on_start: called (on the scheduler's thread) when its first pass begins; a notice only:
+        one that raises is logged, and no request fails for it.
         Raises QueueFull, Cancelled or InferenceError."""
         # `off` is the reference path, every candidate's whole prompt computed (the policy table of
         # docs/prefix-reuse.md): it neither hangs from cached states nor deposits any
         cache = self.cache if self.cache is not None and self.cache.enabled and plan.policy != "off" else None
         fit = PassFit(self.limits.max_sequences, self.max_depth)
         prepared = prepare(plan.segments, cache, fit) if cache is not None else None
-        job = self._admit(_Job(plan, _no_raise(is_active), on_start, prepared))
+        job = self._admit(_Job(plan, _no_raise(is_active), _logged(on_start), prepared))
         while not job.done.wait(self._poll_seconds):
             if not job.is_active():
                 self._cancel(job)
@@ -418,6 +419,19 @@ class Scheduler:
                 # one exception a request: each thread's raise extends its traceback, so a shared
                 # one would carry every other request's frames (and their tokens) along
                 job.finish(copy.copy(error))
+
+
+def _logged(on_start: Callable[[], None]) -> Callable[[], None]:
+    """A caller's start notice that cannot raise: it ran inside the pass's own try, so one that
+    raised failed every request starting in the same pass."""
+
+    def notified() -> None:
+        try:
+            on_start()
+        except Exception as error:
+            log.error("on_start_failed", error=repr(error))
+
+    return notified
 
 
 def _no_raise(is_active: Callable[[], bool]) -> Callable[[], bool]:

@@ -653,3 +653,46 @@ def test_a_liveness_check_that_raises_cancels_its_own_request_only(torch_runner)
     finally:
         gate.set()
         engine.close()
+
+
+def test_a_start_notice_that_raises_fails_no_request(torch_runner):
+    """on_start ran inside the pass's own try: one caller's raising notice failed every request
+    that started in the same pass ("scheduler failed"), its own and its neighbours'."""
+    gate = threading.Event()
+    log = PassLog(torch_runner, gate)
+    engine = Engine(log, cost_model=CPU_COST_MODEL, pack_limits=PackLimits())
+    out: dict[str, object] = {}
+
+    def broken() -> None:
+        raise RuntimeError("the caller's notice broke")
+
+    def send(name: str, tokens, on_start) -> None:
+        try:
+            work = [QuestionWork("noul", (tuple(tokens),))]
+            out[name] = engine.execute(work, temperature=TEMPERATURE, policy="off", on_start=on_start)
+        except Exception as error:
+            out[name] = error
+
+    threads = [threading.Thread(target=send, args=("first", range(1000, 1050), lambda: None))]
+    try:
+        threads[0].start()
+        wait_until(lambda: _started(engine))  # its pass waits at the gate; the next two queue
+        threads += [
+            threading.Thread(target=send, args=("broken", range(2000, 2050), broken)),
+            threading.Thread(target=send, args=("beside", range(3000, 3050), lambda: None)),
+        ]
+        for thread in threads[1:]:
+            thread.start()
+        wait_until(lambda: engine.scheduler.depth == 3)
+        gate.set()
+        for thread in threads:
+            thread.join(60)
+        assert all(isinstance(out[name], ExecutionResult) for name in ("first", "broken", "beside")), out
+        assert [len(p) for p in log.passes] == [1, 2]  # the two started in one pass
+        alone = engine.execute(
+            [QuestionWork("noul", (tuple(range(3000, 3050)),))], temperature=TEMPERATURE, policy="off"
+        )
+        assert out["beside"].head_scores == alone.head_scores  # type: ignore[attr-defined]
+    finally:
+        gate.set()
+        engine.close()
