@@ -95,11 +95,24 @@ def _kernel(module: str, name: str, dynamic_smem: int = 0):
     return kernel
 
 
+class _StreamPointer:
+    """A stream CuPy does not own, by the CUDA stream protocol (what Stream.from_external takes)."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
 @functools.lru_cache(maxsize=64)
 def _stream(ptr: int):
     import cupy
 
-    return cupy.cuda.ExternalStream(ptr)
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is None:  # CuPy before it: ExternalStream, which 14.x deprecates
+        return cupy.cuda.ExternalStream(ptr)
+    return from_external(_StreamPointer(ptr))
 
 
 def _cp(t: torch.Tensor):
