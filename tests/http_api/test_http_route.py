@@ -196,6 +196,11 @@ LONG = {
     "prefix_policy": "off",
 }
 SMALL = {"state": "hi", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
+# A quarter of LONG's passes: in flight for long enough where a test waits for its answer too
+SHORTER = {
+    **LONG,
+    "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(4)}}},
+}
 
 
 def _worker_status(pair, request_id: str, timeout: float = 20.0) -> str:
@@ -819,10 +824,10 @@ def test_max_concurrent_requests_caps_the_http_route_too(demo_model, tmp_path, h
     )
     try:
         with httpx.Client(base_url=started.url, timeout=60) as http, futures.ThreadPoolExecutor(1) as pool:
-            long = pool.submit(http.post, ROUTE, json=LONG)
-            wait_started(started.pair)  # seconds of work, one sequence a launch
+            long = pool.submit(http.post, ROUTE, json=SHORTER)
+            wait_started(started.pair)  # a second of work or more, one sequence a launch
             refused = http.post(ROUTE, json=SMALL)
-            assert refused.status_code == 503, refused.text
+            assert refused.status_code == 503, (refused.text, "first request already done" if long.done() else "")
             assert refused.json()["error"] == "server is at its limit of 1 concurrent requests; retry later"
             assert long.result().status_code == 200
             assert http.post(ROUTE, json=SMALL).status_code == 200
