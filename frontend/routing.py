@@ -34,7 +34,8 @@ REQUEST_HASH_ENV = "GRPC_EXPERIMENTAL_RING_HASH_SET_REQUEST_HASH_KEY"
 # `ring_hash` is registered under this name in grpcio 1.84 (a plain "ring_hash" is unknown).
 RING_HASH = {"ring_hash_experimental": {"requestHashHeader": AFFINITY_HEADER, "minRingSize": 1024}}
 # A worker that takes TCP connections but never answers (stopped, black-holed) holds the calls
-# hashed to it while gRPC connects; this bounds that wait (gRPC's default is 20 s).
+# sent to it while gRPC connects; this bounds that wait on both traffic channels (gRPC's default
+# is 20 s).
 CONNECT_TIMEOUT_MS = 3000
 # What Replay may keep: per request and in all.
 REPLAY_REQUEST_BYTES = 16 * 1024 * 1024

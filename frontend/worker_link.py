@@ -86,15 +86,13 @@ def traffic_channel_options(balancing: dict = ROUND_ROBIN) -> list[tuple[str, ob
         # never idle: readiness below is this channel's connectivity, and an idle channel would
         # only reconnect for traffic that a not-ready frontend no longer receives
         ("grpc.client_idle_timeout_ms", 2**31 - 1),
+        # gRPC's minimum connect timeout (the option's other meaning): routing.CONNECT_TIMEOUT_MS
+        ("grpc.min_reconnect_backoff_ms", routing.CONNECT_TIMEOUT_MS),
     ]
 
 
 def affinity_channel_options() -> list[tuple[str, object]]:
-    return [
-        *traffic_channel_options(routing.RING_HASH),
-        # gRPC's minimum connect timeout (the option's other meaning): routing.CONNECT_TIMEOUT_MS
-        ("grpc.min_reconnect_backoff_ms", routing.CONNECT_TIMEOUT_MS),
-    ]
+    return traffic_channel_options(routing.RING_HASH)
 
 
 def _policy_name(value: int) -> str:

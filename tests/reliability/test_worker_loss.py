@@ -17,12 +17,14 @@ import signal
 import threading
 import time
 import urllib.request
+from datetime import datetime
 
 import grpc
+import pytest
 
 from openjev.client import Client
 from openjev.tools import launch
-from openjev.tools.soak import outcome_counts
+from openjev.tools.soak import log_events, outcome_counts
 from openjev.v1 import decision_pb2 as api
 
 CAP_SECONDS = 6.0
@@ -176,5 +178,31 @@ def test_worker_killed_while_requests_are_refused_part_way_never_hangs_one(demo_
         assert in_flight(metrics_port) == 0
     finally:
         stop.set()
+        frontend.stop()
+        worker.stop()
+
+
+def test_a_retry_on_a_stopped_worker_waits_only_the_connect_bound(demo_model, tmp_path):
+    """A call on a worker that stopped answering fails at the keepalive (10 s pings, 5 s to
+    answer), unaccepted, and the frontend tries it again: that retry's new connection waited
+    another keepalive cycle (20-29 s in all). A connection that gets no SETTINGS frame now fails
+    within routing.CONNECT_TIMEOUT_MS (3 s)."""
+    worker = launch.start_worker(demo_model, tmp_path, [])
+    frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--log-level", "debug"])
+    try:
+        launch.wait_serving(frontend.address)
+        with Client(frontend.address) as client:
+            client.decide(MEDIUM, timeout=30)  # connected and warm
+            os.kill(worker.popen.pid, signal.SIGSTOP)
+            with pytest.raises(grpc.RpcError) as caught:
+                client.decide(MEDIUM, request_id="stopped", timeout=60)
+        ended = time.time()
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value.details()
+        retries = [e for e in log_events(frontend.log_text(), "worker_retry") if e.get("request_id") == "stopped"]
+        assert retries and "ping timeout" in retries[0]["reason"], retries
+        first_retry = datetime.fromisoformat(retries[0]["timestamp"]).timestamp()
+        assert ended - first_retry < 8, f"the retries took {ended - first_retry:.1f} s"
+    finally:
+        os.kill(worker.popen.pid, signal.SIGCONT)
         frontend.stop()
         worker.stop()
