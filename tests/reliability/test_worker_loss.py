@@ -201,7 +201,7 @@ def test_a_retry_on_a_stopped_worker_waits_only_the_connect_bound(demo_model, tm
         retries = [e for e in log_events(frontend.log_text(), "worker_retry") if e.get("request_id") == "stopped"]
         assert retries and "ping timeout" in retries[0]["reason"], retries
         first_retry = datetime.fromisoformat(retries[0]["timestamp"]).timestamp()
-        assert ended - first_retry < 8, f"the retries took {ended - first_retry:.1f} s"
+        assert ended - first_retry < 10, f"the retries took {ended - first_retry:.1f} s"  # 15 s before
     finally:
         os.kill(worker.popen.pid, signal.SIGCONT)
         frontend.stop()
