@@ -155,6 +155,9 @@ def require_tls(credentials: object | None, *, plaintext: bool, link: str, flags
         )
 
 
+HEADER_BLANKS = " \t\r"  # what may surround a token: spaces, tabs, a CRLF line's CR
+
+
 def load_tokens(token_file: Path | None, environ: Mapping[str, str] | None = None) -> tuple[bytes, ...]:
     env: Mapping[str, str] = os.environ if environ is None else environ
     tokens: list[tuple[str, str]] = []  # (where it was given, token)
@@ -162,11 +165,14 @@ def load_tokens(token_file: Path | None, environ: Mapping[str, str] | None = Non
         text = _read(token_file, "auth token file")
         assert text is not None
         try:
-            tokens += [(f"auth token file {token_file}", line.strip()) for line in text.decode("utf-8").splitlines()]
+            # lines end at "\n" only (splitlines also cut at VT, FF, FS, NEL ...: a stray one split
+            # a token into shorter ones, each accepted); a Windows editor's BOM and CRs are dropped
+            lines = text.decode("utf-8-sig").split("\n")
+            tokens += [(f"auth token file {token_file}", line.strip(HEADER_BLANKS)) for line in lines]
         except UnicodeDecodeError:
             raise SecurityError(f"auth token file {token_file}: not UTF-8 text") from None
     given = env.get(AUTH_TOKENS_ENV)
-    tokens += [(f"${AUTH_TOKENS_ENV}", part.strip()) for part in (given or "").split(",")]
+    tokens += [(f"${AUTH_TOKENS_ENV}", part.strip(HEADER_BLANKS)) for part in (given or "").split(",")]
     kept = [(where, t) for where, t in tokens if t and not t.startswith("#")]
     if not kept and (token_file is not None or (given or "").strip()):
         # tokens were asked for: none would mean an open port, and nobody would be told
@@ -202,7 +208,9 @@ class BearerAuth(grpc.ServerInterceptor):
         scheme, _, presented = header.partition(" ")
         if scheme.lower() != "bearer" or not presented:
             return False
-        given = presented.strip().encode("utf-8")
+        # HTTP's blanks only: str.strip() also took NBSP, NEL and FS..US (latin-1 header bytes)
+        # around a token, which a proxy comparing the header exactly would not accept
+        given = presented.strip(HEADER_BLANKS).encode("utf-8")
         # Every token compared, each in constant time: the time says nothing about which matched.
         matches = [hmac.compare_digest(given, token) for token in self._tokens]
         return any(matches)

@@ -102,3 +102,30 @@ def test_a_token_no_client_could_present_is_refused_at_start(tmp_path):
         security.load_tokens(None, environ={"OPENJEV_AUTH_TOKENS": "sec\tret, fine"})
     assert "sec" not in str(refused.value)
     assert security.load_tokens(None, environ={"OPENJEV_AUTH_TOKENS": "a b,c"}) == (b"a b", b"c")
+
+
+@pytest.mark.parametrize("stray", ["\x0b", "\x0c", "\x1c", "\x1e", "\x85", "\u2028"])
+def test_a_control_character_in_a_token_file_refuses_it_rather_than_splitting_the_token(tmp_path, stray):
+    """splitlines() cut a line at VT, FF, FS..RS, NEL and U+2028 too: one token became two
+    shorter ones, each accepted, and the printable-ASCII check saw only the pieces."""
+    path = tmp_path / "tokens"
+    path.write_text(f"LongSecretPart1{stray}LongSecretPart2\n", encoding="utf-8")
+    with pytest.raises(security.SecurityError, match=r"token 1 has characters other than printable ASCII"):
+        security.load_tokens(path, environ={})
+
+
+def test_a_token_file_with_a_bom_and_crlf_lines_loads_its_tokens(tmp_path):
+    """A UTF-8 BOM (as Windows editors save) made the first line, a comment, read as token 1."""
+    path = tmp_path / "tokens"
+    path.write_bytes(b"\xef\xbb\xbf# production tokens\r\n  tok-one \r\n\r\ntok-two\r\n")
+    assert security.load_tokens(path, environ={}) == (b"tok-one", b"tok-two")
+
+
+def test_only_spaces_and_tabs_may_surround_a_presented_token():
+    """str.strip() also removed NBSP, NEL and FS..US around a token (HTTP headers are read as
+    latin-1): a proxy comparing the header exactly would refuse what the frontend accepted."""
+    auth = security.BearerAuth((b"tok-one",))
+    assert auth.allowed("Bearer tok-one") and auth.allowed("Bearer  tok-one\t") and auth.allowed("bearer tok-one")
+    for header in ("Bearer tok-one\xa0", "Bearer tok-one\x85", "Bearer \x1ctok-one", "Bearer tok-one\x1f"):
+        assert not auth.allowed(header), repr(header)
+    assert not auth.allowed("Bearer tok-on")
