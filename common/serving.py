@@ -209,6 +209,17 @@ class _StoppedWhileStarting(BaseException):
     """Raised by the start-up SIGTERM handler wherever the main thread was."""
 
 
+# Set by the start-up handler too: its exception can be swallowed where it lands (seen: inside
+# `import torch`'s native init, the worker then serving on), the flag cannot
+_signalled_while_starting = threading.Event()
+
+
+def stop_if_signalled_while_starting() -> None:
+    """Call before going SERVING: ends start-up as the signal meant to, where its exception was lost."""
+    if _signalled_while_starting.is_set():
+        raise _StoppedWhileStarting
+
+
 @contextlib.contextmanager
 def exit_on_signal_while_starting(program: str) -> Iterator[None]:
     """Until serve_until_signal takes over: SIGTERM ends the process (exit 0, nothing to drain).
@@ -217,12 +228,15 @@ def exit_on_signal_while_starting(program: str) -> Iterator[None]:
     and is killed. The handler runs when the main thread next runs Python (within one warm-up
     pass; after a long native call such as a weight read). It only raises: the line is logged
     out here, since the main thread may have been inside the logger (holding its lock) when the
-    signal came (a handler that logged hung there, 1 run in ~3 of the test suite)."""
+    signal came (a handler that logged hung there, 1 run in ~3 of the test suite). SIGINT (a
+    terminal's Ctrl-C) the same: it printed a KeyboardInterrupt traceback and exited -2."""
 
     def leave(*_) -> None:
+        _signalled_while_starting.set()
         raise _StoppedWhileStarting
 
-    signal.signal(signal.SIGTERM, leave)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, leave)
     try:
         yield
     except _StoppedWhileStarting:
@@ -245,6 +259,8 @@ def serve_until_signal(
     stop = stop or threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if _signalled_while_starting.is_set():  # one whose start-up exception was lost after the last check
+        stop.set()
     # Timed waits, not one endless wait: the kernel may deliver the signal to any of the
     # server's threads, and Python runs the handler only when the main thread next runs
     # bytecode, which a main thread blocked in an untimed wait never does (seen: SIGTERM

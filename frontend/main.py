@@ -247,6 +247,7 @@ def serve(args: argparse.Namespace) -> None:
         )
     )
     server = servers[0]
+    serving.stop_if_signalled_while_starting()
     http = start_http(args, servicer, link, tokens) if args.http_listen else None
     link.start()
     if args.port_file:

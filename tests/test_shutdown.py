@@ -4,6 +4,8 @@ and the process exits within its grace period."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -177,6 +179,49 @@ def test_sigterm_while_starting_never_waits_on_the_loggers_lock(tmp_path):
             busy.kill()
         assert busy.returncode == 0
         assert '"event": "shutdown"' in err.splitlines()[-1]
+
+
+def _starting(tmp_path, body: str) -> subprocess.Popen:
+    script = tmp_path / "starting.py"
+    script.write_text(
+        "import os, signal, time\n"
+        "from openjev import logs, serving\n"
+        "logs.configure('info')\n"
+        "with serving.exit_on_signal_while_starting('starting'):\n" + body
+    )
+    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_start_up_signal_whose_exception_was_swallowed_still_stops_before_serving(tmp_path):
+    """The handler's exception can land where native code swallows it (a review saw 5 worker
+    starts in ~20 lose a SIGTERM inside `import torch`, then serve on): the flag it also sets
+    stops start-up at the check before SERVING."""
+    starting = _starting(
+        tmp_path,
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(1)\n"
+        "    except BaseException:\n"
+        "        pass  # swallowed, as a native init may\n"
+        "    serving.stop_if_signalled_while_starting()\n"
+        "    print('serving', flush=True)\n",
+    )
+    out, err = starting.communicate(timeout=60)
+    assert starting.returncode == 0 and "serving" not in out, (out, err)
+    assert '"event": "shutdown"' in err and "start-up" in err, err
+
+
+def test_sigint_while_starting_is_a_shutdown_line_not_a_traceback(tmp_path):
+    """Ctrl-C during start-up printed a KeyboardInterrupt traceback and exited -2."""
+    starting = _starting(tmp_path, "    print('ready', flush=True)\n    while True:\n        time.sleep(0.01)\n")
+    assert starting.stdout is not None and starting.stdout.readline() == "ready\n"
+    starting.send_signal(signal.SIGINT)
+    try:
+        _, err = starting.communicate(timeout=20)
+    finally:
+        starting.kill()
+    assert starting.returncode == 0 and "Traceback" not in err, err
+    assert '"event": "shutdown"' in err and "start-up" in err, err
 
 
 def test_a_request_cut_off_by_the_grace_period_counts_as_the_servers(demo_model, tmp_path):

@@ -443,6 +443,7 @@ def serve(args: argparse.Namespace) -> None:
     budget = state_cache.budget_bytes if state_cache is not None and state_cache.enabled else 0
     metrics.worker_state_cache_budget_bytes.set(budget)
     log.info("state_cache", budget_bytes=budget)
+    serving.stop_if_signalled_while_starting()
     servicer.ready.set()
     server.set_serving(True)
     if args.port_file:
