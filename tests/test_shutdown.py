@@ -211,6 +211,23 @@ def test_a_start_up_signal_whose_exception_was_swallowed_still_stops_before_serv
     assert '"event": "shutdown"' in err and "start-up" in err, err
 
 
+def test_a_failure_after_a_swallowed_start_up_signal_is_the_stop_not_a_traceback(tmp_path):
+    """numpy's import, cut short by the handler's exception, failed on its next import ("cannot
+    load module more than once per process"): a traceback and exit 1 for a plain SIGTERM."""
+    starting = _starting(
+        tmp_path,
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(1)\n"
+        "    except BaseException:\n"
+        "        pass\n"
+        "    raise ImportError('cannot load module more than once per process')\n",
+    )
+    _, err = starting.communicate(timeout=60)
+    assert starting.returncode == 0 and "Traceback" not in err, err
+    assert '"event": "shutdown"' in err and "start-up" in err, err
+
+
 def test_sigint_while_starting_is_a_shutdown_line_not_a_traceback(tmp_path):
     """Ctrl-C during start-up printed a KeyboardInterrupt traceback and exited -2."""
     starting = _starting(tmp_path, "    print('ready', flush=True)\n    while True:\n        time.sleep(0.01)\n")
