@@ -192,19 +192,22 @@ def _starting(tmp_path, body: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+# A SIGTERM whose exception is swallowed where it lands, as a native module's init may
+SWALLOWED = (
+    "    try:\n"
+    "        os.kill(os.getpid(), signal.SIGTERM)\n"
+    "        time.sleep(1)\n"
+    "    except BaseException:\n"
+    "        pass\n"
+)
+
+
 def test_a_start_up_signal_whose_exception_was_swallowed_still_stops_before_serving(tmp_path):
     """The handler's exception can land where native code swallows it (a review saw 5 worker
     starts in ~20 lose a SIGTERM inside `import torch`, then serve on): the flag it also sets
     stops start-up at the check before SERVING."""
     starting = _starting(
-        tmp_path,
-        "    try:\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
-        "        time.sleep(1)\n"
-        "    except BaseException:\n"
-        "        pass  # swallowed, as a native init may\n"
-        "    serving.stop_if_signalled_while_starting()\n"
-        "    print('serving', flush=True)\n",
+        tmp_path, SWALLOWED + "    serving.stop_if_signalled_while_starting()\n    print('serving', flush=True)\n"
     )
     out, err = starting.communicate(timeout=60)
     assert starting.returncode == 0 and "serving" not in out, (out, err)
@@ -215,13 +218,7 @@ def test_a_failure_after_a_swallowed_start_up_signal_is_the_stop_not_a_traceback
     """numpy's import, cut short by the handler's exception, failed on its next import ("cannot
     load module more than once per process"): a traceback and exit 1 for a plain SIGTERM."""
     starting = _starting(
-        tmp_path,
-        "    try:\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
-        "        time.sleep(1)\n"
-        "    except BaseException:\n"
-        "        pass\n"
-        "    raise ImportError('cannot load module more than once per process')\n",
+        tmp_path, SWALLOWED + "    raise ImportError('cannot load module more than once per process')\n"
     )
     _, err = starting.communicate(timeout=60)
     assert starting.returncode == 0 and "Traceback" not in err, err
