@@ -239,13 +239,10 @@ def exit_on_signal_while_starting(program: str) -> Iterator[None]:
         signal.signal(sig, leave)
     try:
         yield
-    except _StoppedWhileStarting:
-        log.info("shutdown", during="start-up", program=program)
-        raise SystemExit(0) from None
-    except Exception:
-        # an import the signal's exception cut short can fail later (numpy: "cannot load module
-        # more than once per process"): that is the stop, not a failure to report
-        if not _signalled_while_starting.is_set():
+    except (_StoppedWhileStarting, Exception) as error:
+        # an error after the signal is the stop too, not a failure to report: an import its
+        # exception cut short can fail later (numpy: "cannot load module more than once per process")
+        if not isinstance(error, _StoppedWhileStarting) and not _signalled_while_starting.is_set():
             raise
         log.info("shutdown", during="start-up", program=program)
         raise SystemExit(0) from None

@@ -613,6 +613,15 @@ def test_a_pass_with_nothing_to_run_fails_its_requests_rather_than_spinning(torc
     assert passes == []
 
 
+def _noul_into(out: dict, name: str, engine: Engine, tokens, **options) -> None:
+    """A thread's target: a one-candidate request under policy off; its result or error in out[name]."""
+    try:
+        work = [QuestionWork("noul", (tuple(tokens),))]
+        out[name] = engine.execute(work, temperature=TEMPERATURE, policy="off", **options)
+    except Exception as error:
+        out[name] = error
+
+
 def test_a_liveness_check_that_raises_cancels_its_own_request_only(torch_runner):
     """A caller's should_stop that raises (the in-process API) ran on the scheduler's thread too
     and ended it: every other request, and any later one, then waited for good."""
@@ -629,11 +638,7 @@ def test_a_liveness_check_that_raises_cancels_its_own_request_only(torch_runner)
     out: dict[str, object] = {}
 
     def send(name: str, tokens, should_stop) -> None:
-        try:
-            work = [QuestionWork("noul", (tuple(tokens),))]
-            out[name] = engine.execute(work, temperature=TEMPERATURE, policy="off", should_stop=should_stop)
-        except Exception as error:
-            out[name] = error
+        _noul_into(out, name, engine, tokens, should_stop=should_stop)
 
     try:
         a = threading.Thread(target=send, args=("a", range(1000, 1100), lambda: False))
@@ -667,11 +672,7 @@ def test_a_start_notice_that_raises_fails_no_request(torch_runner):
         raise RuntimeError("the caller's notice broke")
 
     def send(name: str, tokens, on_start) -> None:
-        try:
-            work = [QuestionWork("noul", (tuple(tokens),))]
-            out[name] = engine.execute(work, temperature=TEMPERATURE, policy="off", on_start=on_start)
-        except Exception as error:
-            out[name] = error
+        _noul_into(out, name, engine, tokens, on_start=on_start)
 
     threads = [threading.Thread(target=send, args=("first", range(1000, 1050), lambda: None))]
     try:

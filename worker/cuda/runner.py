@@ -55,7 +55,7 @@ def pass_budget(
     tokens: int,
     segments: int,
     depth: int = DEFAULT_PASS_DEPTH,
-    context: int = 16384,
+    context: int = PassBudget.context,
     tile_from: int = PassBudget.tile_from,
 ) -> PassBudget:
     """What a CudaRunner is warmed for (a pass holds at least a segment a level)."""

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from openjev.worker.geometry import ATTN_HEAD_DIM, CONV_KERNEL_SIZE, GDN_CHUNK_TOKENS, GDN_HEAD_DIM
 
 FLOAT_BYTES = 4
-MAX_GRID_Y = 65535  # CUDA's limit on a grid's y and z dimensions
 BF16_BYTES = 2
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's y and z dimensions
 # gated_delta.cu's per-SM worker counters of the recurrence's schedule: above any %smid
 GDN_SCHED_SMS = 1024
 
