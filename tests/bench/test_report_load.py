@@ -159,6 +159,7 @@ def test_render_saved_puts_every_part_in_one_targets_table(tmp_path):
     ):
         assert row in text
     assert "## First-seen requests (workload seed 7" in text and "## Concurrency sweep" in text
+    assert "](sweep.png)" in text and (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_level_with_errors_misses_its_matmul_rate_target():
@@ -187,6 +188,10 @@ def test_a_load_only_run_renders_at_given_ceilings(tmp_path):
     cases = workload.read_jsonl(WORKLOAD)
     own = render_saved(tmp_path, cases, None)
     assert "bf16 ceiling measured in this run: 1000 TFLOP/s." in own
+    # the sweep is drawn though the run has no concurrency-1 samples (and so no latency plot)
+    assert (tmp_path / "sweep.png").stat().st_size > 0 and not (tmp_path / "latency.png").exists()
+    render_saved(tmp_path, cases, None, name="report-at-ceilings")
+    assert (tmp_path / "report-at-ceilings-sweep.png").exists()
     given = roofline.Ceilings(4e12, 1.2e15, "given")
     text = render_saved(tmp_path, cases, None, ceilings=given, config=SMALL)
     assert "bf16 ceiling given (--ceilings): 1200 TFLOP/s, this run measured 1000." in text

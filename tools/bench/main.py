@@ -38,7 +38,9 @@ def parser() -> argparse.ArgumentParser:
         "--model", type=Path, required=True, help="export directory (tokenizer, metadata; weights unless --synthetic)"
     )
     p.add_argument("--workload", type=Path, default=None, help="contract-JSON workload (JSONL); generated when absent")
-    p.add_argument("--out", type=Path, required=True, help="results folder (report.md, results.json, latency.png)")
+    p.add_argument(
+        "--out", type=Path, required=True, help="results folder (report.md, results.json, latency.png, sweep.png)"
+    )
     p.add_argument(
         "--arms", default="off,auto,shared", help="comma list of policies of our worker, plus 'transformers'"
     )

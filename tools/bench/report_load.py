@@ -5,6 +5,7 @@ being (target, measured, verdict) for the report's one targets table."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from openjev.tools.bench.harness import Results, Sample, percentile
 from openjev.tools.bench.report import _verdict
@@ -77,9 +78,14 @@ def matmul_rate(row: dict, matmul_parameters: int) -> float:
 
 
 def sweep(
-    rows: list[dict], matmul_parameters: int | None, ceiling: float | None, measured: float | None = None
+    rows: list[dict],
+    matmul_parameters: int | None,
+    ceiling: float | None,
+    measured: float | None = None,
+    plot_file: str | None = None,
 ) -> tuple[list[str], list[Target]]:
-    """ceiling: the bf16 rate the shares are of; measured: the run's own where `ceiling` was given."""
+    """ceiling: the bf16 rate the shares are of; measured: the run's own where `ceiling` was given;
+    plot_file: the sweep's plot (plot_sweep) beside the report, linked from the section."""
     if not rows:
         return [], []
     if not ceiling:
@@ -124,6 +130,8 @@ def sweep(
                     f"missed ({row['errors']} errors)" if row["errors"] else _verdict(share, limit, False),
                 )
             )
+    if plot_file:
+        lines += ["", f"![throughput, share of the ceiling and latency by clients]({plot_file})"]
     for name in dict.fromkeys(r.get("set", "") for r in rows):
         by_level = {r["clients"]: r["throughput_rps"] for r in rows if r.get("set", "") == name}
         low, high = min(by_level), max(by_level)
@@ -133,6 +141,44 @@ def sweep(
                 f"from {low} to {high} clients."
             )
     return lines, targets
+
+
+def plot_sweep(rows: list[dict], matmul_parameters: int | None, ceiling: float | None, path: Path) -> None:
+    """Two panels by clients, a line per sweep set: the matmul rate as a share of the ceiling with
+    its target (req/s where the run has no ceiling), and p50 (solid) / p95 (dashed) latency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rate_ax, latency_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for i, name in enumerate(dict.fromkeys(r.get("set", "") for r in rows)):
+        mine = sorted((r for r in rows if r.get("set", "") == name), key=lambda r: r["clients"])
+        clients, label, color = [r["clients"] for r in mine], SWEEP_SETS.get(name, name), f"C{i}"
+        if ceiling and matmul_parameters:
+            rate_ax.plot(clients, [100 * matmul_rate(r, matmul_parameters) / ceiling for r in mine], "o-", c=color)
+            if name in MATMUL_TARGETS:
+                rate_ax.axhline(
+                    100 * MATMUL_TARGETS[name], ls=":", c=color, label=f"{label}: target at {TARGET_CLIENTS}"
+                )
+        else:
+            rate_ax.plot(clients, [r["throughput_rps"] for r in mine], "o-", c=color)
+        latency_ax.plot(clients, [r["p50_ms"] for r in mine], "o-", c=color, label=f"{label} p50")
+        latency_ax.plot(clients, [r["p95_ms"] for r in mine], "o--", c=color, label=f"{label} p95")
+    rate_ax.set_ylabel("matmul rate, % of the bf16 ceiling" if ceiling and matmul_parameters else "requests / s")
+    latency_ax.set_ylabel("latency (ms, log)")
+    latency_ax.set_yscale("log")
+    levels = sorted({r["clients"] for r in rows})
+    for ax in (rate_ax, latency_ax):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.set_xlabel("clients (closed loop)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Concurrency sweep")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def mixed(rows: list[dict]) -> tuple[list[str], list[Target]]:
@@ -200,16 +246,21 @@ def service(startup: list[dict], peak_bytes: list, weight_bytes: int | None) -> 
     return lines, targets
 
 
-def sections(saved: dict, results: Results) -> tuple[list[str], list[Target]]:
-    """Everything of saved results.json beyond the concurrency-1 blocks."""
+def sections(saved: dict, results: Results, sweep_plot: Path | None = None) -> tuple[list[str], list[Target]]:
+    """Everything of saved results.json beyond the concurrency-1 blocks; sweep_plot: where to draw
+    the sweep (beside the report, which links it by name)."""
     ceilings = saved.get("ceilings") or {}
+    parameters, ceiling = saved.get("matmul_parameters"), ceilings.get("matmul_flops_per_second")
+    if sweep_plot and results.sweep:
+        plot_sweep(results.sweep, parameters, ceiling, sweep_plot)
     parts = [
         first_seen(results.first_seen, saved.get("first_seen_seed")),
         sweep(
             results.sweep,
-            saved.get("matmul_parameters"),
-            ceilings.get("matmul_flops_per_second"),
+            parameters,
+            ceiling,
             (saved.get("measured_ceilings") or {}).get("matmul_flops_per_second"),
+            sweep_plot.name if sweep_plot and results.sweep else None,
         ),
         mixed(results.mixed),
         service(saved.get("startup", []), saved.get("peak_memory_bytes", []), saved.get("weight_bytes")),

@@ -61,7 +61,8 @@ def render_saved(
     header = saved["header"] + (
         f"\n- this report leaves out the first {from_block} timed block(s)" if from_block else ""
     )
-    sections, more = report_load.sections(saved, results)
+    sweep_plot = out / ("sweep.png" if name == "report" else f"{name}-sweep.png")
+    sections, more = report_load.sections(saved, results, sweep_plot)
     text = report.render(
         results,
         cases,
