@@ -321,7 +321,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 num_tokens = token_count[0]
         finally:
             worker_span.end()
-        worker_calls.check_results(decision, results, summary)
+        worker_calls.check_results(decision, results, summary, num_tokens)
         return results, summary, num_tokens
 
     def _header(self, decision: DecisionRequest, policy: PrefixPolicy | None, request_id: str) -> wire.ExecuteHeader:

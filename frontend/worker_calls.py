@@ -140,7 +140,11 @@ def call_stream(stub, requests, metadata, timeout: float, context, num_questions
     try:
         for message in call:
             received = True
-            if message.WhichOneof("item") == "question":
+            item = message.WhichOneof("item")
+            if item is None or summary is not None:  # nothing, or anything after the summary
+                call.cancel()
+                raise Refused(grpc.StatusCode.INTERNAL, "worker sent a malformed reply (empty, or after its summary)")
+            if item == "question":
                 place(results, message.question)
             else:
                 summary = message.summary
@@ -170,12 +174,37 @@ def call_unary(stub, request, metadata, timeout: float, context, num_questions: 
     return results, (response.summary if response.HasField("summary") else None)
 
 
-def check_results(decision: DecisionRequest, results, summary) -> None:
-    """Never pass on an answer the worker did not fully give: a malformed result is INTERNAL."""
+def check_results(decision: DecisionRequest, results, summary, num_tokens: int) -> None:
+    """Never pass on an answer the worker did not fully give: a malformed result is INTERNAL.
+    num_tokens: the candidate tokens sent, which the summary must say it was given."""
     if summary is None or any(r is None for r in results):
         raise Refused(grpc.StatusCode.INTERNAL, "worker ended the stream without a complete result")
+    if (problem := summary_problem(summary, num_tokens)) is not None:
+        raise Refused(grpc.StatusCode.INTERNAL, f"worker returned an invalid summary: {problem}")
     for question, result in zip(decision.questions, results, strict=True):
         expected = 2 if question.kind == "noul" else len(question.prompts)
         p = list(result.probabilities)
         if len(p) != expected or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in p) or abs(sum(p) - 1.0) > 1e-6:
             raise Refused(grpc.StatusCode.INTERNAL, f"worker returned invalid probabilities for question {question.id}")
+
+
+def summary_problem(summary: wire.ExecutionSummary, num_tokens: int) -> str | None:
+    """Why a worker's summary must not reach a client (its policy and scope become the response's
+    metadata), or None. Its token counts obey the planner's identity (submitted = computed + saved,
+    reuse enabled exactly when tokens were saved)."""
+    try:
+        known = None not in (abi.policy_from_enum(summary.policy), abi.policy_from_enum(summary.executed_policy))
+        abi.scope_from_enum(summary.scope)
+    except KeyError:
+        known = False
+    if not known:
+        return "an unknown prefix policy or scope"
+    if summary.submitted_tokens != num_tokens:
+        return f"{summary.submitted_tokens} tokens submitted where {num_tokens} were sent"
+    if summary.computed_tokens + summary.saved_tokens != summary.submitted_tokens:
+        return "computed and saved tokens do not add up to those submitted"
+    if summary.prefix_enabled != (summary.saved_tokens > 0):
+        return "prefix reuse said enabled without saved tokens, or the reverse"
+    if not (math.isfinite(summary.inference_seconds) and summary.inference_seconds >= 0):
+        return "a negative or non-finite inference time"
+    return None

@@ -105,26 +105,33 @@ class _BadWorker(worker_pb2_grpc.WorkerServiceServicer):
         if self.mode.startswith("runner:"):
             yield from self.real.Execute(request_iterator, context)
             return
-        header = None
+        header, tokens = None, 0
         for message in request_iterator:
             if message.WhichOneof("item") == "header":
                 header = message.header
-        for question, summary in self._replies(len(header.questions), context):
+            elif message.WhichOneof("item") == "batch":
+                tokens += sum(len(c.token_ids) for c in message.batch.candidates)
+        if self.mode == "empty_message":  # a reply message with nothing in it, taken for the summary
+            yield wire.ExecuteResponse()
+        for question, summary in self._replies(len(header.questions), context, tokens):
             yield wire.ExecuteResponse(question=question) if summary is None else wire.ExecuteResponse(summary=summary)
+            if summary is not None and self.mode == "second_summary":
+                yield wire.ExecuteResponse(summary=summary)
 
     def ExecuteUnary(self, request, context):
         self.calls["ExecuteUnary"] += 1
         if self.mode.startswith("runner:"):
             return self.real.ExecuteUnary(request, context)
         reply = wire.ExecuteUnaryResponse()
-        for question, summary in self._replies(len(request.header.questions), context):
+        tokens = sum(len(c.token_ids) for c in request.candidates)
+        for question, summary in self._replies(len(request.header.questions), context, tokens):
             if summary is None:
                 reply.questions.append(question)
-            else:
+            elif self.mode not in ("empty_message", "second_summary"):  # a reply of one message: none
                 reply.summary.CopyFrom(summary)
         return reply
 
-    def _replies(self, n: int, context):
+    def _replies(self, n: int, context, tokens: int):
         """(question result, None) or (None, summary), in the order a stream would send them."""
 
         def result(index, probabilities):
@@ -150,11 +157,19 @@ class _BadWorker(worker_pb2_grpc.WorkerServiceServicer):
             yield result(0, [0.5, 0.5])
         elif self.mode == "missing":
             yield result(0, [0.5, 0.5])
-        if self.mode != "no_summary":
-            yield None, wire.ExecutionSummary()
         else:
             for i in range(n):
                 yield result(i, [0.5, 0.5])
+        if self.mode != "no_summary":
+            off, none = abi.policy_to_enum("off"), abi.scope_to_enum("none")
+            summary = wire.ExecutionSummary(
+                policy=off, executed_policy=off, scope=none, submitted_tokens=tokens, computed_tokens=tokens
+            )
+            if self.mode == "summary_unknown":  # enum values of a newer build, passed on as "unknown-77"
+                summary.policy, summary.scope = 77, 99  # type: ignore[assignment]
+            elif self.mode == "summary_tokens":
+                summary.submitted_tokens = summary.computed_tokens = tokens + 1
+            yield None, summary
 
 
 @pytest.fixture(scope="module", params=["Execute", "ExecuteUnary"])
@@ -229,6 +244,11 @@ def bad_worker_path(fake: _BadWorker) -> str:
         ("twice", "twice or out of range"),
         ("missing", "without a complete result"),
         ("no_summary", "without a complete result"),
+        ("summary_unknown", "invalid summary: an unknown prefix policy or scope"),
+        ("summary_tokens", "tokens submitted where"),
+        # the stream's malformed replies; a one-message reply without its summary
+        ("empty_message", {"Execute": "malformed reply", "ExecuteUnary": "without a complete result"}),
+        ("second_summary", {"Execute": "malformed reply", "ExecuteUnary": "without a complete result"}),
         ("abort", "worker: something odd"),
         ("runner:nan_score", "non-finite head score"),
         ("runner:raise", "illegal memory access"),
@@ -239,6 +259,7 @@ def test_malformed_or_non_finite_worker_result_is_internal(bad_worker, mode, rea
     fake, runner, frontend = bad_worker
     fake.mode = mode
     runner.mode = mode.removeprefix("runner:")
+    reason = reason if isinstance(reason, str) else reason[bad_worker_path(fake)]
     request_id = f"fault-{mode}-{uuid.uuid4().hex[:8]}"
     calls = dict(fake.calls)
     with Client(frontend.address) as client, pytest.raises(grpc.RpcError) as caught:
@@ -249,6 +270,15 @@ def test_malformed_or_non_finite_worker_result_is_internal(bad_worker, mode, rea
     time.sleep(0.1)
     lines = [r for r in log_events(frontend.log_text(), "decide") if r.get("request_id") == request_id]
     assert len(lines) == 1 and lines[0]["status"] == "INTERNAL" and reason in lines[0]["reason"]
+
+
+def test_a_well_formed_reply_of_the_fake_is_answered(bad_worker):
+    """The control for the faults above: the fake's good questions and summary pass every check."""
+    fake, _, frontend = bad_worker
+    fake.mode = "good"
+    with Client(frontend.address) as client:
+        reply = client.decide(SMALL, timeout=30)
+    assert reply["answers"] and reply["metadata"]["prefix_cache"]["policy"] == "off", reply
 
 
 def test_a_caller_gone_before_acceptance_gets_its_log_line(bad_worker):
