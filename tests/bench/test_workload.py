@@ -4,6 +4,8 @@ report run on it through the real servers."""
 from __future__ import annotations
 
 import collections
+import json
+import random
 from pathlib import Path
 
 from openjev.tools.bench import harness, report, workload
@@ -37,6 +39,29 @@ def test_split_counts_and_lengths(demo_model):
         "score-2",
         "score-10",
     }
+
+
+def test_every_request_has_a_state_and_none_is_repeated():
+    """A target length drawn below the question's own once left 65% of the 1-128 requests without
+    a state, and 31 of the 243 identical to another (so replays of "different" requests)."""
+    cases = workload.read_jsonl(WORKLOAD)
+    texts = [json.dumps(c.request, sort_keys=True) for c in cases]
+    assert len(set(texts)) == len(cases)
+    for case in cases:
+        state = case.request["state"]
+        assert state if isinstance(state, str) else state["ticket"]["messages"], case.name
+
+
+def test_a_short_group_still_gets_a_sentence_of_state(monkeypatch):
+    """With questions of 60 tokens and 20 a sentence, every 1-128 request has 1-3 sentences."""
+    monkeypatch.setattr(workload, "_state_of", lambda rng, n, as_json: ["sentence"] * n)
+
+    def longest(request: dict) -> int:
+        return 60 + 20 * len(request["state"])
+
+    rng = random.Random(3)
+    lengths = [longest(workload._fit_state(rng, {}, 1, 128, longest)) for _ in range(200)]
+    assert set(lengths) == {80, 100, 120}
 
 
 def test_generation_is_seeded(demo_model):

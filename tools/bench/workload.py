@@ -139,15 +139,18 @@ def _fit_state(
     rng: random.Random, questions: dict, low: int, high: int, longest_tokens: Callable[[dict], int]
 ) -> dict[str, Any]:
     """A request whose longest candidate has between low and high tokens: grow the state sentence
-    by sentence (binary search over the count), with a fixed seed per request."""
+    by sentence (binary search over the count), with a fixed seed per request. Its state has at
+    least one sentence wherever one fits the group (a target drawn below that length once left
+    most 1-128 requests without a state, and many of them identical)."""
     seed = rng.randrange(2**32)
     as_json = rng.random() < 0.3
-    target = rng.randint(low, high)
 
     def build(n: int) -> dict[str, Any]:
         return {"state": _state_of(random.Random(seed), n, as_json), "questions": questions}
 
-    lo, hi = 0, 1
+    fewest = 1 if longest_tokens(build(1)) <= high else 0
+    target = rng.randint(max(low, longest_tokens(build(fewest))), high)
+    lo, hi = fewest, fewest + 1
     while longest_tokens(build(hi)) <= target:
         lo, hi = hi, hi * 2
     while hi - lo > 1:  # largest n with tokens <= target
