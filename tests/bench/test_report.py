@@ -69,6 +69,27 @@ def test_failed_requests_show_beside_the_targets():
     assert f"= 1.00x | missed: 1 of {len(samples)} requests failed |" in text
 
 
+def test_a_failed_warm_up_request_shows_in_the_targets_and_its_table():
+    """The warm-up traversal is timed apart; its failures were dropped with its latencies, so a
+    cold start that timed out read as "0 errors" and a fast warm-up mean."""
+    cases = stratified([c for c in workload.read_jsonl(WORKLOAD) if c.kind in report.JEVBENCH_KINDS], 1)
+    samples = _samples(cases, "ours-auto", lambda c, b: 0.020, blocks=(-1, 0))
+    samples[0] = harness.Sample("ours-auto", samples[0].case, -1, 120.0, "DEADLINE_EXCEEDED")
+    floors = {c.name: 0.010 for c in cases}
+    results = harness.Results(samples)
+    rows = "\n".join(report.targets(results, cases, "ours-auto", floors))
+    assert (
+        f"| every request answered (the targets below count answered ones) | 0 errors of {len(cases)} | met |" in rows
+    )
+    assert f"| every warm-up request answered (each case's first, reported apart) | 1 errors of {len(cases)} " in rows
+    tokens = {c.name: (1, 1) for c in cases}
+    text = report.render(
+        results, cases, ["ours-auto"], reference_arm="ours-auto", floors=floors, tokens=tokens, header="# t"
+    )
+    warm_up = text.split("## Warm-up traversal")[1].split("##")[0]
+    assert "| ours-auto | 1 | 20.0 | 20.0 | 20.0 |" in warm_up
+
+
 def test_no_answered_request_still_shows_the_failures():
     """Every timed request failed: the targets table says so (it was left out, or showed only
     the memory row as if no blocks had run)."""

@@ -97,6 +97,10 @@ def test_sweep_matmul_rate_against_the_ceiling():
     assert any(
         line.startswith("| split, <= 512 tokens | ours-auto | 16 | 3 | 0 | 0.30 | 20.0 | 20.0 |") for line in lines
     )
+    # requests/s and tree tokens/s from 1 to 16 clients (the same requests/s, 2.5x the tokens)
+    assert (
+        "\nsplit, <= 512 tokens: throughput x1.00 in requests/s, x2.50 in tree tokens/s from 1 to 16 clients." in lines
+    )
     # without a GPU the rate is still shown, the verdict is not a pass
     _, [short, split] = report_load.sweep(rows, params, None)
     assert short[1:] == ("no GPU ceiling", "not measured")

@@ -51,6 +51,7 @@ def first_seen(samples: list[Sample], seed: int | None) -> tuple[list[str], list
         "",
         f"## First-seen requests (workload seed {seed}: sent once right after start-up, then replayed)",
         "",
+        f"Arm {', '.join(sorted({s.arm for s in samples}))}: "
         f"{len(paired)} requests answered at first sight and replayed, {blocks} replay block(s); "
         f"{failed_first} first sights and {errors} replays failed.",
         "",
@@ -133,13 +134,22 @@ def sweep(
     if plot_file:
         lines += ["", f"![throughput, share of the ceiling and latency by clients]({plot_file})"]
     for name in dict.fromkeys(r.get("set", "") for r in rows):
-        by_level = {r["clients"]: r["throughput_rps"] for r in rows if r.get("set", "") == name}
+        by_level = {r["clients"]: r for r in rows if r.get("set", "") == name}
         low, high = min(by_level), max(by_level)
-        if high > low and by_level[low] > 0:
-            lines.append(
-                f"\n{SWEEP_SETS.get(name, name)}: throughput x{by_level[high] / by_level[low]:.2f} "
-                f"from {low} to {high} clients."
+        if high > low and by_level[low]["throughput_rps"] > 0:
+            line = (
+                f"\n{SWEEP_SETS.get(name, name)}: throughput x"
+                f"{by_level[high]['throughput_rps'] / by_level[low]['throughput_rps']:.2f} in requests/s"
             )
+            # a level's requests are those answered within its seconds, so with more clients the
+            # mix leans to short requests: tokens/s says how much more work was carried
+            rates = [
+                r.get("tree_tokens", 0) / r["seconds"] if r.get("seconds") else 0
+                for r in (by_level[low], by_level[high])
+            ]
+            if rates[0] > 0:
+                line += f", x{rates[1] / rates[0]:.2f} in tree tokens/s"
+            lines.append(f"{line} from {low} to {high} clients.")
     return lines, targets
 
 
