@@ -492,6 +492,13 @@ class WorkerLink:
                 f"{worker} accepts at most {d.limits.max_candidates} candidates per request, fewer than this "
                 f"frontend's --max-candidates {self._max_candidates}"
             )
+        # 0: not stated. This frontend sends batches of abi.BATCH_CANDIDATES: a worker that takes
+        # fewer a message would refuse every request of more candidates than its limit
+        if 0 < d.limits.max_batch_candidates < abi.BATCH_CANDIDATES:
+            return (
+                f"{worker} accepts at most {d.limits.max_batch_candidates} candidates per message, fewer than "
+                f"the {abi.BATCH_CANDIDATES} this frontend sends"
+            )
         # 0: a worker that does not state its token limit (built before the field); its refusals
         # of a too-long request still reach the client, as INTERNAL
         if 0 < d.limits.max_request_tokens < self._max_request_tokens:
