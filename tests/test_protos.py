@@ -43,23 +43,33 @@ def test_generated_code_is_current(tmp_path):
     assert not stale, f"run `make protos`: {stale} differ from protos/"
 
 
-def wire_fields(file_descriptor) -> set[tuple[str, int, str, int, str]]:
-    """Everything an old peer relies on: (message, field number, name, type, type name)."""
+Wire = tuple[str, int, str, int, str, int, str]
+
+
+def wire_fields(file_descriptor) -> set[Wire]:
+    """Everything an old peer relies on: (message, field number, name, type, type name, label,
+    oneof) for each field; (enum, number, name, 0, "", 0, "") for each enum value; and (service,
+    0, method, streaming as client * 2 + server, "input -> output", 0, "") for each method."""
     proto = descriptor_pb2.FileDescriptorProto()
     file_descriptor.CopyToProto(proto)
-    fields = set()
+    fields: set[Wire] = set()
 
     def walk(messages, prefix):
         for message in messages:
             name = f"{prefix}{message.name}"
             for field in message.field:
-                fields.add((name, field.number, field.name, field.type, field.type_name))
+                oneof = message.oneof_decl[field.oneof_index].name if field.HasField("oneof_index") else ""
+                fields.add((name, field.number, field.name, field.type, field.type_name, field.label, oneof))
             walk(message.nested_type, name + ".")
 
     walk(proto.message_type, "")
     for enum in proto.enum_type:
         for value in enum.value:
-            fields.add((enum.name, value.number, value.name, 0, ""))
+            fields.add((enum.name, value.number, value.name, 0, "", 0, ""))
+    for service in proto.service:
+        for method in service.method:
+            streaming = 2 * method.client_streaming + method.server_streaming
+            fields.add((service.name, 0, method.name, streaming, f"{method.input_type} -> {method.output_type}", 0, ""))
     return fields
 
 
@@ -85,9 +95,27 @@ def test_the_rule_catches_a_removed_and_a_renumbered_field():
     current = wire_fields(worker_pb2.DESCRIPTOR)
     removed = {f for f in current if not (f[0] == "Candidate" and f[2] == "token_ids")}
     assert incompatible_changes(current, removed) == {f for f in current if f[0] == "Candidate" and f[2] == "token_ids"}
-    renumbered = {(m, n + 100 if name == "request_id" else n, name, t, tn) for (m, n, name, t, tn) in current}
+    renumbered = {(f[0], f[1] + 100 if f[2] == "request_id" else f[1], *f[2:]) for f in current}
     assert incompatible_changes(current, renumbered)
-    assert not incompatible_changes(current, current | {("Candidate", 9, "new_field", 9, "")})
+    assert not incompatible_changes(current, current | {("Candidate", 9, "new_field", 9, "", 1, "")})
+
+
+def test_the_rule_catches_a_changed_label_oneof_or_method():
+    """The snapshot once held (message, number, name, type, type name) only: a repeated field made
+    singular, a field moved out of its oneof, a removed RPC or one made unary passed unseen."""
+    current = wire_fields(worker_pb2.DESCRIPTOR)
+    token_ids = next(f for f in current if f[0] == "Candidate" and f[2] == "token_ids")
+    item = next(f for f in current if f[0] == "ExecuteResponse" and f[6] == "item")
+    execute = next(f for f in current if f[0] == "WorkerService" and f[2] == "Execute")
+    assert execute[3] == 3 and token_ids[5] == descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+    for old, new in (
+        (token_ids, (*token_ids[:5], descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL, "")),
+        (item, (*item[:6], "")),
+        (execute, (*execute[:3], 1, *execute[4:])),
+        (next(f for f in current if f[2] == "ExecuteUnary" and f[0] == "WorkerService"), None),
+    ):
+        changed = (current - {old}) | ({new} if new else set())
+        assert incompatible_changes(current, changed) == {old}
 
 
 if __name__ == "__main__":
