@@ -113,8 +113,13 @@ def parser() -> argparse.ArgumentParser:
         "--http-listen",
         type=lambda text: config.host_port(text) if text else "",
         default="",
-        help="also serve the HTTP/JSON API (POST /v1/systemone, /health, /metrics, /openapi.json) "
-        "at HOST:PORT (empty: off)",
+        help="also serve the HTTP/JSON API (POST /v1/systemone, /health, /openapi.json) at HOST:PORT (empty: off)",
+    )
+    p.add_argument(
+        "--http-metrics",
+        action="store_true",
+        help="serve GET /metrics on the HTTP port too, behind the bearer tokens where there are any (off: the "
+        "registry names worker addresses; --metrics-port serves it on the internal network)",
     )
     p.add_argument(
         "--http-max-body-bytes", type=positive_int, default=serving.MAX_MESSAGE_BYTES, help="larger HTTP bodies get 413"
@@ -282,6 +287,7 @@ def start_http(args, servicer: DecisionServicer, link: WorkerLink, tokens: tuple
         max_body_bytes=args.http_max_body_bytes,
         max_workers=min(MAX_WORKERS, args.max_concurrent_requests),
         authorize=None if auth is None else auth.allowed_headers,
+        serve_metrics=args.http_metrics,
     )
     http = HttpServer(
         api,

@@ -178,6 +178,7 @@ class HttpApi:
         max_body_bytes: int,
         max_workers: int = MAX_WORKERS,
         authorize: Callable[[list[str]], bool] | None = None,
+        serve_metrics: bool = False,
     ):
         self.servicer = servicer
         self.ready = ready
@@ -199,13 +200,15 @@ class HttpApi:
         self._body_bytes = 0
         self._observer = metrics.FrontendObserver()
         accepted = sorted(servicer.meta.accepted_model_names)
-        document = openapi_document(max_body_bytes, accepted, servicer.max_questions)
+        document = openapi_document(max_body_bytes, accepted, servicer.max_questions, serve_metrics)
         self._openapi = json.dumps(document).encode()
         self.app = Starlette(
             routes=[
                 Route(ROUTE, self.systemone, methods=["POST"]),
                 Route("/health", self.health, methods=["GET"]),
-                Route("/metrics", self.metrics, methods=["GET"]),
+                # on the public port only when asked for (--http-metrics): without tokens it would
+                # show anyone the worker addresses and process figures
+                *([Route("/metrics", self.metrics, methods=["GET"])] if serve_metrics else []),
                 Route("/openapi.json", self.openapi, methods=["GET"]),
             ],
             exception_handlers={404: _not_routed, 405: _not_routed},

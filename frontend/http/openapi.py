@@ -193,8 +193,11 @@ def _error_response(description: str) -> dict[str, Any]:
     }
 
 
-def openapi_document(max_body_bytes: int, accepted_models: list[str], max_questions: int) -> dict[str, Any]:
-    """The document of one server: the model names it accepts, its question limit."""
+def openapi_document(
+    max_body_bytes: int, accepted_models: list[str], max_questions: int, metrics: bool = False
+) -> dict[str, Any]:
+    """The document of one server: the model names it accepts, its question limit, /metrics where
+    it serves it."""
     schemas = copy.deepcopy(SCHEMAS)
     request = schemas["DecideRequest"]["properties"]
     request["model"]["enum"] = [None, *sorted(accepted_models)]
@@ -254,13 +257,19 @@ def openapi_document(max_body_bytes: int, accepted_models: list[str], max_questi
                     },
                 }
             },
-            "/metrics": {
-                "get": {
-                    "operationId": "metrics",
-                    "summary": "Prometheus metrics of this frontend",
-                    "responses": {"200": {"description": "text exposition", "content": {"text/plain": {}}}},
+        }
+        | (
+            {
+                "/metrics": {
+                    "get": {
+                        "operationId": "metrics",
+                        "summary": "Prometheus metrics of this frontend",
+                        "responses": {"200": {"description": "text exposition", "content": {"text/plain": {}}}},
+                    }
                 }
-            },
-        },
+            }
+            if metrics
+            else {}
+        ),
         "components": {"schemas": schemas},
     }

@@ -34,6 +34,7 @@ def start_http_pair(model, workdir, *, worker_args=(), frontend_args=()) -> Http
             f"127.0.0.1:{port}",
             "--http-max-body-bytes",
             str(MAX_BODY_BYTES),
+            "--http-metrics",  # the tests count outcomes there
             *frontend_args,
         ],
     )

@@ -608,7 +608,7 @@ def test_bearer_tokens_when_configured(max_body_bytes):
 
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"reached with {request.request_json}")
 
-    api = HttpApi(Echo(), lambda: None, max_body_bytes=max_body_bytes, authorize=ONE_TOKEN)
+    api = HttpApi(Echo(), lambda: None, max_body_bytes=max_body_bytes, authorize=ONE_TOKEN, serve_metrics=True)
     server = HttpServer(api, "127.0.0.1:0", grace_seconds=1)
     server.start()
     url = f"http://127.0.0.1:{server.port}{ROUTE}"
@@ -833,6 +833,20 @@ def test_max_concurrent_requests_caps_the_http_route_too(demo_model, tmp_path, h
             assert http.post(ROUTE, json=SMALL).status_code == 200
     finally:
         started.pair.stop()
+
+
+def test_metrics_are_on_the_public_port_only_when_asked_for(max_body_bytes):
+    """Without --http-metrics (and without tokens, as the compose and Kubernetes files run) the
+    public port served the whole registry, worker addresses included, to anyone."""
+    api, server = _answering_server(max_body_bytes)
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        reply = httpx.get(f"{base}/metrics", timeout=10)
+        assert reply.status_code == 404 and reply.json() == {"error": "no route /metrics"}
+        assert "/metrics" not in httpx.get(f"{base}/openapi.json", timeout=10).json()["paths"]
+        assert httpx.get(f"{base}/health", timeout=10).status_code == 200
+    finally:
+        server.wait_stopped()
 
 
 def test_no_route_and_wrong_method_are_json_with_the_request_id(http):
