@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
         invalid_fraction=args.invalid_fraction,
         seed=args.seed,
         hostile=hostile,
+        memory_bound_mib=args.memory_bound_mib,
     )
     if args.addr:
         report = run_load(args.addr, **kwargs)

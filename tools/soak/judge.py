@@ -1,7 +1,8 @@
 """Judging a finished run: every outcome against its kind's expected statuses, its exact message,
 the answer alone and its time bound (a kill's window excuses UNAVAILABLE and DEADLINE_EXCEEDED);
-requests without a status (lost, hung); what the kills did; the drain of in-flight gauges; RSS;
-and one frontend log line per request id. The result fills the Report."""
+requests without a status (lost, hung); what the kills did; the drain of in-flight gauges and RSS
+(with or without a hostile mix); and one frontend log line per request id. The result fills the
+Report."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def judge(run: Run, report: Report, *, frontend_log: Path | None, metrics_ports:
         if any(o.kind == kind for o in finished)
     }
     if run.hostile:
-        report.hostile = _hostile_summary(run, finished, stream_bound, metrics_ports)
+        report.hostile = _hostile_summary(run, finished, stream_bound)
+    report.after_drain = _drain(metrics_ports)
     report.rss["after_mib"] = {name: round(rss_bytes(pid) / 2**20, 1) for name, pid in run.pids.items()}
     report.rss["peak_mib"] = run.peak
     if frontend_log is not None:
@@ -79,6 +81,7 @@ def _judge_outcomes(
         key = f"{o.kind}:{o.status}"
         report.by_status[key] = report.by_status.get(key, 0) + 1
         report.mismatches += o.answered_ok is False
+        report.unexpected_count += late or not fine
         if (late or not fine) and len(report.unexpected) < 20:
             report.unexpected.append(
                 {
@@ -91,11 +94,9 @@ def _judge_outcomes(
             )
 
 
-def _hostile_summary(
-    run: Run, finished: list[Outcome], stream_bound: float, metrics_ports: dict[str, int] | None
-) -> dict:
-    """The report's `hostile` part: what each kill did to the requests in flight, what each
-    refusal said, the in-flight gauges after the run, the bounds and the stream counts."""
+def _hostile_summary(run: Run, finished: list[Outcome], stream_bound: float) -> dict:
+    """The report's `hostile` part: what each kill did to the requests in flight (and how many
+    were asked for), what each refusal said, the bounds and the stream counts."""
     hostile = run.hostile
     assert hostile is not None
     by_id = {o.request_id: o for o in finished}
@@ -113,8 +114,8 @@ def _hostile_summary(
     return {
         "parts": list(run.parts),
         "kills": run.kills,
+        "kills_asked": hostile.kills if "kill" in run.parts else 0,
         "statuses_said": details,
-        "after_drain": _drain(metrics_ports),
         "bounds": {
             "request_s": run.bound,
             "stream_first_reply_s": stream_bound,
@@ -125,7 +126,9 @@ def _hostile_summary(
             "watch": hostile.watch_streams,
             "reflection": hostile.reflection_streams,
             "execute": hostile.execute_streams if run.worker else 0,
-        },
+        }
+        if "idle" in run.parts
+        else {},
     }
 
 

@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from openjev.client import Client, response_to_json
 from openjev.tools.soak.outcomes import Outcome
-from openjev.tools.soak.workload import MEDIUM, comparable
+from openjev.tools.soak.workload import MEDIUM, comparable, tagged, tagged_answer
 from openjev.v1 import decision_pb2 as api
 from openjev.worker.v1 import worker_pb2 as wire
 from openjev.worker.v1 import worker_pb2_grpc
@@ -75,11 +75,12 @@ def oversized_loop(run: Run) -> None:
 
 def cancel_loop(run: Run, seed_: int) -> None:
     local = random.Random(seed_)
-    body = api.DecideRequest(request_json=json.dumps(MEDIUM), prefix_policy=api.PREFIX_POLICY_OFF)
     with Client(run.address) as client:
         while not run.stop.is_set():
             kind = local.choice(("cancel", "deadline"))
             request_id, started = run.begin(kind)
+            tag = request_id.rsplit("-", 1)[1]
+            body = api.DecideRequest(request_json=json.dumps(tagged(MEDIUM, tag)), prefix_policy=api.PREFIX_POLICY_OFF)
             metadata = [("x-request-id", request_id)]
             try:
                 if kind == "cancel":
@@ -89,7 +90,7 @@ def cancel_loop(run: Run, seed_: int) -> None:
                     reply = future.result()
                 else:
                     reply = client.stub.Decide(body, timeout=local.uniform(0.05, 0.8), metadata=metadata)
-                same = comparable(response_to_json(reply)) == run.expected_medium
+                same = comparable(response_to_json(reply)) == tagged_answer(run.expected_medium, tag)
                 outcome = Outcome(kind, "OK", 0.0, same, request_id, started, answered_ok=same)
             except grpc.FutureCancelledError:
                 outcome = Outcome(kind, "CANCELLED", 0.0, True, request_id, started)

@@ -29,6 +29,8 @@ from openjev.tools.soak.workload import (
     comparable,
     invalid_requests,
     oversized_requests,
+    tagged,
+    tagged_answer,
     valid_requests,
 )
 
@@ -123,9 +125,10 @@ class Run:
     def send_valid(self, client: Client, index: int) -> Outcome:
         request, policy = self.valid[index]
         request_id, started = self.begin("valid")
+        tag = request_id.rsplit("-", 1)[1]
         try:
-            got = comparable(client.decide(request, policy=policy, timeout=self.timeout, request_id=request_id))
-            same = got == self.expected[index]
+            reply = client.decide(tagged(request, tag), policy=policy, timeout=self.timeout, request_id=request_id)
+            same = comparable(reply) == tagged_answer(self.expected[index], tag)
             return Outcome("valid", "OK", 0.0, same, request_id, started, answered_ok=same)
         except grpc.RpcError as error:
             return Outcome("valid", error.code().name, 0.0, False, request_id, started, detail=error.details() or "")
@@ -153,25 +156,32 @@ def run_load(
     hostile: Hostile | None = None,
     worker: WorkerControl | None = None,
     metrics_ports: dict[str, int] | None = None,
+    memory_bound_mib: float = Hostile.memory_bound_mib,
 ) -> Report:
     """Send up to `requests` requests from `clients` threads, stopping early after `duration`
     seconds; return the report. `pids`: processes whose RSS to report (name -> pid).
     `hostile`: add the hostile mix; `worker`: the soak's own worker (its port gets idle Execute
     streams, and it is killed and restarted); `metrics_ports`: name -> port of /metrics, to check
-    that nothing stays in flight afterwards."""
+    that nothing stays in flight afterwards; `memory_bound_mib`: the RSS growth allowed per process
+    without a hostile mix (the mix carries its own)."""
+    if hostile:  # a hung request must outlast its bound before the client's deadline ends it
+        timeout = max(timeout, hostile.request_bound_seconds + 30)
     valid = valid_requests()
     invalid = invalid_requests()
     expected = baseline(address, valid, timeout)
-    # A second warm pass so the RSS "before" is taken after allocator growth from first use.
-    baseline(address, valid, timeout)
+    # A second warm pass so the RSS "before" is taken after allocator growth from first use; its
+    # answers must be the first pass's (the run's comparisons assume one answer per request)
+    again = baseline(address, valid, timeout)
     parts = hostile.parts if hostile else ()
     if worker is None:
         parts = tuple(p for p in parts if p != "kill")
     expected_medium = baseline(address, [(MEDIUM, "off")], timeout)[0] if {"cancel"} & set(parts) else {}
     oversized = oversized_requests(hostile) if hostile and "oversized" in parts else []
     report = Report(clients=clients)
+    report.baseline_differs = sum(a != b for a, b in zip(expected, again, strict=True))
     pids = dict(pids or {})
     report.rss["before_mib"] = {name: round(rss_bytes(pid) / 2**20, 1) for name, pid in pids.items()}
+    report.rss["bound_mib"] = hostile.memory_bound_mib if hostile else memory_bound_mib
     rng = random.Random(seed)
     plan = [(rng.random() < invalid_fraction, rng.randrange(10**6)) for _ in range(requests)]
     run = Run(

@@ -35,6 +35,18 @@ def comparable(response: dict) -> dict:
     return copy
 
 
+def tagged(request: dict, tag: str) -> dict:
+    """The request with each question id suffixed by `tag`. Ids are in no prompt, so its answer is
+    the untagged one's under the tagged ids: an answer meant for another request (the same text
+    under another tag) then differs, which it did not between two sends of one request."""
+    return {**request, "questions": {f"{q}-{tag}": v for q, v in request["questions"].items()}}
+
+
+def tagged_answer(answer: dict, tag: str) -> dict:
+    """`answer` (to the untagged request) as the answer to `tagged(request, tag)`."""
+    return {**answer, "answers": {f"{q}-{tag}": v for q, v in answer["answers"].items()}}
+
+
 def valid_requests() -> list[tuple[dict[str, Any], PrefixPolicy | None]]:
     """(request, policy) pairs: distinct states, kinds, sizes and prefix policies."""
     out: list[tuple[dict[str, Any], PrefixPolicy | None]] = []
