@@ -16,6 +16,7 @@ import pytest
 
 from openjev import abi
 from openjev.client import Client
+from openjev.export import load_export_meta
 from openjev.tools import launch
 from openjev.v1 import decision_pb2 as api
 from openjev.worker.v1 import worker_pb2 as wire
@@ -27,6 +28,11 @@ EXAMPLE = json.loads((REPO / "examples" / "contract_example.json").read_text())
 
 def reference_answers(demo_model, request: dict, policy: str = "off") -> dict:
     """The same request computed in-process: contract rendering, tokenizer, torch runner, engine."""
+    return reference(demo_model, request, policy)[0]
+
+
+def reference(demo_model, request: dict, policy: str = "off"):
+    """(answers, the engine's ExecutionResult) of the request computed in-process."""
     from openjev.contract.answers import answer_from_probabilities
     from openjev.contract.request import parse_request
     from openjev.export import load_export_meta
@@ -39,22 +45,24 @@ def reference_answers(demo_model, request: dict, policy: str = "off") -> dict:
     tokenizer = PromptTokenizer.from_export(demo_model)
     work = [QuestionWork(q.kind, tokenizer.encode(list(q.prompts))) for q in decision.questions]
     result = Engine(TorchRunner(demo_model)).execute(work, temperature=meta.temperature, policy=policy)
-    return {
+    answers = {
         q.id: answer_from_probabilities(q, p) for q, p in zip(decision.questions, result.probabilities, strict=True)
     }
+    return answers, result
 
 
-def assert_answers_close(got: dict, want: dict, tolerance: float) -> None:
-    assert list(got) == list(want)
-    for qid in want:
-        g, w = got[qid], want[qid]
-        assert g["type"] == w["type"]
-        if w["type"] == "noul":
-            assert math.isclose(g["noul"], w["noul"], abs_tol=tolerance)
-            continue
-        assert list(g["probabilities"]) == list(w["probabilities"])
-        for key in w["probabilities"]:
-            assert math.isclose(g["probabilities"][key], w["probabilities"][key], abs_tol=tolerance)
+def assert_answers_close(got, want, tolerance: float, path: str = "answers") -> None:
+    """Every field of every answer (choice, confidence, score, legend, probabilities): numbers
+    within `tolerance`, everything else equal, keys in the same order. Probabilities alone were
+    compared once, so a frontend that swapped score and confidence passed."""
+    if isinstance(want, float):
+        assert isinstance(got, float) and math.isclose(got, want, abs_tol=tolerance), (path, got, want)
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and list(got) == list(want), (path, got, want)
+        for key in want:
+            assert_answers_close(got[key], want[key], tolerance, f"{path}.{key}")
+    else:
+        assert got == want, (path, got, want)
 
 
 def test_contract_example_answered(client, demo_model):
@@ -73,7 +81,23 @@ def test_contract_example_answered(client, demo_model):
     assert meta["prefix_cache"] == {"policy": "off", "enabled": False, "scope": "none", "saved_tokens": 0}
     assert response["usage"]["output_tokens"] == 0
     assert meta["inference_seconds"] > 0
+    assert (meta["method"], meta["temperature"]) == ("open-jev-scalar-head", load_export_meta(demo_model).temperature)
     assert_answers_close(response["answers"], reference_answers(demo_model, EXAMPLE), 1e-6)
+
+
+def test_prefix_metadata_is_the_engines(client, demo_model):
+    """What the worker's planner did (policy, scope, tokens saved) reaches the response as it is."""
+    for policy in ("shared", "default"):
+        answers, result = reference(demo_model, EXAMPLE, policy)
+        response = client.decide(EXAMPLE, policy=policy, timeout=60)
+        assert result.num_saved_tokens > 0
+        assert response["metadata"]["prefix_cache"] == {
+            "policy": policy,
+            "enabled": True,
+            "scope": result.scope,
+            "saved_tokens": result.num_saved_tokens,
+        }
+        assert_answers_close(response["answers"], answers, 1e-6)
 
 
 def test_input_tokens_count_every_candidate(client, demo_model):

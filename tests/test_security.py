@@ -139,7 +139,15 @@ def test_tls_and_bearer_token_on_the_public_port(tls_pair, pki):
     reply = _decide(frontend.address, _creds(pki), [("authorization", f"Bearer {TOKEN}")])
     assert reply.answers[0].question_id == "q"
     twice = [("authorization", f"Bearer {TOKEN}"), ("authorization", "Bearer wrong")]
-    for metadata in (None, [("authorization", "Bearer wrong")], [("authorization", TOKEN)], twice, twice[::-1]):
+    other_schemes = [[("authorization", f"{scheme} {TOKEN}")] for scheme in ("Basic", "Token", "Bearer-ish")]
+    for metadata in (
+        None,
+        [("authorization", "Bearer wrong")],
+        [("authorization", TOKEN)],
+        twice,
+        twice[::-1],
+        *other_schemes,
+    ):
         with pytest.raises(grpc.RpcError) as caught:
             _decide(frontend.address, _creds(pki), metadata)
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -614,7 +614,15 @@ def test_bearer_tokens_when_configured(max_body_bytes):
     url = f"http://127.0.0.1:{server.port}{ROUTE}"
     try:
         twice = [("authorization", "Bearer s3cret"), ("authorization", "Bearer wrong")]
-        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}, twice, twice[::-1]):
+        schemes = [{"authorization": f"{scheme} s3cret"} for scheme in ("Basic", "Token")]
+        for headers in (
+            {},
+            {"authorization": "Bearer wrong"},
+            {"authorization": "s3cret"},
+            twice,
+            twice[::-1],
+            *schemes,
+        ):
             reply = httpx.post(url, content=b"not even json", headers=headers, timeout=10)
             assert reply.status_code == 401 and reply.headers["www-authenticate"] == "Bearer", headers
             assert reply.json() == {"error": "missing or invalid bearer token"}  # gRPC's message

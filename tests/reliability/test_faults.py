@@ -19,6 +19,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from openjev import abi
 from openjev.client import Client
+from openjev.contract.answers import answer_from_probabilities
+from openjev.contract.request import parse_request
 from openjev.tools import launch
 from openjev.tools.soak import comparable, log_events
 from openjev.v1 import decision_pb2 as api
@@ -29,7 +31,7 @@ from openjev.worker.v1 import worker_pb2_grpc
 SMALL = {
     "state": "A customer says: I was charged twice.",
     "questions": {
-        "route": {"type": "choice", "instructions": "Team?", "criteria": {"billing": None, "hr": None}},
+        "route": {"type": "choice", "instructions": "Team?", "criteria": {"billing": None, "hr": None, "it": None}},
         "urgent": {"type": "noul", "instructions": "Urgent?"},
     },
 }
@@ -113,7 +115,7 @@ class _BadWorker(worker_pb2_grpc.WorkerServiceServicer):
                 tokens += sum(len(c.token_ids) for c in message.batch.candidates)
         if self.mode == "empty_message":  # a reply message with nothing in it, taken for the summary
             yield wire.ExecuteResponse()
-        for question, summary in self._replies(len(header.questions), context, tokens):
+        for question, summary in self._replies(header, context, tokens):
             yield wire.ExecuteResponse(question=question) if summary is None else wire.ExecuteResponse(summary=summary)
             if summary is not None and self.mode == "second_summary":
                 yield wire.ExecuteResponse(summary=summary)
@@ -124,42 +126,46 @@ class _BadWorker(worker_pb2_grpc.WorkerServiceServicer):
             return self.real.ExecuteUnary(request, context)
         reply = wire.ExecuteUnaryResponse()
         tokens = sum(len(c.token_ids) for c in request.candidates)
-        for question, summary in self._replies(len(request.header.questions), context, tokens):
+        for question, summary in self._replies(request.header, context, tokens):
             if summary is None:
                 reply.questions.append(question)
             elif self.mode not in ("empty_message", "second_summary"):  # a reply of one message: none
                 reply.summary.CopyFrom(summary)
         return reply
 
-    def _replies(self, n: int, context, tokens: int):
-        """(question result, None) or (None, summary), in the order a stream would send them."""
+    def _replies(self, header: wire.ExecuteHeader, context, tokens: int):
+        """(question result, None) or (None, summary), in the order a stream would send them; the
+        faults are in the first question (SMALL's route: 3 options)."""
 
         def result(index, probabilities):
             return wire.QuestionResult(question_index=index, probabilities=probabilities), None
 
-        good = [[0.5, 0.5]] * n
+        sizes = [2 if q.kind == wire.QUESTION_KIND_NOUL else q.num_candidates for q in header.questions]
+        good = [[1.0 / size] * size for size in sizes]
+        n = len(good)
         if self.mode == "abort":
             context.abort(grpc.StatusCode.NOT_FOUND, "something odd")
         bad = {
-            "nan": lambda: [[math.nan, 0.5]] + good[1:],
-            "inf": lambda: [[math.inf, 0.0]] + good[1:],
-            "count": lambda: [[1.0]] + good[1:],
-            "sum": lambda: [[0.7, 0.7]] + good[1:],
-            "negative": lambda: [[-0.5, 1.5]] + good[1:],
+            "nan": [math.nan, 0.5, 0.5],
+            "inf": [math.inf, 0.0, 0.0],
+            "count": [1.0],
+            "sum": [0.7, 0.7, 0.7],
+            "negative": [-0.5, 1.5, 0.0],
+            "below_zero": [-0.1, 0.6, 0.5],  # in [.., 1] and summing to 1: only the lower bound refuses it
         }
         if self.mode in bad:
-            for i, p in enumerate(bad[self.mode]()):
+            for i, p in enumerate([bad[self.mode], *good[1:]]):
                 yield result(i, p)
         elif self.mode == "out_of_range":
-            yield result(n + 3, [0.5, 0.5])
+            yield result(n + 3, good[0])
         elif self.mode == "twice":
-            yield result(0, [0.5, 0.5])
-            yield result(0, [0.5, 0.5])
+            yield result(0, good[0])
+            yield result(0, good[0])
         elif self.mode == "missing":
-            yield result(0, [0.5, 0.5])
+            yield result(0, good[0])
         else:
             for i in range(n):
-                yield result(i, [0.5, 0.5])
+                yield result(i, good[i])
         if self.mode != "no_summary":
             off, none = abi.policy_to_enum("off"), abi.scope_to_enum("none")
             summary = wire.ExecutionSummary(
@@ -169,6 +175,12 @@ class _BadWorker(worker_pb2_grpc.WorkerServiceServicer):
                 summary.policy, summary.scope = 77, 99  # type: ignore[assignment]
             elif self.mode == "summary_tokens":
                 summary.submitted_tokens = summary.computed_tokens = tokens + 1
+            elif self.mode == "summary_sum":  # one token neither computed nor saved
+                summary.computed_tokens = tokens - 1
+            elif self.mode == "summary_enabled":  # reuse said enabled, nothing saved
+                summary.prefix_enabled = True
+            elif self.mode in ("summary_negative_time", "summary_nan_time"):
+                summary.inference_seconds = -1.0 if self.mode == "summary_negative_time" else math.nan
             yield None, summary
 
 
@@ -251,12 +263,17 @@ def bad_worker_path(fake: _BadWorker) -> str:
         ("count", "invalid probabilities for question route"),
         ("sum", "invalid probabilities for question route"),
         ("negative", "invalid probabilities for question route"),
+        ("below_zero", "invalid probabilities for question route"),
         ("out_of_range", "twice or out of range"),
         ("twice", "twice or out of range"),
         ("missing", "without a complete result"),
         ("no_summary", "without a complete result"),
         ("summary_unknown", "invalid summary: an unknown prefix policy or scope"),
         ("summary_tokens", "tokens submitted where"),
+        ("summary_sum", "computed and saved tokens do not add up to those submitted"),
+        ("summary_enabled", "prefix reuse said enabled without saved tokens"),
+        ("summary_negative_time", "a negative or non-finite inference time"),
+        ("summary_nan_time", "a negative or non-finite inference time"),
         # the stream's malformed replies; a one-message reply without its summary
         ("empty_message", {"Execute": "malformed reply", "ExecuteUnary": "without a complete result"}),
         ("second_summary", {"Execute": "malformed reply", "ExecuteUnary": "without a complete result"}),
@@ -312,7 +329,13 @@ def test_a_well_formed_reply_of_the_fake_is_answered(bad_worker):
     fake.mode = "good"
     with Client(frontend.address) as client:
         reply = client.decide(SMALL, timeout=30)
-    assert reply["answers"] and reply["metadata"]["prefix_cache"]["policy"] == "off", reply
+    decision = parse_request(SMALL, accepted_models={reply["model"]})
+    sizes = [2 if q.kind == "noul" else len(q.options) for q in decision.questions]
+    assert reply["answers"] == {
+        q.id: answer_from_probabilities(q, [1.0 / size] * size)
+        for q, size in zip(decision.questions, sizes, strict=True)
+    }
+    assert reply["metadata"]["prefix_cache"] == {"policy": "off", "enabled": False, "scope": "none", "saved_tokens": 0}
 
 
 def test_a_caller_gone_before_acceptance_gets_its_log_line(bad_worker):

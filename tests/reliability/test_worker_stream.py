@@ -346,6 +346,27 @@ def test_a_message_of_more_candidates_than_describe_states_is_refused(stub):
     assert len(question.question.head_scores) == limit + 1 and summary.HasField("summary")
 
 
+def test_the_token_limit_is_exact(stub):
+    """The worker's --max-request-tokens (4000 here): a request of exactly that many tokens is
+    answered, one more is refused before anything runs (the hypothesis breaks pass it by 4,001)."""
+    header = wire.ExecuteHeader(questions=[_shape("choice", 2)])
+
+    def stream(extra: int):
+        candidates = [wire.Candidate(candidate_index=0, token_ids=[5] * 1000), wire.Candidate(candidate_index=1)]
+        candidates[1].token_ids.extend([6] * (3000 + extra))
+        batch = wire.CandidateBatch(candidates=candidates)
+        return iter(
+            [wire.ExecuteRequest(header=header), wire.ExecuteRequest(batch=batch), wire.ExecuteRequest(commit={})]
+        )
+
+    [question, summary] = list(stub.Execute(stream(0), timeout=120))
+    assert len(question.question.probabilities) == 2 and summary.summary.submitted_tokens == 4000
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.Execute(stream(1), timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == "malformed execute stream: request exceeds the worker's limit of 4000 tokens"
+
+
 @pytest.mark.parametrize("request_id", ["x" * 129, "a b", "\u00e9t\u00e9"])
 def test_a_request_id_that_no_frontend_sends_is_refused(stub, request_id):
     header = wire.ExecuteHeader(request_id=request_id, questions=[_shape("noul", 1)])
