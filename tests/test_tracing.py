@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -122,6 +123,14 @@ def test_one_trace_spans_both_processes(demo_model, tmp_path, collector, monkeyp
         with pytest.raises(grpc.RpcError):
             decide(bad, BAD_GRPC)
         assert post(bad, BAD_HTTP) == 422
+        # kill -9 loses what the worker has not exported yet: wait for both requests' worker spans
+        # (on loaded cores the HTTP request's missed the 0.1 s export once)
+        executed = "openjev.worker.v1.WorkerService/ExecuteUnary"
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and {grpc_trace, http_trace} - {
+            s["trace"] for s in list(receiver.spans) if s["name"] == executed
+        }:
+            time.sleep(0.05)
         pair.worker.kill()  # no worker: UNAVAILABLE / 503, the server's failure
         with pytest.raises(grpc.RpcError):
             decide(SMALL, DOWN_GRPC)
