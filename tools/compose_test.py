@@ -128,9 +128,8 @@ def image_ids() -> set[str]:
 
 
 def remove_images(*images: str, ids: Iterable[str] = (), prune: bool = False) -> None:
-    """prune: the engine's build cache too, all of it (only an engine this test started)."""
-    """The images named or listed (by id), and all build cache: with vfs the cache holds a full
-    copy of the filesystem per layer."""
+    """The images named or listed (by id); prune: the engine's whole build cache too (with vfs it
+    holds a full copy of the filesystem per layer; only on an engine this test started)."""
     for image in (*images, *ids):
         run(["docker", "image", "rm", "-f", image], check=False, quiet=True)
     if prune:

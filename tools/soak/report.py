@@ -103,14 +103,10 @@ def format_report(report: Report) -> str:
         )
     bound = report.rss.get("bound_mib")
     for name in report.rss.get("before_mib", {}):
-        before, after = report.rss["before_mib"][name], report.rss["after_mib"][name]
+        before, after, peak = (report.rss[k][name] for k in ("before_mib", "after_mib", "peak_mib"))
         lines.append(
-            f"  RSS {name} MiB: before {before}  after {after}  peak {report.rss['peak_mib'][name]}"
-            + (
-                f"  (growth at the peak {report.rss['peak_mib'][name] - before:+.1f}, bound {bound:g})"
-                if bound is not None
-                else ""
-            )
+            f"  RSS {name} MiB: before {before}  after {after}  peak {peak}"
+            + (f"  (growth at the peak {max(after, peak) - before:+.1f}, bound {bound:g})" if bound is not None else "")
         )
     problems = failures(report)
     lines.append("  verdict: " + ("PASS" if not problems else "FAIL: " + "; ".join(problems)))
