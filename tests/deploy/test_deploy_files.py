@@ -220,7 +220,8 @@ def test_kubernetes_manifests():
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
         assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}, name
         assert container["securityContext"]["allowPrivilegeEscalation"] is False, name
-    assert all("sizeLimit" in v["emptyDir"] for v in pod_volumes(by_kind) if "emptyDir" in v)
+    scratch = [v["emptyDir"] for v in pod_volumes(by_kind) if "emptyDir" in v]
+    assert scratch and all("sizeLimit" in v for v in scratch)  # the worker's /tmp (CuPy's cache)
     check_args(launch.WORKER_MODULE, worker["args"][2:])
     check_args(launch.FRONTEND_MODULE, frontend["args"][2:])
     for container in (worker, frontend):
