@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise Failed(f"{container} is {health(container)}")
         check_stack(compose, env, ports, certs)
         if not args.keep:
-            remove_images(*CPU_IMAGES, prune=engine.started is not None)
+            remove_images(*CPU_IMAGES, prune=engine.ours)
         if args.gpu_image:
             with step("build the GPU worker image (not run)"):
                 gpu_env = {**env, "COMPOSE_PROFILES": "gpu"}
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[compose-test] {image_sizes('openjev-worker:')}; {compiled[-1].strip()}", flush=True)
                 print(f"[compose-test] the GPU image build: {taken} of disk after, {peak} at its peak", flush=True)
                 if not args.keep:
-                    remove_images(GPU_IMAGE, prune=engine.started is not None)
+                    remove_images(GPU_IMAGE, prune=engine.ours)
     except (Failed, EngineError, subprocess.TimeoutExpired) as error:
         print(f"[compose-test] FAILED: {error}", file=sys.stderr, flush=True)
         if not isinstance(error, EngineError):
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             run([*compose, "down", "-v", "--remove-orphans"], env=env, check=False, quiet=True)
             made = image_ids() - existing
             base = run(["docker", "images", "-q", "--no-trunc", LOCAL_BASE], check=False, quiet=True).stdout.split()
-            remove_images(ids=made - (set() if made_base else set(base)), prune=engine.started is not None)
+            remove_images(ids=made - (set() if made_base else set(base)), prune=engine.ours)
             print(f"[compose-test] cleaned up: {gigabytes(engine.free_bytes())} free", flush=True)
             engine.stop()
     print(f"[compose-test] passed in {time.monotonic() - started:.1f} s", flush=True)

@@ -73,6 +73,11 @@ class Engine:
                 raise EngineError(f"dockerd did not answer within {wait_seconds:.0f} s; see {self.log_path}")
             time.sleep(0.5)
 
+    @property
+    def ours(self) -> bool:
+        """Whether this run started the engine (so what the engine holds is this run's alone)."""
+        return self.started is not None
+
     def check_containers_run(self, image: str) -> None:
         """An engine can import and build yet be unable to start a container (no cgroups, no
         privileges for namespaces): say so here rather than as a failed build step."""

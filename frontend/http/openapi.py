@@ -193,6 +193,15 @@ def _error_response(description: str) -> dict[str, Any]:
     }
 
 
+_METRICS_PATH = {
+    "get": {
+        "operationId": "metrics",
+        "summary": "Prometheus metrics of this frontend",
+        "responses": {"200": {"description": "text exposition", "content": {"text/plain": {}}}},
+    }
+}
+
+
 def openapi_document(
     max_body_bytes: int, accepted_models: list[str], max_questions: int, metrics: bool = False
 ) -> dict[str, Any]:
@@ -257,19 +266,7 @@ def openapi_document(
                     },
                 }
             },
-        }
-        | (
-            {
-                "/metrics": {
-                    "get": {
-                        "operationId": "metrics",
-                        "summary": "Prometheus metrics of this frontend",
-                        "responses": {"200": {"description": "text exposition", "content": {"text/plain": {}}}},
-                    }
-                }
-            }
-            if metrics
-            else {}
-        ),
+            **({"/metrics": _METRICS_PATH} if metrics else {}),
+        },
         "components": {"schemas": schemas},
     }

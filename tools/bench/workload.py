@@ -148,8 +148,9 @@ def _fit_state(
     def build(n: int) -> dict[str, Any]:
         return {"state": _state_of(random.Random(seed), n, as_json), "questions": questions}
 
-    fewest = 1 if longest_tokens(build(1)) <= high else 0
-    target = rng.randint(max(low, longest_tokens(build(fewest))), high)
+    one = longest_tokens(build(1))
+    fewest, shortest = (1, one) if one <= high else (0, longest_tokens(build(0)))
+    target = rng.randint(max(low, shortest), high)
     lo, hi = fewest, fewest + 1
     while longest_tokens(build(hi)) <= target:
         lo, hi = hi, hi * 2
