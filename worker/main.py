@@ -131,7 +131,8 @@ def parser() -> argparse.ArgumentParser:
         "--graph-cache-size",
         type=non_negative_int,
         default=128,
-        help="CUDA graphs the cuda backend keeps, one per launch shape bucket (0: eager launches)",
+        help="0: the cuda backend runs every pass eagerly; otherwise it captures one CUDA graph per "
+        "shape bucket of the pass budget at start (a smaller value is raised to the bucket count)",
     )
     p.add_argument(
         "--graph-capture-after",
@@ -235,7 +236,9 @@ def check_model_tokens(tokenizer: TokenizerFile, model: ModelConfig) -> None:
 def warm_up(engine: Engine, runner, temperature: float, policy: PrefixPolicy) -> None:
     """Before SERVING: the CUDA runner captures a graph for every pass shape within the budget
     (no request within capacity then pays a capture or an eager pass), and one tiny request
-    goes through the whole path (lazy kernels, allocator growth)."""
+    goes through the whole path (lazy kernels, allocator growth). A capture that failed stops
+    the start: that shape would run eagerly, ~5x slower, for the life of the process, and such
+    failures are systematic (a driver, a kernel that cannot be captured, memory)."""
     started = time.perf_counter()
     ready = getattr(runner, "warm_up", None)
     if ready is not None:
@@ -243,6 +246,13 @@ def warm_up(engine: Engine, runner, temperature: float, policy: PrefixPolicy) ->
         stats = ready()
         if stats is not None:
             log.info("graphs_ready", **stats)
+            if stats.get("failures"):
+                raise SystemExit(
+                    f"openjev-worker: {stats['failures']} CUDA graph captures failed at start (first: "
+                    f"{stats.get('first_failure')}); passes of those shapes would run eagerly. A smaller "
+                    "pass budget (--max-launch-tokens, --max-launch-sequences) needs less memory; "
+                    "--graph-cache-size 0 runs every pass eagerly on purpose"
+                )
     # an engine of its own over the bare runner: the metrics count served requests only
     warming = Engine(runner, pack_limits=engine.pack_limits, cost_model=engine.cost_model)
     try:

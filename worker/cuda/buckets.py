@@ -7,10 +7,15 @@ A key holds only what a captured graph's device-side shapes and launch counts de
   `tile_from` tokens (--graph-tile-from), multiples of TILE_ROWS, the products' row tile: their
   padding costs its share of compute-bound products, so a 3,090-token pass runs 3,200 rows, not
   3,584 (7% faster on an H200: docs/cuda-kernels.md);
-- levels: recurrence launches per GDN layer, 1, 2, 4, 8 (capped at the budget's depth): a
-  level launch whose segments are all absent costs a grid of blocks that exit at once;
+- levels: the pass's depth rounded up to 1, 2, 4, 8 (capped at the budget's depth), where the
+  GDN launches depend on it (`level_keys`: the chunked kernel's state pass runs once a level, as
+  does the recurrence under `gdn_level_launches`; a level launch whose segments are all absent
+  costs a grid of blocks that exit at once). The default recurrence runs a whole forest in one
+  launch whatever its depth, so its keys all take the budget's depth: one key a (tokens, kept),
+  64 graphs at the default budget instead of 208 (a pass of fewer levels leaves the extra
+  ranges of `level_off` empty, which the kernel skips: the same items, so the same bits);
 - kept: whether the pass keeps any state (then MAX_STATE_SLOTS output slots are copied).
-Above tile_from a key is only levels 2 or the depth, and kept: an empty level launch and the kept
+Above tile_from a key is only levels 2 or the depth (with level_keys), and kept: an empty level launch and the kept
 copies cost ~0.5 ms of a pass of over 100 ms, and so the finer token steps add no graphs (24
 steps x 2 keys from 1,024 to 4,096 tokens, where 8 steps x 8 keys were).
 The rest follows from T_pad alone, so the key set stays small: segments N_pad = min(budget
@@ -102,12 +107,13 @@ class PassKey:
 
 
 class Bucketing:
-    """Pass -> PassKey under one budget; None (with the reason) for passes outside it."""
+    """Pass -> PassKey under one budget; None (with the reason) for passes outside it.
+    level_keys: whether the runner's launches depend on a pass's levels (module docstring)."""
 
-    def __init__(self, budget: PassBudget, tail_rows: bool = False):
+    def __init__(self, budget: PassBudget, tail_rows: bool = False, level_keys: bool = True):
         if budget.tokens < 1 or budget.depth < 1 or budget.segments < budget.depth or budget.context < 0:
             raise ValueError(f"bad pass budget {budget}")
-        self.budget, self.tail_rows = budget, tail_rows
+        self.budget, self.tail_rows, self.level_keys = budget, tail_rows, level_keys
 
     def token_steps(self) -> list[int]:
         """Every T_pad a pass within budget can have, ascending. Each count's own bucket: with a
@@ -116,8 +122,11 @@ class Bucketing:
         return sorted({self.budget.bucket(n) for n in range(1, self.budget.tokens + 1)})
 
     def level_steps(self, tokens_pad: int = 1) -> list[int]:
-        """The levels keys of T_pad tokens have (long passes: 2 and the depth)."""
+        """The levels keys of T_pad tokens have (long passes: 2 and the depth; without
+        level_keys: the depth)."""
         depth = self.budget.depth
+        if not self.level_keys:
+            return [depth]
         steps = [d for d in LEVEL_STEPS if d < depth] + [depth]
         if self.budget.long(tokens_pad):
             steps = [min(2, depth), depth]

@@ -79,13 +79,15 @@ def calibrate(weights) -> dict[tuple[int, int], int]:
     return out
 
 
-def stream_matches(weight: torch.Tensor, seed: int = 0) -> bool:
-    """Whether gemm_stream gives every row of a REFERENCE_ROWS-row product the bits cuBLAS gives
-    it there (where cuBLAS does not split K): then the two may share a weight's row counts."""
+def stream_matches(weight: torch.Tensor, rows: int, seed: int = 0) -> bool:
+    """Whether gemm_stream, at every row count up to `rows` (those it would serve, each with the
+    tile variant it picks there), gives each row the bits a REFERENCE_ROWS-row cuBLAS product
+    gives it (where cuBLAS does not split K): then the two may share a weight's row counts."""
     from openjev.worker.cuda import gemm_stream
 
     x = reference_rows(weight, seed)
-    return torch.equal(gemm_stream.linear(x, weight), F.linear(x, weight))
+    full = F.linear(x, weight)
+    return all(torch.equal(gemm_stream.linear(x[:m], weight), full[:m]) for m in range(1, rows + 1))
 
 
 def stream_plan(weights) -> dict[tuple[int, int], int]:
@@ -96,7 +98,7 @@ def stream_plan(weights) -> dict[tuple[int, int], int]:
     out: dict[tuple[int, int], int] = {}
     for key, w in one_per_shape(weights).items():
         rows = gemm_stream.stream_rows(*key)
-        out[key] = rows if rows and stream_matches(w) else 0
+        out[key] = rows if rows and stream_matches(w, rows) else 0
         if rows and not out[key]:
             log.warning("weight %s: the streaming kernel's bits differ from cuBLAS's; cuBLAS only", key)
     return out

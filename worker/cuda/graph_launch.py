@@ -8,7 +8,8 @@ fixes every device-side shape, so each pass is padded to its key:
   recurrence skips it); empty segments fill the segment count up to N_pad. Pad rows can hold
   garbage and stay harmless: conv, recurrence and attention mix rows only within a segment (or
   from its ancestors), GEMMs and norms not at all.
-- levels: the pass's depth rounded up; the extra recurrence launches find no segment of theirs.
+- levels: the pass's depth rounded up (or the budget's depth, where the launches do not depend
+  on it: buckets.py); the extra level ranges hold no segment.
 - the attention pool of each layer is one static buffer: the pass's own keys from row 0,
   ancestors' rows (copied in before the replay) from row T_pad; kv_rows indexes it.
 The static buffers (`_Statics`) are allocated once at the budget's size and shared by every graph:
@@ -18,8 +19,9 @@ Before a replay the pass's indices, parents' states and ancestors' K/V are copie
 the kept segments' final states and the K/V rows of materialised runs are copied out, so no
 real state lives in a graph's buffers.
 
-`warm_up` captures every key of the budget; afterwards a pass without a captured key (outside
-the budget, or its capture failed) runs eagerly with a logged warning and a counted fallback. A
+`warm_up` captures every key of the budget and reports any capture that failed (the worker then
+refuses to start: worker/main.py); afterwards a pass without a captured key (outside the budget)
+runs eagerly with a logged warning and a counted fallback. A
 launcher never warmed captures a key on its `capture_after`-th sighting instead (tests, tools).
 The launcher reaches the model only through `PassModel`.
 """
@@ -84,6 +86,7 @@ class PassModel(Protocol):
     gdn_layers: list[int]
     attn_layers: list[int]
     chunked_gdn: bool
+    level_launches: bool  # whether a GDN layer's launches depend on the pass's levels (buckets.py)
 
     def forward_device(self, launch: Launch, io) -> torch.Tensor:
         """Capturable device work: hidden [R, D] bf16 of the head rows."""
@@ -145,11 +148,12 @@ class GraphLauncher:
         if capture_after < 1:
             raise ValueError("capture_after must be at least 1")
         self.model, self.cache, self.capture_after = model, GraphCache(capacity), capture_after
-        self.bucketing = Bucketing(budget or PassBudget(), tail_rows=model.chunked_gdn)
+        self.bucketing = Bucketing(budget or PassBudget(), tail_rows=model.chunked_gdn, level_keys=model.level_launches)
         self.statics = _Statics(model, self.bucketing)
         self.hits = self.misses = self.failures = self.fallbacks = 0
         self.warmed = False
         self._failed: set = set()  # keys whose capture failed: not retried (a capture costs ~2 eager runs)
+        self.first_failure = ""  # the first failed capture's key and error, for warm_up's report
         self._seen: OrderedDict[PassKey, int] = OrderedDict()  # sightings of keys not captured yet
         self._warned: set[str] = set()
 
@@ -167,10 +171,11 @@ class GraphLauncher:
 
     def warm_up(self) -> dict:
         """Capture every key of the budget; from then on no pass within it captures or runs
-        eagerly. Returns {"graphs", "seconds", "device_bytes"} (also logged)."""
+        eagerly. Returns {"graphs", "seconds", "device_bytes", "static_bytes", "failures"} (also
+        logged), and "first_failure" (key and error) where a capture failed."""
         keys = self.bucketing.keys()
         if self.cache.capacity < len(keys):
-            log.warning("graph cache capacity %d < %d warm-up keys: raised", self.cache.capacity, len(keys))
+            log.info("graph cache capacity %d < %d warm-up keys: raised", self.cache.capacity, len(keys))
             self.cache.capacity = len(keys)
         t0, mem0 = time.perf_counter(), torch.cuda.memory_reserved(self.model.device)
         self.statics.ensure()
@@ -181,13 +186,15 @@ class GraphLauncher:
                 warmed_rows.add(key.tokens)
         torch.cuda.synchronize(self.model.device)
         self.warmed = True
-        out = {
+        out: dict = {
             "graphs": len(self.cache),
             "seconds": time.perf_counter() - t0,
             "device_bytes": torch.cuda.memory_reserved(self.model.device) - mem0,
             "static_bytes": self.statics.nbytes(),
             "failures": self.failures,
         }
+        if self.failures:
+            out["first_failure"] = self.first_failure
         log.info(
             "CUDA graphs warmed: %d graphs in %.1f s, %.2f GiB device memory (%.2f GiB static buffers), %d failures",
             out["graphs"],
@@ -278,6 +285,7 @@ class GraphLauncher:
             if len(self._failed) >= MAX_FAILED_KEYS:
                 self._failed.clear()
             self._failed.add(key)
+            self.first_failure = self.first_failure or f"{key}: {error!r}"
             log.warning("CUDA graph capture failed for %s, running eagerly: %r", key, error)
             return None
 

@@ -106,6 +106,8 @@ class CudaRunner:
         self.chunked_gdn = gdn_kernel == "chunked"
         # the recurrence launched once a level, as before it ran a forest in one launch (to compare)
         self.gdn_level_launches = gdn_level_launches
+        # whether a GDN layer's launches depend on a pass's levels, so its graphs keys need them
+        self.level_launches = self.chunked_gdn or gdn_level_launches
         # a captured pass holds this many parents' states and kept states, and this many of
         # their ancestors' key rows (graph_launch's slots): the scheduler fills passes within them
         self.max_pass_states, self.max_pass_context = MAX_STATE_SLOTS, max_pass_context

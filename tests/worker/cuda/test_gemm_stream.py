@@ -111,7 +111,7 @@ def test_rows_keep_cublas_bits_across_the_switch(G, name):
     n, k = {"gdn_out": (c.hidden_size, c.linear_value_dim), "down": (c.hidden_size, c.intermediate_size)}[name]
     gen = torch.Generator(device=DEV).manual_seed(17)
     w = rand(n, k, gen=gen, scale=k**-0.5)
-    assert gemm.stream_matches(w), "gemm_stream does not sum in cuBLAS's order for this shape"
+    assert gemm.stream_matches(w, 128), "gemm_stream does not sum in cuBLAS's order for this shape"
     x = rand(gemm.REFERENCE_ROWS, k, gen=gen)
     full = torch.nn.functional.linear(x, w)
     pad = gemm.invariant_from(w)
