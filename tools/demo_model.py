@@ -3,6 +3,9 @@ the real export format (nested config.json, bf16 safetensors under `model.langua
 tokenizer.json, open_jev_export.json). Its answers are meaningless; every mechanism is real.
 
     python -m openjev.tools.demo_model --out .openjev/demo-model [--seed 0]
+
+An existing --out folder is replaced only when it is empty or an earlier demo build (it holds
+the build's stamp file); any other folder is left alone and the build exits 1 naming it.
 """
 
 from __future__ import annotations
@@ -153,13 +156,35 @@ def _write(tmp: Path, seed: int, with_tokenizer: bool) -> None:
         path.chmod(0o644)  # safetensors writes 0600; the export is read by other users' services
 
 
+class NotADemoBuild(Exception):
+    """out_dir holds something other than a demo build: it is never replaced."""
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    """A build replaces only an empty folder or an earlier build (one with the stamp file): --out
+    pointed at a user's folder would otherwise rename it away and delete it."""
+    if not out_dir.exists() and not out_dir.is_symlink():
+        return
+    if out_dir.is_symlink() or not out_dir.is_dir():
+        what = "a symbolic link" if out_dir.is_symlink() else "not a folder"
+        raise NotADemoBuild(f"{out_dir} is {what}; not replacing it with the demo model")
+    if (out_dir / STAMP_FILE).is_file() or not any(out_dir.iterdir()):
+        return
+    raise NotADemoBuild(
+        f"{out_dir} is not empty and holds no demo build ({STAMP_FILE}); not replacing it: "
+        "choose an empty or new folder"
+    )
+
+
 def build_demo_model(out_dir: str | Path, seed: int = 0, *, with_tokenizer: bool = True) -> Path:
     """Build the demo export into out_dir (atomically; skipped when an identical build is there).
-    with_tokenizer=False leaves tokenizer.json out (model-only tests; not a loadable export)."""
+    with_tokenizer=False leaves tokenizer.json out (model-only tests; not a loadable export).
+    An existing out_dir is replaced only when empty or an earlier build, else NotADemoBuild."""
     out_dir = Path(out_dir)
     stamp = _stamp(seed, with_tokenizer)
     if _is_current(out_dir, stamp):
         return out_dir
+    _check_replaceable(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
@@ -167,6 +192,7 @@ def build_demo_model(out_dir: str | Path, seed: int = 0, *, with_tokenizer: bool
         (tmp / STAMP_FILE).write_text(json.dumps(stamp) + "\n")
         os.chmod(tmp, 0o755)
         if out_dir.exists():
+            _check_replaceable(out_dir)  # again: the build took seconds, the folder may have changed
             # Move the stale build aside first: a rename cannot replace a nonempty directory.
             stale = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
             os.replace(out_dir, stale / "old")
@@ -189,7 +215,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path(".openjev/demo-model"))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    print(build_demo_model(args.out, args.seed))
+    try:
+        print(build_demo_model(args.out, args.seed))
+    except NotADemoBuild as error:
+        raise SystemExit(f"demo_model: {error}") from None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,66 @@
+"""`python -m openjev.tools.demo_model --out DIR` replaces DIR only when it is empty or an earlier
+demo build. Before 2026-12-04 it renamed any existing folder away and deleted it: pointed at a
+user's folder, it deleted the user's files (found by a review)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from openjev.tools.demo_model import STAMP_FILE, NotADemoBuild, build_demo_model
+
+
+def _run(out: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "openjev.tools.demo_model", "--out", str(out)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def _refused_in_one_line(out: Path, result: subprocess.CompletedProcess) -> None:
+    assert result.returncode != 0, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(out) in lines[0] and "not replacing it" in lines[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+def test_a_folder_of_someone_elses_files_is_left_alone(tmp_path):
+    out = tmp_path / "models"
+    (out / "nested").mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    (out / "nested" / "weights.bin").write_bytes(b"\x01\x02")
+    _refused_in_one_line(out, _run(out))
+    assert (out / "notes.txt").read_text() == "mine" and (out / "nested" / "weights.bin").read_bytes() == b"\x01\x02"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]  # no temporary folder left beside it
+
+
+@pytest.mark.parametrize("kind", ["file", "link"])
+def test_a_file_or_a_link_is_left_alone(tmp_path, kind):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    out = tmp_path / "out"
+    if kind == "file":
+        out.write_text("mine")
+    else:
+        out.symlink_to(target)
+    _refused_in_one_line(out, _run(out))
+    assert (out.read_text() if kind == "file" else (out / "keep.txt").read_text()) == "mine"
+    assert out.is_symlink() == (kind == "link")
+
+
+def test_an_empty_folder_or_an_earlier_build_is_replaced(tmp_path):
+    out = tmp_path / "demo"
+    out.mkdir()
+    build_demo_model(out, seed=5, with_tokenizer=False)
+    assert json.loads((out / STAMP_FILE).read_text())["seed"] == 5
+    (out / "left-by-an-old-build").write_text("x")  # an earlier build's folder, whatever else is in it
+    build_demo_model(out, seed=6, with_tokenizer=False)
+    assert json.loads((out / STAMP_FILE).read_text())["seed"] == 6
+    assert not (out / "left-by-an-old-build").exists()
+    (out / STAMP_FILE).unlink()  # no stamp: no longer recognised as a build, so kept
+    with pytest.raises(NotADemoBuild, match="holds no demo build"):
+        build_demo_model(out, seed=7, with_tokenizer=False)
+    assert (out / "model.safetensors").exists()
