@@ -24,6 +24,16 @@ Rust side runs the batch in parallel and without the GIL), piece by piece where 
 is proven for the file (then a state repeated across candidates and requests is encoded once).
 Its `fingerprint` identifies tokenizer and chat template together; the frontend and the worker
 compare it.
+
+`TokenizerFile` (the worker's reading of the file) refuses at start, naming tokenizer.json, a
+file whose token ids are not exactly 0..N-1, N the number of distinct tokens of `model.vocab`
+and `added_tokens` together: no gap, no id given to two tokens, an added token that is also in
+the vocabulary under its vocabulary id. Qwen3.5's file is so numbered (248,044 ranks 0..248,043,
+then 33 specials 248,044..248,076), as Hugging Face's Qwen files are (specials right after the
+BPE ranks), so the rule costs a real export nothing. N is what the worker accepts token ids
+below and what config.json's vocab_size must cover, so with the rule every id the frontend can
+send is one the worker accepts and the embedding holds; a file with `model.vocab["a"] = 300000`
+started and then failed every request containing "a" (a review of 2026-12-04).
 """
 
 from __future__ import annotations
@@ -173,9 +183,42 @@ def _export_tokenizer(export_dir: str | Path, load: Callable[[Path, str, str], T
     check_tokenizer_file(path)
     try:
         return load(path, manifest["chat_prefix"], manifest["chat_suffix"])
+    except ExportError:
+        raise
     except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
         first = str(exc).splitlines()[0][:200] if str(exc) else ""
         raise ExportError(f"{TOKENIZER_FILE}: not a usable tokenizer ({type(exc).__name__}: {first})") from exc
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_token_ids(vocab: dict[str, int], added: Sequence[tuple[str, int]]) -> None:
+    """The ids of model.vocab and added_tokens ((content, id) in the file's order) must be exactly
+    0..N-1, N the distinct tokens (module docstring): else ExportError naming tokenizer.json and
+    one offender."""
+    tokens = dict(vocab)
+    for content, token_id in added:
+        if tokens.setdefault(content, token_id) != token_id:
+            where = "model.vocab" if content in vocab else "an earlier added token"
+            raise ExportError(
+                f"{TOKENIZER_FILE}: added token {content!r} has id {token_id}, but {where} gives it {tokens[content]}"
+            )
+    count = len(tokens)
+    if len(set(tokens.values())) == count and all(0 <= i < count for i in tokens.values()):
+        return
+    for content, token_id in tokens.items():
+        if not 0 <= token_id < count:
+            raise ExportError(
+                f"{TOKENIZER_FILE}: token {content!r} has id {token_id}; the ids of its {count} tokens "
+                f"must be exactly 0..{count - 1} (no gap)"
+            )
+    owner: dict[int, str] = {}
+    for content, token_id in tokens.items():
+        if token_id in owner:
+            raise ExportError(f"{TOKENIZER_FILE}: id {token_id} is given to both {owner[token_id]!r} and {content!r}")
+        owner[token_id] = content
 
 
 class TokenizerFile:
@@ -190,9 +233,11 @@ class TokenizerFile:
         data = Path(tokenizer_json).read_bytes()
         document = json.loads(data)
         vocab = document["model"]["vocab"]
-        added = {token["content"]: token["id"] for token in document.get("added_tokens") or ()}
-        if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in (*vocab.values(), *added.values())):
-            raise ValueError("model.vocab and added_tokens must map tokens to integer ids")
+        pairs = [(token["content"], token["id"]) for token in document.get("added_tokens") or ()]
+        added = dict(pairs)
+        if not isinstance(vocab, dict) or not all(_is_id(i) for i in (*vocab.values(), *(i for _, i in pairs))):
+            raise ExportError(f"{TOKENIZER_FILE}: model.vocab and added_tokens must map tokens to integer ids")
+        check_token_ids(vocab, pairs)
         self.num_token_ids = len(vocab.keys() | added.keys())
         self._added = {token_id: content for content, token_id in added.items()}
         self._vocab = vocab

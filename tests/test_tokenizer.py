@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import unicodedata
 from pathlib import Path
 
@@ -222,8 +223,46 @@ def test_the_workers_reading_counts_ids_as_the_library_does(tokenizer_json, prom
         assert [read.id_to_token(i) for i in ids] == [library.id_to_token(i) for i in ids]
     assert small.get_vocab_size(with_added_tokens=True) == 5  # the case is the one meant
     (tmp_path / "bad.json").write_text('{"model": {"vocab": {"a": "0"}}}')
-    with pytest.raises(ValueError, match="integer ids"):
+    with pytest.raises(
+        ExportError, match="^tokenizer.json: model.vocab and added_tokens must map tokens to integer ids"
+    ):
         TokenizerFile(tmp_path / "bad.json", "", "")
+
+
+def _numbered(vocab: dict, added: list[tuple[str, int]]) -> str:
+    added_tokens = [{"id": i, "content": content, "special": True} for content, i in added]
+    return json.dumps({"model": {"type": "BPE", "vocab": vocab, "merges": []}, "added_tokens": added_tokens})
+
+
+@pytest.mark.parametrize(
+    ("vocab", "added", "message"),
+    [
+        ({"a": 0, "b": 300000}, [], "token 'b' has id 300000; the ids of its 2 tokens must be exactly 0..1 (no gap)"),
+        ({"a": 0, "b": 1}, [("<x>", 3)], "token '<x>' has id 3; the ids of its 3 tokens must be exactly 0..2"),
+        ({"a": 0, "b": -1}, [], "token 'b' has id -1"),
+        ({"a": 0, "b": 0}, [("<x>", 1)], "id 0 is given to both 'a' and 'b'"),
+        ({"a": 0, "b": 1}, [("<x>", 1)], "id 1 is given to both 'b' and '<x>'"),
+        ({"a": 0, "b": 1}, [("a", 2)], "added token 'a' has id 2, but model.vocab gives it 0"),
+        (
+            {"a": 0, "b": 1},
+            [("<x>", 2), ("<x>", 3)],
+            "added token '<x>' has id 3, but an earlier added token gives it 2",
+        ),
+        ({"a": 0, "b": True}, [], "model.vocab and added_tokens must map tokens to integer ids"),
+    ],
+)
+def test_the_workers_reading_refuses_ids_that_are_not_0_to_n_minus_1(tmp_path, vocab, added, message):
+    """Token ids must be exactly 0..N-1 (common/tokenizer.py's docstring): a file with
+    `model.vocab["a"] = 300000` passed start-up, then every request containing "a" failed."""
+    (tmp_path / "tokenizer.json").write_text(_numbered(vocab, added))
+    with pytest.raises(ExportError, match="^tokenizer.json: " + re.escape(message)):
+        TokenizerFile(tmp_path / "tokenizer.json", "", "")
+
+
+def test_the_qwen_file_and_added_tokens_that_repeat_the_vocabulary_are_0_to_n_minus_1(tmp_path, tokenizer_json):
+    assert TokenizerFile(tokenizer_json, "", "").num_token_ids == 248044 + 33
+    (tmp_path / "tokenizer.json").write_text(_numbered({"a": 0, "b": 1}, [("<x>", 2), ("a", 0), ("<x>", 2)]))
+    assert TokenizerFile(tmp_path / "tokenizer.json", "", "").num_token_ids == 3
 
 
 def test_a_files_padding_and_truncation_are_not_applied(tokenizer_json, prompt_tokenizer, tmp_path):

@@ -75,6 +75,17 @@ def _overflowing_weights(export: Path) -> None:
     save_file(tensors, export / "model.safetensors")
 
 
+def _tokenizer_json(change: Callable[[dict], object]) -> Callable[[Path], None]:
+    """tokenizer.json changed by `change` (written as the builder writes it: UTF-8, not ASCII)."""
+
+    def edit(export: Path) -> None:
+        document = json.loads((export / "tokenizer.json").read_bytes())
+        change(document)
+        (export / "tokenizer.json").write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
+
+    return edit
+
+
 def _fifo(export: Path) -> None:
     (export / "model.safetensors").unlink()
     os.mkfifo(export / "model.safetensors")
@@ -184,6 +195,16 @@ CASES = {
         lambda e: [(e / "tokenizer.json").unlink(), (e / "tokenizer.json").write_bytes(b" " * (65 << 20))],
         "tokenizer.json: 68157440 bytes, more than a tokenizer may have (67108864)",
         (WORKER, FRONTEND),
+    ),
+    "a token id past the tokenizer's count": (
+        _tokenizer_json(lambda t: t["model"]["vocab"].update(a=300000)),
+        "tokenizer.json: token 'a' has id 300000; the ids of its 248077 tokens must be exactly 0..248076 (no gap)",
+        (WORKER,),
+    ),
+    "two tokens of one id": (
+        _tokenizer_json(lambda t: t["model"]["vocab"].update(b=t["model"]["vocab"]["a"])),
+        "tokenizer.json: id 64 is given to both 'a' and 'b'",
+        (WORKER,),
     ),
     "tokenizer a FIFO": (
         lambda e: [(e / "tokenizer.json").unlink(), os.mkfifo(e / "tokenizer.json")],
