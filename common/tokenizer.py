@@ -34,6 +34,10 @@ BPE ranks), so the rule costs a real export nothing. N is what the worker accept
 below and what config.json's vocab_size must cover, so with the rule every id the frontend can
 send is one the worker accepts and the embedding holds; a file with `model.vocab["a"] = 300000`
 started and then failed every request containing "a" (a review of 2026-12-04).
+It also refuses a file in which a control token of the export's chat template (`<|im_start|>`,
+`<|im_end|>`, where the template has them) is not an added token: only an added token is
+matched whole wherever it stands, so only then is it one id (below N, so below vocab_size). A
+word-level tokenizer of three tokens, with no eos_token_id in config.json to compare, was served.
 """
 
 from __future__ import annotations
@@ -190,6 +194,27 @@ def _export_tokenizer(export_dir: str | Path, load: Callable[[Path, str, str], T
         raise ExportError(f"{TOKENIZER_FILE}: not a usable tokenizer ({type(exc).__name__}: {first})") from exc
 
 
+# The control tokens of the chat template (openjev.contract.render's default): each must be one id.
+CHAT_TEMPLATE_TOKENS = ("<|im_start|>", "<|im_end|>")
+
+
+def check_chat_tokens(added_tokens: Sequence[dict], chat_prefix: str, chat_suffix: str) -> None:
+    """Each of CHAT_TEMPLATE_TOKENS in the chat template must be an added token of tokenizer.json
+    (matched whole, so one id), and not single_word (which is not matched beside the template's
+    text): else ExportError naming both files."""
+    by_content = {token.get("content"): token for token in added_tokens}
+    for text in CHAT_TEMPLATE_TOKENS:
+        if text not in chat_prefix and text not in chat_suffix:
+            continue
+        token = by_content.get(text)
+        if token is None or token.get("single_word"):
+            why = "is single_word" if token is not None else "is not one of its added tokens"
+            raise ExportError(
+                f"{TOKENIZER_FILE}: {text}, in the chat template of {EXPORT_MANIFEST}, {why}, so it is not "
+                "encoded as one token id: the tokenizer is not this model's"
+            )
+
+
 def _is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -238,6 +263,7 @@ class TokenizerFile:
         if not isinstance(vocab, dict) or not all(_is_id(i) for i in (*vocab.values(), *(i for _, i in pairs))):
             raise ExportError(f"{TOKENIZER_FILE}: model.vocab and added_tokens must map tokens to integer ids")
         check_token_ids(vocab, pairs)
+        check_chat_tokens(document.get("added_tokens") or (), chat_prefix, chat_suffix)
         self.num_token_ids = len(vocab.keys() | added.keys())
         self._added = {token_id: content for content, token_id in added.items()}
         self._vocab = vocab

@@ -216,7 +216,7 @@ def test_the_workers_reading_counts_ids_as_the_library_does(tokenizer_json, prom
     small.add_special_tokens(["<x>", "a", "<y>"])  # "a" is the vocabulary's id 0 already
     (tmp_path / "small.json").write_text(small.to_str())
     for path, library in ((tokenizer_json, prompt_tokenizer.tokenizer), (tmp_path / "small.json", small)):
-        read = TokenizerFile(path, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
+        read = TokenizerFile(path, "", "")  # the small file has no chat template's tokens
         size = library.get_vocab_size(with_added_tokens=True)
         assert read.num_token_ids == size
         ids = [*range(min(size, 50)), *range(max(size - 50, 0), size + 3), *random.Random(0).sample(range(size), 3)]
@@ -283,3 +283,31 @@ def test_a_files_padding_and_truncation_are_not_applied(tokenizer_json, prompt_t
     prompts = ["Is the parcel late? " * 5, "yes"]
     assert configured.encode(prompts) == prompt_tokenizer.encode(prompts)
     assert len(configured.encode(prompts)[0]) > 12
+
+
+def test_the_workers_reading_refuses_a_chat_template_token_that_is_not_one_id(tmp_path):
+    """A control token of the chat template must be an added token of tokenizer.json (so it is
+    one id wherever it stands): a word-level tokenizer of three tokens was served where config.json
+    had no eos_token_id to compare it with (a review of 2026-12-04)."""
+    specials = [("<|im_start|>", 2), ("<|im_end|>", 3)]
+    cases = {  # file: (its added tokens, the one refused, why)
+        "both.json": (specials, None, ""),
+        "no_start.json": ([("<|other|>", 2), specials[1]], "<|im_start|>", "is not one of its added tokens"),
+        "no_end.json": ([specials[0], ("<|other|>", 3)], "<|im_end|>", "is not one of its added tokens"),
+        "single_word.json": (specials, "<|im_end|>", "is single_word"),
+    }
+    for name, (added, _, _) in cases.items():
+        document = json.loads(_numbered({"a": 0, "b": 1}, added))
+        document["added_tokens"][1]["single_word"] = name == "single_word.json"
+        (tmp_path / name).write_text(json.dumps(document))
+    words = {"model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1, "[UNK]": 2}, "unk_token": "[UNK]"}}
+    (tmp_path / "words.json").write_text(json.dumps(words))
+    cases["words.json"] = ([], "<|im_start|>", "is not one of its added tokens")
+    for name, (_, refused, why) in cases.items():
+        TokenizerFile(tmp_path / name, "", "")  # a template without the tokens asks nothing of them
+        if refused is None:
+            TokenizerFile(tmp_path / name, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
+            continue
+        message = f"^tokenizer.json: {re.escape(refused)}, in the chat template of open_jev_export.json, {why}"
+        with pytest.raises(ExportError, match=message):
+            TokenizerFile(tmp_path / name, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)

@@ -91,6 +91,8 @@ def _fifo(export: Path) -> None:
     os.mkfifo(export / "model.safetensors")
 
 
+WORD_LEVEL = {"model": {"type": "WordLevel", "vocab": {"yes": 0, "no": 1, "?": 2}, "unk_token": "?"}}
+
 CASES = {
     # name: (how to damage the export, the line expected, the programs that check it)
     "config field missing": (
@@ -179,6 +181,19 @@ CASES = {
     "an end token not the tokenizer's, and weights that would be refused later": (
         lambda e: [_nan_weight(e), _edit_json("config.json", lambda c: _text(c).update(eos_token_id=248045))(e)],
         "the tokenizer is not this model's",  # config.json against tokenizer.json before the weights load
+        (WORKER,),
+    ),
+    "an end token only at the top level, not the tokenizer's": (
+        _edit_json("config.json", lambda c: [_text(c).pop("eos_token_id"), c.update(eos_token_id=248045)]),
+        "config.json's eos_token_id 248045 is '<|im_start|>' in tokenizer.json",  # text_config's was the only one read
+        (WORKER,),
+    ),
+    "a word-level tokenizer of three tokens, no end token to compare": (
+        lambda e: [
+            _edit_json("config.json", lambda c: _text(c).pop("eos_token_id"))(e),
+            (e / "tokenizer.json").write_text(json.dumps(WORD_LEVEL)),
+        ],
+        "tokenizer.json: <|im_start|>, in the chat template of open_jev_export.json, is not one of its added tokens",
         (WORKER,),
     ),
     "another model type": (

@@ -73,8 +73,12 @@ def _positive_int(text: dict[str, Any], key: str) -> int:
     return value
 
 
-def _eos_token_ids(text: dict[str, Any]) -> tuple[int, ...]:
+def _eos_token_ids(text: dict[str, Any], raw: dict[str, Any]) -> tuple[int, ...]:
+    """The text config's eos_token_id, else the top level's (a nested config.json may keep it
+    only there): without either, config.json's end tokens are not compared with the tokenizer's."""
     value = text.get("eos_token_id")
+    if value is None:
+        value = raw.get("eos_token_id")
     ids = [] if value is None else value if isinstance(value, list) else [value]
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
         raise _fail(f"eos_token_id must be a token id or a list of them, got {value!r}")
@@ -165,7 +169,7 @@ def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
         rms_norm_eps=_positive_float(text, "rms_norm_eps", MAX_RMS_NORM_EPS),
         rope_theta=theta,
         partial_rotary_factor=factor,
-        eos_token_ids=_eos_token_ids(text),
+        eos_token_ids=_eos_token_ids(text, raw),
     )
     if config.num_attention_heads % config.num_key_value_heads:
         raise _fail("num_attention_heads must be a multiple of num_key_value_heads")
