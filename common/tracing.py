@@ -14,6 +14,9 @@ Code that wants a span writes
 
 which nests under whatever span is current in that thread. Work handed to another thread
 (the worker's executor) carries the context along with `capture()` and `attached(context)`.
+An exception leaving a span marks it ERROR unless
+the span names it a refusal (`refusals`): inside a call only the servers' own failures are
+errors, never what the caller caused or ended (its invalid request, its cancel, its deadline).
 The opentelemetry packages are the `tracing` extra: `pip install 'openjev-serve[tracing]'`.
 """
 
@@ -24,6 +27,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import grpc
+
+from openjev import interceptors
 
 _tracer: Any = None  # an opentelemetry Tracer while tracing is on
 _provider: Any = None
@@ -90,18 +95,44 @@ def shutdown() -> None:
     _tracer = _provider = None
 
 
-def span(name: str, **attributes: Any):
+def span(name: str, *, refusals: Mapping[type[BaseException], str] | None = None, **attributes: Any):
     """A context manager: a span current for its block, child of the current one. An exception
-    leaving the block marks the span failed."""
+    leaving the block marks the span ERROR, with an exception event, unless it is an instance of
+    a type in `refusals` (a refusal or the caller's doing, not the server's failure): then its
+    gRPC status name there is the span's `openjev.status` and its status stays unset."""
     if _tracer is None:
         return _NO_SPAN_CONTEXT
-    return _tracer.start_as_current_span(name, attributes=attributes)
+    if not refusals:
+        return _tracer.start_as_current_span(name, attributes=attributes)
+    return _refusing_span(name, refusals, attributes)
+
+
+@contextlib.contextmanager
+def _refusing_span(
+    name: str, refusals: Mapping[type[BaseException], str], attributes: Mapping[str, Any]
+) -> Iterator[Any]:
+    from opentelemetry import trace
+
+    with _tracer.start_as_current_span(
+        name, attributes=attributes, record_exception=False, set_status_on_exception=False
+    ) as current:
+        try:
+            yield current
+        except Exception as error:  # as the SDK: not GeneratorExit, KeyboardInterrupt, ...
+            code = next((code for kind, code in refusals.items() if isinstance(error, kind)), None)
+            if code is not None:
+                current.set_attribute("openjev.status", code)
+            else:  # what the SDK does for a span without refusals
+                current.record_exception(error)
+                current.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            raise
 
 
 def start(name: str, parent: Any = None, **attributes: Any) -> Any:
     """A span that is not made current and is ended by the caller (`.end()`, once), for an
     interval that does not match one block: a wait that ends on another thread, say. parent: a
-    context from `capture()` or a span from `start`; default the current context."""
+    context from `capture()` or a span from `start`; default the current context. Its outcome is the caller's to note
+    (`note_outcome`)."""
     if _tracer is None:
         return _NO_SPAN
     if isinstance(parent, _OnceSpan):
@@ -215,15 +246,40 @@ def note_status(span: Any, code: str, http_status: int | None = None) -> None:
         span.set_status(trace.Status(trace.StatusCode.ERROR, code))
 
 
+def note_outcome(span: Any, code: str, *, caller_deadline: bool = False) -> None:
+    """An inner span's outcome (a span from `start`): `openjev.status`, a gRPC status name, and
+    the span's status ERROR where the server failed, as for a server span, except where the
+    caller's own deadline has passed (`caller_deadline`): then a CANCELLED or DEADLINE_EXCEEDED
+    is that deadline's doing, noted DEADLINE_EXCEEDED without ERROR (where a deadline of the
+    server's own ran out, DEADLINE_EXCEEDED is ERROR)."""
+    if isinstance(span, _NoSpan):
+        return
+    from opentelemetry import trace
+
+    inner = getattr(span, "_inner", span)
+    if caller_deadline and code in ("CANCELLED", "DEADLINE_EXCEEDED"):
+        inner.set_attribute("openjev.status", "DEADLINE_EXCEEDED")
+        return
+    inner.set_attribute("openjev.status", code)
+    if code in _GRPC_SERVER_ERRORS:
+        inner.set_status(trace.Status(trace.StatusCode.ERROR, code))
+
+
 def _call_code(context: Any, error: BaseException | None) -> str:
     """The status a call handler ended with: its abort's, CANCELLED for a stream its caller
-    closed, UNKNOWN for any other exception (gRPC's own), else OK."""
+    closed, UNKNOWN for any other exception (gRPC's own), else OK; a CANCELLED that the
+    caller's deadline caused (the handler saw its caller gone) is DEADLINE_EXCEEDED, as the
+    call's log line and metrics have it (interceptors.caller_deadline_passed)."""
     code = context.code()
     if code is not None:
-        return code.name
-    if isinstance(error, GeneratorExit):
-        return "CANCELLED"
-    return "OK" if error is None else "UNKNOWN"
+        name = code.name
+    elif isinstance(error, GeneratorExit):
+        name = "CANCELLED"
+    else:
+        name = "OK" if error is None else "UNKNOWN"
+    if name == "CANCELLED" and interceptors.caller_deadline_passed(context.time_remaining(), context.is_active()):
+        return "DEADLINE_EXCEEDED"
+    return name
 
 
 def _extract(carrier: Mapping[str, str] | None) -> Any:

@@ -38,6 +38,8 @@ DEFAULT_MAX_REQUEST_TOKENS = 1 << 22
 # deadline, after RETRY_BACKOFF_SECONDS, doubling. gRPC's own retries are off (worker_link.py).
 MAX_ATTEMPTS = 3
 RETRY_BACKOFF_SECONDS = 0.05
+# A request the contract refuses is the caller's fault: no ERROR on the `validate` span
+_VALIDATE_REFUSALS: dict[type[BaseException], str] = {ContractError: "INVALID_ARGUMENT"}
 
 
 @dataclass
@@ -159,7 +161,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
     def _decide(self, request, context, request_id: str, fields: dict) -> api.DecideResponse:
         try:
-            with tracing.span("validate"):
+            with tracing.span("validate", refusals=_VALIDATE_REFUSALS):
                 decision = parse_request_json(
                     request.request_json,
                     accepted_models=self.meta.accepted_model_names,
@@ -319,9 +321,16 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 if refusal:
                     raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message)
                 num_tokens = token_count[0]
+            worker_calls.check_results(decision, results, summary, num_tokens)  # a worker's failure too
+        except Exception as error:
+            # ERROR where the worker (or this frontend) failed, not for what the caller ended
+            refused = error.refused if isinstance(error, worker_calls.NotAccepted) else error
+            code = refused.code.name if isinstance(refused, Refused) else grpc.StatusCode.INTERNAL.name
+            caller_deadline = interceptors.caller_deadline_passed(context.time_remaining(), context.is_active())
+            tracing.note_outcome(worker_span, code, caller_deadline=caller_deadline)
+            raise
         finally:
             worker_span.end()
-        worker_calls.check_results(decision, results, summary, num_tokens)
         return results, summary, num_tokens
 
     def _header(self, decision: DecisionRequest, policy: PrefixPolicy | None, request_id: str) -> wire.ExecuteHeader:

@@ -52,6 +52,7 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
                                 "parent": span.parent_span_id.hex(),
                                 "attributes": {a.key: a.value for a in span.attributes},
                                 "status": span.status.code,
+                                "events": [event.name for event in span.events],
                             }
                         )
         return trace_service_pb2.ExportTraceServiceResponse()
@@ -150,6 +151,12 @@ def test_one_trace_spans_both_processes(demo_model, tmp_path, collector, monkeyp
     assert execute_call["attributes"]["rpc.grpc.status_code"].int_value == 0
     bad_grpc = _one(spans, name="openjev.v1.DecisionService/Decide", trace=BAD_GRPC)
     assert (bad_grpc["attributes"]["rpc.grpc.status_code"].int_value, bad_grpc["status"]) == (3, ok)
+    # the caller's fault is no failure of the check either: no ERROR, no exception event (they
+    # were both until 2026-12-04), the refusal named
+    for trace in (BAD_GRPC, BAD_HTTP):
+        validate = _one(spans, name="validate", trace=trace)
+        assert (validate["status"], validate["events"]) == (ok, [])
+        assert validate["attributes"]["openjev.status"].string_value == "INVALID_ARGUMENT"
     bad_http = _one(spans, name="POST /v1/systemone", trace=BAD_HTTP)
     assert (bad_http["attributes"]["http.response.status_code"].int_value, bad_http["status"]) == (422, ok)
     assert bad_http["attributes"]["openjev.status"].string_value == "INVALID_ARGUMENT"
@@ -158,6 +165,102 @@ def test_one_trace_spans_both_processes(demo_model, tmp_path, collector, monkeyp
     assert (down["attributes"]["rpc.grpc.status_code"].int_value, down["status"]) == (14, error)
     # The warm-up at the worker's start is no request: only the requests' traces exist.
     assert {s["trace"] for s in spans} == {grpc_trace, http_trace, BAD_GRPC, BAD_HTTP, DOWN_GRPC}
+
+
+# A request of seconds on the demo model (one sequence a pass: ~8 s here, each pass short, so a
+# cancel is seen within one)
+LONG = {
+    "state": "word " * 2000,
+    "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(16)}}},
+}
+DEADLINE, CANCEL, CAPPED, KILLED = "5" * 32, "6" * 32, "7" * 32, "8" * 32
+WORKER_CAP_SECONDS = 4.0
+
+
+def test_caller_faults_are_no_errors_and_server_failures_are(demo_model, tmp_path, collector, monkeypatch):
+    """Requests of seconds ended by the caller's deadline, by the caller's cancel, by the
+    frontend's own cap on the worker call (--worker-deadline-seconds), and by a worker killed
+    mid-request. The caller's deadline is DEADLINE_EXCEEDED on the server spans (the status the
+    log and metrics give it, not the CANCELLED the worker call ended with); what the caller ended
+    leaves the inner spans unset, with the outcome named; what the servers failed at is ERROR on
+    `worker_stream` too."""
+    receiver, endpoint = collector
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    pair = launch.start_pair(
+        demo_model,
+        tmp_path,
+        worker_args=["--otlp-endpoint", endpoint, "--max-launch-sequences", "1"],
+        frontend_args=["--otlp-endpoint", endpoint, "--worker-deadline-seconds", str(WORKER_CAP_SECONDS)],
+    )
+    caller_span = "00f067aa0ba902b7"
+
+    def exported(trace: str, name: str) -> None:
+        deadline = time.monotonic() + 60
+        while not any(s["trace"] == trace and s["name"].startswith(name) for s in list(receiver.spans)):
+            assert time.monotonic() < deadline, (trace, name)
+            time.sleep(0.05)
+
+    def send(client: Client, trace: str, timeout: float | None = None):
+        request = api.DecideRequest(request_json=json.dumps(LONG), prefix_policy=api.PREFIX_POLICY_OFF)
+        metadata = [("traceparent", f"00-{trace}-{caller_span}-01")]
+        return client.stub.Decide.future(request, metadata=metadata, timeout=timeout)
+
+    executed = "openjev.worker.v1.WorkerService/Execute"  # Execute or ExecuteUnary
+    try:
+        with Client(pair.frontend.address) as client:
+            with pytest.raises(grpc.RpcError) as caught:
+                send(client, DEADLINE, timeout=2.0).result()
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            exported(DEADLINE, executed)  # the worker stopped it: the engine is free again
+            call = send(client, CANCEL)
+            exported(CANCEL, "queue_wait")  # its first pass began
+            call.cancel()
+            exported(CANCEL, executed)
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as caught:
+                send(client, CAPPED).result()  # no deadline of the caller's: the frontend's cap
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert time.monotonic() - started < WORKER_CAP_SECONDS + 2
+            exported(CAPPED, executed)
+            call = send(client, KILLED)
+            exported(KILLED, "queue_wait")
+            pair.worker.kill()
+            with pytest.raises(grpc.RpcError) as caught:
+                call.result()
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        pair.stop()
+    spans = receiver.spans
+    unset, error = trace_pb2.Status.STATUS_CODE_UNSET, trace_pb2.Status.STATUS_CODE_ERROR
+
+    def outcome(trace: str, name: str) -> tuple:
+        found = [s for s in spans if s["trace"] == trace and s["name"].startswith(name)]
+        assert len(found) == 1, (trace, name, [s["name"] for s in spans if s["trace"] == trace])
+        attributes = found[0]["attributes"]
+        code = attributes["rpc.grpc.status_code"].int_value if "rpc.grpc.status_code" in attributes else None
+        status = attributes["openjev.status"].string_value if "openjev.status" in attributes else None
+        return code, status, found[0]["status"], found[0]["events"]
+
+    decide = "openjev.v1.DecisionService/Decide"
+    # the caller's deadline: DEADLINE_EXCEEDED, as its log line and metrics say (the server spans
+    # recorded CANCELLED until 2026-12-04); a server span is ERROR for it, as the RPC conventions
+    # have it and HTTP's 504 does, but nothing inside failed
+    assert outcome(DEADLINE, decide) == (4, "DEADLINE_EXCEEDED", error, [])
+    assert outcome(DEADLINE, executed) == (4, "DEADLINE_EXCEEDED", error, [])
+    assert outcome(DEADLINE, "execute") == (None, "CANCELLED", unset, [])  # ERROR with an exception before
+    assert outcome(DEADLINE, "worker_stream")[1:] == ("DEADLINE_EXCEEDED", unset, [])  # its call cancelled for it
+    # the caller's cancel: no ERROR anywhere
+    assert outcome(CANCEL, decide) == (1, "CANCELLED", unset, [])
+    assert outcome(CANCEL, executed)[2:] == (unset, [])
+    assert outcome(CANCEL, "execute") == (None, "CANCELLED", unset, [])
+    assert outcome(CANCEL, "worker_stream")[1:] == ("CANCELLED", unset, [])
+    # the frontend's own deadline on the worker call: a server failure, ERROR on worker_stream
+    assert outcome(CAPPED, decide) == (4, "DEADLINE_EXCEEDED", error, [])
+    assert outcome(CAPPED, "worker_stream")[1:3] == ("DEADLINE_EXCEEDED", error)
+    assert outcome(CAPPED, "execute")[2] == unset  # the worker cannot tell: its caller's deadline
+    # the worker killed mid-request (accepted: not tried again): UNAVAILABLE, ERROR on worker_stream
+    assert outcome(KILLED, decide) == (14, "UNAVAILABLE", error, [])
+    assert outcome(KILLED, "worker_stream")[1:3] == ("UNAVAILABLE", error)
 
 
 def test_spans_nest_across_threads_in_memory():
@@ -183,13 +286,53 @@ def test_spans_nest_across_threads_in_memory():
             thread.join()
         with pytest.raises(ValueError), tracing.span("failing"):
             raise ValueError("boom")
+        # a refusal named is no failure: its status name, no ERROR, no exception event
+        with pytest.raises(KeyError), tracing.span("refused", refusals={LookupError: "NOT_FOUND"}):
+            raise KeyError("k")
+        with pytest.raises(ValueError), tracing.span("failing_too", refusals={LookupError: "NOT_FOUND"}):
+            raise ValueError("boom")
+        for code, caller_deadline in (
+            ("INTERNAL", False),
+            ("CANCELLED", False),
+            ("DEADLINE_EXCEEDED", False),
+            ("DEADLINE_EXCEEDED", True),
+            ("CANCELLED", True),
+        ):
+            noted = tracing.start(f"{code}-{caller_deadline}")
+            tracing.note_outcome(noted, code, caller_deadline=caller_deadline)
+            noted.end()
     finally:
         tracing.shutdown()
     spans = {s.name: s for s in exporter.get_finished_spans()}
-    assert set(spans) == {"outer", "wait", "inner", "failing"}
+    assert set(spans) == {
+        "outer",
+        "wait",
+        "inner",
+        "failing",
+        "refused",
+        "failing_too",
+        "INTERNAL-False",
+        "CANCELLED-False",
+        "DEADLINE_EXCEEDED-False",
+        "DEADLINE_EXCEEDED-True",
+        "CANCELLED-True",
+    }
     assert spans["inner"].parent.span_id == spans["wait"].parent.span_id == spans["outer"].context.span_id
     assert dict(spans["outer"].attributes) == {"requests": 2, "passes": 3}
-    assert spans["failing"].status.status_code.name == "ERROR"
+    for name, status, events in (
+        ("failing", "ERROR", ["exception"]),
+        ("failing_too", "ERROR", ["exception"]),
+        ("refused", "UNSET", []),
+        ("INTERNAL-False", "ERROR", []),
+        ("CANCELLED-False", "UNSET", []),
+        ("DEADLINE_EXCEEDED-False", "ERROR", []),  # a deadline of the server's own
+        ("DEADLINE_EXCEEDED-True", "UNSET", []),
+        ("CANCELLED-True", "UNSET", []),  # cancelled for the caller's deadline
+    ):
+        assert (spans[name].status.status_code.name, [e.name for e in spans[name].events]) == (status, events), name
+    assert spans["CANCELLED-True"].attributes["openjev.status"] == "DEADLINE_EXCEEDED"
+    assert spans["refused"].attributes["openjev.status"] == "NOT_FOUND"
+    assert spans["failing_too"].status.description == "ValueError: boom"
     assert not tracing.enabled()
 
 
@@ -201,11 +344,13 @@ import openjev.frontend.main, openjev.worker.main
 assert not tracing.configure("x", "")
 with tracing.span("a", k=1) as s:
     s.set_attribute("b", 2)
-    tracing.start("c").end()
+    c = tracing.start("c")
+    tracing.note_outcome(c, "INTERNAL")
+    c.end()
     assert tracing.inject() == [] and tracing.capture() is None
     with tracing.attached(None):
         pass
-assert tracing.span("d") is tracing.span("e")  # one shared no-op, no allocation per span
+assert tracing.span("d") is tracing.span("e") is tracing.span("f", refusals={KeyError: "NOT_FOUND"})  # one no-op
 loaded = sorted(m for m in sys.modules if m.startswith("opentelemetry"))
 assert not loaded, loaded
 print("ok")

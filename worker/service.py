@@ -54,6 +54,8 @@ class WorkerIdentity:
 CACHE_HIT_TOKENS_KEY = "openjev-state-cache-hit-tokens"
 # How long a stream that ended without a commit waits to learn whether its caller went away
 GONE_WAIT_SECONDS = 0.05
+# A full queue or a caller gone is no failure of the execution: no ERROR on the `execute` span
+_EXECUTE_REFUSALS: dict[type[BaseException], str] = {QueueFull: "RESOURCE_EXHAUSTED", Cancelled: "CANCELLED"}
 
 
 def _question_results(result: ExecutionResult):
@@ -244,7 +246,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             log.debug("execute_started", **fields)
 
         try:
-            with tracing.span("execute", policy=policy or "default"):
+            with tracing.span("execute", refusals=_EXECUTE_REFUSALS, policy=policy or "default"):
                 result = self.engine.execute(
                     work,
                     temperature=self.identity.temperature,
