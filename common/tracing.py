@@ -12,9 +12,8 @@ Code that wants a span writes
         ...
         s.set_attribute("passes", n)
 
-which nests under whatever span is current in that thread. Work handed to another thread
-(the worker's executor) carries the context along with `capture()` and `attached(context)`.
-An exception leaving a span marks it ERROR unless
+which nests under whatever span is current in that thread; an interval that ends on another
+thread is a span from `start`, ended there. An exception leaving a span marks it ERROR unless
 the span names it a refusal (`refusals`): inside a call only the servers' own failures are
 errors, never what the caller caused or ended (its invalid request, its cancel, its deadline).
 The opentelemetry packages are the `tracing` extra: `pip install 'openjev-serve[tracing]'`.
@@ -131,7 +130,7 @@ def _refusing_span(
 def start(name: str, parent: Any = None, **attributes: Any) -> Any:
     """A span that is not made current and is ended by the caller (`.end()`, once), for an
     interval that does not match one block: a wait that ends on another thread, say. parent: a
-    context from `capture()` or a span from `start`; default the current context. Its outcome is the caller's to note
+    span from `start`; default the current context. Its outcome is the caller's to note
     (`note_outcome`)."""
     if _tracer is None:
         return _NO_SPAN
@@ -162,30 +161,6 @@ class _OnceSpan:
         if not self._ended:
             self._ended = True
             self._inner.end()
-
-
-def capture() -> Any:
-    """The current context, to hand to another thread (None while tracing is off)."""
-    if _tracer is None:
-        return None
-    from opentelemetry import context
-
-    return context.get_current()
-
-
-@contextlib.contextmanager
-def attached(captured: Any) -> Iterator[None]:
-    """Make a context from `capture()` current for a block (another thread's work)."""
-    if captured is None:
-        yield
-        return
-    from opentelemetry import context
-
-    token = context.attach(captured)
-    try:
-        yield
-    finally:
-        context.detach(token)
 
 
 def inject(target: Any = None) -> list[tuple[str, str]]:
