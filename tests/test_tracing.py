@@ -23,7 +23,7 @@ pytest.importorskip("opentelemetry.sdk", reason="the tracing extra")
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc  # noqa: E402
 from opentelemetry.proto.trace.v1 import trace_pb2  # noqa: E402
 
-BAD_GRPC, BAD_HTTP, DOWN_GRPC = "1" * 32, "2" * 32, "3" * 32
+BAD_GRPC, BAD_HTTP, DOWN_GRPC, UNSAMPLED = "1" * 32, "2" * 32, "3" * 32, "9" * 32
 SMALL = {
     "state": "hi",
     "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {"a": None, "b": None}}},
@@ -108,9 +108,9 @@ def test_one_trace_spans_both_processes(demo_model, tmp_path, collector, monkeyp
     grpc_trace, http_trace = "4bf92f3577b34da6a3ce929d0e0e4736", "0af7651916cd43dd8448eb211c80319c"
     caller_span = "00f067aa0ba902b7"
 
-    def decide(request: dict, trace: str) -> None:
+    def decide(request: dict, trace: str, flags: str = "01") -> None:
         with Client(pair.frontend.address) as client:
-            metadata = [("traceparent", f"00-{trace}-{caller_span}-01")]
+            metadata = [("traceparent", f"00-{trace}-{caller_span}-{flags}")]
             client.stub.Decide(api.DecideRequest(request_json=json.dumps(request)), metadata=metadata, timeout=60)
 
     def post(request: dict, trace: str) -> int:
@@ -119,6 +119,7 @@ def test_one_trace_spans_both_processes(demo_model, tmp_path, collector, monkeyp
 
     try:
         decide(SMALL, grpc_trace)
+        decide(SMALL, UNSAMPLED, flags="00")  # the caller's sampler said no: traced by neither process
         assert post(SMALL, http_trace) == 200
         bad = {"state": "hi", "questions": {}}  # the caller's fault: a status, not a server failure
         with pytest.raises(grpc.RpcError):
@@ -163,7 +164,8 @@ def test_one_trace_spans_both_processes(demo_model, tmp_path, collector, monkeyp
     down = _one(spans, name="openjev.v1.DecisionService/Decide", trace=DOWN_GRPC)
     error = trace_pb2.Status.STATUS_CODE_ERROR
     assert (down["attributes"]["rpc.grpc.status_code"].int_value, down["status"]) == (14, error)
-    # The warm-up at the worker's start is no request: only the requests' traces exist.
+    # The warm-up at the worker's start is no request, and UNSAMPLED's caller sampled it out
+    # (the default parent-based sampler): only the other requests' traces exist.
     assert {s["trace"] for s in spans} == {grpc_trace, http_trace, BAD_GRPC, BAD_HTTP, DOWN_GRPC}
 
 
