@@ -110,6 +110,19 @@ def _string(meta: dict[str, Any], key: str, *, may_be_empty: bool = False) -> st
 FLOAT32_MAX = 3.4028234663852886e38  # the head runs in fp32: a weight past it is infinite there
 
 
+# The calibration temperature divides score gaps: p = softmax((s - max s) / T). Temperature
+# scaling of a trained head lands near 1 (the real exports': 1.90 for 9B, 2.53 for 27B); three
+# orders of magnitude either side is room for any real head, while 1e308 or 1e-300 (finite, so
+# they loaded) turned every answer uniform or saturated, silently.
+MIN_TEMPERATURE = 1e-3
+MAX_TEMPERATURE = 1e3
+# The bias is common to every candidate of a question, so it cancels in choice and score answers
+# and only moves noul's logit s / T. Past 1e4 the fp32 score is no finer than 2^-10 (~1e-3, the
+# numerical gates' size) and |s| / T > 10 at every allowed temperature, so every noul answer would
+# sit at 0 or 1 whatever the model computed; a real head's bias is of the order of its scores (1).
+MAX_ABS_HEAD_BIAS = 1e4
+
+
 def _finite_number(meta: dict[str, Any], key: str, limit: float = math.inf) -> float:
     return _checked_number(meta.get(key), key, limit)
 
@@ -222,6 +235,11 @@ def load_export_meta(directory: str | Path) -> ExportMeta:
     temperature = _finite_number(meta, "temperature")
     if temperature <= 0:
         raise ExportError(f"{META_FILE}: temperature must be positive, got {temperature!r}")
+    if not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+        raise ExportError(
+            f"{META_FILE}: temperature must be between {MIN_TEMPERATURE:g} and {MAX_TEMPERATURE:g} "
+            f"(a calibrated head's is near 1), got {temperature!r}"
+        )
 
     hidden_size = hidden_size_of(config)
     head_weight = meta.get("head_weight")
@@ -232,6 +250,12 @@ def load_export_meta(directory: str | Path) -> ExportMeta:
             f"{META_FILE}: head_weight has {len(head_weight)} entries, expected hidden_size={hidden_size}"
         )
     head = tuple(_checked_number(w, f"head_weight[{i}]", FLOAT32_MAX) for i, w in enumerate(head_weight))
+    head_bias = _finite_number(meta, "head_bias", FLOAT32_MAX)
+    if abs(head_bias) > MAX_ABS_HEAD_BIAS:
+        raise ExportError(
+            f"{META_FILE}: head_bias must be within -{MAX_ABS_HEAD_BIAS:g}..{MAX_ABS_HEAD_BIAS:g} "
+            f"(past it every noul answer is 0 or 1), got {head_bias!r}"
+        )
 
     return ExportMeta(
         directory=directory,
@@ -244,7 +268,7 @@ def load_export_meta(directory: str | Path) -> ExportMeta:
         chat_prefix=_string(meta, "chat_prefix", may_be_empty=True),
         chat_suffix=_string(meta, "chat_suffix", may_be_empty=True),
         head_weight=head,
-        head_bias=_finite_number(meta, "head_bias", FLOAT32_MAX),
+        head_bias=head_bias,
     )
 
 

@@ -140,6 +140,16 @@ CASES = {
         "open_jev_export.json: temperature must be a finite number",
         (WORKER, FRONTEND),
     ),
+    "a temperature that makes every answer uniform": (
+        _edit_json("open_jev_export.json", lambda m: m.update(temperature=1e308)),
+        "open_jev_export.json: temperature must be between 0.001 and 1000 (a calibrated head's is near 1), got 1e+308",
+        (WORKER, FRONTEND),
+    ),
+    "a temperature that saturates every answer": (
+        _edit_json("open_jev_export.json", lambda m: m.update(temperature=1e-300)),
+        "open_jev_export.json: temperature must be between 0.001 and 1000 (a calibrated head's is near 1), got 1e-300",
+        (WORKER, FRONTEND),
+    ),
     "deeply nested config": (
         lambda e: (e / "config.json").write_text("[" * 100_000 + "]" * 100_000),
         "config.json: not readable JSON (RecursionError)",
@@ -170,6 +180,12 @@ CASES = {
     "a head bias past float32": (
         _edit_json("open_jev_export.json", lambda m: m.update(head_bias=1e39)),
         "open_jev_export.json: head_bias must be a finite number within float32's range, got 1e+39",
+        (WORKER, FRONTEND),
+    ),
+    "a head bias that saturates every noul answer": (
+        _edit_json("open_jev_export.json", lambda m: m.update(head_bias=-3e38)),
+        "open_jev_export.json: head_bias must be within -10000..10000 (past it every noul answer is 0 or 1), "
+        "got -3e+38",
         (WORKER, FRONTEND),
     ),
     "an end token the tokenizer does not have there": (
