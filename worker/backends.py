@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from openjev.export import CONFIG_FILE, ExportError
+from openjev.worker import geometry
+
+if TYPE_CHECKING:
+    from openjev.worker.checkpoint.config import ModelConfig
 
 
 def cuda_available() -> bool:
@@ -27,6 +34,47 @@ def resolve_backend(requested: str) -> str:
     if requested not in BACKENDS:
         raise SystemExit(f"unknown backend {requested!r}")
     return requested
+
+
+def cuda_config_problems(config: ModelConfig) -> list[str]:
+    """Where config.json's sizes differ from those the CUDA kernels are compiled for
+    (openjev.worker.geometry), one `field value (supported: ...)` each; empty: the model fits."""
+    problems = []
+    exact = {
+        "head_dim": geometry.ATTN_HEAD_DIM,
+        "linear_key_head_dim": geometry.GDN_HEAD_DIM,
+        "linear_value_head_dim": geometry.GDN_HEAD_DIM,
+        "linear_conv_kernel_dim": geometry.CONV_KERNEL_SIZE,
+    }
+    for field, supported in exact.items():
+        if (value := getattr(config, field)) != supported:
+            problems.append(f"{field} {value} (supported: {supported})")
+    if config.rotary_dim % geometry.ROTARY_DIM_MULTIPLE:
+        problems.append(
+            f"partial_rotary_factor {config.partial_rotary_factor} (supported: a rotary dim, head_dim * "
+            f"factor = {config.rotary_dim} here, that is a multiple of {geometry.ROTARY_DIM_MULTIPLE})"
+        )
+    if config.hidden_size % geometry.VECTOR_ELEMENTS or config.hidden_size > geometry.MAX_NORM_WIDTH:
+        most = geometry.MAX_NORM_WIDTH
+        problems.append(
+            f"hidden_size {config.hidden_size} (supported: multiples of {geometry.VECTOR_ELEMENTS} up to {most})"
+        )
+    if config.intermediate_size % geometry.VECTOR_ELEMENTS:
+        problems.append(
+            f"intermediate_size {config.intermediate_size} (supported: multiples of {geometry.VECTOR_ELEMENTS})"
+        )
+    return problems
+
+
+def check_cuda_config(config: ModelConfig) -> None:
+    """ExportError naming config.json where the CUDA kernels cannot run this model's sizes:
+    checked before the weights load (otherwise they load for minutes and the warm-up fails)."""
+    problems = cuda_config_problems(config)
+    if problems:
+        raise ExportError(
+            f"{CONFIG_FILE}: the cuda backend's kernels are compiled for other sizes: {'; '.join(problems)}; "
+            "run this model with --backend torch"
+        )
 
 
 # Models this narrow run faster on one torch thread: their products are too small for intra-op
@@ -66,6 +114,10 @@ def build_runner(
         return TransformersRunner.from_export(
             model_dir, device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32
         )
+    if backend == "cuda" and synthetic is None:  # the kernels' sizes, before the weights load
+        from openjev.worker.checkpoint.config import load_model_config
+
+        check_cuda_config(load_model_config(model_dir))
     from openjev.worker.cuda.runner import CudaRunner
 
     # transformers only borrows the CUDA runner's weights: no graphs, no padded products

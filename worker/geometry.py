@@ -17,3 +17,13 @@ ATTN_HEAD_DIM = 256
 
 # Depthwise causal conv1d kernel size of the GDN layers (a segment carries CONV_KERNEL_SIZE - 1 inputs).
 CONV_KERNEL_SIZE = 4
+
+# qk_norm_rope (cuda/fused_ops.cu) gives each lane 8 of a head's dims and pairs rotary partners
+# rotary_dim/16 lanes apart: the rotary dim (head_dim * partial_rotary_factor) is a multiple of it.
+ROTARY_DIM_MULTIPLE = 16
+
+# The norm and SiLU-gate kernels move rows in 8-element (16-byte) vectors, and add_rms_norm keeps
+# at most 4 vectors a thread of its 256 (fused_ops.cu's RMS_MAXV): hidden_size and
+# intermediate_size are multiples of VECTOR_ELEMENTS, hidden_size at most MAX_NORM_WIDTH.
+VECTOR_ELEMENTS = 8
+MAX_NORM_WIDTH = 8192
