@@ -1,4 +1,5 @@
-"""The model folder as docs/model-folder.md describes it: the bounds of open_jev_export.json's
+"""The model folder as docs/model-folder.md describes it (and the page against the code): the
+weight dtypes it accepts besides bf16, the bounds of open_jev_export.json's
 temperature and head_bias at their edges (1e308 or 1e-300 and a bias of 3e38 were served, every
 answer uniform or saturated), and the sizes the CUDA backend's kernels are compiled for, compared
 with config.json before any weight loads (on a GPU host a model of other sizes loaded for minutes
@@ -16,9 +17,11 @@ import pytest
 
 from openjev.export import MAX_ABS_HEAD_BIAS, MAX_TEMPERATURE, MIN_TEMPERATURE, ExportError, load_export_meta
 from openjev.tools.demo_model import TEXT_CONFIG
-from openjev.worker import backends
+from openjev.worker import backends, geometry
 from openjev.worker.checkpoint.config import load_model_config, parse_model_config
 from openjev.worker.cuda.fused_weights import shape_config
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "model-folder.md"
 
 # config.json of the 27B shape (docs/model-folder.md; DESIGN's real shapes), in the demo's layout
 CONFIG_27B = {
@@ -115,3 +118,43 @@ def test_a_cuda_worker_refuses_before_the_weights_load(demo_model):
     warm-up minutes later)."""
     with pytest.raises(ExportError, match="^config.json: the cuda backend's kernels are compiled for other sizes"):
         backends.build_runner("cuda", demo_model, synthetic=None, seed=0, threads=None)
+
+
+def test_the_page_states_the_bounds_and_sizes_the_code_applies():
+    text = DOC.read_text(encoding="utf-8")
+    assert f"| `temperature` | a number from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g} (inclusive) |" in text
+    assert f"| `head_bias` | a number from -{MAX_ABS_HEAD_BIAS:g} to {MAX_ABS_HEAD_BIAS:g} (inclusive) |" in text
+    rows = {
+        "head_dim": f"{geometry.ATTN_HEAD_DIM}",
+        "linear_key_head_dim": f"{geometry.GDN_HEAD_DIM}",
+        "linear_value_head_dim": f"{geometry.GDN_HEAD_DIM}",
+        "linear_conv_kernel_dim": f"{geometry.CONV_KERNEL_SIZE}",
+        "partial_rotary_factor": "a rotary dim (`head_dim * factor`) that is a multiple of "
+        f"{geometry.ROTARY_DIM_MULTIPLE}",
+        "hidden_size": f"a multiple of {geometry.VECTOR_ELEMENTS}, at most {geometry.MAX_NORM_WIDTH}",
+        "intermediate_size": f"a multiple of {geometry.VECTOR_ELEMENTS}",
+    }
+    for field, supported in rows.items():
+        assert f"| `{field}` | {supported} |" in text, field
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32"])
+def test_weights_of_other_float_dtypes_load_converted_and_integers_are_refused(demo_model, tmp_path, dtype):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from openjev.worker.checkpoint.weights import load_tensors
+
+    config = load_model_config(demo_model)
+    stored = load_file(demo_model / "model.safetensors")
+    export = _export(demo_model, tmp_path / "export")
+    (export / "model.safetensors").unlink()
+    save_file({name: t.to(getattr(torch, dtype)) for name, t in stored.items()}, export / "model.safetensors")
+    if dtype == "int32":
+        with pytest.raises(ExportError, match="^model.safetensors: tensor .* has dtype torch.int32$"):
+            load_tensors(export, config, torch.float32)
+        return
+    got, want = load_tensors(export, config, torch.float32), load_tensors(demo_model, config, torch.float32)
+    assert got.keys() == want.keys() and all(t.dtype == torch.float32 for t in got.values())
+    if dtype != "float16":  # bf16 values are exact in fp32 and fp64; fp16 has fewer exponent bits
+        assert all(torch.equal(got[name], want[name]) for name in want)
