@@ -19,7 +19,7 @@ import pathlib
 import torch
 
 from openjev.worker.cuda import traits
-from openjev.worker.geometry import ATTN_HEAD_DIM, CONV_KERNEL_SIZE, GDN_CHUNK_TOKENS, GDN_HEAD_DIM
+from openjev.worker.geometry import ATTN_HEAD_DIM, CONV_KERNEL_SIZE, GDN_CHUNK_TOKENS, GDN_HEAD_DIM, ROTARY_DIM_MULTIPLE
 
 # Short names the runner and the launch code use.
 CONV_K = CONV_KERNEL_SIZE
@@ -485,7 +485,7 @@ def qk_norm_rope(src, weight, cos, sin, eps, dst=None, dst_row0=0):
     ([*, H, 256] bf16, new if None); returns dst."""
     T, H, D = src.shape
     rotary_dim = 2 * cos.shape[1]
-    assert D == ATTN_HEAD_DIM and src.stride(2) == 1 and rotary_dim % 16 == 0 and cos.shape[0] == T
+    assert D == ATTN_HEAD_DIM and src.stride(2) == 1 and rotary_dim % ROTARY_DIM_MULTIPLE == 0 and cos.shape[0] == T
     if dst is None:
         dst = torch.empty(T, H, D, dtype=torch.bfloat16, device=src.device)
     assert dst.is_contiguous() and dst.shape[1] == H
