@@ -79,8 +79,8 @@ def fill_pass(
 ) -> list[Picked]:
     """Choose the next pass. max_depth: tree levels the runner can hold in one pass (1: parents
     must have run before). tokens_per_request: where several requests wait, each first takes at
-    most this many tokens (and half the tokens left, but the first to take any) and half the
-    pass's segments, in arrival order, so that long prompts' chunks or a request of many
+    most this many tokens and half the pass's segments (and half the tokens and segments left, but
+    the first to take any), in arrival order, so that long prompts' chunks or a request of many
     candidates leave room for the requests behind them; then the requests the first round gave
     nothing, then the others, each in arrival order, fill whatever room is left (in plain arrival
     order a request whose segment was over half the room waited while later ones took it; None:
@@ -113,9 +113,10 @@ class _Fill:
 
     def round(self, order: list[int], tokens_each: int, segments_each: int, halves: bool = False) -> None:
         """Offer each tree of `order` at most `tokens_each` tokens and `segments_each` segments more;
-        halves: and, but the first to take any, at most half the tokens left (two long prompts'
-        chunks would otherwise take every pass between them; the first keeps its whole share, or a
-        chunk over half the pass could wait for good)."""
+        halves: and, but the first to take any, at most half the tokens and segments left (two
+        long prompts' chunks, or two requests of many candidates, would otherwise take every pass
+        between them; the first keeps its whole share, or a chunk over half the pass could wait
+        for good)."""
         for owner in order:
             tree = self.trees[owner]
             if len(self.picked) == self.limits.max_sequences or self.tokens_left == 0:
@@ -124,6 +125,8 @@ class _Fill:
             own_tokens, own_segments = tokens_each, segments_each
             if halves and self.picked:  # the first with work keeps its whole share
                 own_tokens = min(own_tokens, self.tokens_left // 2)
+                # segments too: two requests of many candidates took all 64 between them
+                own_segments = min(own_segments, max(1, (self.limits.max_sequences - len(self.picked)) // 2))
             for segment in tree.segments[tree.first_pending :]:
                 i = segment.index
                 if tree.done[i] or i in position:

@@ -31,6 +31,17 @@ def test_a_request_of_many_candidates_leaves_room_for_the_one_behind_it():
     assert len(picked) == LIMITS.max_sequences  # the wide one still fills the rest
 
 
+def test_two_requests_of_many_candidates_leave_room_for_the_one_behind_them():
+    """Two requests of 640 tails took 32 segments each in the first round, all 64 of a pass,
+    and a one-segment request behind them first ran in pass 21 (found by a review). The segment
+    share is halved like the token share: the small request rides in the first pass, the pass
+    stays full."""
+    wide1, wide2, small = _star(50, [3] * 640), _star(50, [3] * 640), _star(7, [])
+    picked = fill_pass([wide1, wide2, small], LIMITS, max_depth=8, tokens_per_request=LIMITS.chunk_tokens)
+    assert _taken(picked, 2) == [0]
+    assert len(_taken(picked, 1)) == 16 and len(picked) == LIMITS.max_sequences  # half of what was left
+
+
 def test_a_tree_that_fits_beside_the_others_runs_whole():
     """A 3,700-token tree and a 10-token request fit one pass of 4,096 tokens together: the
     per-request share (2,048 tokens) is a first round, not a cap that splits the tree in two."""
