@@ -8,7 +8,8 @@ Walking the plan's segments parents first, each one:
   (when it is at least a grid long) and the states at a few grid points before the end (the last
   one before the end, then ever farther back: 1, 2, 4, ... grids), where a later request that
   shares only part of it can hang; a prompt that runs alone from its start (a leaf at the root,
-  e.g. a noul question) deposits those grid points too, once per request.
+  e.g. a noul question, or the last piece of such a prompt longer than `chunk_tokens`, whose
+  earlier pieces have no other child) deposits those grid points too, once per request.
 (Requests under policy `off` do not come here: the scheduler runs them with no cache.)
 
 Every cut is one the runner computes exactly (keys.CutRule), so the pieces compute the same bits
@@ -73,6 +74,9 @@ class _Path:
     # the keys a lookup below its end passes (its end's included, root first); None: its end is
     # neither kept nor cached (shorter than a grid), so nothing below it can ever be looked up
     chain: tuple[NodeKey, ...] | None = ()
+    # a prompt that runs alone from its start: the root, or a piece of a long one (chunk_tokens)
+    # whose parent is such a piece with no other child and no reader; it deposits as a root does
+    solo: bool = False
 
 
 def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None = None) -> Prepared:
@@ -92,11 +96,16 @@ def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None 
     hit_tokens = 0
     paths: list[_Path] = []
     planned: set[NodeKey] = set()  # deposits already planned by this request (prompts sharing a prefix)
-    root = _Path(hashlib.sha256(), (), 0, True, None)
+    root = _Path(hashlib.sha256(), (), 0, True, None, solo=True)
+    children = [0] * len(segments)
+    for s in segments:
+        if s.parent is not None:
+            children[s.parent] += 1
     for seg in segments:
         parent = root if seg.parent is None else paths[seg.parent]
+        solo = seg.parent is None or (parent.solo and children[seg.parent] == 1 and not segments[seg.parent].readers)
         start, end = seg.start_position, seg.end_position
-        if not parent.cached and not seg.keep_state:  # a leaf under computed work: runs as planned
+        if not parent.cached and not seg.keep_state and not solo:  # a leaf under computed work: runs as planned
             pieces.append((parent.last_piece, seg.token_ids, start, seg.readers))
             paths.append(_Path(None, (), 0, False, len(pieces) - 1, parent.depth + 1, None))
             running += 1
@@ -108,7 +117,7 @@ def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None 
         grid = rule.grid_points(start, end, anchor)
         hasher: Hasher | None = None
         digests: dict[int, bytes] = {}
-        if parent.hasher is not None and (look or seg.keep_state):
+        if parent.hasher is not None and (look or seg.keep_state or solo):
             digests, end_hasher = advance(parent.hasher, start, seg.token_ids, [*grid, end])
             hasher = end_hasher if seg.keep_state else None
         key = _Keys(cache.fingerprint, anchors, digests)
@@ -118,7 +127,7 @@ def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None 
             hit, entry = _deepest_hit(cache, seg, [*grid, end], key, functools.partial(_prefix, segments, seg.index))
         points: list[int] = []
         base = parent.depth if hit == start else 0  # the level its first running piece takes
-        if digests and (seg.keep_state or seg.parent is None) and parent.chain is not None:
+        if digests and (seg.keep_state or solo) and parent.chain is not None:
             points = [q for q in _deposit_points(cache, seg, grid, hit, anchor, key) if key(q) not in planned]
             if room is not None:  # each cut is one piece and one level more: keep those that fit
                 later = len(segments) - seg.index - 1  # plan segments still to come, a piece each at most
@@ -156,7 +165,7 @@ def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None 
             reachable = cache.contains(key(end))
         chain = (*parent.chain, key(end)) if reachable and parent.chain is not None else None
         paths.append(
-            _Path(hasher, anchors, anchor, hit == end, len(pieces) - 1, base + runs if hit < end else 0, chain)
+            _Path(hasher, anchors, anchor, hit == end, len(pieces) - 1, base + runs if hit < end else 0, chain, solo)
         )
     has_child = [False] * len(pieces)
     for up, *_ in pieces:

@@ -144,8 +144,25 @@ def test_a_repeat_of_a_prompt_longer_than_the_budget_hangs_deep(torch_runner):
     engine.execute(work, temperature=TEMPERATURE, policy="auto")
     assert cache.num_evictions > 0 and cache.nbytes <= cache.budget_bytes
     repeats = [engine.execute(work, temperature=TEMPERATURE, policy="auto") for _ in range(2)]
-    assert [r.cache_hit_tokens for r in repeats] == [4096, 4096]
+    assert [r.cache_hit_tokens for r in repeats] == [5952, 5952]  # the last grid point before the end
     same_bits(repeats[0], Engine(torch_runner).execute(work, temperature=TEMPERATURE, policy="auto"))
+
+
+@pytest.mark.parametrize("state_tokens", [2000, 3500])
+def test_a_question_about_a_long_prompt_alone_hangs_near_its_end(torch_runner, state_tokens):
+    """A noul question runs alone from its start and deposits grid states before its end; past
+    chunk_tokens (2,048) its last piece hangs from a chunk, and it deposited nothing: a second
+    question about the same 3,500-token state hit only the chunk's 2,048 tokens (found by a
+    review). Now both lengths hang within a grid of where the two prompts part, exactly."""
+    rng = random.Random(4)
+    toks = lambda n: [rng.randrange(1000, 5000) for _ in range(n)]  # noqa: E731
+    state = toks(state_tokens)
+    first, second = ([QuestionWork("noul", (tuple(state + toks(40)),))] for _ in range(2))
+    engine = cached_engine(torch_runner)
+    engine.execute(first, temperature=TEMPERATURE, policy="auto")
+    got = engine.execute(second, temperature=TEMPERATURE, policy="auto")
+    assert state_tokens - 64 < got.cache_hit_tokens <= state_tokens
+    same_bits(got, Engine(torch_runner).execute(second, temperature=TEMPERATURE, policy="auto"))
 
 
 def test_nothing_is_kept_below_a_node_no_lookup_can_pass(torch_runner):
