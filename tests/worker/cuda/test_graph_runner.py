@@ -288,15 +288,29 @@ def test_every_token_count_lands_on_a_warmed_key_whatever_the_tile_start():
         assert not missing, (tile_from, missing[:3])
 
 
+def _pass_model(level_launches: bool):
+    """A PassModel of the small shape on the CPU: what the launcher's keys and warm-up read."""
+    from types import SimpleNamespace
+
+    from openjev.worker.cuda.fused_weights import shape_config
+
+    return SimpleNamespace(
+        config=shape_config("small", 4),
+        device=torch.device("cpu"),
+        gdn_layers=[0],
+        attn_layers=[3],
+        chunked_gdn=False,
+        level_launches=level_launches,
+    )
+
+
 def test_launches_that_ignore_levels_take_one_key_a_token_bucket():
     """The default recurrence runs a forest in one launch whatever its depth, so its keys do not
     split by levels: 64 graphs at the default budget instead of 208, each of the budget's depth,
     and every pass within budget still lands on one of them."""
     import random
-    from types import SimpleNamespace
 
     from openjev.worker.cuda.buckets import Bucketing, PassBudget
-    from openjev.worker.cuda.fused_weights import shape_config
     from openjev.worker.cuda.graph_launch import GraphLauncher
 
     budget = PassBudget()
@@ -311,15 +325,7 @@ def test_launches_that_ignore_levels_take_one_key_a_token_bucket():
         key, why = one.key(t, segments, levels, rng.randint(0, 8), rng.randint(0, 8), 0, t)
         assert key in warm and key.levels == budget.depth, why
     for level_launches, count in ((False, 64), (True, 208)):
-        model = SimpleNamespace(
-            config=shape_config("small", 4),
-            device=torch.device("cpu"),
-            gdn_layers=[0],
-            attn_layers=[3],
-            chunked_gdn=False,
-            level_launches=level_launches,
-        )
-        assert len(GraphLauncher(model, 8).bucketing.keys()) == count
+        assert len(GraphLauncher(_pass_model(level_launches), 8).bucketing.keys()) == count
 
 
 def test_a_failed_capture_at_start_stops_the_worker(monkeypatch):
@@ -329,20 +335,11 @@ def test_a_failed_capture_at_start_stops_the_worker(monkeypatch):
 
     from openjev.worker import main as worker_main
     from openjev.worker.cuda.buckets import PassBudget
-    from openjev.worker.cuda.fused_weights import shape_config
     from openjev.worker.cuda.graph_launch import GraphLauncher
 
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 0)  # no GPU: accounting only
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    model = SimpleNamespace(
-        config=shape_config("small", 4),
-        device=torch.device("cpu"),
-        gdn_layers=[0],
-        attn_layers=[3],
-        chunked_gdn=False,
-        level_launches=False,
-    )
-    launcher = GraphLauncher(model, 8, budget=PassBudget(tokens=64, segments=8, depth=2, context=128))
+    launcher = GraphLauncher(_pass_model(False), 8, budget=PassBudget(tokens=64, segments=8, depth=2, context=128))
 
     def broken(*args, **kwargs):
         raise RuntimeError("planted capture failure")
@@ -359,21 +356,13 @@ def test_a_failed_capture_at_start_stops_the_worker(monkeypatch):
 def test_a_dummy_pass_fits_every_key_of_a_deep_budget(level_launches):
     """Keys whose levels exceed their tokens (a depth-32 budget's 16-token keys) get a dummy
     pass to capture with: it fits the key (before: a chain of negative length, and warm_up raised)."""
-    from types import SimpleNamespace
 
     from openjev.worker.cuda.buckets import PassBudget
-    from openjev.worker.cuda.fused_weights import shape_config
     from openjev.worker.cuda.graph_launch import GraphLauncher
 
-    model = SimpleNamespace(
-        config=shape_config("small", 4),
-        device=torch.device("cpu"),
-        gdn_layers=[0],
-        attn_layers=[3],
-        chunked_gdn=False,
-        level_launches=level_launches,
+    launcher = GraphLauncher(
+        _pass_model(level_launches), 8, budget=PassBudget(tokens=256, segments=64, depth=32, context=512)
     )
-    launcher = GraphLauncher(model, 8, budget=PassBudget(tokens=256, segments=64, depth=32, context=512))
     keys = launcher.bucketing.keys()
     assert any(k.levels > k.tokens for k in keys)
     for key in keys:
