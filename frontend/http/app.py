@@ -260,7 +260,10 @@ class HttpApi:
                 return _early(400, f"a request must carry at most one {name} header", headers)
         if not _is_json(request.headers.get("content-type")):
             return _early(415, "content type must be application/json", headers)
-        if (encoding := request.headers.get("content-encoding", "identity").strip().lower()) != "identity":
+        # every line of it, as one list (RFC 9110, 5.3): `identity` then `gzip` on two lines was
+        # read as its first line, and the gzip bytes parsed as JSON (422 instead of 415)
+        codings = [line.strip() for line in request.headers.getlist("content-encoding")] or ["identity"]
+        if (encoding := ", ".join(codings).lower()) != "identity":
             # RFC 9110, 15.5.16: a coding the server does not apply is 415, not a body read as it came
             return _early(415, f"content encoding {encoding} is not supported: send the body uncompressed", headers)
         declared = request.headers.get("content-length", "")

@@ -130,6 +130,14 @@ def test_content_type_size_and_timeout_header_are_checked_first(http, max_body_b
         assert reply.status_code == 415 and reply.json() == {
             "error": f"content encoding {encoding} is not supported: send the body uncompressed"
         }, reply.text
+    # two lines are one list: `identity` then `gzip` was read as its first line, and the gzip
+    # bytes parsed as JSON (422 "must be valid JSON")
+    for lines in (["identity", "gzip"], ["gzip", "identity"]):
+        headers = [("content-type", "application/json"), *(("content-encoding", line) for line in lines)]
+        reply = http.post(ROUTE, content=gzip.compress(small), headers=headers)
+        assert reply.status_code == 415 and reply.json() == {
+            "error": f"content encoding {', '.join(lines)} is not supported: send the body uncompressed"
+        }, reply.text
     plain = {"content-type": "application/json", "content-encoding": "Identity"}
     assert http.post(ROUTE, content=small, headers=plain).status_code == 200
 
