@@ -7,6 +7,10 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+# tests/test_security.py's certificates (a CA, another one, a server and a client leaf of each),
+# for the HTTP port's TLS
+from test_security import pki  # noqa: F401  (a fixture)
+
 from openjev.tools import launch
 
 # Small, so that 413 is cheap to provoke; every request the tests send fits.

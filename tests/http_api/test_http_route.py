@@ -7,6 +7,7 @@ import gzip
 import json
 import re
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -654,6 +655,33 @@ def test_bearer_tokens_when_configured(max_body_bytes):
         server.wait_stopped()
 
 
+def test_a_client_ca_makes_client_certificates_required(max_body_bytes, pki):
+    """--tls-client-ca on the HTTP port as on the gRPC one: a client without a certificate signed
+    by it is refused in the handshake (a mutation audit that required none passed the suite)."""
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+
+    api = HttpApi(_Blocking(), lambda: None, max_body_bytes=max_body_bytes)  # type: ignore[arg-type]
+    tls = {"tls_cert": str(pki["ca-server"]), "tls_key": str(pki["ca-server-key"]), "tls_client_ca": str(pki["ca"])}
+    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1, **tls)
+    server.start()
+    url = f"https://127.0.0.1:{server.port}/health"
+    try:
+        anonymous = ssl.create_default_context(cafile=str(pki["ca"]))
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url, verify=anonymous, timeout=10)
+        for client in ("other-ca-client", "ca-client"):
+            holder = ssl.create_default_context(cafile=str(pki["ca"]))
+            holder.load_cert_chain(str(pki[client]), str(pki[f"{client}-key"]))
+            if client == "ca-client":
+                assert httpx.get(url, verify=holder, timeout=10).status_code == 200
+            else:
+                with pytest.raises(httpx.TransportError):  # a certificate, but from another CA
+                    httpx.get(url, verify=holder, timeout=10)
+    finally:
+        server.wait_stopped()
+
+
 def test_a_connection_that_never_finishes_its_head_is_closed(max_body_bytes, monkeypatch):
     """Half a request head (or nothing) held open: closed after the head deadline, so such
     connections cannot pile up until the process runs out of file descriptors."""
@@ -674,6 +702,43 @@ def test_a_connection_that_never_finishes_its_head_is_closed(max_body_bytes, mon
         assert "released" in answered.json()["error"]  # a whole request is unaffected
     finally:
         server.wait_stopped()
+
+
+def test_connections_past_the_cap_are_closed_unanswered(max_body_bytes, monkeypatch):
+    """Past guard.MAX_CONNECTIONS open connections (here 2) a new one is closed at once."""
+    from openjev.frontend.http import guard
+
+    monkeypatch.setattr(guard, "MAX_CONNECTIONS", 2)
+    _, server = _answering_server(max_body_bytes)
+    address = ("127.0.0.1", server.port)
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    try:
+        with socket.create_connection(address, timeout=10) as one, socket.create_connection(address, timeout=10) as two:
+            for kept in (one, two):  # answered, and kept open (keep-alive): two connections counted
+                kept.sendall(health)
+                reply = b""
+                while not reply.endswith(b'{"status":"SERVING"}'):
+                    reply += kept.recv(4096)
+            with socket.create_connection(address, timeout=5) as third:
+                try:
+                    third.sendall(health)
+                    reply = _reply_and_close(third)
+                except ConnectionResetError:
+                    reply = b""
+            assert reply == b""
+        deadline = time.monotonic() + 5  # room again once the server sees those two close
+        while (answered := _health_status(server.port)) != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert answered == 200
+    finally:
+        server.wait_stopped()
+
+
+def _health_status(port: int) -> int | None:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code
+    except httpx.TransportError:
+        return None
 
 
 @pytest.mark.parametrize("framing", ["Content-Length: 1000000000", "Transfer-Encoding: chunked"])
@@ -754,6 +819,50 @@ def test_bodies_held_at_once_have_a_byte_budget(max_body_bytes):
         while api._body_bytes != 0:
             assert time.monotonic() < deadline, api._body_bytes
             time.sleep(0.02)
+    finally:
+        server.wait_stopped()
+
+
+def test_the_checks_before_the_decide_path_hold_at_their_edges(max_body_bytes):
+    """Each at its edge (a mutation audit moved each by one, or took it out, and the suite
+    passed): a body of exactly --http-max-body-bytes is taken, with a length or chunked, and one
+    byte more is 413; a length declared past the bodies' budget is 413 at once, not the budget's
+    503; x-timeout-seconds is taken up to 86400; application/json only, not any type ending in
+    json; /health while draining is 503 with its reason."""
+    api, server = _answering_server(max_body_bytes)
+    url = f"http://127.0.0.1:{server.port}{ROUTE}"
+    json_type = {"content-type": "application/json"}
+    taken = (503, {"error": "released"})  # the decide path's own answer: the checks let it through
+    try:
+        body = json.dumps(SMALL)[:-1].encode()
+        body += b" " * (max_body_bytes - len(body) - 1) + b"}"
+        assert len(body) == max_body_bytes
+        for extra, expected in ((b"", taken), (b" ", (413, {"error": f"request body exceeds {max_body_bytes} bytes"}))):
+            for content in (body + extra, iter([body[:10], body[10:] + extra])):  # a length, chunked
+                reply = httpx.post(url, content=content, headers=json_type, timeout=10)
+                assert (reply.status_code, reply.json()) == expected, (len(extra), reply.text)
+
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as declared:
+            declared.sendall(
+                f"POST {ROUTE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {api.body_budget + 1}\r\n\r\n{{".encode()
+            )
+            reply = _reply_and_close(declared)
+        assert reply.startswith(b"HTTP/1.1 413"), reply
+
+        bound = {"error": "x-timeout-seconds must be a number of seconds in (0, 86400]"}
+        for seconds, expected in (("86400", taken), ("86400.5", (400, bound)), ("1e9", (400, bound))):
+            reply = httpx.post(url, json=SMALL, headers={"x-timeout-seconds": seconds}, timeout=10)
+            assert (reply.status_code, reply.json()) == expected, seconds
+
+        for content_type in ("text/json", "application/problem+json", "application/x-ndjson; x=json"):
+            reply = httpx.post(url, content=json.dumps(SMALL), headers={"content-type": content_type}, timeout=10)
+            assert reply.status_code == 415, content_type
+
+        api.draining = True
+        reply = httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=10)
+        assert reply.status_code == 503
+        assert reply.json() == {"status": "NOT_SERVING", "reason": "the frontend is shutting down"}
     finally:
         server.wait_stopped()
 
