@@ -22,7 +22,7 @@ import structlog
 
 from openjev.client import Client
 from openjev.security import BearerAuth
-from openjev.tools import soak
+from openjev.tools import launch, soak
 from openjev.tools.soak import log_events
 from openjev.v1 import decision_pb2 as api
 
@@ -197,6 +197,36 @@ def test_health_metrics_and_openapi(http):
         document["paths"][ROUTE]["post"]["responses"]
     )
     assert http.get(ROUTE).status_code == 405
+
+
+def test_the_frontends_flags_reach_its_http_port(http_pair, demo_model, tmp_path):
+    """A frontend of its own beside the module's worker, with tokens and without --http-metrics:
+    its tokens guard the HTTP port, /metrics is no route there, and the document carries its
+    --max-questions and its model names. A mutation audit gave the route no token check, or
+    /metrics always, in frontend/main.py, and dropped the document's question limit: the suite
+    passed each."""
+    from openjev.export import load_export_meta
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("s3cret\n")
+    port = launch.free_port()
+    flags = ["--http-listen", f"127.0.0.1:{port}", "--auth-token-file", str(tokens), "--max-questions", "7"]
+    frontend = launch.start_frontend(demo_model, http_pair.pair.worker.address, tmp_path, flags)
+    token = {"authorization": "Bearer s3cret"}
+    try:
+        launch.wait_serving(frontend.address)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            assert http.post(ROUTE, json=SMALL).status_code == 401
+            assert http.get("/openapi.json").status_code == 401
+            answered = http.post(ROUTE, json=SMALL, headers=token)
+            assert answered.status_code == 200, answered.text
+            assert http.get("/metrics", headers=token).status_code == 404  # 200 with the flag: the module's pair
+            document = http.get("/openapi.json", headers=token).json()
+    finally:
+        frontend.stop()
+    request = document["components"]["schemas"]["DecideRequest"]["properties"]
+    assert request["questions"]["maxProperties"] == 7
+    assert request["model"]["enum"] == [None, *sorted(load_export_meta(demo_model).accepted_model_names)]
 
 
 LONG = {
