@@ -383,21 +383,37 @@ def test_a_deadline_that_passes_before_tokenizing_is_504_not_503(demo_model, tmp
 
 
 def test_sigterm_drains_the_request_in_flight(demo_model, tmp_path, http_pair_factory):
+    """The HTTP request and a gRPC call in flight finish; the HTTP port is not ready from the
+    signal on, not from the gRPC server's stop (a mutation audit left /health 200 SERVING while
+    a gRPC call drained, and the suite passed: with an HTTP request alone the gRPC server stops
+    at once)."""
     started = http_pair_factory(
         demo_model, tmp_path, worker_args=["--max-launch-sequences", "1"], frontend_args=["--grace-seconds", "30"]
     )
     try:
-        with httpx.Client(base_url=started.url, timeout=60) as http:
-            pool = futures.ThreadPoolExecutor(1)
+        with httpx.Client(base_url=started.url, timeout=60) as http, Client(started.grpc_address) as client:
+            pool = futures.ThreadPoolExecutor(2)
             running = pool.submit(
                 http.post,
                 ROUTE,
                 json=dict(LONG, questions={"q": {**LONG["questions"]["q"], "criteria": {"a": None, "b": None}}}),
             )
+            call = pool.submit(client.decide, SHORTER, timeout=60)
             time.sleep(0.7)
             started.pair.frontend.popen.terminate()
+            time.sleep(0.5)
+            try:
+                health: httpx.Response | None = httpx.get(started.url + "/health", timeout=5)
+            except httpx.TransportError:
+                health = None  # the listener is closed
+            assert not call.done(), "the gRPC call ended before the check: make it longer"
+            assert health is None or health.json() == {
+                "status": "NOT_SERVING",
+                "reason": "the frontend is shutting down",
+            }, health.text
             reply = running.result(timeout=60)
             assert reply.status_code == 200, reply.text
+            assert list(call.result(timeout=60)["answers"]) == ["q"]
             assert started.pair.frontend.popen.wait(30) == 0
             with pytest.raises(httpx.ConnectError):
                 httpx.get(started.url + "/health", timeout=5)
