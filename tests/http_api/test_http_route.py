@@ -398,7 +398,11 @@ def test_sigterm_drains_the_request_in_flight(demo_model, tmp_path, http_pair_fa
                 ROUTE,
                 json=dict(LONG, questions={"q": {**LONG["questions"]["q"], "criteria": {"a": None, "b": None}}}),
             )
-            call = pool.submit(client.decide, SHORTER, timeout=60)
+            # 8 criteria: still running 1.2 s in with a 2x margin on this machine (2-3 s with 4)
+            longer = dict(
+                SHORTER, questions={"q": {**SHORTER["questions"]["q"], "criteria": {f"k{i}": None for i in range(8)}}}
+            )
+            call = pool.submit(client.decide, longer, timeout=60)
             time.sleep(0.7)
             started.pair.frontend.popen.terminate()
             time.sleep(0.5)
