@@ -15,9 +15,9 @@ A key holds only what a captured graph's device-side shapes and launch counts de
   64 graphs at the default budget instead of 208 (a pass of fewer levels leaves the extra
   ranges of `level_off` empty, which the kernel skips: the same items, so the same bits);
 - kept: whether the pass keeps any state (then MAX_STATE_SLOTS output slots are copied).
-Above tile_from a key is only levels 2 or the depth (with level_keys), and kept: an empty level launch and the kept
-copies cost ~0.5 ms of a pass of over 100 ms, and so the finer token steps add no graphs (24
-steps x 2 keys from 1,024 to 4,096 tokens, where 8 steps x 8 keys were).
+Above tile_from a key is only levels 2 or the depth (with level_keys), and kept: an empty level
+launch and the kept copies cost ~0.5 ms of a pass of over 100 ms, and so the finer token steps
+add no graphs (24 steps x 2 keys from 1,024 to 4,096 tokens, where 8 steps x 8 keys were).
 The rest follows from T_pad alone, so the key set stays small: segments N_pad = min(budget
 segments, T_pad) + 1 (the real ones, one pad segment holding the T_pad - T pad tokens, then
 empty ones); attention max_q = T_pad rounded up to 64. Ancestors' K/V rows, parent states and
