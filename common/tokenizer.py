@@ -15,6 +15,10 @@ pattern) into a Hugging Face `tokenizers` file:
   "人力资源管理", whose tokens only form through parts of a higher rank;
 - specials as added tokens (special, not normalized), so their text in a prompt is matched as
   the special token, as the reference does ("tokenized with special tokens recognized").
+Two rare texts encode otherwise than the package's own encoder (a review's fuzz of 2026-12-04;
+pieces.py's cuts change neither): a special token followed by U+0338 (the package normalizes
+first, so `>` + U+0338 becomes U+226F and the special token is gone), and combining marks newer
+than the `tokenizers` library's NFC tables (Unicode 10 on), which it does not reorder.
 The bytes are a pure function of the package's vocabulary: same input, same file.
 tests/test_tokenizer.py checks the result against the golden ids and against the package's own
 encoder.
