@@ -159,6 +159,14 @@ def caller_deadline_passed(remaining: float | None, active: bool) -> bool:
     return remaining is not None and (remaining <= 0 or (not active and remaining <= DEADLINE_SLACK_SECONDS))
 
 
+def caller_status(status: str, context: grpc.ServicerContext) -> str:
+    """A call's status name as its log line, metrics and spans give it: a CANCELLED that the
+    caller's own deadline caused (the server saw only its caller gone) is DEADLINE_EXCEEDED."""
+    if status == "CANCELLED" and caller_deadline_passed(context.time_remaining(), context.is_active()):
+        return "DEADLINE_EXCEEDED"
+    return status
+
+
 def ended_outcome(status: str, info: RequestInfo, remaining: float | None, active: bool) -> str:
     """The outcome label of a call that did not simply end OK (gRPC and the HTTP route): the
     caller's own deadline or cancel first, unless the server ended the call itself."""

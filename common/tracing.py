@@ -244,7 +244,7 @@ def _call_code(context: Any, error: BaseException | None) -> str:
     """The status a call handler ended with: its abort's, CANCELLED for a stream its caller
     closed, UNKNOWN for any other exception (gRPC's own), else OK; a CANCELLED that the
     caller's deadline caused (the handler saw its caller gone) is DEADLINE_EXCEEDED, as the
-    call's log line and metrics have it (interceptors.caller_deadline_passed)."""
+    call's log line and metrics have it (interceptors.caller_status)."""
     code = context.code()
     if code is not None:
         name = code.name
@@ -252,9 +252,7 @@ def _call_code(context: Any, error: BaseException | None) -> str:
         name = "CANCELLED"
     else:
         name = "OK" if error is None else "UNKNOWN"
-    if name == "CANCELLED" and interceptors.caller_deadline_passed(context.time_remaining(), context.is_active()):
-        return "DEADLINE_EXCEEDED"
-    return name
+    return interceptors.caller_status(name, context)
 
 
 def _extract(carrier: Mapping[str, str] | None) -> Any:

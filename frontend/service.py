@@ -135,14 +135,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         try:
             response = self._decide(request, context, request_id, fields)
         except Refused as refused:
-            status = refused.code.name
-            if refused.code == grpc.StatusCode.CANCELLED and interceptors.caller_deadline_passed(
-                context.time_remaining(), context.is_active()
-            ):
-                status = grpc.StatusCode.DEADLINE_EXCEEDED.name  # the worker call was cancelled for it
             log.info(
                 "decide",
-                status=status,
+                status=interceptors.caller_status(refused.code.name, context),
                 outcome=interceptors.refused_outcome(refused.code.name, context),  # the metrics' label
                 reason=refused.message,
                 latency_ms=round((time.perf_counter() - started) * 1e3, 3),
