@@ -113,7 +113,7 @@ def test_each_size_the_kernels_are_compiled_for_is_checked(change, problem):
 
 
 def test_a_cuda_worker_refuses_before_the_weights_load(demo_model):
-    """build_runner checks config.json first. Without the check, this CPU-only machine read the
+    """build_runner (CudaRunner.from_export) checks config.json first. Without the check, this CPU-only machine read the
     demo's weights and then failed moving them to the GPU (a GPU host: loaded them and failed the
     warm-up minutes later)."""
     with pytest.raises(ExportError, match="^config.json: the cuda backend's kernels are compiled for other sizes"):

@@ -114,10 +114,6 @@ def build_runner(
         return TransformersRunner.from_export(
             model_dir, device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32
         )
-    if backend == "cuda" and synthetic is None:  # the kernels' sizes, before the weights load
-        from openjev.worker.checkpoint.config import load_model_config
-
-        check_cuda_config(load_model_config(model_dir))
     from openjev.worker.cuda.runner import CudaRunner
 
     # transformers only borrows the CUDA runner's weights: no graphs, no padded products

@@ -177,10 +177,12 @@ class CudaRunner:
     @classmethod
     def from_export(cls, model_dir: str | Path, device="cuda", **options):
         from openjev.export import load_export_meta
+        from openjev.worker.backends import check_cuda_config
         from openjev.worker.checkpoint.config import load_model_config
         from openjev.worker.checkpoint.weights import load_weights
 
         meta, config = load_export_meta(model_dir), load_model_config(model_dir)
+        check_cuda_config(config)  # the kernels' sizes, before the weights load (minutes at 27B)
         plain = load_weights(model_dir, config, torch.bfloat16)
         layers = [fuse_layer(layer, device) for layer in plain.layers]
         to = lambda t: t.to(device=device, dtype=torch.bfloat16).contiguous()  # noqa: E731
