@@ -86,10 +86,14 @@ def _config(lib: ctypes.CDLL, algo: _Algo, attr: int) -> int:
 class UnsplitLinear:
     """x [M, K] @ w [N, K]^T -> bf16 [M, N] for one weight shape, by one of the algorithms
     cuBLASLt's heuristic offers with no workspace, no split of K and no reduction scheme: the
-    one `chosen` for M (gemm.lt_plan), else the heuristic's first."""
+    one `chosen` for M (gemm.lt_plan), else the heuristic's first. `workspace_bytes` > 0 also
+    admits algorithms that need up to that much workspace (one buffer, allocated here; still no
+    split of K and no reduction scheme), `heuristics` how many the heuristic is asked for."""
 
-    def __init__(self, n: int, k: int):
+    def __init__(self, n: int, k: int, workspace_bytes: int = 0, heuristics: int = HEURISTICS):
         self.n, self.k = n, k
+        self.heuristics = heuristics
+        self.workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device="cuda") if workspace_bytes else None
         self.lib = lib = _library()
         self.handle = c_void_p()
         _check(lib.cublasLtCreate(byref(self.handle)), "create")
@@ -100,7 +104,7 @@ class UnsplitLinear:
         self.w_layout = self._layout(k, n, k)
         self.pref = c_void_p()
         _check(lib.cublasLtMatmulPreferenceCreate(byref(self.pref)), "preference")
-        workspace = c_uint64(0)
+        workspace = c_uint64(workspace_bytes)
         _check(lib.cublasLtMatmulPreferenceSetAttribute(self.pref, PREF_MAX_WORKSPACE_BYTES, byref(workspace), 8), "ws")
         self._found: dict[int, tuple[c_void_p, c_void_p, list[_Algo]]] = {}
         # per row count the algorithm gemm.linear sends its products to (set by gemm.lt_plan)
@@ -113,18 +117,26 @@ class UnsplitLinear:
         return layout
 
     @property
+    def workspace_bytes(self) -> int:
+        return 0 if self.workspace is None else self.workspace.numel()
+
+    @property
+    def _workspace_ptr(self) -> c_void_p | None:
+        return None if self.workspace is None else c_void_p(self.workspace.data_ptr())
+
+    @property
     def rows(self) -> frozenset[int]:
         return frozenset(self.chosen)
 
     def candidates(self, m: int) -> list[_Algo]:
-        """The algorithms cuBLASLt's heuristic offers for M rows with no workspace, no split of K
+        """The algorithms cuBLASLt's heuristic offers for M rows within the workspace, no split of K
         and no reduction scheme, best first (cached)."""
         if m not in self._found:
             x_layout, out_layout = self._layout(self.k, m, self.k), self._layout(self.n, m, self.n)
-            found, count = (_Heuristic * HEURISTICS)(), c_int(0)
+            found, count = (_Heuristic * self.heuristics)(), c_int(0)
             status = self.lib.cublasLtMatmulAlgoGetHeuristic(
-                self.handle, self.desc, self.w_layout, x_layout, out_layout, out_layout, self.pref, HEURISTICS, found,
-                byref(count),
+                self.handle, self.desc, self.w_layout, x_layout, out_layout, out_layout, self.pref, self.heuristics,
+                found, byref(count),
             )  # fmt: skip
             if status:  # e.g. not supported for this shape: no candidates here
                 count.value = 0
@@ -132,7 +144,7 @@ class UnsplitLinear:
                 h.algo
                 for h in found[: count.value]
                 if h.state == 0
-                and h.workspace_size == 0
+                and h.workspace_size <= self.workspace_bytes
                 and _config(self.lib, h.algo, CONFIG_SPLITK_NUM) <= 1
                 and _config(self.lib, h.algo, CONFIG_REDUCTION_SCHEME) == 0
             ]
@@ -157,7 +169,7 @@ class UnsplitLinear:
         d, xp, wp = c_void_p(out.data_ptr()), c_void_p(x.data_ptr()), c_void_p(w.data_ptr())
         status = self.lib.cublasLtMatmul(
             self.handle, self.desc, alpha, wp, self.w_layout, xp, x_layout, beta, d, out_layout, d, out_layout,
-            byref(algo), None, 0, stream,
+            byref(algo), self._workspace_ptr, self.workspace_bytes, stream,
         )  # fmt: skip
         _check(status, "matmul")
         return out
