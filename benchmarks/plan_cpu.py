@@ -4,8 +4,11 @@ shape of a state-cache hit in benchmarks/profile_state_hit.py). Planning runs on
 thread before the request is admitted, so its time adds to the request's latency.
 
     .venv/bin/python benchmarks/plan_cpu.py [--model .openjev/demo-model] [--repeats 50] [--cases A,B]
+        [--policies auto,shared] [--wide N]
 
-Prints a table: tokens, candidates and per request the best of 5 batches' mean plan time.
+Prints a table: tokens, candidates and per request and policy the best of 5 batches' mean plan
+time. `--wide N` adds N candidates over a ~300-token state, choice questions of 255 criteria
+each (65,536: the contract's most; give it `--repeats 1`).
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ from openjev.worker.planner.policy import plan_request
 
 DEFAULT_CASES = "noul-1-128-0,choice-1-128-0,score-129-512-12,choice-2049-4096-112,choice-2049-4096-120"
 STATE_SENTENCES = 240  # ~4,700 tokens, the profile's longest state
+WIDE_STATE_SENTENCES = 15  # ~300 tokens: 65,536 candidates of the long state would be 300 M tokens
 PASS_DEPTH = 8  # CudaRunner's max_pass_depth
 BATCHES = 5
 
 
-def requests(model: Path, cases: list[str]) -> dict[str, list[list[array]]]:
+def requests(model: Path, cases: list[str], wide: int) -> dict[str, list[list[array]]]:
     """name -> per question, each candidate's token ids as array('I'), as the worker holds them
     (worker/stream.py)."""
     _, candidates_of, _ = longest_tokens_fn(model)
@@ -39,6 +43,20 @@ def requests(model: Path, cases: list[str]) -> dict[str, list[list[array]]]:
     state = "".join(SENTENCE.format(n=i) for i in range(STATE_SENTENCES))
     request = {"state": state, "questions": {"q": ASK}}
     out["score-8-over-long-state"] = [[array("I", t) for t in candidates_of(request)[0]]]
+    if wide:  # choice questions of 255 criteria each (the contract's most) over a ~300-token state
+        per = 255
+        questions = {
+            f"q{j}": {
+                "type": "choice",
+                "instructions": f"Pick one ({j}).",
+                "criteria": {f"option {i}": None for i in range(j * per, min(wide, (j + 1) * per))},
+            }
+            for j in range(-(-wide // per))
+        }
+        short = "".join(SENTENCE.format(n=i) for i in range(WIDE_STATE_SENTENCES))
+        out[f"choice-{wide}-over-a-state"] = [
+            [array("I", t) for t in q] for q in candidates_of({"state": short, "questions": questions})
+        ]
     return out
 
 
@@ -47,19 +65,24 @@ def main() -> None:
     p.add_argument("--model", type=Path, default=Path(".openjev/demo-model"))
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--cases", default=DEFAULT_CASES)
+    p.add_argument("--policies", default="auto")
+    p.add_argument("--wide", type=int, default=0)
     args = p.parse_args()
     cost = default_cost_model("cuda")
-    print(f"| request | tokens | candidates | plan ms (best of {BATCHES} batches of {args.repeats}) |")
-    print("|---|---|---|---|")
-    for name, questions in requests(args.model, args.cases.split(",")).items():
-        best = math.inf
+    policies = args.policies.split(",")
+    print(f"plan ms, best of {BATCHES} batches of {args.repeats}, policies interleaved")
+    print("| request | tokens | candidates | " + " | ".join(policies) + " |")
+    print("|---|---|---|" + "---|" * len(policies))
+    for name, questions in requests(args.model, args.cases.split(","), args.wide).items():
+        best = dict.fromkeys(policies, math.inf)
         for _ in range(BATCHES):  # the mean of a batch: a single plan is a few microseconds
-            start = time.perf_counter()
-            for _ in range(args.repeats):
-                plan_request(questions, "auto", PackLimits(), cost, PASS_DEPTH)
-            best = min(best, (time.perf_counter() - start) / args.repeats)
+            for policy in policies:
+                start = time.perf_counter()
+                for _ in range(args.repeats):
+                    plan_request(questions, policy, PackLimits(), cost, PASS_DEPTH)
+                best[policy] = min(best[policy], (time.perf_counter() - start) / args.repeats)
         tokens, candidates = sum(len(c) for q in questions for c in q), sum(len(q) for q in questions)
-        print(f"| {name} | {tokens} | {candidates} | {1e3 * best:.3f} |")
+        print(f"| {name} | {tokens} | {candidates} | " + " | ".join(f"{1e3 * best[p]:.3f}" for p in policies) + " |")
 
 
 if __name__ == "__main__":

@@ -16,9 +16,10 @@ that trade (weight reads against computed tokens) is the whole decision.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from openjev.worker.planner.plan import Plan
+from openjev.worker.planner.plan import PackLimits, Plan
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,22 @@ class CostModel:
 
 def num_attention_pairs(plan: Plan) -> int:
     return sum(s.num_tokens * s.start_position + s.num_tokens * (s.num_tokens + 1) // 2 for s in plan.segments)
+
+
+def off_seconds_at_least(cost_model: CostModel, lengths: Sequence[int], limits: PackLimits) -> float:
+    """At most estimated_seconds of the `off` plan of prompts of these lengths, found without
+    planning it (65,536 candidates: ~3 s of planning, with the GIL held). `off` computes every
+    prompt whole, so its tokens are their sum and its pairs each prompt's L (L + 1) / 2 however
+    it is cut; its passes are at least what the budget's tokens and segments (one a prompt at
+    least) need. The same expression as estimated_seconds, so the bound holds in floats too."""
+    tokens = sum(lengths)
+    passes = max(-(-tokens // limits.max_tokens), -(-len(lengths) // limits.max_sequences))
+    pairs = sum(n * (n + 1) // 2 for n in lengths)
+    return (
+        passes * cost_model.seconds_per_launch
+        + tokens * cost_model.seconds_per_token
+        + pairs * cost_model.seconds_per_attention_pair
+    )
 
 
 # CPU: the PyTorch fp32 runner on the embedded demo model. Fitted by weighted least squares to

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from openjev.contract.literals import PREFIX_POLICIES, ExecutedPolicy, PrefixPolicy, PrefixScope
 from openjev.worker.geometry import GDN_CHUNK_TOKENS
-from openjev.worker.planner.cost import CostModel
+from openjev.worker.planner.cost import CostModel, off_seconds_at_least
 from openjev.worker.planner.packing import split_into_segments
 from openjev.worker.planner.passes import pack_passes
 from openjev.worker.planner.plan import PackLimits, Plan, Reader
@@ -60,8 +60,13 @@ def plan_request(
         # and auto runs `default`; planning it alone skips two plans (a noul request's case).
         return _plan_tree(candidates, "default", "auto", limits, max_pass_depth)
     shared = _plan_tree(candidates, "shared", "auto", limits, max_pass_depth)
+    shared_seconds = cost_model.estimated_seconds(shared)
+    lengths = [len(tokens) for q in candidates for tokens in q]
+    # off is planned only where a bound of its cost does not already lose to shared
+    if shared_seconds < off_seconds_at_least(cost_model, lengths, limits):
+        return shared
     off = _plan_tree(candidates, "off", "auto", limits, max_pass_depth)
-    if cost_model.estimated_seconds(shared) < cost_model.estimated_seconds(off):
+    if shared_seconds < cost_model.estimated_seconds(off):
         return shared
     return _plan_tree(candidates, "default", "auto", limits, max_pass_depth)
 

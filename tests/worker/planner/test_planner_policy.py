@@ -1,7 +1,9 @@
 """Policies: the executed tree and exactly what it saved, on request shapes that matter."""
 
+import collections
 import dataclasses
 import itertools
+import random
 
 import pytest
 
@@ -13,6 +15,7 @@ from openjev.worker.planner import (
     Reader,
     plan_request,
 )
+from openjev.worker.planner.cost import off_seconds_at_least
 
 _fresh = itertools.count(1000)
 
@@ -214,6 +217,41 @@ def test_auto_with_one_prompt_is_what_comparing_the_trees_gives(num_tokens, cost
     assert cost_model.estimated_seconds(shared) == cost_model.estimated_seconds(off)
     expected = dataclasses.replace(plan_request(candidates, "default", limits), policy="auto")
     assert plan_request(candidates, "auto", limits, cost_model) == expected
+
+
+def test_auto_skips_planning_off_only_where_its_cost_bound_already_loses():
+    """auto plans `off` only when a bound of its cost (off_seconds_at_least) does not lose to
+    shared: the bound never exceeds off's estimate, and auto's plan is exactly what comparing
+    the two planned trees gives, over random requests, pass budgets and cost models."""
+    rng = random.Random(7)
+    models = [
+        CPU_COST_MODEL,
+        GPU_COST_MODEL,
+        CostModel(seconds_per_launch=1.0, seconds_per_token=1e-4, seconds_per_attention_pair=0.0),
+        CostModel(seconds_per_launch=1e-3, seconds_per_token=1e-3, seconds_per_attention_pair=1e-7),
+    ]
+    seen = collections.Counter()
+    for _ in range(300):
+        state = fresh(rng.choice([0, 5, 60, 700]))
+        candidates = [
+            [state + fresh(rng.randint(0, 40)) + fresh(rng.randint(1, 90)) for _ in range(rng.randint(1, 12))]
+            for _ in range(rng.randint(1, 3))
+        ]
+        chunk = rng.choice([16, 64, 2048])
+        limits = PackLimits(
+            max_sequences=rng.choice([2, 8, 64]), max_tokens=rng.choice([chunk, 4096]), chunk_tokens=chunk
+        )
+        model = rng.choice(models)
+        shared, off = (model.estimated_seconds(plan_request(candidates, p, limits)) for p in ("shared", "off"))
+        bound = off_seconds_at_least(model, [len(t) for q in candidates for t in q], limits)
+        assert bound <= off
+        expected = "shared" if shared < off else "default"
+        plan = plan_request(candidates, "auto", limits, model)
+        assert plan == dataclasses.replace(plan_request(candidates, expected, limits), policy="auto")
+        if sum(map(len, candidates)) > 1:
+            seen[expected, "bound decides" if shared < bound else "off planned"] += 1
+    # every way through: shared by the bound alone, shared or default after planning off
+    assert {("shared", "bound decides"), ("shared", "off planned"), ("default", "off planned")} <= set(seen), seen
 
 
 def test_rejects_bad_input():
