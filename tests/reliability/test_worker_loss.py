@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.request
 from datetime import datetime
+from pathlib import Path
 
 import grpc
 import pytest
@@ -53,6 +54,18 @@ def in_flight(metrics_port: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     line = next(x for x in text.splitlines() if x.startswith("openjev_frontend_in_flight_requests "))
     return float(line.split()[1])
+
+
+def stop_process(pid: int) -> None:
+    """SIGSTOP, and wait until every thread of the process is stopped: kill() returns before they
+    stop, and on loaded cores a worker once accepted a request sent after it, then hung with it."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while any(
+        stat.read_text().rsplit(")", 1)[1].split()[0] != "T" for stat in Path(f"/proc/{pid}/task").glob("*/stat")
+    ):
+        assert time.monotonic() < deadline, "the worker did not stop"
+        time.sleep(0.01)
 
 
 def _load(address: str, stop: threading.Event, outcomes: list) -> None:
@@ -193,7 +206,7 @@ def test_a_retry_on_a_stopped_worker_waits_only_the_connect_bound(demo_model, tm
         launch.wait_serving(frontend.address)
         with Client(frontend.address) as client:
             client.decide(MEDIUM, timeout=30)  # connected and warm
-            os.kill(worker.popen.pid, signal.SIGSTOP)
+            stop_process(worker.popen.pid)
             with pytest.raises(grpc.RpcError) as caught:
                 client.decide(MEDIUM, request_id="stopped", timeout=60)
         ended = time.time()
