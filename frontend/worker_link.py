@@ -45,8 +45,9 @@ from openjev.worker.v1 import worker_pb2_grpc
 
 log = logs.get("openjev.frontend")
 
-# A restarted worker is tried again within this long (gRPC's default backoff reaches 120 s).
-MAX_RECONNECT_BACKOFF_MS = 5000
+# A restarted worker is tried again within this long (gRPC's default backoff reaches 120 s): a
+# refused connection attempt a second to a worker that is down costs nothing worth saving.
+MAX_RECONNECT_BACKOFF_MS = 1000
 KEEPALIVE_MS = 10_000
 # The longest a probe (Describe, health Check) waits, at least: a busy worker on a loaded host can
 # take longer than a short refresh period to answer, and one late answer marks it down for a whole

@@ -334,8 +334,10 @@ def replaced(demo_model, tmp_path_factory):
             "other",
         )
         processes.append(other)
-        # both traffic channels of each frontend reconnect to the address (backoff at most 5 s)
-        time.sleep(MAX_RECONNECT_BACKOFF_MS / 1000 + 1)
+        # both traffic channels of each frontend reconnect to the address: within the backoff cap,
+        # then a health watch; on two loaded cores 2 s was once too little (the test's resends then
+        # looped on the full worker until its long request ran out of time)
+        time.sleep(MAX_RECONNECT_BACKOFF_MS / 1000 + 4)
         yield {
             "narrow": narrow,
             "other": other,
