@@ -115,6 +115,11 @@ CASES = {
         "config.json: rms_norm_eps must be at most 0.1, got 1e+30",
         (WORKER,),
     ),
+    "a rotary base below 1": (
+        _edit_json("config.json", lambda c: _text(c)["rope_parameters"].update(rope_theta=1e-300)),
+        "config.json: rope_theta must be at least 1 (the rotary base; Qwen3.5 uses 1e7), got 1e-300",
+        (WORKER,),
+    ),
     "attention biases as a string": (
         _edit_json("config.json", lambda c: _text(c).update(attention_bias="false")),
         "config.json: attention_bias must be false (biases are not supported), got 'false'",

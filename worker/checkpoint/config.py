@@ -131,6 +131,8 @@ def _rope(text: dict[str, Any]) -> tuple[float, float]:
         raise _fail(f"rope_type {rope_type!r} is not supported (only 'default')")
     source = rope if "rope_theta" in rope else text
     theta = _positive_float(source, "rope_theta")
+    if theta < 1:  # the rotary base: below 1 the frequencies grow, and 1e-300 made every score NaN
+        raise _fail(f"rope_theta must be at least 1 (the rotary base; Qwen3.5 uses 1e7), got {theta!r}")
     factor = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
         raise _fail(f"partial_rotary_factor must be in (0, 1], got {factor!r}")

@@ -184,6 +184,7 @@ def load_tensors(directory: str | Path, config: ModelConfig, dtype: torch.dtype)
     for name in shapes:
         by_file.setdefault(index[prefix + name], []).append(name)
     for path, names in by_file.items():
+        name = ""
         try:
             with safe_open(path, framework="pt") as f:
                 for name in names:
@@ -209,7 +210,9 @@ def load_tensors(directory: str | Path, config: ModelConfig, dtype: torch.dtype)
         except ExportError:
             raise
         except Exception as exc:  # safetensors raises its own error types for corrupt files
-            raise ExportError(f"{path.name}: cannot read tensors ({exc})") from exc
+            # name the tensor where one was being read (an F8 weight failed in torch's checks)
+            what = f"tensor {prefix + name}" if name else "tensors"
+            raise ExportError(f"{path.name}: cannot read {what} ({exc})") from exc
     return tensors
 
 

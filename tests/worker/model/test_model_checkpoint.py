@@ -155,6 +155,19 @@ def test_a_weight_past_the_compute_dtype_is_named(model_export, small, tmp_path,
         load_tensors(export, load_model_config(export), dtype)
 
 
+def test_a_weight_of_an_unreadable_dtype_is_named(model_export, small, tmp_path):
+    """An F8 weight fails inside torch's checks; the refusal names that tensor, not only its file."""
+    tensors, text_config = small
+    weight = tensors["layers.1.mlp.up_proj.weight"].to(torch.float8_e4m3fn)
+    export = write_export(
+        model_export, tmp_path / "x", {**tensors, "layers.1.mlp.up_proj.weight": weight}, nested(text_config)
+    )
+    with pytest.raises(
+        ExportError, match=r"model\.safetensors: cannot read tensor .*layers\.1\.mlp\.up_proj\.weight \("
+    ):
+        TorchRunner(export)
+
+
 def test_huge_finite_weights_load(model_export, small, tmp_path):
     """The finiteness check refuses NaN and inf only: weights near bf16's largest value (whose sum
     would overflow) load."""
