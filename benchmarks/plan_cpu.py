@@ -7,8 +7,9 @@ thread before the request is admitted, so its time adds to the request's latency
         [--policies auto,shared] [--wide N]
 
 Prints a table: tokens, candidates and per request and policy the best of 5 batches' mean plan
-time. `--wide N` adds N candidates over a ~300-token state, choice questions of 255 criteria
-each (65,536: the contract's most; give it `--repeats 1`).
+time. `--wide N` adds N candidates over a five-word state, choice questions of 255 criteria
+each: with 65,536 (the contract's most candidates) near the largest request a frontend admits
+by default (its token and rendered-byte limits are checked here); give it `--repeats 1`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 
 from profile_state_hit import ASK, SENTENCE  # the cache-hit profile's question and state sentence
 
+from openjev.contract.request import MAX_RENDERED_BYTES, parse_request
+from openjev.frontend.service import DEFAULT_MAX_REQUEST_TOKENS
 from openjev.tools.bench import workload
 from openjev.tools.bench.main import longest_tokens_fn
 from openjev.worker.planner.cost import default_cost_model
@@ -29,7 +32,6 @@ from openjev.worker.planner.policy import plan_request
 
 DEFAULT_CASES = "noul-1-128-0,choice-1-128-0,score-129-512-12,choice-2049-4096-112,choice-2049-4096-120"
 STATE_SENTENCES = 240  # ~4,700 tokens, the profile's longest state
-WIDE_STATE_SENTENCES = 15  # ~300 tokens: 65,536 candidates of the long state would be 300 M tokens
 PASS_DEPTH = 8  # CudaRunner's max_pass_depth
 BATCHES = 5
 
@@ -43,20 +45,22 @@ def requests(model: Path, cases: list[str], wide: int) -> dict[str, list[list[ar
     state = "".join(SENTENCE.format(n=i) for i in range(STATE_SENTENCES))
     request = {"state": state, "questions": {"q": ASK}}
     out["score-8-over-long-state"] = [[array("I", t) for t in candidates_of(request)[0]]]
-    if wide:  # choice questions of 255 criteria each (the contract's most) over a ~300-token state
+    if wide:  # choice questions of 255 criteria each (the contract's most) over a short state
         per = 255
         questions = {
             f"q{j}": {
                 "type": "choice",
-                "instructions": f"Pick one ({j}).",
-                "criteria": {f"option {i}": None for i in range(j * per, min(wide, (j + 1) * per))},
+                "instructions": "Pick one.",
+                "criteria": {f"o{i}": None for i in range(j * per, min(wide, (j + 1) * per))},
             }
             for j in range(-(-wide // per))
         }
-        short = "".join(SENTENCE.format(n=i) for i in range(WIDE_STATE_SENTENCES))
-        out[f"choice-{wide}-over-a-state"] = [
-            [array("I", t) for t in q] for q in candidates_of({"state": short, "questions": questions})
-        ]
+        wide_request = {"state": "The invoice is wrong.", "questions": questions}
+        parse_request(wide_request, accepted_models=(), max_rendered_bytes=MAX_RENDERED_BYTES)  # the frontend's limits
+        candidates = candidates_of(wide_request)
+        tokens = sum(len(t) for q in candidates for t in q)
+        assert tokens <= DEFAULT_MAX_REQUEST_TOKENS, f"{tokens} tokens: over the frontend's default limit"
+        out[f"choice-{wide}-over-a-short-state"] = [[array("I", t) for t in q] for q in candidates]
     return out
 
 

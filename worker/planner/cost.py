@@ -28,6 +28,12 @@ class CostModel:
     seconds_per_token: float
     seconds_per_attention_pair: float
 
+    def __post_init__(self) -> None:
+        # off_seconds_at_least bounds off's cost only with no negative term (and auto's choice with it)
+        for name, value in vars(self).items():
+            if not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
     def estimated_seconds(self, plan: Plan) -> float:
         return (
             plan.num_launches * self.seconds_per_launch

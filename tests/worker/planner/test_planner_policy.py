@@ -222,7 +222,7 @@ def test_auto_with_one_prompt_is_what_comparing_the_trees_gives(num_tokens, cost
 def test_auto_skips_planning_off_only_where_its_cost_bound_already_loses():
     """auto plans `off` only when a bound of its cost (off_seconds_at_least) does not lose to
     shared: the bound never exceeds off's estimate, and auto's plan is exactly what comparing
-    the two planned trees gives, over random requests, pass budgets and cost models."""
+    the two planned trees gives, over random requests, pass budgets, pass depths and cost models."""
     rng = random.Random(7)
     models = [
         CPU_COST_MODEL,
@@ -241,17 +241,26 @@ def test_auto_skips_planning_off_only_where_its_cost_bound_already_loses():
         limits = PackLimits(
             max_sequences=rng.choice([2, 8, 64]), max_tokens=rng.choice([chunk, 4096]), chunk_tokens=chunk
         )
-        model = rng.choice(models)
-        shared, off = (model.estimated_seconds(plan_request(candidates, p, limits)) for p in ("shared", "off"))
+        model, depth = rng.choice(models), rng.choice([1, 2, 8, 1 << 16])
+        shared, off = (
+            model.estimated_seconds(plan_request(candidates, p, limits, None, depth)) for p in ("shared", "off")
+        )
         bound = off_seconds_at_least(model, [len(t) for q in candidates for t in q], limits)
         assert bound <= off
         expected = "shared" if shared < off else "default"
-        plan = plan_request(candidates, "auto", limits, model)
-        assert plan == dataclasses.replace(plan_request(candidates, expected, limits), policy="auto")
+        plan = plan_request(candidates, "auto", limits, model, depth)
+        assert plan == dataclasses.replace(plan_request(candidates, expected, limits, None, depth), policy="auto")
         if sum(map(len, candidates)) > 1:
             seen[expected, "bound decides" if shared < bound else "off planned"] += 1
     # every way through: shared by the bound alone, shared or default after planning off
     assert {("shared", "bound decides"), ("shared", "off planned"), ("default", "off planned")} <= set(seen), seen
+
+
+@pytest.mark.parametrize("bad", [-1e-3, float("nan"), float("inf")])
+def test_cost_models_with_a_negative_or_non_finite_term_are_refused(bad):
+    """auto's shortcut past planning off assumes no term lowers a cost."""
+    with pytest.raises(ValueError, match="seconds_per_token must be a finite number >= 0"):
+        CostModel(seconds_per_launch=1e-3, seconds_per_token=bad, seconds_per_attention_pair=0.0)
 
 
 def test_rejects_bad_input():
