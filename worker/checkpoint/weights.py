@@ -184,7 +184,6 @@ def load_tensors(directory: str | Path, config: ModelConfig, dtype: torch.dtype)
     for name in shapes:
         by_file.setdefault(index[prefix + name], []).append(name)
     for path, names in by_file.items():
-        name = ""
         try:
             with safe_open(path, framework="pt") as f:
                 for name in names:
@@ -194,7 +193,7 @@ def load_tensors(directory: str | Path, config: ModelConfig, dtype: torch.dtype)
                             f"{path.name}: tensor {prefix + name} has shape {tuple(tensor.shape)}, "
                             f"expected {shapes[name]} from config.json"
                         )
-                    if not tensor.is_floating_point():
+                    if tensor.dtype not in _SAFETENSORS_DTYPES:  # integers, and F8 (no finiteness check)
                         raise ExportError(f"{path.name}: tensor {prefix + name} has dtype {tensor.dtype}")
                     # a NaN or inf weight would fail every request it reaches (a non-finite score),
                     # and so would a finite F64/F32 weight that overflows the compute dtype
@@ -210,9 +209,7 @@ def load_tensors(directory: str | Path, config: ModelConfig, dtype: torch.dtype)
         except ExportError:
             raise
         except Exception as exc:  # safetensors raises its own error types for corrupt files
-            # name the tensor where one was being read (an F8 weight failed in torch's checks)
-            what = f"tensor {prefix + name}" if name else "tensors"
-            raise ExportError(f"{path.name}: cannot read {what} ({exc})") from exc
+            raise ExportError(f"{path.name}: cannot read tensors ({exc})") from exc
     return tensors
 
 
