@@ -61,11 +61,18 @@ def stop_process(pid: int) -> None:
     stop, and on loaded cores a worker once accepted a request sent after it, then hung with it."""
     os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + 10
-    while any(
-        stat.read_text().rsplit(")", 1)[1].split()[0] != "T" for stat in Path(f"/proc/{pid}/task").glob("*/stat")
-    ):
+    while not all(map(_stopped, Path(f"/proc/{pid}/task").glob("*/stat"))):
         assert time.monotonic() < deadline, "the worker did not stop"
         time.sleep(0.01)
+    os.kill(pid, 0)  # still there (stopped, not gone)
+
+
+def _stopped(stat: Path) -> bool:
+    """A thread's state is stopped, or the thread is gone (it exited while we looked)."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] in "TtZX"
+    except OSError:
+        return True
 
 
 def _load(address: str, stop: threading.Event, outcomes: list) -> None:
