@@ -1,8 +1,8 @@
 """Would a wider set of cuBLASLt algorithms make the products of 128-1,024 rows faster? (GPU only)
 
 At start the runner asks cuBLASLt's heuristic for 16 algorithms with no workspace and keeps the
-unsplit ones that give a long product's bits (gemm.lt_plan). At 281-480 rows the products run
-1.2-1.3x their compute at the padded rows (docs/benchmarks/index.md, twenty-fourth session's
+unsplit ones that give a long product's bits (gemm.lt_plan). A 281-token pass's products ran
+1.27x their compute at its 320 rows (docs/benchmarks/index.md, the twenty-fourth session's
 profile). This probe asks for `--heuristics` algorithms with up to `--workspace-mib` of workspace,
 keeps those with no split of K, no reduction scheme and a long product's bits at each row count,
 and times the fastest of them against the runner's own choice: CUDA graphs of `--calls`
