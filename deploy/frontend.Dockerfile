@@ -8,13 +8,8 @@ FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
-# Every package folder: the distribution maps them all into the one `openjev` namespace.
-COPY pyproject.toml README.md ./
-COPY common ./common
-COPY frontend ./frontend
-COPY worker ./worker
-COPY tools ./tools
-COPY cuda ./cuda
+# The sources the distribution installs, in one layer (.dockerignore admits only those).
+COPY . ./
 RUN pip install ".[tracing]" \
  && python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)" \
  && rm -rf /app/* \

@@ -14,12 +14,8 @@ RUN if [ -n "$TORCH_FIND_LINKS" ]; then \
     else \
       pip install --no-deps --index-url "$TORCH_INDEX_URL" "torch==2.13.0"; \
     fi
-COPY pyproject.toml README.md ./
-COPY common ./common
-COPY frontend ./frontend
-COPY worker ./worker
-COPY tools ./tools
-COPY cuda ./cuda
+# The sources the distribution installs, in one layer (.dockerignore admits only those).
+COPY . ./
 # torch's own dependencies and the rest come from PyPI; the torch above already satisfies the pin.
 RUN pip install ".[worker,tracing]" \
  && useradd --system --uid 10001 --create-home --home-dir /home/openjev openjev \

@@ -70,6 +70,15 @@ def test_images_run_the_tested_entry_points_as_non_root(name):
     assert json.loads(health.strip()) == ["python", "-m", "openjev.healthcheck", f"127.0.0.1:{listen_port}"]
 
 
+def context_admits() -> set[str]:
+    """The top-level names .dockerignore lets into the build context: it excludes everything
+    (`*`) and then admits names one by one (`!name`)."""
+    rules = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()]
+    rules = [rule for rule in rules if rule and not rule.startswith("#")]
+    assert rules[0] == "*", "a whitelist: `COPY . ./` must not take what is not listed"
+    return {rule[1:] for rule in rules if rule.startswith("!")}
+
+
 # the tracing extra too: --otlp-endpoint, which deploy.md offers on both servers, needs it
 @pytest.mark.parametrize(("name", "requirement"), [("frontend", '".[tracing]"'), ("worker", '".[cuda,tracing]"')])
 def test_images_install_the_distribution_through_its_extras(name, requirement):
@@ -78,8 +87,8 @@ def test_images_install_the_distribution_through_its_extras(name, requirement):
     the worker the cuda extra; both the tracing extra."""
     text = dockerfile(name)["text"]
     package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    copied = set(re.findall(r"^COPY (\S+) \./(\S+)$", text, re.M))
-    assert {(folder, folder) for folder in package_dirs.values()} <= copied
+    assert re.findall(r"^COPY .*$", text, re.M) == ["COPY . ./"]  # one layer: a full copy each on vfs
+    assert {*package_dirs.values(), "pyproject.toml", "README.md"} <= context_admits()
     installs = [command.strip() for command in re.findall(r"pip install ([^&\n]+)", text)]
     assert installs == [requirement]
 
