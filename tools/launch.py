@@ -8,6 +8,7 @@ the caller's own TLS flags."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -105,11 +106,34 @@ def start(
     return Process(name, popen, port, log_path, started_at)
 
 
+# Where free_port draws from: above the ports services usually take, below the kernel's ephemeral range.
+FIXED_PORTS_FROM = 20000
+
+
+def ephemeral_ports() -> range:
+    """The kernel's ephemeral range, which outgoing connections and servers on port 0 draw from."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return range(low, high + 1)
+
+
 def free_port() -> int:
-    """A loopback port free now (for a server that must come back on the same address)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, for a server that must come back on the same address. Drawn from
+    below the ephemeral range: a port the kernel handed out (bind to port 0) could be given to
+    any outgoing connection before the server binds it, and in a loaded CI run one was, within
+    the 5 s a worker took to start."""
+    low = ephemeral_ports().start
+    for _ in range(200):
+        port = random.randrange(FIXED_PORTS_FROM, low) if low - FIXED_PORTS_FROM >= 1000 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken, or in TIME_WAIT: another
+            return s.getsockname()[1]
+    raise LaunchError("no free loopback port below the ephemeral range")
 
 
 def wait_serving(address: str, timeout_seconds: float = 60.0, service: str = "", credentials=None, options=()) -> None:
