@@ -87,7 +87,7 @@ def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None 
     # the cap applies where the plan itself fits one pass (a longer one takes several anyway)
     room = fit if fit and len(segments) <= fit.max_sequences and max(heights, default=0) <= fit.max_depth else None
     running = 0  # pieces that run, so far
-    pieces: list[tuple[int | None, tuple[int, ...], int, tuple[Reader, ...]]] = []  # parent, tokens, start, readers
+    pieces: list[tuple[int | None, Sequence[int], int, tuple[Reader, ...]]] = []  # parent, tokens, start, readers
     done: list[int] = []
     states: dict[int, Any] = {}
     scores: list[tuple[Reader, float]] = []

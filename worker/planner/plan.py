@@ -5,6 +5,7 @@ Everything here is ints and token ids; the engine turns a `Plan` into runner cal
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from openjev.contract.literals import ExecutedPolicy, PrefixPolicy, PrefixScope
@@ -46,7 +47,7 @@ class Segment:
 
     index: int
     parent: int | None
-    token_ids: tuple[int, ...]
+    token_ids: Sequence[int]  # array('I') as planned: 4 bytes an id for as long as the request runs
     start_position: int
     readers: tuple[Reader, ...]
     keep_state: bool
