@@ -35,10 +35,13 @@ class CostModel:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
     def estimated_seconds(self, plan: Plan) -> float:
+        return self.seconds(plan.num_launches, plan.num_computed_tokens, num_attention_pairs(plan))
+
+    def seconds(self, launches: int, tokens: int, attention_pairs: int) -> float:
         return (
-            plan.num_launches * self.seconds_per_launch
-            + plan.num_computed_tokens * self.seconds_per_token
-            + num_attention_pairs(plan) * self.seconds_per_attention_pair
+            launches * self.seconds_per_launch
+            + tokens * self.seconds_per_token
+            + attention_pairs * self.seconds_per_attention_pair
         )
 
 
@@ -51,15 +54,10 @@ def off_seconds_at_least(cost_model: CostModel, lengths: Sequence[int], limits: 
     planning it (65,536 candidates: ~3 s of planning, with the GIL held). `off` computes every
     prompt whole, so its tokens are their sum and its pairs each prompt's L (L + 1) / 2 however
     it is cut; its passes are at least what the budget's tokens and segments (one a prompt at
-    least) need. The same expression as estimated_seconds, so the bound holds in floats too."""
+    least) need. Summed by `seconds`, as estimated_seconds is, so the bound holds in floats too."""
     tokens = sum(lengths)
     passes = max(-(-tokens // limits.max_tokens), -(-len(lengths) // limits.max_sequences))
-    pairs = sum(n * (n + 1) // 2 for n in lengths)
-    return (
-        passes * cost_model.seconds_per_launch
-        + tokens * cost_model.seconds_per_token
-        + pairs * cost_model.seconds_per_attention_pair
-    )
+    return cost_model.seconds(passes, tokens, sum(n * (n + 1) // 2 for n in lengths))
 
 
 # CPU: the PyTorch fp32 runner on the embedded demo model. Fitted by weighted least squares to
