@@ -135,15 +135,16 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         try:
             response = self._decide(request, context, request_id, fields)
         except Refused as refused:
-            log.info(
+            level = log.error if refused.code == grpc.StatusCode.INTERNAL else log.info
+            level(
                 "decide",
                 status=interceptors.caller_status(refused.code.name, context),
                 outcome=interceptors.refused_outcome(refused.code.name, context),  # the metrics' label
-                reason=refused.message,
+                reason=refused.message,  # the whole reason, which the caller may not see
                 latency_ms=round((time.perf_counter() - started) * 1e3, 3),
                 **fields,
             )
-            context.abort(refused.code, refused.message)
+            context.abort(refused.code, refused.public_message(request_id))
         if not context.is_active():  # answered after the caller left or its deadline passed: the metrics' label
             fields["outcome"] = interceptors.refused_outcome("OK", context)
         log.info("decide", status="OK", latency_ms=round((time.perf_counter() - started) * 1e3, 3), **fields)

@@ -23,6 +23,9 @@ _PASSED_THROUGH = {
 }
 
 
+INFERENCE_FAILED = "model inference failed"
+
+
 class Refused(Exception):
     """The request ends with this gRPC status and message (the client's own answer)."""
 
@@ -33,6 +36,15 @@ class Refused(Exception):
         # The worker failed the call before sending any result; with RESOURCE_EXHAUSTED (a full
         # queue) the request never ran there and may go to another worker.
         self.unrun = unrun
+
+    def public_message(self, request_id: str) -> str:
+        """What the caller reads. A failure of inference (INTERNAL) says only that, as the
+        reference service does, plus the request id under which the frontend logged the reason:
+        the reason is an exception's text from inside the worker or a check of its reply, of use
+        to the operator, not the caller. Every other refusal is the caller's to act on."""
+        if self.code == grpc.StatusCode.INTERNAL:
+            return f"{INFERENCE_FAILED} (request id {request_id})"
+        return self.message
 
 
 class NotAccepted(Exception):

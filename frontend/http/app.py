@@ -21,7 +21,7 @@ same bytes; only the transport and the status mapping differ:
 | no worker serving (UNAVAILABLE, CANCELLED) | 503 + Retry-After |
 | no compatible worker (FAILED_PRECONDITION) | 503 + Retry-After |
 | deadline passed (DEADLINE_EXCEEDED)        | 504, also while the body is read |
-| the worker failed (INTERNAL, any other)    | 502  |
+| the worker failed (INTERNAL, any other)    | 502, no reason: the log has it |
 | anything else                              | 500, no internals |
 
 Errors are `{"error": MESSAGE}`; one sent before the request's body was read closes the
@@ -421,7 +421,7 @@ class HttpApi:
                     # it caused as DEADLINE_EXCEEDED too
                     refused = Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"the {_TIMEOUT_HEADER} deadline passed")
                 status = HTTP_STATUS.get(refused.code, 502)
-                log.info(
+                (log.error if refused.code == grpc.StatusCode.INTERNAL else log.info)(
                     "decide",
                     status=refused.code.name,
                     outcome=outcome,
@@ -432,7 +432,7 @@ class HttpApi:
                 )
                 tracing.note_status(span, refused.code.name, status)
                 extra = {"retry-after": RETRY_AFTER_SECONDS} if status == 503 else {}
-                return status, _error_body(refused.message), extra
+                return status, _error_body(refused.public_message(request_id)), extra
             except Exception as error:  # a bug of ours: logged in full, never shown to the caller
                 outcome = "INTERNAL"
                 log.exception("decide", status=outcome, http_status=500, reason=repr(error), **fields)

@@ -177,7 +177,7 @@ _ERRORS = {
     "415": "the body is not application/json, or it is compressed (a content-encoding other than identity)",
     "422": "the request breaks the contract (the same message as gRPC INVALID_ARGUMENT)",
     "500": "a fault of this server (no details are given)",
-    "502": "the worker failed (gRPC INTERNAL)",
+    "502": "the worker failed (gRPC INTERNAL): `model inference failed (request id ID)`, the reason in the log",
     "503": "the worker queue is full, the server holds its limit of request bodies or requests, or no "
     "(compatible) worker is serving; retry after Retry-After seconds",
     "504": "the deadline passed (x-timeout-seconds, or the server's own cap on a worker's answer), also while the "

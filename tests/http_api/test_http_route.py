@@ -186,6 +186,7 @@ def test_request_id_is_echoed_and_reaches_both_logs(http_pair, http):
 
 def test_health_metrics_and_openapi(http):
     assert http.get("/health").json() == {"status": "SERVING"}
+    assert http.post(ROUTE, json=SMALL).status_code == 200  # its own, so the test runs alone too
     metrics = http.get("/metrics")
     assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
     # Requests over HTTP are counted in the same series as gRPC ones.
@@ -475,9 +476,15 @@ def test_worker_failure_is_502_and_no_worker_is_503(demo_model, tmp_path):
     try:
         launch.wait_serving(frontend.address)
         with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=30) as http:
-            reply = http.post(ROUTE, json=SMALL)
+            reply = http.post(ROUTE, json=SMALL, headers={"x-request-id": "lost-1"})
             assert reply.status_code == 502, reply.text
-            assert reply.json() == {"error": "worker: inference failed: device lost"}
+            # the reason stays in the frontend's log, under the id the caller is given
+            assert reply.json() == {"error": "model inference failed (request id lost-1)"}
+            assert reply.headers["x-request-id"] == "lost-1"
+            lines = [r for r in log_events(frontend.log_text(), "decide") if r.get("request_id") == "lost-1"]
+            assert [(r["level"], r["http_status"], r["reason"]) for r in lines] == [
+                ("error", 502, "worker: inference failed: device lost")
+            ]
             server.stop(0)  # no worker any more: not ready, and requests are refused to retry later
             deadline = time.monotonic() + 20
             while http.get("/health").status_code != 503 and time.monotonic() < deadline:

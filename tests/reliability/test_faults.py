@@ -294,10 +294,12 @@ def test_malformed_or_non_finite_worker_result_is_internal(bad_worker, mode, rea
         client.decide(SMALL, timeout=30, request_id=request_id)
     assert {m: n - calls[m] for m, n in fake.calls.items() if n != calls[m]} == {bad_worker_path(fake): 1}
     assert caught.value.code() == grpc.StatusCode.INTERNAL
-    assert reason in caught.value.details()
+    # the caller learns that inference failed and under which id; the reason is the log's
+    assert caught.value.details() == f"model inference failed (request id {request_id})"
     time.sleep(0.1)
     lines = [r for r in log_events(frontend.log_text(), "decide") if r.get("request_id") == request_id]
     assert len(lines) == 1 and lines[0]["status"] == "INTERNAL" and reason in lines[0]["reason"]
+    assert lines[0]["level"] == "error"
 
 
 def test_a_worker_that_takes_fewer_candidates_a_message_is_refused(demo_model, tmp_path):
