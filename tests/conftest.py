@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_server_outlives_the_tests():
+    """Servers run in sessions of their own: one a failing test left behind would outlive pytest."""
+    yield
+    from openjev.tools import launch
+
+    if left := launch.stop_leftovers():
+        warnings.warn(f"servers left running by the tests, now killed: {left}", stacklevel=1)
 
 
 @pytest.fixture(scope="session")

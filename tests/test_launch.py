@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +28,57 @@ def test_free_ports_lie_below_the_ephemeral_range_and_bind():
         server.listen()
         with socket.create_connection(("127.0.0.1", ports[0]), timeout=5):
             pass
+
+
+def _listening_never_serving(tmp_path: Path) -> Path:
+    """A stand-in interpreter: it writes a port file as a server does (a port nothing serves) and
+    its pid beside it, then sleeps as a server that never says SERVING."""
+    script = tmp_path / "fake-python"
+    script.write_text(
+        "#!/bin/sh\n"
+        'while [ $# -gt 0 ]; do [ "$1" = --port-file ] && file=$2; shift; done\n'
+        'echo $$ > "$file.pid"; echo 1 > "$file"\n'
+        "exec sleep 600\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def _pids(workdir: Path) -> list[int]:
+    return [int(p.read_text()) for p in workdir.glob("*.port.pid")]
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_worker_that_never_serves_is_stopped(tmp_path):
+    """start_worker gave up with LaunchError and left the process running in its own session."""
+    with pytest.raises(launch.LaunchError, match="not SERVING"):
+        launch.start_worker(tmp_path, tmp_path / "w", python=_listening_never_serving(tmp_path), timeout_seconds=1)
+    [pid] = _pids(tmp_path / "w")
+    assert not _running(pid)
+
+
+def test_stop_leftovers_kills_what_a_failed_test_left(tmp_path):
+    """In a process of its own, as pytest's session end (conftest) calls it: it may not touch the
+    servers of this one."""
+    code = (
+        "import sys; from pathlib import Path; from openjev.tools import launch\n"
+        "launch.start('left-behind', 'any', [], workdir=Path(sys.argv[1]), python=sys.argv[2])\n"
+        "print(launch.stop_leftovers(), launch.stop_leftovers())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "w"), str(_listening_never_serving(tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "['left-behind'] []"
+    [pid] = _pids(tmp_path / "w")
+    assert not _running(pid)

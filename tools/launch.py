@@ -102,8 +102,26 @@ def start(
         command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
     )
     log_file.close()
+    _STARTED.append((name, popen))
     port = _wait_port(popen, port_file, log_path, timeout_seconds)
     return Process(name, popen, port, log_path, started_at)
+
+
+# Every server start() spawned in this interpreter, for stop_leftovers.
+_STARTED: list[tuple[str, subprocess.Popen]] = []
+
+
+def stop_leftovers() -> list[str]:
+    """Kill every server start() spawned here that still runs; return their names. The tests'
+    last resort: each server runs in a session of its own, so one that a failing test left
+    behind (started before its try, or a second start that failed) would outlive pytest."""
+    left = [name for name, popen in _STARTED if popen.poll() is None]
+    for _name, popen in _STARTED:
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait()
+    _STARTED.clear()
+    return left
 
 
 # Where free_port draws from: above the ports services usually take, below the kernel's ephemeral range.
@@ -193,7 +211,11 @@ def start_worker(
         python=python,
         timeout_seconds=timeout_seconds,
     )
-    wait_serving(worker.address, timeout_seconds)
+    try:
+        wait_serving(worker.address, timeout_seconds)
+    except BaseException:  # listening but never SERVING (or interrupted): not left running
+        worker.stop()
+        raise
     worker.serving_seconds = time.monotonic() - worker.started_at
     return worker
 
