@@ -24,6 +24,7 @@ Decisions:
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import sys
 from typing import Any
@@ -65,23 +66,26 @@ def dumps_exact(value: Any, *, sort_keys: bool, indent: int | None = None) -> st
     """`json.dumps(value, sort_keys=..., ensure_ascii=False)` that also writes BigInt digits.
 
     json calls `default` for a BigInt; it stands in a random marker string, which is replaced by
-    the digits afterwards (no request text can contain a marker made after it arrived)."""
-    markers: dict[str, str] = {}
-    nonce: list[str] = []
+    the digits afterwards (no request text can contain a marker made after it arrived), all in
+    one pass: a replace per BigInt copied the whole text each time (4,000 BigInts of 4,301 digits
+    took 35 s)."""
+    digits: list[str] = []
+    nonce = secrets.token_hex(16)
 
     def default(o: Any) -> str:
         if not isinstance(o, BigInt):
             raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
-        if not nonce:
-            nonce.append(secrets.token_hex(16))
-        marker = f"\x00bigint-{nonce[0]}-{len(markers)}\x00"
-        markers[json.dumps(marker)] = o.text
-        return marker
+        digits.append(o.text)
+        return f"\x00bigint-{nonce}-{len(digits) - 1}\x00"
 
     text = json.dumps(value, sort_keys=sort_keys, ensure_ascii=False, default=default, indent=indent)
-    for marker, digits in markers.items():
-        text = text.replace(marker, digits, 1)
-    return text
+    if not digits:
+        return text
+    # a marker as json writes it: "\u0000bigint-NONCE-I\u0000", quotes included
+    marker = re.compile(
+        re.escape(json.dumps(f"\x00bigint-{nonce}-")[:-1]) + r"(\d+)" + re.escape(json.dumps("\x00")[1:])
+    )
+    return marker.sub(lambda found: digits[int(found.group(1))], text)
 
 
 def render_value(value: Any) -> str:
