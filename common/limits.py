@@ -19,7 +19,7 @@ while grpcio waits for the message, before any interceptor's code (the caps, the
 runs: calls that send headers and nothing more took every slot of the public port, health
 included, with no token. `FirstMessage` (outermost) serves such methods as streams that read
 their one message themselves, and cancels the oldest calls still waiting for it beyond a few at
-once, and any that waited `FIRST_MESSAGE_SECONDS`.
+once, and any that waited `FIRST_MESSAGE_SECONDS`, logging each (`first_message_missing`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import grpc
+
+from openjev import logs
+
+log = logs.get("openjev.limits")
 
 WATCH = "/grpc.health.v1.Health/Watch"
 REFLECTION_PREFIXES = ("/grpc.reflection.v1alpha.ServerReflection/", "/grpc.reflection.v1.ServerReflection/")
@@ -148,7 +152,9 @@ class LimitCalls(grpc.ServerInterceptor):
         )
 
 
-FIRST_MESSAGE_SECONDS = 10.0  # as long as the HTTP route gives a client to send its headers
+# As long as the HTTP route gives a client to send its body: a 64 MiB message over a slow link
+# (10 s is 54 Mbit/s) is a request like any other.
+FIRST_MESSAGE_SECONDS = 60.0
 
 
 class FirstMessage(grpc.ServerInterceptor):
@@ -159,7 +165,7 @@ class FirstMessage(grpc.ServerInterceptor):
 
     def __init__(self, most: int, seconds: float = FIRST_MESSAGE_SECONDS):
         self.most, self.seconds = max(1, most), seconds
-        self._waiting: OrderedDict[int, tuple[float, grpc.ServicerContext]] = OrderedDict()
+        self._waiting: OrderedDict[int, tuple[float, grpc.ServicerContext, str]] = OrderedDict()
         self._lock = threading.Lock()
         self._next = 0
         self._sweeper: threading.Thread | None = None
@@ -172,34 +178,34 @@ class FirstMessage(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None or handler.request_streaming:
             return handler
+        method = handler_call_details.method
         if handler.response_streaming:
 
             def unary_stream(requests, context):
-                yield from handler.unary_stream(self._first(requests, context), context)
+                yield from handler.unary_stream(self._first(requests, context, method), context)
 
             return grpc.stream_stream_rpc_method_handler(
                 unary_stream, handler.request_deserializer, handler.response_serializer
             )
 
         def unary_unary(requests, context):
-            return handler.unary_unary(self._first(requests, context), context)
+            return handler.unary_unary(self._first(requests, context, method), context)
 
         return grpc.stream_unary_rpc_method_handler(
             unary_unary, handler.request_deserializer, handler.response_serializer
         )
 
-    def _first(self, requests, context):
+    def _first(self, requests, context, method: str):
         """The call's one message, or the call cancelled (RpcError) if it does not come in time."""
         with self._lock:
             self._next += 1
             key = self._next
-            self._waiting[key] = (time.monotonic(), context)
-            evicted = [self._waiting.popitem(last=False)[1][1] for _ in range(len(self._waiting) - self.most)]
+            self._waiting[key] = (time.monotonic(), context, method)
+            evicted = [self._waiting.popitem(last=False)[1] for _ in range(len(self._waiting) - self.most)]
             if self._sweeper is None:
                 self._sweeper = threading.Thread(target=self._sweep, name="first-message", daemon=True)
                 self._sweeper.start()
-        for old in evicted:
-            old.cancel()
+        self._cancel(evicted, f"more than {self.most} calls waited for their request message")
         try:
             return next(requests)
         except StopIteration:  # half-closed without a message: what grpcio's own unary read refuses
@@ -213,7 +219,22 @@ class FirstMessage(grpc.ServerInterceptor):
             time.sleep(min(1.0, self.seconds / 4))
             cutoff = time.monotonic() - self.seconds
             with self._lock:
-                late = [key for key, (since, _) in self._waiting.items() if since < cutoff]
-                expired = [self._waiting.pop(key)[1] for key in late]
-            for context in expired:
-                context.cancel()
+                late = [key for key, (since, _, _) in self._waiting.items() if since < cutoff]
+                expired = [self._waiting.pop(key) for key in late]
+            self._cancel(expired, f"no request message within {self.seconds:g} s")
+
+    @staticmethod
+    def _cancel(calls: list[tuple[float, grpc.ServicerContext, str]], reason: str) -> None:
+        """Cancel them, each logged: no servicer ran, so no other line says the call ended."""
+        now = time.monotonic()
+        for since, context, method in calls:
+            peer = context.peer()
+            context.cancel()
+            log.info(
+                "first_message_missing",
+                method=method,
+                peer=peer,
+                waited_s=round(now - since, 3),
+                reason=reason,
+                status="CANCELLED",
+            )

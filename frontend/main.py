@@ -77,6 +77,13 @@ def parser() -> argparse.ArgumentParser:
         help="UTF-8 bytes of all of a request's chat-wrapped candidate prompts together, checked before tokenizing",
     )
     p.add_argument(
+        "--max-message-bytes",
+        type=positive_int,
+        default=serving.MAX_MESSAGE_BYTES,
+        help="the largest gRPC message on the public port, either way: a larger request is refused "
+        "RESOURCE_EXHAUSTED by gRPC, a larger answer by the frontend before it is sent",
+    )
+    p.add_argument(
         "--max-concurrent-requests",
         type=positive_int,
         default=128,
@@ -122,7 +129,10 @@ def parser() -> argparse.ArgumentParser:
         "registry names worker addresses; --metrics-port serves it on the internal network)",
     )
     p.add_argument(
-        "--http-max-body-bytes", type=positive_int, default=serving.MAX_MESSAGE_BYTES, help="larger HTTP bodies get 413"
+        "--http-max-body-bytes",
+        type=positive_int,
+        default=None,
+        help="larger HTTP bodies get 413 (default: --max-message-bytes)",
     )
     config.add_server_flags(p, client="client")
     return p
@@ -223,6 +233,7 @@ def serve(args: argparse.Namespace) -> None:
         max_rendered_bytes=args.max_rendered_bytes,
         tokenizer_threads=args.tokenizer_threads,
         worker_deadline_seconds=args.worker_deadline_seconds,
+        max_answer_bytes=args.max_message_bytes,
         affinity_prefix_bytes=args.affinity_prefix_bytes,
     )
     routing.declare_routes()
@@ -241,6 +252,7 @@ def serve(args: argparse.Namespace) -> None:
                 interceptors.RequestInterceptor(observers, make_ids=True),
                 *([security.BearerAuth(tokens)] if tokens else []),
             ],
+            max_message_bytes=args.max_message_bytes,
             credentials=public_credentials,
             limits=CallLimits(
                 work=args.max_concurrent_requests,
@@ -284,7 +296,7 @@ def start_http(args, servicer: DecisionServicer, link: WorkerLink, tokens: tuple
     api = HttpApi(
         servicer,
         lambda: link.state.problem,
-        max_body_bytes=args.http_max_body_bytes,
+        max_body_bytes=args.max_message_bytes if args.http_max_body_bytes is None else args.http_max_body_bytes,
         max_workers=min(MAX_WORKERS, args.max_concurrent_requests),
         authorize=None if auth is None else auth.allowed_headers,
         serve_metrics=args.http_metrics,

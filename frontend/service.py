@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from openjev import abi, interceptors, logs, tracing
+from openjev import abi, interceptors, logs, serving, tracing
 from openjev.contract.answers import answer_from_probabilities
 from openjev.contract.errors import PREFIX_POLICY, ContractError
 from openjev.contract.literals import PrefixPolicy
@@ -83,6 +83,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         max_rendered_bytes: int = MAX_RENDERED_BYTES,
         tokenizer_threads: int = 2,
         worker_deadline_seconds: float = 120.0,
+        max_answer_bytes: int = serving.MAX_MESSAGE_BYTES,
         affinity_prefix_bytes: int = routing.DEFAULT_PREFIX_BYTES,
     ):
         self.meta = meta
@@ -93,6 +94,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         self.link = link
         self.max_questions = max_questions
         self.max_candidates = max_candidates
+        self.max_answer_bytes = max_answer_bytes
         self.max_request_tokens = max_request_tokens
         self.max_rendered_bytes = max_rendered_bytes
         self.worker_deadline_seconds = worker_deadline_seconds
@@ -134,6 +136,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         fields: dict = {"request_id": request_id}
         try:
             response = self._decide(request, context, request_id, fields)
+            self._check_answer_size(response)
         except Refused as refused:
             level = log.error if refused.code == grpc.StatusCode.INTERNAL else log.info
             level(
@@ -149,6 +152,18 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             fields["outcome"] = interceptors.refused_outcome("OK", context)
         log.info("decide", status="OK", latency_ms=round((time.perf_counter() - started) * 1e3, 3), **fields)
         return response
+
+    def _check_answer_size(self, response: api.DecideResponse) -> None:
+        """An answer over the public port's message limit is refused here, not by gRPC's send,
+        which failed it after the log and the metrics had counted the request OK. (Question ids
+        and candidate keys come back in the answer, and a choice's key twice: it can outgrow its
+        request.) The HTTP route has no message limit and answers it."""
+        size = response.ByteSize()
+        if size > self.max_answer_bytes:
+            raise Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"answer message larger than max ({size} vs. {self.max_answer_bytes} bytes)",
+            )
 
     def answer(self, request: api.DecideRequest, context, request_id: str, fields: dict) -> api.DecideResponse:
         """The Decide path without its gRPC status: raises Refused. The HTTP route calls it with

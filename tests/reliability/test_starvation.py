@@ -14,6 +14,7 @@ from concurrent import futures
 
 import grpc
 import pytest
+import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -196,7 +197,8 @@ def test_full_queue_is_resource_exhausted_with_default_threads(demo_model, tmp_p
 
 def test_a_lone_silent_call_is_cancelled_after_the_first_message_bound():
     """Below the count that cancels the oldest, a call that never sends its message still ends:
-    a sweeper cancels it after `seconds` (a port whose slots are all held sees no new call)."""
+    a sweeper cancels it after `seconds` (a port whose slots are all held sees no new call), and
+    says so in the log (no servicer ran to log the call)."""
     from openjev.limits import FirstMessage
 
     first = FirstMessage(most=4, seconds=0.5)
@@ -205,7 +207,7 @@ def test_a_lone_silent_call_is_cancelled_after_the_first_message_bound():
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with structlog.testing.capture_logs() as lines, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             silent = channel.stream_unary("/grpc.health.v1.Health/Check", bytes, bytes).future(_silent(), timeout=30)
             assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1
             with pytest.raises(grpc.RpcError) as ended:
@@ -213,3 +215,8 @@ def test_a_lone_silent_call_is_cancelled_after_the_first_message_bound():
             assert ended.value.code() == grpc.StatusCode.CANCELLED and first.waiting() == 0
     finally:
         server.stop(0).wait()
+    missing = [line for line in lines if line["event"] == "first_message_missing"]
+    assert len(missing) == 1, lines
+    assert missing[0]["method"] == "/grpc.health.v1.Health/Check" and missing[0]["status"] == "CANCELLED"
+    assert missing[0]["reason"] == "no request message within 0.5 s" and missing[0]["waited_s"] >= 0.5
+    assert missing[0]["peer"].startswith("ipv4:127.0.0.1:")
