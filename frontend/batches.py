@@ -26,8 +26,6 @@ encoding, bit for bit.
 from __future__ import annotations
 
 import itertools
-import threading
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -35,6 +33,7 @@ from openjev.abi import BATCH_CANDIDATES
 from openjev.contract import errors
 from openjev.contract.errors import ContractError, too_long_message, too_many_bytes_message
 from openjev.contract.request import DecisionRequest
+from openjev.frontend.turns import Turns
 from openjev.sequences import common_prefix_length
 from openjev.tokenizer import PromptTokenizer
 
@@ -43,63 +42,19 @@ from openjev.tokenizer import PromptTokenizer
 Encode = Callable[[list[str]], list[list[int]]]
 
 
-class Abandoned(Exception):
-    """A batch not tokenized: its client had gone by its turn (EncodeGate)."""
-
-
-class EncodeGate:
-    """Runs `encode` on the caller's thread, at most `slots` calls at once, the others waiting
-    their turn in arrival order. The frontend calls it from gRPC's sending thread of each worker
-    call (never an RPC thread), so a large request shares the CPU with small ones, batch by
-    batch, instead of holding it. Where a free slot exists nothing waits: a small request's
-    batch is encoded with no thread hand-off (a pool's submit-and-wait costs two wake-ups)."""
-
-    def __init__(self, encode: Encode, slots: int):
-        if slots < 1:
-            raise ValueError("slots must be positive")
-        self._encode = encode
-        self._free = slots
-        self._turns: deque[threading.Lock] = deque()  # held locks of waiters, first come first
-        self._lock = threading.Lock()
-
-    def __call__(self, prompts: list[str], wanted: Callable[[], bool] | None = None) -> list[list[int]]:
-        """wanted: asked once the turn has come; False (the client left while it waited) passes
-        the slot on unused and raises Abandoned (a cancelled request's batches once took their
-        turns and held a 3.7 s request 19 s behind them)."""
-        with self._lock:
-            turn = None
-            if self._free and not self._turns:
-                self._free -= 1
-            else:
-                turn = threading.Lock()
-                turn.acquire()
-                self._turns.append(turn)
-        if turn is not None:
-            turn.acquire()  # released by the call that hands its slot over
-        try:
-            if wanted is not None and not wanted():
-                raise Abandoned("the client went away while its request waited to be tokenized")
-            return self._encode(prompts)
-        finally:
-            with self._lock:
-                if self._turns:
-                    self._turns.popleft().release()  # the slot passes on, never freed in between
-                else:
-                    self._free += 1
-
-
 # Batches of at most this many characters take the express lane (EncodeLanes): a tenth of a
 # second of tokenizing or less, where a batch of one 24 MB candidate took a minute.
 EXPRESS_CHARS = 64 * 1024
 
 
 class EncodeLanes:
-    """Two EncodeGates of `slots` each: small batches (`is_express`) take the express one, so
+    """Two Turns gates of `slots` each: small batches (`is_express`) take the express one, so
     requests of megabytes, each a long encode, cannot hold every slot while a small request
     waits behind them (seen: a 0.3 s request took 60 s behind two 24 MB ones)."""
 
     def __init__(self, encode: Encode, slots: int):
-        self.express, self.bulk = EncodeGate(encode, slots), EncodeGate(encode, slots)
+        self.express = Turns(encode, slots, "tokenized")
+        self.bulk = Turns(encode, slots, "tokenized")
 
     def __call__(self, prompts: list[str], wanted: Callable[[], bool] | None = None) -> list[list[int]]:
         return (self.express if is_express(prompts) else self.bulk)(prompts, wanted)

@@ -98,6 +98,13 @@ def parser() -> argparse.ArgumentParser:
         "most 64 Ki characters and larger ones (on gRPC's sending threads)",
     )
     p.add_argument(
+        "--large-body-parses",
+        type=positive_int,
+        default=1,
+        help="request bodies over 1 MiB parsed at once, the others waiting their turn (each can take "
+        "~30 times its size in memory while it is parsed)",
+    )
+    p.add_argument(
         "--worker-deadline-seconds",
         type=positive_float,
         default=120.0,
@@ -234,6 +241,7 @@ def serve(args: argparse.Namespace) -> None:
         tokenizer_threads=args.tokenizer_threads,
         worker_deadline_seconds=args.worker_deadline_seconds,
         max_answer_bytes=args.max_message_bytes,
+        large_body_parses=args.large_body_parses,
         affinity_prefix_bytes=args.affinity_prefix_bytes,
     )
     routing.declare_routes()

@@ -18,7 +18,8 @@ from openjev.contract.render import dumps_exact
 from openjev.contract.request import MAX_RENDERED_BYTES, DecisionRequest, parse_request_json
 from openjev.export import ExportMeta
 from openjev.frontend import routing, worker_calls
-from openjev.frontend.batches import Abandoned, EncodeLanes, iter_candidate_batches
+from openjev.frontend.batches import EncodeLanes, iter_candidate_batches
+from openjev.frontend.turns import Abandoned, Turns
 from openjev.frontend.worker_calls import Refused
 from openjev.frontend.worker_link import WorkerLink
 from openjev.interceptors import REQUEST_ID_KEY
@@ -38,6 +39,11 @@ DEFAULT_MAX_REQUEST_TOKENS = 1 << 22
 # deadline, after RETRY_BACKOFF_SECONDS, doubling. gRPC's own retries are off (worker_link.py).
 MAX_ATTEMPTS = 3
 RETRY_BACKOFF_SECONDS = 0.05
+# Bodies longer than this are parsed (and their state rendered) `large_body_parses` at a time:
+# JSON builds up to ~30 times its size in Python objects (57 MiB of nested empty arrays: 1.6 GB
+# and 6 s, holding the GIL), so a few at once could take the frontend's memory. A body of this size parses in
+# ~10 ms; legal prompts stop at max_length x 128 bytes each (2 MiB for 16,384 tokens).
+LARGE_BODY_CHARS = 1 << 20
 # A request the contract refuses is the caller's fault: no ERROR on the `validate` span
 _VALIDATE_REFUSALS: dict[type[BaseException], str] = {ContractError: "INVALID_ARGUMENT"}
 
@@ -84,6 +90,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         tokenizer_threads: int = 2,
         worker_deadline_seconds: float = 120.0,
         max_answer_bytes: int = serving.MAX_MESSAGE_BYTES,
+        large_body_parses: int = 1,
         affinity_prefix_bytes: int = routing.DEFAULT_PREFIX_BYTES,
     ):
         self.meta = meta
@@ -103,8 +110,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         self._chat_template_bytes = len((tokenizer.chat_prefix + tokenizer.chat_suffix).encode("utf-8"))
         # Tokenizing is the frontend's CPU work: batch by batch in arrival order, never more
         # than `tokenizer_threads` batches at once in each of two lanes, small batches and large
-        # (on gRPC's sending threads, see EncodeGate and EncodeLanes).
+        # (on gRPC's sending threads, see EncodeLanes).
         self._encode = EncodeLanes(self.tokenizer.encode, tokenizer_threads)
+        self._parse_large: Turns[str, DecisionRequest] = Turns(self._parse, large_body_parses, "parsed")
 
     def close(self) -> None:
         """Nothing to release: tokenizing holds no threads of its own."""
@@ -153,6 +161,16 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         log.info("decide", status="OK", latency_ms=round((time.perf_counter() - started) * 1e3, 3), **fields)
         return response
 
+    def _parse(self, body: str) -> DecisionRequest:
+        return parse_request_json(
+            body,
+            accepted_models=self.meta.accepted_model_names,
+            max_questions=self.max_questions,
+            max_candidates=self.max_candidates,
+            max_rendered_bytes=self.max_rendered_bytes,
+            chat_template_bytes=self._chat_template_bytes,
+        )
+
     def _check_answer_size(self, response: api.DecideResponse) -> None:
         """An answer over the public port's message limit is refused here, not by gRPC's send,
         which failed it after the log and the metrics had counted the request OK. (Question ids
@@ -171,18 +189,17 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         return self._decide(request, context, request_id, fields)
 
     def _decide(self, request, context, request_id: str, fields: dict) -> api.DecideResponse:
+        body = request.request_json
         try:
             with tracing.span("validate", refusals=_VALIDATE_REFUSALS):
-                decision = parse_request_json(
-                    request.request_json,
-                    accepted_models=self.meta.accepted_model_names,
-                    max_questions=self.max_questions,
-                    max_candidates=self.max_candidates,
-                    max_rendered_bytes=self.max_rendered_bytes,
-                    chat_template_bytes=self._chat_template_bytes,
-                )
+                if len(body) > LARGE_BODY_CHARS:
+                    decision = self._parse_large(body, context.is_active)
+                else:
+                    decision = self._parse(body)
         except ContractError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message) from error
+        except Abandoned as gone:
+            raise Refused(grpc.StatusCode.CANCELLED, str(gone)) from None
         fields.update(kinds=sorted({q.kind for q in decision.questions}), candidates=decision.num_candidates)
         interceptors.note_kinds(fields["kinds"])
         try:

@@ -15,14 +15,13 @@ from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX
 from openjev.contract.request import parse_request
 from openjev.frontend.batches import (
     EXPRESS_CHARS,
-    Abandoned,
-    EncodeGate,
     EncodeLanes,
     TokenizedCandidate,
     is_express,
     iter_candidate_batches,
     tokenize_request,
 )
+from openjev.frontend.turns import Abandoned, Turns
 from openjev.tokenizer import PromptTokenizer, write_tokenizer_json
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "contract" / "data" / "tokenization_cases.json").read_text())
@@ -143,7 +142,7 @@ class Recorder:
         return [[len(p)] for p in prompts]
 
 
-def run_through(gate: EncodeGate, recorder: Recorder, first: list[str], then: list[str]) -> None:
+def run_through(gate: Turns, recorder: Recorder, first: list[str], then: list[str]) -> None:
     """`first` take the slots and hold them; `then` arrive one by one and must wait."""
     threads = []
     for name in [*first, *then]:
@@ -162,7 +161,7 @@ def run_through(gate: EncodeGate, recorder: Recorder, first: list[str], then: li
 
 def test_encode_gate_lets_waiters_in_in_arrival_order():
     recorder = Recorder()
-    gate = EncodeGate(recorder, slots=1)
+    gate = Turns(recorder, 1, "tokenized")
     run_through(gate, recorder, ["held"], ["w1", "w2", "w3"])
     assert recorder.order == ["held", "w1", "w2", "w3"]
     assert recorder.peak == 1
@@ -170,7 +169,7 @@ def test_encode_gate_lets_waiters_in_in_arrival_order():
 
 def test_encode_gate_runs_at_most_its_slots_at_once():
     recorder = Recorder()
-    gate = EncodeGate(recorder, slots=2)
+    gate = Turns(recorder, 2, "tokenized")
     run_through(gate, recorder, ["held-a", "held-b"], ["held-c", "held-d", "held-e"])
     assert sorted(recorder.order) == ["held-a", "held-b", "held-c", "held-d", "held-e"]
     assert recorder.peak == 2
@@ -181,7 +180,7 @@ def test_encode_gate_passes_on_errors_and_frees_the_slot():
     def fail(prompts: list[str]) -> list[list[int]]:
         raise ValueError("bad")
 
-    gate = EncodeGate(fail, slots=1)
+    gate = Turns(fail, 1, "tokenized")
     for _ in range(2):
         with pytest.raises(ValueError):
             gate(["x"])
@@ -192,7 +191,7 @@ def test_a_batch_whose_client_left_while_waiting_is_not_encoded():
     turns, holding a later request 19 s instead of 3.7): Abandoned, the encoder not run, and the
     slot passed on to the next waiter."""
     recorder = Recorder()
-    gate = EncodeGate(recorder, slots=1)
+    gate = Turns(recorder, 1, "tokenized")
     outcomes: dict[str, object] = {}
 
     def send(name: str, wanted) -> None:

@@ -10,12 +10,12 @@ import urllib.request
 from pathlib import Path
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident set size of a process, from /proc (Linux)."""
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident set size of a process, from /proc (Linux); field "VmHWM": its peak so far."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    raise RuntimeError(f"no {field} for pid {pid}")
 
 
 def log_events(text: str, event: str | None = None) -> list[dict]:
