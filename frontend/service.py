@@ -41,8 +41,8 @@ MAX_ATTEMPTS = 3
 RETRY_BACKOFF_SECONDS = 0.05
 # Bodies longer than this are parsed (and their state rendered) `large_body_parses` at a time:
 # JSON builds up to ~30 times its size in Python objects (57 MiB of nested empty arrays: 1.6 GB
-# and 6 s, holding the GIL), so a few at once could take the frontend's memory. A body of this size parses in
-# ~10 ms; legal prompts stop at max_length x 128 bytes each (2 MiB for 16,384 tokens).
+# and 6 s, holding the GIL), so a few at once could take the frontend's memory. One of this
+# size parses in milliseconds, so waiting for a turn costs a large body little.
 LARGE_BODY_CHARS = 1 << 20
 # A request the contract refuses is the caller's fault: no ERROR on the `validate` span
 _VALIDATE_REFUSALS: dict[type[BaseException], str] = {ContractError: "INVALID_ARGUMENT"}
