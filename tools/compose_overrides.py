@@ -57,10 +57,14 @@ def check(compose: str) -> list[str]:
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="compose-overrides", description=__doc__)
     p.add_argument("--compose", required=True, help="a Docker Compose v2 binary")
-    problems = check(p.parse_args(argv).compose)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    problems = check(parser().parse_args(argv).compose)
     for problem in problems:
         print(f"compose-overrides: {problem}", file=sys.stderr)
     return 1 if problems else 0

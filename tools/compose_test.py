@@ -201,7 +201,7 @@ def check_stack(compose: list[str], env: dict, ports: dict, certs: Path) -> None
             raise Failed("down removed nothing")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="compose-test", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--compose", required=True, help="a Docker Compose v2 binary")
     p.add_argument("--base-image", default=os.environ.get("OPENJEV_BASE_IMAGE", ""), help="default: made locally")
@@ -214,7 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         help="skip building the GPU worker image (2.8 GB of wheels; also OPENJEV_COMPOSE_GPU_IMAGE=0)",
     )
     p.add_argument("--keep", action="store_true", help="leave the stack up and keep images, cache and dockerd")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     args.workdir = args.workdir.resolve()
     args.workdir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

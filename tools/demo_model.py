@@ -210,11 +210,15 @@ def build_demo_model(out_dir: str | Path, seed: int = 0, *, with_tokenizer: bool
     return out_dir
 
 
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path(".openjev/demo-model"))
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path(".openjev/demo-model"))
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         print(build_demo_model(args.out, args.seed))
     except NotADemoBuild as error:

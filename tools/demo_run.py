@@ -14,11 +14,15 @@ from openjev.contract.render import dumps_exact
 from openjev.tools import launch
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m openjev.tools.demo_run")
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--request", type=Path, required=True)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     try:  # before starting anything
         request = args.request.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:

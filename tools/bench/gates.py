@@ -211,7 +211,7 @@ def max_rel_head(ours, theirs) -> float:
     )
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m openjev.tools.bench.gates",
         description=__doc__,
@@ -254,6 +254,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--chunk-tokens", type=int, default=2048, help="a request's most tokens in a shared pass (the worker's default)"
     )
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
     if args.exact is None:
         args.exact = args.backend == "cuda"

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from openjev.worker.cuda.fused_weights import SHAPES
 from openjev.worker.cuda.runner import CudaRunner
 from openjev.worker.runner_api import SegmentRun
 
@@ -54,12 +55,16 @@ def case(name, eager, graph, make_runs, reps, rows):
     )
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="27b")
+    p.add_argument("--shape", default="27b", choices=sorted(SHAPES), help="the synthetic model's shape")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--prefix", type=int, default=2048)
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
     graph = CudaRunner.synthetic(args.shape, seed=0, graph_capture_after=1)
     eager = CudaRunner.on_weights_of(
         graph,

@@ -74,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-seconds", type=float, default=20.0, help="per level and set")
     p.add_argument("--mixed-clients", type=int, default=0, help="short-request clients of the mixed run (0: skip)")
     p.add_argument("--mixed-seconds", type=float, default=30.0, help="each of its two halves (alone, with long)")
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--timeout", type=float, default=600.0, help="each request's deadline, seconds")
     p.add_argument("--report-only", action="store_true", help="render report.md from --out/results.json and stop")
     p.add_argument(
         "--from-block",
@@ -144,10 +144,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     if args.ceilings and not args.report_only:
         parser().error("--ceilings re-renders a saved run: use it with --report-only")
+    unknown = [n for n in args.arms.split(",") if n not in POLICY_ARMS and n != "transformers"]
+    if unknown or not any(n in POLICY_ARMS for n in args.arms.split(",")):
+        parser().error(f"--arms {args.arms!r}: one or more of {', '.join(POLICY_ARMS)}, plus 'transformers' if wanted")
+    if args.workload and not args.workload.is_file():
+        parser().error(f"--workload {args.workload}: no such file")
     args.out.mkdir(parents=True, exist_ok=True)
     meta, candidates_of, longest = longest_tokens_fn(args.model)
     saved_workload = args.out / "workload.jsonl"  # what a run without --workload generated
-    if args.workload and args.workload.exists():
+    if args.workload:
         everything = workload.read_jsonl(args.workload)
     elif args.report_only and saved_workload.exists():
         everything = workload.read_jsonl(saved_workload)
@@ -251,7 +256,9 @@ def main(argv: list[str] | None = None) -> None:
         if first_seen and args.first_seen_replays:
             replay = harness.Results()
             blocks = args.first_seen_replays - 1  # run_blocks' own warm-up traversal is the first replay
-            harness.run_blocks([auto], first_seen, blocks=blocks, seed=2, progress=say, into=replay)
+            harness.run_blocks(
+                [auto], first_seen, blocks=blocks, seed=2, progress=say, into=replay, timeout=args.timeout
+            )
             for sample in replay.samples:
                 sample.block += 1
             results.first_seen += replay.samples
