@@ -177,6 +177,12 @@ LONG = {
 }
 DEADLINE, CANCEL, CAPPED, KILLED = "5" * 32, "6" * 32, "7" * 32, "8" * 32
 WORKER_CAP_SECONDS = 4.0
+# Four times LONG's work, so the frontend's cap always ends it (LONG alone can finish within the
+# cap on two idle cores).
+LONGER = {
+    "state": LONG["state"],
+    "questions": {"q": {**LONG["questions"]["q"], "criteria": dict.fromkeys(f"k{i}" for i in range(64))}},
+}
 
 
 def test_caller_faults_are_no_errors_and_server_failures_are(demo_model, tmp_path, collector, monkeypatch):
@@ -202,8 +208,8 @@ def test_caller_faults_are_no_errors_and_server_failures_are(demo_model, tmp_pat
             assert time.monotonic() < deadline, (trace, name)
             time.sleep(0.05)
 
-    def send(client: Client, trace: str, timeout: float | None = None):
-        request = api.DecideRequest(request_json=json.dumps(LONG), prefix_policy=api.PREFIX_POLICY_OFF)
+    def send(client: Client, trace: str, timeout: float | None = None, body: dict = LONG):
+        request = api.DecideRequest(request_json=json.dumps(body), prefix_policy=api.PREFIX_POLICY_OFF)
         metadata = [("traceparent", f"00-{trace}-{caller_span}-01")]
         return client.stub.Decide.future(request, metadata=metadata, timeout=timeout)
 
@@ -220,7 +226,7 @@ def test_caller_faults_are_no_errors_and_server_failures_are(demo_model, tmp_pat
             exported(CANCEL, executed)
             started = time.monotonic()
             with pytest.raises(grpc.RpcError) as caught:
-                send(client, CAPPED).result()  # no deadline of the caller's: the frontend's cap
+                send(client, CAPPED, body=LONGER).result()  # no deadline of the caller's: the frontend's cap
             assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             assert time.monotonic() - started < WORKER_CAP_SECONDS + 2
             exported(CAPPED, executed)
