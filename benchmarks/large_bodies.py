@@ -1,7 +1,7 @@
 """Large JSON bodies at once against a real frontend + worker: the frontend's memory and a small
 request's latency while they are parsed, for `--large-body-parses` 1 (the default) and more.
 
-Each body is a noul question over a state of `--arrays` empty JSON arrays (17 MiB for 6 M): the
+Each body is a noul question over a state of `--arrays` empty JSON arrays (22.9 MiB for 6 M): the
 shape that builds the most Python objects per byte. Every one is refused INVALID_ARGUMENT (its
 prompt is far over max_length) only once it has been parsed and its state rendered. `--clients`
 of them are sent at once while one client sends a small request every 0.2 s. Each block starts

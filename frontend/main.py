@@ -81,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=serving.MAX_MESSAGE_BYTES,
         help="the largest gRPC message on the public port, either way: a larger request is refused "
-        "RESOURCE_EXHAUSTED by gRPC, a larger answer by the frontend before it is sent",
+        "RESOURCE_EXHAUSTED by gRPC, a larger answer INVALID_ARGUMENT by the frontend before it is sent",
     )
     p.add_argument(
         "--max-concurrent-requests",

@@ -41,11 +41,11 @@ MAX_ATTEMPTS = 3
 RETRY_BACKOFF_SECONDS = 0.05
 # Bodies longer than this are parsed (and their state rendered) `large_body_parses` at a time:
 # JSON builds up to ~30 times its size in Python objects (57 MiB of nested empty arrays: 1.6 GB
-# and 6 s, holding the GIL), so a few at once could take the frontend's memory. One of this
-# size parses in milliseconds, so waiting for a turn costs a large body little.
+# and 6 s, holding the GIL), so a few at once could take the frontend's memory. The price: a
+# large body waits for the parses ahead of it (seconds each at tens of MiB).
 LARGE_BODY_CHARS = 1 << 20
 # A request the contract refuses is the caller's fault: no ERROR on the `validate` span
-_VALIDATE_REFUSALS: dict[type[BaseException], str] = {ContractError: "INVALID_ARGUMENT"}
+_VALIDATE_REFUSALS: dict[type[BaseException], str] = {ContractError: "INVALID_ARGUMENT", Abandoned: "CANCELLED"}
 
 
 @dataclass
@@ -175,11 +175,12 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         """An answer over the public port's message limit is refused here, not by gRPC's send,
         which failed it after the log and the metrics had counted the request OK. (Question ids
         and candidate keys come back in the answer, and a choice's key twice: it can outgrow its
-        request.) The HTTP route has no message limit and answers it."""
+        request.) INVALID_ARGUMENT, as for the other size limits: the same request is refused
+        every time. The HTTP route has no message limit and answers it."""
         size = response.ByteSize()
         if size > self.max_answer_bytes:
             raise Refused(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                grpc.StatusCode.INVALID_ARGUMENT,
                 f"answer message larger than max ({size} vs. {self.max_answer_bytes} bytes)",
             )
 

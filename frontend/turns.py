@@ -14,6 +14,10 @@ from typing import Generic, TypeVar
 
 A = TypeVar("A")
 R = TypeVar("R")
+# How often a waiter asks whether its call is still wanted: a call that ended while it waited
+# (client gone, deadline passed) leaves the queue within this, not at its turn, which could be
+# minutes away behind large bodies, while it held a server thread.
+RECHECK_SECONDS = 0.25
 
 
 class Abandoned(Exception):
@@ -36,9 +40,10 @@ class Turns(Generic[A, R]):
         self._lock = threading.Lock()
 
     def __call__(self, arg: A, wanted: Callable[[], bool] | None = None) -> R:
-        """wanted: asked once the turn has come; False (the client left while it waited) passes
-        the slot on unused and raises Abandoned (a cancelled request's batches once took their
-        turns and held a 3.7 s request 19 s behind them)."""
+        """wanted: asked while the call waits and once its turn has come; False (the client left
+        or its deadline passed) leaves the queue, or passes the slot on unused, and raises
+        Abandoned (a cancelled request's batches once took their turns and held a 3.7 s request
+        19 s behind them)."""
         with self._lock:
             turn = None
             if self._free and not self._turns:
@@ -48,10 +53,10 @@ class Turns(Generic[A, R]):
                 turn.acquire()
                 self._turns.append(turn)
         if turn is not None:
-            turn.acquire()  # released by the call that hands its slot over
+            self._wait(turn, wanted)
         try:
             if wanted is not None and not wanted():
-                raise Abandoned(f"the client went away while its request waited to be {self._doing}")
+                raise self._abandoned()
             return self._run(arg)
         finally:
             with self._lock:
@@ -59,3 +64,19 @@ class Turns(Generic[A, R]):
                     self._turns.popleft().release()  # the slot passes on, never freed in between
                 else:
                     self._free += 1
+
+    def _wait(self, turn: threading.Lock, wanted: Callable[[], bool] | None) -> None:
+        """Until `turn` is released by the call that hands its slot over; a call no longer wanted
+        leaves the queue at once (Abandoned) unless the slot has just been handed to it."""
+        while not turn.acquire(timeout=RECHECK_SECONDS):
+            if wanted is None or wanted():
+                continue
+            with self._lock:
+                if turn in self._turns:
+                    self._turns.remove(turn)
+                    raise self._abandoned()
+            turn.acquire()  # handed over meanwhile: the slot is ours, to pass on unused
+            return
+
+    def _abandoned(self) -> Abandoned:
+        return Abandoned(f"the client went away (or its deadline passed) while its request waited to be {self._doing}")

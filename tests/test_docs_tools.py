@@ -17,6 +17,7 @@ from openjev.tools import cli, compose_overrides, compose_test, demo_model, demo
 from openjev.tools.bench import agent_sessions, gates, graphs
 from openjev.tools.bench import main as bench_main
 from openjev.tools.soak import cli as soak_cli
+from openjev.worker.cuda import offline_compile
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = REPO / "docs" / "tools.md"
@@ -44,6 +45,7 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "python -m openjev.healthcheck": healthcheck.parser,
     "python -m openjev.tools.compose_test": compose_test.parser,
     "python -m openjev.tools.compose_overrides": compose_overrides.parser,
+    "python -m openjev.worker.cuda.offline_compile": offline_compile.parser,
 }
 # Variables some parsers take a default from when they are built.
 ENV_DEFAULTS = ("OPENJEV_BASE_IMAGE", "OPENJEV_COMPOSE_GPU_IMAGE")

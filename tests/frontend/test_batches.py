@@ -319,3 +319,46 @@ def test_a_prompt_too_long_to_tokenize_is_refused_by_its_bytes(tokenizer):
     assert (
         caught.value.message.startswith("question first: ") and "tokens exceeds max_length=100" in caught.value.message
     )
+
+
+def test_a_waiter_whose_call_ends_leaves_the_queue_before_its_turn():
+    """A call that ended while it waited (client gone, deadline passed) once stayed parked until
+    its turn, holding a server thread after gRPC had freed its call slot: 33 such calls behind
+    one slow parse made health RESOURCE_EXHAUSTED (a review, 2026-12-04). It now leaves within
+    RECHECK_SECONDS, and the waiters behind it keep their order."""
+    from openjev.frontend.turns import RECHECK_SECONDS
+
+    recorder = Recorder()
+    gate = Turns(recorder, 1, "tokenized")
+    live = threading.Event()
+    live.set()
+    outcomes: dict[str, object] = {}
+    ended: dict[str, float] = {}
+
+    def send(name: str, wanted) -> None:
+        try:
+            outcomes[name] = gate([name], wanted)
+        except Abandoned as error:
+            outcomes[name] = error
+        ended[name] = time.monotonic()
+
+    threads = [threading.Thread(target=send, args=("held", None))]
+    threads[0].start()
+    deadline = time.monotonic() + 5
+    while "held" not in recorder.running and time.monotonic() < deadline:
+        time.sleep(0.005)
+    for name, wanted in (("leaving", live.is_set), ("next", None)):
+        threads.append(threading.Thread(target=send, args=(name, wanted)))
+        threads[-1].start()
+        time.sleep(0.05)
+    left_at = time.monotonic()
+    live.clear()
+    threads[1].join(5)
+    assert isinstance(outcomes["leaving"], Abandoned) and "went away" in str(outcomes["leaving"])
+    assert ended["leaving"] - left_at < RECHECK_SECONDS + 1.0
+    assert recorder.running == ["held"] and "next" not in outcomes  # the holder still runs
+    recorder.release.set()
+    for thread in threads:
+        thread.join(10)
+    assert recorder.order == ["held", "next"] and outcomes["next"] == [[4]]
+    assert gate(["abc"], lambda: True) == [[3]]  # the slot came back

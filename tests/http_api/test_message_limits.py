@@ -1,6 +1,6 @@
 """The public port's message limit (`--max-message-bytes`) against a real pair: an answer larger
-than it is refused by the frontend with the status gRPC's own send would have given, and logged
-and counted as refused; the HTTP route, which has no message limit, answers the same request."""
+than it is refused by the frontend (INVALID_ARGUMENT, as the other size limits), and logged and
+counted as refused; the HTTP route, which has no message limit, answers the same request."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_an_answer_over_the_message_limit_is_refused_before_it_is_sent(limited):
     request = {"state": "s", "questions": {"q": {"type": "choice", "instructions": "?", "criteria": {key: None}}}}
     body = json.dumps(request)
     assert len(body) < LIMIT
-    before = _outcome(limited.url, "RESOURCE_EXHAUSTED")
+    before = _outcome(limited.url, "INVALID_ARGUMENT")
     with Client(limited.grpc_address) as client:
         noul = {"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}}
         small = client.stub.Decide(api.DecideRequest(request_json=json.dumps(noul)), timeout=60)
@@ -47,16 +47,16 @@ def test_an_answer_over_the_message_limit_is_refused_before_it_is_sent(limited):
             client.stub.Decide(
                 api.DecideRequest(request_json=body), metadata=(("x-request-id", "big-answer"),), timeout=60
             )
-    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     size = int(caught.value.details().split("(")[1].split(" vs.")[0])
     assert caught.value.details() == f"answer message larger than max ({size} vs. {LIMIT} bytes)"
     assert size > 2 * len(key)
     lines = [r for r in log_events(limited.pair.frontend.log_text(), "decide") if r.get("request_id") == "big-answer"]
-    assert [r["status"] for r in lines] == ["RESOURCE_EXHAUSTED"], lines
+    assert [r["status"] for r in lines] == ["INVALID_ARGUMENT"], lines
     deadline = time.monotonic() + 10
-    while _outcome(limited.url, "RESOURCE_EXHAUSTED") == before and time.monotonic() < deadline:
+    while _outcome(limited.url, "INVALID_ARGUMENT") == before and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _outcome(limited.url, "RESOURCE_EXHAUSTED") == before + 1
+    assert _outcome(limited.url, "INVALID_ARGUMENT") == before + 1
 
     # HTTP carries any size of answer: the same request is answered there, whole.
     with httpx.Client(base_url=limited.url, timeout=60) as http:

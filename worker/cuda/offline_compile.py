@@ -52,10 +52,14 @@ def compile_all(arch: str = "sm_90") -> list[tuple[str, int]]:
     return compiled
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="offline_compile", description=__doc__)
     p.add_argument("--arch", default="sm_90", help="the GPU architecture to compile for")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     from cupy_backends.cuda.libs import nvrtc
 
     from openjev.worker.cuda import kernels
