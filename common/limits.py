@@ -19,7 +19,10 @@ while grpcio waits for the message, before any interceptor's code (the caps, the
 runs: calls that send headers and nothing more took every slot of the public port, health
 included, with no token. `FirstMessage` (outermost) serves such methods as streams that read
 their one message themselves, and cancels the oldest calls still waiting for it beyond a few at
-once, and any that waited `FIRST_MESSAGE_SECONDS`, logging each (`first_message_missing`).
+once, and any that waited `FIRST_MESSAGE_SECONDS`. Each call cancelled for waiting too long is
+logged (`first_message_missing`), as is one whose own deadline or cancel came first; those
+cancelled for the count are one line a sweep, with their number (a flood of them, one line each,
+would flood the log too).
 """
 
 from __future__ import annotations
@@ -169,6 +172,7 @@ class FirstMessage(grpc.ServerInterceptor):
         self._lock = threading.Lock()
         self._next = 0
         self._sweeper: threading.Thread | None = None
+        self._evicted = 0  # since the sweeper's last line: a flood of such calls logs once a sweep
 
     def waiting(self) -> int:
         with self._lock:
@@ -205,11 +209,21 @@ class FirstMessage(grpc.ServerInterceptor):
             if self._sweeper is None:
                 self._sweeper = threading.Thread(target=self._sweep, name="first-message", daemon=True)
                 self._sweeper.start()
-        self._cancel(evicted, f"more than {self.most} calls waited for their request message")
+            self._evicted += len(evicted)
+        for _, old, _ in evicted:
+            old.cancel()
         try:
             return next(requests)
         except StopIteration:  # half-closed without a message: what grpcio's own unary read refuses
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call sent no request message")
+        except grpc.RpcError:  # the call ended first: its deadline, the client's cancel, or ours
+            with self._lock:
+                mine = self._waiting.pop(key, None)  # None: cancelled here, and logged so
+            if mine is not None:
+                remaining = context.time_remaining()
+                status = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+                self._log([mine], "the call ended before its message", status)
+            raise
         finally:
             with self._lock:
                 self._waiting.pop(key, None)
@@ -221,20 +235,24 @@ class FirstMessage(grpc.ServerInterceptor):
             with self._lock:
                 late = [key for key, (since, _, _) in self._waiting.items() if since < cutoff]
                 expired = [self._waiting.pop(key) for key in late]
-            self._cancel(expired, f"no request message within {self.seconds:g} s")
+                evicted, self._evicted = self._evicted, 0
+            self._log(expired, f"no request message within {self.seconds:g} s", "CANCELLED")
+            for _, context, _ in expired:
+                context.cancel()
+            if evicted:
+                reason = f"more than {self.most} calls waited for their request message; the oldest cancelled"
+                log.info("first_message_missing", calls=evicted, reason=reason, status="CANCELLED")
 
     @staticmethod
-    def _cancel(calls: list[tuple[float, grpc.ServicerContext, str]], reason: str) -> None:
-        """Cancel them, each logged: no servicer ran, so no other line says the call ended."""
+    def _log(calls: list[tuple[float, grpc.ServicerContext, str]], reason: str, status: str) -> None:
+        """No servicer ran for these calls, so no other line says how they ended."""
         now = time.monotonic()
         for since, context, method in calls:
-            peer = context.peer()
-            context.cancel()
             log.info(
                 "first_message_missing",
                 method=method,
-                peer=peer,
+                peer=context.peer(),
                 waited_s=round(now - since, 3),
                 reason=reason,
-                status="CANCELLED",
+                status=status,
             )

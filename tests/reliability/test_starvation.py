@@ -220,3 +220,40 @@ def test_a_lone_silent_call_is_cancelled_after_the_first_message_bound():
     assert missing[0]["method"] == "/grpc.health.v1.Health/Check" and missing[0]["status"] == "CANCELLED"
     assert missing[0]["reason"] == "no request message within 0.5 s" and missing[0]["waited_s"] >= 0.5
     assert missing[0]["peer"].startswith("ipv4:127.0.0.1:")
+
+
+def test_calls_cancelled_for_the_count_are_counted_and_a_deadline_first_is_logged():
+    """Calls beyond `most` waiting cancel the oldest: one log line a sweep with their number (a
+    flood of header-only calls must not become a flood of lines). A call whose own deadline
+    passes before its message is logged DEADLINE_EXCEEDED (no servicer ran to say so)."""
+    from openjev.limits import FirstMessage
+
+    first = FirstMessage(most=2, seconds=30)
+    server = grpc.server(futures.ThreadPoolExecutor(8), interceptors=[first])
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with structlog.testing.capture_logs() as lines, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            check = channel.stream_unary("/grpc.health.v1.Health/Check", bytes, bytes)
+            silent = [check.future(_silent(), timeout=30) for _ in range(5)]
+            deadline = time.monotonic() + 10
+            while first.waiting() != 2 or sum(not c.running() for c in silent) < 3:
+                assert time.monotonic() < deadline, first.waiting()
+                time.sleep(0.02)
+            late = check.future(_silent(), timeout=0.5)  # the newest: cancels the oldest still waiting
+            with pytest.raises(grpc.RpcError) as ended:
+                late.result(timeout=10)
+            assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            time.sleep(1.5)  # a sweep
+            for call in silent:
+                call.cancel()
+    finally:
+        server.stop(0).wait()
+    missing = [line for line in lines if line["event"] == "first_message_missing"]
+    counted = [line for line in missing if "calls" in line]
+    assert sum(line["calls"] for line in counted) == 4, missing
+    assert all(line["status"] == "CANCELLED" and "the oldest cancelled" in line["reason"] for line in counted)
+    own = [line for line in missing if "calls" not in line and line["status"] == "DEADLINE_EXCEEDED"]
+    assert len(own) == 1 and own[0]["reason"] == "the call ended before its message", missing
+    assert own[0]["method"] == "/grpc.health.v1.Health/Check" and 0.4 < own[0]["waited_s"] < 5
