@@ -22,3 +22,13 @@ def test_bad_arguments_stop_the_run_before_it_starts(tmp_path, capsys, extra, sa
     assert stopped.value.code == 2
     assert says in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_roofline_reads_the_synthetic_shape_in_either_spelling(tmp_path):
+    """`--worker-args --synthetic=27b` once gave the roofline the export's config, not the 27B's."""
+    from openjev.tools.bench.prepare import model_config
+    from openjev.worker.cuda.fused_weights import shape_config
+
+    expected = shape_config("27b")
+    assert model_config(tmp_path, ["--synthetic=27b"]) == expected
+    assert model_config(tmp_path, ["--log-level", "info", "--synthetic", "27b"]) == expected

@@ -50,10 +50,15 @@ def split_sets(cases: list[workload.Case]) -> dict[str, list[workload.Case]]:
 
 
 def model_config(model: Path, worker_args: list[str]):
-    if "--synthetic" in worker_args:
+    """The config the worker serves: the `--synthetic` shape's (either spelling, as the worker's
+    own parser reads it) or the export's."""
+    from openjev.worker.main import parser as worker_parser
+
+    synthetic = worker_parser().parse_known_args(["--model", str(model), *worker_args])[0].synthetic
+    if synthetic is not None:
         from openjev.worker.cuda.fused_weights import shape_config
 
-        return shape_config(worker_args[worker_args.index("--synthetic") + 1])
+        return shape_config(synthetic)
     from openjev.worker.checkpoint.config import load_model_config
 
     return load_model_config(model)
