@@ -6,6 +6,7 @@ answered RESOURCE_EXHAUSTED because the RPC threads capped it first."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -195,6 +196,20 @@ def test_full_queue_is_resource_exhausted_with_default_threads(demo_model, tmp_p
         started_pair.stop()
 
 
+@contextlib.contextmanager
+def _health_behind(first, threads: int) -> Iterator[grpc.Channel]:
+    """A channel to a health servicer on a server whose only interceptor is `first`."""
+    server = grpc.server(futures.ThreadPoolExecutor(threads), interceptors=[first])
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield channel
+    finally:
+        server.stop(0).wait()
+
+
 def test_a_lone_silent_call_is_cancelled_after_the_first_message_bound():
     """Below the count that cancels the oldest, a call that never sends its message still ends:
     a sweeper cancels it after `seconds` (a port whose slots are all held sees no new call), and
@@ -202,19 +217,12 @@ def test_a_lone_silent_call_is_cancelled_after_the_first_message_bound():
     from openjev.limits import FirstMessage
 
     first = FirstMessage(most=4, seconds=0.5)
-    server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[first])
-    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with structlog.testing.capture_logs() as lines, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            silent = channel.stream_unary("/grpc.health.v1.Health/Check", bytes, bytes).future(_silent(), timeout=30)
-            assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1
-            with pytest.raises(grpc.RpcError) as ended:
-                silent.result(timeout=10)
-            assert ended.value.code() == grpc.StatusCode.CANCELLED and first.waiting() == 0
-    finally:
-        server.stop(0).wait()
+    with structlog.testing.capture_logs() as lines, _health_behind(first, threads=4) as channel:
+        silent = channel.stream_unary("/grpc.health.v1.Health/Check", bytes, bytes).future(_silent(), timeout=30)
+        assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1
+        with pytest.raises(grpc.RpcError) as ended:
+            silent.result(timeout=10)
+        assert ended.value.code() == grpc.StatusCode.CANCELLED and first.waiting() == 0
     missing = [line for line in lines if line["event"] == "first_message_missing"]
     assert len(missing) == 1, lines
     assert missing[0]["method"] == "/grpc.health.v1.Health/Check" and missing[0]["status"] == "CANCELLED"
@@ -229,27 +237,20 @@ def test_calls_cancelled_for_the_count_are_counted_and_a_deadline_first_is_logge
     from openjev.limits import FirstMessage
 
     first = FirstMessage(most=2, seconds=30)
-    server = grpc.server(futures.ThreadPoolExecutor(8), interceptors=[first])
-    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with structlog.testing.capture_logs() as lines, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            check = channel.stream_unary("/grpc.health.v1.Health/Check", bytes, bytes)
-            silent = [check.future(_silent(), timeout=30) for _ in range(5)]
-            deadline = time.monotonic() + 10
-            while first.waiting() != 2 or sum(not c.running() for c in silent) < 3:
-                assert time.monotonic() < deadline, first.waiting()
-                time.sleep(0.02)
-            late = check.future(_silent(), timeout=0.5)  # the newest: cancels the oldest still waiting
-            with pytest.raises(grpc.RpcError) as ended:
-                late.result(timeout=10)
-            assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            time.sleep(1.5)  # a sweep
-            for call in silent:
-                call.cancel()
-    finally:
-        server.stop(0).wait()
+    with structlog.testing.capture_logs() as lines, _health_behind(first, threads=8) as channel:
+        check = channel.stream_unary("/grpc.health.v1.Health/Check", bytes, bytes)
+        silent = [check.future(_silent(), timeout=30) for _ in range(5)]
+        deadline = time.monotonic() + 10
+        while first.waiting() != 2 or sum(not c.running() for c in silent) < 3:
+            assert time.monotonic() < deadline, first.waiting()
+            time.sleep(0.02)
+        late = check.future(_silent(), timeout=0.5)  # the newest: cancels the oldest still waiting
+        with pytest.raises(grpc.RpcError) as ended:
+            late.result(timeout=10)
+        assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        time.sleep(1.5)  # a sweep
+        for call in silent:
+            call.cancel()
     missing = [line for line in lines if line["event"] == "first_message_missing"]
     counted = [line for line in missing if "calls" in line]
     assert sum(line["calls"] for line in counted) == 4, missing
