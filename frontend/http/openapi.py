@@ -174,7 +174,7 @@ _ERRORS = {
     "401": "bearer token missing or unknown (only where the server is given tokens)",
     "408": "the body did not arrive within 60 s",
     "413": "the body is over the server's limit",
-    "415": "the body is not application/json, or it is compressed (a content-encoding other than identity)",
+    "415": "the body is not application/json in UTF-8, or it is compressed (a content-encoding other than identity)",
     "422": "the request breaks the contract (the same message as gRPC INVALID_ARGUMENT)",
     "500": "a fault of this server (no details are given)",
     "502": "the worker failed (gRPC INTERNAL): `model inference failed (request id ID)`, the reason in the log",
