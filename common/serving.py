@@ -121,6 +121,10 @@ def server_options(max_message_bytes: int, max_connection_age_seconds: float) ->
         # after the macro was unknown to core, so calls over ~30 s ended `too_many_pings`)
         ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
         ("grpc.http2.max_ping_strikes", 2),
+        # Identity only (bit 0): gzip let 23 KB on the wire become a 22.5 MiB message of nested
+        # arrays, 5 s and 600 MiB of the frontend's, past any proxy's request-size limit (a review,
+        # 2026-12-04). A compressed call is UNIMPLEMENTED; the HTTP route answers 415 likewise.
+        ("grpc.compression_enabled_algorithms_bitset", 1),
     ]
     if max_connection_age_seconds > 0:
         options += [
@@ -128,6 +132,23 @@ def server_options(max_message_bytes: int, max_connection_age_seconds: float) ->
             ("grpc.max_connection_age_grace_ms", 2**31 - 1),
         ]
     return options
+
+
+class Health(health.HealthServicer):
+    """grpcio's health servicer less its leak: a Watch stream's service name stayed a key after
+    the stream closed (its set emptied, never removed), so unique names, up to a message each and
+    no token needed, grew the process for good (300 names of 4 MB: +1.2 GB, a review 2026-12-04)."""
+
+    def _on_close_callback(self, send_response_callback, service):
+        def callback():
+            with self._lock:
+                watchers = self._send_response_callbacks.get(service, set())
+                watchers.discard(send_response_callback)
+                if not watchers:
+                    self._send_response_callbacks.pop(service, None)
+            send_response_callback(None)
+
+        return callback
 
 
 def build_server(
@@ -163,7 +184,7 @@ def build_server(
         maximum_concurrent_rpcs=threads if limits is not None else None,
     )
     register(server)
-    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_servicer = Health(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     public = (*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(public, server, pool=reflection_pool(public))
