@@ -122,8 +122,8 @@ def server_options(max_message_bytes: int, max_connection_age_seconds: float) ->
         ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
         ("grpc.http2.max_ping_strikes", 2),
         # Identity only (bit 0): gzip let 23 KB on the wire become a 22.5 MiB message of nested
-        # arrays, 5 s and 600 MiB of the frontend's, past any proxy's request-size limit (a review,
-        # 2026-12-04). A compressed call is UNIMPLEMENTED; the HTTP route answers 415 likewise.
+        # arrays, 5 s and 600 MiB of the frontend's, past any proxy's request-size limit. A
+        # compressed call is UNIMPLEMENTED; the HTTP route answers 415 likewise.
         ("grpc.compression_enabled_algorithms_bitset", 1),
     ]
     if max_connection_age_seconds > 0:
@@ -137,7 +137,7 @@ def server_options(max_message_bytes: int, max_connection_age_seconds: float) ->
 class Health(health.HealthServicer):
     """grpcio's health servicer less its leak: a Watch stream's service name stayed a key after
     the stream closed (its set emptied, never removed), so unique names, up to a message each and
-    no token needed, grew the process for good (300 names of 4 MB: +1.2 GB, a review 2026-12-04)."""
+    no token needed, grew the process for good (300 names of 4 MB: +1.2 GB)."""
 
     def _on_close_callback(self, send_response_callback, service):
         def callback():

@@ -86,7 +86,7 @@ def configure(service_name: str, otlp_endpoint: str | None, *, exporter: Any = N
     _tracer = provider.get_tracer("openjev")
     # These two warn once per malformed traceparent/tracestate, with up to 8 KB of the caller's
     # text and neither peer nor request id, before the bearer check: any caller could fill the
-    # log (9 MB/s from one client, a review 2026-12-04). A bad header is simply not continued.
+    # log (9 MB/s from one client). A bad header is simply not continued.
     for name in ("opentelemetry.trace.span", "opentelemetry.trace.propagation.tracecontext"):
         logging.getLogger(name).setLevel(logging.ERROR)
     return True
