@@ -27,8 +27,8 @@ from openjev.worker.v1 import worker_pb2, worker_pb2_grpc
 
 log = logs.get("openjev.worker")
 
-# Submitted tokens per request: 16 MiB of ids held in the worker (planning one such request peaks
-# at ~190 MiB while its trees are built; its segments then keep 4 bytes an id), about 15 s of the
+# Submitted tokens per request: 16 MiB of ids held in the worker (planning one such request took
+# the worker's RSS up ~480 MiB; its segments then keep 4 bytes an id), about 15 s of the
 # demo model on 2 CPU cores; the largest request the contract allows (65,536 short candidates) and
 # a capacity case (33 candidates of 16,384 tokens) fit, the 18-million-token requests seen do not.
 DEFAULT_MAX_REQUEST_TOKENS = 1 << 22

@@ -233,7 +233,7 @@ def test_a_lone_silent_call_is_cancelled_after_the_first_message_bound():
 def test_calls_cancelled_for_the_count_are_counted_and_a_deadline_first_is_logged():
     """Calls beyond `most` waiting cancel the oldest: one log line a sweep with their number (a
     flood of header-only calls must not become a flood of lines). A call whose own deadline
-    passes before its message is logged DEADLINE_EXCEEDED (no servicer ran to say so)."""
+    passes before its message is logged (no servicer ran to say so)."""
     from openjev.limits import FirstMessage
 
     first = FirstMessage(most=2, seconds=30)
@@ -255,6 +255,10 @@ def test_calls_cancelled_for_the_count_are_counted_and_a_deadline_first_is_logge
     counted = [line for line in missing if "calls" in line]
     assert sum(line["calls"] for line in counted) == 4, missing
     assert all(line["status"] == "CANCELLED" and "the oldest cancelled" in line["reason"] for line in counted)
-    own = [line for line in missing if "calls" not in line and line["status"] == "DEADLINE_EXCEEDED"]
-    assert len(own) == 1 and own[0]["reason"] == "the call ended before its message", missing
-    assert own[0]["method"] == "/grpc.health.v1.Health/Check" and 0.4 < own[0]["waited_s"] < 5
+    # the late call (the last silent one, cancelled by the client after 2 s, is logged so too);
+    # DEADLINE_EXCEEDED where the server's deadline passed first, CANCELLED where the client's
+    # cancel at its own deadline arrived first: the server cannot tell those apart
+    own = [line for line in missing if line.get("reason") == "the call ended before its message"]
+    own = [line for line in own if line["waited_s"] < 1.5]
+    assert len(own) == 1 and own[0]["status"] in ("DEADLINE_EXCEEDED", "CANCELLED"), missing
+    assert own[0]["method"] == "/grpc.health.v1.Health/Check" and own[0]["waited_s"] > 0.4
