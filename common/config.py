@@ -54,6 +54,10 @@ def non_negative_float(text: str) -> float:
     return _number(float, text, lambda v: 0 <= v < float("inf"), "a number >= 0")
 
 
+def fraction(text: str) -> float:
+    return _number(float, text, lambda v: 0 <= v <= 1, "a number from 0 to 1")
+
+
 def port_number(text: str) -> int:
     return _number(int, text, lambda v: 0 <= v <= 65535, "a port number 0..65535")
 

@@ -144,8 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     if args.ceilings and not args.report_only:
         parser().error("--ceilings re-renders a saved run: use it with --report-only")
-    unknown = [n for n in args.arms.split(",") if n not in POLICY_ARMS and n != "transformers"]
-    if unknown or not any(n in POLICY_ARMS for n in args.arms.split(",")):
+    arm_names = args.arms.split(",")
+    if any(n not in POLICY_ARMS and n != "transformers" for n in arm_names) or not set(arm_names) & set(POLICY_ARMS):
         parser().error(f"--arms {args.arms!r}: one or more of {', '.join(POLICY_ARMS)}, plus 'transformers' if wanted")
     if args.workload and not args.workload.is_file():
         parser().error(f"--workload {args.workload}: no such file")
@@ -218,7 +218,6 @@ def main(argv: list[str] | None = None) -> None:
         "startup": [],
         "peak_memory_bytes": [],
     }
-    arm_names = args.arms.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="openjev-bench-"))
     pairs, arms = [], []
     results = harness.Results()

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from openjev.config import fraction
 from openjev.frontend.service import DEFAULT_MAX_REQUEST_TOKENS
 from openjev.tools.soak.hostile import HOSTILE_PARTS, Hostile, WorkerControl
 from openjev.tools.soak.report import failures, format_report
@@ -40,16 +41,6 @@ def start_soak_pair(model: Path, workdir: Path, hostile: Hostile | None) -> tupl
     return pair, WorkerControl(model, workdir, worker_args, pair.worker), metrics
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     from openjev.tools import soak  # the usage text is the package's docstring
 
@@ -61,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=2000, help="at most this many requests")
     p.add_argument("--duration", type=float, default=60.0, help="at most this many seconds")
     p.add_argument(
-        "--invalid-fraction", type=_fraction, default=0.3, help="share of requests the contract refuses, 0 to 1"
+        "--invalid-fraction", type=fraction, default=0.3, help="share of requests the contract refuses, 0 to 1"
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
