@@ -115,6 +115,11 @@ worker_queue_seconds = Histogram(
 worker_queue_depth = Gauge(
     "openjev_worker_queue_depth", "Requests admitted and not finished (waiting or in passes)", registry=worker_registry
 )
+worker_held_tokens = Gauge(
+    "openjev_worker_held_tokens",
+    "Candidate tokens held by calls from their first candidate to their answer (--max-held-tokens bounds it)",
+    registry=worker_registry,
+)
 worker_pass_requests = Histogram(
     "openjev_worker_pass_requests",
     "Requests sharing one forward pass",

@@ -110,6 +110,7 @@ def test_series_move_with_traffic(served):
     assert moved(worker, worker_before, "openjev_worker_launch_tokens_sum") == computed - hit
     assert moved(worker, worker_before, "openjev_worker_queue_seconds_count") == 2
     assert ("openjev_worker_queue_depth", ()) in worker
+    assert worker[("openjev_worker_held_tokens", ())] == 0  # both answered: every held token given back
     assert ("openjev_worker_graph_cache_hits_total", ()) in worker  # 0 on the CPU path
     assert ("process_cpu_seconds_total", ()) in worker and ("process_cpu_seconds_total", ()) in frontend
 

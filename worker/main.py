@@ -111,6 +111,14 @@ def parser() -> argparse.ArgumentParser:
         help="candidate tokens one request may submit (all candidates together)",
     )
     p.add_argument(
+        "--max-held-tokens",
+        type=positive_int,
+        default=None,
+        help="candidate tokens the worker holds at once over requests arriving, waiting and running; a "
+        "candidate past it ends its call RESOURCE_EXHAUSTED (default: twice --max-request-tokens; at "
+        "least --max-request-tokens)",
+    )
+    p.add_argument(
         "--commit-timeout-seconds",
         type=positive_float,
         default=60.0,
@@ -279,6 +287,12 @@ def main(argv: list[str] | None = None) -> None:
             f"--max-launch-sequences {args.max_launch_sequences} exceeds {GDN_CHUNKED.max_segments}, "
             "the most segments a pass of --gdn-kernel chunked plans"
         )
+    if args.max_held_tokens is None:
+        args.max_held_tokens = 2 * args.max_request_tokens
+    elif args.max_held_tokens < args.max_request_tokens:  # a request alone must always fit
+        flags.error(
+            f"--max-held-tokens {args.max_held_tokens} is below --max-request-tokens {args.max_request_tokens}"
+        )
     logs.configure(args.log_level)
     with serving.exit_on_signal_while_starting("openjev-worker"):
         serve(args)
@@ -418,8 +432,10 @@ def serve(args: argparse.Namespace) -> None:
         identity,
         forced_policy=forced_policy,
         commit_timeout_seconds=args.commit_timeout_seconds,
+        max_held_tokens=args.max_held_tokens,
         ready=False,
     )
+    metrics.worker_held_tokens.set_function(lambda: servicer.held.held)
     name = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
     work_methods = (f"/{name}/Execute", f"/{name}/ExecuteUnary")
     # before the gRPC server starts: a port it cannot have ends the process with nothing serving

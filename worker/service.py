@@ -11,6 +11,7 @@ import grpc
 from openjev import abi, interceptors, logs, tracing
 from openjev.contract.literals import PrefixPolicy
 from openjev.worker.engine import Cancelled, Engine, ExecutionResult, InferenceError, QuestionWork, QueueFull
+from openjev.worker.held import HeldTokens, Hold
 from openjev.worker.stream import BadStream, Collected, CommitTimer, StreamLimits, collect, collect_unary
 from openjev.worker.v1 import worker_pb2 as wire
 from openjev.worker.v1 import worker_pb2_grpc
@@ -78,6 +79,13 @@ def _summary(result: ExecutionResult) -> wire.ExecutionSummary:
     )
 
 
+def _refuse_full(context, error: QueueFull, fields: dict) -> None:
+    """A full queue or held-token budget: load, not a fault of the request (the frontend may try
+    another worker); before anything ran, so nothing is spent."""
+    log.warning("execute", status="RESOURCE_EXHAUSTED", reason=str(error), **fields)
+    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+
+
 def _responses(result: ExecutionResult):
     for question in _question_results(result):
         yield wire.ExecuteResponse(question=question)
@@ -92,6 +100,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         *,
         forced_policy: PrefixPolicy | None = None,
         commit_timeout_seconds: float | None = None,
+        max_held_tokens: int | None = None,
         ready: bool = True,
     ):
         # Work calls wait for this: the server starts (NOT_SERVING) before the warm-up, whose
@@ -101,6 +110,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             self.ready.set()
         self.engine = engine
         self.commit_timeout_seconds = commit_timeout_seconds
+        # the oldest holder may always take a whole request: one is never refused for the budget
+        self.held = HeldTokens(max_held_tokens, min(identity.max_request_tokens or 0, max_held_tokens or 0))
         self._stream_limits = identity.stream_limits()
         self.identity = identity
         self.forced_policy = forced_policy  # the transformers arm runs every request with `off`
@@ -171,12 +182,25 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def Execute(self, request_iterator, context):
         started = time.perf_counter()
         fields = self._call_fields(context)
+        with self.held.hold() as hold:  # given back before the answer is sent: its ids are spent
+            collected = self._collect(request_iterator, context, fields, hold)
+            if collected is None:
+                return
+            result = self._run(collected, context, started, fields)
+            del collected
+        yield from _responses(result)
+
+    def _collect(self, request_iterator, context, fields: dict, hold: Hold) -> Collected | None:
+        """The committed stream, or None when it ended without a commit; aborts the call when it
+        is malformed, was not committed in time, or would pass the held-token budget."""
         timer = CommitTimer(self.commit_timeout_seconds, context.cancel)
         try:
-            collected = collect(request_iterator, self._stream_limits)
+            collected = collect(request_iterator, self._stream_limits, hold)
         except BadStream as error:
             log.warning("execute", status="INVALID_ARGUMENT", reason=str(error), **fields)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed execute stream: {error}")
+        except QueueFull as error:
+            _refuse_full(context, error, fields)
         except grpc.RpcError:  # the stream was cancelled while being read
             collected = None
         finally:
@@ -200,19 +224,21 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             interceptors.note_outcome("DISCARDED")
             if context.is_active():  # a caller still there must not read an empty OK as an answer
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed execute stream: ended without a commit")
-            return
-        yield from _responses(self._run(collected, context, started, fields))
+        return collected
 
     def ExecuteUnary(self, request, context):
         """Execute's committed stream in one message, its answer in one reply."""
         started = time.perf_counter()
         fields = self._call_fields(context)
-        try:
-            collected = collect_unary(request, self._stream_limits)
-        except BadStream as error:
-            log.warning("execute", status="INVALID_ARGUMENT", reason=str(error), **fields)
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed execute request: {error}")
-        result = self._run(collected, context, started, fields)
+        with self.held.hold() as hold:
+            try:
+                collected = collect_unary(request, self._stream_limits, hold)
+            except BadStream as error:
+                log.warning("execute", status="INVALID_ARGUMENT", reason=str(error), **fields)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed execute request: {error}")
+            except QueueFull as error:
+                _refuse_full(context, error, fields)
+            result = self._run(collected, context, started, fields)
         return wire.ExecuteUnaryResponse(questions=list(_question_results(result)), summary=_summary(result))
 
     def _run(self, collected: Collected, context, started: float, fields: dict) -> ExecutionResult:
@@ -255,8 +281,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                     on_start=first_pass,
                 )
         except QueueFull as error:
-            log.warning("execute", status="RESOURCE_EXHAUSTED", **fields)
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+            _refuse_full(context, error, fields)
         except Cancelled as error:
             log.info("execute", status="CANCELLED", reason=str(error), **fields)
             context.abort(grpc.StatusCode.CANCELLED, str(error))

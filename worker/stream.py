@@ -14,7 +14,8 @@ Checked, in stream order:
   contract allows (noul exactly 1, choice 1..255, score 2..10); at most max_candidates in all;
 - each candidate: indices inside the header's shape, not sent twice; 1..max_length token ids,
   every id inside the tokenizer's range (specials included, padding rows of the embedding
-  excluded); the running token total within max_tokens;
+  excluded); the running token total within max_tokens; then the worker's budget of held
+  tokens (openjev.worker.held: QueueFull, answered RESOURCE_EXHAUSTED, as load, not a fault);
 - at commit (for ExecuteUnary: in its one message): every candidate present.
 The commit ends the reading: whatever a caller sends after it is not read, checked or answered
 (the frontend half-closes right after its commit; a caller that keeps sending gets its first
@@ -30,6 +31,7 @@ import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -38,6 +40,9 @@ from openjev.contract.literals import PREFIX_POLICIES, QuestionKind
 from openjev.contract.request import MAX_CANDIDATES, MAX_CHOICE_CANDIDATES, MAX_SCORE_LEVELS, MIN_SCORE_LEVELS
 from openjev.v1 import decision_pb2 as api
 from openjev.worker.v1 import worker_pb2 as wire
+
+if TYPE_CHECKING:
+    from openjev.worker.held import Hold
 
 log = structlog.get_logger(__name__)
 
@@ -72,16 +77,19 @@ class Collected:
     num_tokens: int
 
 
-def collect(messages: Iterable[wire.ExecuteRequest], limits: StreamLimits) -> Collected | None:
+def collect(
+    messages: Iterable[wire.ExecuteRequest], limits: StreamLimits, hold: Hold | None = None
+) -> Collected | None:
     """Read the stream up to its commit. None when it ended without one (the frontend found the
-    request invalid part-way through tokenizing, or the client went away)."""
+    request invalid part-way through tokenizing, or the client went away). hold: the worker's
+    budget of held tokens, taken from as candidates arrive (QueueFull when it is spent)."""
     collector: _Collector | None = None
     for message in messages:
         item = message.WhichOneof("item")
         if item == "header":
             if collector is not None:
                 raise BadStream("second header")
-            collector = _Collector(message.header, limits)
+            collector = _Collector(message.header, limits, hold)
         elif item == "batch":
             if collector is None:
                 raise BadStream("batch before header")
@@ -95,11 +103,11 @@ def collect(messages: Iterable[wire.ExecuteRequest], limits: StreamLimits) -> Co
     return None
 
 
-def collect_unary(request: wire.ExecuteUnaryRequest, limits: StreamLimits) -> Collected:
+def collect_unary(request: wire.ExecuteUnaryRequest, limits: StreamLimits, hold: Hold | None = None) -> Collected:
     """An ExecuteUnary request: its header and candidates, checked as a committed stream's."""
     if not request.HasField("header"):
         raise BadStream("no header")
-    collector = _Collector(request.header, limits)
+    collector = _Collector(request.header, limits, hold)
     collector.add(request.candidates)
     return collector.finish("")
 
@@ -107,10 +115,11 @@ def collect_unary(request: wire.ExecuteUnaryRequest, limits: StreamLimits) -> Co
 class _Collector:
     """One request's candidates as they arrive, each checked against the header and the limits."""
 
-    def __init__(self, header: wire.ExecuteHeader, limits: StreamLimits):
+    def __init__(self, header: wire.ExecuteHeader, limits: StreamLimits, hold: Hold | None):
         self.header = header
         self.kinds = _check_header(header, limits)
         self.limits = limits
+        self.hold = hold
         self.slots: list[list[array | None]] = [[None] * q.num_candidates for q in header.questions]
         self.missing = sum(q.num_candidates for q in header.questions)
         self.num_tokens = 0
@@ -145,6 +154,8 @@ class _Collector:
             self.num_tokens += len(ids)
             if limits.max_tokens is not None and self.num_tokens > limits.max_tokens:
                 raise BadStream(f"request exceeds the worker's limit of {limits.max_tokens} tokens")
+            if self.hold is not None:  # after every check: a request's own faults come first
+                self.hold.take(len(ids))
             slots[q][c] = array("I", ids)
             self.missing -= 1
 

@@ -85,6 +85,12 @@ def test_a_busy_metrics_port_exits_with_one_line(demo_model):
         (launch.WORKER_MODULE, ["--max-launch-tokens", "32"], {}, "--max-launch-tokens 32 is below 64"),
         (
             launch.WORKER_MODULE,
+            ["--max-request-tokens", "100", "--max-held-tokens", "99"],
+            {},
+            "--max-held-tokens 99 is below --max-request-tokens 100",
+        ),
+        (
+            launch.WORKER_MODULE,
             ["--gdn-kernel", "chunked", "--max-launch-sequences", "1024"],
             {},
             "--max-launch-sequences 1024 exceeds 1023",

@@ -1,0 +1,196 @@
+"""The worker's budget of held candidate tokens (`--max-held-tokens`) on a real worker and frontend
+on loopback: what uncommitted streams hold counts, a candidate past the budget ends its call
+RESOURCE_EXHAUSTED (Execute, ExecuteUnary, and through the frontend), and everything is given
+back when a call ends, however it ends.
+
+Found by a review of the worker port on 2026-12-04: 144 streams that never commit (the work cap)
+held ~33 MiB each of 4 M tokens until the commit timeout, nothing bounding their sum."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from openjev.client import Client
+from openjev.tools import launch
+from openjev.tools.soak import log_events
+from openjev.v1 import decision_pb2 as api
+from openjev.worker.v1 import worker_pb2 as wire
+from openjev.worker.v1 import worker_pb2_grpc
+
+MAX_REQUEST_TOKENS = 4000
+MAX_HELD_TOKENS = 6000
+BIG = {"state": "word " * 3200, "questions": {"q": {"type": "noul", "instructions": "ok?"}}}  # ~3,230 tokens
+SMALL = {"state": "hi", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
+
+
+@pytest.fixture(scope="module")
+def pair(demo_model, tmp_path_factory):
+    metrics_port = launch.free_port()
+    started = launch.start_pair(
+        demo_model,
+        tmp_path_factory.mktemp("held"),
+        worker_args=[
+            *("--max-request-tokens", str(MAX_REQUEST_TOKENS), "--max-held-tokens", str(MAX_HELD_TOKENS)),
+            *("--metrics-port", str(metrics_port), "--state-cache-bytes", "0"),
+        ],
+        frontend_args=["--max-request-tokens", str(MAX_REQUEST_TOKENS)],
+    )
+    started.worker_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(pair):
+    with grpc.insecure_channel(pair.worker.address) as channel:
+        yield worker_pb2_grpc.WorkerServiceStub(channel)
+
+
+def held(pair) -> float:
+    text = urllib.request.urlopen(pair.worker_metrics, timeout=5).read().decode()
+    return next(float(x.split()[1]) for x in text.splitlines() if x.startswith("openjev_worker_held_tokens "))
+
+
+def wait_held(pair, tokens: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (now := held(pair)) != tokens:
+        assert time.monotonic() < deadline, f"the worker holds {now} tokens, not {tokens}"
+        time.sleep(0.02)
+
+
+def choice_header() -> wire.ExecuteHeader:
+    """One choice question of two candidates."""
+    return wire.ExecuteHeader(questions=[wire.QuestionShape(kind=wire.QUESTION_KIND_CHOICE, num_candidates=2)])
+
+
+def candidate(index: int, tokens: int) -> wire.Candidate:
+    return wire.Candidate(question_index=0, candidate_index=index, token_ids=[1000 + i % 5000 for i in range(tokens)])
+
+
+class OpenStream:
+    """An Execute stream that sends its header and first candidate, then waits uncommitted until
+    `commit()` or `cancel()`."""
+
+    def __init__(self, stub, tokens: int):
+        self._next: queue.Queue = queue.Queue()
+
+        def messages():
+            yield wire.ExecuteRequest(header=choice_header())
+            yield wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=[candidate(0, tokens)]))
+            yield from iter(self._next.get, None)
+
+        self.call = stub.Execute(messages(), timeout=60)
+        self.replies: list = []
+        self.error: grpc.RpcError | None = None
+        self._reader = threading.Thread(target=self._read)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            self.replies.extend(self.call)
+        except grpc.RpcError as error:
+            self.error = error
+
+    def commit(self, tokens: int) -> None:
+        """Send the other candidate, of `tokens`, and the commit; wait for the answer."""
+        self._next.put(wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=[candidate(1, tokens)])))
+        self._next.put(wire.ExecuteRequest(commit=wire.Commit()))
+        self._next.put(None)
+        self._reader.join(30)
+
+    def wait_ended(self, timeout: float = 10.0) -> None:
+        self._reader.join(timeout)
+        assert not self._reader.is_alive(), "the call is still open"
+        self._next.put(None)
+
+    def cancel(self) -> None:
+        self.call.cancel()
+        self._next.put(None)
+        self._reader.join(30)
+
+
+def unary(tokens: int) -> wire.ExecuteUnaryRequest:
+    """One choice question: a candidate of `tokens` and one of 5."""
+    return wire.ExecuteUnaryRequest(header=choice_header(), candidates=[candidate(0, tokens), candidate(1, 5)])
+
+
+def test_uncommitted_streams_count_and_a_candidate_past_the_budget_is_refused(pair, stub):
+    """Budget 6,000, a request at most 4,000: the oldest holder has 4,000 of its own, the others
+    share 2,000."""
+    first = OpenStream(stub, 3000)
+    try:
+        wait_held(pair, 3000)  # held while uncommitted
+        second = OpenStream(stub, 2000)
+        wait_held(pair, 5000)  # the shared 2,000 are taken
+        third = OpenStream(stub, 1)
+        third.wait_ended()  # the worker ended it uncommitted
+        assert third.error is not None and third.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert third.error.details() == (
+            f"worker is holding its limit of {MAX_HELD_TOKENS} candidate tokens "
+            "(requests arriving, waiting and running); retry later"
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ExecuteUnary(unary(1), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "holding its limit" in refused.value.details()
+        wait_held(pair, 5000)  # the refused calls gave back what they had taken
+        # the oldest is never refused: its 1,000 more take the total to the budget; answered, it
+        # gives everything back
+        first.commit(1000)
+        assert first.error is None and first.replies[-1].HasField("summary")
+        wait_held(pair, 2000)
+        # the second is now the oldest, within its own 4,000: the shared 2,000 are free
+        assert len(stub.ExecuteUnary(unary(1995), timeout=60).questions) == 1
+        second.commit(5)
+        assert second.error is None and second.replies[-1].HasField("summary")
+    finally:
+        first.cancel()
+    wait_held(pair, 0)
+    logged = [r for r in log_events(pair.worker.log_text(), "execute") if r.get("status") == "RESOURCE_EXHAUSTED"]
+    assert len(logged) >= 2 and all("holding its limit" in r["reason"] for r in logged)
+
+
+def test_a_malformed_or_uncommitted_stream_gives_back_what_it_held(pair, stub):
+    def bad():
+        yield wire.ExecuteRequest(header=choice_header())
+        yield wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=[candidate(0, 3000)]))
+        yield wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=[candidate(0, 3)]))  # sent twice
+
+    with pytest.raises(grpc.RpcError) as refused:
+        list(stub.Execute(bad(), timeout=30))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    wait_held(pair, 0)
+
+    def half_closed():  # ends without a commit
+        yield wire.ExecuteRequest(header=choice_header())
+        yield wire.ExecuteRequest(batch=wire.CandidateBatch(candidates=[candidate(0, 3000)]))
+
+    with pytest.raises(grpc.RpcError) as refused:
+        list(stub.Execute(half_closed(), timeout=30))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    wait_held(pair, 0)
+
+
+def test_through_the_frontend_a_full_budget_is_resource_exhausted_and_frees(pair, stub):
+    blocker = OpenStream(stub, 3000)
+    with Client(pair.frontend.address) as client:
+        try:
+            wait_held(pair, 3000)
+            small = client.stub.Decide(api.DecideRequest(request_json=json.dumps(SMALL)), timeout=60)
+            assert len(small.answers) == 1  # a request within what is left runs
+            with pytest.raises(grpc.RpcError) as refused:
+                client.stub.Decide(api.DecideRequest(request_json=json.dumps(BIG)), timeout=60)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert refused.value.details().startswith("worker: worker is holding its limit of 6000 candidate tokens")
+        finally:
+            blocker.cancel()
+        wait_held(pair, 0)
+        answer = client.stub.Decide(api.DecideRequest(request_json=json.dumps(BIG)), timeout=60)
+        assert len(answer.answers) == 1
