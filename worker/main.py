@@ -290,9 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.max_held_tokens is None:
         args.max_held_tokens = 2 * args.max_request_tokens
     elif args.max_held_tokens < args.max_request_tokens:  # a request alone must always fit
-        flags.error(
-            f"--max-held-tokens {args.max_held_tokens} is below --max-request-tokens {args.max_request_tokens}"
-        )
+        flags.error(f"--max-held-tokens {args.max_held_tokens} is below --max-request-tokens {args.max_request_tokens}")
     logs.configure(args.log_level)
     with serving.exit_on_signal_while_starting("openjev-worker"):
         serve(args)

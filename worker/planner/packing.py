@@ -18,14 +18,17 @@ from openjev.worker.planner.tree import TreeNode
 def split_into_segments(nodes: Sequence[TreeNode], chunk_tokens: int) -> list[Segment]:
     """Segments in tree order (parents first); only a node's last piece keeps its readers."""
     parents: list[int | None] = []
-    pieces: list[tuple[tuple[int, ...], int, tuple]] = []  # (tokens, start_position, readers)
+    pieces: list[tuple[array, int, tuple]] = []  # (tokens, start_position, readers)
     last_piece_of_node: list[int] = []
     for node in nodes:
         if not node.token_ids:
             raise ValueError("tree nodes must not be empty")
         parent = None if node.parent is None else last_piece_of_node[node.parent]
         for offset in range(0, len(node.token_ids), chunk_tokens):
-            tokens = node.token_ids[offset : offset + chunk_tokens]
+            whole = offset == 0 and len(node.token_ids) <= chunk_tokens
+            tokens = (
+                node.token_ids if whole else node.token_ids[offset : offset + chunk_tokens]
+            )  # no copy of a whole one
             is_last = offset + chunk_tokens >= len(node.token_ids)
             pieces.append((tokens, node.start_position + offset, node.readers if is_last else ()))
             parents.append(parent)
@@ -35,9 +38,10 @@ def split_into_segments(nodes: Sequence[TreeNode], chunk_tokens: int) -> list[Se
     for parent in parents:
         if parent is not None:
             has_child[parent] = True
-    # array('I'): a planned request holds its segments until it ends, and as tuples of Python ints
-    # (36 bytes an id) the 4,194,304 ids the worker admits took 145 MiB under `off`, not 16 MiB
+    # array('I') (the tree's slices): a planned request holds its segments until it ends, and as
+    # tuples of Python ints (36 bytes an id) the 4,194,304 ids the worker admits took 145 MiB
+    # under `off`, not 16 MiB
     return [
-        Segment(i, parents[i], array("I", tokens), start, readers, has_child[i])
+        Segment(i, parents[i], tokens, start, readers, has_child[i])
         for i, (tokens, start, readers) in enumerate(pieces)
     ]

@@ -27,6 +27,7 @@ from openjev.worker.planner.tree import (
     common_prefix_star,
     compressed_trie,
     singletons,
+    token_array,
 )
 
 
@@ -48,9 +49,9 @@ def plan_request(
         for c, tokens in enumerate(question):
             if len(tokens) == 0:
                 raise ValueError(f"question {q} candidate {c} has no tokens")
-    # Tuples once here: the tree builders work on tuples, and `auto` builds two or three trees
-    # (the worker hands over arrays: each conversion makes every token an int object again).
-    candidates = [[tokens if isinstance(tokens, tuple) else tuple(tokens) for tokens in q] for q in candidates]
+    # array('I') once here (the worker's are already): the tree builders work on them, and
+    # `auto` builds two or three trees
+    candidates = [[token_array(tokens) for tokens in q] for q in candidates]
     if policy != "auto":
         return _plan_tree(candidates, policy, policy, limits, max_pass_depth)
     if cost_model is None:

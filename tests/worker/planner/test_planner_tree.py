@@ -1,5 +1,7 @@
 """Tree shapes from the three builders, checked node by node."""
 
+from array import array
+
 from openjev.worker.planner.plan import Reader
 from openjev.worker.planner.tree import (
     TreeNode,
@@ -14,6 +16,10 @@ def R(q, c):
     return Reader(q, c)
 
 
+def ids(*tokens):
+    return array("I", tokens)
+
+
 def test_common_prefix_length():
     assert common_prefix_length((1, 2, 3), (1, 2, 4)) == 2
     assert common_prefix_length((1, 2, 3), (1, 2, 3, 4)) == 3
@@ -26,7 +32,7 @@ def test_common_prefix_length():
 
 def test_singletons_keep_identical_prompts_apart():
     nodes = singletons([(R(0, 0), [1, 2]), (R(0, 1), [1, 2])])
-    assert nodes == [TreeNode(None, 0, (1, 2), (R(0, 0),)), TreeNode(None, 0, (1, 2), (R(0, 1),))]
+    assert nodes == [TreeNode(None, 0, ids(1, 2), (R(0, 0),)), TreeNode(None, 0, ids(1, 2), (R(0, 1),))]
 
 
 def test_star_shares_only_the_common_prefix():
@@ -34,10 +40,17 @@ def test_star_shares_only_the_common_prefix():
         [(R(0, 0), [1, 2, 3, 7]), (R(0, 1), [1, 2, 3, 7]), (R(0, 2), [1, 2, 9]), (R(0, 3), [1, 2])]
     )
     assert nodes == [
-        TreeNode(None, 0, (1, 2), (R(0, 3),)),  # candidate 3 is the common prefix: reads the root
-        TreeNode(0, 2, (3, 7), (R(0, 0),)),  # identical tails are not merged under default
-        TreeNode(0, 2, (3, 7), (R(0, 1),)),
-        TreeNode(0, 2, (9,), (R(0, 2),)),
+        TreeNode(None, 0, ids(1, 2), (R(0, 3),)),  # candidate 3 is the common prefix: reads the root
+        TreeNode(0, 2, ids(3, 7), (R(0, 0),)),  # identical tails are not merged under default
+        TreeNode(0, 2, ids(3, 7), (R(0, 1),)),
+        TreeNode(
+            0,
+            2,
+            ids(
+                9,
+            ),
+            (R(0, 2),),
+        ),
     ]
 
 
@@ -57,10 +70,17 @@ def test_trie_merges_identical_prompts_and_prefix_readers():
         ]
     )
     assert nodes == [
-        TreeNode(None, 0, (1, 2, 3), (R(1, 0),)),
-        TreeNode(0, 3, (4, 5), (R(0, 0), R(0, 1))),
-        TreeNode(0, 3, (6,), (R(1, 1),)),
-        TreeNode(None, 0, (8, 9), (R(2, 0),)),
+        TreeNode(None, 0, ids(1, 2, 3), (R(1, 0),)),
+        TreeNode(0, 3, ids(4, 5), (R(0, 0), R(0, 1))),
+        TreeNode(
+            0,
+            3,
+            ids(
+                6,
+            ),
+            (R(1, 1),),
+        ),
+        TreeNode(None, 0, ids(8, 9), (R(2, 0),)),
     ]
 
 
@@ -71,10 +91,10 @@ def test_trie_blocks_cut_boundaries_down_to_block_multiples():
     c = [1, 2, 3]
     nodes = compressed_trie([(R(0, 0), a), (R(0, 1), b), (R(0, 2), c)], block_tokens=4)
     assert nodes == [
-        TreeNode(None, 0, (1, 2, 3), (R(0, 2),)),  # its last block is partial: never shared
-        TreeNode(None, 0, (1, 2, 3, 4), ()),
-        TreeNode(1, 4, (5, 6, 7), (R(0, 0),)),
-        TreeNode(1, 4, (5, 9), (R(0, 1),)),
+        TreeNode(None, 0, ids(1, 2, 3), (R(0, 2),)),  # its last block is partial: never shared
+        TreeNode(None, 0, ids(1, 2, 3, 4), ()),
+        TreeNode(1, 4, ids(5, 6, 7), (R(0, 0),)),
+        TreeNode(1, 4, ids(5, 9), (R(0, 1),)),
     ]
     for node in nodes:
         if any(n.parent is not None and nodes[n.parent] is node for n in nodes):
@@ -100,6 +120,6 @@ def test_trie_under_a_long_shared_context_is_the_trie_of_the_tails_below_it():
     readers = [R(0, i) for i in range(len(tails))]
     nodes = compressed_trie([(r, context + t) for r, t in zip(readers, tails, strict=True)])
     below = compressed_trie(list(zip(readers, tails, strict=True)))
-    assert nodes[0] == TreeNode(None, 0, tuple(context) + below[0].token_ids, below[0].readers)
+    assert nodes[0] == TreeNode(None, 0, array("I", context) + below[0].token_ids, below[0].readers)
     shifted = [TreeNode(n.parent, n.start_position + len(context), n.token_ids, n.readers) for n in below[1:]]
     assert nodes[1:] == shifted
