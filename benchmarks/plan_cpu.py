@@ -10,6 +10,8 @@ Prints a table: tokens, candidates and per request and policy the best of 5 batc
 time. `--wide N` adds N candidates over a five-word state, choice questions of 255 criteria
 each: with 65,536 (the contract's most candidates) near the largest request a frontend admits
 by default (its token and rendered-byte limits are checked here); give it `--repeats 1`.
+`--memory` instead plans 256 candidates of 16,384 tokens (the worker's default token limit) once
+per policy under tracemalloc: the planner's peak allocation beyond the ids, and what it keeps.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+import tracemalloc
 from array import array
 from pathlib import Path
 
@@ -64,6 +67,26 @@ def requests(model: Path, cases: list[str], wide: int) -> dict[str, list[list[ar
     return out
 
 
+def memory(policies: list[str]) -> None:
+    cost = default_cost_model("cuda")
+    questions = [
+        [array("I", (1000 + (c * 7 + i) % 200000 for i in range(16384))) for c in range(255)],
+        [array("I", range(1000, 17384))],
+    ]
+    print("256 candidates of 16,384 tokens (16 MiB of ids), one plan each under tracemalloc")
+    print("| policy | seconds (under tracemalloc) | peak allocated MiB | kept MiB |")
+    print("|---|---|---|---|")
+    for policy in policies:
+        tracemalloc.start()
+        start = time.perf_counter()
+        plan = plan_request(questions, policy, PackLimits(), cost, PASS_DEPTH)
+        seconds = time.perf_counter() - start
+        kept, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        del plan
+        print(f"| {policy} | {seconds:.2f} | {peak / 2**20:.0f} | {kept / 2**20:.0f} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=Path(".openjev/demo-model"))
@@ -71,9 +94,13 @@ def main() -> None:
     p.add_argument("--cases", default=DEFAULT_CASES)
     p.add_argument("--policies", default="auto")
     p.add_argument("--wide", type=int, default=0)
+    p.add_argument("--memory", action="store_true", help="the planner's memory on a request of 4 Mi tokens instead")
     args = p.parse_args()
     cost = default_cost_model("cuda")
     policies = args.policies.split(",")
+    if args.memory:
+        memory(policies)
+        return
     print(f"plan ms, best of {BATCHES} batches of {args.repeats}, policies interleaved")
     print("| request | tokens | candidates | " + " | ".join(policies) + " |")
     print("|---|---|---|" + "---|" * len(policies))
