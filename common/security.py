@@ -32,6 +32,7 @@ log = logs.get("openjev.security")
 
 AUTH_TOKENS_ENV = "OPENJEV_AUTH_TOKENS"
 UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token"
+SHORT_TOKEN_CHARS = 16  # shorter bearer tokens are accepted with a warning at start
 # Callable without a token: probes and schema discovery.
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/", "/grpc.reflection.v1.")
 

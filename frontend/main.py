@@ -197,6 +197,14 @@ def serve(args: argparse.Namespace) -> None:
         tokens = security.load_tokens(args.auth_token_file)
     except security.SecurityError as error:
         raise SystemExit(f"openjev-frontend: {error}") from None
+    if short := sum(len(token) < security.SHORT_TOKEN_CHARS for token in tokens):
+        # accepted (the operator chose them), but said: nothing limits how often a caller may guess
+        log.warning(
+            "short_bearer_tokens",
+            count=short,
+            hint=f"use tokens of at least {security.SHORT_TOKEN_CHARS} random characters; "
+            "failed attempts are not rate-limited here (docs/deploy.md)",
+        )
     if public_credentials is None:
         log.warning("plaintext", port="public", reason="--plaintext", hint="set --tls-cert and --tls-key to serve TLS")
     if worker_credentials is None:
