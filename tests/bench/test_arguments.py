@@ -13,8 +13,9 @@ from openjev.tools.bench import main as bench_main
         (["--arms", "off,offf"], "--arms 'off,offf'"),
         (["--arms", "transformers"], "--arms 'transformers'"),
         (["--workload", "no-such-workload.jsonl"], "no-such-workload.jsonl: no such file"),
+        (["--from-block", "1"], "--from-block re-renders a saved run: use it with --report-only"),
     ],
-    ids=["unknown arm", "no policy arm", "missing workload"],
+    ids=["unknown arm", "no policy arm", "missing workload", "from-block without report-only"],
 )
 def test_bad_arguments_stop_the_run_before_it_starts(tmp_path, capsys, extra, says):
     with pytest.raises(SystemExit) as stopped:

@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     if args.ceilings and not args.report_only:
         parser().error("--ceilings re-renders a saved run: use it with --report-only")
+    if args.from_block and not args.report_only:  # a new run ignored it
+        parser().error("--from-block re-renders a saved run: use it with --report-only")
     arm_names = args.arms.split(",")
     if any(n not in POLICY_ARMS and n != "transformers" for n in arm_names) or not set(arm_names) & set(POLICY_ARMS):
         parser().error(f"--arms {args.arms!r}: one or more of {', '.join(POLICY_ARMS)}, plus 'transformers' if wanted")
