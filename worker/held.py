@@ -1,7 +1,7 @@
 """The worker's budget of candidate tokens held at once, over every call from its first candidate
 to its answer: streams still arriving (their ids kept until the commit, for up to the commit
-timeout), requests waiting for a pass, planning (the planner's peak is ~120 bytes a token) and
-running.
+timeout), requests waiting for a pass, being planned and running (4 bytes a token as ids, about
+twice that while a plan is built).
 
 The call caps count calls, not what each holds: without this, 144 uncommitted streams of 4 M
 tokens held ~4.7 GiB, and every admitted request could plan 4 M tokens at once
