@@ -27,6 +27,11 @@ from openjev.worker.v1 import worker_pb2_grpc
 MAX_REQUEST_TOKENS = 4000
 MAX_HELD_TOKENS = 6000
 BIG = {"state": "word " * 3200, "questions": {"q": {"type": "noul", "instructions": "ok?"}}}  # ~3,230 tokens
+# 17 candidates of ~200 tokens: more than one message, so the frontend streams them
+BIG_STREAMED = {
+    "state": "word " * 150,
+    "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(17)}}},
+}
 SMALL = {"state": "hi", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
 
 
@@ -178,7 +183,10 @@ def test_a_malformed_or_uncommitted_stream_gives_back_what_it_held(pair, stub):
     wait_held(pair, 0)
 
 
-def test_through_the_frontend_a_full_budget_is_resource_exhausted_and_frees(pair, stub):
+@pytest.mark.parametrize("big", [BIG, BIG_STREAMED], ids=["unary", "stream"])
+def test_through_the_frontend_a_full_budget_is_resource_exhausted_and_frees(pair, stub, big):
+    """One noul candidate goes in one ExecuteUnary call, 17 choice candidates as an Execute
+    stream (refused part-way, while the frontend is still tokenizing)."""
     blocker = OpenStream(stub, 3000)
     with Client(pair.frontend.address) as client:
         try:
@@ -186,11 +194,11 @@ def test_through_the_frontend_a_full_budget_is_resource_exhausted_and_frees(pair
             small = client.stub.Decide(api.DecideRequest(request_json=json.dumps(SMALL)), timeout=60)
             assert len(small.answers) == 1  # a request within what is left runs
             with pytest.raises(grpc.RpcError) as refused:
-                client.stub.Decide(api.DecideRequest(request_json=json.dumps(BIG)), timeout=60)
+                client.stub.Decide(api.DecideRequest(request_json=json.dumps(big)), timeout=60)
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert refused.value.details().startswith("worker: worker is holding its limit of 6000 candidate tokens")
         finally:
             blocker.cancel()
         wait_held(pair, 0)
-        answer = client.stub.Decide(api.DecideRequest(request_json=json.dumps(BIG)), timeout=60)
+        answer = client.stub.Decide(api.DecideRequest(request_json=json.dumps(big)), timeout=60)
         assert len(answer.answers) == 1
