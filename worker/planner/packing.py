@@ -25,10 +25,9 @@ def split_into_segments(nodes: Sequence[TreeNode], chunk_tokens: int) -> list[Se
             raise ValueError("tree nodes must not be empty")
         parent = None if node.parent is None else last_piece_of_node[node.parent]
         for offset in range(0, len(node.token_ids), chunk_tokens):
+            # a node that fits one chunk is its segment's tokens as they are, not a copy
             whole = offset == 0 and len(node.token_ids) <= chunk_tokens
-            tokens = (
-                node.token_ids if whole else node.token_ids[offset : offset + chunk_tokens]
-            )  # no copy of a whole one
+            tokens = node.token_ids if whole else node.token_ids[offset : offset + chunk_tokens]
             is_last = offset + chunk_tokens >= len(node.token_ids)
             pieces.append((tokens, node.start_position + offset, node.readers if is_last else ()))
             parents.append(parent)
