@@ -6,13 +6,16 @@ twice that while a plan is built).
 The call caps count calls, not what each holds: without this, 144 uncommitted streams of 4 M
 tokens held ~4.7 GiB, and every admitted request could plan 4 M tokens at once
 (docs/reliability.md). A candidate that would take the total past the budget ends its call
-RESOURCE_EXHAUSTED (QueueFull, as a full queue: load, retried later or by the frontend on another
-worker).
+RESOURCE_EXHAUSTED (QueueFull, as a full queue: load, not a fault of the request; the frontend
+sends a request refused after its commit once more elsewhere, one refused part-way not).
 
 Calls arrive interleaved, so a plain total would let several large requests each take part of
-the budget and all be refused part-way, none served. Instead the oldest call holding tokens has
-`reserve` tokens (the per-request limit) of its own, and the others share the rest: the oldest
-is never refused, so some request always progresses, and the total stays within the budget.
+the budget and all be refused part-way, none served. So the other calls leave room for the
+oldest request still arriving to finish arriving: what its header says it may still send (its
+candidates times the longest prompt, at most the per-request token limit; an ExecuteUnary
+request's own total), less what it holds. It is refused only when the requests before it, already
+committed, hold more than the budget leaves it; as they end (or anything is refused) the room
+comes back, so a request always gets through.
 """
 
 from __future__ import annotations
@@ -24,15 +27,12 @@ from openjev.worker.scheduler import QueueFull
 
 class HeldTokens:
     """The worker's total; one `Hold` per call takes from it and gives back what it took.
-    limit: the budget (None: none); reserve: the oldest holder's own share (at most limit)."""
+    limit: the budget (None: none)."""
 
-    def __init__(self, limit: int | None, reserve: int = 0):
-        if limit is not None and not 0 <= reserve <= limit:
-            raise ValueError(f"reserve {reserve} is not within the budget of {limit} tokens")
+    def __init__(self, limit: int | None):
         self.limit = limit
-        self.reserve = reserve
         self._held = 0
-        self._holders: dict[Hold, None] = {}  # in the order of their first take: the first is the oldest
+        self._arriving: dict[Hold, None] = {}  # uncommitted holders by first take: the first is the oldest
         self._lock = threading.Lock()
 
     @property
@@ -46,36 +46,48 @@ class HeldTokens:
     def _take(self, hold: Hold, tokens: int) -> None:
         with self._lock:
             if self.limit is not None:
-                oldest = next(iter(self._holders), hold)
-                oldest_tokens = oldest.tokens + (tokens if oldest is hold else 0)
-                shared = self._held + tokens - min(oldest_tokens, self.reserve)
-                if shared > self.limit - self.reserve:
+                oldest = next(iter(self._arriving), hold)
+                room = 0 if oldest is hold else max(0, oldest.bound - oldest.tokens)
+                if self._held + tokens + room > self.limit:
                     raise QueueFull(
-                        f"worker is holding its limit of {self.limit} candidate tokens "
-                        "(requests arriving, waiting and running); retry later"
+                        f"worker cannot hold {tokens} more candidate tokens now ({self._held} of its "
+                        f"{self.limit} held, {room} kept for the oldest request still arriving); retry later"
                     )
             self._held += tokens
             hold.tokens += tokens
-            self._holders.setdefault(hold)
+            self._arriving.setdefault(hold)
+
+    def _arrived(self, hold: Hold) -> None:
+        with self._lock:
+            self._arriving.pop(hold, None)
 
     def _give_back(self, hold: Hold) -> None:
         with self._lock:
             self._held -= hold.tokens
             hold.tokens = 0
-            self._holders.pop(hold, None)
+            self._arriving.pop(hold, None)
 
 
 class Hold:
-    """One call's share: `take` as its candidates arrive, everything given back when the call
-    ends (a context manager, so every way out of the call gives it back)."""
+    """One call's share: `expect` its most tokens once its header is read, `take` as its
+    candidates arrive, `arrived` at its commit; everything given back when the call ends (a
+    context manager, so every way out of the call gives it back)."""
 
     def __init__(self, budget: HeldTokens):
         self._budget = budget
         self.tokens = 0
+        self.bound = 0  # the most tokens the call may hold in all, once its header is read
+
+    def expect(self, bound: int) -> None:
+        self.bound = bound
 
     def take(self, tokens: int) -> None:
         """Raises QueueFull when the worker's total would pass its budget."""
         self._budget._take(self, tokens)
+
+    def arrived(self) -> None:
+        """Every candidate is in: no room is kept for this call any more."""
+        self._budget._arrived(self)
 
     def release(self) -> None:
         self._budget._give_back(self)

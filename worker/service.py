@@ -110,8 +110,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             self.ready.set()
         self.engine = engine
         self.commit_timeout_seconds = commit_timeout_seconds
-        # the oldest holder may always take a whole request: one is never refused for the budget
-        self.held = HeldTokens(max_held_tokens, min(identity.max_request_tokens or 0, max_held_tokens or 0))
+        self.held = HeldTokens(max_held_tokens)
         self._stream_limits = identity.stream_limits()
         self.identity = identity
         self.forced_policy = forced_policy  # the transformers arm runs every request with `off`

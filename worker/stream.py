@@ -108,6 +108,8 @@ def collect_unary(request: wire.ExecuteUnaryRequest, limits: StreamLimits, hold:
     if not request.HasField("header"):
         raise BadStream("no header")
     collector = _Collector(request.header, limits, hold)
+    if hold is not None:  # the whole request is here: its own total, not the header's bound
+        hold.expect(sum(len(candidate.token_ids) for candidate in request.candidates))
     collector.add(request.candidates)
     return collector.finish("")
 
@@ -120,6 +122,9 @@ class _Collector:
         self.kinds = _check_header(header, limits)
         self.limits = limits
         self.hold = hold
+        if hold is not None:  # the most it may send: the room the budget keeps while it is the oldest arriving
+            most = sum(q.num_candidates for q in header.questions) * limits.max_length
+            hold.expect(most if limits.max_tokens is None else min(most, limits.max_tokens))
         self.slots: list[list[array | None]] = [[None] * q.num_candidates for q in header.questions]
         self.missing = sum(q.num_candidates for q in header.questions)
         self.num_tokens = 0
@@ -163,6 +168,8 @@ class _Collector:
         if self.missing:
             raise BadStream(" ".join(filter(None, [f"{self.missing} candidates missing", where])))
         candidates = tuple(tuple(ids for ids in question if ids is not None) for question in self.slots)
+        if self.hold is not None:
+            self.hold.arrived()
         return Collected(self.header, self.kinds, candidates, self.num_tokens)
 
 

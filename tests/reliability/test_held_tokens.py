@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import threading
 import time
 import urllib.request
@@ -127,31 +128,30 @@ def unary(tokens: int) -> wire.ExecuteUnaryRequest:
 
 
 def test_uncommitted_streams_count_and_a_candidate_past_the_budget_is_refused(pair, stub):
-    """Budget 6,000, a request at most 4,000: the oldest holder has 4,000 of its own, the others
-    share 2,000."""
+    """Budget 6,000 tokens, a request at most 4,000 (two candidates: 4,000 may come): the others
+    leave room for what the oldest request still arriving may send."""
     first = OpenStream(stub, 3000)
     try:
-        wait_held(pair, 3000)  # held while uncommitted
-        second = OpenStream(stub, 2000)
-        wait_held(pair, 5000)  # the shared 2,000 are taken
-        third = OpenStream(stub, 1)
+        wait_held(pair, 3000)  # held while uncommitted; 1,000 more may come
+        second = OpenStream(stub, 1000)
+        wait_held(pair, 4000)
+        third = OpenStream(stub, 1001)  # 4,000 + 1,001 + the first's 1,000 > 6,000
         third.wait_ended()  # the worker ended it uncommitted
         assert third.error is not None and third.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert third.error.details() == (
-            f"worker is holding its limit of {MAX_HELD_TOKENS} candidate tokens "
-            "(requests arriving, waiting and running); retry later"
+            f"worker cannot hold 1001 more candidate tokens now (4000 of its {MAX_HELD_TOKENS} held, "
+            "1000 kept for the oldest request still arriving); retry later"
         )
         with pytest.raises(grpc.RpcError) as refused:
-            stub.ExecuteUnary(unary(1), timeout=30)
+            stub.ExecuteUnary(unary(1000), timeout=30)
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "holding its limit" in refused.value.details()
-        wait_held(pair, 5000)  # the refused calls gave back what they had taken
-        # the oldest is never refused: its 1,000 more take the total to the budget; answered, it
-        # gives everything back
+        assert "kept for the oldest request still arriving" in refused.value.details()
+        wait_held(pair, 4000)  # the refused calls gave back what they had taken
+        # the oldest's own room: its 1,000 more take the total to 5,000; answered, it gives all back
         first.commit(1000)
         assert first.error is None and first.replies[-1].HasField("summary")
-        wait_held(pair, 2000)
-        # the second is now the oldest, within its own 4,000: the shared 2,000 are free
+        wait_held(pair, 1000)
+        # the second is now the oldest arriving (3,000 may still come): 1,000 + 2,000 + 3,000 fits
         assert len(stub.ExecuteUnary(unary(1995), timeout=60).questions) == 1
         second.commit(5)
         assert second.error is None and second.replies[-1].HasField("summary")
@@ -159,7 +159,7 @@ def test_uncommitted_streams_count_and_a_candidate_past_the_budget_is_refused(pa
         first.cancel()
     wait_held(pair, 0)
     logged = [r for r in log_events(pair.worker.log_text(), "execute") if r.get("status") == "RESOURCE_EXHAUSTED"]
-    assert len(logged) >= 2 and all("holding its limit" in r["reason"] for r in logged)
+    assert len(logged) >= 2 and all("kept for the oldest request" in r["reason"] for r in logged)
 
 
 def test_a_malformed_or_uncommitted_stream_gives_back_what_it_held(pair, stub):
@@ -196,7 +196,11 @@ def test_through_the_frontend_a_full_budget_is_resource_exhausted_and_frees(pair
             with pytest.raises(grpc.RpcError) as refused:
                 client.stub.Decide(api.DecideRequest(request_json=json.dumps(big)), timeout=60)
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert refused.value.details().startswith("worker: worker is holding its limit of 6000 candidate tokens")
+            assert re.fullmatch(
+                r"worker: worker cannot hold \d+ more candidate tokens now \(\d+ of its 6000 held, 1000 kept for "
+                r"the oldest request still arriving\); retry later",
+                refused.value.details(),
+            )
         finally:
             blocker.cancel()
         wait_held(pair, 0)
