@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import grpc
@@ -84,6 +85,19 @@ def _refuse_full(context, error: QueueFull, fields: dict) -> None:
     another worker); before anything ran, so nothing is spent."""
     log.warning("execute", status="RESOURCE_EXHAUSTED", reason=str(error), **fields)
     context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+
+
+@contextmanager
+def _refused_unrun(context, fields: dict, what: str):
+    """Reading a request: a malformed one is INVALID_ARGUMENT ("malformed execute {what}: ..."),
+    one past the held-token budget RESOURCE_EXHAUSTED."""
+    try:
+        yield
+    except BadStream as error:
+        log.warning("execute", status="INVALID_ARGUMENT", reason=str(error), **fields)
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed execute {what}: {error}")
+    except QueueFull as error:
+        _refuse_full(context, error, fields)
 
 
 def _responses(result: ExecutionResult):
@@ -194,12 +208,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         is malformed, was not committed in time, or would pass the held-token budget."""
         timer = CommitTimer(self.commit_timeout_seconds, context.cancel)
         try:
-            collected = collect(request_iterator, self._stream_limits, hold)
-        except BadStream as error:
-            log.warning("execute", status="INVALID_ARGUMENT", reason=str(error), **fields)
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed execute stream: {error}")
-        except QueueFull as error:
-            _refuse_full(context, error, fields)
+            with _refused_unrun(context, fields, "stream"):  # its abort is no RpcError: not caught below
+                collected = collect(request_iterator, self._stream_limits, hold)
         except grpc.RpcError:  # the stream was cancelled while being read
             collected = None
         finally:
@@ -230,13 +240,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         started = time.perf_counter()
         fields = self._call_fields(context)
         with self.held.hold() as hold:
-            try:
+            with _refused_unrun(context, fields, "request"):
                 collected = collect_unary(request, self._stream_limits, hold)
-            except BadStream as error:
-                log.warning("execute", status="INVALID_ARGUMENT", reason=str(error), **fields)
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed execute request: {error}")
-            except QueueFull as error:
-                _refuse_full(context, error, fields)
             result = self._run(collected, context, started, fields)
         return wire.ExecuteUnaryResponse(questions=list(_question_results(result)), summary=_summary(result))
 
