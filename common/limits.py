@@ -158,6 +158,8 @@ class LimitCalls(grpc.ServerInterceptor):
 # As long as the HTTP route gives a client to send its body: a 64 MiB message over a slow link
 # (10 s is 54 Mbit/s) is a request like any other.
 FIRST_MESSAGE_SECONDS = 60.0
+# How long a read that ended without a message waits to learn whether its call ended
+ENDED_WAIT_SECONDS = 0.05
 
 
 class FirstMessage(grpc.ServerInterceptor):
@@ -214,19 +216,30 @@ class FirstMessage(grpc.ServerInterceptor):
             old.cancel()
         try:
             return next(requests)
-        except StopIteration:  # half-closed without a message: what grpcio's own unary read refuses
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call sent no request message")
+        except StopIteration:
+            # half-closed without a message (what grpcio's own unary read refuses), or ended: a
+            # cancelled call's read can end so a moment before gRPC marks the call inactive
+            gone_by = time.monotonic() + ENDED_WAIT_SECONDS
+            while context.is_active() and time.monotonic() < gone_by:
+                time.sleep(0.005)
+            if context.is_active():
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call sent no request message")
+            self._ended(key, context)
+            context.abort(grpc.StatusCode.CANCELLED, "the call ended before its message")
         except grpc.RpcError:  # the call ended first: its deadline, the client's cancel, or ours
-            with self._lock:
-                mine = self._waiting.pop(key, None)  # None: cancelled here, and logged so
-            if mine is not None:
-                remaining = context.time_remaining()
-                status = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
-                self._log([mine], "the call ended before its message", status)
+            self._ended(key, context)
             raise
         finally:
             with self._lock:
                 self._waiting.pop(key, None)
+
+    def _ended(self, key: int, context) -> None:
+        with self._lock:
+            mine = self._waiting.pop(key, None)  # None: cancelled here, and logged so
+        if mine is not None:
+            remaining = context.time_remaining()
+            status = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+            self._log([mine], "the call ended before its message", status)
 
     def _sweep(self) -> None:
         while True:

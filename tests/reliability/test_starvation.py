@@ -262,3 +262,46 @@ def test_calls_cancelled_for_the_count_are_counted_and_a_deadline_first_is_logge
     own = [line for line in own if line["waited_s"] < 1.5]
     assert len(own) == 1 and own[0]["status"] in ("DEADLINE_EXCEEDED", "CANCELLED"), missing
     assert own[0]["method"] == "/grpc.health.v1.Health/Check" and own[0]["waited_s"] > 0.4
+
+
+class _EndingContext:
+    """A call whose client gave up: its read ends as a half-close would, and gRPC marks the call
+    inactive a moment later (seen under load on 2026-12-05: the deadline-first call above then
+    left no line and was refused INVALID_ARGUMENT as a half-close)."""
+
+    def __init__(self, active_for: float):
+        self._until = time.monotonic() + active_for
+        self.aborted: tuple | None = None
+
+    def is_active(self) -> bool:
+        return time.monotonic() < self._until
+
+    def time_remaining(self) -> float:
+        return 0.0
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def abort(self, code, details):
+        self.aborted = (code, details)
+        raise RuntimeError("aborted")
+
+
+@pytest.mark.parametrize(
+    "active_for, code, logged",
+    [
+        (0.01, grpc.StatusCode.CANCELLED, ["the call ended before its message"]),
+        (10.0, grpc.StatusCode.INVALID_ARGUMENT, []),  # still there: it half-closed without a message
+    ],
+    ids=["ended", "half-closed"],
+)
+def test_a_read_that_ends_as_its_call_ends_is_no_half_close(active_for, code, logged):
+    from openjev.limits import FirstMessage
+
+    first = FirstMessage(most=4, seconds=30)
+    context = _EndingContext(active_for)
+    with structlog.testing.capture_logs() as lines, pytest.raises(RuntimeError, match="aborted"):
+        first._first(iter(()), context, "/grpc.health.v1.Health/Check")
+    assert context.aborted is not None and context.aborted[0] == code
+    assert [line["reason"] for line in lines if line["event"] == "first_message_missing"] == logged
+    assert first.waiting() == 0
