@@ -10,14 +10,16 @@ workers whose health is SERVING and walks past ones that are down; a call no wor
 tried again by the frontend (`DecisionServicer._execute`, gRPC's own retries are off) on the
 round-robin channel: the ring would pick the same worker again, and one that refuses the call
 (replaced by another export) stays on the ring while its health says SERVING. A call a worker
-accepted and then refused with a full queue (`RESOURCE_EXHAUSTED`, before any result) ran
-nowhere: `Replay` keeps the sent messages so that the frontend can send such a request once
-more, round-robin.
+accepted and then refused with a full queue (`RESOURCE_EXHAUSTED`, before any result), or
+refused part-way by its budget of held tokens (before the commit), ran nowhere: `Replay` keeps
+the sent messages so that the frontend can send such a request once more, round-robin (what it
+had not sent yet follows them).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import threading
 from collections.abc import Iterator
@@ -95,9 +97,11 @@ class ReplayBudget:
 class Replay:
     """Passes an Execute request stream through and keeps its messages, up to max_bytes (and
     what `budget` has left), so that a request a worker refused before running it can be sent
-    again without tokenizing again. `replayable` only once the commit went out (the worker
-    refuses a full queue after reading it) and everything was kept. `close()` gives the bytes
-    back; the servicer calls it when the request ends."""
+    again without tokenizing again: `again()` gives what was kept, then what the source has not
+    given yet (a worker's held-token budget refuses a stream part-way, before its commit).
+    `replayable` unless something was not kept or the source ended without a commit (a contract
+    error part-way: that is the answer). `close()` gives the bytes back; the servicer calls it
+    when the request ends."""
 
     def __init__(self, source: Iterator[wire.ExecuteRequest], max_bytes: int, budget: ReplayBudget):
         self._source = source
@@ -107,13 +111,28 @@ class Replay:
         self._bytes = 0
         self._overflow = False
         self._committed = False
+        self._ended = False
         self._lock = threading.Lock()  # gRPC's sending thread fills it, the RPC thread closes it
+        # Pulls from the source, one at a time: the refused call's sending thread may still be in
+        # one when `again()` takes over; after that, that thread's iterator pulls nothing more.
+        self._pulling = threading.Lock()
+        self._generation = 0
 
     def __iter__(self) -> Iterator[wire.ExecuteRequest]:
-        for message in self._source:
-            self._keep(message)
-            if message.WhichOneof("item") == "commit":
-                self._committed = True
+        return self._pull(0)
+
+    def _pull(self, generation: int) -> Iterator[wire.ExecuteRequest]:
+        while True:
+            with self._pulling:
+                if generation != self._generation:  # a newer call took over the source
+                    return
+                message = next(self._source, None)
+                if message is None:
+                    self._ended = True
+                    return
+                self._keep(message)
+                if message.WhichOneof("item") == "commit":
+                    self._committed = True
             yield message
 
     def _keep(self, message: wire.ExecuteRequest) -> None:
@@ -139,9 +158,12 @@ class Replay:
 
     @property
     def replayable(self) -> bool:
-        return self._committed and not self._overflow
+        return not self._overflow and (self._committed or not self._ended)
 
     def again(self) -> Iterator[wire.ExecuteRequest]:
-        if not self.replayable:
-            raise RuntimeError("this request stream cannot be replayed")
-        return iter(list(self._kept))
+        with self._pulling:  # after a pull the refused call's thread may be in
+            if not self.replayable:
+                raise RuntimeError("this request stream cannot be replayed")
+            self._generation += 1
+            kept = list(self._kept)
+        return itertools.chain(kept, self._pull(self._generation))

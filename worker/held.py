@@ -6,8 +6,8 @@ twice that while a plan is built).
 The call caps count calls, not what each holds: without this, 144 uncommitted streams of 4 M
 tokens held ~4.7 GiB, and every admitted request could plan 4 M tokens at once
 (docs/reliability.md). A candidate that would take the total past the budget ends its call
-RESOURCE_EXHAUSTED (QueueFull, as a full queue: load, not a fault of the request; the frontend
-sends a request refused after its commit once more elsewhere, one refused part-way not).
+RESOURCE_EXHAUSTED (QueueFull, as a full queue: load, not a fault of the request; with context
+affinity the frontend sends the request once more, round-robin).
 
 Calls arrive interleaved, so a plain total would let several large requests each take part of
 the budget and all be refused part-way, none served. So the other calls leave room for the

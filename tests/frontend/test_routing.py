@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent import futures
 
@@ -86,12 +87,12 @@ def messages(n: int, commit: bool = True):
         yield wire.ExecuteRequest(commit=wire.Commit())
 
 
-def test_replay_sends_the_same_messages_again_only_after_a_commit():
+def test_replay_sends_the_same_messages_again_unless_the_source_ended_without_a_commit():
     budget = routing.ReplayBudget(1 << 20)
     replay = routing.Replay(messages(3), 1 << 20, budget)
     sent = list(replay)
     assert replay.replayable and list(replay.again()) == sent and len(sent) == 5
-    cut = routing.Replay(messages(3, commit=False), 1 << 20, budget)
+    cut = routing.Replay(messages(3, commit=False), 1 << 20, budget)  # a contract error part-way
     list(cut)
     assert not cut.replayable
     with pytest.raises(RuntimeError):
@@ -99,6 +100,48 @@ def test_replay_sends_the_same_messages_again_only_after_a_commit():
     large = routing.Replay(messages(3), 300, budget)  # each batch is over 100 bytes
     assert list(large) == sent
     assert not large.replayable
+
+
+def test_a_stream_refused_part_way_is_sent_again_whole():
+    """A worker's held-token budget refuses a stream before its commit: `again()` sends what went
+    out, then the rest of the source, each message once; the refused call's iterator pulls no more."""
+    replay = routing.Replay(messages(3), 1 << 20, routing.ReplayBudget(1 << 20))
+    first = iter(replay)
+    sent = [next(first), next(first)]  # the worker refused the call here
+    assert replay.replayable
+    resend = replay.again()
+    assert next(first, None) is None  # the refused call's iterator takes nothing from the resend
+    assert list(resend) == list(messages(3)) and sent == list(messages(3))[:2]
+
+
+def test_a_pull_in_progress_when_the_call_was_refused_is_sent_again():
+    """The refused call's sending thread may be inside a pull (tokenizing a batch) when the resend
+    starts: the resend waits for it and sends its message, in order, once."""
+    pulling, release = threading.Event(), threading.Event()
+
+    def slow():
+        for index, message in enumerate(messages(3)):
+            if index == 2:
+                pulling.set()
+                assert release.wait(10)
+            yield message
+
+    replay = routing.Replay(slow(), 1 << 20, routing.ReplayBudget(1 << 20))
+    first = iter(replay)
+    old = [next(first), next(first)]
+    late: list = []
+    sender = threading.Thread(target=lambda: late.append(next(first)))  # the refused call's last pull
+    sender.start()
+    assert pulling.wait(10)
+    resent: list = []
+    resender = threading.Thread(target=lambda: resent.extend(replay.again()))
+    resender.start()
+    time.sleep(0.2)
+    assert not resent  # waiting for the pull in progress
+    release.set()
+    sender.join(10)
+    resender.join(10)
+    assert old + late == list(messages(3))[:3] and resent == list(messages(3))
 
 
 def test_replays_share_one_budget_and_give_it_back():

@@ -206,3 +206,44 @@ def test_through_the_frontend_a_full_budget_is_resource_exhausted_and_frees(pair
         wait_held(pair, 0)
         answer = client.stub.Decide(api.DecideRequest(request_json=json.dumps(big)), timeout=60)
         assert len(answer.answers) == 1
+
+
+def test_a_stream_refused_part_way_is_sent_again_to_the_fleet(demo_model, tmp_path):
+    """Two workers behind a frontend with context affinity; one holds an uncommitted stream.
+    A streamed request whose context's worker refuses it part-way (before its commit) is sent
+    once more, round-robin, with the rest of its candidates: before the resend went past the
+    commit (2026-12-05) it went back to the client RESOURCE_EXHAUSTED with the other worker idle."""
+    limits = ["--max-request-tokens", str(MAX_REQUEST_TOKENS)]
+    workers = [
+        launch.start_worker(
+            demo_model, tmp_path, [*limits, "--max-held-tokens", str(MAX_HELD_TOKENS)], name=f"worker-{name}"
+        )
+        for name in "ab"
+    ]
+    frontend = None
+    try:
+        frontend = launch.start_frontend(demo_model, ",".join(w.address for w in workers), tmp_path, limits)
+        launch.wait_serving(frontend.address)
+        with grpc.insecure_channel(workers[0].address) as channel, Client(frontend.address) as client:
+            blocker = OpenStream(worker_pb2_grpc.WorkerServiceStub(channel), 3000)
+            try:
+                for i in range(10):  # ten contexts: some hash to the blocked worker
+                    body = dict(BIG_STREAMED, state=f"context {i} " + BIG_STREAMED["state"])
+                    try:
+                        client.stub.Decide(api.DecideRequest(request_json=json.dumps(body)), timeout=60)
+                    except grpc.RpcError as error:  # sent again to the blocked worker: refused there too
+                        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+            finally:
+                blocker.cancel()
+        decided = [(line.get("route"), line["status"]) for line in log_events(frontend.log_text(), "decide")]
+        refused_part_way = [
+            line for line in log_events(workers[0].log_text(), "execute") if line.get("status") == "RESOURCE_EXHAUSTED"
+        ]
+    finally:
+        if frontend is not None:
+            frontend.stop()
+        for worker in workers:
+            worker.stop()
+    assert refused_part_way, decided  # the blocked worker refused some
+    assert ("affinity", "RESOURCE_EXHAUSTED") not in decided, decided  # none went back unsent
+    assert any(route == "fallback" for route, _ in decided), decided
