@@ -13,9 +13,9 @@ Calls arrive interleaved, so a plain total would let several large requests each
 the budget and all be refused part-way, none served. So the other calls leave room for the
 oldest request still arriving to finish arriving: what its header says it may still send (its
 candidates times the longest prompt, at most the per-request token limit; an ExecuteUnary
-request's own total), less what it holds. It is refused only when the requests before it, already
-committed, hold more than the budget leaves it; as they end (or anything is refused) the room
-comes back, so a request always gets through.
+request's own total), less what it holds. It is refused only when what the others took before
+it became the oldest leaves it too little; as they end (or are refused) that comes back, so a
+request always gets through.
 """
 
 from __future__ import annotations
