@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab attention-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead pdl grpc-floor grpc-idle lt-choice lt-space
+#   steps: tests conv conv-ab attention-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead pdl grpc-floor grpc-idle lt-choice lt-space plan-cpu
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes;
 #          WORKER_EXTRA='--max-launch-tokens 2048' adds worker flags to both)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
@@ -181,6 +181,9 @@ for step in "$@"; do
     # every kernel against its two ceilings, then the runner end to end (capacity, peak memory)
     kernels) timeout 300 python3 benchmarks/kernels_gpu.py --capacity 27b --out $OUT/kernels-gpu.json 2>&1 \
              | tee $OUT/kernels-gpu.txt | tail -45 ;;
+    # the planner's time on this host's CPU (planning runs on each request's thread before admission)
+    plan-cpu) timeout 120 python3 benchmarks/plan_cpu.py --policies auto,off,shared 2>&1 | tee $OUT/plan-cpu.txt
+              timeout 60 python3 benchmarks/plan_cpu.py --memory --policies off,auto 2>&1 | tee -a $OUT/plan-cpu.txt ;;
     gemm) timeout 150 python3 benchmarks/gemm_invariance.py 2>&1 | tail -40 | tee $OUT/gemm-invariance.md ;;
     # the MLP down product: padded, K-split, cuBLAS, gemm_stream against the weight read
     gemm-split) timeout 200 python3 benchmarks/gemm_split.py --rows "${ROWS:-1,16,64,80,128,256,512,2048,4096}" --out $OUT/gemm-split.json 2>&1 | tail -16 | tee $OUT/gemm-split.txt ;;
