@@ -107,9 +107,9 @@ def collect_unary(request: wire.ExecuteUnaryRequest, limits: StreamLimits, hold:
     """An ExecuteUnary request: its header and candidates, checked as a committed stream's."""
     if not request.HasField("header"):
         raise BadStream("no header")
-    collector = _Collector(request.header, limits, hold)
-    if hold is not None:  # the whole request is here: its own total, not the header's bound
-        hold.expect(sum(len(candidate.token_ids) for candidate in request.candidates))
+    # the whole request is here: the budget keeps room for its own total, not the header's bound
+    total = sum(len(candidate.token_ids) for candidate in request.candidates) if hold is not None else None
+    collector = _Collector(request.header, limits, hold, total)
     collector.add(request.candidates)
     return collector.finish("")
 
@@ -117,14 +117,16 @@ def collect_unary(request: wire.ExecuteUnaryRequest, limits: StreamLimits, hold:
 class _Collector:
     """One request's candidates as they arrive, each checked against the header and the limits."""
 
-    def __init__(self, header: wire.ExecuteHeader, limits: StreamLimits, hold: Hold | None):
+    def __init__(self, header: wire.ExecuteHeader, limits: StreamLimits, hold: Hold | None, total: int | None = None):
         self.header = header
         self.kinds = _check_header(header, limits)
         self.limits = limits
         self.hold = hold
         if hold is not None:  # the most it may send: the room the budget keeps while it is the oldest arriving
-            most = sum(q.num_candidates for q in header.questions) * limits.max_length
-            hold.expect(most if limits.max_tokens is None else min(most, limits.max_tokens))
+            if total is None:
+                total = sum(q.num_candidates for q in header.questions) * limits.max_length
+                total = total if limits.max_tokens is None else min(total, limits.max_tokens)
+            hold.expect(total)
         self.slots: list[list[array | None]] = [[None] * q.num_candidates for q in header.questions]
         self.missing = sum(q.num_candidates for q in header.questions)
         self.num_tokens = 0

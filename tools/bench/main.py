@@ -141,16 +141,17 @@ def _header(args, argv, cases, ceilings, extra: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    flags = parser()
+    args = flags.parse_args(argv)
     if args.ceilings and not args.report_only:
-        parser().error("--ceilings re-renders a saved run: use it with --report-only")
+        flags.error("--ceilings re-renders a saved run: use it with --report-only")
     if args.from_block and not args.report_only:  # a new run ignored it
-        parser().error("--from-block re-renders a saved run: use it with --report-only")
+        flags.error("--from-block re-renders a saved run: use it with --report-only")
     arm_names = args.arms.split(",")
     if any(n not in POLICY_ARMS and n != "transformers" for n in arm_names) or not set(arm_names) & set(POLICY_ARMS):
-        parser().error(f"--arms {args.arms!r}: one or more of {', '.join(POLICY_ARMS)}, plus 'transformers' if wanted")
+        flags.error(f"--arms {args.arms!r}: one or more of {', '.join(POLICY_ARMS)}, plus 'transformers' if wanted")
     if args.workload and not args.workload.is_file():
-        parser().error(f"--workload {args.workload}: no such file")
+        flags.error(f"--workload {args.workload}: no such file")
     args.out.mkdir(parents=True, exist_ok=True)
     meta, candidates_of, longest = longest_tokens_fn(args.model)
     saved_workload = args.out / "workload.jsonl"  # what a run without --workload generated
