@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 
 import structlog
+
+# The one attribute of a library's record that its JSON line carries beyond event, level, logger
+# and timestamp (ThrottledLines sets it).
+DROPPED = "dropped"
 
 
 def configure(level: str = "info") -> None:
@@ -23,6 +29,7 @@ def configure(level: str = "info") -> None:
                 structlog.contextvars.merge_contextvars,
                 structlog.stdlib.add_log_level,
                 structlog.stdlib.add_logger_name,
+                structlog.stdlib.ExtraAdder(allow=[DROPPED]),
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
             ],
         )
@@ -46,3 +53,46 @@ def configure(level: str = "info") -> None:
 
 def get(name: str):
     return structlog.get_logger(name)
+
+
+class Throttle:
+    """At most one line a `seconds` for each kind of line: a client that can make a server log at
+    will (junk sent to a port) must not be able to fill its log. `admit` says whether to log this
+    one and how many of its kind were dropped since the last logged, so every one is counted."""
+
+    def __init__(self, seconds: float = 1.0):
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._last: dict[object, float] = {}
+        self._dropped: dict[object, int] = {}
+
+    def admit(self, kind: object) -> int | None:
+        """None: drop this line; else log it, with the number dropped before it (0 or more)."""
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(kind)
+            if last is not None and now - last < self.seconds:
+                self._dropped[kind] = self._dropped.get(kind, 0) + 1
+                return None
+            self._last[kind] = now
+            return self._dropped.pop(kind, 0)
+
+
+class ThrottledLines(logging.Filter):
+    """A library logger's records, each message at most once a second (`Throttle`); the next one
+    logged carries `dropped`. Messages in `replaced` are dropped: a line of ours says more."""
+
+    def __init__(self, replaced: frozenset[str] = frozenset(), seconds: float = 1.0):
+        super().__init__()
+        self.replaced = replaced
+        self.throttle = Throttle(seconds)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in self.replaced:
+            return False
+        dropped = self.throttle.admit(record.msg)
+        if dropped is None:
+            return False
+        if dropped:
+            setattr(record, DROPPED, dropped)
+        return True

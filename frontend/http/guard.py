@@ -19,9 +19,16 @@ import uuid
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from openjev import logs
+
 HEAD_SECONDS = 10.0  # from a connection's start, or a later head's first bytes, to the whole head
 BODY_SECONDS = 70.0  # from a head's end to its body's end (the decision route's 408 comes at 60 s)
 MAX_CONNECTIONS = 512  # of this port; more are closed at once
+# uvicorn's own line for a request h11 cannot parse; `http_malformed` replaces it (server.py)
+UVICORN_MALFORMED = "Invalid HTTP request received."
+
+log = logs.get("openjev.frontend.http")
+_malformed = logs.Throttle()  # junk is free to send: one line a second, the rest counted
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -48,11 +55,16 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
             return
         body = json.dumps({"error": "malformed HTTP request"}).encode()
+        request_id = uuid.uuid4().hex  # the request's own could not be read
+        dropped = _malformed.admit("malformed")
+        if dropped is not None:
+            peer = f"{self.client[0]}:{self.client[1]}" if self.client else None
+            log.warning("http_malformed", peer=peer, request_id=request_id, dropped=dropped, status=400)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
             (b"connection", b"close"),
-            (b"x-request-id", uuid.uuid4().hex.encode()),  # the request's own could not be read
+            (b"x-request-id", request_id.encode()),
         ]
         response = h11.Response(status_code=400, headers=headers, reason=b"Bad Request")
         for event in (response, h11.Data(data=body), h11.EndOfMessage()):

@@ -15,8 +15,9 @@ import time
 
 import uvicorn
 
+from openjev import logs
 from openjev.frontend.http.app import HttpApi
-from openjev.frontend.http.guard import GuardedH11Protocol
+from openjev.frontend.http.guard import UVICORN_MALFORMED, GuardedH11Protocol
 
 
 def _bind(listen: str) -> socket.socket:
@@ -67,7 +68,11 @@ class HttpServer:
             ssl_ca_certs=tls_client_ca,
             ssl_cert_reqs=ssl.CERT_REQUIRED if tls_client_ca else ssl.CERT_NONE,
         )
-        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+        uvicorn_log = logging.getLogger("uvicorn.error")
+        uvicorn_log.setLevel(logging.WARNING)
+        # its warnings come from what clients send (junk, websocket upgrades): each at most once a second
+        if not any(isinstance(f, logs.ThrottledLines) for f in uvicorn_log.filters):
+            uvicorn_log.addFilter(logs.ThrottledLines(replaced=frozenset({UVICORN_MALFORMED})))
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
 

@@ -395,33 +395,88 @@ def test_client_deadlines_through_the_servers_are_counted_and_logged_as_deadline
         pair.stop()
 
 
-def test_library_log_lines_are_json_too(demo_model, tmp_path):
-    """Records of libraries that log through the standard library (uvicorn here, on junk sent to
-    the HTTP port) are JSON objects with event, level and logger like ours (they were plain text)."""
+UPGRADE = b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"
+JUNK = b"\x00junk\r\n\r\n"
+
+
+def _http_frontend(demo_model, tmp_path) -> tuple[launch.Process, int]:
     http_port = launch.free_port()
     frontend = launch.start_frontend(
         demo_model, f"127.0.0.1:{launch.free_port()}", tmp_path, ["--http-listen", f"127.0.0.1:{http_port}"]
     )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", http_port), timeout=5).close()
+            return frontend, http_port
+        except OSError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+def _send(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
+        connection.sendall(data)
+        return connection.recv(4096)
+
+
+def _records(log: str) -> list[dict]:
+    return [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+
+
+def test_library_log_lines_are_json_too(demo_model, tmp_path):
+    """Records of libraries that log through the standard library (uvicorn here, on a websocket
+    upgrade sent to the HTTP port) are JSON objects with event, level and logger like ours (they
+    were plain text)."""
+    frontend, http_port = _http_frontend(demo_model, tmp_path)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                junk = socket.create_connection(("127.0.0.1", http_port), timeout=5)
-                break
-            except OSError:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
-        junk.sendall(b"\x00junk\r\n\r\n")
-        junk.recv(100)
-        junk.close()
+        assert _send(http_port, UPGRADE).startswith(b"HTTP/1.1 ")  # no worker: 503
         deadline = time.monotonic() + 10
-        while "Invalid HTTP request" not in frontend.log_text() and time.monotonic() < deadline:
+        while "Unsupported upgrade request" not in frontend.log_text() and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
         frontend.stop()
-    records = [json.loads(line) for line in frontend.log_text().splitlines() if line.strip()]
-    library = [r for r in records if "Invalid HTTP request" in r.get("event", "")]
-    assert library and library[0]["level"] == "warning" and library[0]["logger"].startswith("uvicorn")
+    library = [r for r in _records(frontend.log_text()) if r.get("event") == "Unsupported upgrade request."]
+    assert library and library[0]["level"] == "warning" and library[0]["logger"] == "uvicorn.error"
+
+
+def test_lines_any_client_can_cause_are_throttled_and_counted(demo_model, tmp_path):
+    """Junk and websocket upgrades sent as fast as a client can: each kind of line is logged at
+    most once a second, and the next one logged counts those dropped (`dropped`), so that a client
+    cannot fill the log and nothing goes uncounted (one line each, uvicorn's without a peer,
+    before 2026-12-05). Junk is logged as `http_malformed` with the peer and the request id of
+    the 400 it got."""
+    frontend, http_port = _http_frontend(demo_model, tmp_path)
+    sent = 80
+    try:
+        began = time.monotonic()
+        ids = set()
+        for _ in range(sent - 1):
+            ids.add(_send(http_port, JUNK).split(b"x-request-id: ")[1][:32].decode())
+            _send(http_port, UPGRADE)
+        burst = time.monotonic() - began
+        time.sleep(1.2)  # the next of each kind is logged, with the count of the burst's dropped
+        ids.add(_send(http_port, JUNK).split(b"x-request-id: ")[1][:32].decode())
+        _send(http_port, UPGRADE)
+
+        def counted(event: str) -> list[dict]:
+            return [r for r in _records(frontend.log_text()) if r.get("event") == event]
+
+        deadline = time.monotonic() + 10
+        while (
+            time.monotonic() < deadline
+            and sum(1 + r.get("dropped", 0) for r in counted("Unsupported upgrade request.")) < sent
+        ):
+            time.sleep(0.1)
+    finally:
+        frontend.stop()
+    malformed, upgrades = counted("http_malformed"), counted("Unsupported upgrade request.")
+    most = burst + 3  # a line a second at most, the one after the pause among them
+    assert sum(1 + r["dropped"] for r in malformed) == sent and len(malformed) <= most, malformed
+    assert sum(1 + r.get("dropped", 0) for r in upgrades) == sent and len(upgrades) <= most, upgrades
+    assert all(r["peer"].startswith("127.0.0.1:") and r["request_id"] in ids for r in malformed)
+    assert malformed[-1]["dropped"] > 0 and upgrades[-1]["dropped"] > 0
+    assert "Invalid HTTP request received." not in frontend.log_text()  # replaced by http_malformed
 
 
 def _config_and_events(log: str) -> tuple[dict, set[str]]:
