@@ -1,6 +1,11 @@
 """Large JSON bodies at once against a real frontend + worker: the frontend's memory and a small
 request's latency while they are parsed, for `--large-body-parses` 1 (the default) and more.
 
+Since 2026-12-05 the frontend parses bodies over 1 MiB in child processes
+(`frontend/parsing.py`): their peak memory is reported beside the frontend's. To compare with a
+tree before that, run this script with `PYTHONPATH` set to an export of that tree laid out as the
+`openjev` package (the servers it starts inherit it), alternating with a run without.
+
 Each body is a noul question over a state of `--arrays` empty JSON arrays (22.9 MiB for 6 M): the
 shape that builds the most Python objects per byte. Every one is refused INVALID_ARGUMENT (its
 prompt is far over max_length) only once it has been parsed and its state rendered. `--clients`
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import threading
@@ -34,6 +40,15 @@ SMALL = {"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}
 def peak_mib(pid: int) -> float:
     """The process's peak resident memory so far, MiB."""
     return rss_bytes(pid, "VmHWM") / 2**20
+
+
+def children_peak_mib(pid: int) -> float:
+    """The peaks of the process's children (the body parsers, spawn's resource tracker), summed."""
+    children: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as listed:
+            children += map(int, listed.read().split())
+    return sum(peak_mib(child) for child in children)
 
 
 def one_block(model: Path, workdir: Path, parses: int, body: str, clients: int) -> dict:
@@ -70,6 +85,7 @@ def one_block(model: Path, workdir: Path, parses: int, body: str, clients: int) 
             prober.join()
             return {
                 "growth": peak_mib(pair.frontend.popen.pid) - before,
+                "children": children_peak_mib(pair.frontend.popen.pid),
                 "last": max(seconds for _, seconds in outcomes),
                 "codes": sorted({code for code, _ in outcomes}),
                 "small_p50": statistics.median(small_ms),
@@ -102,12 +118,16 @@ def main() -> None:
         return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
     print()
-    print("| --large-body-parses | frontend peak growth, MiB | last refusal, s | small p50, ms | small max, ms |")
-    print("|---|---|---|---|---|")
+    print(
+        "| --large-body-parses | frontend peak growth, MiB | children's peak, MiB | last refusal, s | small p50, ms "
+        "| small max, ms |"
+    )
+    print("|---|---|---|---|---|---|")
     for arm in args.arms:
         codes = sorted({c for r in rows[arm] for c in r["codes"]})
         print(
-            f"| {arm} | {cell(arm, 'growth')} | {cell(arm, 'last', 1)} | {cell(arm, 'small_p50', 1)} "
+            f"| {arm} | {cell(arm, 'growth')} | {cell(arm, 'children')} | {cell(arm, 'last', 1)} "
+            f"| {cell(arm, 'small_p50', 1)} "
             f"| {cell(arm, 'small_max')} |" + ("" if codes == ["INVALID_ARGUMENT"] else f" codes {codes}")
         )
     print("\nmedian (range) over blocks")

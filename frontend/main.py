@@ -101,8 +101,8 @@ def parser() -> argparse.ArgumentParser:
         "--large-body-parses",
         type=positive_int,
         default=1,
-        help="request bodies over 1 MiB parsed at once, the others waiting their turn (each can take "
-        "~30 times its size in memory while it is parsed)",
+        help="request bodies over 1 MiB parsed at once, each in a child process, the others waiting their "
+        "turn (each can take ~30 times its size in memory while it is parsed)",
     )
     p.add_argument(
         "--worker-deadline-seconds",
@@ -291,6 +291,7 @@ def serve(args: argparse.Namespace) -> None:
         if http is not None:
             http.wait_stopped()
         link.close()
+        servicer.close()
         tracing.shutdown()
 
     serving.serve_until_signal(

@@ -19,6 +19,7 @@ from openjev.contract.request import MAX_RENDERED_BYTES, DecisionRequest, parse_
 from openjev.export import ExportMeta
 from openjev.frontend import routing, worker_calls
 from openjev.frontend.batches import EncodeLanes, iter_candidate_batches
+from openjev.frontend.parsing import BodyParsers, ParseFailed
 from openjev.frontend.turns import Abandoned, Turns
 from openjev.frontend.worker_calls import Refused
 from openjev.frontend.worker_link import WorkerLink
@@ -39,10 +40,11 @@ DEFAULT_MAX_REQUEST_TOKENS = 1 << 22
 # deadline, after RETRY_BACKOFF_SECONDS, doubling. gRPC's own retries are off (worker_link.py).
 MAX_ATTEMPTS = 3
 RETRY_BACKOFF_SECONDS = 0.05
-# Bodies longer than this are parsed (and their state rendered) `large_body_parses` at a time:
-# JSON builds up to ~30 times its size in Python objects (57 MiB of nested empty arrays: 1.6 GB
-# and 6 s, holding the GIL), so a few at once could take the frontend's memory. The price: a
-# large body waits for the parses ahead of it (seconds each at tens of MiB).
+# Bodies longer than this are parsed (and their state rendered) in child processes, at most
+# `large_body_parses` at a time (parsing.py): JSON builds up to ~30 times its size in Python
+# objects (57 MiB of nested empty arrays: 1.6 GB and 6 s, holding the GIL). The price: a large
+# body waits for the parses ahead of it (seconds each at tens of MiB), and pays a round trip to
+# its child (tens of milliseconds at tens of MiB; a child's start, the first time, ~1 s).
 LARGE_BODY_CHARS = 1 << 20
 # A request the contract refuses is the caller's fault: no ERROR on the `validate` span
 _VALIDATE_REFUSALS: dict[type[BaseException], str] = {ContractError: "INVALID_ARGUMENT", Abandoned: "CANCELLED"}
@@ -112,10 +114,23 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         # than `tokenizer_threads` batches at once in each of two lanes, small batches and large
         # (on gRPC's sending threads, see EncodeLanes).
         self._encode = EncodeLanes(self.tokenizer.encode, tokenizer_threads)
-        self._parse_large: Turns[str, DecisionRequest] = Turns(self._parse, large_body_parses, "parsed")
+        # picklable: large bodies are parsed with it in child processes
+        self._parse = functools.partial(
+            parse_request_json,
+            accepted_models=self.meta.accepted_model_names,
+            max_questions=self.max_questions,
+            max_candidates=self.max_candidates,
+            max_rendered_bytes=self.max_rendered_bytes,
+            chat_template_bytes=self._chat_template_bytes,
+        )
+        self.parsers = BodyParsers(self._parse)
+        self._parse_large: Turns[tuple[str, Callable[[], bool]], DecisionRequest] = Turns(
+            lambda call: self.parsers(*call), large_body_parses, "parsed"
+        )
 
     def close(self) -> None:
-        """Nothing to release: tokenizing holds no threads of its own."""
+        """Stops the processes that parse large bodies (tokenizing holds no threads of its own)."""
+        self.parsers.close()
 
     def worker_timeout(self, context) -> float:
         """The worker call's deadline: the client's, capped at worker_deadline_seconds (also when
@@ -161,16 +176,6 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         log.info("decide", status="OK", latency_ms=round((time.perf_counter() - started) * 1e3, 3), **fields)
         return response
 
-    def _parse(self, body: str) -> DecisionRequest:
-        return parse_request_json(
-            body,
-            accepted_models=self.meta.accepted_model_names,
-            max_questions=self.max_questions,
-            max_candidates=self.max_candidates,
-            max_rendered_bytes=self.max_rendered_bytes,
-            chat_template_bytes=self._chat_template_bytes,
-        )
-
     def _check_answer_size(self, response: api.DecideResponse) -> None:
         """An answer over the public port's message limit is refused here, not by gRPC's send,
         which failed it after the log and the metrics had counted the request OK. (Question ids
@@ -194,13 +199,15 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         try:
             with tracing.span("validate", refusals=_VALIDATE_REFUSALS):
                 if len(body) > LARGE_BODY_CHARS:
-                    decision = self._parse_large(body, context.is_active)
+                    decision = self._parse_large((body, context.is_active), context.is_active)
                 else:
                     decision = self._parse(body)
         except ContractError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message) from error
         except Abandoned as gone:
             raise Refused(grpc.StatusCode.CANCELLED, str(gone)) from None
+        except ParseFailed as failed:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(failed)) from None
         fields.update(kinds=sorted({q.kind for q in decision.questions}), candidates=decision.num_candidates)
         interceptors.note_kinds(fields["kinds"])
         try:

@@ -1,0 +1,133 @@
+"""Large request bodies parsed in child processes of the frontend.
+
+JSON builds up to ~30 times its size in Python objects, and `json.loads` holds the GIL for all
+of it where no hook runs (57 MiB of nested empty arrays: 6 s and 1.6 GB). Parsed in the
+frontend's own process, such a body stalled every other request (a small one waited 2-3 s
+behind a 23 MiB body) and its memory counted against the process that serves everyone. Here a
+body over `service.LARGE_BODY_CHARS` goes to a child process (one per parse slot, started at the
+first large body and kept), which parses it, renders its state and sends the compiled request
+back; the frontend's thread waits without the GIL. A child that dies while parsing (killed for
+memory, say) costs that request only (`ParseFailed`); the next large body gets a new child. A
+request whose client leaves while its body is parsed has its child stopped at once.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+
+from openjev import logs
+from openjev.contract.request import DecisionRequest
+from openjev.frontend.turns import RECHECK_SECONDS, Abandoned
+
+log = logs.get("openjev.frontend.parsing")
+
+# spawn: the frontend has gRPC's threads, which a fork would copy in an unknown state
+_CONTEXT = multiprocessing.get_context("spawn")
+PARSE_FAILED = "request body could not be parsed: the process parsing it ended first (out of memory?); retry later"
+
+
+class ParseFailed(Exception):
+    """The child parsing a body ended before it answered."""
+
+
+def _serve(conn: Connection, parse: Callable[[str], DecisionRequest]) -> None:
+    """A child's loop: a body in, (True, compiled request) or (False, the exception) out."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when its children end
+    while True:
+        try:
+            body = conn.recv()
+        except (EOFError, OSError):  # the frontend closed the pipe, or is gone
+            return
+        try:
+            reply: tuple[bool, object] = (True, parse(body))
+        except Exception as error:  # ContractError, or what the frontend's own process would have raised
+            reply = (False, error)
+        del body
+        conn.send(reply)
+
+
+class _Child:
+    def __init__(self, parse: Callable[[str], DecisionRequest]):
+        self.conn, theirs = _CONTEXT.Pipe()
+        self.process = _CONTEXT.Process(target=_serve, args=(theirs, parse), name="openjev-parse", daemon=True)
+        self.process.start()
+        theirs.close()
+
+    def stop(self) -> None:
+        self.conn.close()
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5)
+
+
+class BodyParsers:
+    """`parse` (picklable: it runs in the children) on large bodies, in child processes. The
+    caller bounds how many run at once (`service` gates them with `Turns`); each call takes an
+    idle child or starts one."""
+
+    def __init__(self, parse: Callable[[str], DecisionRequest]):
+        self._parse = parse
+        self._idle: list[_Child] = []
+        self._busy: set[_Child] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __call__(self, body: str, wanted: Callable[[], bool] | None = None) -> DecisionRequest:
+        """The compiled request, or the ContractError the body gets in the frontend's own
+        process. wanted: asked while the child works; False stops the child (Abandoned)."""
+        child = self._take()
+        kept = False
+        try:
+            child.conn.send(body)
+            while not child.conn.poll(RECHECK_SECONDS):
+                if wanted is not None and not wanted():
+                    raise Abandoned("the client went away (or its deadline passed) while its request was parsed")
+            ok, value = child.conn.recv()
+            kept = True
+        except (EOFError, OSError) as error:
+            log.warning("parse_child_ended", pid=child.process.pid, exitcode=child.process.exitcode)
+            raise ParseFailed(PARSE_FAILED) from error
+        finally:
+            self._give_back(child, kept)
+        if ok:
+            return value
+        if isinstance(value, MemoryError):
+            raise ParseFailed(PARSE_FAILED) from value
+        raise value
+
+    def _take(self) -> _Child:
+        with self._lock:
+            if self._closed:
+                raise ParseFailed("the frontend is shutting down")
+            child = self._idle.pop() if self._idle else None
+        if child is None:
+            child = _Child(self._parse)  # outside the lock: a spawn takes a moment
+        with self._lock:
+            self._busy.add(child)
+        return child
+
+    def _give_back(self, child: _Child, kept: bool) -> None:
+        with self._lock:
+            self._busy.discard(child)
+            if kept and not self._closed:
+                self._idle.append(child)
+                return
+        child.stop()
+
+    def children(self) -> list[int]:
+        """The children's process ids (idle and busy)."""
+        with self._lock:
+            return [c.process.pid for c in [*self._idle, *self._busy] if c.process.pid is not None]
+
+    def close(self) -> None:
+        """Stops every child, busy ones too (their callers get ParseFailed)."""
+        with self._lock:
+            self._closed = True
+            children = [*self._idle, *self._busy]
+            self._idle.clear()
+        for child in children:
+            child.stop()

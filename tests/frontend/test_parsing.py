@@ -1,0 +1,125 @@
+"""Large bodies parsed in child processes (`frontend/parsing.py`): real spawned children, the
+contract's own parser; faults are real kills of those children."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from openjev.contract.errors import ContractError
+from openjev.contract.request import parse_request_json
+from openjev.frontend.parsing import PARSE_FAILED, BodyParsers, ParseFailed
+from openjev.frontend.turns import Abandoned
+
+PARSE = functools.partial(
+    parse_request_json,
+    accepted_models=frozenset({"open-jev"}),
+    max_questions=16,
+    max_candidates=64,
+    max_rendered_bytes=1 << 28,
+    chat_template_bytes=100,
+)
+QUESTIONS = {"q": {"type": "choice", "instructions": "pick", "criteria": {"a": None, "b": "the second"}}}
+# ~1 s of parsing on a CI core: long enough to act on the child meanwhile
+SLOW = json.dumps({"state": [[] for _ in range(3_000_000)], "questions": QUESTIONS})
+
+
+@pytest.fixture
+def parsers():
+    made = BodyParsers(PARSE)
+    yield made
+    made.close()
+
+
+def _busy(parsers: BodyParsers, body: str, **kw) -> tuple[threading.Thread, dict]:
+    """`body` parsed on a thread; returns once its child has it."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = parsers(body, **kw)
+        except Exception as error:  # what the caller would see
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not parsers.children():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.3)  # the body is sent and being parsed
+    return thread, outcome
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie not yet reaped counts as gone
+        return stat.read().split(") ")[1].startswith("Z")
+
+
+def test_a_body_parses_in_a_child_as_in_the_frontend(parsers):
+    bodies = [
+        json.dumps({"state": {"n": 10**40, "s": "\u00e9t\u00e9"}, "questions": QUESTIONS}),
+        json.dumps({"state": [[1, 2.5, None, True]], "questions": QUESTIONS, "model": "open-jev"}),
+        "{",
+        "[]",
+        json.dumps({"state": "x", "questions": QUESTIONS, "model": "other"}),
+        json.dumps({"state": "x", "questions": {f"q{i}": QUESTIONS["q"] for i in range(17)}}),
+    ]
+    answered = 0
+    for body in bodies:
+        try:
+            expected = PARSE(body)
+        except ContractError as error:
+            with pytest.raises(ContractError) as caught:
+                parsers(body)
+            assert caught.value.message == error.message
+        else:
+            assert parsers(body) == expected
+            answered += 1
+    assert answered == 2
+    assert len(parsers.children()) == 1  # one child, kept between calls
+
+
+def test_a_child_killed_while_parsing_fails_that_request_only(parsers):
+    thread, outcome = _busy(parsers, SLOW)
+    [pid] = parsers.children()
+    os.kill(pid, signal.SIGKILL)
+    thread.join(30)
+    assert isinstance(outcome.get("error"), ParseFailed) and str(outcome["error"]) == PARSE_FAILED
+    body = json.dumps({"state": "s", "questions": QUESTIONS})
+    assert parsers(body) == PARSE(body)
+    assert parsers.children() != [pid]
+
+
+def test_a_request_no_longer_wanted_stops_its_child(parsers):
+    wanted = threading.Event()
+    wanted.set()
+    thread, outcome = _busy(parsers, SLOW, wanted=wanted.is_set)
+    [pid] = parsers.children()
+    wanted.clear()
+    left = time.monotonic()
+    thread.join(30)
+    assert isinstance(outcome.get("error"), Abandoned)
+    assert time.monotonic() - left < 0.25 + 5  # within a recheck (and the child's stop), not at the parse's end
+    assert _gone(pid) and parsers.children() == []
+
+
+def test_close_stops_busy_children_and_refuses_more(parsers):
+    thread, outcome = _busy(parsers, SLOW)
+    [pid] = parsers.children()
+    parsers.close()
+    thread.join(30)
+    assert isinstance(outcome.get("error"), ParseFailed)
+    assert _gone(pid) and parsers.children() == []
+    with pytest.raises(ParseFailed):
+        parsers(json.dumps({"state": "s", "questions": QUESTIONS}))
