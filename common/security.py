@@ -231,8 +231,16 @@ class BearerAuth(grpc.ServerInterceptor):
             request_id = dict(context.invocation_metadata() or ()).get(REQUEST_ID_KEY)
             if request_id:
                 context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
-            # logged as the HTTP route logs its 401s (token guessing over gRPC left no trail)
-            log.info("refused", status="UNAUTHENTICATED", method=method, request_id=request_id, transport="grpc")
+            # logged as the HTTP route logs its 401s (token guessing over gRPC left no trail), with
+            # the peer: whom to block
+            log.info(
+                "refused",
+                status="UNAUTHENTICATED",
+                method=method,
+                request_id=request_id,
+                peer=context.peer(),
+                transport="grpc",
+            )
             context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
 
         def refuse_stream(request_iterator, context):

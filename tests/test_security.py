@@ -159,6 +159,7 @@ def test_tls_and_bearer_token_on_the_public_port(tls_pair, pki):
     # a refusal leaves a trail in the log, as the HTTP route's 401s do
     refused = [json.loads(line) for line in frontend.log_text().splitlines() if '"refused-1"' in line]
     assert any(r["event"] == "refused" and r["status"] == "UNAUTHENTICATED" for r in refused), refused
+    assert all(r["peer"].startswith(("ipv4:127.0.0.1:", "ipv6:[::1]:")) for r in refused if r["event"] == "refused")
     with grpc.insecure_channel(frontend.address) as channel, pytest.raises(grpc.RpcError) as caught:
         decision_pb2_grpc.DecisionServiceStub(channel).Decide(api.DecideRequest(request_json="{}"), timeout=5)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # no plaintext on a TLS port

@@ -258,7 +258,10 @@ class HttpApi:
         request_id = _request_id(request)
         headers = {REQUEST_ID_KEY: request_id}
         if (refused := self._unauthorized(request, headers)) is not None:
-            return self._counted(refused, request_id, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+            peer = f"{request.client.host}:{request.client.port}" if request.client else None
+            return self._counted(
+                refused, request_id, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE, peer=peer
+            )
         # one of each: two that disagree were read as the first, silently (as `authorization` is,
         # a request that carries two is refused)
         for name in ("content-type", _TIMEOUT_HEADER):
@@ -331,9 +334,12 @@ class HttpApi:
         finally:
             self._slots.release()
 
-    def _counted(self, response: Response, request_id: str, code: grpc.StatusCode, message: str) -> Response:
+    def _counted(
+        self, response: Response, request_id: str, code: grpc.StatusCode, message: str, **fields: object
+    ) -> Response:
         """A refusal before the decide path, counted and logged as the decide path's are (the
-        capacity ones are what the RESOURCE_EXHAUSTED series is watched for)."""
+        capacity ones are what the RESOURCE_EXHAUSTED series is watched for); `fields`: more for
+        its line (a 401's peer)."""
         info = RequestInfo(ROUTE, request_id)
         self._observer.on_start(info)
         self._observer.on_end(info, code.name, 0.0)
@@ -345,6 +351,7 @@ class HttpApi:
             reason=message,
             request_id=request_id,
             transport="http",
+            **fields,
         )
         return response
 

@@ -236,6 +236,9 @@ def test_the_frontends_flags_reach_its_http_port(http_pair, demo_model, tmp_path
     # "s3cret" is accepted, and said to be short (the count only: tokens are never logged)
     warned = log_events(frontend.log_text(), "short_bearer_tokens")
     assert [w["count"] for w in warned] == [1] and "s3cret" not in frontend.log_text()
+    # a 401 on the route is logged with its peer: whom to block
+    [unauthorized] = [r for r in log_events(frontend.log_text(), "decide") if r["status"] == "UNAUTHENTICATED"]
+    assert unauthorized["peer"].startswith("127.0.0.1:") and unauthorized["http_status"] == 401
     request = document["components"]["schemas"]["DecideRequest"]["properties"]
     assert request["questions"]["maxProperties"] == 7
     assert request["model"]["enum"] == [None, *sorted(load_export_meta(demo_model).accepted_model_names)]
