@@ -321,6 +321,9 @@ class PromptTokenizer:
         # at most 4 bytes a character and 3 characters from one under NFC: short prompts skip it
         if 12 * wrapped <= max_length * self.max_token_bytes:
             return None
+        if prompt.isascii() and self.chat_prefix.isascii() and self.chat_suffix.isascii():
+            size = wrapped  # NFC leaves ASCII as it is, a byte a character: no copies of a large prompt
+            return size if size > max_length * self.max_token_bytes else None
         text = chat_wrap(prompt, self.chat_prefix, self.chat_suffix)
         size = len(unicodedata.normalize("NFC", text).encode("utf-8"))
         return size if size > max_length * self.max_token_bytes else None

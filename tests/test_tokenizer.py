@@ -311,3 +311,27 @@ def test_the_workers_reading_refuses_a_chat_template_token_that_is_not_one_id(tm
         message = f"^tokenizer.json: {re.escape(refused)}, in the chat template of open_jev_export.json, {why}"
         with pytest.raises(ExportError, match=message):
             TokenizerFile(tmp_path / name, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
+
+
+def test_a_prompt_surely_too_long_is_measured_as_its_nfc_bytes(prompt_tokenizer):
+    """The refusal before tokenizing counts the wrapped prompt's NFC UTF-8 bytes; an ASCII prompt
+    is counted without copies of it (a 23 MiB state took two, ~46 MiB a request, before 2026-12-05)."""
+    import tracemalloc
+
+    tokenizer = prompt_tokenizer
+    limit = 1000
+    for prompt in ("a" * 4000, "x " * 200_000, "e\u0301" * 50_000, "\u00e9t\u00e9 " * 40_000, "\u6f22" * 10_000):
+        wrapped = chat_wrap(prompt, tokenizer.chat_prefix, tokenizer.chat_suffix)
+        size = len(unicodedata.normalize("NFC", wrapped).encode("utf-8"))
+        expected = size if size > limit * tokenizer.max_token_bytes else None
+        assert tokenizer.surely_too_long(prompt, limit) == expected, prompt[:10]
+    large = "word " * 4_000_000  # 19 MiB
+    tracemalloc.start()
+    try:
+        assert tokenizer.surely_too_long(large, limit) == len(large) + len(
+            tokenizer.chat_prefix + tokenizer.chat_suffix
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak} bytes allocated to measure a {len(large)}-character prompt"
