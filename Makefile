@@ -7,7 +7,8 @@ PROTOS := protos/openjev/v1/decision.proto protos/openjev/worker/v1/worker.proto
 # pytest processes (pytest-xdist): 2 runs CI's 2-core suite in ~6 min instead of ~10 (its tests
 # mostly wait on the servers they start); more on a larger machine, 0 for one process. A file's
 # tests stay in one process, in order (--dist loadfile): they share module-scoped servers, and
-# some read what an earlier test of their file did (the schemathesis run's log).
+# some read what an earlier test of their file did (the schemathesis run's log). `make test` lists
+# its 15 slowest tests: CI's run is to stay under 15 minutes.
 TEST_WORKERS ?= 2
 
 .PHONY: run test test-all lint venv test-deps demo-model protos docs bench soak gpu-test clean proto-check proto-release compose-test compose-deps
@@ -52,7 +53,7 @@ lint: $(VENV)/.installed-test
 
 test: $(VENV)/.installed-test demo-model proto-check lint
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" --durations=15
 
 # Everything CPU-side, the slow numerical sweeps included.
 test-all: $(VENV)/.installed-test demo-model proto-check lint
