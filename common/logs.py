@@ -79,8 +79,9 @@ class Throttle:
 
 
 class ThrottledLines(logging.Filter):
-    """A library logger's records, each message at most once a second (`Throttle`); the next one
-    logged carries `dropped`. Messages in `replaced` are dropped: a line of ours says more."""
+    """A library logger's warnings (what clients can cause), each message at most once a second
+    (`Throttle`); the next one logged carries `dropped`. Errors all pass: each may be another bug,
+    with its own traceback. Messages in `replaced` are dropped: a line of ours says more."""
 
     def __init__(self, replaced: frozenset[str] = frozenset(), seconds: float = 1.0):
         super().__init__()
@@ -90,6 +91,8 @@ class ThrottledLines(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg in self.replaced:
             return False
+        if record.levelno > logging.WARNING:
+            return True
         dropped = self.throttle.admit(record.msg)
         if dropped is None:
             return False

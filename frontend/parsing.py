@@ -14,6 +14,7 @@ request whose client leaves while its body is parsed has its child stopped at on
 from __future__ import annotations
 
 import multiprocessing
+import pickle
 import signal
 import threading
 from collections.abc import Callable
@@ -28,15 +29,25 @@ log = logs.get("openjev.frontend.parsing")
 # spawn: the frontend has gRPC's threads, which a fork would copy in an unknown state
 _CONTEXT = multiprocessing.get_context("spawn")
 PARSE_FAILED = "request body could not be parsed: the process parsing it ended first (out of memory?); retry later"
+SHUTTING_DOWN = "the frontend is shutting down"
 
 
 class ParseFailed(Exception):
-    """The child parsing a body ended before it answered."""
+    """No compiled request: the child parsing the body ended before it answered, or the frontend
+    is stopping (`stopping`: its children are stopped, not lost)."""
+
+    def __init__(self, message: str, stopping: bool = False):
+        super().__init__(message)
+        self.stopping = stopping
 
 
 def _serve(conn: Connection, parse: Callable[[str], DecisionRequest]) -> None:
     """A child's loop: a body in, (True, compiled request) or (False, the exception) out."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when its children end
+    # The frontend decides when its children end (it kills them when it stops; an idle one exits
+    # when the pipe closes): a signal to the whole process group, as service managers send, must
+    # not take them while the frontend drains.
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, signal.SIG_IGN)
     while True:
         try:
             body = conn.recv()
@@ -47,7 +58,14 @@ def _serve(conn: Connection, parse: Callable[[str], DecisionRequest]) -> None:
         except Exception as error:  # ContractError, or what the frontend's own process would have raised
             reply = (False, error)
         del body
-        conn.send(reply)
+        try:
+            try:
+                conn.send(reply)
+            except (TypeError, AttributeError, pickle.PicklingError) as error:  # an exception that does not pickle
+                conn.send((False, RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}; not sent: {error}")))
+        except OSError:  # the frontend is gone
+            return
+        del reply  # an idle child holds no compiled request
 
 
 class _Child:
@@ -57,10 +75,15 @@ class _Child:
         self.process.start()
         theirs.close()
 
-    def stop(self) -> None:
-        self.conn.close()
+    def kill(self) -> None:
+        """The process only: the pipe stays its user's (closing it under a thread that reads or
+        writes it breaks that thread's call, or lets it read another file that takes the number)."""
         if self.process.is_alive():
             self.process.kill()
+
+    def stop(self) -> None:
+        self.conn.close()
+        self.kill()
         self.process.join(5)
 
 
@@ -89,6 +112,9 @@ class BodyParsers:
             ok, value = child.conn.recv()
             kept = True
         except (EOFError, OSError) as error:
+            if self._closed:
+                raise ParseFailed(SHUTTING_DOWN, stopping=True) from None
+            child.stop()
             log.warning("parse_child_ended", pid=child.process.pid, exitcode=child.process.exitcode)
             raise ParseFailed(PARSE_FAILED) from error
         finally:
@@ -102,13 +128,21 @@ class BodyParsers:
     def _take(self) -> _Child:
         with self._lock:
             if self._closed:
-                raise ParseFailed("the frontend is shutting down")
-            child = self._idle.pop() if self._idle else None
+                raise ParseFailed(SHUTTING_DOWN, stopping=True)
+            child = None
+            while self._idle and child is None:
+                child = self._idle.pop()
+                if not child.process.is_alive():  # ended while idle: not this request's fault
+                    child.stop()
+                    child = None
         if child is None:
             child = _Child(self._parse)  # outside the lock: a spawn takes a moment
         with self._lock:
-            self._busy.add(child)
-        return child
+            if not self._closed:
+                self._busy.add(child)
+                return child
+        child.stop()  # the frontend began to stop meanwhile
+        raise ParseFailed(SHUTTING_DOWN, stopping=True)
 
     def _give_back(self, child: _Child, kept: bool) -> None:
         with self._lock:
@@ -124,10 +158,12 @@ class BodyParsers:
             return [c.process.pid for c in [*self._idle, *self._busy] if c.process.pid is not None]
 
     def close(self) -> None:
-        """Stops every child, busy ones too (their callers get ParseFailed)."""
+        """Stops every child, busy ones too (their callers get ParseFailed, `stopping`)."""
         with self._lock:
             self._closed = True
-            children = [*self._idle, *self._busy]
+            idle, busy = list(self._idle), list(self._busy)
             self._idle.clear()
-        for child in children:
+        for child in idle:
             child.stop()
+        for child in busy:
+            child.kill()  # its caller sees the pipe end, and stops it

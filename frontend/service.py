@@ -206,8 +206,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, error.message) from error
         except Abandoned as gone:
             raise Refused(grpc.StatusCode.CANCELLED, str(gone)) from None
-        except ParseFailed as failed:
-            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(failed)) from None
+        except ParseFailed as failed:  # a server stopping is UNAVAILABLE (retried elsewhere), not out of capacity
+            code = grpc.StatusCode.UNAVAILABLE if failed.stopping else grpc.StatusCode.RESOURCE_EXHAUSTED
+            raise Refused(code, str(failed)) from None
         fields.update(kinds=sorted({q.kind for q in decision.questions}), candidates=decision.num_candidates)
         interceptors.note_kinds(fields["kinds"])
         try:

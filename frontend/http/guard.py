@@ -51,15 +51,17 @@ class GuardedH11Protocol(H11Protocol):
         self._watch(head=False)  # an idle connection is uvicorn's keep-alive timer's
 
     def send_400_response(self, msg: str) -> None:
-        if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):  # a response under way: only closing is left
-            self.transport.close()
-            return
-        body = json.dumps({"error": "malformed HTTP request"}).encode()
         request_id = uuid.uuid4().hex  # the request's own could not be read
+        under_way = self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE)  # a response: only closing is left
         dropped = _malformed.admit("malformed")
         if dropped is not None:
             peer = f"{self.client[0]}:{self.client[1]}" if self.client else None
-            log.warning("http_malformed", peer=peer, request_id=request_id, dropped=dropped, status=400)
+            status = None if under_way else 400  # None: the connection closed, no answer
+            log.warning("http_malformed", peer=peer, request_id=request_id, dropped=dropped, status=status)
+        if under_way:
+            self.transport.close()
+            return
+        body = json.dumps({"error": "malformed HTTP request"}).encode()
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

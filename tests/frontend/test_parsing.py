@@ -14,7 +14,7 @@ import pytest
 
 from openjev.contract.errors import ContractError
 from openjev.contract.request import parse_request_json
-from openjev.frontend.parsing import PARSE_FAILED, BodyParsers, ParseFailed
+from openjev.frontend.parsing import PARSE_FAILED, SHUTTING_DOWN, BodyParsers, ParseFailed
 from openjev.frontend.turns import Abandoned
 
 PARSE = functools.partial(
@@ -115,11 +115,55 @@ def test_a_request_no_longer_wanted_stops_its_child(parsers):
 
 
 def test_close_stops_busy_children_and_refuses_more(parsers):
+    """Their callers are told the frontend is stopping (UNAVAILABLE in the servicer), not that a
+    child ran out of memory."""
     thread, outcome = _busy(parsers, SLOW)
     [pid] = parsers.children()
     parsers.close()
     thread.join(30)
-    assert isinstance(outcome.get("error"), ParseFailed)
+    error = outcome.get("error")
+    assert isinstance(error, ParseFailed) and error.stopping and str(error) == SHUTTING_DOWN
     assert _gone(pid) and parsers.children() == []
-    with pytest.raises(ParseFailed):
+    with pytest.raises(ParseFailed) as caught:
         parsers(json.dumps({"state": "s", "questions": QUESTIONS}))
+    assert caught.value.stopping
+
+
+def test_close_while_a_body_is_being_sent(parsers):
+    """close() closed a busy child's pipe under the thread writing to it: that thread's send
+    raised TypeError (a server error, no log line) instead of ParseFailed (a review, 2026-12-05)."""
+    parsers(json.dumps({"state": "warm", "questions": QUESTIONS}))
+    huge = json.dumps({"state": "x" * (300 << 20), "questions": QUESTIONS})  # seconds in the pipe
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = parsers(huge)
+        except Exception as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.05)
+    parsers.close()
+    thread.join(60)
+    assert isinstance(outcome.get("error"), ParseFailed) and outcome["error"].stopping, outcome
+
+
+def test_a_child_that_ended_while_idle_is_replaced_unseen(parsers):
+    """An idle child that died (killed by an operator or the kernel) failed the next, unrelated
+    request (a review, 2026-12-05); it is replaced before the body is sent. A TERM sent to the
+    whole process group leaves children alone: the frontend decides when they end."""
+    body = json.dumps({"state": "s", "questions": QUESTIONS})
+    parsers(body)
+    [pid] = parsers.children()
+    os.kill(pid, signal.SIGTERM)
+    time.sleep(0.5)
+    assert not _gone(pid) and parsers(body) == PARSE(body) and parsers.children() == [pid]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not _gone(pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert parsers(body) == PARSE(body)
+    assert len(parsers.children()) == 1 and parsers.children() != [pid]

@@ -4,6 +4,7 @@ limits compared at connect, and outcome metrics that match what clients saw."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from other_export import other_export
 
-from openjev import interceptors
+from openjev import interceptors, logs
 from openjev.client import Client
 from openjev.tools import launch
 
@@ -477,6 +478,20 @@ def test_lines_any_client_can_cause_are_throttled_and_counted(demo_model, tmp_pa
     assert all(r["peer"].startswith("127.0.0.1:") and r["request_id"] in ids for r in malformed)
     assert malformed[-1]["dropped"] > 0 and upgrades[-1]["dropped"] > 0
     assert "Invalid HTTP request received." not in frontend.log_text()  # replaced by http_malformed
+
+
+def test_library_errors_pass_the_throttle():
+    """Only warnings are throttled: an error in uvicorn (an exception in the app) may be another
+    bug each time, with its own traceback (a review, 2026-12-05: the second of two in a second
+    was dropped)."""
+    lines = logs.ThrottledLines(replaced=frozenset({"replaced"}))
+
+    def passes(level: int, message: str) -> bool:
+        return lines.filter(logging.LogRecord("uvicorn.error", level, __file__, 1, message, None, None))
+
+    assert [passes(logging.WARNING, "Unsupported upgrade request.") for _ in range(3)] == [True, False, False]
+    assert [passes(logging.ERROR, "Exception in ASGI application\n") for _ in range(3)] == [True] * 3
+    assert not passes(logging.WARNING, "replaced")
 
 
 def _config_and_events(log: str) -> tuple[dict, set[str]]:
