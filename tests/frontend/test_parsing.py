@@ -110,7 +110,7 @@ def test_a_request_no_longer_wanted_stops_its_child(parsers):
     left = time.monotonic()
     thread.join(30)
     assert isinstance(outcome.get("error"), Abandoned)
-    assert time.monotonic() - left < 0.25 + 5  # within a recheck (and the child's stop), not at the parse's end
+    assert time.monotonic() - left < 5  # a recheck and the child's kill (loose: CI's loaded cores)
     assert _gone(pid) and parsers.children() == []
 
 
