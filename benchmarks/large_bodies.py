@@ -43,7 +43,8 @@ def peak_mib(pid: int) -> float:
 
 
 def children_peak_mib(pid: int) -> float:
-    """The peaks of the process's children (the body parsers, spawn's resource tracker), summed."""
+    """The peaks of the process's children (the body parsers, spawn's resource tracker), summed.
+    (Not `soak.child_pids`: this script also runs against trees from before it.)"""
     children: list[int] = []
     for task in os.listdir(f"/proc/{pid}/task"):
         with open(f"/proc/{pid}/task/{task}/children") as listed:

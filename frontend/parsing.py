@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection
 
 from openjev import logs
 from openjev.contract.request import DecisionRequest
-from openjev.frontend.turns import RECHECK_SECONDS, Abandoned
+from openjev.frontend.turns import RECHECK_SECONDS, Abandoned, Turns
 
 log = logs.get("openjev.frontend.parsing")
 
@@ -88,12 +88,15 @@ class _Child:
 
 
 class BodyParsers:
-    """`parse` (picklable: it runs in the children) on large bodies, in child processes. The
-    caller bounds how many run at once (`service` gates them with `Turns`); each call takes an
-    idle child or starts one."""
+    """`parse` (picklable: it runs in the children) on large bodies, in child processes: at most
+    `slots` at once, the others waiting their turn in arrival order (`Turns`), so at most `slots`
+    children; each parse takes an idle child or starts one."""
 
-    def __init__(self, parse: Callable[[str], DecisionRequest]):
+    def __init__(self, parse: Callable[[str], DecisionRequest], slots: int = 1):
         self._parse = parse
+        self._turns: Turns[tuple[str, Callable[[], bool] | None], DecisionRequest] = Turns(
+            self._in_child, slots, "parsed"
+        )
         self._idle: list[_Child] = []
         self._busy: set[_Child] = set()
         self._lock = threading.Lock()
@@ -101,7 +104,12 @@ class BodyParsers:
 
     def __call__(self, body: str, wanted: Callable[[], bool] | None = None) -> DecisionRequest:
         """The compiled request, or the ContractError the body gets in the frontend's own
-        process. wanted: asked while the child works; False stops the child (Abandoned)."""
+        process. wanted: asked while the body waits its turn and while the child works; False
+        leaves the queue, or stops the child (Abandoned)."""
+        return self._turns((body, wanted), wanted)
+
+    def _in_child(self, call: tuple[str, Callable[[], bool] | None]) -> DecisionRequest:
+        body, wanted = call
         child = self._take()
         kept = False
         try:

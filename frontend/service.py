@@ -20,7 +20,7 @@ from openjev.export import ExportMeta
 from openjev.frontend import routing, worker_calls
 from openjev.frontend.batches import EncodeLanes, iter_candidate_batches
 from openjev.frontend.parsing import BodyParsers, ParseFailed
-from openjev.frontend.turns import Abandoned, Turns
+from openjev.frontend.turns import Abandoned
 from openjev.frontend.worker_calls import Refused
 from openjev.frontend.worker_link import WorkerLink
 from openjev.interceptors import REQUEST_ID_KEY
@@ -123,10 +123,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             max_rendered_bytes=self.max_rendered_bytes,
             chat_template_bytes=self._chat_template_bytes,
         )
-        self.parsers = BodyParsers(self._parse)
-        self._parse_large: Turns[tuple[str, Callable[[], bool]], DecisionRequest] = Turns(
-            lambda call: self.parsers(*call), large_body_parses, "parsed"
-        )
+        self.parsers = BodyParsers(self._parse, large_body_parses)
 
     def close(self) -> None:
         """Stops the processes that parse large bodies (tokenizing holds no threads of its own)."""
@@ -199,7 +196,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         try:
             with tracing.span("validate", refusals=_VALIDATE_REFUSALS):
                 if len(body) > LARGE_BODY_CHARS:
-                    decision = self._parse_large((body, context.is_active), context.is_active)
+                    decision = self.parsers(body, context.is_active)
                 else:
                     decision = self._parse(body)
         except ContractError as error:

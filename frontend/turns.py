@@ -1,7 +1,7 @@
 """A gate that runs a function on the caller's thread, a few calls at once, the rest in arrival order.
 
 The frontend's CPU-heavy steps go through one each: tokenizing (two lanes, `batches.EncodeLanes`)
-and parsing large request bodies (`service.DecisionServicer`), so that a few large requests
+and parsing large request bodies (`parsing.BodyParsers`), so that a few large requests
 cannot take every core, or many gigabytes at once, while small ones wait.
 """
 

@@ -8,7 +8,6 @@ the state per candidate); 18.2 M submitted tokens took 66 s of worker time."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import tracemalloc
@@ -125,21 +124,13 @@ def test_integers_of_any_length_are_rendered_exactly(client):
     )
 
 
-def _children(pid: int) -> list[int]:
-    children: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as listed:
-            children += map(int, listed.read().split())
-    return children
-
-
 def test_large_bodies_are_parsed_one_at_a_time_in_a_child(demo_model, tmp_path):
     """JSON of empty arrays builds ~30 times its size in Python objects while it is parsed (57 MiB
     took 1.6 GB); four such bodies at once took ~4.7 times one's peak memory in the frontend.
     Bodies over 1 MiB take turns (`--large-body-parses 1`): four at once cost about what one
     does, and each is still refused. Since 2026-12-05 the parse runs in a child process: the
     frontend's own peak grows by a fraction of it (the bodies it holds)."""
-    from openjev.tools.soak import rss_bytes
+    from openjev.tools.soak import child_pids, rss_bytes
 
     body = json.dumps({"state": [[] for _ in range(3_000_000)], "questions": SMALL["questions"]})
     pair = launch.start_pair(demo_model, tmp_path)
@@ -156,7 +147,7 @@ def test_large_bodies_are_parsed_one_at_a_time_in_a_child(demo_model, tmp_path):
 
             def peaks() -> tuple[int, int]:
                 """The frontend's peak, and its children's summed (the parser and spawn's tracker)."""
-                return rss_bytes(pid, "VmHWM"), sum(rss_bytes(child, "VmHWM") for child in _children(pid))
+                return rss_bytes(pid, "VmHWM"), sum(rss_bytes(child, "VmHWM") for child in child_pids(pid))
 
             start = rss_bytes(pid, "VmHWM")
             assert send(0) == grpc.StatusCode.INVALID_ARGUMENT

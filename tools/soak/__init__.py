@@ -15,7 +15,7 @@ from openjev.tools.soak.cli import main, start_soak_pair
 from openjev.tools.soak.hostile import DURING_KILL, HOSTILE_PARTS, KILL_SLACK_SECONDS, Hostile, WorkerControl
 from openjev.tools.soak.judge import percentiles
 from openjev.tools.soak.outcomes import EXPECTED, KINDS, Outcome
-from openjev.tools.soak.probes import log_events, outcome_counts, rss_bytes
+from openjev.tools.soak.probes import child_pids, log_events, outcome_counts, rss_bytes
 from openjev.tools.soak.report import Report, failures, format_report
 from openjev.tools.soak.run import run_load
 from openjev.tools.soak.workload import (
@@ -42,6 +42,7 @@ __all__ = [
     "Report",
     "WorkerControl",
     "baseline",
+    "child_pids",
     "comparable",
     "failures",
     "format_report",

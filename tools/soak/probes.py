@@ -1,6 +1,6 @@
 """What the soak reads from the servers: RSS from /proc, JSON log lines, /metrics series.
 
-`rss_bytes`, `log_events` and `outcome_counts` are shared with tests/reliability (imported from
+`rss_bytes`, `child_pids`, `log_events` and `outcome_counts` are shared with tests/reliability (imported from
 `openjev.tools.soak`)."""
 
 from __future__ import annotations
@@ -16,6 +16,14 @@ def rss_bytes(pid: int, field: str = "VmRSS") -> int:
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no {field} for pid {pid}")
+
+
+def child_pids(pid: int) -> list[int]:
+    """The process's children, from /proc (Linux): the frontend's body parsers, say."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += map(int, (task / "children").read_text().split())
+    return children
 
 
 def log_events(text: str, event: str | None = None) -> list[dict]:
