@@ -158,8 +158,10 @@ def test_uncommitted_execute_is_cancelled_after_the_commit_timeout(demo_model, t
         worker.stop()
 
 
+# ~2.8 s of the demo worker alone at one sequence a launch: 1,500 words (~1.2 s) left the 60 small
+# requests sent 1 s after it ~0.2 s to arrive while it ran, and on an idle machine 19 were refused
 LONG = {
-    "state": "word " * 1500,
+    "state": "word " * 3000,
     "questions": {"q": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(8)}}},
 }
 
