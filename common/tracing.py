@@ -315,6 +315,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
                     raise
                 finally:
                     note_status(current, _call_code(context, ended))
+                    ended = None  # the error's traceback holds this frame: no cycle back to it
                     current.end()
 
             return factory(
@@ -335,6 +336,7 @@ class ServerInterceptor(grpc.ServerInterceptor):
                     raise
                 finally:
                     note_status(current, _call_code(context, ended))
+                    ended = None  # the error's traceback holds this frame: no cycle back to it
 
         return grpc.unary_unary_rpc_method_handler(
             unary, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer

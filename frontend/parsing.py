@@ -129,9 +129,14 @@ class BodyParsers:
             self._give_back(child, kept)
         if ok:
             return value
-        if isinstance(value, MemoryError):
-            raise ParseFailed(PARSE_FAILED) from value
-        raise value
+        try:
+            if isinstance(value, MemoryError):
+                raise ParseFailed(PARSE_FAILED) from value
+            raise value
+        finally:
+            # the error's traceback holds this frame: no cycle back to the error through it (the
+            # cycle kept every refused body's frames, bodies and messages until a full collection)
+            del value
 
     def _take(self) -> _Child:
         with self._lock:

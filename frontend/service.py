@@ -78,6 +78,12 @@ def answer_to_proto(question_id: str, answer: dict) -> api.Answer:
     return message
 
 
+def _status_name(error: Exception) -> str:
+    """The gRPC status a failed worker attempt ends its caller's call with."""
+    refused = error.refused if isinstance(error, worker_calls.NotAccepted) else error
+    return refused.code.name if isinstance(refused, Refused) else grpc.StatusCode.INTERNAL.name
+
+
 class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
     def __init__(
         self,
@@ -307,7 +313,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
             return routed(call, lambda: True)  # the request is its own replay
 
-        def send_stream(messages: Iterator[wire.ExecuteRequest], refusal: list[ContractError]):
+        def send_stream(messages: Iterator[wire.ExecuteRequest], refusal: list[str]):
             fields["worker_method"] = "Execute"
             # With affinity the messages are kept (routing.Replay) for one round-robin resend.
             kept = None
@@ -326,7 +332,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 return routed(call, lambda: kept is not None and kept.replayable, lambda: bool(refusal))
             except (Refused, worker_calls.NotAccepted):
                 if refusal:  # the stream ended early on a contract error: that is the answer
-                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message) from None
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0]) from None
                 raise
             finally:
                 if kept is not None:
@@ -342,7 +348,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                     log.info("worker_no_execute_unary", request_id=request_id)
                     results, summary = send_stream(worker_calls.as_stream(request), [])
             else:
-                refusal: list[ContractError] = []
+                refusal: list[str] = []
                 token_count = [0]
                 tokenize_span = tracing.start("tokenize", parent=worker_span)
                 try:
@@ -353,13 +359,12 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 finally:
                     tokenize_span.end()  # a stream that never started or was cut off
                 if refusal:
-                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0].message)
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0])
                 num_tokens = token_count[0]
             worker_calls.check_results(decision, results, summary, num_tokens)  # a worker's failure too
         except Exception as error:
             # ERROR where the worker (or this frontend) failed, not for what the caller ended
-            refused = error.refused if isinstance(error, worker_calls.NotAccepted) else error
-            code = refused.code.name if isinstance(refused, Refused) else grpc.StatusCode.INTERNAL.name
+            code = _status_name(error)  # no local of this frame holds the error its traceback holds
             caller_deadline = interceptors.caller_deadline_passed(context.time_remaining(), context.is_active())
             tracing.note_outcome(worker_span, code, caller_deadline=caller_deadline)
             raise
@@ -422,7 +427,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         decision: DecisionRequest,
         policy: PrefixPolicy | None,
         request_id: str,
-        refusal: list[ContractError],
+        refusal: list[str],
         token_count: list[int],
         tokenize_span,
         wanted: Callable[[], bool],
@@ -436,7 +441,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 token_count[0] += worker_calls.add_candidates(message.batch.candidates, batch)
                 yield message
         except ContractError as error:
-            refusal.append(error)
+            refusal.append(error.message)  # not the error: its traceback holds the frame that holds the list
             return
         except Abandoned:  # the client left, which cancelled the call: nothing more to send
             return

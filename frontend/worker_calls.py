@@ -161,6 +161,7 @@ def call_stream(stub, requests, metadata, timeout: float, context, num_questions
             else:
                 summary = message.summary
     except grpc.RpcError as error:
+        error.__traceback__ = None  # grpc raises the call itself: a cycle through every frame of this request
         raise failure(
             call, error.code(), error.details(), unrun=not received, client_active=context.is_active()
         ) from error
@@ -174,7 +175,8 @@ def call_unary(stub, request, metadata, timeout: float, context, num_questions: 
     cancel_with_client(context, future.cancel)
     try:
         response = future.result()
-    except (grpc.RpcError, grpc.FutureCancelledError):
+    except (grpc.RpcError, grpc.FutureCancelledError) as error:
+        error.__traceback__ = None  # grpc raises the call itself: a cycle through every frame of this request
         code = future.code()
         if code == grpc.StatusCode.UNIMPLEMENTED and not accepted(future):
             raise NoUnary() from None

@@ -419,3 +419,67 @@ def test_malformed_trace_headers_are_not_logged(caplog):
         assert [r for r in caplog.records if r.name.startswith("opentelemetry")] == []
     finally:
         tracing.shutdown()
+
+
+class _FailedCall:
+    """What the server interceptor asks of a call's context: one that ended UNKNOWN, in time."""
+
+    def code(self):
+        return None
+
+    def time_remaining(self):
+        return None
+
+    def is_active(self):
+        return True
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["unary", "stream"])
+def test_a_traced_call_that_raised_leaves_no_cycle(streaming):
+    """The server span's wrapper kept the handler's error in a local of a frame of its traceback:
+    with tracing on, every failed call's frames waited for a full collection."""
+    import gc
+    import types
+    from collections import namedtuple
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    def fail(request, context):
+        raise ValueError("handler failed")
+
+    def fail_streaming(request, context):
+        yield from ()
+        raise ValueError("handler failed")
+
+    method = "/pkg.Service/Method"
+    handler = (
+        grpc.unary_stream_rpc_method_handler(fail_streaming) if streaming else grpc.unary_unary_rpc_method_handler(fail)
+    )
+    details = namedtuple("Details", "method invocation_metadata")(method, ())
+    assert tracing.configure("test", None, exporter=InMemorySpanExporter())
+    try:
+        wrapped = tracing.ServerInterceptor({method}).intercept_service(lambda _: handler, details)
+
+        def call() -> None:
+            with pytest.raises(ValueError):
+                if streaming:
+                    list(wrapped.unary_stream(b"", _FailedCall()))
+                else:
+                    wrapped.unary_unary(b"", _FailedCall())
+
+        call()
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            call()
+            gc.collect()
+            frames = [o.f_code.co_name for o in gc.garbage if isinstance(o, types.FrameType)]
+            errors = [o for o in gc.garbage if isinstance(o, ValueError)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    finally:
+        tracing.shutdown()
+    assert frames == [] and errors == []
