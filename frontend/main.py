@@ -10,6 +10,7 @@ from openjev.config import positive_float, positive_int
 from openjev.contract.request import MAX_CANDIDATES, MAX_QUESTIONS, MAX_RENDERED_BYTES
 from openjev.export import load_export_meta_or_exit, or_exit
 from openjev.frontend import routing
+from openjev.frontend.memory import return_large_blocks
 from openjev.frontend.service import DEFAULT_MAX_REQUEST_TOKENS, DecisionServicer
 from openjev.frontend.worker_link import WorkerLink
 from openjev.frontend.worker_targets import TargetError, parse_worker_targets
@@ -175,6 +176,7 @@ def affinity_on(setting: str, worker: str) -> bool:
 def main(argv: list[str] | None = None) -> None:
     args = config.parse_with_env(parser(), argv)
     logs.configure(args.log_level)
+    return_large_blocks()
     with serving.exit_on_signal_while_starting("openjev-frontend"):
         serve(args)
 
