@@ -7,13 +7,12 @@ route runs it, in front of a real worker on loopback."""
 
 from __future__ import annotations
 
-import gc
 import json
 import time
-import types
 from pathlib import Path
 
 import pytest
+from garbage import left_in_cycles
 
 from openjev.export import load_export_meta
 from openjev.frontend.http.app import HttpCallContext
@@ -92,23 +91,9 @@ def test_a_refused_request_leaves_no_cycle(servicer, case, monkeypatch):
     body, options, code = REFUSED[case]
     if "worker_seconds" in options:
         monkeypatch.setattr(servicer, "worker_deadline_seconds", options["worker_seconds"])
-    assert _refused(servicer, body) == code  # warm: first-call objects are not looked at
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+
+    def refused() -> None:
         assert _refused(servicer, body) == code
-        gc.collect()
-        ours = sorted(
-            {
-                f"{o.f_code.co_name} ({Path(o.f_code.co_filename).name})"
-                for o in gc.garbage
-                if isinstance(o, types.FrameType) and Path(o.f_code.co_filename).parent.name == FRONTEND
-            }
-        )
-        errors = sorted({type(o).__name__ for o in gc.garbage if isinstance(o, BaseException)})
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-    assert ours == [] and errors == []
+
+    ours = left_in_cycles(refused, lambda frame: Path(frame.f_code.co_filename).parent.name == FRONTEND)
+    assert ours == ([], [])
