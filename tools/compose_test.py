@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             # services build the worker-cpu image, and a rebuild leaves the old one untagged).
             existing = image_ids()
             free_at_start = engine.free_bytes()
-            print(f"[compose-test] {engine.root}: {gigabytes(free_at_start)} free", flush=True)
+            print(f"[compose-test] {engine.root} ({engine.driver}): {gigabytes(free_at_start)} free", flush=True)
         with step("base image"):
             if not args.base_image:
                 made_base = run(["docker", "image", "inspect", LOCAL_BASE], check=False, quiet=True).returncode != 0

@@ -1,8 +1,9 @@
 """A Docker engine for `make compose-test` on a machine that may have none running (a clean CI
 machine): use the one that answers, else start Debian's dockerd (root, or through passwordless
-sudo) with the vfs storage driver, the one that works inside these machines' containers, and stop
-it again afterwards. Every way of not getting an engine ends in one `EngineError` line that says
-what to do."""
+sudo) and stop it again afterwards. It starts on overlay2 where the kernel and the backing
+filesystem allow it, else on vfs, which works anywhere but copies every layer's whole filesystem
+(on this project's machines a `make compose-test` took 258 s on vfs, 113 s on overlay2).
+Every way of not getting an engine ends in one `EngineError` line that says what to do."""
 
 from __future__ import annotations
 
@@ -15,10 +16,17 @@ from pathlib import Path
 
 # dockerd lives in /usr/sbin, which a user's PATH may lack.
 SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+# Tried in order: dockerd exits at start when a driver cannot work here (no overlay in the kernel,
+# a backing filesystem without d_type, overlay on overlay).
+STORAGE_DRIVERS = ("overlay2", "vfs")
 
 
 class EngineError(RuntimeError):
     pass
+
+
+class DriverRefused(EngineError):
+    """dockerd exited at start: on another storage driver it may start."""
 
 
 def _docker(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -39,6 +47,7 @@ class Engine:
         self.log_path = workdir / "dockerd.log"
         self.started: subprocess.Popen | None = None
         self.root = ""
+        self.driver = ""
 
     def ensure(self, wait_seconds: float = 60) -> None:
         if shutil.which("docker") is None:
@@ -47,16 +56,23 @@ class Engine:
         if info.returncode != 0 and "permission denied" in info.stderr.lower():
             raise EngineError("a Docker engine runs but this user may not use it: add it to the docker group")
         if info.returncode != 0:
-            self._start(wait_seconds)
+            for driver in STORAGE_DRIVERS:
+                try:
+                    self._start(driver, wait_seconds)
+                    break
+                except DriverRefused:
+                    if driver == STORAGE_DRIVERS[-1]:
+                        raise
             info = _docker("info", "-f", "{{.DockerRootDir}}")
         self.root = info.stdout.strip()
+        self.driver = _docker("info", "-f", "{{.Driver}}").stdout.strip()
 
-    def _start(self, wait_seconds: float) -> None:
+    def _start(self, driver: str, wait_seconds: float) -> None:
         if shutil.which("dockerd", path=SBIN_PATH) is None:
             raise EngineError("no Docker engine answers and dockerd is not installed (`make compose-deps`)")
         log = open(self.log_path, "ab")
         self.started = subprocess.Popen(
-            [*privileged(), str(shutil.which("dockerd", path=SBIN_PATH)), "--storage-driver", "vfs"],
+            [*privileged(), str(shutil.which("dockerd", path=SBIN_PATH)), "--storage-driver", driver],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -65,11 +81,13 @@ class Engine:
         deadline = time.monotonic() + wait_seconds
         while (info := _docker("info")).returncode != 0:
             if "permission denied" in info.stderr.lower():
+                self.stop()
                 raise EngineError("dockerd started, but this user may not use its socket: add it to the docker group")
             if self.started.poll() is not None:
                 tail = self.log_path.read_text(errors="replace").strip().splitlines()[-5:]
-                raise EngineError(f"dockerd exited {self.started.returncode}: " + " | ".join(tail))
+                raise DriverRefused(f"dockerd ({driver}) exited {self.started.returncode}: " + " | ".join(tail))
             if time.monotonic() > deadline:
+                self.stop()
                 raise EngineError(f"dockerd did not answer within {wait_seconds:.0f} s; see {self.log_path}")
             time.sleep(0.5)
 
