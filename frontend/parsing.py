@@ -13,9 +13,9 @@ request whose client leaves while its body is parsed has its child stopped at on
 
 from __future__ import annotations
 
-import multiprocessing
-import pickle
-import signal
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -26,8 +26,9 @@ from openjev.frontend.turns import RECHECK_SECONDS, Abandoned, Turns
 
 log = logs.get("openjev.frontend.parsing")
 
-# spawn: the frontend has gRPC's threads, which a fork would copy in an unknown state
-_CONTEXT = multiprocessing.get_context("spawn")
+# A fresh interpreter, not a fork: the frontend has gRPC's threads, which a fork would copy in an
+# unknown state (and not multiprocessing's spawn, which imports the frontend's main module first).
+CHILD_MODULE = "openjev.frontend.parse_child"
 PARSE_FAILED = "request body could not be parsed: the process parsing it ended first (out of memory?); retry later"
 SHUTTING_DOWN = "the frontend is shutting down"
 
@@ -41,50 +42,40 @@ class ParseFailed(Exception):
         self.stopping = stopping
 
 
-def _serve(conn: Connection, parse: Callable[[str], DecisionRequest]) -> None:
-    """A child's loop: a body in, (True, compiled request) or (False, the exception) out."""
-    # The frontend decides when its children end (it kills them when it stops; an idle one exits
-    # when the pipe closes): a signal to the whole process group, as service managers send, must
-    # not take them while the frontend drains.
-    for number in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(number, signal.SIG_IGN)
-    while True:
-        try:
-            body = conn.recv()
-        except (EOFError, OSError):  # the frontend closed the pipe, or is gone
-            return
-        try:
-            reply: tuple[bool, object] = (True, parse(body))
-        except Exception as error:  # ContractError, or what the frontend's own process would have raised
-            reply = (False, error)
-        del body
-        try:
-            try:
-                conn.send(reply)
-            except (TypeError, AttributeError, pickle.PicklingError) as error:  # an exception that does not pickle
-                conn.send((False, RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}; not sent: {error}")))
-        except OSError:  # the frontend is gone
-            return
-        del reply  # an idle child holds no compiled request
-
-
 class _Child:
+    """One `parse_child` process and the frontend's end of its socket pair."""
+
     def __init__(self, parse: Callable[[str], DecisionRequest]):
-        self.conn, theirs = _CONTEXT.Pipe()
-        self.process = _CONTEXT.Process(target=_serve, args=(theirs, parse), name="openjev-parse", daemon=True)
-        self.process.start()
-        theirs.close()
+        ours, theirs = socket.socketpair()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", CHILD_MODULE, str(theirs.fileno())], pass_fds=(theirs.fileno(),)
+            )
+        finally:
+            theirs.close()
+        self.conn = Connection(ours.detach())
+        self.conn.send(parse)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
 
     def kill(self) -> None:
         """The process only: the pipe stays its user's (closing it under a thread that reads or
         writes it breaks that thread's call, or lets it read another file that takes the number)."""
-        if self.process.is_alive():
+        if self.alive():
             self.process.kill()
 
     def stop(self) -> None:
         self.conn.close()
         self.kill()
-        self.process.join(5)
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:  # killed, so only a kernel in trouble keeps it
+            pass
 
 
 class BodyParsers:
@@ -123,7 +114,7 @@ class BodyParsers:
             if self._closed:
                 raise ParseFailed(SHUTTING_DOWN, stopping=True) from None
             child.stop()
-            log.warning("parse_child_ended", pid=child.process.pid, exitcode=child.process.exitcode)
+            log.warning("parse_child_ended", pid=child.pid, exitcode=child.process.returncode)
             raise ParseFailed(PARSE_FAILED) from error
         finally:
             self._give_back(child, kept)
@@ -145,7 +136,7 @@ class BodyParsers:
             child = None
             while self._idle and child is None:
                 child = self._idle.pop()
-                if not child.process.is_alive():  # ended while idle: not this request's fault
+                if not child.alive():  # ended while idle: not this request's fault
                     child.stop()
                     child = None
         if child is None:
@@ -168,7 +159,7 @@ class BodyParsers:
     def children(self) -> list[int]:
         """The children's process ids (idle and busy)."""
         with self._lock:
-            return [c.process.pid for c in [*self._idle, *self._busy] if c.process.pid is not None]
+            return [c.pid for c in [*self._idle, *self._busy]]
 
     def close(self) -> None:
         """Stops every child, busy ones too (their callers get ParseFailed, `stopping`)."""
