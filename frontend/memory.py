@@ -9,7 +9,7 @@ while Python's own objects stayed at 20-36 MiB. A fixed threshold keeps them on 
 
 Building the tokenizer (`tokenizers` parses Qwen's 14 MiB tokenizer.json into a document it
 then frees, in small blocks) left ~290 MiB free in the heap, which glibc kept: the frontend sat at
-~400 MiB before its first request. `trim_heap` hands such pages back once, after start-up.
+~320 MiB before its first request (~145 since). `trim_heap` hands such pages back once, after start-up.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 
 from openjev.tools import docker_engine
 
-# `docker info` answers once the fake dockerd runs (its driver in RUNNING), as the real one does.
+# `docker info` answers once the fake dockerd runs (its driver in the file `running`), as the real one does.
 DOCKER = """#!/bin/sh
 [ -f "$FAKE_DIR/running" ] || { echo "Cannot connect to the Docker daemon" >&2; exit 1; }
 case "$*" in
