@@ -16,20 +16,25 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter; setting it turns off the moving threshold
 LARGE_BLOCK_BYTES = 1 << 20
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, looked up once (find_library runs ldconfig in a subprocess)."""
+    library = ctypes.util.find_library("c")
+    try:
+        return None if library is None else ctypes.CDLL(library)
+    except OSError:
+        return None
+
+
 def _libc_function(name: str):
     """glibc's `name`, or None where the C library has none (musl and others)."""
-    library = ctypes.util.find_library("c")
-    if library is None:
-        return None
-    try:
-        return getattr(ctypes.CDLL(library), name)
-    except (OSError, AttributeError):
-        return None
+    return getattr(_libc(), name, None)
 
 
 def return_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from openjev.tools import launch
+from openjev.tools.soak import rss_bytes
 
 SCRIPT = textwrap.dedent(
     """
@@ -74,13 +74,6 @@ TOKENIZER_ONLY = textwrap.dedent(
 )
 
 
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_started_frontend_does_not_keep_the_heap_its_tokenizer_freed(demo_model, tmp_path):
     """Building Qwen's tokenizer frees ~290 MiB of parsed document in small blocks, which glibc
@@ -91,7 +84,7 @@ def test_a_started_frontend_does_not_keep_the_heap_its_tokenizer_freed(demo_mode
     untrimmed = float(control.stdout)
     pair = launch.start_pair(demo_model, tmp_path)
     try:
-        started = _rss_mib(pair.frontend.popen.pid)
+        started = rss_bytes(pair.frontend.popen.pid) / (1 << 20)
     finally:
         pair.stop()
     assert untrimmed > 250, f"the control kept only {untrimmed:.0f} MiB: this test measures nothing"
