@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab attention-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead pdl grpc-floor grpc-idle lt-choice lt-space plan-cpu
+#   steps: tests conv conv-ab attention-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead overhead-awake pdl grpc-floor grpc-idle lt-choice lt-space plan-cpu
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes;
 #          WORKER_EXTRA='--max-launch-tokens 2048' adds worker flags to both)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
@@ -312,6 +312,10 @@ for step in "$@"; do
     overhead) timeout 400 python3 benchmarks/service_overhead.py --model .openjev/demo-model --worker-args "--synthetic 27b" \
              --repeats 100 --shuffle --case noul-1-128-0 --case choice-1-128-0 > $OUT/overhead.md 2>$OUT/overhead.log
            tail -20 $OUT/overhead.md; tail -3 $OUT/overhead.log ;;
+    # the same with every arm also run with the host's CPUs kept busy (cpu_awake.py), interleaved
+    overhead-awake) timeout 500 python3 benchmarks/service_overhead.py --model .openjev/demo-model --worker-args "--synthetic 27b" \
+             --repeats 100 --shuffle --awake --case noul-1-128-0 --case choice-1-128-0 > $OUT/overhead-awake.md 2>$OUT/overhead-awake.log
+           tail -30 $OUT/overhead-awake.md; tail -3 $OUT/overhead-awake.log ;;
     # where a short request's host time goes: the idle split and a cProfile of the scheduler thread
     profile-host) timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL --graphs-only \
              --host --cases noul:1-128,choice:1-128 --out $OUT/profile-host.md > $OUT/profile-host.txt 2>&1

@@ -7,7 +7,7 @@ all.
 
     .venv/bin/python benchmarks/service_overhead.py [--model .openjev/demo-model] [--repeats 200]
         [--case NAME]...   (requests of benchmarks/workload.jsonl instead of the small noul one)
-        [--baseline-python OTHER/.venv/bin/python] [--shuffle] [--worker-args "--synthetic 27b"]
+        [--baseline-python OTHER/.venv/bin/python] [--shuffle] [--worker-args "--synthetic 27b"] [--awake]
 
 --baseline-python starts a second worker and frontend with another environment's interpreter
 (another checkout's editable install: the code before a change) and interleaves its two arms with
@@ -16,6 +16,8 @@ inference_seconds (which includes its planning) and the whole latency are printe
 must not buy its overhead back inside the model. --worker-args starts the workers with those flags
 (on a GPU machine, `--synthetic 27b`: the CUDA path with the 27B shape); the worker's own wait
 for the scheduler (its log's queue_ms, part of the time outside inference) is printed last.
+--awake runs every arm a second time with the host's CPUs kept busy by SCHED_IDLE spinners
+(cpu_awake.py), interleaved with the plain arms: what waking idle CPUs costs a request.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+from cpu_awake import Spinners
 
 from openjev import abi
 from openjev.contract.request import parse_request
@@ -161,6 +164,7 @@ def main() -> None:
     p.add_argument("--baseline-python", type=Path, help="another environment's python: its servers are arms too")
     p.add_argument("--shuffle", action="store_true", help="each round runs the arms in a new (seeded) random order")
     p.add_argument("--worker-args", default="", help="more worker flags, one string (e.g. '--synthetic 27b')")
+    p.add_argument("--awake", action="store_true", help="each arm also with every CPU kept busy (cpu_awake.py)")
     args = p.parse_args()
     requests = {name: workload_request(name) for name in args.case} or {"small noul": REQUEST}
     workdir = Path(tempfile.mkdtemp(prefix="openjev-overhead-"))
@@ -183,6 +187,7 @@ def main() -> None:
     bare_server, bare = bare_stream(len(first), num_down)
     single_server, single = bare_stream(1, 1)
     unary_server, unary = bare_unary()
+    spinners = Spinners() if args.awake else None
     try:
         arms = {}
         for case, request in requests.items():
@@ -207,19 +212,26 @@ def main() -> None:
             "bare gRPC stream, 1 up / 1 down": no_model(single),
             "bare gRPC unary (future)": no_model(unary),
         }
-        outside: dict[str, list[float]] = {name: [] for name in arms}
-        model: dict[str, list[float]] = {name: [] for name in arms}
-        order = list(arms.items())
+        # (name, call, CPUs kept awake)
+        order = [(name, fn, False) for name, fn in arms.items()]
+        if spinners:
+            order += [(f"{name}, CPUs awake", fn, True) for name, fn in arms.items()]
+        outside: dict[str, list[float]] = {name: [] for name, _, _ in order}
+        model: dict[str, list[float]] = {name: [] for name, _, _ in order}
         for rep in range(args.repeats + 10):
             if args.shuffle:  # no arm always follows the same one (what runs just before matters)
                 random.Random(rep).shuffle(order)
-            for name, fn in order:  # interleaved: drift lands on every arm alike
+            for name, fn, awake in order:  # interleaved: drift lands on every arm alike
+                if spinners:
+                    spinners.awake(awake)
                 started = time.perf_counter()
                 inference = fn()
                 if rep >= 10:
                     outside[name].append(1e3 * (time.perf_counter() - started - inference))
                     model[name].append(1e3 * inference)
     finally:
+        if spinners:
+            spinners.close()
         bare_server.stop(None)
         single_server.stop(None)
         unary_server.stop(None)
