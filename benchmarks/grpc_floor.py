@@ -9,8 +9,9 @@ thread wake-ups cost: `device_run.sh grpc-floor` does that on the GPU machine. W
 every call is also made after G ms of idling (untimed), as a request's hops idle through a model
 pass, in three ways interleaved with the back-to-back calls: asleep; asleep with the kernel asked
 for zero C-state exit latency (/dev/cpu_dma_latency held at 0 around the call, a system-wide
-request, root only; the arm is left out where the device cannot be written); and spinning on
-this thread.
+request, root only; the arm is left out where the device cannot be written); spinning on
+this thread; and asleep while every CPU of the host is kept busy by SCHED_IDLE spinners
+(cpu_awake.py: no CPU idles, so none has to be woken for the call).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 import time
 
 import grpc
+from cpu_awake import Spinners
 from service_overhead import bare_unary_server
 
 
@@ -37,7 +39,7 @@ def hold_dma_latency() -> int | None:
     return fd
 
 
-def idlers(gap_ms: float) -> dict[str, tuple[object, object]]:
+def idlers(gap_ms: float, spinners: Spinners | None) -> dict[str, tuple[object, object]]:
     """(before the call, after it) for each way of idling through the gap."""
     gap = gap_ms / 1e3
     nothing = lambda *_: None  # noqa: E731
@@ -66,6 +68,9 @@ def idlers(gap_ms: float) -> dict[str, tuple[object, object]]:
 
             out[f"after {gap_ms:g} ms asleep, C-states held"] = (hold_and_sleep, release)
         out[f"after {gap_ms:g} ms spinning"] = (spin, nothing)
+        if spinners is not None:
+            awake = lambda: (spinners.awake(True), sleep())  # noqa: E731
+            out[f"after {gap_ms:g} ms asleep, CPUs awake"] = (awake, lambda: spinners.awake(False))
     return out
 
 
@@ -87,13 +92,14 @@ def main() -> None:
     assert child.stdout is not None and child.stdin is not None
     other_port = int(child.stdout.readline())
     server, own_port = bare_unary_server()
+    spinners = Spinners() if args.gap_ms else None
     try:
         calls = {}
         for where, port in (("other process", other_port), ("this process", own_port)):
             call = grpc.insecure_channel(f"127.0.0.1:{port}").unary_unary("/bare.Bare/U")
             calls[f"{where}, future"] = lambda call=call: call.future(b"q").result()
             calls[f"{where}, blocking"] = lambda call=call: call(b"q")
-        ways = idlers(args.gap_ms)
+        ways = idlers(args.gap_ms, spinners)
         times: dict[tuple[str, str], list[float]] = {(w, name): [] for w in ways for name in calls}
         for rep in range(args.repeats + 20):
             for way, (before, after) in ways.items():  # interleaved: drift lands on every arm alike
@@ -106,6 +112,8 @@ def main() -> None:
                     if rep >= 20:
                         times[way, name].append(1e3 * elapsed)
     finally:
+        if spinners is not None:
+            spinners.close()
         server.stop(None)
         child.stdin.close()
         child.wait(10)
