@@ -12,6 +12,7 @@ remove it.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -26,14 +27,20 @@ while True:
 """
 
 
+def _child(cpu: int) -> None:
+    """In the spinner before it starts: pinned to its CPU, killed when this process dies (a
+    benchmark stopped by `timeout` must not leave CPUs spinning for the next one)."""
+    os.sched_setaffinity(0, {cpu})
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class Spinners:
     """One SCHED_IDLE busy loop pinned to each CPU this process may run on; stopped at first."""
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
         for cpu in sorted(os.sched_getaffinity(0)):
-            pin = lambda c=cpu: os.sched_setaffinity(0, {c})  # noqa: E731
-            self.procs.append(subprocess.Popen([sys.executable, "-c", _SPIN], preexec_fn=pin))
+            self.procs.append(subprocess.Popen([sys.executable, "-c", _SPIN], preexec_fn=lambda c=cpu: _child(c)))
         time.sleep(0.2)  # each has set its own priority before it is first stopped
         self.awake(False)
 
