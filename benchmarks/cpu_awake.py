@@ -1,13 +1,13 @@
 """Keep every CPU of the host out of its idle state: one spinning process a CPU at SCHED_IDLE
 priority (it runs only when nothing else wants that CPU), stopped and continued with signals so
-that a benchmark can interleave "CPUs awake" with "CPUs allowed to idle" arm by arm
-(`Spinners`), or `python3 benchmarks/cpu_awake.py COMMAND...` to run a command with them awake.
+that a benchmark can interleave "CPUs awake" with "CPUs allowed to idle" arm by arm.
 
 Why: on the GPU host a gRPC hop after a model pass costs ~0.8 ms more than one back to back
 (docs/benchmarks/index.md, "Where the time outside inference goes on the H200 host"), and neither
 a zero C-state exit latency request nor spinning the calling thread changed it. If waking the
 server's idle CPUs is that cost (a virtual machine's halted vCPUs, for one), CPUs kept busy
-remove it.
+remove it. Measured: they do not (docs/benchmarks/index.md, "Idle CPUs are not the time outside
+inference").
 """
 
 from __future__ import annotations
@@ -54,19 +54,3 @@ class Spinners:
         for proc in self.procs:
             proc.kill()  # SIGKILL ends a stopped process too
             proc.wait()
-
-
-def main() -> int:
-    """`python3 benchmarks/cpu_awake.py COMMAND...`: run COMMAND with every CPU kept busy."""
-    if len(sys.argv) < 2:
-        raise SystemExit(__doc__)
-    spinners = Spinners()
-    try:
-        spinners.awake(True)
-        return subprocess.call(sys.argv[1:])
-    finally:
-        spinners.close()
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

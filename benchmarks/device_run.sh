@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab attention-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead overhead-awake bench-c1-awake pdl grpc-floor grpc-idle lt-choice lt-space plan-cpu
+#   steps: tests conv conv-ab attention-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead overhead-awake pdl grpc-floor grpc-idle lt-choice lt-space plan-cpu
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes;
 #          WORKER_EXTRA='--max-launch-tokens 2048' adds worker flags to both)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
@@ -248,13 +248,6 @@ for step in "$@"; do
              # cut short: render what results.json kept (no peak memory then)
              [ -f $OUT/bench-c1/report.md ] || python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
                --out $OUT/bench-c1 --report-only >/dev/null 2>>$OUT/bench-c1.log ;;
-    # bench-c1's auto arm with the host's CPUs kept busy throughout (cpu_awake.py), then without
-    bench-c1-awake) for arm in awake plain; do
-                  wrap=""; [ $arm = awake ] && wrap="python3 benchmarks/cpu_awake.py"
-                  timeout 280 $wrap python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
-                    --out $OUT/bench-c1-$arm --worker-args "--synthetic 27b" --arms auto --kinds choice,noul,score \
-                    --per-group 3 --blocks 2 --sweep "" --timeout 120 2>$OUT/bench-c1-$arm.log | sed -n '/^## Targets/,/^## Warm/p'
-                done ;;
     # Issue 13, part 2 (expected ~6-7 min: start-up ~2.5 min, then 2 sets x 4 levels x ~17 s, then the mixed
     # run 2 x ~32 s): the auto arm's closed-loop sweep at 1/4/16/32 clients on the whole split and on its
     # <= 512-token requests (throughput, p50, p95, matmul rate against the measured bf16 ceiling), then
