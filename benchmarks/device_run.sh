@@ -148,16 +148,18 @@ for step in "$@"; do
              grep -vE "^==|^ *$|^\[|----" $OUT/ncu-${C//:/-}.txt | head -90 | cut -c1-110; done ;;
     # the chunked kernels' stall reasons and shared-memory traffic at 512 and 4,096 tokens
     # (NCU_CASE: the kernels_gpu.py case, NCU_KERNELS: a regex of the kernels profiled, NCU_SKIP:
-    # matching launches skipped of the probe's three runs, NCU_TOKENS: the lengths)
-    ncu-state) for T in ${NCU_TOKENS:-512 4096}; do
+    # matching launches skipped of the probe's three runs, NCU_TOKENS: the lengths; NCU_REQUESTS:
+    # workload requests such as choice:1-128 run through the engine instead, a length each)
+    ncu-state) for T in ${NCU_REQUESTS:-${NCU_TOKENS:-512 4096}}; do
+             if [ -n "${NCU_REQUESTS:-}" ]; then PROBE="--request $T --model .openjev/demo-model"; else PROBE="--tokens $T --case ${NCU_CASE:-gdn_chunked_w8}"; fi
              timeout 200 ncu --clock-control none --kernel-name regex:${NCU_KERNELS:-gdn_chunk_[so]} --launch-skip ${NCU_SKIP:-3} --launch-count 3 \
                --metrics gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,smsp__inst_executed.sum,$(
                for r in barrier long_scoreboard short_scoreboard mio_throttle lg_throttle math_pipe_throttle wait \
                  not_selected selected dispatch_stall no_instruction branch_resolving membar drain tex_throttle; do
                  printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' $r; done
                )l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum,l1tex__t_requests_pipe_lsu_mem_global_op_st.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__throughput.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-               python3 benchmarks/gdn_probe.py --tokens $T --case ${NCU_CASE:-gdn_chunked_w8} > $OUT/ncu-state-$T.txt 2>&1
-             grep -vE "^==|^ *$|^\[" $OUT/ncu-state-$T.txt | head -70; done ;;
+               python3 benchmarks/gdn_probe.py $PROBE > $OUT/ncu-state-${T//:/-}.txt 2>&1
+             grep -vE "^==|^ *$|^\[" $OUT/ncu-state-${T//:/-}.txt | head -70; done ;;
     # the default recurrence under Nsight Compute (where the runtime lets it read counters) and its SASS
     ncu-gdn) D=$(python3 -m openjev.worker.cuda.traits)
            nvcc -arch=sm_90 -std=c++17 -cubin -Icuda $D cuda/gated_delta.cu -o /tmp/gd.cubin \
