@@ -12,26 +12,25 @@ inference").
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
 
+# The spinner: pinned to its CPU, at SCHED_IDLE, killed when the benchmark that started it dies
+# (one stopped by `timeout` must not leave CPUs spinning for the next); set up in the child itself,
+# not by a preexec_fn, which is unsafe in a process that already runs gRPC's threads.
 _SPIN = """
-import os
+import ctypes, os, signal, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[2]):  # the benchmark ended before the line above
+    sys.exit()
 while True:
     pass
 """
-
-
-def _child(cpu: int) -> None:
-    """In the spinner before it starts: pinned to its CPU, killed when this process dies (a
-    benchmark stopped by `timeout` must not leave CPUs spinning for the next one)."""
-    os.sched_setaffinity(0, {cpu})
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class Spinners:
@@ -40,8 +39,8 @@ class Spinners:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
         for cpu in sorted(os.sched_getaffinity(0)):
-            self.procs.append(subprocess.Popen([sys.executable, "-c", _SPIN], preexec_fn=lambda c=cpu: _child(c)))
-        time.sleep(0.2)  # each has set its own priority before it is first stopped
+            self.procs.append(subprocess.Popen([sys.executable, "-c", _SPIN, str(cpu), str(os.getpid())]))
+        time.sleep(0.2)  # set up before first stopped (one that is not sets up when first continued)
         self.awake(False)
 
     def awake(self, on: bool) -> None:

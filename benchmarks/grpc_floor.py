@@ -7,7 +7,7 @@ this one, called as a future (as the frontend calls its worker) and blocking (as
 Run it under different conditions (taskset, GRPC_POLL_STRATEGY, ...) to see what the host's
 thread wake-ups cost: `device_run.sh grpc-floor` does that on the GPU machine. With `--gap-ms G`
 every call is also made after G ms of idling (untimed), as a request's hops idle through a model
-pass, in three ways interleaved with the back-to-back calls: asleep; asleep with the kernel asked
+pass, in four ways interleaved with the back-to-back calls: asleep; asleep with the kernel asked
 for zero C-state exit latency (/dev/cpu_dma_latency held at 0 around the call, a system-wide
 request, root only; the arm is left out where the device cannot be written); spinning on
 this thread; and asleep while every CPU of the host is kept busy by SCHED_IDLE spinners
