@@ -2,7 +2,7 @@
 priority (it runs only when nothing else wants that CPU), stopped and continued with signals so
 that a benchmark can interleave "CPUs awake" with "CPUs allowed to idle" arm by arm.
 
-Why: on the GPU host a gRPC hop after a model pass costs ~0.8 ms more than one back to back
+Why: on the GPU host a gRPC hop after a model pass costs ~0.7 ms more than one back to back
 (docs/benchmarks/index.md, "Where the time outside inference goes on the H200 host"), and neither
 a zero C-state exit latency request nor spinning the calling thread changed it. If waking the
 server's idle CPUs is that cost (a virtual machine's halted vCPUs, for one), CPUs kept busy
