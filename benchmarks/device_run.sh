@@ -300,7 +300,7 @@ for step in "$@"; do
     # cuBLASLt's unsplit algorithms with a workspace and more of the heuristic's list, against the runner's choice
     lt-space) timeout 450 python3 benchmarks/lt_space_probe.py ${LT_SPACE_ARGS:-} 2>&1 | tee $OUT/lt-space.txt | tail -30 ;;
     # the idle-gap part of grpc-floor alone (~1 min)
-    grpc-idle) timeout 150 python3 benchmarks/grpc_floor.py --repeats 150 --gap-ms 25 --label "after idle" \
+    grpc-idle) timeout 150 python3 benchmarks/grpc_floor.py --repeats 150 --gap-ms 25 --awake --label "after idle" \
                  2>>$OUT/grpc-floor.log | tee $OUT/grpc-idle.txt ;;
     # a bare Python gRPC round trip on this host, plain and under other thread placements; ~30 s
     grpc-floor) for cond in "" "taskset -c 0" "taskset -c 0-1" "taskset -c 0-3" "env GRPC_POLL_STRATEGY=poll"; do

@@ -7,11 +7,11 @@ this one, called as a future (as the frontend calls its worker) and blocking (as
 Run it under different conditions (taskset, GRPC_POLL_STRATEGY, ...) to see what the host's
 thread wake-ups cost: `device_run.sh grpc-floor` does that on the GPU machine. With `--gap-ms G`
 every call is also made after G ms of idling (untimed), as a request's hops idle through a model
-pass, in four ways interleaved with the back-to-back calls: asleep; asleep with the kernel asked
+pass, in three ways interleaved with the back-to-back calls: asleep; asleep with the kernel asked
 for zero C-state exit latency (/dev/cpu_dma_latency held at 0 around the call, a system-wide
-request, root only; the arm is left out where the device cannot be written); spinning on
-this thread; and asleep while every CPU of the host is kept busy by SCHED_IDLE spinners
-(cpu_awake.py: no CPU idles, so none has to be woken for the call).
+request, root only; the arm is left out where the device cannot be written); and spinning on
+this thread. With `--awake` also asleep while every CPU of the host is kept busy by SCHED_IDLE
+spinners (cpu_awake.py: no CPU idles, so none has to be woken for the call).
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=400)
     p.add_argument("--label", default="")
     p.add_argument("--gap-ms", type=float, default=0.0, help="also call after idling this long (untimed)")
+    p.add_argument("--awake", action="store_true", help="with --gap-ms: an arm with every CPU kept busy")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the other process's part
     args = p.parse_args()
     if args.serve:  # print the port, serve until the parent closes stdin
@@ -92,7 +93,7 @@ def main() -> None:
     assert child.stdout is not None and child.stdin is not None
     other_port = int(child.stdout.readline())
     server, own_port = bare_unary_server()
-    spinners = Spinners() if args.gap_ms else None
+    spinners = Spinners() if args.gap_ms and args.awake else None
     try:
         calls = {}
         for where, port in (("other process", other_port), ("this process", own_port)):
