@@ -130,13 +130,7 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 // thread, shared memory was 71% busy on the H200; two columns gained 8%: docs/cuda-kernels.md).
 // Tokens past the segment's end are zero-filled: k = q = v = 0, g = 0 (e^g = 1), beta = 0, an
 // exact no-op on S, so the token loop has a fixed trip count and unrolls.
-//
-// RING (variant suffix m): three buffers in a ring, each with two shared-memory barriers (copies
-// landed; every thread done reading), instead of two buffers and two block barriers a buffer. A
-// warp then waits only for data, or for the slowest warp to finish the buffer it refills, which
-// is two buffers back: the block's warps may drift a buffer apart. The arithmetic is the same, so
-// are the bits.
-template <int PARTS, int NCOLS, int CC, bool SCATTER = false, bool RING = false>
+template <int PARTS, int NCOLS, int CC, bool SCATTER = false>
 __device__ __forceinline__ void gdn_recurrent(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
     const __nv_bfloat16* __restrict__ v, long v_stride, const float* __restrict__ g,
@@ -148,16 +142,14 @@ __device__ __forceinline__ void gdn_recurrent(
     constexpr int RP = R + 4;  // padded: the PARTS row groups start in different banks
     constexpr int NT = NCOLS / CC * PARTS;
     constexpr int CP = 8;  // tokens a buffer
-    constexpr int NB = RING ? 3 : 2;  // buffers
     constexpr int KQ_COPIES = CP * (DK / 4) / NT;  // 16-byte k (and q) copies a thread a buffer
     static_assert(CP * (DK / 4) % NT == 0 && NT % (DK / 4) == 0 && CP * (NCOLS / 8) <= NT && 3 * CP <= NT,
                   "each thread's copies of a buffer are fixed (stage, below)");
     static_assert(R % 4 == 0 && NCOLS % 8 == 0 && PARTS <= 32, "16-byte copies; a column within a warp");
-    __shared__ __align__(16) float k_s[NB][CP][PARTS * RP];
-    __shared__ __align__(16) float q_s[NB][CP][PARTS * RP];
-    __shared__ __align__(16) __nv_bfloat16 v_s[NB][CP][NCOLS];
-    __shared__ float gbk_s[NB][3][CP];  // g, beta, q.k as given
-    __shared__ __align__(8) unsigned long long landed[NB], drained[NB];  // RING's barriers a buffer
+    __shared__ __align__(16) float k_s[2][CP][PARTS * RP];
+    __shared__ __align__(16) float q_s[2][CP][PARTS * RP];
+    __shared__ __align__(16) __nv_bfloat16 v_s[2][CP][NCOLS];
+    __shared__ float gbk_s[2][3][CP];  // g, beta, q.k as given
 
     const int tid = threadIdx.x, c0 = (tid / PARTS) * CC, part = tid % PARTS;
     const int first = level_off[level], nseg = level_off[level_end] - first;
@@ -173,8 +165,6 @@ __device__ __forceinline__ void gdn_recurrent(
     auto limit = [&](int l) { return min(4, max(1, ((level_off[l + 1] - level_off[l]) * CB * H + num_sms - 1) / num_sms)); };
     auto ticket0 = [&](int l) { return (level_off[l] - first) * CB * H; };
     if (tid == 0) {
-        if constexpr (RING)
-            for (int b = 0; b < NB; ++b) mbar_init(smem_addr(&landed[b]), NT), mbar_init(smem_addr(&drained[b]), NT);
         s_done = *(volatile unsigned long long*)deps + 1;  // the last block adds one only after every block began
         int most = 1;
         for (int l = level; l < level_end; ++l) most = max(most, limit(l));
@@ -183,12 +173,6 @@ __device__ __forceinline__ void gdn_recurrent(
         if (!s_worker) atomicSub(&sched[2 + smid], 1);
     }
     __syncthreads();
-    // RING: the block's buffer rounds so far (every thread counts the same); round r fills buffer
-    // r % 3, its (r / 3)-th use, whose barriers' phases are told apart by the parity of r / 3
-    unsigned round = 0;
-    auto ring_free = [&](unsigned r) {  // before round r's copies: every thread done with round r - 3
-        if (r >= NB) mbar_wait(smem_addr(&drained[r % NB]), (r / NB - 1) & 1);
-    };
     while (s_worker) {
         if (tid == 0) {
             // rank 0 always takes one, so the tickets run out; a worker leaves only then
@@ -259,16 +243,10 @@ __device__ __forceinline__ void gdn_recurrent(
                 const float* p = which == 0 ? g + at * H + h : which == 1 ? beta + at * H + h : kq + at * Hk + hk;
                 cp_async4(smem_addr(&gbk_s[buf][which][t]), p, t < cnt ? 4 : 0);
             }
-            if constexpr (RING) mbar_arrive_copies(smem_addr(&landed[buf]));
-            else cp_async_commit();
+            cp_async_commit();
         };
 
-        if constexpr (RING) {
-            ring_free(round);
-            stage(round % NB, start);
-        } else {
-            stage(0, start);
-        }
+        stage(0, start);
         float S[R][CC];
     #pragma unroll
         for (int i = 0; i < R; ++i)
@@ -277,19 +255,10 @@ __device__ __forceinline__ void gdn_recurrent(
 
         int buf = 0;
         for (int cs = start; cs < end; cs += CP) {
-            if constexpr (RING) {
-                if (cs + CP < end) {
-                    ring_free(round + 1);
-                    stage((round + 1) % NB, cs + CP);
-                }
-                buf = round % NB;
-                mbar_wait(smem_addr(&landed[buf]), (round / NB) & 1);  // every thread's copies landed
-            } else {
-                if (cs + CP < end) stage(buf ^ 1, cs + CP);
-                else cp_async_commit();  // an empty group keeps the wait count below uniform
-                cp_async_wait<1>();
-                __syncthreads();  // buffer buf landed for every thread
-            }
+            if (cs + CP < end) stage(buf ^ 1, cs + CP);
+            else cp_async_commit();  // an empty group keeps the wait count below uniform
+            cp_async_wait<1>();
+            __syncthreads();  // buffer buf landed for every thread
             const int cnt = min(CP, end - cs);
     #pragma unroll
             for (int t = 0; t < CP; ++t) {
@@ -364,13 +333,8 @@ __device__ __forceinline__ void gdn_recurrent(
     #pragma unroll
                     for (int c = 0; c < CC; ++c) S[i][c] = fmaf(S[i][c], eg, kr[i] * delta[c]);
             }
-            if constexpr (RING) {
-                mbar_arrive(smem_addr(&drained[buf]));  // this thread is done with buf
-                ++round;
-            } else {
-                __syncthreads();  // every thread is done with buf before the next round refills it
-                buf ^= 1;
-            }
+            __syncthreads();  // every thread is done with buf before the next round refills it
+            buf ^= 1;
         }
         const long state_base = ((long)n * H + h) * DK * DV;
     #pragma unroll
@@ -402,13 +366,12 @@ __device__ __forceinline__ void gdn_recurrent(
 #define GDN_PASS                                                                                \
     qn, kn, kq, v, v_stride, g, beta, cu_seqlens, H, Hk, init_state, init_stride, init_idx,   \
         level_off, level, level_end, sched, num_sms, deps, out, final_state
-#define GDN_VARIANT(name, P, NC, CC, SCATTER, RING)                                     \
+#define GDN_VARIANT(name, P, NC, CC, SCATTER)                                           \
     extern "C" __global__ void __launch_bounds__(NC / CC * P, 4) name(GDN_ARGS) {           \
-        gdn_recurrent<P, NC, CC, SCATTER, RING>(GDN_PASS);                              \
+        gdn_recurrent<P, NC, CC, SCATTER>(GDN_PASS);                                    \
     }
 // s{threads per column group}c{columns per block}x{columns per thread}; the other shapes timed
 // (and the earlier unpipelined kernel's p* variants) were slower at 64-4,096 tokens
 // (docs/cuda-kernels.md)
-GDN_VARIANT(gdn_recurrent_s8c16x1, 8, 16, 1, false, false)
-GDN_VARIANT(gdn_recurrent_s8c32x2, 8, 32, 2, true, false)  // the sums reduced as shares (above)
-GDN_VARIANT(gdn_recurrent_s8c32x2m, 8, 32, 2, true, true)   // and the ring of buffers (above)
+GDN_VARIANT(gdn_recurrent_s8c16x1, 8, 16, 1, false)
+GDN_VARIANT(gdn_recurrent_s8c32x2, 8, 32, 2, true)  // the sums reduced as shares (above)

@@ -234,7 +234,7 @@ def gdn_prepare(conv_out, a, b, A_log, dt_bias, num_k_heads, out=None):
 
 
 # name -> (threads per column group, columns per block, columns per thread)
-GDN_VARIANTS = {"s8c16x1": (8, 16, 1), "s8c32x2": (8, 32, 2), "s8c32x2m": (8, 32, 2)}  # m: a ring of buffers
+GDN_VARIANTS = {"s8c16x1": (8, 16, 1), "s8c32x2": (8, 32, 2)}
 GDN_DEFAULT = "s8c32x2"  # the fastest variant on an H200 at 64 to 4,096 tokens (docs/cuda-kernels.md)
 
 
