@@ -310,14 +310,12 @@ for step in "$@"; do
                 timeout 150 python3 benchmarks/grpc_floor.py --repeats 150 --gap-ms 25 --label "after idle" \
                   2>>$OUT/grpc-floor.log | tee -a $OUT/grpc-floor.txt ;;
     # time outside inference through the service (Decide, the worker's calls, bare gRPC) with the
-    # 27B CUDA worker, two short requests interleaved; ~2.5 min (start-up ~95 s)
-    overhead) timeout 400 python3 benchmarks/service_overhead.py --model .openjev/demo-model --worker-args "--synthetic 27b" \
-             --repeats 100 --shuffle --case noul-1-128-0 --case choice-1-128-0 > $OUT/overhead.md 2>$OUT/overhead.log
-           tail -20 $OUT/overhead.md; tail -3 $OUT/overhead.log ;;
-    # the same with every arm also run with the host's CPUs kept busy (cpu_awake.py), interleaved
-    overhead-awake) timeout 500 python3 benchmarks/service_overhead.py --model .openjev/demo-model --worker-args "--synthetic 27b" \
-             --repeats 100 --shuffle --awake --case noul-1-128-0 --case choice-1-128-0 > $OUT/overhead-awake.md 2>$OUT/overhead-awake.log
-           tail -30 $OUT/overhead-awake.md; tail -3 $OUT/overhead-awake.log ;;
+    # 27B CUDA worker, two short requests interleaved; ~2.5 min (start-up ~95 s); overhead-awake:
+    # every arm also with the host's CPUs kept busy (cpu_awake.py), interleaved
+    overhead|overhead-awake) awake=""; [ $step = overhead-awake ] && awake=--awake
+             timeout 500 python3 benchmarks/service_overhead.py --model .openjev/demo-model --worker-args "--synthetic 27b" \
+             --repeats 100 --shuffle $awake --case noul-1-128-0 --case choice-1-128-0 > $OUT/$step.md 2>$OUT/$step.log
+           tail -30 $OUT/$step.md; tail -3 $OUT/$step.log ;;
     # where a short request's host time goes: the idle split and a cProfile of the scheduler thread
     profile-host) timeout 150 python3 benchmarks/profile_requests.py --model .openjev/demo-model --workload $WL --graphs-only \
              --host --cases noul:1-128,choice:1-128 --out $OUT/profile-host.md > $OUT/profile-host.txt 2>&1

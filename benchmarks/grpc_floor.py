@@ -69,8 +69,12 @@ def idlers(gap_ms: float, spinners: Spinners | None) -> dict[str, tuple[object, 
             out[f"after {gap_ms:g} ms asleep, C-states held"] = (hold_and_sleep, release)
         out[f"after {gap_ms:g} ms spinning"] = (spin, nothing)
         if spinners is not None:
-            awake = lambda: (spinners.awake(True), sleep())  # noqa: E731
-            out[f"after {gap_ms:g} ms asleep, CPUs awake"] = (awake, lambda: spinners.awake(False))
+
+            def awake_and_sleep():
+                spinners.awake(True)
+                sleep()
+
+            out[f"after {gap_ms:g} ms asleep, CPUs awake"] = (awake_and_sleep, lambda: spinners.awake(False))
     return out
 
 

@@ -59,17 +59,17 @@ def test_freed_large_blocks_leave_the_process():
     assert off > on + 6, (off, on)
 
 
-# The frontend's modules and its tokenizer built as `serve` builds them, without the trim after it.
+# The frontend's modules and its tokenizer built as `serve` builds them, without the trim after it;
+# then it waits (stdin) while the test reads its resident size.
 TOKENIZER_ONLY = textwrap.dedent(
     """
-    import os, sys
+    import sys
     import openjev.frontend.main
     from openjev.tokenizer import PromptTokenizer
 
     tokenizer = PromptTokenizer.from_export(sys.argv[1])
-    for line in open(f"/proc/{os.getpid()}/status"):
-        if line.startswith("VmRSS:"):
-            print(int(line.split()[1]) / 1024)
+    print("built", flush=True)
+    sys.stdin.read()
     """
 )
 
@@ -78,10 +78,14 @@ TOKENIZER_ONLY = textwrap.dedent(
 def test_a_started_frontend_does_not_keep_the_heap_its_tokenizer_freed(demo_model, tmp_path):
     """Building Qwen's tokenizer frees ~290 MiB of parsed document in small blocks, which glibc
     kept: a frontend sat at ~320 MiB before its first request, ~145 MiB since it trims its heap."""
-    control = subprocess.run(
-        [sys.executable, "-c", TOKENIZER_ONLY, str(demo_model)], capture_output=True, text=True, timeout=120, check=True
-    )
-    untrimmed = float(control.stdout)
+    command = [sys.executable, "-c", TOKENIZER_ONLY, str(demo_model)]
+    control = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert control.stdout is not None and control.stdout.readline() == "built\n"
+        untrimmed = rss_bytes(control.pid) / (1 << 20)
+    finally:
+        control.kill()
+        control.wait(10)
     pair = launch.start_pair(demo_model, tmp_path)
     try:
         started = rss_bytes(pair.frontend.popen.pid) / (1 << 20)
