@@ -19,10 +19,8 @@ def gdn_tail_width(num_k_heads: int, num_v_heads: int) -> int:
     return -(-width // 4) * 4
 
 
-# gdn_chunk_state variants: warps a block (value columns split in two halves either way); both
-# give the same bits; w16 is the faster since the state pass's loads are free of bank conflicts
-# (w8 was 2-3% faster before; docs/cuda-kernels.md, "Chunked GDN")
-GDN_STATE_VARIANTS = ("w8", "w16")
+# gdn_chunk_state variants (traits.GdnChunkTraits.state_variants): all give the same bits
+GDN_STATE_VARIANTS = tuple(v.name for v in traits.GDN_CHUNKED.state_variants)
 GDN_STATE_DEFAULT = "w16"
 
 
@@ -102,7 +100,7 @@ def gdn_chunked(
     u = torch.empty_like(w)  # U~ from the solve, overwritten with U by the state pass
     gcum = torch.empty(scratch_chunks, H, GDN_CHUNK, dtype=torch.float32, device=dev)
     chunk_states = torch.empty(scratch_chunks, H, GDN_DIM, GDN_DIM, dtype=torch.float32, device=dev)
-    chunk_list = gdn_chunk_plan(cu_seqlens, positions, max_chunks, scratch_chunks)
+    chunk_list = gdn_chunk_plan(cu_seqlens, positions, max_chunks, scratch_chunks, sources)
     geo = (N, H, Hk, max_chunks, width)
     gdn_chunk_solve(geo, kn, v, g, beta, cu_seqlens, positions, sources, tail_out, w, u, gcum, chunk_list)
     for level in range(sources.num_levels):  # parents' final states before their children start
@@ -111,14 +109,21 @@ def gdn_chunked(
     return out, final, tail_out
 
 
-def gdn_chunk_plan(cu_seqlens, positions, max_chunks: int, slots: int) -> torch.Tensor:
+def gdn_chunk_plan(cu_seqlens, positions, max_chunks: int, slots: int, src: ChunkSources) -> torch.Tensor:
     """[1 + slots] int32: the launch's chunk count, then per chunk (segment << 16) | chunk index,
-    in scratch-slot order (cuda/gdn_chunked.cu); made on the device, so capturable."""
+    in scratch-slot order, for the segments of src's levels (cuda/gdn_chunked.cu); made on the
+    device, so capturable."""
     N = cu_seqlens.numel() - 1
     assert N <= traits.GDN_CHUNKED.plan_threads, f"{N} segments in one chunked GDN launch"
     chunk_list = torch.empty(1 + slots, dtype=torch.int32, device=cu_seqlens.device)
     threads = traits.GDN_CHUNKED.plan_threads
-    _launch("gdn_chunked", "gdn_chunk_plan", (1,), (threads,), (cu_seqlens, positions, N, max_chunks, chunk_list))
+    _launch(
+        "gdn_chunked",
+        "gdn_chunk_plan",
+        (1,),
+        (threads,),
+        (cu_seqlens, positions, N, max_chunks, src.level_off, src.num_levels, chunk_list),
+    )
     return chunk_list
 
 
@@ -167,12 +172,13 @@ def gdn_chunk_state(
     """The state pass over the segments of one level (src.level_off)."""
     N, H, Hk, max_chunks, width = geo
     geom = traits.GDN_CHUNKED
+    shape = geom.state_variant(variant)
     counters, sms = gdn_schedule(kn.device)
     _launch(
         "gdn_chunked",
         f"gdn_chunk_state_{variant}",
-        (sms,),  # a block an SM takes the level's (columns, head, segment) items
-        (32 * int(variant[1:]),),
+        (shape.blocks_per_sm * sms,),  # blocks take the level's (columns, head, segment) items
+        (32 * shape.warps,),
         (
             kn,
             w,
@@ -194,7 +200,7 @@ def gdn_chunk_state(
             final,
             counters,
         ),
-        dynamic_smem=geom.state_smem_bytes,
+        dynamic_smem=geom.state_smem_bytes(shape),
     )
 
 

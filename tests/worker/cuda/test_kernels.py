@@ -3,6 +3,8 @@ outputs NaN-poisoned before each run, relative error per packed segment. Skipped
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -488,6 +490,24 @@ def test_gdn_chunked_batch_invariant(K, ref):
         assert torch.equal(o1, out[a:b]), f"segment {n} outputs alone vs packed"
         assert torch.equal(f1[0], fin[n]), f"segment {n} final state alone vs packed"
         assert torch.equal(t1[0, :rows], tail_out[n, :rows]), f"segment {n} tail alone vs packed"
+
+
+def test_gdn_chunked_skips_segments_outside_the_levels(K):
+    """A graph pass's pad segment lies after every level's range: its chunks are neither solved
+    nor output (its rows keep what was there), and the other segments' bits do not change."""
+    lengths, starts = [130, 70, 90], [0, 5, 0]
+    cu, qn, kn, v, g, beta, pos, init, tails = chunked_case(K, lengths, starts, True)
+    T, N, H = qn.shape[0], len(lengths), v.shape[1]
+    every = KC.ChunkSources.per_segment(N, H, KC.gdn_tail_width(kn.shape[1], H), DEV, init, tails)
+    outs = []
+    for sources in (every, dataclasses.replace(every, level_off=every.level_off.new_tensor([0, N - 1]))):
+        out = poisoned((T, H, 128), torch.bfloat16)
+        KC.gdn_chunked(qn, kn, v, g, beta, cu, pos, max(lengths), out=out, sources=sources)
+        outs.append(out)
+    pad = cu.tolist()[N - 1]
+    assert not outs[0].isnan().any()
+    assert outs[1][pad:].isnan().all(), "the segment outside the levels was output"
+    assert torch.equal(outs[1][:pad], outs[0][:pad])
 
 
 @pytest.mark.parametrize("split", [1, 37, 64, 100, 128, 133])
