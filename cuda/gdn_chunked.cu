@@ -33,33 +33,38 @@
 #include "mma_tf32.cuh"  // tf32 mma fragments
 
 // Sizes and padded row strides come from the host (traits.GdnChunkTraits), which launches the
-// kernels with GDN_SOLVE_SMEM, GDN_STATE_SMEM_<variant> and GDN_OUT_SMEM bytes of dynamic shared memory.
-#if !defined(GDN_CHUNK) || !defined(GDN_DIM) || !defined(GDN_CHUNK_THREADS) || !defined(GDN_BPAD) || \
+// kernels with GDN_SOLVE_SMEM, GDN_STATE_SMEM and GDN_OUT_SMEM bytes of dynamic shared memory.
+#if !defined(GDN_CHUNK) || !defined(GDN_DIM) || !defined(GDN_CHUNK_THREADS) || !defined(GDN_STATE_COLS) || \
     !defined(GDN_PLAN_THREADS) || \
-    !defined(GDN_LK) || !defined(GDN_LC) || !defined(GDN_LB) || !defined(GDN_LX) ||            \
+    !defined(GDN_LK) || !defined(GDN_LC) || !defined(GDN_LB) || !defined(GDN_LX) || !defined(GDN_LS) ||            \
     !defined(GDN_LKS) || !defined(GDN_SOLVE_SMEM) || \
-    !defined(GDN_STATE_SMEM_w8) || !defined(GDN_OUT_SMEM) || !defined(GDN_OUT_THREADS)
+    !defined(GDN_STATE_SMEM) || !defined(GDN_OUT_SMEM) || !defined(GDN_OUT_THREADS)
 #error "compile with the definitions of openjev.worker.cuda.traits"
 #endif
 #define CH GDN_CHUNK          // chunk length
 #define D GDN_DIM             // key and value head dims
 #define NT GDN_CHUNK_THREADS  // threads a block of the solve and output kernels (8 warps)
+#define NCOL GDN_STATE_COLS   // value columns a gdn_chunk_state block owns
 #define NTO GDN_OUT_THREADS   // threads a gdn_chunk_out block (a warp an 8-column strip of all D)
 #define LK GDN_LK             // padded row strides (floats): rows start in different banks
 #define LC GDN_LC
 #define LB GDN_LB
 #define LX GDN_LX             // rows of the solve's 16 x 16 block products
+#define LS GDN_LS             // gdn_chunk_state: rows of the state columns and of U
 #define LKS GDN_LKS           // gdn_chunk_state: rows of k (read transposed)
 
 // The buffers each kernel carves from its dynamic shared memory, as laid out below.
 static_assert(4 * (CH * LB + 2 * CH * LC + 3 * 16 * LX + 2 * CH) == GDN_SOLVE_SMEM, "gdn_chunk_solve layout");
+// gdn_chunk_state: the state columns, then two buffers of one chunk's W, K, U and G
+static_assert(4 * (D * LS + 2 * (CH * LK + CH * LKS + CH * LS + CH)) == GDN_STATE_SMEM, "gdn_chunk_state layout");
 static_assert(4 * (2 * CH * LK + CH) == GDN_OUT_SMEM, "gdn_chunk_out layout");
+static_assert(NCOL == CH && 2 * NCOL == D, "state columns and U rows share the stride LS; two column halves");
 // Shared-memory banks (float index mod 32): an A fragment reads rows g (8) x columns t (4), a B
 // fragment rows t x columns g. The 32 lanes hit 32 banks when a tile read as A has a stride of 4
-// mod 8 (LK, LC) and one read as B a stride of 8 mod 16 (the state pass's LS, LKS). It reads every
+// mod 8 (LK, LC) and one read as B a stride of 8 mod 16 (LS, LKS). The state pass reads every
 // tile one way only; the solve's [k | v] and T are read both ways (2-way conflicts on one of them:
 // a swizzle that removed them cost more in index arithmetic than it saved, measured 2026-12-01).
-static_assert(LK % 8 == 4 && LC % 8 == 4 && GDN_BPAD % 16 == 8 && LKS % 16 == 8, "conflict-free fragment strides");
+static_assert(LK % 8 == 4 && LC % 8 == 4 && LS % 16 == 8 && LKS % 16 == 8, "conflict-free fragment strides");
 static_assert(NTO == 32 * (D / 8), "gdn_chunk_out: one warp an 8-column strip");
 static_assert(LK >= D && LC >= CH && LB >= 2 * D && LX >= 16 && LK % 2 == 0 && LC % 2 == 0 && LB % 4 == 0 &&
                   LK % 4 == 0 && LC % 4 == 0,
@@ -130,7 +135,8 @@ __device__ __forceinline__ bool next_chunk_item(const int* __restrict__ list, in
 // for chunk c of segment n (slot = the chunk's scratch slot, segment(...).first + c). Only the
 // segments of the levels' ranges (0 .. level_off[levels] - 1) are listed: a graph pass's pad
 // segment after them is neither solved nor output (its rows are never read, as with the
-// recurrence), and segment(...).first counts the same chunks for every listed segment. One block of GDN_PLAN_THREADS threads, a segment a thread (N <= GDN_PLAN_THREADS).
+// recurrence), and segment(...).first counts the same chunks for every listed segment. One block
+// of GDN_PLAN_THREADS threads, a segment a thread (N <= GDN_PLAN_THREADS).
 extern "C" __global__ void __launch_bounds__(GDN_PLAN_THREADS)
     gdn_chunk_plan(const int* __restrict__ cu, const int* __restrict__ pos, int N, int max_chunks,
                    const int* __restrict__ level_off, int levels, int* __restrict__ list) {
@@ -400,27 +406,16 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     finish_items(counters);
 }
 
-// The sequential pass: blocks of NTH threads take (segment, head, NC value columns) items, with
-// GDN_STATE_SMEM_<variant> bytes of dynamic shared memory (state_smem_floats below).
-// Per chunk only U = U~ - W S and, for a finished chunk, S <- e^{G_C} S + K^T (e^{G_C - G} U). With
-// BUFS = 2 the next chunk's W, K, U~ and G are copied in while this one computes; with one buffer
-// the copies wait, and the smaller block lets two share an SM (MINB). It stores S_c
+// The sequential pass, grid (D / NCOL, H, N), block NTH, dynamic shared memory GDN_STATE_SMEM.
+// Per chunk only U = U~ - W S and, for a finished chunk, S <- e^{G_C} S + K^T (e^{G_C - G} U); the next
+// chunk's W, K, U~ and G are copied in while this one computes (two buffers). It stores S_c
 // (the state at the chunk's start, [slots, H, 128, 128]) and U (over U~, in place) for
 // gdn_chunk_out. One launch runs the segments of one level, level_off[level] ..
 // level_off[level + 1] - 1; segment n starts from init_idx[n]: > 0 state slot init_slots[idx]
 // ([1 + S, H, 128, 128] fp32), -1 zeros, -2 - p the final state of in-pass parent p (which an
 // earlier level's launch wrote). final_state: [N, H, 128, 128] fp32, the state at each segment's
-// last chunk boundary. Every column's arithmetic is the same in every variant: the same bits.
-template <int NC>
-__host__ __device__ constexpr int state_stride() {
-    return NC + GDN_BPAD;  // rows of the state columns and of U, read as B fragments
-}
-template <int NC, int BUFS>
-__host__ __device__ constexpr int state_smem_floats() {  // the state columns, then BUFS buffers of one chunk's W, K, U and G
-    return D * state_stride<NC>() + BUFS * (CH * LK + CH * LKS + CH * state_stride<NC>() + CH);
-}
-
-template <int NTH, int NC, int BUFS>
+// last chunk boundary.
+template <int NTH>
 __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const float* __restrict__ W,
                                             float* __restrict__ U, const float* __restrict__ gcum,
                                             const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,
@@ -430,9 +425,6 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                                             const int* __restrict__ level_off, int level, float* __restrict__ Sc,
                                             float* __restrict__ final_state, int* __restrict__ counters) {
     extern __shared__ __align__(128) float state_smem[];
-    constexpr int NCOL = NC, LS = state_stride<NC>();
-    static_assert(NCOL % 16 == 0 && D % NCOL == 0 && (BUFS == 1 || BUFS == 2) && CH * (NCOL / 4) % NTH == 0,
-                  "state pass shape");
     constexpr int BUF = CH * LK + CH * LKS + CH * LS + CH;  // one chunk: W [64][LK], K [64][LKS], U [64][LS], G [64]
     constexpr int TN = NCOL / 8;                      // 8-column tiles of the state a block owns
     float* Ss = state_smem;                           // [128][LS] state columns col0 .. col0 + NCOL - 1
@@ -454,7 +446,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
 
         // chunk c's copies into buffer c & 1, one cp.async group
         auto issue = [&](int c) {
-            float* Wb = Ss + D * LS + (c % BUFS) * BUF;
+            float* Wb = Ss + D * LS + (c & 1) * BUF;
             float* Kb = Wb + CH * LK;
             float* Ub = Kb + CH * LKS;
             float* gb = Ub + CH * LS;
@@ -484,20 +476,14 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
             Ss[i * LS + j] = x;
             if (s.chunks > 0) Sc[((long)s.first * H + h) * D * D + (long)i * D + col0 + j] = rnd(x);
         }
-        if (BUFS == 2 && s.chunks > 0) issue(0);
+        if (s.chunks > 0) issue(0);
         for (int c = 0; c < s.chunks; ++c) {
-            // the buffer chunk c + 1 (or c, with one buffer) goes to was last read by chunk c - 1,
-            // which ended with a barrier
-            if (BUFS == 1) {
-                issue(c);
-                cp_async_wait<0>();
-            } else {
-                if (c + 1 < s.chunks) issue(c + 1);
-                else cp_async_commit();  // an empty group keeps "all but the newest" meaning chunk c
-                cp_async_wait<1>();
-            }
+            // the other buffer was last read by chunk c - 1, which ended with a barrier
+            if (c + 1 < s.chunks) issue(c + 1);
+            else cp_async_commit();  // an empty group keeps "all but the newest" meaning chunk c
+            cp_async_wait<1>();
             __syncthreads();
-            float* Wb = Ss + D * LS + (c % BUFS) * BUF;
+            float* Wb = Ss + D * LS + (c & 1) * BUF;
             float* Kb = Wb + CH * LK;
             float* Ub = Kb + CH * LKS;
             const float* gb = Ub + CH * LS;
@@ -579,24 +565,18 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
     finish_items(counters);
 }
 
-// A variant: gdn_chunk_state_<SUF> of NTH threads, NC columns, BUFS buffers, MINB blocks an SM
-// (traits.GdnChunkTraits.state_variants lists the same; the host gives GDN_STATE_SMEM_<SUF>,
-// checked here).
-#define GDN_CHUNK_STATE(SUF, NTH, NC, BUFS, MINB)                                                                    \
-    static_assert(4 * state_smem_floats<NC, BUFS>() == GDN_STATE_SMEM_##SUF, "gdn_chunk_state_" #SUF " layout");    \
-    extern "C" __global__ void __launch_bounds__(NTH, MINB) gdn_chunk_state_##SUF(                                   \
+#define GDN_CHUNK_STATE(NAME, NTH)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(NTH) NAME(                                                          \
         const float* __restrict__ kn, const float* __restrict__ W, float* __restrict__ U,                           \
         const float* __restrict__ gcum, const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,     \
         int max_chunks, const int* __restrict__ tail_src, const float* __restrict__ tails, long tail_width,         \
         const float* __restrict__ init_slots, const int* __restrict__ init_idx, const int* __restrict__ level_off,   \
         int level, float* __restrict__ Sc, float* __restrict__ final_state, int* __restrict__ counters) {             \
-        chunk_state<NTH, NC, BUFS>(kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_src, tails, tail_width,          \
-                                   init_slots, init_idx, level_off, level, Sc, final_state, counters);              \
+        chunk_state<NTH>(kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_src, tails, tail_width, init_slots,        \
+                         init_idx, level_off, level, Sc, final_state, counters);                                     \
     }
-GDN_CHUNK_STATE(w8, 256, 64, 2, 1)
-GDN_CHUNK_STATE(w16, 512, 64, 2, 1)
-GDN_CHUNK_STATE(w8c32, 256, 32, 1, 2)
-GDN_CHUNK_STATE(w32, 1024, 64, 2, 1)
+GDN_CHUNK_STATE(gdn_chunk_state_w8, 256)
+GDN_CHUNK_STATE(gdn_chunk_state_w16, 512)
 
 // The output pass, grid (max_chunks, H, N), block NTO, dynamic shared memory GDN_OUT_SMEM: every
 // chunk of every head at once, from S_c and U of gdn_chunk_state. Warp w owns the 8 value

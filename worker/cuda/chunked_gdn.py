@@ -19,8 +19,10 @@ def gdn_tail_width(num_k_heads: int, num_v_heads: int) -> int:
     return -(-width // 4) * 4
 
 
-# gdn_chunk_state variants (traits.GdnChunkTraits.state_variants): all give the same bits
-GDN_STATE_VARIANTS = tuple(v.name for v in traits.GDN_CHUNKED.state_variants)
+# gdn_chunk_state variants: warps a block (value columns split in two halves either way); both
+# give the same bits; w16 is the faster since the state pass's loads are free of bank conflicts
+# (w8 was 2-3% faster before; docs/cuda-kernels.md, "Chunked GDN")
+GDN_STATE_VARIANTS = ("w8", "w16")
 GDN_STATE_DEFAULT = "w16"
 
 
@@ -172,13 +174,12 @@ def gdn_chunk_state(
     """The state pass over the segments of one level (src.level_off)."""
     N, H, Hk, max_chunks, width = geo
     geom = traits.GDN_CHUNKED
-    shape = geom.state_variant(variant)
     counters, sms = gdn_schedule(kn.device)
     _launch(
         "gdn_chunked",
         f"gdn_chunk_state_{variant}",
-        (shape.blocks_per_sm * sms,),  # blocks take the level's (columns, head, segment) items
-        (32 * shape.warps,),
+        (sms,),  # a block an SM takes the level's (columns, head, segment) items
+        (32 * int(variant[1:]),),
         (
             kn,
             w,
@@ -200,7 +201,7 @@ def gdn_chunk_state(
             final,
             counters,
         ),
-        dynamic_smem=geom.state_smem_bytes(shape),
+        dynamic_smem=geom.state_smem_bytes,
     )
 
 

@@ -24,19 +24,6 @@ GDN_SCHED_SMS = 1024
 
 
 @dataclass(frozen=True)
-class GdnStateVariant:
-    """A shape of gdn_chunk_state (its GDN_CHUNK_STATE lines in gdn_chunked.cu list the same):
-    warps a block, value columns a block, chunk buffers (two: the next chunk's copies overlap
-    this one's products), blocks an SM (the launch's grid, and the kernel's launch bounds)."""
-
-    name: str
-    warps: int
-    columns: int
-    buffers: int
-    blocks_per_sm: int
-
-
-@dataclass(frozen=True)
 class GdnChunkTraits:
     """gdn_chunked.cu: the chunked delta rule on TF32 tensor cores, fp32 tiles in shared memory."""
 
@@ -45,16 +32,7 @@ class GdnChunkTraits:
     threads: int = 256  # a block of the solve kernel (8 warps)
     out_threads: int = 512  # a block of the output kernel: a warp an 8-column strip of all 128
     plan_threads: int = 1024  # gdn_chunk_plan: a segment a thread, so a launch holds at most this many
-    state_columns: int = 64  # value columns a gdn_chunk_state block owns in the two-buffer variants
-    # every variant gives the same bits; w16 is the faster of the first two since the state
-    # pass's loads are free of bank conflicts (docs/cuda-kernels.md, "Chunked GDN"); the 32-column
-    # ones fit two blocks an SM with one buffer (192 items on the 27B shape, not 96)
-    state_variants: tuple[GdnStateVariant, ...] = (
-        GdnStateVariant("w8", 8, 64, 2, 1),
-        GdnStateVariant("w16", 16, 64, 2, 1),
-        GdnStateVariant("w32", 32, 64, 2, 1),
-        GdnStateVariant("w8c32", 8, 32, 1, 2),
-    )
+    state_columns: int = 64  # value columns a gdn_chunk_state block owns (= chunk)
     # Floats added to shared-memory rows so that fragment loads hit 32 different banks: an A
     # fragment reads 8 rows x 4 columns (free of conflicts at a stride of 4 mod 8: row_pad), a B
     # fragment 4 rows x 8 columns (8 mod 16: b_pad, the state pass's tiles).
@@ -88,15 +66,8 @@ class GdnChunkTraits:
 
     @property
     def state_stride(self) -> int:
-        """Row stride (floats) of gdn_chunk_state's state columns and U rows (B fragments), at
-        state_columns."""
-        return self.state_stride_of(self.state_columns)
-
-    def state_stride_of(self, columns: int) -> int:
-        return columns + self.b_pad
-
-    def state_variant(self, name: str) -> GdnStateVariant:
-        return next(v for v in self.state_variants if v.name == name)
+        """Row stride (floats) of gdn_chunk_state's state columns and U rows (B fragments)."""
+        return self.state_columns + self.b_pad
 
     @property
     def state_k_stride(self) -> int:
@@ -110,11 +81,12 @@ class GdnChunkTraits:
         floats = c * self.kv_stride + 2 * c * self.chunk_stride + 3 * 16 * self.block_stride + 2 * c
         return FLOAT_BYTES * floats
 
-    def state_smem_bytes(self, variant: GdnStateVariant) -> int:
-        """gdn_chunk_state: state columns, then the buffers of a chunk's W, k, U and G."""
-        c, ls = self.chunk, self.state_stride_of(variant.columns)
-        per_chunk = c * self.k_stride + c * self.state_k_stride + c * ls + c
-        return FLOAT_BYTES * (self.head_dim * ls + variant.buffers * per_chunk)
+    @property
+    def state_smem_bytes(self) -> int:
+        """gdn_chunk_state: state columns, then two buffers of a chunk's W, k, U and G."""
+        c = self.chunk
+        per_chunk = c * self.k_stride + c * self.state_k_stride + c * self.state_stride + c
+        return FLOAT_BYTES * (self.head_dim * self.state_stride + 2 * per_chunk)
 
     @property
     def out_smem_bytes(self) -> int:
@@ -128,14 +100,15 @@ class GdnChunkTraits:
             "GDN_CHUNK_THREADS": self.threads,
             "GDN_OUT_THREADS": self.out_threads,
             "GDN_PLAN_THREADS": self.plan_threads,
-            "GDN_BPAD": self.b_pad,
+            "GDN_STATE_COLS": self.state_columns,
             "GDN_LK": self.k_stride,
             "GDN_LC": self.chunk_stride,
             "GDN_LB": self.kv_stride,
             "GDN_LX": self.block_stride,
+            "GDN_LS": self.state_stride,
             "GDN_LKS": self.state_k_stride,
             "GDN_SOLVE_SMEM": self.solve_smem_bytes,
-            **{f"GDN_STATE_SMEM_{v.name}": self.state_smem_bytes(v) for v in self.state_variants},
+            "GDN_STATE_SMEM": self.state_smem_bytes,
             "GDN_OUT_SMEM": self.out_smem_bytes,
         }
 

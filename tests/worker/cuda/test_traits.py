@@ -42,21 +42,15 @@ def test_shared_memory_sizes_follow_the_strides():
     g = traits.GDN_CHUNKED
     c, d = g.chunk, g.head_dim
     lk, lc, lb = d + g.row_pad, c + g.row_pad, 2 * d + g.row_pad
-    lks = d + g.b_pad
+    ls, lks = g.state_columns + g.b_pad, d + g.b_pad
     assert g.solve_smem_bytes == 4 * (c * lb + 2 * c * lc + 3 * 16 * (16 + g.row_pad) + 2 * c) == 105_728
-    for v in g.state_variants:
-        ls = v.columns + g.b_pad
-        assert g.state_smem_bytes(v) == 4 * (d * ls + v.buffers * (c * lk + c * lks + c * ls + c))
-        # the blocks an SM the variant's grid counts on fit (1 KiB reserved per block)
-        assert v.blocks_per_sm * (g.state_smem_bytes(v) + 1024) <= 228 * 1024
-        assert v.warps * 32 * v.blocks_per_sm <= 2048 and d % v.columns == 0
-    assert g.state_smem_bytes(g.state_variant("w16")) == 211_456
+    assert g.state_smem_bytes == 4 * (d * ls + 2 * (c * lk + c * lks + c * ls + c)) == 211_456
     assert g.out_smem_bytes == 4 * (2 * c * lk + c) == 67_840
     a = traits.ATTENTION
     assert a.smem_bytes == 3 * 64 * 256 * 2 and a.pipelined_smem_bytes == 5 * 64 * 256 * 2
     # one block per SM must fit the H100/H200's 227 KiB of shared memory (attention: with the
     # bytes that align its tiles)
-    assert max(g.solve_smem_bytes, a.pipelined_smem_bytes + a.wgmma_align) <= 227 * 1024
+    assert max(g.solve_smem_bytes, g.state_smem_bytes, a.pipelined_smem_bytes + a.wgmma_align) <= 227 * 1024
     # the single-buffered attention form runs two blocks an SM
     assert 2 * (a.smem_bytes + a.wgmma_align + 1024) <= 228 * 1024
     # two solve and output blocks an SM (1 KiB of each SM's shared memory is reserved per block)
@@ -75,7 +69,7 @@ def test_fragment_strides_are_free_of_bank_conflicts():
 
     for a_stride in (g.k_stride, g.chunk_stride):
         assert len(banks(a_stride, 8, 4)) == 32
-    for b_stride in (*{g.state_stride_of(v.columns) for v in g.state_variants}, g.state_k_stride):
+    for b_stride in (g.state_stride, g.state_k_stride):
         assert len(banks(b_stride, 4, 8)) == 32
 
 
