@@ -1,14 +1,13 @@
 """A warp-level numpy emulation of cuda/gdn_chunked.cu on the CPU, checked against
 reference.gdn_chunked_packed: every tile choice, stride, offset and loop of the three kernels,
-with mma.sync m16n8k8 (and the output pass's m16n8k16) fragments laid out as the kernel assumes
-(the PTX ISA's), in fp64 without tf32 or fp16 rounding (the fp16 tiles' power-of-two scales are
-emulated: they are exact). It checks the kernels' index logic without a GPU, not the hardware's layouts, and
+with mma.sync m16n8k8 fragments laid out as the kernel assumes (the PTX ISA's), in fp64 without
+tf32 rounding. It checks the kernels' index logic without a GPU, not the hardware's layouts, and
 must be kept in step with the .cu by hand (where the kernels round an operand to tf32 once at its
 store rather than at each load, nothing changes here: no rounding is emulated). It runs each (chunk, head) and state item directly and
 reads tail rows from per-segment buffers: the kernels' work tickets, the chunk list and the tail
 row sources (tail_src) are not emulated (the GPU tests check them). It also counts the
-shared-memory bank conflicts of every fragment load and store (a float's bank: its index mod 32,
-a half's that of its 32-bit word; 64-bit accesses by half-warps) and prints them per kernel and source line.
+shared-memory bank conflicts of every fragment load and store (a float's bank: its index mod 32;
+64-bit accesses by half-warps) and prints them per kernel and source line.
 
     python benchmarks/gdn_chunked_emulate.py    (about a minute on one core)
 """
@@ -26,8 +25,6 @@ from openjev.worker.cuda.chunked_gdn import gdn_tail_width
 G = traits.GDN_CHUNKED
 CH, D, NT, NTO, NCOL = G.chunk, G.head_dim, G.threads, G.out_threads, G.state_columns
 LK, LC, LB, LX, LS, LKS = G.k_stride, G.chunk_stride, G.kv_stride, G.block_stride, G.state_stride, G.state_k_stride
-LQ, LP = D + G.half_pad, CH + G.half_pad  # the output pass's fp16 rows (halves)
-Q_SCALE, K_SCALE, P_SCALE = 10, 14, 10  # gdn_chunk_out's fixed scales (exponents)
 lane = np.arange(32)
 gq = lane >> 2
 tq = lane & 3
@@ -103,56 +100,6 @@ def mma(c, a, b):
     C[gq + 8, 2 * tq + 1] = c[3]
     C = C + A @ B
     return [C[gq, 2 * tq], C[gq, 2 * tq + 1], C[gq + 8, 2 * tq], C[gq + 8, 2 * tq + 1]]
-
-
-def ld16(mem, at):
-    """One 32-bit word of two halves at half index at (even): (lower, upper) per lane."""
-    tally(mem, at // 2)
-    return (mem[at], mem[at + 1])
-
-
-def load_a16(mem, base, ld):
-    rows = (base + gq * ld + 2 * tq, base + (gq + 8) * ld + 2 * tq)
-    return [ld16(mem, rows[0]), ld16(mem, rows[1]), ld16(mem, rows[0] + 8), ld16(mem, rows[1] + 8)]
-
-
-def load_b16(mem, base, ld):
-    """B (k, n) at mem[base + n * ld + k] (stored n-major)."""
-    at = base + gq * ld + 2 * tq
-    return [ld16(mem, at), ld16(mem, at + 8)]
-
-
-def mma16(c, a, b):
-    A = np.zeros((16, 16))
-    B = np.zeros((16, 8))
-    C = np.zeros((16, 8))
-    for reg, (dr, dk) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
-        A[gq + dr, 2 * tq + dk], A[gq + dr, 2 * tq + dk + 1] = a[reg]
-    for reg, dk in enumerate((0, 8)):
-        B[2 * tq + dk, gq], B[2 * tq + dk + 1, gq] = b[reg]
-    C[gq, 2 * tq], C[gq, 2 * tq + 1], C[gq + 8, 2 * tq], C[gq + 8, 2 * tq + 1] = c
-    C = C + A @ B
-    return [C[gq, 2 * tq], C[gq, 2 * tq + 1], C[gq + 8, 2 * tq], C[gq + 8, 2 * tq + 1]]
-
-
-def tile_exponent(m):
-    e = np.frexp(m)[1] - 1 - 14  # floor(log2 m) - 14
-    return np.where(m == 0, 0, np.maximum(e, -116))
-
-
-def store_scaled_t(dst, base, ld, exps, ebase, ecols, r0, n0, c):
-    """mma_tf32.cuh's store_scaled_t: a C tile into dst[n * ld + r] / 2^e, e per (16-row tile, column)."""
-    m0, m1 = np.maximum(abs(c[0]), abs(c[2])), np.maximum(abs(c[1]), abs(c[3]))
-    m0 = np.array([m0[tq == tq[L]].max() for L in range(32)])  # the 8 lanes of a column pair
-    m1 = np.array([m1[tq == tq[L]].max() for L in range(32)])
-    e0, e1 = tile_exponent(m0), tile_exponent(m1)
-    n, r = n0 + 2 * tq, r0 + gq
-    dst[base + n * ld + r] = c[0] * 2.0**-e0
-    dst[base + (n + 1) * ld + r] = c[1] * 2.0**-e1
-    dst[base + n * ld + r + 8] = c[2] * 2.0**-e0
-    dst[base + (n + 1) * ld + r + 8] = c[3] * 2.0**-e1
-    exps[ebase + (r0 // 16) * ecols + n] = e0
-    exps[ebase + (r0 // 16) * ecols + n + 1] = e1
 
 
 def scale_rows(c, lo, hi):
@@ -294,8 +241,7 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
     gcum[slot * CH : slot * CH + CH] = smem[gs : gs + CH]
 
 
-def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw, init, has_init, op, final):
-    S, SE, UT, UE = op
+def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw, init, has_init, Sc, final):
     BUF = CH * LK + CH * LKS + CH * LS + CH
     TN = NCOL // 8
     smem = SMEM[0] = np.full(D * LS + 2 * BUF, np.nan)
@@ -317,17 +263,12 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
             smem[Ub + r * LS : Ub + r * LS + NCOL] = U[(slot * CH + r) * D + col0 : (slot * CH + r) * D + col0 + NCOL]
         smem[gb : gb + CH] = gcum[slot * CH : slot * CH + CH]
 
-    TPB = (D // 16) * TN // (NTH // 32)
     for i in range(D):
         smem[Ss + i * LS : Ss + i * LS + NCOL] = init[sb + i * D + col0 : sb + i * D + col0 + NCOL] if has_init else 0.0
+        if s["chunks"] > 0:
+            at = ((s["first"] * H + h) * D + i) * D + col0
+            Sc[at : at + NCOL] = smem[Ss + i * LS : Ss + i * LS + NCOL]
     if s["chunks"] > 0:
-        at = s["first"] * H + h
-        for warp in range(NTH // 32):
-            t0 = warp * TPB
-            ti, n0 = t0 // TN, (t0 % TN) * 8
-            for j in range(TPB):
-                x = load_c(smem, Ss + ti * 16 * LS + n0 + j * 8, LS)
-                store_scaled_t(S, at * D * D, D, SE, at * (D // 16) * D, D, ti * 16, col0 + n0 + j * 8, x)
         issue(0)
     for c in range(s["chunks"]):
         if c + 1 < s["chunks"]:
@@ -350,9 +291,10 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
                     u[j] = mma(u[j], w, load_b(smem, Ss + k0 * LS + n0 + j * 8, LS, 1))
             dlo, dhi = np.exp(g_end - smem[gb + ti * 16 + gq]), np.exp(g_end - smem[gb + ti * 16 + gq + 8])
             for j in range(TPW):
-                store_scaled_t(UT, slot * D * CH, CH, UE, slot * (CH // 16) * D, D, ti * 16, col0 + n0 + j * 8, u[j])
+                store_c(U, (slot * CH + ti * 16) * D + col0 + n0 + j * 8, D, u[j])
                 store_c(smem, Ub + ti * 16 * LS + n0 + j * 8, LS, scale_rows(u[j], dlo, dhi))
         if s["rows"] - c * CH >= CH:
+            TPB = (D // 16) * TN // (NTH // 32)
             decay = np.exp(g_end)
             new = {}
             for warp in range(NTH // 32):
@@ -369,16 +311,16 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
                 for j in range(TPB):
                     store_c(smem, Ss + ti * 16 * LS + n0 + j * 8, LS, st[j])
                     if c + 1 < s["chunks"]:
-                        at = slot + H
-                        store_scaled_t(S, at * D * D, D, SE, at * (D // 16) * D, D, ti * 16, col0 + n0 + j * 8, st[j])
+                        store_c(Sc, ((slot + H) * D + ti * 16) * D + col0 + n0 + j * 8, D, st[j])
     for i in range(D):
         final[sb + i * D + col0 : sb + i * D + col0 + NCOL] = smem[Ss + i * LS : Ss + i * LS + NCOL]
 
 
-def out_pass(bx, h, n, qn, kn, op, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw, out):
-    S, SE, UT, UE = op
-    smem = SMEM[0] = np.full(2 * CH * LQ, np.nan)  # fp16 q, k (then P), one element an entry
-    Qs, Ks = 0, CH * LQ
+def out_pass(bx, h, n, qn, kn, U, Sc, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw, out):
+    smem = SMEM[0] = np.full(2 * CH * LK + CH, np.nan)
+    Qs = 0
+    Ks = CH * LK
+    gs = 2 * CH * LK
     Ps = Ks
     c = bx
     hk = h // (H // Hk)
@@ -387,14 +329,16 @@ def out_pass(bx, h, n, qn, kn, op, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
         return
     r0 = c * CH
     slot = (s["first"] + c) * H + h
-    gs = gcum[slot * CH : slot * CH + CH]
-    load_k(smem, Ks, LQ, kn, tail_in, tw, s, r0, n, hk, Hk)
-    smem[Ks : Ks + CH * LQ] *= 2.0**K_SCALE
+    load_k(smem, Ks, LK, kn, tail_in, tw, s, r0, n, hk, Hk)
     for r in range(CH):
         vr = r0 + r
         own = s["tail"] <= vr < s["rows"]
-        at = ((s["start"] + vr - s["tail"]) * Hk + hk) * D
-        smem[Qs + r * LQ : Qs + r * LQ + D] = qn[at : at + D] * 2.0**Q_SCALE if own else 0.0
+        smem[Qs + r * LK : Qs + r * LK + D] = (
+            qn[((s["start"] + vr - s["tail"]) * Hk + hk) * D : ((s["start"] + vr - s["tail"]) * Hk + hk) * D + D]
+            if own
+            else 0.0
+        )
+    smem[gs : gs + CH] = gcum[slot * CH : slot * CH + CH]
     pv = {}
     for warp in range(NTO // 32):
         for q in range(-(-20 // (NTO // 32))):
@@ -404,35 +348,34 @@ def out_pass(bx, h, n, qn, kn, op, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
             ti, tj = lower_tile(t >> 1)
             n0 = tj * 16 + (t & 1) * 8
             p = zero4()
-            for k0 in range(0, D, 16):
-                p = mma16(p, load_a16(smem, Qs + ti * 16 * LQ + k0, LQ), load_b16(smem, Ks + n0 * LQ + k0, LQ))
+            for k0 in range(0, D, 8):
+                p = mma(p, load_a(smem, Qs + ti * 16 * LK + k0, LK, 1), load_b(smem, Ks + n0 * LK + k0, 1, LK))
             for e in range(4):
                 i = ti * 16 + gq + (e >> 1) * 8
                 j = n0 + 2 * tq + (e & 1)
-                p[e] = np.where(j <= i, np.exp(gs[i] - gs[j]) * p[e] * 2.0 ** (P_SCALE - Q_SCALE - K_SCALE), 0.0)
+                p[e] = np.where(j <= i, np.exp(smem[gs + i] - smem[gs + j]) * p[e], 0.0)
             pv[t] = (ti, tj, p)
     for t, (ti, tj, p) in pv.items():
-        at = Ps + (ti * 16 + gq) * LP + tj * 16 + (t & 1) * 8 + 2 * tq
-        for rows, (lo, hi) in ((0, (p[0], p[1])), (8 * LP, (p[2], p[3]))):
-            tally(smem, (at + rows) // 2)
-            smem[at + rows], smem[at + rows + 1] = lo, hi
+        store_c(smem, Ps + ti * 16 * LC + tj * 16 + (t & 1) * 8, LC, p)
     for warp in range(NTO // 32):
         col = warp * 8
+        Sg = slot * D * D + col
+        Ug = slot * CH * D + col
         o = [zero4() for _ in range(4)]
-        for k in range(D // 16):
-            b = load_b16(S, (slot * D + col) * D + k * 16, D)
-            sc = [2.0 ** (SE[(slot * (D // 16) + k) * D + col + 2 * tq + e] - Q_SCALE) for e in range(2)]
+        for k in range(D // 8):
+            b = [Sc[Sg + (k * 8 + tq) * D + gq], Sc[Sg + (k * 8 + tq + 4) * D + gq]]
             for i in range(4):
-                x = mma16(zero4(), load_a16(smem, Qs + i * 16 * LQ + k * 16, LQ), b)
-                o[i] = [o[i][e] + x[e] * sc[e & 1] for e in range(4)]
+                o[i] = mma(o[i], load_a(smem, Qs + i * 16 * LK + k * 8, LK, 1), b)
         for i in range(4):
-            o[i] = scale_rows(o[i], np.exp(gs[i * 16 + gq]), np.exp(gs[i * 16 + gq + 8]))
-        for k in range(CH // 16):
-            b = load_b16(UT, (slot * D + col) * CH + k * 16, CH)
-            sc = [2.0 ** (UE[(slot * (CH // 16) + k) * D + col + 2 * tq + e] - P_SCALE) for e in range(2)]
-            for i in range(k, 4):
-                x = mma16(zero4(), load_a16(smem, Ps + i * 16 * LP + k * 16, LP), b)
-                o[i] = [o[i][e] + x[e] * sc[e & 1] for e in range(4)]
+            lo = np.exp(smem[gs + i * 16 + gq])
+            hi = np.exp(smem[gs + i * 16 + gq + 8])
+            o[i] = [o[i][0] * lo, o[i][1] * lo, o[i][2] * hi, o[i][3] * hi]
+        for k in range(CH // 8):
+            b = [U[Ug + (k * 8 + tq) * D + gq], U[Ug + (k * 8 + tq + 4) * D + gq]]
+            for i in range(4):
+                if k * 8 >= (i + 1) * 16:
+                    continue
+                o[i] = mma(o[i], load_a(smem, Ps + i * 16 * LC + k * 8, LC, 1), b)
         for i in range(4):
             for e in range(2):
                 vr = r0 + i * 16 + gq + e * 8
@@ -471,12 +414,7 @@ def run(lengths, starts, H=2, Hk=1, NTH=512, seed=0):
     W = np.full(scratch * H * CH * D, np.nan)
     U = W.copy()
     gcum = np.full(scratch * H * CH, np.nan)
-    op = (  # OutOperands: S_c^T, its exponents, U^T, its exponents
-        np.full(scratch * H * D * D, np.nan),
-        np.full(scratch * H * (D // 16) * D, np.nan),
-        np.full(scratch * H * D * CH, np.nan),
-        np.full(scratch * H * (CH // 16) * D, np.nan),
-    )
+    Sc = np.full(scratch * H * D * D, np.nan)
     final = np.full(N * H * D * D, np.nan)
     tail_out = np.full(N * CH * tw, np.nan)
     out = np.full((T, H, D), np.nan)
@@ -489,12 +427,12 @@ def run(lengths, starts, H=2, Hk=1, NTH=512, seed=0):
         for h in range(H):
             for bx in range(D // NCOL):
                 state(
-                    NTH, bx, h, n, fl(kn), W, U, gcum, cu, pos, H, Hk, max_chunks, fl(tails), tw, fl(init), 1, op, final
+                    NTH, bx, h, n, fl(kn), W, U, gcum, cu, pos, H, Hk, max_chunks, fl(tails), tw, fl(init), 1, Sc, final
                 )
     for n in range(N):
         for h in range(H):
             for bx in range(max_chunks):
-                out_pass(bx, h, n, fl(qn), fl(kn), op, gcum, cu, pos, H, Hk, max_chunks, fl(tails), tw, out)
+                out_pass(bx, h, n, fl(qn), fl(kn), U, Sc, gcum, cu, pos, H, Hk, max_chunks, fl(tails), tw, out)
     t = lambda x: torch.tensor(x, dtype=torch.float64)
     e_out, e_fin, e_tails = reference.gdn_chunked_packed(
         t(qn), t(kn), t(v), t(g), t(beta), torch.tensor(cu), torch.tensor(pos), t(init), t(tails)

@@ -142,18 +142,18 @@ def cases(T: int):
     chunks = -(-T // 64)
     chunk_flops = 2 * chunks * H * (64 * 64 * 128 + 64 * 64 * 256 + 3 * 64 * 128 * 128 + 2 * 64 * 64 * 128)
     # + scratch traffic per chunk and head in [64, 128] fp32 tiles: W written once, read by 2
-    # column halves; U~ written, read; U (fp16) written, read; S_c ([128, 128] fp16) written, read
-    chunk_bytes = gdn_bytes + chunks * H * 64 * DKV * 4 * (3 + 2 + 1 + 2)
+    # column halves; U~ written, read; U written, read; S_c ([128, 128]) written, read
+    chunk_bytes = gdn_bytes + chunks * H * 64 * DKV * 4 * (3 + 2 + 2 + 4)
     pos = torch.arange(T, dtype=torch.int32, device=DEV)
     width, max_chunks = KC.gdn_tail_width(HK, H), (T + 126) // 64
     src = KC.ChunkSources.per_segment(1, H, width, DEV, init)  # made once: the runner's slots hold states
     for sv in KC.GDN_STATE_VARIANTS:
         fn = lambda sv=sv: KC.gdn_chunked(qn, kn, v, g, beta, cu, pos, T, state_variant=sv, sources=src)  # noqa: E731
         out.append((f"gdn_chunked_{sv}", fn, chunk_bytes, chunk_flops, "tf32"))
-    # the stages alone (the state pass after a solve, as in a launch)
+    # the stages alone (the state pass overwrites U~ with U, so it is timed after a solve)
     geo = (1, H, HK, max_chunks, width)
     w = torch.empty(max_chunks + 1, H, 64, DKV, device=DEV)
-    u, sc = torch.empty_like(w), KC.OutOperands.empty(max_chunks + 1, H, DEV)
+    u, sc = torch.empty_like(w), torch.empty(max_chunks + 1, H, DKV, DKV, device=DEV)
     gc, tl = torch.empty(max_chunks + 1, H, 64, device=DEV), torch.empty(1, 64, width, device=DEV)
     fin, o = torch.empty(1, H, DKV, DKV, device=DEV), torch.empty(T, H, DKV, device=DEV).bfloat16()
     plan = KC.gdn_chunk_plan(cu, pos, max_chunks, max_chunks, src)
@@ -162,7 +162,7 @@ def cases(T: int):
     for sv in KC.GDN_STATE_VARIANTS:
         out.append((f"gdn_chunked:solve+state_{sv}", lambda sv=sv: (solve(), state(sv)), 0, 0, "bw"))
     out.append(("gdn_chunked:solve", solve, 0, 0, "bw"))
-    out.append(("gdn_chunked:out", lambda: KC.gdn_chunk_out(geo, qn, kn, sc, gc, cu, pos, src, o, plan), 0, 0, "bw"))
+    out.append(("gdn_chunked:out", lambda: KC.gdn_chunk_out(geo, qn, kn, u, sc, gc, cu, pos, src, o, plan), 0, 0, "bw"))
     fla = _fla_case(qn, kn, v, g, beta, init)
     if fla is not None:
         out.append(("fla_chunk_gdn", fla, gdn_bytes, chunk_flops, "tf32"))

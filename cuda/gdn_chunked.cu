@@ -38,7 +38,7 @@
     !defined(GDN_PLAN_THREADS) || \
     !defined(GDN_LK) || !defined(GDN_LC) || !defined(GDN_LB) || !defined(GDN_LX) || !defined(GDN_LS) ||            \
     !defined(GDN_LKS) || !defined(GDN_SOLVE_SMEM) || \
-    !defined(GDN_STATE_SMEM) || !defined(GDN_OUT_SMEM) || !defined(GDN_OUT_THREADS) || !defined(GDN_HPAD)
+    !defined(GDN_STATE_SMEM) || !defined(GDN_OUT_SMEM) || !defined(GDN_OUT_THREADS)
 #error "compile with the definitions of openjev.worker.cuda.traits"
 #endif
 #define CH GDN_CHUNK          // chunk length
@@ -57,6 +57,7 @@
 static_assert(4 * (CH * LB + 2 * CH * LC + 3 * 16 * LX + 2 * CH) == GDN_SOLVE_SMEM, "gdn_chunk_solve layout");
 // gdn_chunk_state: the state columns, then two buffers of one chunk's W, K, U and G
 static_assert(4 * (D * LS + 2 * (CH * LK + CH * LKS + CH * LS + CH)) == GDN_STATE_SMEM, "gdn_chunk_state layout");
+static_assert(4 * (2 * CH * LK + CH) == GDN_OUT_SMEM, "gdn_chunk_out layout");
 static_assert(NCOL == CH && 2 * NCOL == D, "state columns and U rows share the stride LS; two column halves");
 // Shared-memory banks (float index mod 32): an A fragment reads rows g (8) x columns t (4), a B
 // fragment rows t x columns g. The 32 lanes hit 32 banks when a tile read as A has a stride of 4
@@ -408,30 +409,20 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
 // The sequential pass, grid (D / NCOL, H, N), block NTH, dynamic shared memory GDN_STATE_SMEM.
 // Per chunk only U = U~ - W S and, for a finished chunk, S <- e^{G_C} S + K^T (e^{G_C - G} U); the next
 // chunk's W, K, U~ and G are copied in while this one computes (two buffers). It stores S_c
-// (the state at the chunk's start) and U for gdn_chunk_out (OutOperands). One launch runs the segments of one level, level_off[level] ..
+// (the state at the chunk's start, [slots, H, 128, 128]) and U (over U~, in place) for
+// gdn_chunk_out. One launch runs the segments of one level, level_off[level] ..
 // level_off[level + 1] - 1; segment n starts from init_idx[n]: > 0 state slot init_slots[idx]
 // ([1 + S, H, 128, 128] fp32), -1 zeros, -2 - p the final state of in-pass parent p (which an
 // earlier level's launch wrote). final_state: [N, H, 128, 128] fp32, the state at each segment's
 // last chunk boundary.
-// The output pass's operands, fp16 with a power-of-two scale per (16-row tile, column)
-// (store_scaled_t), stored transposed for its B fragments, per (slot, head): S_c^T [128][128]
-// (value column, key row) with exponents [8][128], U^T [128][64] (value column, chunk row) with
-// exponents [4][128].
-struct OutOperands {
-    f16_t* S;
-    signed char* S_exp;
-    f16_t* U;
-    signed char* U_exp;
-};
-
 template <int NTH>
 __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const float* __restrict__ W,
-                                            const float* __restrict__ U, const float* __restrict__ gcum,
+                                            float* __restrict__ U, const float* __restrict__ gcum,
                                             const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,
                                             int max_chunks, const int* __restrict__ tail_src,
                                             const float* __restrict__ tails, long tail_width,
                                             const float* __restrict__ init_slots, const int* __restrict__ init_idx,
-                                            const int* __restrict__ level_off, int level, OutOperands op,
+                                            const int* __restrict__ level_off, int level, float* __restrict__ Sc,
                                             float* __restrict__ final_state, int* __restrict__ counters) {
     extern __shared__ __align__(128) float state_smem[];
     constexpr int BUF = CH * LK + CH * LKS + CH * LS + CH;  // one chunk: W [64][LK], K [64][LKS], U [64][LS], G [64]
@@ -477,28 +468,15 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
             cp_async_commit();
         };
 
-        // S_0 into shared memory, and (the first chunk's start state) to the output pass's
-        // operands from the fragments of the update's tiles; later chunks' start states are stored
-        // from the registers of the update that makes them
-        constexpr int TPB = (D / 16) * TN / (NTH / 32);  // the update's tiles a warp
-        static_assert(TPB >= 1 && TN % TPB == 0, "whole column groups a warp");
-        const int ut0 = warp * TPB, uti = ut0 / TN, un0 = (ut0 % TN) * 8;
+        // S_0, into shared memory and (the first chunk's start state) into Sc; later chunks' start
+        // states are stored from the registers of the update that makes them
         for (int idx = tid; idx < D * NCOL; idx += NTH) {
             const int i = idx / NCOL, j = idx % NCOL;
-            Ss[i * LS + j] = init != nullptr ? init[(long)i * D + col0 + j] : 0.f;
+            const float x = init != nullptr ? init[(long)i * D + col0 + j] : 0.f;
+            Ss[i * LS + j] = x;
+            if (s.chunks > 0) Sc[((long)s.first * H + h) * D * D + (long)i * D + col0 + j] = rnd(x);
         }
-        __syncthreads();
-        if (s.chunks > 0) {
-            const long at = (long)s.first * H + h;
-#pragma unroll
-            for (int j = 0; j < TPB; ++j) {
-                float x[4];
-                load_c(x, Ss + uti * 16 * LS + un0 + j * 8, LS, l);
-                const float r[4] = {rnd(x[0]), rnd(x[1]), rnd(x[2]), rnd(x[3])};
-                store_scaled_t(op.S + at * D * D, D, op.S_exp + at * (D / 16) * D, D, uti * 16, col0 + un0 + j * 8, r, l);
-            }
-            issue(0);
-        }
+        if (s.chunks > 0) issue(0);
         for (int c = 0; c < s.chunks; ++c) {
             // the other buffer was last read by chunk c - 1, which ended with a barrier
             if (c + 1 < s.chunks) issue(c + 1);
@@ -529,22 +507,23 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                         mma(u[j], w, b);
                     }
                 }
-                // U to the output pass's operands; e^{G_C - G_r} U to shared memory for the update
+                // U to global for the output pass; e^{G_C - G_r} U to shared memory for the update
                 // below (the decay of K~ = e^{G_C - G} K moved onto U's rows: one pass over K fewer);
                 // both are only ever tf32 operands: stored rounded
                 const float dlo = __expf(g_end - gb[ti * 16 + l.g]), dhi = __expf(g_end - gb[ti * 16 + l.g + 8]);
 #pragma unroll
                 for (int j = 0; j < TPW; ++j) {
                     const float ru[4] = {rnd(u[j][0]), rnd(u[j][1]), rnd(u[j][2]), rnd(u[j][3])};
-                    store_scaled_t(op.U + slot * D * CH, CH, op.U_exp + slot * (CH / 16) * D, D, ti * 16,
-                                   col0 + n0 + j * 8, ru, l);
+                    store_c(U + (slot * CH + ti * 16) * D + col0 + n0 + j * 8, D, ru, l);
                     const float su[4] = {rnd(u[j][0] * dlo), rnd(u[j][1] * dlo), rnd(u[j][2] * dhi), rnd(u[j][3] * dhi)};
                     store_c(Ub + ti * 16 * LS + n0 + j * 8, LS, su, l);
                 }
             }
             __syncthreads();
             if (s.rows - c * CH >= CH) {  // a finished chunk: S <- e^{G_C} S + K^T (e^{G_C - G} U)
-                const int ti = uti, n0 = un0;
+                constexpr int TPB = (D / 16) * TN / (NTH / 32);
+                static_assert(TPB >= 1 && TN % TPB == 0, "whole column groups a warp");
+                const int t0 = warp * TPB, ti = t0 / TN, n0 = (t0 % TN) * 8;
                 const float decay = __expf(g_end);
                 float st[TPB][4];
 #pragma unroll
@@ -565,16 +544,14 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                     }
                 }
                 // S_{c+1}: to shared memory for the next chunk, and as that chunk's start state (an
-                // operand of the output pass: rounded) to the output pass's operands
+                // operand of the output pass: rounded) to Sc
                 const bool next = c + 1 < s.chunks;
-                const long at = slot + H;
+                float* sc_next = Sc + (slot + H) * D * D + (long)(ti * 16) * D + col0 + n0;
 #pragma unroll
                 for (int j = 0; j < TPB; ++j) {
                     store_c(Ss + ti * 16 * LS + n0 + j * 8, LS, st[j], l);
                     const float rs[4] = {rnd(st[j][0]), rnd(st[j][1]), rnd(st[j][2]), rnd(st[j][3])};
-                    if (next)
-                        store_scaled_t(op.S + at * D * D, D, op.S_exp + at * (D / 16) * D, D, ti * 16, col0 + n0 + j * 8,
-                                       rs, l);
+                    if (next) store_c(sc_next + j * 8, D, rs, l);
                 }
             }
             __syncthreads();  // this buffer and the state are done before the next chunk's copies and products
@@ -590,49 +567,33 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
 
 #define GDN_CHUNK_STATE(NAME, NTH)                                                                                   \
     extern "C" __global__ void __launch_bounds__(NTH) NAME(                                                          \
-        const float* __restrict__ kn, const float* __restrict__ W, const float* __restrict__ U,                     \
+        const float* __restrict__ kn, const float* __restrict__ W, float* __restrict__ U,                           \
         const float* __restrict__ gcum, const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,     \
         int max_chunks, const int* __restrict__ tail_src, const float* __restrict__ tails, long tail_width,         \
         const float* __restrict__ init_slots, const int* __restrict__ init_idx, const int* __restrict__ level_off,   \
-        int level, f16_t* __restrict__ S_op, signed char* __restrict__ S_exp, f16_t* __restrict__ U_op,             \
-        signed char* __restrict__ U_exp, float* __restrict__ final_state, int* __restrict__ counters) {               \
+        int level, float* __restrict__ Sc, float* __restrict__ final_state, int* __restrict__ counters) {             \
         chunk_state<NTH>(kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_src, tails, tail_width, init_slots,        \
-                         init_idx, level_off, level, {S_op, S_exp, U_op, U_exp}, final_state, counters);             \
+                         init_idx, level_off, level, Sc, final_state, counters);                                     \
     }
 GDN_CHUNK_STATE(gdn_chunk_state_w8, 256)
 GDN_CHUNK_STATE(gdn_chunk_state_w16, 512)
 
-// The output pass, dynamic shared memory GDN_OUT_SMEM: every chunk of every head at once, from
-// S_c and U of gdn_chunk_state (OutOperands), on fp16 tensor cores (m16n8k16). q and k are
-// rounded to tf32 and held in fp16 times fixed powers of two (|q| <= 128^-1/2, |k| <= 1 after the
-// norm: Q_SCALE and K_SCALE keep them in fp16's normal range), P = (q k^T) e^{G_i - G_j} (j <= i)
-// likewise. Warp w owns the 8 value columns 8w of all 64 rows; its S_c and U fragments and their
-// scales are loaded from global memory first, while the q and k rows come in.
+// The output pass, grid (max_chunks, H, N), block NTO, dynamic shared memory GDN_OUT_SMEM: every
+// chunk of every head at once, from S_c and U of gdn_chunk_state. Warp w owns the 8 value
+// columns 8w of all 64 rows; its S_c and U fragments are loaded from global memory first, while
+// the q and k rows copy in and P forms (once a chunk: one block holds all columns).
 // out: [T, H, 128] bf16, own rows only (tail rows have no query: their outputs belong to the parent).
-#define Q_SCALE 10  // exponents of the fixed scales
-#define K_SCALE 14
-#define P_SCALE 10
-static_assert(2 * CH * (D + GDN_HPAD) * 2 + 4 * CH == GDN_OUT_SMEM, "gdn_chunk_out layout");
-static_assert((D + GDN_HPAD) % 16 == 8 && (CH + GDN_HPAD) % 16 == 8, "fp16 rows 4 mod 8 words apart: no conflicts");
-
-// one row of q or k (4 floats from d) rounded to tf32, times 2^scale, as fp16 into shared memory
-__device__ __forceinline__ void put_f16x4(f16_t* dst, float4 x, float scale) {
-    const uint2 v = make_uint2(pack_f16(rnd(x.x) * scale, rnd(x.y) * scale), pack_f16(rnd(x.z) * scale, rnd(x.w) * scale));
-    *reinterpret_cast<uint2*>(dst) = v;
-}
-
 extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
-    const float* __restrict__ qn, const float* __restrict__ kn, const f16_t* __restrict__ S_op,
-    const signed char* __restrict__ S_exp, const f16_t* __restrict__ U_op, const signed char* __restrict__ U_exp,
-    const float* __restrict__ gcum, const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,
-    int max_chunks, const int* __restrict__ tail_src, const float* __restrict__ tails, long tail_width,
-    __nv_bfloat16* __restrict__ out, const int* __restrict__ list, int* __restrict__ counters) {
-    constexpr int LQ = D + GDN_HPAD, LP = CH + GDN_HPAD;  // fp16 row strides
-    extern __shared__ __align__(128) f16_t smem16[];
-    f16_t* Qs = smem16;                                       // [64][LQ] q
-    f16_t* Ks = Qs + CH * LQ;                                 // [64][LQ] k, then P [64][LP]
-    float* gs = reinterpret_cast<float*>(Ks + CH * LQ);       // [64] G
-    f16_t* Ps = Ks;
+    const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ U,
+    const float* __restrict__ Sc, const float* __restrict__ gcum, const int* __restrict__ cu,
+    const int* __restrict__ pos, int H, int Hk, int max_chunks, const int* __restrict__ tail_src,
+    const float* __restrict__ tails, long tail_width, __nv_bfloat16* __restrict__ out, const int* __restrict__ list,
+    int* __restrict__ counters) {
+    extern __shared__ __align__(128) float smem[];
+    float* Qs = smem;           // [64][LK]  q
+    float* Ks = Qs + CH * LK;   // [64][LK]  k, then P [64][LC]
+    float* gs = Ks + CH * LK;   // [64]      G
+    float* Ps = Ks;
 
     __shared__ int ticket;
     int slot_c, h, n, c;
@@ -645,54 +606,36 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         const int r0 = c * CH;
         const long slot = (long)slot_c * H + h;
 
+        load_k<NTO>(Ks, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
+#pragma unroll
+        for (int it = 0; it < CH * (D / 4) / NTO; ++it) {
+            const int idx = tid + it * NTO;
+            const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
+            const bool own = vr >= s.tail && vr < s.rows;
+            cp_async16(Qs + r * LK + d, own ? qn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d : qn, own);
+        }
         if (tid < CH / 4) cp_async16(gs + tid * 4, gcum + slot * CH + tid * 4, true);
         cp_async_commit();
-        // B fragments of S_c (k = key row) and of U (k = chunk row) for this warp's strip, and the
-        // scales of the columns this thread's C fragments hold (2t, 2t + 1), times 2^-Q_SCALE and
-        // 2^-P_SCALE (the fixed scales of the A operands)
-        u32 sf[D / 16][2], uf[CH / 16][2];
-        float ss[D / 16][2], us[CH / 16][2];
-        const f16_t* Sg = S_op + (slot * D + col) * D;
-        const f16_t* Ug = U_op + (slot * D + col) * CH;
+        // B fragments of S_c (k = key row, n = column) and of U (k = chunk row) for this warp's strip
+        float sf[D / 8][2], uf[CH / 8][2];
+        const float* Sg = Sc + slot * D * D + col;
+        const float* Ug = U + slot * CH * D + col;
 #pragma unroll
-        for (int k = 0; k < D / 16; ++k) {
-            load_b16(sf[k], Sg + k * 16, D, l);
-#pragma unroll
-            for (int e = 0; e < 2; ++e) ss[k][e] = exp2i(S_exp[(slot * (D / 16) + k) * D + col + 2 * l.t + e] - Q_SCALE);
+        for (int k = 0; k < D / 8; ++k) {
+            sf[k][0] = Sg[(k * 8 + l.t) * D + l.g];
+            sf[k][1] = Sg[(k * 8 + l.t + 4) * D + l.g];
         }
 #pragma unroll
-        for (int k = 0; k < CH / 16; ++k) {
-            load_b16(uf[k], Ug + k * 16, CH, l);
-#pragma unroll
-            for (int e = 0; e < 2; ++e) us[k][e] = exp2i(U_exp[(slot * (CH / 16) + k) * D + col + 2 * l.t + e] - P_SCALE);
-        }
-        // q (own rows; zeros elsewhere) and k (tail or packed rows; zeros past the end), 4 values a
-        // thread per step, all loads first
-        {
-            constexpr int STEPS = CH * (D / 4) / NTO;
-            float4 qv[STEPS], kv[STEPS];
-#pragma unroll
-            for (int it = 0; it < STEPS; ++it) {
-                const int idx = tid + it * NTO;
-                const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
-                qv[it] = kv[it] = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (vr >= s.tail && vr < s.rows)
-                    qv[it] = *reinterpret_cast<const float4*>(qn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d);
-                if (vr < s.rows) {
-                    const int src = row_source(tail_src, s, n, vr);
-                    kv[it] = *reinterpret_cast<const float4*>(
-                        src >= 0 ? kn + ((long)src * Hk + hk) * D + d : tails + (long)(-1 - src) * tail_width + hk * D + d);
-                }
-            }
-#pragma unroll
-            for (int it = 0; it < STEPS; ++it) {
-                const int idx = tid + it * NTO;
-                const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
-                put_f16x4(Qs + r * LQ + d, qv[it], exp2i(Q_SCALE));
-                put_f16x4(Ks + r * LQ + d, kv[it], exp2i(K_SCALE));
-            }
+        for (int k = 0; k < CH / 8; ++k) {
+            uf[k][0] = Ug[(k * 8 + l.t) * D + l.g];
+            uf[k][1] = Ug[(k * 8 + l.t + 4) * D + l.g];
         }
         cp_async_wait<0>();
+        __syncthreads();
+        for (int idx = tid; idx < CH * D; idx += NTO) {  // q is only a tf32 operand here (every warp reads all)
+            float* x = Qs + (idx / D) * LK + idx % D;
+            *x = rnd(*x);
+        }
         __syncthreads();
 
         // P = (q k^T) e^{G_i - G_j}, j <= i: the 10 16 x 16 tiles at or below the diagonal as 20
@@ -707,17 +650,17 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
                 lower_tile(t >> 1, ti, tj);
                 const int n0 = tj * 16 + (t & 1) * 8;
                 p[q][0] = p[q][1] = p[q][2] = p[q][3] = 0.f;
-#pragma unroll
-                for (int k0 = 0; k0 < D; k0 += 16) {
+#pragma unroll 4
+                for (int k0 = 0; k0 < D; k0 += 8) {
                     u32 a[4], b[2];
-                    load_a16(a, Qs + ti * 16 * LQ + k0, LQ, l);
-                    load_b16(b, Ks + n0 * LQ + k0, LQ, l);  // (k, n) = k_n[k]
-                    mma16(p[q], a, b);
+                    load_a<true>(a, Qs + ti * 16 * LK + k0, LK, 1, l);
+                    load_b(b, Ks + n0 * LK + k0, 1, LK, l);  // (k, n) = k_n[k]
+                    mma(p[q], a, b);
                 }
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {  // stored times 2^P_SCALE
+                for (int e = 0; e < 4; ++e) {
                     const int i = ti * 16 + l.g + (e >> 1) * 8, j = n0 + 2 * l.t + (e & 1);
-                    p[q][e] = j <= i ? __expf(gs[i] - gs[j]) * (p[q][e] * exp2i(P_SCALE - Q_SCALE - K_SCALE)) : 0.f;
+                    p[q][e] = j <= i ? __expf(gs[i] - gs[j]) * p[q][e] : 0.f;
                 }
             }
         }
@@ -728,28 +671,23 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
             if (t < 20) {
                 int ti, tj;
                 lower_tile(t >> 1, ti, tj);
-                f16_t* dst = Ps + (ti * 16 + l.g) * LP + tj * 16 + (t & 1) * 8 + 2 * l.t;
-                *reinterpret_cast<u32*>(dst) = pack_f16(p[q][0], p[q][1]);
-                *reinterpret_cast<u32*>(dst + 8 * LP) = pack_f16(p[q][2], p[q][3]);
+                store_c(Ps + ti * 16 * LC + tj * 16 + (t & 1) * 8, LC, p[q], l);
             }
         }
         __syncthreads();
 
-        // O = e^G (Q S_c) + P U on the warp's 64 x 8 strip (P is zero above its diagonal tiles),
-        // each k tile's product scaled by its columns' scales before it joins the sum
+        // O = e^G (Q S_c) + P U on the warp's 64 x 8 strip (P is zero above its diagonal tiles)
         float o[4][4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 #pragma unroll
-        for (int k = 0; k < D / 16; ++k) {
+        for (int k = 0; k < D / 8; ++k) {
+            const u32 b[2] = {__float_as_uint(sf[k][0]), __float_as_uint(sf[k][1])};  // S_c: stored rounded
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                float x[4] = {0.f, 0.f, 0.f, 0.f};
                 u32 a[4];
-                load_a16(a, Qs + i * 16 * LQ + k * 16, LQ, l);
-                mma16(x, a, sf[k]);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) o[i][e] = fmaf(x[e], ss[k][e & 1], o[i][e]);
+                load_a<true>(a, Qs + i * 16 * LK + k * 8, LK, 1, l);
+                mma(o[i], a, b);
             }
         }
 #pragma unroll
@@ -761,16 +699,14 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
             o[i][3] *= hi;
         }
 #pragma unroll
-        for (int k = 0; k < CH / 16; ++k) {
+        for (int k = 0; k < CH / 8; ++k) {
+            const u32 b[2] = {__float_as_uint(uf[k][0]), __float_as_uint(uf[k][1])};  // U: stored rounded
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                if (k > i) continue;
-                float x[4] = {0.f, 0.f, 0.f, 0.f};
+                if (k * 8 >= (i + 1) * 16) continue;
                 u32 a[4];
-                load_a16(a, Ps + i * 16 * LP + k * 16, LP, l);
-                mma16(x, a, uf[k]);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) o[i][e] = fmaf(x[e], us[k][e & 1], o[i][e]);
+                load_a(a, Ps + i * 16 * LC + k * 8, LC, 1, l);
+                mma(o[i], a, b);
             }
         }
 #pragma unroll

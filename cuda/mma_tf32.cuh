@@ -1,4 +1,4 @@
-// mma.sync m16n8k8 on tf32 (and m16n8k16 on fp16) with fp32 accumulation (gdn_chunked.cu):
+// mma.sync m16n8k8 on tf32 with fp32 accumulation over fp32 tiles in shared memory (gdn_chunked.cu):
 // fragment loads and stores, tf32 rounding, and a 3xTF32 product at about fp32 accuracy.
 #pragma once
 #include "common.cuh"
@@ -97,83 +97,4 @@ __device__ __forceinline__ void mma3(float (&c)[4], const float (&a)[4], const f
     mma(c, al, bh);
     mma(c, ah, bl);
     mma(c, ah, bh);
-}
-
-// mma.sync m16n8k16 on fp16 with fp32 accumulation (the output pass). Fragments (PTX ISA,
-// .f16), two halves a register, the lower one first:
-//   A (16 x 16): {(g, 2t), (g, 2t + 1)}, {(g + 8, 2t), ...}, {(g, 2t + 8), ...}, {(g + 8, 2t + 8), ...}
-//   B (16 x 8):  {(2t, g), (2t + 1, g)}, {(2t + 8, g), (2t + 9, g)}
-//   C as for m16n8k8 above.
-// A tf32 value (10 explicit mantissa bits, as fp16's) is held exactly in fp16 wherever it lies in
-// fp16's normal range, so the tiles are stored with power-of-two scales that put them there.
-typedef unsigned short f16_t;
-
-__device__ __forceinline__ void mma16(float (&c)[4], const u32 (&a)[4], const u32 (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ f16_t to_f16(float x) {
-    f16_t h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
-    return h;
-}
-
-// two values as one register: lo in the lower half
-__device__ __forceinline__ u32 pack_f16(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// 2^k for k in [-126, 127]
-__device__ __forceinline__ float exp2i(int k) { return __int_as_float((k + 127) << 23); }
-
-// A row-major 16 x 16 A tile of fp16 at p (row stride ld halves, even)
-__device__ __forceinline__ void load_a16(u32 (&a)[4], const f16_t* p, int ld, Lane l) {
-    a[0] = *reinterpret_cast<const u32*>(p + l.g * ld + 2 * l.t);
-    a[1] = *reinterpret_cast<const u32*>(p + (l.g + 8) * ld + 2 * l.t);
-    a[2] = *reinterpret_cast<const u32*>(p + l.g * ld + 2 * l.t + 8);
-    a[3] = *reinterpret_cast<const u32*>(p + (l.g + 8) * ld + 2 * l.t + 8);
-}
-
-// A 16 x 8 B tile whose element (k, n) is p[n * ld + k] (B stored transposed: n-major)
-__device__ __forceinline__ void load_b16(u32 (&b)[2], const f16_t* p, int ld, Lane l) {
-    b[0] = *reinterpret_cast<const u32*>(p + l.g * ld + 2 * l.t);
-    b[1] = *reinterpret_cast<const u32*>(p + l.g * ld + 2 * l.t + 8);
-}
-
-// The exponent e of a (16-row tile, column)'s scale 2^e: the largest magnitude m lands in
-// [2^14, 2^15) once divided by it (fp16 reaches 65504), so every tf32 value of the column within
-// 2^-28 of m keeps its bits; e in [-116, 114], so that 2^(e - 10) is a normal float too.
-__device__ __forceinline__ int tile_exponent(float m) {
-    const int biased = (__float_as_uint(m) >> 23) & 0xff;
-    return m == 0.f ? 0 : max(biased - 127 - 14, -116);
-}
-
-// One C tile (rows r0 .. r0 + 15, columns n0 .. n0 + 7; values already tf32-rounded) into an fp16
-// matrix stored transposed (element (r, n) at dst[n * ld + r]), each (16-row tile, column) divided
-// by its scale 2^e, e at exps[(r0 / 16) * ecols + n] (int8). A scale depends on the tile's values
-// only, so the stored bits do not depend on the launch.
-__device__ __forceinline__ void store_scaled_t(f16_t* dst, int ld, signed char* exps, int ecols, int r0, int n0,
-                                               const float (&c)[4], Lane l) {
-    float m0 = fmaxf(fabsf(c[0]), fabsf(c[2])), m1 = fmaxf(fabsf(c[1]), fabsf(c[3]));
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) {  // over the 8 lanes of the same t: all 16 rows
-        m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
-        m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
-    }
-    const int e0 = tile_exponent(m0), e1 = tile_exponent(m1);
-    const float s0 = exp2i(-e0), s1 = exp2i(-e1);
-    const int n = n0 + 2 * l.t, r = r0 + l.g;
-    dst[n * ld + r] = to_f16(c[0] * s0);
-    dst[(n + 1) * ld + r] = to_f16(c[1] * s1);
-    dst[n * ld + r + 8] = to_f16(c[2] * s0);
-    dst[(n + 1) * ld + r + 8] = to_f16(c[3] * s1);
-    if (l.g == 0) {
-        exps[(r0 / 16) * ecols + n] = (signed char)e0;
-        exps[(r0 / 16) * ecols + n + 1] = (signed char)e1;
-    }
 }

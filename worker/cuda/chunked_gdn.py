@@ -27,30 +27,6 @@ GDN_STATE_DEFAULT = "w16"
 
 
 @dataclass(frozen=True)
-class OutOperands:
-    """What the state pass leaves for the output pass, per scratch slot and head (gdn_chunked.cu's
-    OutOperands): fp16 tiles stored transposed, each (16-row tile, column) times 2^-e with e in the
-    int8 exponents. states [slots, H, 128, 128] (S_c^T), state_exp [slots, H, 8, 128]; u [slots,
-    H, 128, 64] (U^T), u_exp [slots, H, 4, 128]."""
-
-    states: torch.Tensor
-    state_exp: torch.Tensor
-    u: torch.Tensor
-    u_exp: torch.Tensor
-
-    @staticmethod
-    def empty(slots: int, H: int, device) -> OutOperands:
-        def e(*shape, dtype=torch.float16):
-            return torch.empty(slots, H, *shape, dtype=dtype, device=device)
-
-        c, d = GDN_CHUNK, GDN_DIM
-        return OutOperands(e(d, d), e(d // 16, d, dtype=torch.int8), e(d, c), e(c // 16, d, dtype=torch.int8))
-
-    def args(self) -> tuple:
-        return (self.states, self.state_exp, self.u, self.u_exp)
-
-
-@dataclass(frozen=True)
 class ChunkSources:
     """Where gdn_chunked's segments start (cuda/gdn_chunked.cu): init_slots [1 + S, H, 128, 128]
     fp32 states (slot 0 unused); init_idx [N] int32 (> 0 a slot, -1 zeros, -2 - p in-pass
@@ -123,15 +99,15 @@ def gdn_chunked(
     max_chunks = (max_q + 2 * GDN_CHUNK - 2) // GDN_CHUNK  # a segment's rows: up to 63 tail rows + max_q
     scratch_chunks = (T + 2 * (GDN_CHUNK - 1) * N) // GDN_CHUNK + 1
     w = torch.empty(scratch_chunks, H, GDN_CHUNK, GDN_DIM, dtype=torch.float32, device=dev)
-    u = torch.empty_like(w)  # U~ from the solve
+    u = torch.empty_like(w)  # U~ from the solve, overwritten with U by the state pass
     gcum = torch.empty(scratch_chunks, H, GDN_CHUNK, dtype=torch.float32, device=dev)
-    operands = OutOperands.empty(scratch_chunks, H, dev)
+    chunk_states = torch.empty(scratch_chunks, H, GDN_DIM, GDN_DIM, dtype=torch.float32, device=dev)
     chunk_list = gdn_chunk_plan(cu_seqlens, positions, max_chunks, scratch_chunks, sources)
     geo = (N, H, Hk, max_chunks, width)
     gdn_chunk_solve(geo, kn, v, g, beta, cu_seqlens, positions, sources, tail_out, w, u, gcum, chunk_list)
     for level in range(sources.num_levels):  # parents' final states before their children start
-        gdn_chunk_state(geo, kn, w, u, gcum, cu_seqlens, positions, sources, level, operands, final, state_variant)
-    gdn_chunk_out(geo, qn, kn, operands, gcum, cu_seqlens, positions, sources, out, chunk_list)
+        gdn_chunk_state(geo, kn, w, u, gcum, cu_seqlens, positions, sources, level, chunk_states, final, state_variant)
+    gdn_chunk_out(geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, sources, out, chunk_list)
     return out, final, tail_out
 
 
@@ -193,7 +169,7 @@ def gdn_chunk_solve(
 
 
 def gdn_chunk_state(
-    geo, kn, w, u, gcum, cu_seqlens, positions, src: ChunkSources, level, operands, final, variant=GDN_STATE_DEFAULT
+    geo, kn, w, u, gcum, cu_seqlens, positions, src: ChunkSources, level, chunk_states, final, variant=GDN_STATE_DEFAULT
 ) -> None:
     """The state pass over the segments of one level (src.level_off)."""
     N, H, Hk, max_chunks, width = geo
@@ -221,7 +197,7 @@ def gdn_chunk_state(
             src.init_idx,
             src.level_off,
             level,
-            *operands.args(),
+            chunk_states,
             final,
             counters,
         ),
@@ -230,7 +206,7 @@ def gdn_chunk_state(
 
 
 def gdn_chunk_out(
-    geo, qn, kn, operands: OutOperands, gcum, cu_seqlens, positions, src: ChunkSources, out, chunk_list
+    geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, src: ChunkSources, out, chunk_list
 ) -> None:
     N, H, Hk, max_chunks, width = geo
     counters, sms = gdn_schedule(kn.device)
@@ -239,7 +215,7 @@ def gdn_chunk_out(
         "gdn_chunk_out",
         (sms,),  # a block an SM takes the (chunk, head) items
         (traits.GDN_CHUNKED.out_threads,),
-        (qn, kn, *operands.args(), gcum, cu_seqlens, positions, H, Hk, max_chunks)
+        (qn, kn, u, chunk_states, gcum, cu_seqlens, positions, H, Hk, max_chunks)
         + (src.tail_src, src.tails, _i64(width), out, chunk_list, counters),
         dynamic_smem=traits.GDN_CHUNKED.out_smem_bytes,
     )

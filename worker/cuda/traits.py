@@ -38,9 +38,6 @@ class GdnChunkTraits:
     # fragment 4 rows x 8 columns (8 mod 16: b_pad, the state pass's tiles).
     row_pad: int = 4
     b_pad: int = 8
-    # halves added to the output pass's fp16 rows: 4 mod 8 words apart, so that a fragment's 8 rows
-    # x 4 words land in 32 banks
-    half_pad: int = 8
 
     @property
     def max_segments(self) -> int:
@@ -93,8 +90,8 @@ class GdnChunkTraits:
 
     @property
     def out_smem_bytes(self) -> int:
-        """gdn_chunk_out: q and k (then P) in fp16, G."""
-        return BF16_BYTES * 2 * self.chunk * (self.head_dim + self.half_pad) + FLOAT_BYTES * self.chunk
+        """gdn_chunk_out: q (then e^G q, then O), k (then P), G."""
+        return FLOAT_BYTES * (2 * self.chunk * self.k_stride + self.chunk)
 
     def definitions(self) -> dict[str, int]:
         return {
@@ -113,7 +110,6 @@ class GdnChunkTraits:
             "GDN_SOLVE_SMEM": self.solve_smem_bytes,
             "GDN_STATE_SMEM": self.state_smem_bytes,
             "GDN_OUT_SMEM": self.out_smem_bytes,
-            "GDN_HPAD": self.half_pad,
         }
 
 
