@@ -42,6 +42,10 @@ def privileged() -> list[str]:
     raise EngineError("this needs root (dockerd, debootstrap): run as root or with passwordless sudo")
 
 
+# the engine's data root and storage driver, one `docker info` (a path may hold "|": rpartition)
+INFO_FORMAT = "{{.DockerRootDir}}|{{.Driver}}"
+
+
 class Engine:
     def __init__(self, workdir: Path):
         self.log_path = workdir / "dockerd.log"
@@ -52,22 +56,21 @@ class Engine:
     def ensure(self, wait_seconds: float = 60) -> None:
         if shutil.which("docker") is None:
             raise EngineError("no docker command (Debian: apt-get install docker.io; `make compose-deps` does it)")
-        info = _docker("info", "-f", "{{.DockerRootDir}}")
+        info = _docker("info", "-f", INFO_FORMAT)
         if info.returncode != 0 and "permission denied" in info.stderr.lower():
             raise EngineError("a Docker engine runs but this user may not use it: add it to the docker group")
         if info.returncode != 0:
             for driver in STORAGE_DRIVERS:
                 try:
-                    self._start(driver, wait_seconds)
+                    info = self._start(driver, wait_seconds)
                     break
                 except DriverRefused:
                     if driver == STORAGE_DRIVERS[-1]:
                         raise
-            info = _docker("info", "-f", "{{.DockerRootDir}}")
-        self.root = info.stdout.strip()
-        self.driver = _docker("info", "-f", "{{.Driver}}").stdout.strip()
+        self.root, _, self.driver = info.stdout.strip().rpartition("|")
 
-    def _start(self, driver: str, wait_seconds: float) -> None:
+    def _start(self, driver: str, wait_seconds: float) -> subprocess.CompletedProcess:
+        """dockerd on `driver`, and its first answer to `docker info -f INFO_FORMAT`."""
         if shutil.which("dockerd", path=SBIN_PATH) is None:
             raise EngineError("no Docker engine answers and dockerd is not installed (`make compose-deps`)")
         log = open(self.log_path, "ab")
@@ -79,7 +82,7 @@ class Engine:
         )
         log.close()
         deadline = time.monotonic() + wait_seconds
-        while (info := _docker("info")).returncode != 0:
+        while (info := _docker("info", "-f", INFO_FORMAT)).returncode != 0:
             if "permission denied" in info.stderr.lower():
                 self.stop()
                 raise EngineError("dockerd started, but this user may not use its socket: add it to the docker group")
@@ -90,6 +93,7 @@ class Engine:
                 self.stop()
                 raise EngineError(f"dockerd did not answer within {wait_seconds:.0f} s; see {self.log_path}")
             time.sleep(0.5)
+        return info
 
     @property
     def ours(self) -> bool:

@@ -16,8 +16,8 @@ from openjev.tools import docker_engine
 DOCKER = """#!/bin/sh
 [ -f "$FAKE_DIR/running" ] || { echo "Cannot connect to the Docker daemon" >&2; exit 1; }
 case "$*" in
-  *Driver*) cat "$FAKE_DIR/running" ;;
-  *) echo /var/lib/docker ;;
+  *"{{.DockerRootDir}}|{{.Driver}}"*) echo "/var/lib/docker|$(cat "$FAKE_DIR/running")" ;;
+  *) echo "fake docker: unexpected arguments $*" >&2; exit 2 ;;
 esac
 """
 DOCKERD = """#!/bin/sh
