@@ -45,9 +45,13 @@ python3 -m openjev.tools.demo_model --out .openjev/demo-model >/dev/null || exit
 WL=benchmarks/workload.jsonl
 # ab-old/ (an earlier commit's tree) installed beside this one, and kernels_gpu.py --ops $1 at
 # tokens $2 of both builds in alternating processes, two runs each: $OUT/$3.md (medians, ratio)
+# A warm machine keeps /tmp/oj-old from the call before, whose ab-old/ may have been another tree:
+# installed again unless its files' digest is the one recorded there.
 ab_install() {
-  [ -d /tmp/oj-old ] || python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
-    --no-cache-dir --target /tmp/oj-old ./ab-old
+  local sum; sum=$(cd ab-old && find . -type f ! -path "./.openjev/*" -print0 | sort -z | xargs -0 sha1sum | sha1sum)
+  [ -d /tmp/oj-old ] && [ "$(cat /tmp/oj-old.sum 2>/dev/null)" = "$sum" ] && return 0
+  rm -rf /tmp/oj-old && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
+    --no-cache-dir --target /tmp/oj-old ./ab-old && echo "$sum" > /tmp/oj-old.sum
 }
 # an arm's installed package (P) and benchmark scripts (B): this tree's (new) or ab-old/'s (old)
 ab_arm() {
