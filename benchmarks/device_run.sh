@@ -46,9 +46,10 @@ WL=benchmarks/workload.jsonl
 # ab-old/ (an earlier commit's tree) installed beside this one, and kernels_gpu.py --ops $1 at
 # tokens $2 of both builds in alternating processes, two runs each: $OUT/$3.md (medians, ratio)
 # A warm machine keeps /tmp/oj-old from the call before, whose ab-old/ may have been another tree:
-# installed again unless its files' digest is the one recorded there.
+# installed again unless its files' digest (less what the install writes there) is the one recorded.
 ab_install() {
-  local sum; sum=$(cd ab-old && find . -type f ! -path "./.openjev/*" -print0 | sort -z | xargs -0 sha1sum | sha1sum)
+  local sum; sum=$(cd ab-old && find . -type f ! -path "./.openjev/*" ! -path "./build/*" ! -path "*.egg-info/*" \
+    -print0 | sort -z | xargs -0 sha1sum | sha1sum)
   [ -d /tmp/oj-old ] && [ "$(cat /tmp/oj-old.sum 2>/dev/null)" = "$sum" ] && return 0
   rm -rf /tmp/oj-old && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
     --no-cache-dir --target /tmp/oj-old ./ab-old && echo "$sum" > /tmp/oj-old.sum
