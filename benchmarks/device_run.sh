@@ -31,7 +31,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
   .whl/flash_linear_attention-*.whl || true
 # The package itself, non-editable (its folders map onto the openjev namespace; the image has setuptools).
 # A warm machine keeps /tmp from the call before, and pip --target does not replace what is there.
-rm -rf /tmp/oj
+rm -rf /tmp/oj build *.egg-info  # build/: an earlier call's, kept between calls, may be stale (ab_install)
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --target /tmp/oj . \
   || exit 1
 export PYTHONPATH=/tmp/oj:/tmp/site
@@ -51,8 +51,10 @@ ab_install() {
   local sum; sum=$(cd ab-old && find . -type f ! -path "./.openjev/*" ! -path "./build/*" ! -path "*.egg-info/*" \
     -print0 | sort -z | xargs -0 sha1sum | sha1sum)
   [ -d /tmp/oj-old ] && [ "$(cat /tmp/oj-old.sum 2>/dev/null)" = "$sum" ] && return 0
-  rm -rf /tmp/oj-old && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
-    --no-cache-dir --target /tmp/oj-old ./ab-old && echo "$sum" > /tmp/oj-old.sum
+  # an earlier call's build/ stays (ignored paths are kept) and, newer than files unpacked with
+  # their commit's times, would be installed instead of them (it happened: main's package again)
+  rm -rf /tmp/oj-old ab-old/build ab-old/*.egg-info && python3 -m pip install -q --no-index --no-deps \
+    --no-build-isolation --no-compile --no-cache-dir --target /tmp/oj-old ./ab-old && echo "$sum" > /tmp/oj-old.sum
 }
 # an arm's installed package (P) and benchmark scripts (B): this tree's (new) or ab-old/'s (old)
 ab_arm() {
