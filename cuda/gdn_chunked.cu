@@ -183,6 +183,20 @@ template <int NTH = NT, int LD = LK>
 __device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, const int* __restrict__ tail_src,
                                        const float* __restrict__ tails, long tail_width, const Seg& s, int r0, int n,
                                        int hk, int Hk) {
+    static_assert(NTH % (D / 4) == 0, "a thread copies the same 4 columns of every row it copies");
+    if (r0 >= s.tail && r0 + CH <= s.rows) {
+        // a whole chunk of packed rows (every chunk of a segment but its first and last, and those
+        // too without a tail or a short end): consecutive rows, no per-row source (its lookup and
+        // branches were a third of the state pass's instructions a chunk, in the SASS)
+        const float* from = kn + ((long)(s.start + r0 - s.tail) * Hk + hk) * D + (threadIdx.x % (D / 4)) * 4;
+        const int r = threadIdx.x / (D / 4);
+#pragma unroll
+        for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
+            const int row = r + it * (NTH / (D / 4));
+            cp_async16(Ks + row * LD + (threadIdx.x % (D / 4)) * 4, from + (long)row * Hk * D, true);
+        }
+        return;
+    }
 #pragma unroll
     for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
         const int idx = threadIdx.x + it * NTH;
