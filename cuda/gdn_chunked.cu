@@ -236,23 +236,41 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
         const Lane l = lane_of();
 
         load_k<NT, LB>(Bs, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
+        constexpr int VSTEPS = CH * (D / 4) / NT;  // v rows: 4 values a thread per step
+        if (r0 >= s.tail && r0 + CH <= s.rows) {
+            // a whole chunk of packed rows (as in load_k): every load issued before the first
+            // is used, none behind a branch
+            uint2 raw[VSTEPS];
+            const __nv_bfloat16* from = v + (long)(s.start + r0 - s.tail) * v_stride + h * D + (tid % (D / 4)) * 4;
 #pragma unroll
-        for (int it = 0; it < CH * (D / 4) / NT; ++it) {  // v rows: 4 values a thread per step
-            const int idx = tid + it * NT;
-            const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
-            float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (vr < s.rows) {
-                const int src = row_source(tail_src, s, n, vr);
-                if (src < 0) {
-                    x = *reinterpret_cast<const float4*>(tails + (long)(-1 - src) * tail_width + Hk * D + h * D + d);
-                } else {
-                    const uint2 raw = *reinterpret_cast<const uint2*>(v + (long)src * v_stride + h * D + d);
-                    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-                    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-                    x = make_float4(lo.x, lo.y, hi.x, hi.y);
-                }
+            for (int it = 0; it < VSTEPS; ++it)
+                raw[it] = *reinterpret_cast<const uint2*>(from + (long)(tid / (D / 4) + it * (NT / (D / 4))) * v_stride);
+#pragma unroll
+            for (int it = 0; it < VSTEPS; ++it) {
+                const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[it].x));
+                const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[it].y));
+                const int r = tid / (D / 4) + it * (NT / (D / 4)), d = (tid % (D / 4)) * 4;
+                *reinterpret_cast<float4*>(Bs + r * LB + D + d) = make_float4(lo.x, lo.y, hi.x, hi.y);
             }
-            *reinterpret_cast<float4*>(Bs + r * LB + D + d) = x;
+        } else {
+#pragma unroll
+            for (int it = 0; it < VSTEPS; ++it) {
+                const int idx = tid + it * NT;
+                const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
+                float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (vr < s.rows) {
+                    const int src = row_source(tail_src, s, n, vr);
+                    if (src < 0) {
+                        x = *reinterpret_cast<const float4*>(tails + (long)(-1 - src) * tail_width + Hk * D + h * D + d);
+                    } else {
+                        const uint2 raw = *reinterpret_cast<const uint2*>(v + (long)src * v_stride + h * D + d);
+                        const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+                        const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+                        x = make_float4(lo.x, lo.y, hi.x, hi.y);
+                    }
+                }
+                *reinterpret_cast<float4*>(Bs + r * LB + D + d) = x;
+            }
         }
         if (tid < CH) {
             const int vr = r0 + tid;
