@@ -76,23 +76,21 @@ __device__ __forceinline__ void lower_tile(int t, int& ti, int& tj) {
     tj = t - ti * (ti + 1) / 2;
 }
 
-// Segment n's row count (tail + own), chunk count (capped), and first scratch chunk.
+// Segment n's row count (tail + own), chunk count (capped), and first scratch chunk (the chunk
+// list's prefix sum: summing the segments before n here cost every item O(n) loads).
 struct Seg {
     int start, own, tail, rows, chunks, first;
 };
 
-__device__ __forceinline__ Seg segment(const int* cu, const int* pos, int n, int max_chunks) {
+__device__ __forceinline__ Seg segment(const int* cu, const int* pos, const int* __restrict__ list, int n,
+                                       int max_chunks) {
     Seg s;
-    int first = 0;
-    for (int m = 0; m <= n; ++m) {
-        const int a = cu[m], own = cu[m + 1] - a;
-        const int tail = own > 0 ? (pos[a] & (CH - 1)) : 0;
-        const int chunks = own > 0 ? min((tail + own + CH - 1) / CH, max_chunks) : 0;
-        if (m == n) {
-            s.start = a; s.own = own; s.tail = tail; s.rows = tail + own; s.chunks = chunks; s.first = first;
-        }
-        first += chunks;
-    }
+    s.start = cu[n];
+    s.own = cu[n + 1] - s.start;
+    s.tail = s.own > 0 ? (pos[s.start] & (CH - 1)) : 0;
+    s.rows = s.tail + s.own;
+    s.chunks = s.own > 0 ? min((s.rows + CH - 1) / CH, max_chunks) : 0;
+    s.first = list[1 + n];
     return s;
 }
 
@@ -126,13 +124,14 @@ __device__ __forceinline__ bool next_chunk_item(const int* __restrict__ list, in
     if (item >= list[0] * H) return false;
     slot = item / H;
     h = item % H;
-    n = list[1 + slot] >> 16;
-    c = list[1 + slot] & 0xffff;
+    n = list[1 + GDN_PLAN_THREADS + slot] >> 16;
+    c = list[1 + GDN_PLAN_THREADS + slot] & 0xffff;
     return true;
 }
 
-// The launch's chunks in segment order: list[0] = their count, list[1 + slot] = (n << 16) | c
-// for chunk c of segment n (slot = the chunk's scratch slot, segment(...).first + c). Only the
+// The launch's chunks in segment order: list[0] = their count, list[1 + n] = segment n's first
+// scratch slot, list[1 + GDN_PLAN_THREADS + slot] = (n << 16) | c for chunk c of segment n
+// (slot = the chunk's scratch slot, segment(...).first + c). Only the
 // segments of the levels' ranges (0 .. level_off[levels] - 1) are listed: a graph pass's pad
 // segment after them is neither solved nor output (its rows are never read, as with the
 // recurrence), and segment(...).first counts the same chunks for every listed segment. One block
@@ -156,7 +155,8 @@ extern "C" __global__ void __launch_bounds__(GDN_PLAN_THREADS)
         __syncthreads();
     }
     const int at = first[n] - chunks;
-    for (int c = 0; c < chunks; ++c) list[1 + at + c] = (n << 16) | c;
+    list[1 + n] = at;
+    for (int c = 0; c < chunks; ++c) list[1 + GDN_PLAN_THREADS + at + c] = (n << 16) | c;
     if (n == GDN_PLAN_THREADS - 1) list[0] = first[n];
 }
 
@@ -229,7 +229,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     int slot_c, h, n, c;
     while (next_chunk_item(list, H, counters, &ticket, slot_c, h, n, c)) {
         const int hk = h / (H / Hk);
-        const Seg s = segment(cu, pos, n, max_chunks);
+        const Seg s = segment(cu, pos, list, n, max_chunks);
         const int r0 = c * CH, valid = min(CH, s.rows - r0);
         const bool unfinished = valid < CH;  // only a segment's last chunk can be
         const int tid = threadIdx.x, warp = tid >> 5;
@@ -455,7 +455,8 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                                             const float* __restrict__ tails, long tail_width,
                                             const float* __restrict__ init_slots, const int* __restrict__ init_idx,
                                             const int* __restrict__ level_off, int level, float* __restrict__ Sc,
-                                            float* __restrict__ final_state, int* __restrict__ counters) {
+                                            float* __restrict__ final_state, const int* __restrict__ list,
+                                            int* __restrict__ counters) {
     extern __shared__ __align__(128) float state_smem[];
     constexpr int BUF = CH * LK + CH * LKS + CH * LS + CH;  // one chunk: W [64][LK], K [64][LKS], U [64][LS], G [64]
     constexpr int TN = NCOL / 8;                      // 8-column tiles of the state a block owns
@@ -470,7 +471,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
         const int hk = h / (H / Hk);
         const int tid = threadIdx.x, warp = tid >> 5;
         const Lane l = lane_of();
-        const Seg s = segment(cu, pos, n, max_chunks);
+        const Seg s = segment(cu, pos, list, n, max_chunks);
         const long state_base = ((long)n * H + h) * D * D;
         const int from = init_idx[n];
         const float* init = from > 0 ? init_slots + ((long)from * H + h) * D * D
@@ -603,9 +604,10 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
         const float* __restrict__ gcum, const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,     \
         int max_chunks, const int* __restrict__ tail_src, const float* __restrict__ tails, long tail_width,         \
         const float* __restrict__ init_slots, const int* __restrict__ init_idx, const int* __restrict__ level_off,   \
-        int level, float* __restrict__ Sc, float* __restrict__ final_state, int* __restrict__ counters) {             \
+        int level, float* __restrict__ Sc, float* __restrict__ final_state, const int* __restrict__ list,            \
+        int* __restrict__ counters) {                                                                                 \
         chunk_state<NTH>(kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_src, tails, tail_width, init_slots,        \
-                         init_idx, level_off, level, Sc, final_state, counters);                                     \
+                         init_idx, level_off, level, Sc, final_state, list, counters);                               \
     }
 GDN_CHUNK_STATE(gdn_chunk_state_w8, 256)
 GDN_CHUNK_STATE(gdn_chunk_state_w16, 512)
@@ -634,7 +636,7 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         const int col = (threadIdx.x >> 5) * 8;  // this warp's value columns
         const int tid = threadIdx.x, warp = tid >> 5;
         const Lane l = lane_of();
-        const Seg s = segment(cu, pos, n, max_chunks);
+        const Seg s = segment(cu, pos, list, n, max_chunks);
         const int r0 = c * CH;
         const long slot = (long)slot_c * H + h;
 

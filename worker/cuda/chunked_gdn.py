@@ -106,19 +106,21 @@ def gdn_chunked(
     geo = (N, H, Hk, max_chunks, width)
     gdn_chunk_solve(geo, kn, v, g, beta, cu_seqlens, positions, sources, tail_out, w, u, gcum, chunk_list)
     for level in range(sources.num_levels):  # parents' final states before their children start
-        gdn_chunk_state(geo, kn, w, u, gcum, cu_seqlens, positions, sources, level, chunk_states, final, state_variant)
+        gdn_chunk_state(
+            geo, kn, w, u, gcum, cu_seqlens, positions, sources, level, chunk_states, final, chunk_list, state_variant
+        )
     gdn_chunk_out(geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, sources, out, chunk_list)
     return out, final, tail_out
 
 
 def gdn_chunk_plan(cu_seqlens, positions, max_chunks: int, slots: int, src: ChunkSources) -> torch.Tensor:
-    """[1 + slots] int32: the launch's chunk count, then per chunk (segment << 16) | chunk index,
-    in scratch-slot order, for the segments of src's levels (cuda/gdn_chunked.cu); made on the
-    device, so capturable."""
+    """[1 + plan_threads + slots] int32: the launch's chunk count, each segment's first scratch
+    slot, then per chunk (segment << 16) | chunk index, in scratch-slot order, for the segments of
+    src's levels (cuda/gdn_chunked.cu); made on the device, so capturable."""
     N = cu_seqlens.numel() - 1
     assert N <= traits.GDN_CHUNKED.plan_threads, f"{N} segments in one chunked GDN launch"
-    chunk_list = torch.empty(1 + slots, dtype=torch.int32, device=cu_seqlens.device)
     threads = traits.GDN_CHUNKED.plan_threads
+    chunk_list = torch.empty(1 + threads + slots, dtype=torch.int32, device=cu_seqlens.device)
     _launch(
         "gdn_chunked",
         "gdn_chunk_plan",
@@ -169,9 +171,22 @@ def gdn_chunk_solve(
 
 
 def gdn_chunk_state(
-    geo, kn, w, u, gcum, cu_seqlens, positions, src: ChunkSources, level, chunk_states, final, variant=GDN_STATE_DEFAULT
+    geo,
+    kn,
+    w,
+    u,
+    gcum,
+    cu_seqlens,
+    positions,
+    src: ChunkSources,
+    level,
+    chunk_states,
+    final,
+    chunk_list,
+    variant=GDN_STATE_DEFAULT,
 ) -> None:
-    """The state pass over the segments of one level (src.level_off)."""
+    """The state pass over the segments of one level (src.level_off); chunk_list: gdn_chunk_plan's
+    (each segment's first scratch slot)."""
     N, H, Hk, max_chunks, width = geo
     geom = traits.GDN_CHUNKED
     counters, sms = gdn_schedule(kn.device)
@@ -199,6 +214,7 @@ def gdn_chunk_state(
             level,
             chunk_states,
             final,
+            chunk_list,
             counters,
         ),
         dynamic_smem=geom.state_smem_bytes,
