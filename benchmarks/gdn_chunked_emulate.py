@@ -102,6 +102,44 @@ def mma(c, a, b):
     return [C[gq, 2 * tq], C[gq, 2 * tq + 1], C[gq + 8, 2 * tq], C[gq + 8, 2 * tq + 1]]
 
 
+def ldsm(mem, base, ld, row_of, col_of):
+    """ldmatrix .x4 of 8 x 4 tiles of 32-bit elements: register m of lane (g, t) holds element
+    (row_of(m) + g, col_of(m) + t) of the tile at base (row stride ld)."""
+    return [lds(mem, base + (row_of(m) + gq) * ld + col_of(m) + tq) for m in range(4)]
+
+
+def ldsm_a(mem, base, ld):
+    return ldsm(mem, base, ld, lambda m: (m & 1) * 8, lambda m: (m >> 1) * 4)
+
+
+def ldsm_b2(mem, base, ld):
+    """The B fragments of two 8-column tiles of an n-major tile (element (k, n) at base + n * ld + k)."""
+    r = ldsm(mem, base, ld, lambda m: (m >> 1) * 8, lambda m: (m & 1) * 4)
+    return [r[0], r[1]], [r[2], r[3]]
+
+
+def load_c_t(mem, base, ld):
+    return [
+        lds(mem, base + 2 * tq * ld + gq),
+        lds(mem, base + (2 * tq + 1) * ld + gq),
+        lds(mem, base + 2 * tq * ld + gq + 8),
+        lds(mem, base + (2 * tq + 1) * ld + gq + 8),
+    ]
+
+
+def store_c_t(mem, base, ld, c):
+    for e, at in enumerate(
+        (
+            base + 2 * tq * ld + gq,
+            base + (2 * tq + 1) * ld + gq,
+            base + 2 * tq * ld + gq + 8,
+            base + (2 * tq + 1) * ld + gq + 8,
+        )
+    ):
+        tally(mem, at)
+        mem[at] = c[e]
+
+
 def scale_rows(c, lo, hi):
     """A C fragment with rows g scaled by lo and rows g + 8 by hi (per lane)."""
     return [c[0] * lo, c[1] * lo, c[2] * hi, c[3] * hi]
@@ -244,7 +282,7 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
 def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw, init, has_init, Sc, final):
     BUF = CH * LK + CH * LKS + CH * LS + CH
     TN = NCOL // 8
-    smem = SMEM[0] = np.full(D * LS + 2 * BUF, np.nan)
+    smem = SMEM[0] = np.full(NCOL * LK + 2 * BUF, np.nan)  # the state columns n-major, then 2 buffers
     Ss = 0
     col0 = bx * NCOL
     hk = h // (H // Hk)
@@ -252,7 +290,7 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
     sb = (n * H + h) * D * D
 
     def issue(c):
-        Wb = Ss + D * LS + (c & 1) * BUF
+        Wb = Ss + NCOL * LK + (c & 1) * BUF
         Kb = Wb + CH * LK
         Ub = Kb + CH * LKS
         gb = Ub + CH * LS
@@ -264,35 +302,42 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
         smem[gb : gb + CH] = gcum[slot * CH : slot * CH + CH]
 
     for i in range(D):
-        smem[Ss + i * LS : Ss + i * LS + NCOL] = init[sb + i * D + col0 : sb + i * D + col0 + NCOL] if has_init else 0.0
+        row = init[sb + i * D + col0 : sb + i * D + col0 + NCOL] if has_init else np.zeros(NCOL)
+        smem[Ss + np.arange(NCOL) * LK + i] = row
         if s["chunks"] > 0:
             at = ((s["first"] * H + h) * D + i) * D + col0
-            Sc[at : at + NCOL] = smem[Ss + i * LS : Ss + i * LS + NCOL]
+            Sc[at : at + NCOL] = row
     if s["chunks"] > 0:
         issue(0)
     for c in range(s["chunks"]):
         if c + 1 < s["chunks"]:
             issue(c + 1)
-        Wb = Ss + D * LS + (c & 1) * BUF
+        Wb = Ss + NCOL * LK + (c & 1) * BUF
         Kb = Wb + CH * LK
         Ub = Kb + CH * LKS
         gb = Ub + CH * LS
         slot = (s["first"] + c) * H + h
         g_end = smem[gb + CH - 1]
         TPW = (CH // 16) * TN // (NTH // 32)
+        decayed = {}
         for warp in range(NTH // 32):
             t0 = warp * TPW
             ti = t0 // TN
             n0 = (t0 % TN) * 8
             u = [load_c(smem, Ub + ti * 16 * LS + n0 + j * 8, LS) for j in range(TPW)]
             for k0 in range(0, D, 8):
-                w = load_a(smem, Wb + ti * 16 * LK + k0, LK, 1)  # -W
-                for j in range(TPW):
-                    u[j] = mma(u[j], w, load_b(smem, Ss + k0 * LS + n0 + j * 8, LS, 1))
+                w = ldsm_a(smem, Wb + ti * 16 * LK + k0, LK)  # -W
+                for j in range(0, TPW, 2):
+                    b = ldsm_b2(smem, Ss + (n0 + j * 8) * LK + k0, LK)
+                    for e in range(2):
+                        u[j + e] = mma(u[j + e], w, b[e])
             dlo, dhi = np.exp(g_end - smem[gb + ti * 16 + gq]), np.exp(g_end - smem[gb + ti * 16 + gq + 8])
             for j in range(TPW):
                 store_c(U, (slot * CH + ti * 16) * D + col0 + n0 + j * 8, D, u[j])
-                store_c(smem, Ub + ti * 16 * LS + n0 + j * 8, LS, scale_rows(u[j], dlo, dhi))
+            decayed[warp] = (ti, n0, [scale_rows(u[j], dlo, dhi) for j in range(TPW)])
+        for ti, n0, su in decayed.values():  # after a barrier: over U~, n-major
+            for j in range(TPW):
+                store_c_t(smem, Ub + (n0 + j * 8) * LC + ti * 16, LC, su[j])
         if s["rows"] - c * CH >= CH:
             TPB = (D // 16) * TN // (NTH // 32)
             decay = np.exp(g_end)
@@ -301,19 +346,21 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
                 t0 = warp * TPB
                 ti = t0 // TN
                 n0 = (t0 % TN) * 8
-                st = [[x * decay for x in load_c(smem, Ss + ti * 16 * LS + n0 + j * 8, LS)] for j in range(TPB)]
+                st = [[x * decay for x in load_c_t(smem, Ss + (n0 + j * 8) * LK + ti * 16, LK)] for j in range(TPB)]
                 for k0 in range(0, CH, 8):
                     a = load_a(smem, Kb + k0 * LKS + ti * 16, 1, LKS)
-                    for j in range(TPB):
-                        st[j] = mma(st[j], a, load_b(smem, Ub + k0 * LS + n0 + j * 8, LS, 1))
+                    for j in range(0, TPB, 2):
+                        b = ldsm_b2(smem, Ub + (n0 + j * 8) * LC + k0, LC)
+                        for e in range(2):
+                            st[j + e] = mma(st[j + e], a, b[e])
                 new[warp] = (ti, n0, st)
             for ti, n0, st in new.values():
                 for j in range(TPB):
-                    store_c(smem, Ss + ti * 16 * LS + n0 + j * 8, LS, st[j])
+                    store_c_t(smem, Ss + (n0 + j * 8) * LK + ti * 16, LK, st[j])
                     if c + 1 < s["chunks"]:
                         store_c(Sc, ((slot + H) * D + ti * 16) * D + col0 + n0 + j * 8, D, st[j])
     for i in range(D):
-        final[sb + i * D + col0 : sb + i * D + col0 + NCOL] = smem[Ss + i * LS : Ss + i * LS + NCOL]
+        final[sb + i * D + col0 : sb + i * D + col0 + NCOL] = smem[Ss + np.arange(NCOL) * LK + i]
 
 
 def out_pass(bx, h, n, qn, kn, U, Sc, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw, out):

@@ -50,15 +50,17 @@
 #define LC GDN_LC
 #define LB GDN_LB
 #define LX GDN_LX             // rows of the solve's 16 x 16 block products
-#define LS GDN_LS             // gdn_chunk_state: rows of the state columns and of U
+#define LS GDN_LS             // gdn_chunk_state: rows of U~ (its NCOL columns)
 #define LKS GDN_LKS           // gdn_chunk_state: rows of k (read transposed)
 
 // The buffers each kernel carves from its dynamic shared memory, as laid out below.
 static_assert(4 * (CH * LB + 2 * CH * LC + 3 * 16 * LX + 2 * CH) == GDN_SOLVE_SMEM, "gdn_chunk_solve layout");
-// gdn_chunk_state: the state columns, then two buffers of one chunk's W, K, U and G
-static_assert(4 * (D * LS + 2 * (CH * LK + CH * LKS + CH * LS + CH)) == GDN_STATE_SMEM, "gdn_chunk_state layout");
+// gdn_chunk_state: the state columns (n-major), then two buffers of one chunk's W, K, U and G
+static_assert(4 * (NCOL * LK + 2 * (CH * LK + CH * LKS + CH * LS + CH)) == GDN_STATE_SMEM, "gdn_chunk_state layout");
+static_assert(NCOL * LC <= CH * LS, "the decayed U (n-major) fits where U~ was");
+static_assert((LK * 4) % 128 == 16 && (LC * 4) % 128 == 16, "ldmatrix: 8 rows in 8 different 16-byte bank groups");
 static_assert(4 * (2 * CH * LK + CH) == GDN_OUT_SMEM, "gdn_chunk_out layout");
-static_assert(NCOL == CH && 2 * NCOL == D, "state columns and U rows share the stride LS; two column halves");
+static_assert(NCOL == CH && 2 * NCOL == D, "U~'s rows and the decayed U's (n-major) share a buffer; two column halves");
 // Shared-memory banks (float index mod 32): an A fragment reads rows g (8) x columns t (4), a B
 // fragment rows t x columns g. The 32 lanes hit 32 banks when a tile read as A has a stride of 4
 // mod 8 (LK, LC) and one read as B a stride of 8 mod 16 (LS, LKS). The state pass reads every
@@ -460,7 +462,9 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
     extern __shared__ __align__(128) float state_smem[];
     constexpr int BUF = CH * LK + CH * LKS + CH * LS + CH;  // one chunk: W [64][LK], K [64][LKS], U [64][LS], G [64]
     constexpr int TN = NCOL / 8;                      // 8-column tiles of the state a block owns
-    float* Ss = state_smem;                           // [128][LS] state columns col0 .. col0 + NCOL - 1
+    // [NCOL][LK] the state columns col0 .. col0 + NCOL - 1, n-major (element (i, j) at j * LK + i):
+    // U's product reads them as B fragments by ldmatrix
+    float* Ss = state_smem;
 
     __shared__ int ticket;
     const int n0 = level_off[level], items = (level_off[level + 1] - n0) * H * (D / NCOL);
@@ -479,7 +483,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
 
         // chunk c's copies into buffer c & 1, one cp.async group
         auto issue = [&](int c) {
-            float* Wb = Ss + D * LS + (c & 1) * BUF;
+            float* Wb = Ss + NCOL * LK + (c & 1) * BUF;
             float* Kb = Wb + CH * LK;
             float* Ub = Kb + CH * LKS;
             float* gb = Ub + CH * LS;
@@ -506,7 +510,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
         for (int idx = tid; idx < D * NCOL; idx += NTH) {
             const int i = idx / NCOL, j = idx % NCOL;
             const float x = init != nullptr ? init[(long)i * D + col0 + j] : 0.f;
-            Ss[i * LS + j] = x;
+            Ss[j * LK + i] = x;
             if (s.chunks > 0) Sc[((long)s.first * H + h) * D * D + (long)i * D + col0 + j] = rnd(x);
         }
         if (s.chunks > 0) issue(0);
@@ -516,52 +520,62 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
             else cp_async_commit();  // an empty group keeps "all but the newest" meaning chunk c
             cp_async_wait<1>();
             __syncthreads();
-            float* Wb = Ss + D * LS + (c & 1) * BUF;
+            float* Wb = Ss + NCOL * LK + (c & 1) * BUF;
             float* Kb = Wb + CH * LK;
-            float* Ub = Kb + CH * LKS;
+            float* Ub = Kb + CH * LKS;  // U~ [64][LS], then the decayed U n-major [NCOL][LC]
             const float* gb = Ub + CH * LS;
             const long slot = (long)(s.first + c) * H + h;
             const float g_end = gb[CH - 1];
-            {  // U = U~ - W S: a warp one 16-row tile by TPW 8-column tiles (its W fragments shared)
-                constexpr int TPW = (CH / 16) * TN / (NTH / 32);
-                static_assert(TPW >= 1 && TN % TPW == 0, "whole column groups a warp");
-                const int t0 = warp * TPW, ti = t0 / TN, n0 = (t0 % TN) * 8;
-                float u[TPW][4];
+            // U = U~ - W S: a warp one 16-row tile by TPW 8-column tiles (its W fragments shared)
+            constexpr int TPW = (CH / 16) * TN / (NTH / 32);
+            static_assert(TPW >= 2 && TPW % 2 == 0 && TN % TPW == 0, "whole column groups a warp, in pairs");
+            const int ut0 = warp * TPW, uti = ut0 / TN, un0 = (ut0 % TN) * 8;
+            float u[TPW][4];
 #pragma unroll
-                for (int j = 0; j < TPW; ++j) load_c(u[j], Ub + ti * 16 * LS + n0 + j * 8, LS, l);
+            for (int j = 0; j < TPW; ++j) load_c(u[j], Ub + uti * 16 * LS + un0 + j * 8, LS, l);
 #pragma unroll 4
-                for (int k0 = 0; k0 < D; k0 += 8) {
-                    u32 w[4];
-                    load_a<true>(w, Wb + ti * 16 * LK + k0, LK, 1, l);  // -W, rounded by the solve
+            for (int k0 = 0; k0 < D; k0 += 8) {
+                u32 w[4];
+                ldsm_a(w, Wb + uti * 16 * LK + k0, LK);  // -W, rounded by the solve
 #pragma unroll
-                    for (int j = 0; j < TPW; ++j) {
-                        u32 b[2];
-                        load_b(b, Ss + k0 * LS + n0 + j * 8, LS, 1, l);
-                        mma(u[j], w, b);
+                for (int j = 0; j < TPW; j += 2) {
+                    u32 b[2][2];
+                    ldsm_b2(b[0], b[1], Ss + (un0 + j * 8) * LK + k0, LK);
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {  // the state is kept in fp32: rounded here
+                        b[e][0] = tf32(__uint_as_float(b[e][0]));
+                        b[e][1] = tf32(__uint_as_float(b[e][1]));
+                        mma(u[j + e], w, b[e]);
                     }
                 }
+            }
+            {
                 // U to global for the output pass; e^{G_C - G_r} U to shared memory for the update
                 // below (the decay of K~ = e^{G_C - G} K moved onto U's rows: one pass over K fewer);
                 // both are only ever tf32 operands: stored rounded
-                const float dlo = __expf(g_end - gb[ti * 16 + l.g]), dhi = __expf(g_end - gb[ti * 16 + l.g + 8]);
+                const float dlo = __expf(g_end - gb[uti * 16 + l.g]), dhi = __expf(g_end - gb[uti * 16 + l.g + 8]);
 #pragma unroll
                 for (int j = 0; j < TPW; ++j) {
                     const float ru[4] = {rnd(u[j][0]), rnd(u[j][1]), rnd(u[j][2]), rnd(u[j][3])};
-                    store_c(U + (slot * CH + ti * 16) * D + col0 + n0 + j * 8, D, ru, l);
+                    store_c(U + (slot * CH + uti * 16) * D + col0 + un0 + j * 8, D, ru, l);
+                }
+                __syncthreads();  // every warp has read its U~: the decayed U goes over it, n-major
+#pragma unroll
+                for (int j = 0; j < TPW; ++j) {
                     const float su[4] = {rnd(u[j][0] * dlo), rnd(u[j][1] * dlo), rnd(u[j][2] * dhi), rnd(u[j][3] * dhi)};
-                    store_c(Ub + ti * 16 * LS + n0 + j * 8, LS, su, l);
+                    store_c_t(Ub + (un0 + j * 8) * LC + uti * 16, LC, su, l);
                 }
             }
             __syncthreads();
             if (s.rows - c * CH >= CH) {  // a finished chunk: S <- e^{G_C} S + K^T (e^{G_C - G} U)
                 constexpr int TPB = (D / 16) * TN / (NTH / 32);
-                static_assert(TPB >= 1 && TN % TPB == 0, "whole column groups a warp");
+                static_assert(TPB >= 2 && TPB % 2 == 0 && TN % TPB == 0, "whole column groups a warp, in pairs");
                 const int t0 = warp * TPB, ti = t0 / TN, n0 = (t0 % TN) * 8;
                 const float decay = __expf(g_end);
                 float st[TPB][4];
 #pragma unroll
                 for (int j = 0; j < TPB; ++j) {
-                    load_c(st[j], Ss + ti * 16 * LS + n0 + j * 8, LS, l);
+                    load_c_t(st[j], Ss + (n0 + j * 8) * LK + ti * 16, LK, l);
 #pragma unroll
                     for (int e = 0; e < 4; ++e) st[j][e] *= decay;
                 }
@@ -570,10 +584,11 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                     u32 a[4];
                     load_a(a, Kb + k0 * LKS + ti * 16, 1, LKS, l);  // (i, k) = K[k][i]
 #pragma unroll
-                    for (int j = 0; j < TPB; ++j) {
-                        u32 b[2];
-                        load_b<true>(b, Ub + k0 * LS + n0 + j * 8, LS, 1, l);
-                        mma(st[j], a, b);
+                    for (int j = 0; j < TPB; j += 2) {
+                        u32 b[2][2];  // the decayed U, stored rounded
+                        ldsm_b2(b[0], b[1], Ub + (n0 + j * 8) * LC + k0, LC);
+                        mma(st[j], a, b[0]);
+                        mma(st[j + 1], a, b[1]);
                     }
                 }
                 // S_{c+1}: to shared memory for the next chunk, and as that chunk's start state (an
@@ -582,7 +597,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                 float* sc_next = Sc + (slot + H) * D * D + (long)(ti * 16) * D + col0 + n0;
 #pragma unroll
                 for (int j = 0; j < TPB; ++j) {
-                    store_c(Ss + ti * 16 * LS + n0 + j * 8, LS, st[j], l);
+                    store_c_t(Ss + (n0 + j * 8) * LK + ti * 16, LK, st[j], l);
                     const float rs[4] = {rnd(st[j][0]), rnd(st[j][1]), rnd(st[j][2]), rnd(st[j][3])};
                     if (next) store_c(sc_next + j * 8, D, rs, l);
                 }
@@ -592,7 +607,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
         __syncthreads();
         for (int idx = tid; idx < D * NCOL; idx += NTH) {
             const int i = idx / NCOL, j = idx % NCOL;
-            final_state[state_base + (long)i * D + col0 + j] = Ss[i * LS + j];
+            final_state[state_base + (long)i * D + col0 + j] = Ss[j * LK + i];
         }
     }
     finish_items(counters);

@@ -98,3 +98,46 @@ __device__ __forceinline__ void mma3(float (&c)[4], const float (&a)[4], const f
     mma(c, ah, bl);
     mma(c, ah, bh);
 }
+
+// Four 8 x 4 tiles of 32-bit elements in one ldmatrix (moved as pairs of b16: the bits as they
+// are): lane L gives the address of row L % 8 of tile L / 8 (16-byte aligned), and register m of
+// lane (g, t) receives element (g, t) of tile m: an A fragment, or the B fragments of two tiles
+// stored n-major, in one instruction instead of four 32-bit loads.
+__device__ __forceinline__ void ldsm4(u32 (&r)[4], const float* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row)));
+}
+
+// The A fragment of the 16 x 8 tile at p, row-major (row stride ld floats)
+__device__ __forceinline__ void ldsm_a(u32 (&a)[4], const float* p, int ld) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+    ldsm4(a, p + ((m & 1) * 8 + (lane & 7)) * ld + (m >> 1) * 4);
+}
+
+// The B fragments of two 8 x 8 tiles side by side (columns n0 .. n0 + 15) whose element (k, n)
+// is p[n * ld + k] (stored n-major)
+__device__ __forceinline__ void ldsm_b2(u32 (&b0)[2], u32 (&b1)[2], const float* p, int ld) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+    u32 r[4];
+    ldsm4(r, p + ((m >> 1) * 8 + (lane & 7)) * ld + (m & 1) * 4);
+    b0[0] = r[0];
+    b0[1] = r[1];
+    b1[0] = r[2];
+    b1[1] = r[3];
+}
+
+// C tiles into and out of an n-major tile (element (r, n) at p[n * ld + r]), one float at a time
+__device__ __forceinline__ void load_c_t(float (&c)[4], const float* p, int ld, Lane l) {
+    c[0] = p[2 * l.t * ld + l.g];
+    c[1] = p[(2 * l.t + 1) * ld + l.g];
+    c[2] = p[2 * l.t * ld + l.g + 8];
+    c[3] = p[(2 * l.t + 1) * ld + l.g + 8];
+}
+
+__device__ __forceinline__ void store_c_t(float* p, int ld, const float (&c)[4], Lane l) {
+    p[2 * l.t * ld + l.g] = c[0];
+    p[(2 * l.t + 1) * ld + l.g] = c[1];
+    p[2 * l.t * ld + l.g + 8] = c[2];
+    p[(2 * l.t + 1) * ld + l.g + 8] = c[3];
+}

@@ -66,7 +66,8 @@ class GdnChunkTraits:
 
     @property
     def state_stride(self) -> int:
-        """Row stride (floats) of gdn_chunk_state's state columns and U rows (B fragments)."""
+        """Row stride (floats) of gdn_chunk_state's U~ rows (its state columns are n-major at
+        k_stride, the decayed U n-major at chunk_stride: both read by ldmatrix)."""
         return self.state_columns + self.b_pad
 
     @property
@@ -83,10 +84,10 @@ class GdnChunkTraits:
 
     @property
     def state_smem_bytes(self) -> int:
-        """gdn_chunk_state: state columns, then two buffers of a chunk's W, k, U and G."""
+        """gdn_chunk_state: state columns (n-major), then two buffers of a chunk's W, k, U and G."""
         c = self.chunk
         per_chunk = c * self.k_stride + c * self.state_k_stride + c * self.state_stride + c
-        return FLOAT_BYTES * (self.head_dim * self.state_stride + 2 * per_chunk)
+        return FLOAT_BYTES * (self.state_columns * self.k_stride + 2 * per_chunk)
 
     @property
     def out_smem_bytes(self) -> int:
