@@ -118,6 +118,12 @@ def ldsm_b2(mem, base, ld):
     return [r[0], r[1]], [r[2], r[3]]
 
 
+def ldsm_b_k2(mem, base, ld):
+    """One 8-column tile's B fragments for k steps k0 and k0 + 8 (n-major: (k, n) at base + n * ld + k)."""
+    r = ldsm(mem, base, ld, lambda m: 0, lambda m: m * 4)
+    return [r[0], r[1]], [r[2], r[3]]
+
+
 def load_c_t(mem, base, ld):
     return [
         lds(mem, base + 2 * tq * ld + gq),
@@ -395,8 +401,10 @@ def out_pass(bx, h, n, qn, kn, U, Sc, gcum, cu, pos, H, Hk, max_chunks, tail_in,
             ti, tj = lower_tile(t >> 1)
             n0 = tj * 16 + (t & 1) * 8
             p = zero4()
-            for k0 in range(0, D, 8):
-                p = mma(p, load_a(smem, Qs + ti * 16 * LK + k0, LK, 1), load_b(smem, Ks + n0 * LK + k0, 1, LK))
+            for k0 in range(0, D, 16):
+                b = ldsm_b_k2(smem, Ks + n0 * LK + k0, LK)
+                for half in range(2):
+                    p = mma(p, ldsm_a(smem, Qs + ti * 16 * LK + k0 + 8 * half, LK), b[half])
             for e in range(4):
                 i = ti * 16 + gq + (e >> 1) * 8
                 j = n0 + 2 * tq + (e & 1)
@@ -412,7 +420,7 @@ def out_pass(bx, h, n, qn, kn, U, Sc, gcum, cu, pos, H, Hk, max_chunks, tail_in,
         for k in range(D // 8):
             b = [Sc[Sg + (k * 8 + tq) * D + gq], Sc[Sg + (k * 8 + tq + 4) * D + gq]]
             for i in range(4):
-                o[i] = mma(o[i], load_a(smem, Qs + i * 16 * LK + k * 8, LK, 1), b)
+                o[i] = mma(o[i], ldsm_a(smem, Qs + i * 16 * LK + k * 8, LK), b)
         for i in range(4):
             lo = np.exp(smem[gs + i * 16 + gq])
             hi = np.exp(smem[gs + i * 16 + gq + 8])
@@ -422,7 +430,7 @@ def out_pass(bx, h, n, qn, kn, U, Sc, gcum, cu, pos, H, Hk, max_chunks, tail_in,
             for i in range(4):
                 if k * 8 >= (i + 1) * 16:
                     continue
-                o[i] = mma(o[i], load_a(smem, Ps + i * 16 * LC + k * 8, LC, 1), b)
+                o[i] = mma(o[i], ldsm_a(smem, Ps + i * 16 * LC + k * 8, LC), b)
         for i in range(4):
             for e in range(2):
                 vr = r0 + i * 16 + gq + e * 8

@@ -681,9 +681,10 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         }
         cp_async_wait<0>();
         __syncthreads();
-        for (int idx = tid; idx < CH * D; idx += NTO) {  // q is only a tf32 operand here (every warp reads all)
+        for (int idx = tid; idx < CH * D; idx += NTO) {  // q and k are only tf32 operands here (read whole)
             float* x = Qs + (idx / D) * LK + idx % D;
             *x = rnd(*x);
+            x[CH * LK] = rnd(x[CH * LK]);  // Ks
         }
         __syncthreads();
 
@@ -699,12 +700,14 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
                 lower_tile(t >> 1, ti, tj);
                 const int n0 = tj * 16 + (t & 1) * 8;
                 p[q][0] = p[q][1] = p[q][2] = p[q][3] = 0.f;
-#pragma unroll 4
-                for (int k0 = 0; k0 < D; k0 += 8) {
-                    u32 a[4], b[2];
-                    load_a<true>(a, Qs + ti * 16 * LK + k0, LK, 1, l);
-                    load_b(b, Ks + n0 * LK + k0, 1, LK, l);  // (k, n) = k_n[k]
-                    mma(p[q], a, b);
+#pragma unroll 2
+                for (int k0 = 0; k0 < D; k0 += 16) {
+                    u32 a0[4], a1[4], b0[2], b1[2];
+                    ldsm_a(a0, Qs + ti * 16 * LK + k0, LK);
+                    ldsm_a(a1, Qs + ti * 16 * LK + k0 + 8, LK);
+                    ldsm_b_k2(b0, b1, Ks + n0 * LK + k0, LK);  // (k, n) = k_n[k]
+                    mma(p[q], a0, b0);
+                    mma(p[q], a1, b1);
                 }
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
@@ -720,7 +723,8 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
             if (t < 20) {
                 int ti, tj;
                 lower_tile(t >> 1, ti, tj);
-                store_c(Ps + ti * 16 * LC + tj * 16 + (t & 1) * 8, LC, p[q], l);
+                const float rp[4] = {rnd(p[q][0]), rnd(p[q][1]), rnd(p[q][2]), rnd(p[q][3])};  // a tf32 operand
+                store_c(Ps + ti * 16 * LC + tj * 16 + (t & 1) * 8, LC, rp, l);
             }
         }
         __syncthreads();
@@ -735,7 +739,7 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 u32 a[4];
-                load_a<true>(a, Qs + i * 16 * LK + k * 8, LK, 1, l);
+                ldsm_a(a, Qs + i * 16 * LK + k * 8, LK);
                 mma(o[i], a, b);
             }
         }
@@ -754,7 +758,7 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
             for (int i = 0; i < 4; ++i) {
                 if (k * 8 >= (i + 1) * 16) continue;
                 u32 a[4];
-                load_a(a, Ps + i * 16 * LC + k * 8, LC, 1, l);
+                ldsm_a(a, Ps + i * 16 * LC + k * 8, LC);
                 mma(o[i], a, b);
             }
         }

@@ -127,6 +127,18 @@ __device__ __forceinline__ void ldsm_b2(u32 (&b0)[2], u32 (&b1)[2], const float*
     b1[1] = r[3];
 }
 
+// The B fragments of one 8 x 8 tile for two k steps (k0 and k0 + 8) of an n-major tile
+// (element (k, n) at p[n * ld + k])
+__device__ __forceinline__ void ldsm_b_k2(u32 (&b0)[2], u32 (&b1)[2], const float* p, int ld) {
+    const int lane = threadIdx.x & 31;
+    u32 r[4];
+    ldsm4(r, p + (lane & 7) * ld + (lane >> 3) * 4);
+    b0[0] = r[0];
+    b0[1] = r[1];
+    b1[0] = r[2];
+    b1[1] = r[3];
+}
+
 // C tiles into and out of an n-major tile (element (r, n) at p[n * ld + r]), one float at a time
 __device__ __forceinline__ void load_c_t(float (&c)[4], const float* p, int ld, Lane l) {
     c[0] = p[2 * l.t * ld + l.g];
