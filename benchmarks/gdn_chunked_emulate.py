@@ -229,29 +229,35 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
             tail_out[o + Hk * D + H * D + h] = smem[gs + r]
             tail_out[o + Hk * D + H * D + H + h] = smem[bs + r]
     smem[gs : gs + CH] = np.cumsum(smem[gs : gs + CH])
-    for q in range(20):
+    Gv = smem[gs : gs + CH]
+    bv = smem[bs : bs + CH]
+    for q in range(20):  # k k^T decayed in registers (c_e: row g + 8 (e // 2), column 2 t + e % 2)
         ti, tj = lower_tile(q >> 1)
         n0 = tj * 16 + (q & 1) * 8
         acc = zero4()
         for k0 in range(0, D, 8):
             acc = mma(acc, load_a(smem, Bs + ti * 16 * LB + k0, LB, 1), load_b(smem, Bs + n0 * LB + k0, 1, LB))
+        for e in range(4):
+            i, j = ti * 16 + gq + 8 * (e >> 1), n0 + 2 * tq + (e & 1)
+            acc[e] = np.where(j < i, bv[i] * np.exp(Gv[i] - Gv[j]) * acc[e], 0.0)
         store_c(smem, As + ti * 16 * LC + n0, LC, acc)
-    Gv = smem[gs : gs + CH]
-    bv = smem[bs : bs + CH]
-    for i in range(CH):
-        for j in range(CH):
-            smem[As + i * LC + j] = bv[i] * np.exp(Gv[i] - Gv[j]) * smem[As + i * LC + j] if j < i else 0.0
-    A = lambda i, j: smem[As + i * LC + j]
-    for w in range(4):
-        b0 = w * 16
-        for i in range(16):
-            for col in range(16):
-                acc = sum(A(b0 + i, b0 + j) * smem[Ts + (b0 + j) * LC + b0 + col] for j in range(col, i))
-                smem[Ts + (b0 + i) * LC + b0 + col] = (1.0 if col == i else 0.0) - acc
-    for i in range(CH):
-        for j in range(CH):
-            if (j >> 4) > (i >> 4):
-                smem[Ts + i * LC + j] = 0.0
+    for warp in range(2):  # the diagonal blocks in registers: a half-warp a block, a lane a column
+        for half in range(2):
+            b0 = (2 * warp + half) * 16
+            t = []
+            for i in range(16):
+                e = o = np.zeros(16)
+                for j in range(i):
+                    a = lds(smem, np.full(16, As + (b0 + i) * LC + b0 + j))  # a broadcast
+                    if j & 1:
+                        o = o + a * t[j]
+                    else:
+                        e = e + a * t[j]
+                t.append(np.where(np.arange(16) == i, 1.0, 0.0) - (e + o))
+            for i in range(16):
+                addr = Ts + (b0 + i) * LC + b0 + np.arange(16)
+                tally(smem, addr)
+                smem[addr] = t[i]
     for dist in range(1, 4):
         for warp in range(NT // 32):
             p, half = warp >> 1, warp & 1
@@ -269,19 +275,20 @@ def solve(c, h, n, kn, v, g, beta, cu, pos, H, Hk, max_chunks, tail_in, tail_out
                 y = mma(y, load_a(smem, Ts + bi * 16 * LC + bi * 16 + k0, LC, 1), load_b(smem, X + k0 * LX, LX, 1))
             store_c(smem, Ts + bi * 16 * LC + n0, LC, [-e for e in y])
     slot = (s["first"] + c) * H + h
-    for warp in range(NT // 32):
-        ti = warp >> 1
-        j0 = (warp & 1) * 16
-        acc = [zero4() for _ in range(16)]
-        scale = bv * np.exp(Gv) if warp % 2 == 0 else bv  # T's columns: diag(beta e^G) for W, diag(beta) for U~
-        for k0 in range(0, CH, 8):
-            t = load_a(smem, Ts + ti * 16 * LC + k0, LC, 1)
-            a = [t[0] * scale[k0 + tq], t[1] * scale[k0 + tq], t[2] * scale[k0 + tq + 4], t[3] * scale[k0 + tq + 4]]
-            for j in range(16):
-                acc[j] = mma(acc[j], a, load_b(smem, Bs + k0 * LB + (j0 + j) * 8, LB, 1))
-        dst, base = (U if warp & 1 else W), slot * CH * D + ti * 16 * D
-        for j in range(16):
-            store_c(dst, base + j * 8, D, acc[j] if warp & 1 else [-e for e in acc[j]])  # -W for the state pass
+    for warp in range(NT // 32):  # W (even warps) or U~, 64 columns, row tiles {0, 3} or {1, 2}
+        is_w, cols = warp % 2 == 0, ((warp >> 1) & 1) * (D // 2)
+        n0 = (0 if is_w else D) + cols
+        scale = bv * np.exp(Gv) if is_w else bv  # T's columns: diag(beta e^G) for W, diag(beta) for U~
+        for ti in ((warp >> 2), 3 - (warp >> 2)):
+            acc = [zero4() for _ in range(8)]
+            for k0 in range(0, (ti + 1) * 16, 8):  # T is zero right of its diagonal block
+                t = load_a(smem, Ts + ti * 16 * LC + k0, LC, 1)
+                a = [t[0] * scale[k0 + tq], t[1] * scale[k0 + tq], t[2] * scale[k0 + tq + 4], t[3] * scale[k0 + tq + 4]]
+                for j in range(8):
+                    acc[j] = mma(acc[j], a, load_b(smem, Bs + k0 * LB + n0 + j * 8, LB, 1))
+            dst, base = (W if is_w else U), slot * CH * D + ti * 16 * D + cols
+            for j in range(8):
+                store_c(dst, base + j * 8, D, [-e for e in acc[j]] if is_w else acc[j])  # -W for the state pass
     gcum[slot * CH : slot * CH + CH] = smem[gs : gs + CH]
 
 

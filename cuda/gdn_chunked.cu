@@ -307,15 +307,20 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
             }
         }
         __syncthreads();  // the tail rows above read g before it becomes G
-        if (tid == 0) {  // G: a prefix sum in row order, so row i's value never depends on later rows
+        // G: a prefix sum in row order, so row i's value never depends on later rows; by a lane of
+        // the last warp, which has one k k^T tile fewer than the first four
+        if (tid == NT - 32) {
             float acc = 0.f;
+#pragma unroll
             for (int r = 0; r < CH; ++r) {
                 acc += gs[r];
                 gs[r] = acc;
             }
         }
-        // k k^T on the 10 16 x 16 tiles at or below the diagonal: 20 16 x 8 tiles over the warps,
-        // a warp's tiles (up to KT) in one loop so that their products' latencies overlap
+        // A = k k^T decayed, on the 10 16 x 16 tiles at or below the diagonal: 20 16 x 8 tiles over
+        // the warps, a warp's tiles (up to KT) in one loop so that their products' latencies
+        // overlap, decayed in registers once G is in (no pass over A in shared memory). Tiles
+        // above the diagonal are never read.
         {
             constexpr int KT = (20 + NT / 32 - 1) / (NT / 32);
             int row[KT], col[KT];
@@ -340,38 +345,59 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
                     mma(acc[m], a, b);
                 }
             }
+            __syncthreads();  // G
 #pragma unroll
-            for (int m = 0; m < KT; ++m)
-                if (warp + m * (NT / 32) < 20) store_c(As + row[m] * LC + col[m], LC, acc[m], l);
-        }
-        __syncthreads();
-        for (int idx = tid; idx < CH * CH; idx += NT) {
-            const int i = idx / CH, j = idx % CH;
-            As[i * LC + j] = j < i ? bs[i] * __expf(gs[i] - gs[j]) * As[i * LC + j] : 0.f;
+            for (int m = 0; m < KT; ++m) {
+                if (warp + m * (NT / 32) >= 20) continue;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {  // c_e is element (g + 8 (e / 2), 2 t + e % 2)
+                    const int i = row[m] + l.g + 8 * (e >> 1), j = col[m] + 2 * l.t + (e & 1);
+                    acc[m][e] = j < i ? bs[i] * __expf(gs[i] - gs[j]) * acc[m][e] : 0.f;
+                }
+                store_c(As + row[m] * LC + col[m], LC, acc[m], l);
+            }
         }
         __syncthreads();
 
-        // T = (I + A)^-1 by 16x16 blocks. Diagonal blocks by forward substitution, a warp each
-        // (lane: column c = lane & 15, half of the sum = lane >> 4); fixed summation orders.
-        if (warp < 4) {
-            const int b0 = warp * 16, col = (tid & 31) & 15, half = (tid & 31) >> 4;
+        // T = (I + A)^-1 by 16x16 blocks. Diagonal blocks by forward substitution in registers:
+        // warps 0 and 1, a half-warp a block, a lane a column c, holding T[.][c] of its block;
+        // T[i][c] = [i == c] - (E + O), E and O the sums of A[i][j] T[j][c] over even and odd
+        // j < i, each in ascending j. T[j][c] = +0 for j < c, so those terms leave a sum at +0 and
+        // each sum starts where a lane of the earlier two-lanes-a-column form started its own
+        // (j = c or c + 1): the same operations on the same values, with no shared-memory round
+        // trip a row.
+        if (warp < 2) {
+            const int lane = tid & 31, b0 = (2 * warp + (lane >> 4)) * 16, c = lane & 15;
+            const float* Ab = As + b0 * LC + b0;
+            float t[16];
+#pragma unroll
             for (int i = 0; i < 16; ++i) {
-                float acc = 0.f;
-                for (int j = col + half; j < i; j += 2) acc = fmaf(As[(b0 + i) * LC + b0 + j], Ts[(b0 + j) * LC + b0 + col], acc);
-                acc += __shfl_xor_sync(0xffffffffu, acc, 16);
-                if (half == 0) Ts[(b0 + i) * LC + b0 + col] = (col == i ? 1.f : 0.f) - acc;
-                __syncwarp();
+                float ar[16];
+#pragma unroll
+                for (int j4 = 0; j4 < i; j4 += 4) {  // the row's first i values (16-byte loads)
+                    const float4 x = *reinterpret_cast<const float4*>(Ab + i * LC + j4);
+                    ar[j4] = x.x;
+                    ar[j4 + 1] = x.y;
+                    ar[j4 + 2] = x.z;
+                    ar[j4 + 3] = x.w;
+                }
+                float e = 0.f, o = 0.f;
+#pragma unroll
+                for (int j = 0; j < i; ++j) {
+                    if (j & 1)
+                        o = fmaf(ar[j], t[j], o);
+                    else
+                        e = fmaf(ar[j], t[j], e);
+                }
+                t[i] = (c == i ? 1.f : 0.f) - (e + o);
             }
-        }
-        // zero the blocks above the diagonal
-        for (int idx = tid; idx < CH * CH; idx += NT) {
-            const int i = idx / CH, j = idx % CH;
-            if ((j >> 4) > (i >> 4)) Ts[i * LC + j] = 0.f;
+#pragma unroll
+            for (int i = 0; i < 16; ++i) Ts[(b0 + i) * LC + b0 + c] = t[i];
         }
         __syncthreads();
         // off-diagonal blocks, one distance at a time: T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj, each
         // (block pair, 8-column half) a warp, on tensor cores at fp32 accuracy (mma3); the pair's
-        // sum X lands in Xs[pair] for its second product
+        // sum X lands in Xs[pair] for its second product. Blocks above the diagonal are never read.
         for (int dist = 1; dist < 4; ++dist) {
             const int p = warp >> 1, half = warp & 1;
             if (p < 4 - dist) {
@@ -401,38 +427,44 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
             __syncthreads();
         }
 
-        // [W | U~] = (T diag(beta e^G)) K | (T diag(beta)) V: warp w one 16-row tile by 16 8-column
-        // tiles (W for even warps, U~ for odd ones), its scaled T fragment shared by the 16, straight
-        // to the scratch (scaling T's columns, not K's and V's rows: no pass over [k | v])
+        // [W | U~] = (T diag(beta e^G)) K | (T diag(beta)) V, straight to the scratch (scaling T's
+        // columns, not K's and V's rows: no pass over [k | v]). T is lower block-triangular, so a
+        // 16-row tile ti sums k over its first 16 (ti + 1) rows only (the k steps after them added
+        // exact zeros); warp w takes W (even w) or U~, 64 columns ((w >> 1) & 1), and the row tiles
+        // {0, 3} or {1, 2} (w >> 2): 10 k steps of 8 column tiles each, the same for every warp.
         const long slot = (long)(s.first + c) * H + h;
         {
-            const int ti = warp >> 1, j0 = (warp & 1) * 16;
             const bool is_w = (warp & 1) == 0;
-            float acc[16][4];
+            const int n0 = (is_w ? 0 : D) + ((warp >> 1) & 1) * (D / 2), pair = warp >> 2;
+            float* dst = (is_w ? W : U) + slot * CH * D + ((warp >> 1) & 1) * (D / 2);
 #pragma unroll
-            for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+            for (int half = 0; half < 2; ++half) {
+                const int ti = half == 0 ? pair : 3 - pair;
+                float acc[8][4];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 #pragma unroll 2
-            for (int k0 = 0; k0 < CH; k0 += 8) {
-                float t[4];
-                load_af(t, Ts + ti * 16 * LC + k0, LC, 1, l);
-                const int k_lo = k0 + l.t, k_hi = k_lo + 4;
-                const float s_lo = is_w ? bs[k_lo] * __expf(gs[k_lo]) : bs[k_lo];
-                const float s_hi = is_w ? bs[k_hi] * __expf(gs[k_hi]) : bs[k_hi];
-                const u32 a[4] = {tf32(t[0] * s_lo), tf32(t[1] * s_lo), tf32(t[2] * s_hi), tf32(t[3] * s_hi)};
+                for (int k0 = 0; k0 < (ti + 1) * 16; k0 += 8) {
+                    float t[4];
+                    load_af(t, Ts + ti * 16 * LC + k0, LC, 1, l);
+                    const int k_lo = k0 + l.t, k_hi = k_lo + 4;
+                    const float s_lo = is_w ? bs[k_lo] * __expf(gs[k_lo]) : bs[k_lo];
+                    const float s_hi = is_w ? bs[k_hi] * __expf(gs[k_hi]) : bs[k_hi];
+                    const u32 a[4] = {tf32(t[0] * s_lo), tf32(t[1] * s_lo), tf32(t[2] * s_hi), tf32(t[3] * s_hi)};
 #pragma unroll
-                for (int j = 0; j < 16; ++j) {
-                    u32 b[2];
-                    load_b(b, Bs + k0 * LB + (j0 + j) * 8, LB, 1, l);
-                    mma(acc[j], a, b);
+                    for (int j = 0; j < 8; ++j) {
+                        u32 b[2];
+                        load_b(b, Bs + k0 * LB + n0 + j * 8, LB, 1, l);
+                        mma(acc[j], a, b);
+                    }
                 }
-            }
-            float* dst = ((warp & 1) ? U : W) + slot * CH * D + ti * 16 * D;
 #pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                if (is_w)  // -W rounded: the state pass's operand as it uses it
+                for (int j = 0; j < 8; ++j) {
+                    if (is_w)  // -W rounded: the state pass's operand as it uses it
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[j][e] = -rnd(acc[j][e]);
-                store_c(dst + j * 8, D, acc[j], l);
+                        for (int e = 0; e < 4; ++e) acc[j][e] = -rnd(acc[j][e]);
+                    store_c(dst + ti * 16 * D + j * 8, D, acc[j], l);
+                }
             }
         }
         if (tid < CH) gcum[slot * CH + tid] = gs[tid];
