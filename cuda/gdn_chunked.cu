@@ -210,6 +210,41 @@ __device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, 
     }
 }
 
+// One 16-row tile ti of W (IS_W: -W, rounded, the state pass's operand as it uses it) or U~, 64
+// columns: T's row tile with its columns scaled by beta e^G (W) or beta (U~) times 8 column tiles
+// of kv (k or v rows, stride LB), to dst (stride D). T is lower block-triangular, so the sum runs
+// over its first 16 (ti + 1) columns only (the steps after them added exact zeros). v's values
+// came from bf16, whose bits tf32 rounding leaves as they are: its operands are loaded as they are.
+template <bool IS_W>
+__device__ __forceinline__ void wu_tile(const float* Ts, const float* kv, const float* gs, const float* bs,
+                                        float* __restrict__ dst, int ti, Lane l) {
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll 2
+    for (int k0 = 0; k0 < (ti + 1) * 16; k0 += 8) {
+        float t[4];
+        load_af(t, Ts + ti * 16 * LC + k0, LC, 1, l);
+        const int k_lo = k0 + l.t, k_hi = k_lo + 4;
+        const float s_lo = IS_W ? bs[k_lo] * __expf(gs[k_lo]) : bs[k_lo];
+        const float s_hi = IS_W ? bs[k_hi] * __expf(gs[k_hi]) : bs[k_hi];
+        const u32 a[4] = {tf32(t[0] * s_lo), tf32(t[1] * s_lo), tf32(t[2] * s_hi), tf32(t[3] * s_hi)};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            u32 b[2];
+            load_b<!IS_W>(b, kv + k0 * LB + j * 8, LB, 1, l);
+            mma(acc[j], a, b);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        if (IS_W)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][e] = -rnd(acc[j][e]);
+        store_c(dst + ti * 16 * D + j * 8, D, acc[j], l);
+    }
+}
+
 // grid (max_chunks, H, N), block NT, dynamic shared memory GDN_SOLVE_SMEM (two blocks an SM).
 // W, U: [chunks, H, 64, 128] fp32 scratch (W holds -W rounded to tf32); gcum: [chunks, H, 64] fp32.
 // tail_out[n]: the rows of segment n's unfinished last chunk (written where there is one).
@@ -428,43 +463,19 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
         }
 
         // [W | U~] = (T diag(beta e^G)) K | (T diag(beta)) V, straight to the scratch (scaling T's
-        // columns, not K's and V's rows: no pass over [k | v]). T is lower block-triangular, so a
-        // 16-row tile ti sums k over its first 16 (ti + 1) rows only (the k steps after them added
-        // exact zeros); warp w takes W (even w) or U~, 64 columns ((w >> 1) & 1), and the row tiles
-        // {0, 3} or {1, 2} (w >> 2): 10 k steps of 8 column tiles each, the same for every warp.
+        // columns, not K's and V's rows: no pass over [k | v]); warp w takes W (even w) or U~, 64
+        // columns ((w >> 1) & 1), and the row tiles {0, 3} or {1, 2} (w >> 2): 10 k steps of 8
+        // column tiles each (wu_tile), the same for every warp.
         const long slot = (long)(s.first + c) * H + h;
         {
-            const bool is_w = (warp & 1) == 0;
-            const int n0 = (is_w ? 0 : D) + ((warp >> 1) & 1) * (D / 2), pair = warp >> 2;
-            float* dst = (is_w ? W : U) + slot * CH * D + ((warp >> 1) & 1) * (D / 2);
+            const int cols = ((warp >> 1) & 1) * (D / 2), pair = warp >> 2;
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int ti = half == 0 ? pair : 3 - pair;
-                float acc[8][4];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-#pragma unroll 2
-                for (int k0 = 0; k0 < (ti + 1) * 16; k0 += 8) {
-                    float t[4];
-                    load_af(t, Ts + ti * 16 * LC + k0, LC, 1, l);
-                    const int k_lo = k0 + l.t, k_hi = k_lo + 4;
-                    const float s_lo = is_w ? bs[k_lo] * __expf(gs[k_lo]) : bs[k_lo];
-                    const float s_hi = is_w ? bs[k_hi] * __expf(gs[k_hi]) : bs[k_hi];
-                    const u32 a[4] = {tf32(t[0] * s_lo), tf32(t[1] * s_lo), tf32(t[2] * s_hi), tf32(t[3] * s_hi)};
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        u32 b[2];
-                        load_b(b, Bs + k0 * LB + n0 + j * 8, LB, 1, l);
-                        mma(acc[j], a, b);
-                    }
-                }
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    if (is_w)  // -W rounded: the state pass's operand as it uses it
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) acc[j][e] = -rnd(acc[j][e]);
-                    store_c(dst + ti * 16 * D + j * 8, D, acc[j], l);
-                }
+                if ((warp & 1) == 0)
+                    wu_tile<true>(Ts, Bs + cols, gs, bs, W + slot * CH * D + cols, ti, l);
+                else
+                    wu_tile<false>(Ts, Bs + D + cols, gs, bs, U + slot * CH * D + cols, ti, l);
             }
         }
         if (tid < CH) gcum[slot * CH + tid] = gs[tid];
