@@ -320,6 +320,15 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
         if s["chunks"] > 0:
             at = ((s["first"] * H + h) * D + i) * D + col0
             Sc[at : at + NCOL] = row
+    TPB = (D // 16) * TN // (NTH // 32)
+    regs = {}  # the update's tiles of the state, a warp's registers from chunk to chunk
+    for warp in range(NTH // 32):
+        t0 = warp * TPB
+        ti, n0 = t0 // TN, (t0 % TN) * 8
+        regs[warp] = (ti, n0, [load_c_t(smem, Ss + (n0 + j * 8) * LK + ti * 16, LK) for j in range(TPB)])
+    for ti, n0, st in regs.values():  # left rounded (the rounding is not emulated)
+        for j in range(TPB):
+            store_c_t(smem, Ss + (n0 + j * 8) * LK + ti * 16, LK, st[j])
     if s["chunks"] > 0:
         issue(0)
     for c in range(s["chunks"]):
@@ -352,14 +361,11 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
             for j in range(TPW):
                 store_c_t(smem, Ub + (n0 + j * 8) * LC + ti * 16, LC, su[j])
         if s["rows"] - c * CH >= CH:
-            TPB = (D // 16) * TN // (NTH // 32)
             decay = np.exp(g_end)
             new = {}
             for warp in range(NTH // 32):
-                t0 = warp * TPB
-                ti = t0 // TN
-                n0 = (t0 % TN) * 8
-                st = [[x * decay for x in load_c_t(smem, Ss + (n0 + j * 8) * LK + ti * 16, LK)] for j in range(TPB)]
+                ti, n0, st = regs[warp]
+                st = [[x * decay for x in st[j]] for j in range(TPB)]
                 for k0 in range(0, CH, 8):
                     a = load_a(smem, Kb + k0 * LKS + ti * 16, 1, LKS)
                     for j in range(0, TPB, 2):
@@ -367,13 +373,15 @@ def state(NTH, bx, h, n, kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw
                         for e in range(2):
                             st[j + e] = mma(st[j + e], a, b[e])
                 new[warp] = (ti, n0, st)
+            regs = new
             for ti, n0, st in new.values():
                 for j in range(TPB):
                     store_c_t(smem, Ss + (n0 + j * 8) * LK + ti * 16, LK, st[j])
                     if c + 1 < s["chunks"]:
                         store_c(Sc, ((slot + H) * D + ti * 16) * D + col0 + n0 + j * 8, D, st[j])
-    for i in range(D):
-        final[sb + i * D + col0 : sb + i * D + col0 + NCOL] = smem[Ss + np.arange(NCOL) * LK + i]
+    for ti, n0, st in regs.values():
+        for j in range(TPB):
+            store_c(final, sb + ti * 16 * D + col0 + n0 + j * 8, D, st[j])
 
 
 def out_pass(bx, h, n, qn, kn, U, Sc, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw, out):

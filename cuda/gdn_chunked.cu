@@ -505,9 +505,13 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
     extern __shared__ __align__(128) float state_smem[];
     constexpr int BUF = CH * LK + CH * LKS + CH * LS + CH;  // one chunk: W [64][LK], K [64][LKS], U [64][LS], G [64]
     constexpr int TN = NCOL / 8;                      // 8-column tiles of the state a block owns
-    // [NCOL][LK] the state columns col0 .. col0 + NCOL - 1, n-major (element (i, j) at j * LK + i):
-    // U's product reads them as B fragments by ldmatrix
+    // [NCOL][LK] the state columns col0 .. col0 + NCOL - 1, n-major (element (i, j) at j * LK + i),
+    // rounded to tf32: U's product reads them as B fragments by ldmatrix, as they are. The state
+    // itself (fp32) stays in the update's registers from chunk to chunk.
     float* Ss = state_smem;
+    // the update's tiles of the state: a warp TPB 8-column tiles of one 16-row tile
+    constexpr int TPB = (D / 16) * TN / (NTH / 32);
+    static_assert(TPB >= 2 && TPB % 2 == 0 && TN % TPB == 0, "whole column groups a warp, in pairs");
 
     __shared__ int ticket;
     const int n0 = level_off[level], items = (level_off[level + 1] - n0) * H * (D / NCOL);
@@ -556,6 +560,17 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
             Ss[j * LK + i] = x;
             if (s.chunks > 0) Sc[((long)s.first * H + h) * D * D + (long)i * D + col0 + j] = rnd(x);
         }
+        __syncthreads();
+        // each warp takes its tiles of S_0 into registers and leaves them rounded in shared memory
+        // (a lane rewrites the elements it read: no barrier between)
+        const int t0 = warp * TPB, ti = t0 / TN, n0 = (t0 % TN) * 8;
+        float st[TPB][4];
+#pragma unroll
+        for (int j = 0; j < TPB; ++j) {
+            load_c_t(st[j], Ss + (n0 + j * 8) * LK + ti * 16, LK, l);
+            const float rs[4] = {rnd(st[j][0]), rnd(st[j][1]), rnd(st[j][2]), rnd(st[j][3])};
+            store_c_t(Ss + (n0 + j * 8) * LK + ti * 16, LK, rs, l);
+        }
         if (s.chunks > 0) issue(0);
         for (int c = 0; c < s.chunks; ++c) {
             // the other buffer was last read by chunk c - 1, which ended with a barrier
@@ -583,13 +598,9 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
 #pragma unroll
                 for (int j = 0; j < TPW; j += 2) {
                     u32 b[2][2];
-                    ldsm_b2(b[0], b[1], Ss + (un0 + j * 8) * LK + k0, LK);
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {  // the state is kept in fp32: rounded here
-                        b[e][0] = tf32(__uint_as_float(b[e][0]));
-                        b[e][1] = tf32(__uint_as_float(b[e][1]));
-                        mma(u[j + e], w, b[e]);
-                    }
+                    ldsm_b2(b[0], b[1], Ss + (un0 + j * 8) * LK + k0, LK);  // S, rounded
+                    mma(u[j], w, b[0]);
+                    mma(u[j + 1], w, b[1]);
                 }
             }
             {
@@ -611,18 +622,12 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
             }
             __syncthreads();
             if (s.rows - c * CH >= CH) {  // a finished chunk: S <- e^{G_C} S + K^T (e^{G_C - G} U)
-                constexpr int TPB = (D / 16) * TN / (NTH / 32);
-                static_assert(TPB >= 2 && TPB % 2 == 0 && TN % TPB == 0, "whole column groups a warp, in pairs");
-                const int t0 = warp * TPB, ti = t0 / TN, n0 = (t0 % TN) * 8;
                 const float decay = __expf(g_end);
-                float st[TPB][4];
 #pragma unroll
-                for (int j = 0; j < TPB; ++j) {
-                    load_c_t(st[j], Ss + (n0 + j * 8) * LK + ti * 16, LK, l);
+                for (int j = 0; j < TPB; ++j)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) st[j][e] *= decay;
-                }
-#pragma unroll 2
+#pragma unroll
                 for (int k0 = 0; k0 < CH; k0 += 8) {
                     u32 a[4];
                     load_a(a, Kb + k0 * LKS + ti * 16, 1, LKS, l);  // (i, k) = K[k][i]
@@ -634,24 +639,21 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                         mma(st[j + 1], a, b[1]);
                     }
                 }
-                // S_{c+1}: to shared memory for the next chunk, and as that chunk's start state (an
-                // operand of the output pass: rounded) to Sc
+                // S_{c+1}, rounded (an operand only, as S_{c+1} here): to shared memory for the next
+                // chunk's U, and as that chunk's start state to Sc for the output pass
                 const bool next = c + 1 < s.chunks;
                 float* sc_next = Sc + (slot + H) * D * D + (long)(ti * 16) * D + col0 + n0;
 #pragma unroll
                 for (int j = 0; j < TPB; ++j) {
-                    store_c_t(Ss + (n0 + j * 8) * LK + ti * 16, LK, st[j], l);
                     const float rs[4] = {rnd(st[j][0]), rnd(st[j][1]), rnd(st[j][2]), rnd(st[j][3])};
+                    store_c_t(Ss + (n0 + j * 8) * LK + ti * 16, LK, rs, l);
                     if (next) store_c(sc_next + j * 8, D, rs, l);
                 }
             }
             __syncthreads();  // this buffer and the state are done before the next chunk's copies and products
         }
-        __syncthreads();
-        for (int idx = tid; idx < D * NCOL; idx += NTH) {
-            const int i = idx / NCOL, j = idx % NCOL;
-            final_state[state_base + (long)i * D + col0 + j] = Ss[j * LK + i];
-        }
+#pragma unroll
+        for (int j = 0; j < TPB; ++j) store_c(final_state + state_base + (long)(ti * 16) * D + col0 + n0 + j * 8, D, st[j], l);
     }
     finish_items(counters);
 }
