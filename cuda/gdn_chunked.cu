@@ -245,6 +245,30 @@ __device__ __forceinline__ void wu_tile(const float* Ts, const float* kv, const 
     }
 }
 
+// The first NTILE of a warp's k k^T tiles (rows row[m], columns col[m] of [k | v]'s k), summed
+// over the D key dims, fully unrolled: every fragment address a constant offset from one pointer
+// a tile (a loop guarded per tile recomputed them each step: a third of its instructions).
+template <int NTILE, int KT>
+__device__ __forceinline__ void kkt(float (&acc)[KT][4], const float* Bs, const int (&row)[KT], const int (&col)[KT],
+                                    Lane l) {
+    const float* pa[NTILE];
+    const float* pb[NTILE];
+#pragma unroll
+    for (int m = 0; m < NTILE; ++m) {
+        pa[m] = Bs + (row[m] + l.g) * LB + l.t;  // A (i, k) = k_i[k]
+        pb[m] = Bs + (col[m] + l.g) * LB + l.t;  // B (k, n) = k_n[k]
+    }
+#pragma unroll
+    for (int k0 = 0; k0 < D; k0 += 8) {
+#pragma unroll
+        for (int m = 0; m < NTILE; ++m) {
+            const u32 a[4] = {tf32(pa[m][k0]), tf32(pa[m][8 * LB + k0]), tf32(pa[m][k0 + 4]), tf32(pa[m][8 * LB + k0 + 4])};
+            const u32 b[2] = {tf32(pb[m][k0]), tf32(pb[m][k0 + 4])};
+            mma(acc[m], a, b);
+        }
+    }
+}
+
 // grid (max_chunks, H, N), block NT, dynamic shared memory GDN_SOLVE_SMEM (two blocks an SM).
 // W, U: [chunks, H, 64, 128] fp32 scratch (W holds -W rounded to tf32); gcum: [chunks, H, 64] fp32.
 // tail_out[n]: the rows of segment n's unfinished last chunk (written where there is one).
@@ -353,11 +377,12 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
             }
         }
         // A = k k^T decayed, on the 10 16 x 16 tiles at or below the diagonal: 20 16 x 8 tiles over
-        // the warps, a warp's tiles (up to KT) in one loop so that their products' latencies
-        // overlap, decayed in registers once G is in (no pass over A in shared memory). Tiles
-        // above the diagonal are never read.
+        // the warps, a warp's tiles (KT or KT - 1) in one loop so that their products' latencies
+        // overlap (kkt), decayed in registers once G is in (no pass over A in shared memory).
+        // Tiles above the diagonal are never read.
         {
             constexpr int KT = (20 + NT / 32 - 1) / (NT / 32);
+            static_assert(20 - (KT - 1) * (NT / 32) > 0, "every warp has KT - 1 tiles at least");
             int row[KT], col[KT];
             float acc[KT][4];
 #pragma unroll
@@ -369,17 +394,10 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
                 col[m] = tj * 16 + (q & 1) * 8;
                 acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
             }
-#pragma unroll 2
-            for (int k0 = 0; k0 < D; k0 += 8) {
-#pragma unroll
-                for (int m = 0; m < KT; ++m) {
-                    if (warp + m * (NT / 32) >= 20) continue;
-                    u32 a[4], b[2];
-                    load_a(a, Bs + row[m] * LB + k0, LB, 1, l);
-                    load_b(b, Bs + col[m] * LB + k0, 1, LB, l);  // (k, n) = k_n[k]
-                    mma(acc[m], a, b);
-                }
-            }
+            if (warp + (KT - 1) * (NT / 32) < 20)
+                kkt<KT>(acc, Bs, row, col, l);
+            else
+                kkt<KT - 1>(acc, Bs, row, col, l);
             __syncthreads();  // G
 #pragma unroll
             for (int m = 0; m < KT; ++m) {
