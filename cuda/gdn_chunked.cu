@@ -213,8 +213,9 @@ __device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, 
 // One 16-row tile ti of W (IS_W: -W, rounded, the state pass's operand as it uses it) or U~, 64
 // columns: T's row tile with its columns scaled by beta e^G (W) or beta (U~) times 8 column tiles
 // of kv (k or v rows, stride LB), to dst (stride D). T is lower block-triangular, so the sum runs
-// over its first 16 (ti + 1) columns only (the steps after them added exact zeros). v's values
-// came from bf16, whose bits tf32 rounding leaves as they are: its operands are loaded as they are.
+// over its first 16 (ti + 1) columns only (the steps after them added exact zeros). kv is loaded
+// as it is: k was rounded to tf32 where stored, and v's values came from bf16, whose bits tf32
+// rounding leaves as they are.
 template <bool IS_W>
 __device__ __forceinline__ void wu_tile(const float* Ts, const float* kv, const float* gs, const float* bs,
                                         float* __restrict__ dst, int ti, Lane l) {
@@ -232,7 +233,7 @@ __device__ __forceinline__ void wu_tile(const float* Ts, const float* kv, const 
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             u32 b[2];
-            load_b<!IS_W>(b, kv + k0 * LB + j * 8, LB, 1, l);
+            load_b<true>(b, kv + k0 * LB + j * 8, LB, 1, l);
             mma(acc[j], a, b);
         }
     }
@@ -245,8 +246,8 @@ __device__ __forceinline__ void wu_tile(const float* Ts, const float* kv, const 
     }
 }
 
-// The first NTILE of a warp's k k^T tiles (rows row[m], columns col[m] of [k | v]'s k), summed
-// over the D key dims, fully unrolled: every fragment address a constant offset from one pointer
+// The first NTILE of a warp's k k^T tiles (rows row[m], columns col[m] of [k | v]'s k, rounded
+// to tf32 where stored), summed over the D key dims, fully unrolled: every fragment address a constant offset from one pointer
 // a tile (a loop guarded per tile recomputed them each step: a third of its instructions).
 template <int NTILE, int KT>
 __device__ __forceinline__ void kkt(float (&acc)[KT][4], const float* Bs, const int (&row)[KT], const int (&col)[KT],
@@ -262,8 +263,9 @@ __device__ __forceinline__ void kkt(float (&acc)[KT][4], const float* Bs, const 
     for (int k0 = 0; k0 < D; k0 += 8) {
 #pragma unroll
         for (int m = 0; m < NTILE; ++m) {
-            const u32 a[4] = {tf32(pa[m][k0]), tf32(pa[m][8 * LB + k0]), tf32(pa[m][k0 + 4]), tf32(pa[m][8 * LB + k0 + 4])};
-            const u32 b[2] = {tf32(pb[m][k0]), tf32(pb[m][k0 + 4])};
+            const u32 a[4] = {__float_as_uint(pa[m][k0]), __float_as_uint(pa[m][8 * LB + k0]),
+                              __float_as_uint(pa[m][k0 + 4]), __float_as_uint(pa[m][8 * LB + k0 + 4])};
+            const u32 b[2] = {__float_as_uint(pb[m][k0]), __float_as_uint(pb[m][k0 + 4])};
             mma(acc[m], a, b);
         }
     }
@@ -351,13 +353,31 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
             bs[tid] = bv;
         }
         cp_async_wait_all();
+        // k rounded to tf32 in place, each thread the 16-byte pieces it copied (its own copies are
+        // complete for it: no barrier before), so that k k^T and W load their operands as they
+        // are; an unfinished chunk's k rows go to its tail first, as they came (tails hold inputs)
+        static_assert(NT % (D / 4) == 0, "load_k's pieces: rows tid / (D / 4) + i NT / (D / 4), columns 4 (tid % (D / 4))");
+        const bool keep_k = unfinished && h % (H / Hk) == 0;  // one value head a key head writes k
+#pragma unroll
+        for (int it = 0; it < CH * (D / 4) / NT; ++it) {
+            const int r = tid / (D / 4) + it * (NT / (D / 4)), d = (tid % (D / 4)) * 4;
+            float4* x = reinterpret_cast<float4*>(Bs + r * LB + d);
+            const float4 y = *x;
+            if (keep_k && r < valid) {
+                float* to = tail_out + ((long)n * CH + r) * tail_width + hk * D + d;
+                to[0] = y.x;
+                to[1] = y.y;
+                to[2] = y.z;
+                to[3] = y.w;
+            }
+            *x = make_float4(rnd(y.x), rnd(y.y), rnd(y.z), rnd(y.w));
+        }
         __syncthreads();
 
-        if (unfinished) {  // keep the unfinished chunk's rows for the children (before any scaling)
+        if (unfinished) {  // keep the unfinished chunk's v, g and beta rows for the children (k: above)
             float* out = tail_out + (long)n * CH * tail_width;
             for (int idx = tid; idx < valid * D; idx += NT) {
                 const int r = idx / D, d = idx % D;
-                if (h % (H / Hk) == 0) out[r * tail_width + hk * D + d] = Bs[r * LB + d];
                 out[r * tail_width + Hk * D + h * D + d] = Bs[r * LB + D + d];
             }
             if (tid < valid) {
