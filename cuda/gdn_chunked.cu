@@ -574,17 +574,21 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
             float* gb = Ub + CH * LS;
             const long slot = (long)(s.first + c) * H + h;
             load_k<NTH, LKS>(Kb, kn, tail_src, tails, tail_width, s, c * CH, n, hk, Hk);
+            // a thread's rows at constant offsets from one address a chunk (each row's address
+            // from the slot's 64-bit index took 4 instructions a copy)
+            {
+                constexpr int STEP = NTH / (D / 4);  // rows between a thread's copies
+                const int r = tid / (D / 4), d = (tid % (D / 4)) * 4;
+                const float* from = W + (slot * CH + r) * D + d;
 #pragma unroll
-            for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
-                const int idx = tid + it * NTH;
-                const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
-                cp_async16(Wb + r * LK + d, W + (slot * CH + r) * D + d, true);
+                for (int it = 0; it < CH / STEP; ++it) cp_async16(Wb + (r + it * STEP) * LK + d, from + it * STEP * D, true);
             }
+            {
+                constexpr int STEP = NTH / (NCOL / 4);
+                const int r = tid / (NCOL / 4), d = (tid % (NCOL / 4)) * 4;
+                const float* from = U + (slot * CH + r) * D + col0 + d;
 #pragma unroll
-            for (int it = 0; it < CH * (NCOL / 4) / NTH; ++it) {
-                const int idx = tid + it * NTH;
-                const int r = idx / (NCOL / 4), d = (idx % (NCOL / 4)) * 4;
-                cp_async16(Ub + r * LS + d, U + (slot * CH + r) * D + col0 + d, true);
+                for (int it = 0; it < CH / STEP; ++it) cp_async16(Ub + (r + it * STEP) * LS + d, from + it * STEP * D, true);
             }
             if (tid < CH / 4) cp_async16(gb + tid * 4, gcum + slot * CH + tid * 4, true);
             cp_async_commit();
