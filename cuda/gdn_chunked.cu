@@ -247,8 +247,9 @@ __device__ __forceinline__ void wu_tile(const float* Ts, const float* kv, const 
 }
 
 // The first NTILE of a warp's k k^T tiles (rows row[m], columns col[m] of [k | v]'s k, rounded
-// to tf32 where stored), summed over the D key dims, fully unrolled: every fragment address a constant offset from one pointer
-// a tile (a loop guarded per tile recomputed them each step: a third of its instructions).
+// to tf32 where stored), summed over the D key dims, fully unrolled: every fragment address a
+// constant offset from one pointer a tile (a loop guarded per tile recomputed them each step: a
+// third of its instructions).
 template <int NTILE, int KT>
 __device__ __forceinline__ void kkt(float (&acc)[KT][4], const float* Bs, const int (&row)[KT], const int (&col)[KT],
                                     Lane l) {
@@ -356,7 +357,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
         // k rounded to tf32 in place, each thread the 16-byte pieces it copied (its own copies are
         // complete for it: no barrier before), so that k k^T and W load their operands as they
         // are; an unfinished chunk's k rows go to its tail first, as they came (tails hold inputs)
-        static_assert(NT % (D / 4) == 0, "load_k's pieces: rows tid / (D / 4) + i NT / (D / 4), columns 4 (tid % (D / 4))");
+        static_assert(NT % (D / 4) == 0, "load_k: rows tid / (D / 4) + i NT / (D / 4), columns 4 (tid % (D / 4))");
         const bool keep_k = unfinished && h % (H / Hk) == 0;  // one value head a key head writes k
 #pragma unroll
         for (int it = 0; it < CH * (D / 4) / NT; ++it) {
@@ -552,11 +553,11 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
     static_assert(TPB >= 2 && TPB % 2 == 0 && TN % TPB == 0, "whole column groups a warp, in pairs");
 
     __shared__ int ticket;
-    const int n0 = level_off[level], items = (level_off[level + 1] - n0) * H * (D / NCOL);
+    const int seg0 = level_off[level], items = (level_off[level + 1] - seg0) * H * (D / NCOL);
     for (;;) {
         const int item = next_item(counters, &ticket);
         if (item >= items) break;
-        const int n = n0 + item / (H * (D / NCOL)), h = item / (D / NCOL) % H, col0 = item % (D / NCOL) * NCOL;
+        const int n = seg0 + item / (H * (D / NCOL)), h = item / (D / NCOL) % H, col0 = item % (D / NCOL) * NCOL;
         const int hk = h / (H / Hk);
         const int tid = threadIdx.x, warp = tid >> 5;
         const Lane l = lane_of();
@@ -581,14 +582,16 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
                 const int r = tid / (D / 4), d = (tid % (D / 4)) * 4;
                 const float* from = W + (slot * CH + r) * D + d;
 #pragma unroll
-                for (int it = 0; it < CH / STEP; ++it) cp_async16(Wb + (r + it * STEP) * LK + d, from + it * STEP * D, true);
+                for (int it = 0; it < CH / STEP; ++it)
+                    cp_async16(Wb + (r + it * STEP) * LK + d, from + it * STEP * D, true);
             }
             {
                 constexpr int STEP = NTH / (NCOL / 4);
                 const int r = tid / (NCOL / 4), d = (tid % (NCOL / 4)) * 4;
                 const float* from = U + (slot * CH + r) * D + col0 + d;
 #pragma unroll
-                for (int it = 0; it < CH / STEP; ++it) cp_async16(Ub + (r + it * STEP) * LS + d, from + it * STEP * D, true);
+                for (int it = 0; it < CH / STEP; ++it)
+                    cp_async16(Ub + (r + it * STEP) * LS + d, from + it * STEP * D, true);
             }
             if (tid < CH / 4) cp_async16(gb + tid * 4, gcum + slot * CH + tid * 4, true);
             cp_async_commit();
@@ -695,7 +698,8 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
             __syncthreads();  // this buffer and the state are done before the next chunk's copies and products
         }
 #pragma unroll
-        for (int j = 0; j < TPB; ++j) store_c(final_state + state_base + (long)(ti * 16) * D + col0 + n0 + j * 8, D, st[j], l);
+        for (int j = 0; j < TPB; ++j)
+            store_c(final_state + state_base + (long)(ti * 16) * D + col0 + n0 + j * 8, D, st[j], l);
     }
     finish_items(counters);
 }
