@@ -35,7 +35,7 @@
 // Sizes and padded row strides come from the host (traits.GdnChunkTraits), which launches the
 // kernels with GDN_SOLVE_SMEM, GDN_STATE_SMEM and GDN_OUT_SMEM bytes of dynamic shared memory.
 #if !defined(GDN_CHUNK) || !defined(GDN_DIM) || !defined(GDN_CHUNK_THREADS) || !defined(GDN_STATE_COLS) || \
-    !defined(GDN_PLAN_THREADS) || \
+    !defined(GDN_PLAN_THREADS) || !defined(GDN_PLAN_DESC) || \
     !defined(GDN_LK) || !defined(GDN_LC) || !defined(GDN_LB) || !defined(GDN_LX) || !defined(GDN_LS) ||            \
     !defined(GDN_LKS) || !defined(GDN_SOLVE_SMEM) || \
     !defined(GDN_STATE_SMEM) || !defined(GDN_OUT_SMEM) || !defined(GDN_OUT_THREADS)
@@ -119,34 +119,86 @@ __device__ __forceinline__ void finish_items(int* counters) {
     }
 }
 
-// The next (chunk, head) item of the launch's chunk list (below); false when none is left.
-__device__ __forceinline__ bool next_chunk_item(const int* __restrict__ list, int H, int* counters, int* ticket,
-                                                int& slot, int& h, int& n, int& c) {
-    const int item = next_item(counters, ticket);
-    if (item >= list[0] * H) return false;
-    slot = item / H;
-    h = item % H;
-    n = list[1 + GDN_PLAN_THREADS + slot] >> 16;
-    c = list[1 + GDN_PLAN_THREADS + slot] & 0xffff;
-    return true;
-}
+// A (chunk, head) item of the solve or the output pass: its scratch slot, head, segment n, chunk
+// c of it, and the segment (from the chunk's descriptor: chunks is not set, first is slot - c).
+struct ChunkItem {
+    int slot, h, n, c;
+    Seg s;
+};
+
+// The (chunk, head) items by ticket, one ahead: thread 0 takes the next item's ticket when an
+// item starts and reads that chunk's descriptor (gdn_chunk_plan) at prefetch(), midway through
+// the item, so the next item starts with both in shared memory (the ticket, the chunk list, the
+// segment's bounds and its first position were four dependent global round trips before an
+// item's loads could issue). A block takes one ticket past the last item, as next_item does.
+struct ChunkTickets {
+    int* counters;
+    const int4* desc;
+    int total, H;
+    int next;    // thread 0: the ticket of the next item
+    int4 ahead;  // thread 0: its descriptor, once prefetched
+    int* ticket_s;
+    int4* desc_s;
+
+    __device__ ChunkTickets(const int* list, int* counters_, int H_, int* ticket_shared, int4* desc_shared)
+        : counters(counters_), desc(reinterpret_cast<const int4*>(list + GDN_PLAN_DESC)), total(list[0] * H_),
+          H(H_), next(0), ahead(make_int4(0, 0, 0, 0)), ticket_s(ticket_shared), desc_s(desc_shared) {
+        if (threadIdx.x == 0) {
+            next = atomicAdd(&counters[0], 1);
+            if (next < total) ahead = desc[next / H];
+        }
+    }
+
+    // the next item into it; false when none is left. All threads call it.
+    __device__ bool take(ChunkItem& it) {
+        __syncthreads();  // the previous item is done with shared memory (and with the two slots)
+        if (threadIdx.x == 0) {
+            *ticket_s = next < total ? next : -1;
+            *desc_s = ahead;
+            if (next < total) next = atomicAdd(&counters[0], 1);
+        }
+        __syncthreads();
+        const int item = *ticket_s;
+        if (item < 0) return false;
+        const int4 d = *desc_s;
+        it.slot = item / H;
+        it.h = item % H;
+        it.n = d.x >> 16;
+        it.c = d.x & 0xffff;
+        it.s.start = d.y;
+        it.s.rows = d.z;
+        it.s.tail = d.w;
+        it.s.own = d.z - d.w;
+        it.s.chunks = 0;
+        it.s.first = it.slot - it.c;
+        return true;
+    }
+
+    // once an item, after its loads are issued: the next item's descriptor (its ticket is back)
+    __device__ void prefetch() {
+        if (threadIdx.x == 0 && next < total) ahead = desc[next / H];
+    }
+};
 
 // The launch's chunks in segment order: list[0] = their count, list[1 + n] = segment n's first
-// scratch slot, list[1 + GDN_PLAN_THREADS + slot] = (n << 16) | c for chunk c of segment n
-// (slot = the chunk's scratch slot, segment(...).first + c). Only the
-// segments of the levels' ranges (0 .. level_off[levels] - 1) are listed: a graph pass's pad
-// segment after them is neither solved nor output (its rows are never read, as with the
-// recurrence), and segment(...).first counts the same chunks for every listed segment. One block
-// of GDN_PLAN_THREADS threads, a segment a thread (N <= GDN_PLAN_THREADS).
+// scratch slot, and from GDN_PLAN_DESC an int4 a scratch slot (the chunk's slot =
+// segment(...).first + c): {(n << 16) | c, the segment's first packed row, its rows (tail and
+// own), its tail}. Only the segments of the levels' ranges (0 .. level_off[levels] - 1) are
+// listed: a graph pass's pad segment after them is neither solved nor output (its rows are never
+// read, as with the recurrence), and segment(...).first counts the same chunks for every listed
+// segment. One block of GDN_PLAN_THREADS threads, a segment a thread (N <= GDN_PLAN_THREADS).
 extern "C" __global__ void __launch_bounds__(GDN_PLAN_THREADS)
     gdn_chunk_plan(const int* __restrict__ cu, const int* __restrict__ pos, int N, int max_chunks,
                    const int* __restrict__ level_off, int levels, int* __restrict__ list) {
+    static_assert(GDN_PLAN_DESC % 4 == 0 && GDN_PLAN_DESC >= 1 + GDN_PLAN_THREADS, "int4 descriptors after the slots");
     __shared__ int first[GDN_PLAN_THREADS];
     const int n = threadIdx.x;
-    int chunks = 0;
+    int chunks = 0, a = 0, own = 0, tail = 0;
     if (n < N && n < level_off[levels]) {
-        const int a = cu[n], own = cu[n + 1] - a;
-        chunks = own > 0 ? min(((pos[a] & (CH - 1)) + own + CH - 1) / CH, max_chunks) : 0;
+        a = cu[n];
+        own = cu[n + 1] - a;
+        tail = own > 0 ? (pos[a] & (CH - 1)) : 0;
+        chunks = own > 0 ? min((tail + own + CH - 1) / CH, max_chunks) : 0;
     }
     first[n] = chunks;
     __syncthreads();
@@ -158,7 +210,8 @@ extern "C" __global__ void __launch_bounds__(GDN_PLAN_THREADS)
     }
     const int at = first[n] - chunks;
     list[1 + n] = at;
-    for (int c = 0; c < chunks; ++c) list[1 + GDN_PLAN_THREADS + at + c] = (n << 16) | c;
+    int4* desc = reinterpret_cast<int4*>(list + GDN_PLAN_DESC);
+    for (int c = 0; c < chunks; ++c) desc[at + c] = make_int4((n << 16) | c, a, tail + own, tail);
     if (n == GDN_PLAN_THREADS - 1) list[0] = first[n];
 }
 
@@ -290,10 +343,13 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     float* bs = gs + CH;           // [64] beta
 
     __shared__ int ticket;
-    int slot_c, h, n, c;
-    while (next_chunk_item(list, H, counters, &ticket, slot_c, h, n, c)) {
+    __shared__ int4 chunk_desc;
+    ChunkTickets tickets(list, counters, H, &ticket, &chunk_desc);
+    ChunkItem it;
+    while (tickets.take(it)) {
+        const int h = it.h, n = it.n, c = it.c;
         const int hk = h / (H / Hk);
-        const Seg s = segment(cu, pos, list, n, max_chunks);
+        const Seg& s = it.s;
         const int r0 = c * CH, valid = min(CH, s.rows - r0);
         const bool unfinished = valid < CH;  // only a segment's last chunk can be
         const int tid = threadIdx.x, warp = tid >> 5;
@@ -373,6 +429,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
             }
             *x = make_float4(rnd(y.x), rnd(y.y), rnd(y.z), rnd(y.w));
         }
+        tickets.prefetch();
         __syncthreads();
 
         if (unfinished) {  // keep the unfinished chunk's v, g and beta rows for the children (k: above)
@@ -736,15 +793,18 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     float* Ps = Ks;
 
     __shared__ int ticket;
-    int slot_c, h, n, c;
-    while (next_chunk_item(list, H, counters, &ticket, slot_c, h, n, c)) {
+    __shared__ int4 chunk_desc;
+    ChunkTickets tickets(list, counters, H, &ticket, &chunk_desc);
+    ChunkItem it;
+    while (tickets.take(it)) {
+        const int h = it.h, n = it.n, c = it.c;
         const int hk = h / (H / Hk);
         const int col = (threadIdx.x >> 5) * 8;  // this warp's value columns
         const int tid = threadIdx.x, warp = tid >> 5;
         const Lane l = lane_of();
-        const Seg s = segment(cu, pos, list, n, max_chunks);
+        const Seg& s = it.s;
         const int r0 = c * CH;
-        const long slot = (long)slot_c * H + h;
+        const long slot = (long)it.slot * H + h;
 
         load_k<NTO>(Ks, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
 #pragma unroll
@@ -770,6 +830,7 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
             uf[k][0] = Ug[(k * 8 + l.t) * D + l.g];
             uf[k][1] = Ug[(k * 8 + l.t + 4) * D + l.g];
         }
+        tickets.prefetch();
         cp_async_wait<0>();
         __syncthreads();
         for (int idx = tid; idx < CH * D; idx += NTO) {  // q and k are only tf32 operands here (read whole)

@@ -114,13 +114,15 @@ def gdn_chunked(
 
 
 def gdn_chunk_plan(cu_seqlens, positions, max_chunks: int, slots: int, src: ChunkSources) -> torch.Tensor:
-    """[1 + plan_threads + slots] int32: the launch's chunk count, each segment's first scratch
-    slot, then per chunk (segment << 16) | chunk index, in scratch-slot order, for the segments of
-    src's levels (cuda/gdn_chunked.cu); made on the device, so capturable."""
+    """[plan_words(slots)] int32: the launch's chunk count, each segment's first scratch slot,
+    then per chunk a descriptor (its segment and index, the segment's first row, rows and tail),
+    in scratch-slot order, for the segments of src's levels (cuda/gdn_chunked.cu); made on the
+    device, so capturable."""
     N = cu_seqlens.numel() - 1
     assert N <= traits.GDN_CHUNKED.plan_threads, f"{N} segments in one chunked GDN launch"
     threads = traits.GDN_CHUNKED.plan_threads
-    chunk_list = torch.empty(1 + threads + slots, dtype=torch.int32, device=cu_seqlens.device)
+    words = traits.GDN_CHUNKED.plan_words(slots)
+    chunk_list = torch.empty(words, dtype=torch.int32, device=cu_seqlens.device)
     _launch(
         "gdn_chunked",
         "gdn_chunk_plan",

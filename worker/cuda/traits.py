@@ -40,6 +40,16 @@ class GdnChunkTraits:
     b_pad: int = 8
 
     @property
+    def plan_desc(self) -> int:
+        """Offset (int32 words, a multiple of 4) of the chunk descriptors in gdn_chunk_plan's list,
+        after its count and the segments' first slots."""
+        return (1 + self.plan_threads + 3) // 4 * 4
+
+    def plan_words(self, slots: int) -> int:
+        """gdn_chunk_plan's list: count, first slots, then an int4 descriptor a scratch slot."""
+        return self.plan_desc + 4 * slots
+
+    @property
     def max_segments(self) -> int:
         """The most segments of a pass budget: a launch has one more (buckets.PassKey's padding)."""
         return self.plan_threads - 1
@@ -101,6 +111,7 @@ class GdnChunkTraits:
             "GDN_CHUNK_THREADS": self.threads,
             "GDN_OUT_THREADS": self.out_threads,
             "GDN_PLAN_THREADS": self.plan_threads,
+            "GDN_PLAN_DESC": self.plan_desc,
             "GDN_STATE_COLS": self.state_columns,
             "GDN_LK": self.k_stride,
             "GDN_LC": self.chunk_stride,
