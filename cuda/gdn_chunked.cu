@@ -345,11 +345,11 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     __shared__ int ticket;
     __shared__ int4 chunk_desc;
     ChunkTickets tickets(list, counters, H, &ticket, &chunk_desc);
-    ChunkItem it;
-    while (tickets.take(it)) {
-        const int h = it.h, n = it.n, c = it.c;
+    ChunkItem job;
+    while (tickets.take(job)) {
+        const int h = job.h, n = job.n, c = job.c;
         const int hk = h / (H / Hk);
-        const Seg& s = it.s;
+        const Seg& s = job.s;
         const int r0 = c * CH, valid = min(CH, s.rows - r0);
         const bool unfinished = valid < CH;  // only a segment's last chunk can be
         const int tid = threadIdx.x, warp = tid >> 5;
@@ -795,16 +795,16 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     __shared__ int ticket;
     __shared__ int4 chunk_desc;
     ChunkTickets tickets(list, counters, H, &ticket, &chunk_desc);
-    ChunkItem it;
-    while (tickets.take(it)) {
-        const int h = it.h, n = it.n, c = it.c;
+    ChunkItem job;
+    while (tickets.take(job)) {
+        const int h = job.h, n = job.n, c = job.c;
         const int hk = h / (H / Hk);
         const int col = (threadIdx.x >> 5) * 8;  // this warp's value columns
         const int tid = threadIdx.x, warp = tid >> 5;
         const Lane l = lane_of();
-        const Seg& s = it.s;
+        const Seg& s = job.s;
         const int r0 = c * CH;
-        const long slot = (long)it.slot * H + h;
+        const long slot = (long)job.slot * H + h;
 
         load_k<NTO>(Ks, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
 #pragma unroll
