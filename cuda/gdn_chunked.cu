@@ -24,10 +24,11 @@
 // own cu[n+1] - cu[n] tokens. Tail row r comes from tail_src[64 n + r]: >= 0 a packed row of
 // this launch (an in-pass ancestor's token), < 0 row -1 - src of `tails`, the flattened tail
 // buffers of kept states (row layout, fp32: [k: Hk*128 | v: H*128 | g: H | beta: H], tail_width
-// floats a row, 64 rows a state). So a pass may hold parents and children: the solve and output
-// kernels run once over all of them, the state pass once per level (level_off ranges), a child
-// starting from its in-pass parent's final state (the state at that parent's last boundary,
-// where the child's first chunk starts).
+// floats a row, 64 rows a state; v holds bf16 values, the solve's copies of its input, which the
+// solve's U~ product takes as tf32 operands as they are). So a pass may hold parents and
+// children: the solve and output kernels run once over all of them, the state pass once per
+// level (level_off ranges), a child starting from its in-pass parent's final state (the state at
+// that parent's last boundary, where the child's first chunk starts).
 
 #include "common.cuh"
 #include "mma_tf32.cuh"  // tf32 mma fragments
