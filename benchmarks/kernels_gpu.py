@@ -155,10 +155,11 @@ def cases(T: int):
     w = torch.empty(max_chunks + 1, H, 64, DKV, device=DEV)
     u, sc = torch.empty_like(w), torch.empty(max_chunks + 1, H, DKV, DKV, device=DEV)
     gc, tl = torch.empty(max_chunks + 1, H, 64, device=DEV), torch.empty(1, 64, width, device=DEV)
+    kt = torch.empty(max_chunks + 1, HK, 64, DKV, device=DEV)
     fin, o = torch.empty(1, H, DKV, DKV, device=DEV), torch.empty(T, H, DKV, device=DEV).bfloat16()
     plan = KC.gdn_chunk_plan(cu, pos, max_chunks, max_chunks, src)
-    solve = lambda: KC.gdn_chunk_solve(geo, kn, v, g, beta, cu, pos, src, tl, w, u, gc, plan)  # noqa: E731
-    state = lambda sv: KC.gdn_chunk_state(geo, kn, w, u, gc, cu, pos, src, 0, sc, fin, plan, sv)  # noqa: E731
+    solve = lambda: KC.gdn_chunk_solve(geo, kn, v, g, beta, cu, pos, src, tl, w, u, gc, kt, plan)  # noqa: E731
+    state = lambda sv: KC.gdn_chunk_state(geo, kt, w, u, gc, cu, pos, src, 0, sc, fin, plan, sv)  # noqa: E731
     for sv in KC.GDN_STATE_VARIANTS:
         out.append((f"gdn_chunked:solve+state_{sv}", lambda sv=sv: (solve(), state(sv)), 0, 0, "bw"))
     out.append(("gdn_chunked:solve", solve, 0, 0, "bw"))

@@ -328,13 +328,16 @@ __device__ __forceinline__ void kkt(float (&acc)[KT][4], const float* Bs, const 
 
 // grid (max_chunks, H, N), block NT, dynamic shared memory GDN_SOLVE_SMEM (two blocks an SM).
 // W, U: [chunks, H, 64, 128] fp32 scratch (W holds -W rounded to tf32); gcum: [chunks, H, 64] fp32.
-// tail_out[n]: the rows of segment n's unfinished last chunk (written where there is one).
+// Kt: [chunks, Hk, 64, 128] fp32, each chunk's k rows rounded to tf32 (zeros past the end): the
+// state pass's K, whatever the rows' sources. tail_out[n]: the rows of segment n's unfinished
+// last chunk (written where there is one).
 extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     const float* __restrict__ kn, const __nv_bfloat16* __restrict__ v, long v_stride,
     const float* __restrict__ g, const float* __restrict__ beta, const int* __restrict__ cu,
     const int* __restrict__ pos, int H, int Hk, int max_chunks, const int* __restrict__ tail_src,
     const float* __restrict__ tails, float* __restrict__ tail_out, long tail_width, float* __restrict__ W,
-    float* __restrict__ U, float* __restrict__ gcum, const int* __restrict__ list, int* __restrict__ counters) {
+    float* __restrict__ U, float* __restrict__ gcum, float* __restrict__ Kt, const int* __restrict__ list,
+    int* __restrict__ counters) {
     extern __shared__ __align__(128) float smem[];
     float* Bs = smem;              // [64][LB]   k | v
     float* As = Bs + CH * LB;      // [64][LC]   k k^T, then A
@@ -413,22 +416,26 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
         cp_async_wait_all();
         // k rounded to tf32 in place, each thread the 16-byte pieces it copied (its own copies are
         // complete for it: no barrier before), so that k k^T and W load their operands as they
-        // are; an unfinished chunk's k rows go to its tail first, as they came (tails hold inputs)
+        // are; an unfinished chunk's k rows go to its tail first, as they came (tails hold inputs),
+        // and the rounded rows to the state pass's K tile (one value head a key head writes both)
         static_assert(NT % (D / 4) == 0, "load_k: rows tid / (D / 4) + i NT / (D / 4), columns 4 (tid % (D / 4))");
-        const bool keep_k = unfinished && h % (H / Hk) == 0;  // one value head a key head writes k
+        const bool writes_k = h % (H / Hk) == 0;
+        float* k_tile = Kt + ((long)job.slot * Hk + hk) * CH * D;
 #pragma unroll
         for (int it = 0; it < CH * (D / 4) / NT; ++it) {
             const int r = tid / (D / 4) + it * (NT / (D / 4)), d = (tid % (D / 4)) * 4;
             float4* x = reinterpret_cast<float4*>(Bs + r * LB + d);
             const float4 y = *x;
-            if (keep_k && r < valid) {
+            if (writes_k && unfinished && r < valid) {
                 float* to = tail_out + ((long)n * CH + r) * tail_width + hk * D + d;
                 to[0] = y.x;
                 to[1] = y.y;
                 to[2] = y.z;
                 to[3] = y.w;
             }
-            *x = make_float4(rnd(y.x), rnd(y.y), rnd(y.z), rnd(y.w));
+            const float4 z = make_float4(rnd(y.x), rnd(y.y), rnd(y.z), rnd(y.w));
+            *x = z;
+            if (writes_k) *reinterpret_cast<float4*>(k_tile + r * D + d) = z;
         }
         tickets.prefetch();
         __syncthreads();
@@ -580,23 +587,35 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     finish_items(counters);
 }
 
+// A chunk's tile of 64 rows of COLS floats (rows D floats apart from src) into shared memory (rows
+// ld floats apart), as 16-byte asynchronous copies by NTH threads: a thread's rows at constant
+// offsets from one address (each row's address from a 64-bit index took 4 instructions a copy).
+template <int NTH, int COLS>
+__device__ __forceinline__ void copy_tile(float* dst, int ld, const float* __restrict__ src) {
+    constexpr int STEP = NTH / (COLS / 4);  // rows between a thread's copies
+    static_assert(NTH % (COLS / 4) == 0 && CH % STEP == 0, "whole rows a step");
+    const int r = threadIdx.x / (COLS / 4), d = (threadIdx.x % (COLS / 4)) * 4;
+    const float* from = src + (long)r * D + d;
+#pragma unroll
+    for (int it = 0; it < CH / STEP; ++it) cp_async16(dst + (r + it * STEP) * ld + d, from + it * STEP * D, true);
+}
+
 // The sequential pass, grid (D / NCOL, H, N), block NTH, dynamic shared memory GDN_STATE_SMEM.
 // Per chunk only U = U~ - W S and, for a finished chunk, S <- e^{G_C} S + K^T (e^{G_C - G} U); the next
-// chunk's W, K, U~ and G are copied in while this one computes (two buffers). It stores S_c
-// (the state at the chunk's start, [slots, H, 128, 128]) and U (over U~, in place) for
+// chunk's W, K (the solve's K tile Kt), U~ and G are copied in while this one computes (two
+// buffers). It stores S_c (the state at the chunk's start, [slots, H, 128, 128]) and U (over U~, in place) for
 // gdn_chunk_out. One launch runs the segments of one level, level_off[level] ..
 // level_off[level + 1] - 1; segment n starts from init_idx[n]: > 0 state slot init_slots[idx]
 // ([1 + S, H, 128, 128] fp32), -1 zeros, -2 - p the final state of in-pass parent p (which an
 // earlier level's launch wrote). final_state: [N, H, 128, 128] fp32, the state at each segment's
 // last chunk boundary.
 template <int NTH>
-__device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const float* __restrict__ W,
+__device__ __forceinline__ void chunk_state(const float* __restrict__ Kt, const float* __restrict__ W,
                                             float* __restrict__ U, const float* __restrict__ gcum,
                                             const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,
-                                            int max_chunks, const int* __restrict__ tail_src,
-                                            const float* __restrict__ tails, long tail_width,
-                                            const float* __restrict__ init_slots, const int* __restrict__ init_idx,
-                                            const int* __restrict__ level_off, int level, float* __restrict__ Sc,
+                                            int max_chunks, const float* __restrict__ init_slots,
+                                            const int* __restrict__ init_idx, const int* __restrict__ level_off,
+                                            int level, float* __restrict__ Sc,
                                             float* __restrict__ final_state, const int* __restrict__ list,
                                             int* __restrict__ counters) {
     extern __shared__ __align__(128) float state_smem[];
@@ -632,25 +651,9 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
             float* Ub = Kb + CH * LKS;
             float* gb = Ub + CH * LS;
             const long slot = (long)(s.first + c) * H + h;
-            load_k<NTH, LKS>(Kb, kn, tail_src, tails, tail_width, s, c * CH, n, hk, Hk);
-            // a thread's rows at constant offsets from one address a chunk (each row's address
-            // from the slot's 64-bit index took 4 instructions a copy)
-            {
-                constexpr int STEP = NTH / (D / 4);  // rows between a thread's copies
-                const int r = tid / (D / 4), d = (tid % (D / 4)) * 4;
-                const float* from = W + (slot * CH + r) * D + d;
-#pragma unroll
-                for (int it = 0; it < CH / STEP; ++it)
-                    cp_async16(Wb + (r + it * STEP) * LK + d, from + it * STEP * D, true);
-            }
-            {
-                constexpr int STEP = NTH / (NCOL / 4);
-                const int r = tid / (NCOL / 4), d = (tid % (NCOL / 4)) * 4;
-                const float* from = U + (slot * CH + r) * D + col0 + d;
-#pragma unroll
-                for (int it = 0; it < CH / STEP; ++it)
-                    cp_async16(Ub + (r + it * STEP) * LS + d, from + it * STEP * D, true);
-            }
+            copy_tile<NTH, D>(Kb, LKS, Kt + ((long)(s.first + c) * Hk + hk) * CH * D);  // the solve's K tile
+            copy_tile<NTH, D>(Wb, LK, W + slot * CH * D);
+            copy_tile<NTH, NCOL>(Ub, LS, U + slot * CH * D + col0);
             if (tid < CH / 4) cp_async16(gb + tid * 4, gcum + slot * CH + tid * 4, true);
             cp_async_commit();
         };
@@ -733,7 +736,7 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
 #pragma unroll
                 for (int k0 = 0; k0 < CH; k0 += 8) {
                     u32 a[4];
-                    load_a(a, Kb + k0 * LKS + ti * 16, 1, LKS, l);  // (i, k) = K[k][i]
+                    load_a<true>(a, Kb + k0 * LKS + ti * 16, 1, LKS, l);  // (i, k) = K[k][i], rounded by the solve
 #pragma unroll
                     for (int j = 0; j < TPB; j += 2) {
                         u32 b[2][2];  // the decayed U, stored rounded
@@ -764,14 +767,13 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ kn, const 
 
 #define GDN_CHUNK_STATE(NAME, NTH)                                                                                   \
     extern "C" __global__ void __launch_bounds__(NTH) NAME(                                                          \
-        const float* __restrict__ kn, const float* __restrict__ W, float* __restrict__ U,                           \
-        const float* __restrict__ gcum, const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,     \
-        int max_chunks, const int* __restrict__ tail_src, const float* __restrict__ tails, long tail_width,         \
-        const float* __restrict__ init_slots, const int* __restrict__ init_idx, const int* __restrict__ level_off,   \
-        int level, float* __restrict__ Sc, float* __restrict__ final_state, const int* __restrict__ list,            \
-        int* __restrict__ counters) {                                                                                 \
-        chunk_state<NTH>(kn, W, U, gcum, cu, pos, H, Hk, max_chunks, tail_src, tails, tail_width, init_slots,        \
-                         init_idx, level_off, level, Sc, final_state, list, counters);                               \
+        const float* __restrict__ Kt, const float* __restrict__ W, float* __restrict__ U,                            \
+        const float* __restrict__ gcum, const int* __restrict__ cu, const int* __restrict__ pos, int H, int Hk,      \
+        int max_chunks, const float* __restrict__ init_slots, const int* __restrict__ init_idx,                      \
+        const int* __restrict__ level_off, int level, float* __restrict__ Sc, float* __restrict__ final_state,       \
+        const int* __restrict__ list, int* __restrict__ counters) {                                                  \
+        chunk_state<NTH>(Kt, W, U, gcum, cu, pos, H, Hk, max_chunks, init_slots, init_idx, level_off, level, Sc,     \
+                         final_state, list, counters);                                                               \
     }
 GDN_CHUNK_STATE(gdn_chunk_state_w8, 256)
 GDN_CHUNK_STATE(gdn_chunk_state_w16, 512)

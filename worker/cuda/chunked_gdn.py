@@ -101,13 +101,14 @@ def gdn_chunked(
     w = torch.empty(scratch_chunks, H, GDN_CHUNK, GDN_DIM, dtype=torch.float32, device=dev)
     u = torch.empty_like(w)  # U~ from the solve, overwritten with U by the state pass
     gcum = torch.empty(scratch_chunks, H, GDN_CHUNK, dtype=torch.float32, device=dev)
+    kt = torch.empty(scratch_chunks, Hk, GDN_CHUNK, GDN_DIM, dtype=torch.float32, device=dev)  # the state pass's K
     chunk_states = torch.empty(scratch_chunks, H, GDN_DIM, GDN_DIM, dtype=torch.float32, device=dev)
     chunk_list = gdn_chunk_plan(cu_seqlens, positions, max_chunks, scratch_chunks, sources)
     geo = (N, H, Hk, max_chunks, width)
-    gdn_chunk_solve(geo, kn, v, g, beta, cu_seqlens, positions, sources, tail_out, w, u, gcum, chunk_list)
+    gdn_chunk_solve(geo, kn, v, g, beta, cu_seqlens, positions, sources, tail_out, w, u, gcum, kt, chunk_list)
     for level in range(sources.num_levels):  # parents' final states before their children start
         gdn_chunk_state(
-            geo, kn, w, u, gcum, cu_seqlens, positions, sources, level, chunk_states, final, chunk_list, state_variant
+            geo, kt, w, u, gcum, cu_seqlens, positions, sources, level, chunk_states, final, chunk_list, state_variant
         )
     gdn_chunk_out(geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, sources, out, chunk_list)
     return out, final, tail_out
@@ -138,8 +139,10 @@ def gdn_chunk_plan(cu_seqlens, positions, max_chunks: int, slots: int, src: Chun
 
 
 def gdn_chunk_solve(
-    geo, kn, v, g, beta, cu_seqlens, positions, src: ChunkSources, tail_out, w, u, gcum, chunk_list
+    geo, kn, v, g, beta, cu_seqlens, positions, src: ChunkSources, tail_out, w, u, gcum, kt, chunk_list
 ) -> None:
+    """The solve over every listed chunk; kt: [chunks, Hk, 64, 128] fp32, each chunk's k rows
+    rounded to tf32 (the state pass's K)."""
     N, H, Hk, max_chunks, width = geo
     counters, sms = gdn_schedule(kn.device)
     _launch(
@@ -165,6 +168,7 @@ def gdn_chunk_solve(
             w,
             u,
             gcum,
+            kt,
             chunk_list,
             counters,
         ),
@@ -174,7 +178,7 @@ def gdn_chunk_solve(
 
 def gdn_chunk_state(
     geo,
-    kn,
+    kt,
     w,
     u,
     gcum,
@@ -187,18 +191,18 @@ def gdn_chunk_state(
     chunk_list,
     variant=GDN_STATE_DEFAULT,
 ) -> None:
-    """The state pass over the segments of one level (src.level_off); chunk_list: gdn_chunk_plan's
-    (each segment's first scratch slot)."""
+    """The state pass over the segments of one level (src.level_off); kt: the solve's K tiles;
+    chunk_list: gdn_chunk_plan's (each segment's first scratch slot)."""
     N, H, Hk, max_chunks, width = geo
     geom = traits.GDN_CHUNKED
-    counters, sms = gdn_schedule(kn.device)
+    counters, sms = gdn_schedule(kt.device)
     _launch(
         "gdn_chunked",
         f"gdn_chunk_state_{variant}",
         (sms,),  # a block an SM takes the level's (columns, head, segment) items
         (32 * int(variant[1:]),),
         (
-            kn,
+            kt,
             w,
             u,
             gcum,
@@ -207,9 +211,6 @@ def gdn_chunk_state(
             H,
             Hk,
             max_chunks,
-            src.tail_src,
-            src.tails,
-            _i64(width),
             src.init_slots,
             src.init_idx,
             src.level_off,
