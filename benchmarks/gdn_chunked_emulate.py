@@ -389,7 +389,7 @@ def state(NTH, bx, h, n, Kt, W, U, gcum, cu, pos, H, Hk, max_chunks, init, has_i
             store_c(final, sb + ti * 16 * D + col0 + n0 + j * 8, D, st[j])
 
 
-def out_pass(bx, h, n, qn, kn, U, Sc, gcum, cu, pos, H, Hk, max_chunks, tail_in, tw, out):
+def out_pass(bx, h, n, qn, Kt, U, Sc, gcum, cu, pos, H, Hk, max_chunks, out):
     smem = SMEM[0] = np.full(2 * CH * LK + CH, np.nan)
     Qs = 0
     Ks = CH * LK
@@ -402,8 +402,9 @@ def out_pass(bx, h, n, qn, kn, U, Sc, gcum, cu, pos, H, Hk, max_chunks, tail_in,
         return
     r0 = c * CH
     slot = (s["first"] + c) * H + h
-    load_k(smem, Ks, LK, kn, tail_in, tw, s, r0, n, hk, Hk)
+    at = (s["first"] + c) * Hk + hk
     for r in range(CH):
+        smem[Ks + r * LK : Ks + r * LK + D] = Kt[(at * CH + r) * D : (at * CH + r) * D + D]
         vr = r0 + r
         own = s["tail"] <= vr < s["rows"]
         smem[Qs + r * LK : Qs + r * LK + D] = (
@@ -506,7 +507,7 @@ def run(lengths, starts, H=2, Hk=1, NTH=512, seed=0):
     for n in range(N):
         for h in range(H):
             for bx in range(max_chunks):
-                out_pass(bx, h, n, fl(qn), fl(kn), U, Sc, gcum, cu, pos, H, Hk, max_chunks, fl(tails), tw, out)
+                out_pass(bx, h, n, fl(qn), Kt, U, Sc, gcum, cu, pos, H, Hk, max_chunks, out)
     t = lambda x: torch.tensor(x, dtype=torch.float64)
     e_out, e_fin, e_tails = reference.gdn_chunked_packed(
         t(qn), t(kn), t(v), t(g), t(beta), torch.tensor(cu), torch.tensor(pos), t(init), t(tails)

@@ -163,7 +163,7 @@ def cases(T: int):
     for sv in KC.GDN_STATE_VARIANTS:
         out.append((f"gdn_chunked:solve+state_{sv}", lambda sv=sv: (solve(), state(sv)), 0, 0, "bw"))
     out.append(("gdn_chunked:solve", solve, 0, 0, "bw"))
-    out.append(("gdn_chunked:out", lambda: KC.gdn_chunk_out(geo, qn, kn, u, sc, gc, cu, pos, src, o, plan), 0, 0, "bw"))
+    out.append(("gdn_chunked:out", lambda: KC.gdn_chunk_out(geo, qn, kt, u, sc, gc, cu, pos, src, o, plan), 0, 0, "bw"))
     fla = _fla_case(qn, kn, v, g, beta, init)
     if fla is not None:
         out.append(("fla_chunk_gdn", fla, gdn_bytes, chunk_flops, "tf32"))

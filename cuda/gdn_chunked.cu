@@ -781,14 +781,13 @@ GDN_CHUNK_STATE(gdn_chunk_state_w16, 512)
 // The output pass, grid (max_chunks, H, N), block NTO, dynamic shared memory GDN_OUT_SMEM: every
 // chunk of every head at once, from S_c and U of gdn_chunk_state. Warp w owns the 8 value
 // columns 8w of all 64 rows; its S_c and U fragments are loaded from global memory first, while
-// the q and k rows copy in and P forms (once a chunk: one block holds all columns).
-// out: [T, H, 128] bf16, own rows only (tail rows have no query: their outputs belong to the parent).
+// the q rows and the solve's K tile (Kt) copy in and P forms (once a chunk: one block holds all
+// columns). out: [T, H, 128] bf16, own rows only (tail rows have no query: their outputs belong to the parent).
 extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
-    const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ U,
+    const float* __restrict__ qn, const float* __restrict__ Kt, const float* __restrict__ U,
     const float* __restrict__ Sc, const float* __restrict__ gcum, const int* __restrict__ cu,
-    const int* __restrict__ pos, int H, int Hk, int max_chunks, const int* __restrict__ tail_src,
-    const float* __restrict__ tails, long tail_width, __nv_bfloat16* __restrict__ out, const int* __restrict__ list,
-    int* __restrict__ counters) {
+    const int* __restrict__ pos, int H, int Hk, int max_chunks, __nv_bfloat16* __restrict__ out,
+    const int* __restrict__ list, int* __restrict__ counters) {
     extern __shared__ __align__(128) float smem[];
     float* Qs = smem;           // [64][LK]  q
     float* Ks = Qs + CH * LK;   // [64][LK]  k, then P [64][LC]
@@ -809,7 +808,7 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         const int r0 = c * CH;
         const long slot = (long)job.slot * H + h;
 
-        load_k<NTO>(Ks, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
+        copy_tile<NTO, D>(Ks, LK, Kt + ((long)job.slot * Hk + hk) * CH * D);  // the solve's K tile
 #pragma unroll
         for (int it = 0; it < CH * (D / 4) / NTO; ++it) {
             const int idx = tid + it * NTO;
@@ -836,10 +835,9 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         tickets.prefetch();
         cp_async_wait<0>();
         __syncthreads();
-        for (int idx = tid; idx < CH * D; idx += NTO) {  // q and k are only tf32 operands here (read whole)
+        for (int idx = tid; idx < CH * D; idx += NTO) {  // q is only a tf32 operand here (k came rounded)
             float* x = Qs + (idx / D) * LK + idx % D;
             *x = rnd(*x);
-            x[CH * LK] = rnd(x[CH * LK]);  // Ks
         }
         __syncthreads();
 

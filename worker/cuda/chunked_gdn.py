@@ -110,7 +110,7 @@ def gdn_chunked(
         gdn_chunk_state(
             geo, kt, w, u, gcum, cu_seqlens, positions, sources, level, chunk_states, final, chunk_list, state_variant
         )
-    gdn_chunk_out(geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, sources, out, chunk_list)
+    gdn_chunk_out(geo, qn, kt, u, chunk_states, gcum, cu_seqlens, positions, sources, out, chunk_list)
     return out, final, tail_out
 
 
@@ -225,16 +225,16 @@ def gdn_chunk_state(
 
 
 def gdn_chunk_out(
-    geo, qn, kn, u, chunk_states, gcum, cu_seqlens, positions, src: ChunkSources, out, chunk_list
+    geo, qn, kt, u, chunk_states, gcum, cu_seqlens, positions, src: ChunkSources, out, chunk_list
 ) -> None:
+    """The output pass over every listed chunk; kt: the solve's K tiles."""
     N, H, Hk, max_chunks, width = geo
-    counters, sms = gdn_schedule(kn.device)
+    counters, sms = gdn_schedule(kt.device)
     _launch(
         "gdn_chunked",
         "gdn_chunk_out",
         (sms,),  # a block an SM takes the (chunk, head) items
         (traits.GDN_CHUNKED.out_threads,),
-        (qn, kn, u, chunk_states, gcum, cu_seqlens, positions, H, Hk, max_chunks)
-        + (src.tail_src, src.tails, _i64(width), out, chunk_list, counters),
+        (qn, kt, u, chunk_states, gcum, cu_seqlens, positions, H, Hk, max_chunks, out, chunk_list, counters),
         dynamic_smem=traits.GDN_CHUNKED.out_smem_bytes,
     )
