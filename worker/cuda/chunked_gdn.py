@@ -20,10 +20,10 @@ def gdn_tail_width(num_k_heads: int, num_v_heads: int) -> int:
 
 
 # gdn_chunk_state variants: warps a block (value columns split in two halves either way); both
-# give the same bits; w16 is the faster since the state pass's loads are free of bank conflicts
-# (w8 was 2-3% faster before; docs/cuda-kernels.md, "Chunked GDN")
+# give the same bits; w8 is the faster again since the state stays in registers (3-4% from 4,096
+# tokens; docs/cuda-kernels.md, "The solve's serial steps, the state pass's state in registers")
 GDN_STATE_VARIANTS = ("w8", "w16")
-GDN_STATE_DEFAULT = "w16"
+GDN_STATE_DEFAULT = "w8"
 
 
 @dataclass(frozen=True)
