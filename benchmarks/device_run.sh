@@ -29,11 +29,16 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   .whl/protobuf-*.whl || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fla .whl/fla_core-*.whl \
   .whl/flash_linear_attention-*.whl || true
-# The package itself, non-editable (its folders map onto the openjev namespace; the image has setuptools).
-# A warm machine keeps /tmp from the call before, and pip --target does not replace what is there.
-rm -rf /tmp/oj build *.egg-info  # build/: an earlier call's, kept between calls, may be stale (ab_install)
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --target /tmp/oj . \
-  || exit 1
+# A tree ($1) installed non-editable at $2 (its folders map onto the openjev namespace; the image has
+# setuptools). A warm machine keeps /tmp from the call before, and pip --target does not replace
+# what is there; it keeps the tree's build/ too (ignored paths stay), which, newer than files
+# unpacked with their commit's times, pip would install instead of them (it happened: ab-old/ got
+# main's package again).
+install_tree() {
+  rm -rf "$2" "$1/build" "$1"/*.egg-info && python3 -m pip install -q --no-index --no-deps --no-build-isolation \
+    --no-compile --no-cache-dir --target "$2" "$1"
+}
+install_tree . /tmp/oj || exit 1
 export PYTHONPATH=/tmp/oj:/tmp/site
 # flash-linear-attention only where it imports cleanly here (transformers then uses its kernels).
 if PYTHONPATH=$PYTHONPATH:/tmp/fla python3 -c "import fla.ops.gated_delta_rule" 2>/tmp/fla-import.txt; then
@@ -51,10 +56,7 @@ ab_install() {
   local sum; sum=$(cd ab-old && find . -type f ! -path "./.openjev/*" ! -path "./build/*" ! -path "*.egg-info/*" \
     -print0 | sort -z | xargs -0 sha1sum | sha1sum)
   [ -d /tmp/oj-old ] && [ "$(cat /tmp/oj-old.sum 2>/dev/null)" = "$sum" ] && return 0
-  # an earlier call's build/ stays (ignored paths are kept) and, newer than files unpacked with
-  # their commit's times, would be installed instead of them (it happened: main's package again)
-  rm -rf /tmp/oj-old ab-old/build ab-old/*.egg-info && python3 -m pip install -q --no-index --no-deps \
-    --no-build-isolation --no-compile --no-cache-dir --target /tmp/oj-old ./ab-old && echo "$sum" > /tmp/oj-old.sum
+  install_tree ab-old /tmp/oj-old && echo "$sum" > /tmp/oj-old.sum
 }
 # an arm's installed package (P) and benchmark scripts (B): this tree's (new) or ab-old/'s (old)
 ab_arm() {
