@@ -59,14 +59,14 @@ def stub(pair):
         yield worker_pb2_grpc.WorkerServiceStub(channel)
 
 
-def held(pair) -> float:
-    text = urllib.request.urlopen(pair.worker_metrics, timeout=5).read().decode()
+def held(metrics_url: str) -> float:
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
     return next(float(x.split()[1]) for x in text.splitlines() if x.startswith("openjev_worker_held_tokens "))
 
 
-def wait_held(pair, tokens: int, timeout: float = 10.0) -> None:
+def wait_held(metrics_url: str, tokens: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
-    while (now := held(pair)) != tokens:
+    while (now := held(metrics_url)) != tokens:
         assert time.monotonic() < deadline, f"the worker holds {now} tokens, not {tokens}"
         time.sleep(0.02)
 
@@ -132,9 +132,9 @@ def test_uncommitted_streams_count_and_a_candidate_past_the_budget_is_refused(pa
     leave room for what the oldest request still arriving may send."""
     first = OpenStream(stub, 3000)
     try:
-        wait_held(pair, 3000)  # held while uncommitted; 1,000 more may come
+        wait_held(pair.worker_metrics, 3000)  # held while uncommitted; 1,000 more may come
         second = OpenStream(stub, 1000)
-        wait_held(pair, 4000)
+        wait_held(pair.worker_metrics, 4000)
         third = OpenStream(stub, 1001)  # 4,000 + 1,001 + the first's 1,000 > 6,000
         third.wait_ended()  # the worker ended it uncommitted
         assert third.error is not None and third.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -146,18 +146,18 @@ def test_uncommitted_streams_count_and_a_candidate_past_the_budget_is_refused(pa
             stub.ExecuteUnary(unary(1000), timeout=30)
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "kept for the oldest request still arriving" in refused.value.details()
-        wait_held(pair, 4000)  # the refused calls gave back what they had taken
+        wait_held(pair.worker_metrics, 4000)  # the refused calls gave back what they had taken
         # the oldest's own room: its 1,000 more take the total to 5,000; answered, it gives all back
         first.commit(1000)
         assert first.error is None and first.replies[-1].HasField("summary")
-        wait_held(pair, 1000)
+        wait_held(pair.worker_metrics, 1000)
         # the second is now the oldest arriving (3,000 may still come): 1,000 + 2,000 + 3,000 fits
         assert len(stub.ExecuteUnary(unary(1995), timeout=60).questions) == 1
         second.commit(5)
         assert second.error is None and second.replies[-1].HasField("summary")
     finally:
         first.cancel()
-    wait_held(pair, 0)
+    wait_held(pair.worker_metrics, 0)
     logged = [r for r in log_events(pair.worker.log_text(), "execute") if r.get("status") == "RESOURCE_EXHAUSTED"]
     assert len(logged) >= 2 and all("kept for the oldest request" in r["reason"] for r in logged)
 
@@ -171,7 +171,7 @@ def test_a_malformed_or_uncommitted_stream_gives_back_what_it_held(pair, stub):
     with pytest.raises(grpc.RpcError) as refused:
         list(stub.Execute(bad(), timeout=30))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    wait_held(pair, 0)
+    wait_held(pair.worker_metrics, 0)
 
     def half_closed():  # ends without a commit
         yield wire.ExecuteRequest(header=choice_header())
@@ -180,7 +180,7 @@ def test_a_malformed_or_uncommitted_stream_gives_back_what_it_held(pair, stub):
     with pytest.raises(grpc.RpcError) as refused:
         list(stub.Execute(half_closed(), timeout=30))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    wait_held(pair, 0)
+    wait_held(pair.worker_metrics, 0)
 
 
 @pytest.mark.parametrize("big", [BIG, BIG_STREAMED], ids=["unary", "stream"])
@@ -190,7 +190,7 @@ def test_through_the_frontend_a_full_budget_is_resource_exhausted_and_frees(pair
     blocker = OpenStream(stub, 3000)
     with Client(pair.frontend.address) as client:
         try:
-            wait_held(pair, 3000)
+            wait_held(pair.worker_metrics, 3000)
             small = client.stub.Decide(api.DecideRequest(request_json=json.dumps(SMALL)), timeout=60)
             assert len(small.answers) == 1  # a request within what is left runs
             with pytest.raises(grpc.RpcError) as refused:
@@ -203,7 +203,7 @@ def test_through_the_frontend_a_full_budget_is_resource_exhausted_and_frees(pair
             )
         finally:
             blocker.cancel()
-        wait_held(pair, 0)
+        wait_held(pair.worker_metrics, 0)
         answer = client.stub.Decide(api.DecideRequest(request_json=json.dumps(big)), timeout=60)
         assert len(answer.answers) == 1
 
@@ -214,9 +214,14 @@ def test_a_stream_refused_part_way_is_sent_again_to_the_fleet(demo_model, tmp_pa
     once more, round-robin, with the rest of its candidates: before the resend went past the
     commit (2026-12-05) it went back to the client RESOURCE_EXHAUSTED with the other worker idle."""
     limits = ["--max-request-tokens", str(MAX_REQUEST_TOKENS)]
+    blocked_metrics_port = launch.free_port()
+    metrics_args = {"a": ["--metrics-port", str(blocked_metrics_port)], "b": []}
     workers = [
         launch.start_worker(
-            demo_model, tmp_path, [*limits, "--max-held-tokens", str(MAX_HELD_TOKENS)], name=f"worker-{name}"
+            demo_model,
+            tmp_path,
+            [*limits, "--max-held-tokens", str(MAX_HELD_TOKENS), *metrics_args[name]],
+            name=f"worker-{name}",
         )
         for name in "ab"
     ]
@@ -227,17 +232,25 @@ def test_a_stream_refused_part_way_is_sent_again_to_the_fleet(demo_model, tmp_pa
         with grpc.insecure_channel(workers[0].address) as channel, Client(frontend.address) as client:
             blocker = OpenStream(worker_pb2_grpc.WorkerServiceStub(channel), 3000)
             try:
+                # The blocker's candidate goes out on gRPC's sending thread: a request that reaches
+                # the worker before it gets the blocker refused instead, and then nothing is blocked.
+                wait_held(f"http://127.0.0.1:{blocked_metrics_port}/metrics", 3000)
                 for i in range(14):  # 14 contexts: some hash to the blocked worker (all miss it 1 time in 16,384)
                     body = dict(BIG_STREAMED, state=f"context {i} " + BIG_STREAMED["state"])
                     try:
                         client.stub.Decide(api.DecideRequest(request_json=json.dumps(body)), timeout=60)
                     except grpc.RpcError as error:  # sent again to the blocked worker: refused there too
                         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+                assert blocker.error is None, blocker.error  # it held its tokens throughout
             finally:
                 blocker.cancel()
-        decided = [(line.get("route"), line["status"]) for line in log_events(frontend.log_text(), "decide")]
-        refused_part_way = [
-            line for line in log_events(workers[0].log_text(), "execute") if line.get("status") == "RESOURCE_EXHAUSTED"
+        decide_lines = log_events(frontend.log_text(), "decide")
+        decided = [(line.get("route"), line["status"]) for line in decide_lines]
+        sent = {line["request_id"] for line in decide_lines}
+        refused_part_way = [  # the frontend's requests, not the blocker (which has no request id)
+            line
+            for line in log_events(workers[0].log_text(), "execute")
+            if line.get("status") == "RESOURCE_EXHAUSTED" and line.get("request_id") in sent
         ]
     finally:
         if frontend is not None:
