@@ -390,10 +390,12 @@ def state(NTH, bx, h, n, Kt, W, U, gcum, cu, pos, H, Hk, max_chunks, init, has_i
 
 
 def out_pass(bx, h, n, qn, Kt, U, Sc, gcum, cu, pos, H, Hk, max_chunks, out):
-    smem = SMEM[0] = np.full(2 * CH * LK + CH, np.nan)
+    smem = SMEM[0] = np.full(2 * CH * LK + CH + (D + CH) * LKS, np.nan)
     Qs = 0
     Ks = CH * LK
     gs = 2 * CH * LK
+    Ss = gs + CH
+    Us = Ss + D * LKS
     Ps = Ks
     c = bx
     hk = h // (H // Hk)
@@ -413,6 +415,10 @@ def out_pass(bx, h, n, qn, Kt, U, Sc, gcum, cu, pos, H, Hk, max_chunks, out):
             else 0.0
         )
     smem[gs : gs + CH] = gcum[slot * CH : slot * CH + CH]
+    for r in range(D):  # the item's S_c and U, copied in while the item before it computed
+        smem[Ss + r * LKS : Ss + r * LKS + D] = Sc[(slot * D + r) * D : (slot * D + r) * D + D]
+    for r in range(CH):
+        smem[Us + r * LKS : Us + r * LKS + D] = U[(slot * CH + r) * D : (slot * CH + r) * D + D]
     pv = {}
     for warp in range(NTO // 32):
         for q in range(-(-20 // (NTO // 32))):
@@ -435,11 +441,9 @@ def out_pass(bx, h, n, qn, Kt, U, Sc, gcum, cu, pos, H, Hk, max_chunks, out):
         store_c(smem, Ps + ti * 16 * LC + tj * 16 + (t & 1) * 8, LC, p)
     for warp in range(NTO // 32):
         col = warp * 8
-        Sg = slot * D * D + col
-        Ug = slot * CH * D + col
         o = [zero4() for _ in range(4)]
         for k in range(D // 8):
-            b = [Sc[Sg + (k * 8 + tq) * D + gq], Sc[Sg + (k * 8 + tq + 4) * D + gq]]
+            b = load_b(smem, Ss + k * 8 * LKS + col, LKS, 1)
             for i in range(4):
                 o[i] = mma(o[i], ldsm_a(smem, Qs + i * 16 * LK + k * 8, LK), b)
         for i in range(4):
@@ -447,7 +451,7 @@ def out_pass(bx, h, n, qn, Kt, U, Sc, gcum, cu, pos, H, Hk, max_chunks, out):
             hi = np.exp(smem[gs + i * 16 + gq + 8])
             o[i] = [o[i][0] * lo, o[i][1] * lo, o[i][2] * hi, o[i][3] * hi]
         for k in range(CH // 8):
-            b = [U[Ug + (k * 8 + tq) * D + gq], U[Ug + (k * 8 + tq + 4) * D + gq]]
+            b = load_b(smem, Us + k * 8 * LKS + col, LKS, 1)
             for i in range(4):
                 if k * 8 >= (i + 1) * 16:
                     continue

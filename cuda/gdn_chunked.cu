@@ -60,7 +60,8 @@ static_assert(4 * (CH * LB + 2 * CH * LC + 3 * 16 * LX + 2 * CH) == GDN_SOLVE_SM
 static_assert(4 * (NCOL * LK + 2 * (CH * LK + CH * LKS + CH * LS + CH)) == GDN_STATE_SMEM, "gdn_chunk_state layout");
 static_assert(NCOL * LC <= CH * LS, "the decayed U (n-major) fits where U~ was");
 static_assert((LK * 4) % 128 == 16 && (LC * 4) % 128 == 16, "ldmatrix: 8 rows in 8 different 16-byte bank groups");
-static_assert(4 * (2 * CH * LK + CH) == GDN_OUT_SMEM, "gdn_chunk_out layout");
+// gdn_chunk_out: q, k (then P), G, then the S_c and U of the item taken next
+static_assert(4 * (2 * CH * LK + CH + (D + CH) * LKS) == GDN_OUT_SMEM, "gdn_chunk_out layout");
 static_assert(NCOL == CH && 2 * NCOL == D, "U~'s rows and the decayed U's (n-major) share a buffer; two column halves");
 // Shared-memory banks (float index mod 32): an A fragment reads rows g (8) x columns t (4), a B
 // fragment rows t x columns g. The 32 lanes hit 32 banks when a tile read as A has a stride of 4
@@ -179,6 +180,9 @@ struct ChunkTickets {
     __device__ void prefetch() {
         if (threadIdx.x == 0 && next < total) ahead = desc[next / H];
     }
+
+    // thread 0: the ticket the next take() returns, -1 if none
+    __device__ int upcoming() const { return next < total ? next : -1; }
 };
 
 // The launch's chunks in segment order: list[0] = their count, list[1 + n] = segment n's first
@@ -778,11 +782,21 @@ __device__ __forceinline__ void chunk_state(const float* __restrict__ Kt, const 
 GDN_CHUNK_STATE(gdn_chunk_state_w8, 256)
 GDN_CHUNK_STATE(gdn_chunk_state_w16, 512)
 
+// S_c ([D][D]) and U ([CH][D]) of item `ticket` (slot * H + h) into shared memory rows of LKS
+__device__ __forceinline__ void copy_out_states(float* Ss, float* Us, const float* __restrict__ Sc,
+                                                const float* __restrict__ U, long ticket) {
+    copy_tile<NTO, D>(Ss, LKS, Sc + ticket * D * D);
+    copy_tile<NTO, D>(Ss + CH * LKS, LKS, Sc + ticket * D * D + CH * D);
+    copy_tile<NTO, D>(Us, LKS, U + ticket * CH * D);
+}
+
 // The output pass, grid (max_chunks, H, N), block NTO, dynamic shared memory GDN_OUT_SMEM: every
 // chunk of every head at once, from S_c and U of gdn_chunk_state. Warp w owns the 8 value
-// columns 8w of all 64 rows; its S_c and U fragments are loaded from global memory first, while
-// the q rows and the solve's K tile (Kt) copy in and P forms (once a chunk: one block holds all
-// columns). out: [T, H, 128] bf16, own rows only (tail rows have no query: their outputs belong to the parent).
+// columns 8w of all 64 rows. An item's S_c and U (96 KB, the pass's largest read) are copied into
+// shared memory while the item before it computes; its warp's fragments of them go to registers,
+// and the copy of the next item's starts. The q rows and the solve's K tile (Kt) copy in, and P
+// forms once a chunk (one block holds all columns). out: [T, H, 128] bf16, own rows only (tail
+// rows have no query: their outputs belong to the parent).
 extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     const float* __restrict__ qn, const float* __restrict__ Kt, const float* __restrict__ U,
     const float* __restrict__ Sc, const float* __restrict__ gcum, const int* __restrict__ cu,
@@ -792,14 +806,20 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     float* Qs = smem;           // [64][LK]  q
     float* Ks = Qs + CH * LK;   // [64][LK]  k, then P [64][LC]
     float* gs = Ks + CH * LK;   // [64]      G
+    float* Ss = gs + CH;        // [128][LKS] S_c of the item taken next
+    float* Us = Ss + D * LKS;   // [64][LKS]  its U
     float* Ps = Ks;
 
-    __shared__ int ticket;
+    __shared__ int ticket, upcoming;
     __shared__ int4 chunk_desc;
     ChunkTickets tickets(list, counters, H, &ticket, &chunk_desc);
+    if (threadIdx.x == 0) upcoming = tickets.upcoming();
+    __syncthreads();
+    if (upcoming >= 0) copy_out_states(Ss, Us, Sc, U, upcoming);
+    cp_async_commit();
     ChunkItem job;
     while (tickets.take(job)) {
-        const int h = job.h, n = job.n, c = job.c;
+        const int h = job.h, c = job.c;
         const int hk = h / (H / Hk);
         const int col = (threadIdx.x >> 5) * 8;  // this warp's value columns
         const int tid = threadIdx.x, warp = tid >> 5;
@@ -818,28 +838,29 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         }
         if (tid < CH / 4) cp_async16(gs + tid * 4, gcum + slot * CH + tid * 4, true);
         cp_async_commit();
-        // B fragments of S_c (k = key row, n = column) and of U (k = chunk row) for this warp's strip
-        float sf[D / 8][2], uf[CH / 8][2];
-        const float* Sg = Sc + slot * D * D + col;
-        const float* Ug = U + slot * CH * D + col;
-#pragma unroll
-        for (int k = 0; k < D / 8; ++k) {
-            sf[k][0] = Sg[(k * 8 + l.t) * D + l.g];
-            sf[k][1] = Sg[(k * 8 + l.t + 4) * D + l.g];
-        }
-#pragma unroll
-        for (int k = 0; k < CH / 8; ++k) {
-            uf[k][0] = Ug[(k * 8 + l.t) * D + l.g];
-            uf[k][1] = Ug[(k * 8 + l.t + 4) * D + l.g];
-        }
         tickets.prefetch();
         cp_async_wait<0>();
         __syncthreads();
+        // B fragments of S_c (k = key row, n = column) and of U (k = chunk row) for this warp's strip
+        float sf[D / 8][2], uf[CH / 8][2];
+#pragma unroll
+        for (int k = 0; k < D / 8; ++k) {
+            sf[k][0] = Ss[(k * 8 + l.t) * LKS + col + l.g];
+            sf[k][1] = Ss[(k * 8 + l.t + 4) * LKS + col + l.g];
+        }
+#pragma unroll
+        for (int k = 0; k < CH / 8; ++k) {
+            uf[k][0] = Us[(k * 8 + l.t) * LKS + col + l.g];
+            uf[k][1] = Us[(k * 8 + l.t + 4) * LKS + col + l.g];
+        }
         for (int idx = tid; idx < CH * D; idx += NTO) {  // q is only a tf32 operand here (k came rounded)
             float* x = Qs + (idx / D) * LK + idx % D;
             *x = rnd(*x);
         }
-        __syncthreads();
+        if (tid == 0) upcoming = tickets.upcoming();
+        __syncthreads();  // S_c and U are in registers: the next item's copy in while this one computes
+        if (upcoming >= 0) copy_out_states(Ss, Us, Sc, U, upcoming);
+        cp_async_commit();
 
         // P = (q k^T) e^{G_i - G_j}, j <= i: the 10 16 x 16 tiles at or below the diagonal as 20
         // 16 x 8 tiles (up to 2 a warp), masked and decayed in registers

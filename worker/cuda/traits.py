@@ -101,8 +101,9 @@ class GdnChunkTraits:
 
     @property
     def out_smem_bytes(self) -> int:
-        """gdn_chunk_out: q (then e^G q, then O), k (then P), G."""
-        return FLOAT_BYTES * (2 * self.chunk * self.k_stride + self.chunk)
+        """gdn_chunk_out: q, k (then P), G, then the next item's S_c and U (read as B fragments)."""
+        c, d = self.chunk, self.head_dim
+        return FLOAT_BYTES * (2 * c * self.k_stride + c + (d + c) * self.state_k_stride)
 
     def definitions(self) -> dict[str, int]:
         return {
