@@ -50,7 +50,10 @@ def test_shared_memory_sizes_follow_the_strides():
     assert a.smem_bytes == 3 * 64 * 256 * 2 and a.pipelined_smem_bytes == 5 * 64 * 256 * 2
     # one block per SM must fit the H100/H200's 227 KiB of shared memory (attention: with the
     # bytes that align its tiles)
-    assert max(g.solve_smem_bytes, g.state_smem_bytes, g.out_smem_bytes, a.pipelined_smem_bytes + a.wgmma_align) <= 227 * 1024
+    assert (
+        max(g.solve_smem_bytes, g.state_smem_bytes, g.out_smem_bytes, a.pipelined_smem_bytes + a.wgmma_align)
+        <= 227 * 1024
+    )
     # the single-buffered attention form runs two blocks an SM
     assert 2 * (a.smem_bytes + a.wgmma_align + 1024) <= 228 * 1024
     # two solve blocks an SM (1 KiB of each SM's shared memory is reserved per block)
