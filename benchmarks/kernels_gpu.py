@@ -158,12 +158,12 @@ def cases(T: int):
     kt = torch.empty(max_chunks + 1, HK, 64, DKV, device=DEV)
     fin, o = torch.empty(1, H, DKV, DKV, device=DEV), torch.empty(T, H, DKV, device=DEV).bfloat16()
     plan = KC.gdn_chunk_plan(cu, pos, max_chunks, max_chunks, src)
-    solve = lambda: KC.gdn_chunk_solve(geo, kn, v, g, beta, cu, pos, src, tl, w, u, gc, kt, plan)  # noqa: E731
+    solve = lambda: KC.gdn_chunk_solve(geo, kn, v, g, beta, src, tl, w, u, gc, kt, plan)  # noqa: E731
     state = lambda sv: KC.gdn_chunk_state(geo, kt, w, u, gc, cu, pos, src, 0, sc, fin, plan, sv)  # noqa: E731
     for sv in KC.GDN_STATE_VARIANTS:
         out.append((f"gdn_chunked:solve+state_{sv}", lambda sv=sv: (solve(), state(sv)), 0, 0, "bw"))
     out.append(("gdn_chunked:solve", solve, 0, 0, "bw"))
-    out.append(("gdn_chunked:out", lambda: KC.gdn_chunk_out(geo, qn, kt, u, sc, gc, cu, pos, src, o, plan), 0, 0, "bw"))
+    out.append(("gdn_chunked:out", lambda: KC.gdn_chunk_out(geo, qn, kt, u, sc, gc, o, plan), 0, 0, "bw"))
     fla = _fla_case(qn, kn, v, g, beta, init)
     if fla is not None:
         out.append(("fla_chunk_gdn", fla, gdn_bytes, chunk_flops, "tf32"))

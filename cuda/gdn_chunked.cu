@@ -330,15 +330,15 @@ __device__ __forceinline__ void kkt(float (&acc)[KT][4], const float* Bs, const 
     }
 }
 
-// grid (max_chunks, H, N), block NT, dynamic shared memory GDN_SOLVE_SMEM (two blocks an SM).
+// Blocks of NT threads, two an SM, taking the (chunk, head) items of the chunk list by ticket;
+// dynamic shared memory GDN_SOLVE_SMEM.
 // W, U: [chunks, H, 64, 128] fp32 scratch (W holds -W rounded to tf32); gcum: [chunks, H, 64] fp32.
 // Kt: [chunks, Hk, 64, 128] fp32, each chunk's k rows rounded to tf32 (zeros past the end): the
 // state pass's K, whatever the rows' sources. tail_out[n]: the rows of segment n's unfinished
 // last chunk (written where there is one).
 extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
     const float* __restrict__ kn, const __nv_bfloat16* __restrict__ v, long v_stride,
-    const float* __restrict__ g, const float* __restrict__ beta, const int* __restrict__ cu,
-    const int* __restrict__ pos, int H, int Hk, int max_chunks, const int* __restrict__ tail_src,
+    const float* __restrict__ g, const float* __restrict__ beta, int H, int Hk, const int* __restrict__ tail_src,
     const float* __restrict__ tails, float* __restrict__ tail_out, long tail_width, float* __restrict__ W,
     float* __restrict__ U, float* __restrict__ gcum, float* __restrict__ Kt, const int* __restrict__ list,
     int* __restrict__ counters) {
@@ -574,7 +574,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
         // columns, not K's and V's rows: no pass over [k | v]); warp w takes W (even w) or U~, 64
         // columns ((w >> 1) & 1), and the row tiles {0, 3} or {1, 2} (w >> 2): 10 k steps of 8
         // column tiles each (wu_tile), the same for every warp.
-        const long slot = (long)(s.first + c) * H + h;
+        const long slot = (long)job.slot * H + h;
         {
             const int cols = ((warp >> 1) & 1) * (D / 2), pair = warp >> 2;
 #pragma unroll
@@ -790,17 +790,16 @@ __device__ __forceinline__ void copy_out_states(float* Ss, float* Us, const floa
     copy_tile<NTO, D>(Us, LKS, U + ticket * CH * D);
 }
 
-// The output pass, grid (max_chunks, H, N), block NTO, dynamic shared memory GDN_OUT_SMEM: every
-// chunk of every head at once, from S_c and U of gdn_chunk_state. Warp w owns the 8 value
-// columns 8w of all 64 rows. An item's S_c and U (96 KB, the pass's largest read) are copied into
-// shared memory while the item before it computes; its warp's fragments of them go to registers,
-// and the copy of the next item's starts. The q rows and the solve's K tile (Kt) copy in, and P
-// forms once a chunk (one block holds all columns). out: [T, H, 128] bf16, own rows only (tail
-// rows have no query: their outputs belong to the parent).
+// The output pass, a block of NTO threads an SM taking (chunk, head) items by ticket, dynamic
+// shared memory GDN_OUT_SMEM: every chunk of every head, from S_c and U of gdn_chunk_state. Warp w
+// owns the 8 value columns 8w of all 64 rows. An item's S_c and U (96 KB, the pass's largest read)
+// are copied into shared memory while the item before it computes; its warp's fragments of them
+// go to registers, and the copy of the next item's starts. The q rows and the solve's K tile (Kt)
+// copy in, and P forms once a chunk (one block holds all columns). out: [T, H, 128] bf16, own rows
+// only (tail rows have no query: their outputs belong to the parent).
 extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     const float* __restrict__ qn, const float* __restrict__ Kt, const float* __restrict__ U,
-    const float* __restrict__ Sc, const float* __restrict__ gcum, const int* __restrict__ cu,
-    const int* __restrict__ pos, int H, int Hk, int max_chunks, __nv_bfloat16* __restrict__ out,
+    const float* __restrict__ Sc, const float* __restrict__ gcum, int H, int Hk, __nv_bfloat16* __restrict__ out,
     const int* __restrict__ list, int* __restrict__ counters) {
     extern __shared__ __align__(128) float smem[];
     float* Qs = smem;           // [64][LK]  q

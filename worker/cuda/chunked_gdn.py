@@ -105,12 +105,12 @@ def gdn_chunked(
     chunk_states = torch.empty(scratch_chunks, H, GDN_DIM, GDN_DIM, dtype=torch.float32, device=dev)
     chunk_list = gdn_chunk_plan(cu_seqlens, positions, max_chunks, scratch_chunks, sources)
     geo = (N, H, Hk, max_chunks, width)
-    gdn_chunk_solve(geo, kn, v, g, beta, cu_seqlens, positions, sources, tail_out, w, u, gcum, kt, chunk_list)
+    gdn_chunk_solve(geo, kn, v, g, beta, sources, tail_out, w, u, gcum, kt, chunk_list)
     for level in range(sources.num_levels):  # parents' final states before their children start
         gdn_chunk_state(
             geo, kt, w, u, gcum, cu_seqlens, positions, sources, level, chunk_states, final, chunk_list, state_variant
         )
-    gdn_chunk_out(geo, qn, kt, u, chunk_states, gcum, cu_seqlens, positions, sources, out, chunk_list)
+    gdn_chunk_out(geo, qn, kt, u, chunk_states, gcum, out, chunk_list)
     return out, final, tail_out
 
 
@@ -138,9 +138,7 @@ def gdn_chunk_plan(cu_seqlens, positions, max_chunks: int, slots: int, src: Chun
 # geo = (N, H, Hk, max_chunks, tail width); buffers as gdn_chunked allocates them.
 
 
-def gdn_chunk_solve(
-    geo, kn, v, g, beta, cu_seqlens, positions, src: ChunkSources, tail_out, w, u, gcum, kt, chunk_list
-) -> None:
+def gdn_chunk_solve(geo, kn, v, g, beta, src: ChunkSources, tail_out, w, u, gcum, kt, chunk_list) -> None:
     """The solve over every listed chunk; kt: [chunks, Hk, 64, 128] fp32, each chunk's k rows
     rounded to tf32 (the state pass's K)."""
     N, H, Hk, max_chunks, width = geo
@@ -156,11 +154,8 @@ def gdn_chunk_solve(
             _i64(v.stride(0)),
             g,
             beta,
-            cu_seqlens,
-            positions,
             H,
             Hk,
-            max_chunks,
             src.tail_src,
             src.tails,
             tail_out,
@@ -224,9 +219,7 @@ def gdn_chunk_state(
     )
 
 
-def gdn_chunk_out(
-    geo, qn, kt, u, chunk_states, gcum, cu_seqlens, positions, src: ChunkSources, out, chunk_list
-) -> None:
+def gdn_chunk_out(geo, qn, kt, u, chunk_states, gcum, out, chunk_list) -> None:
     """The output pass over every listed chunk; kt: the solve's K tiles."""
     N, H, Hk, max_chunks, width = geo
     counters, sms = gdn_schedule(kt.device)
@@ -235,6 +228,6 @@ def gdn_chunk_out(
         "gdn_chunk_out",
         (sms,),  # a block an SM takes the (chunk, head) items
         (traits.GDN_CHUNKED.out_threads,),
-        (qn, kt, u, chunk_states, gcum, cu_seqlens, positions, H, Hk, max_chunks, out, chunk_list, counters),
+        (qn, kt, u, chunk_states, gcum, H, Hk, out, chunk_list, counters),
         dynamic_smem=traits.GDN_CHUNKED.out_smem_bytes,
     )
