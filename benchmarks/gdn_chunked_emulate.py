@@ -390,13 +390,13 @@ def state(NTH, bx, h, n, Kt, W, U, gcum, cu, pos, H, Hk, max_chunks, init, has_i
 
 
 def out_pass(bx, h, n, qn, Kt, U, Sc, gcum, cu, pos, H, Hk, max_chunks, out):
-    smem = SMEM[0] = np.full(2 * CH * LK + CH + (D + CH) * LKS, np.nan)
-    Qs = 0
-    Ks = CH * LK
-    gs = 2 * CH * LK
-    Ss = gs + CH
+    smem = SMEM[0] = np.full(3 * CH * LK + CH * LC + 2 * CH + (D + CH) * LKS, np.nan)
+    Qs = 0  # the first of two q buffers
+    Ks = 2 * CH * LK
+    Ps = Ks + CH * LK
+    gs = Ps + CH * LC
+    Ss = gs + 2 * CH
     Us = Ss + D * LKS
-    Ps = Ks
     c = bx
     hk = h // (H // Hk)
     s = segment(cu, pos, n, max_chunks)

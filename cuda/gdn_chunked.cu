@@ -60,8 +60,8 @@ static_assert(4 * (CH * LB + 2 * CH * LC + 3 * 16 * LX + 2 * CH) == GDN_SOLVE_SM
 static_assert(4 * (NCOL * LK + 2 * (CH * LK + CH * LKS + CH * LS + CH)) == GDN_STATE_SMEM, "gdn_chunk_state layout");
 static_assert(NCOL * LC <= CH * LS, "the decayed U (n-major) fits where U~ was");
 static_assert((LK * 4) % 128 == 16 && (LC * 4) % 128 == 16, "ldmatrix: 8 rows in 8 different 16-byte bank groups");
-// gdn_chunk_out: q, k (then P), G, then the S_c and U of the item taken next
-static_assert(4 * (2 * CH * LK + CH + (D + CH) * LKS) == GDN_OUT_SMEM, "gdn_chunk_out layout");
+// gdn_chunk_out: two q buffers, k, P, two G buffers, then the S_c and U of the item taken next
+static_assert(4 * (3 * CH * LK + CH * LC + 2 * CH + (D + CH) * LKS) == GDN_OUT_SMEM, "gdn_chunk_out layout");
 static_assert(NCOL == CH && 2 * NCOL == D, "U~'s rows and the decayed U's (n-major) share a buffer; two column halves");
 // Shared-memory banks (float index mod 32): an A fragment reads rows g (8) x columns t (4), a B
 // fragment rows t x columns g. The 32 lanes hit 32 banks when a tile read as A has a stride of 4
@@ -128,6 +128,21 @@ struct ChunkItem {
     Seg s;
 };
 
+__device__ __forceinline__ ChunkItem chunk_item(int ticket, int4 d, int H) {
+    ChunkItem it;
+    it.slot = ticket / H;
+    it.h = ticket % H;
+    it.n = d.x >> 16;
+    it.c = d.x & 0xffff;
+    it.s.start = d.y;
+    it.s.rows = d.z;
+    it.s.tail = d.w;
+    it.s.own = d.z - d.w;
+    it.s.chunks = 0;
+    it.s.first = it.slot - it.c;
+    return it;
+}
+
 // The (chunk, head) items by ticket, one ahead: thread 0 takes the next item's ticket when an
 // item starts and reads that chunk's descriptor (gdn_chunk_plan) at prefetch(), midway through
 // the item, so the next item starts with both in shared memory (the ticket, the chunk list, the
@@ -162,17 +177,7 @@ struct ChunkTickets {
         __syncthreads();
         const int item = *ticket_s;
         if (item < 0) return false;
-        const int4 d = *desc_s;
-        it.slot = item / H;
-        it.h = item % H;
-        it.n = d.x >> 16;
-        it.c = d.x & 0xffff;
-        it.s.start = d.y;
-        it.s.rows = d.z;
-        it.s.tail = d.w;
-        it.s.own = d.z - d.w;
-        it.s.chunks = 0;
-        it.s.first = it.slot - it.c;
+        it = chunk_item(item, *desc_s, H);
         return true;
     }
 
@@ -181,8 +186,9 @@ struct ChunkTickets {
         if (threadIdx.x == 0 && next < total) ahead = desc[next / H];
     }
 
-    // thread 0: the ticket the next take() returns, -1 if none
+    // thread 0: the ticket the next take() returns, -1 if none, and (after prefetch) its descriptor
     __device__ int upcoming() const { return next < total ? next : -1; }
+    __device__ int4 upcoming_desc() const { return ahead; }
 };
 
 // The launch's chunks in segment order: list[0] = their count, list[1 + n] = segment n's first
@@ -790,53 +796,76 @@ __device__ __forceinline__ void copy_out_states(float* Ss, float* Us, const floa
     copy_tile<NTO, D>(Us, LKS, U + ticket * CH * D);
 }
 
+// an output item's q rows (zeros where a row has no query) and G
+__device__ __forceinline__ void copy_out_rows(float* Qs, float* gs, const float* __restrict__ qn,
+                                              const float* __restrict__ gcum, const ChunkItem& it, int H, int Hk) {
+    const int hk = it.h / (H / Hk), r0 = it.c * CH;
+#pragma unroll
+    for (int k = 0; k < CH * (D / 4) / NTO; ++k) {
+        const int idx = threadIdx.x + k * NTO;
+        const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
+        const bool own = vr >= it.s.tail && vr < it.s.rows;
+        cp_async16(Qs + r * LK + d, own ? qn + ((long)(it.s.start + vr - it.s.tail) * Hk + hk) * D + d : qn, own);
+    }
+    if (threadIdx.x < CH / 4) cp_async16(gs + threadIdx.x * 4, gcum + ((long)it.slot * H + it.h) * CH + threadIdx.x * 4, true);
+}
+
 // The output pass, a block of NTO threads an SM taking (chunk, head) items by ticket, dynamic
 // shared memory GDN_OUT_SMEM: every chunk of every head, from S_c and U of gdn_chunk_state. Warp w
-// owns the 8 value columns 8w of all 64 rows. An item's S_c and U (96 KB, the pass's largest read)
-// are copied into shared memory while the item before it computes; its warp's fragments of them
-// go to registers, and the copy of the next item's starts. The q rows and the solve's K tile (Kt)
-// copy in, and P forms once a chunk (one block holds all columns). out: [T, H, 128] bf16, own rows
-// only (tail rows have no query: their outputs belong to the parent).
-extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
-    const float* __restrict__ qn, const float* __restrict__ Kt, const float* __restrict__ U,
-    const float* __restrict__ Sc, const float* __restrict__ gcum, int H, int Hk, __nv_bfloat16* __restrict__ out,
-    const int* __restrict__ list, int* __restrict__ counters) {
-    extern __shared__ __align__(128) float smem[];
-    float* Qs = smem;           // [64][LK]  q
-    float* Ks = Qs + CH * LK;   // [64][LK]  k, then P [64][LC]
-    float* gs = Ks + CH * LK;   // [64]      G
-    float* Ss = gs + CH;        // [128][LKS] S_c of the item taken next
-    float* Us = Ss + D * LKS;   // [64][LKS]  its U
-    float* Ps = Ks;
+// owns the 8 value columns 8w of all 64 rows. The next item's S_c and U (96 KB, the pass's largest
+// read) are copied into shared memory while an item computes, once its warps hold this item's
+// fragments of them in registers; AHEAD: its q rows and G too (two buffers), and its K tile once
+// P is formed, so that an item waits for no copy. P forms once a chunk (one block holds all
+// columns). out: [T, H, 128] bf16, own rows only (tail rows have no query: their outputs belong
+// to the parent).
+template <bool AHEAD>
+__device__ __forceinline__ void chunk_out(const float* __restrict__ qn, const float* __restrict__ Kt,
+                                          const float* __restrict__ U, const float* __restrict__ Sc,
+                                          const float* __restrict__ gcum, int H, int Hk,
+                                          __nv_bfloat16* __restrict__ out, const int* __restrict__ list,
+                                          int* __restrict__ counters) {
+    extern __shared__ __align__(128) float out_smem[];
+    float* Qb = out_smem;          // [2][64][LK] q (two buffers: AHEAD)
+    float* Ks = Qb + 2 * CH * LK;  // [64][LK]    k
+    float* Ps = Ks + CH * LK;      // [64][LC]    P
+    float* gb = Ps + CH * LC;      // [2][64]     G
+    float* Ss = gb + 2 * CH;       // [128][LKS]  S_c of the item taken next
+    float* Us = Ss + D * LKS;      // [64][LKS]   its U
 
     __shared__ int ticket, upcoming;
-    __shared__ int4 chunk_desc;
+    __shared__ int4 chunk_desc, upcoming_desc;
     ChunkTickets tickets(list, counters, H, &ticket, &chunk_desc);
-    if (threadIdx.x == 0) upcoming = tickets.upcoming();
+    if (threadIdx.x == 0) {
+        upcoming = tickets.upcoming();
+        upcoming_desc = tickets.upcoming_desc();
+    }
     __syncthreads();
-    if (upcoming >= 0) copy_out_states(Ss, Us, Sc, U, upcoming);
+    if (upcoming >= 0) {
+        copy_out_states(Ss, Us, Sc, U, upcoming);
+        if (AHEAD) {
+            const ChunkItem nx = chunk_item(upcoming, upcoming_desc, H);
+            copy_out_rows(Qb, gb, qn, gcum, nx, H, Hk);
+            copy_tile<NTO, D>(Ks, LK, Kt + ((long)nx.slot * Hk + nx.h / (H / Hk)) * CH * D);
+        }
+    }
     cp_async_commit();
     ChunkItem job;
-    while (tickets.take(job)) {
+    for (int taken = 0; tickets.take(job); ++taken) {
         const int h = job.h, c = job.c;
-        const int hk = h / (H / Hk);
         const int col = (threadIdx.x >> 5) * 8;  // this warp's value columns
         const int tid = threadIdx.x, warp = tid >> 5;
         const Lane l = lane_of();
         const Seg& s = job.s;
         const int r0 = c * CH;
-        const long slot = (long)job.slot * H + h;
+        const int b = AHEAD ? taken & 1 : 0;
+        float* Qs = Qb + b * CH * LK;
+        const float* gs = gb + b * CH;
 
-        copy_tile<NTO, D>(Ks, LK, Kt + ((long)job.slot * Hk + hk) * CH * D);  // the solve's K tile
-#pragma unroll
-        for (int it = 0; it < CH * (D / 4) / NTO; ++it) {
-            const int idx = tid + it * NTO;
-            const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
-            const bool own = vr >= s.tail && vr < s.rows;
-            cp_async16(Qs + r * LK + d, own ? qn + ((long)(s.start + vr - s.tail) * Hk + hk) * D + d : qn, own);
+        if (!AHEAD) {
+            copy_tile<NTO, D>(Ks, LK, Kt + ((long)job.slot * Hk + h / (H / Hk)) * CH * D);  // the solve's K tile
+            copy_out_rows(Qs, gb, qn, gcum, job, H, Hk);
+            cp_async_commit();
         }
-        if (tid < CH / 4) cp_async16(gs + tid * 4, gcum + slot * CH + tid * 4, true);
-        cp_async_commit();
         tickets.prefetch();
         cp_async_wait<0>();
         __syncthreads();
@@ -856,15 +885,25 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
             float* x = Qs + (idx / D) * LK + idx % D;
             *x = rnd(*x);
         }
-        if (tid == 0) upcoming = tickets.upcoming();
+        if (tid == 0) {
+            upcoming = tickets.upcoming();
+            upcoming_desc = tickets.upcoming_desc();
+        }
         __syncthreads();  // S_c and U are in registers: the next item's copy in while this one computes
-        if (upcoming >= 0) copy_out_states(Ss, Us, Sc, U, upcoming);
+        ChunkItem nx;
+        if (upcoming >= 0) {
+            copy_out_states(Ss, Us, Sc, U, upcoming);
+            if (AHEAD) {
+                nx = chunk_item(upcoming, upcoming_desc, H);
+                copy_out_rows(Qb + (b ^ 1) * CH * LK, gb + (b ^ 1) * CH, qn, gcum, nx, H, Hk);
+            }
+        }
         cp_async_commit();
 
         // P = (q k^T) e^{G_i - G_j}, j <= i: the 10 16 x 16 tiles at or below the diagonal as 20
         // 16 x 8 tiles (up to 2 a warp), masked and decayed in registers
         constexpr int PT = (20 + NTO / 32 - 1) / (NTO / 32);
-        float p[PT][4];
+        float p[PT][4];  // (the warp's tiles are stored as they finish)
 #pragma unroll
         for (int q = 0; q < PT; ++q) {
             const int t = warp + q * (NTO / 32);
@@ -887,20 +926,15 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
                     const int i = ti * 16 + l.g + (e >> 1) * 8, j = n0 + 2 * l.t + (e & 1);
                     p[q][e] = j <= i ? __expf(gs[i] - gs[j]) * p[q][e] : 0.f;
                 }
-            }
-        }
-        __syncthreads();  // every warp is done with k: P takes its place
-#pragma unroll
-        for (int q = 0; q < PT; ++q) {
-            const int t = warp + q * (NTO / 32);
-            if (t < 20) {
-                int ti, tj;
-                lower_tile(t >> 1, ti, tj);
                 const float rp[4] = {rnd(p[q][0]), rnd(p[q][1]), rnd(p[q][2]), rnd(p[q][3])};  // a tf32 operand
                 store_c(Ps + ti * 16 * LC + tj * 16 + (t & 1) * 8, LC, rp, l);
             }
         }
-        __syncthreads();
+        __syncthreads();  // P is whole and every warp is done with k
+        if (AHEAD) {
+            if (upcoming >= 0) copy_tile<NTO, D>(Ks, LK, Kt + ((long)nx.slot * Hk + nx.h / (H / Hk)) * CH * D);
+            cp_async_commit();
+        }
 
         // O = e^G (Q S_c) + P U on the warp's 64 x 8 strip (P is zero above its diagonal tiles)
         float o[4][4];
@@ -948,3 +982,14 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     }
     finish_items(counters);
 }
+
+#define GDN_CHUNK_OUT(NAME, AHEAD)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(NTO, 1)                                                             \
+        NAME(const float* __restrict__ qn, const float* __restrict__ Kt, const float* __restrict__ U,                \
+             const float* __restrict__ Sc, const float* __restrict__ gcum, int H, int Hk,                            \
+             __nv_bfloat16* __restrict__ out, const int* __restrict__ list, int* __restrict__ counters) {            \
+        chunk_out<AHEAD>(qn, Kt, U, Sc, gcum, H, Hk, out, list, counters);                                          \
+    }
+GDN_CHUNK_OUT(gdn_chunk_out_su, false)
+GDN_CHUNK_OUT(gdn_chunk_out_all, true)
+

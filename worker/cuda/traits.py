@@ -101,9 +101,10 @@ class GdnChunkTraits:
 
     @property
     def out_smem_bytes(self) -> int:
-        """gdn_chunk_out: q, k (then P), G, then the next item's S_c and U (read as B fragments)."""
+        """gdn_chunk_out: two q buffers, k, P, two G buffers, then the next item's S_c and U (read as
+        B fragments)."""
         c, d = self.chunk, self.head_dim
-        return FLOAT_BYTES * (2 * c * self.k_stride + c + (d + c) * self.state_k_stride)
+        return FLOAT_BYTES * (3 * c * self.k_stride + c * self.chunk_stride + 2 * c + (d + c) * self.state_k_stride)
 
     def definitions(self) -> dict[str, int]:
         return {
