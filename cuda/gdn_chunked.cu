@@ -199,13 +199,13 @@ struct ChunkTickets {
 // read, as with the recurrence), and segment(...).first counts the same chunks for every listed
 // segment. One block of GDN_PLAN_THREADS threads, a segment a thread (N <= GDN_PLAN_THREADS).
 extern "C" __global__ void __launch_bounds__(GDN_PLAN_THREADS)
-    gdn_chunk_plan(const int* __restrict__ cu, const int* __restrict__ pos, int N, int max_chunks,
+    gdn_chunk_plan(const int* __restrict__ cu, const int* __restrict__ pos, int max_chunks,
                    const int* __restrict__ level_off, int levels, int* __restrict__ list) {
     static_assert(GDN_PLAN_DESC % 4 == 0 && GDN_PLAN_DESC >= 1 + GDN_PLAN_THREADS, "int4 descriptors after the slots");
     __shared__ int first[GDN_PLAN_THREADS];
     const int n = threadIdx.x;
     int chunks = 0, a = 0, own = 0, tail = 0;
-    if (n < N && n < level_off[levels]) {
+    if (n < level_off[levels]) {  // level_off[levels] <= N
         a = cu[n];
         own = cu[n + 1] - a;
         tail = own > 0 ? (pos[a] & (CH - 1)) : 0;

@@ -134,7 +134,7 @@ def gdn_chunk_plan(cu_seqlens, positions, max_chunks: int, slots: int, src: Chun
         "gdn_chunk_plan",
         (1,),
         (threads,),
-        (cu_seqlens, positions, N, max_chunks, src.level_off, src.num_levels, chunk_list),
+        (cu_seqlens, positions, max_chunks, src.level_off, src.num_levels, chunk_list),
     )
     return chunk_list
 
