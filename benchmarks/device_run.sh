@@ -36,7 +36,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 # main's package again).
 install_tree() {
   rm -rf "$2" "$1/build" "$1"/*.egg-info && python3 -m pip install -q --no-index --no-deps --no-build-isolation \
-    --no-compile --no-cache-dir --target "$2" "$1"
+    --no-compile --no-cache-dir --target "$2" "./$1"  # ./: a path, not a requirement named ab-old
 }
 install_tree . /tmp/oj || exit 1
 export PYTHONPATH=/tmp/oj:/tmp/site
