@@ -27,7 +27,7 @@ GDN_STATE_DEFAULT = "w8"
 # the output pass: the next item's S_c and U copied in while one computes ("su"), or all its
 # inputs ("all")
 GDN_OUT_VARIANTS = ("su", "all")
-GDN_OUT_DEFAULT = "su"
+GDN_OUT_DEFAULT = "all"
 
 
 @dataclass(frozen=True)
