@@ -163,9 +163,7 @@ def cases(T: int):
     for sv in KC.GDN_STATE_VARIANTS:
         out.append((f"gdn_chunked:solve+state_{sv}", lambda sv=sv: (solve(), state(sv)), 0, 0, "bw"))
     out.append(("gdn_chunked:solve", solve, 0, 0, "bw"))
-    for ov in KC.GDN_OUT_VARIANTS:
-        fn = lambda ov=ov: KC.gdn_chunk_out(geo, qn, kt, u, sc, gc, o, plan, ov)  # noqa: E731
-        out.append((f"gdn_chunked:out_{ov}", fn, 0, 0, "bw"))
+    out.append(("gdn_chunked:out", lambda: KC.gdn_chunk_out(geo, qn, kt, u, sc, gc, o, plan), 0, 0, "bw"))
     fla = _fla_case(qn, kn, v, g, beta, init)
     if fla is not None:
         out.append(("fla_chunk_gdn", fla, gdn_bytes, chunk_flops, "tf32"))

@@ -812,20 +812,18 @@ __device__ __forceinline__ void copy_out_rows(float* Qs, float* gs, const float*
 
 // The output pass, a block of NTO threads an SM taking (chunk, head) items by ticket, dynamic
 // shared memory GDN_OUT_SMEM: every chunk of every head, from S_c and U of gdn_chunk_state. Warp w
-// owns the 8 value columns 8w of all 64 rows. The next item's S_c and U (96 KB, the pass's largest
-// read) are copied into shared memory while an item computes, once its warps hold this item's
-// fragments of them in registers; AHEAD: its q rows and G too (two buffers), and its K tile once
-// P is formed, so that an item waits for no copy. P forms once a chunk (one block holds all
+// owns the 8 value columns 8w of all 64 rows. Every input of the next item is copied in while an
+// item computes, so that an item waits for no copy: its S_c and U (96 KB, the pass's largest read)
+// once this item's warps hold their fragments of them in registers, its q rows and G into the
+// other of two buffers, and its K tile once P is formed. P forms once a chunk (one block holds all
 // columns). out: [T, H, 128] bf16, own rows only (tail rows have no query: their outputs belong
 // to the parent).
-template <bool AHEAD>
-__device__ __forceinline__ void chunk_out(const float* __restrict__ qn, const float* __restrict__ Kt,
-                                          const float* __restrict__ U, const float* __restrict__ Sc,
-                                          const float* __restrict__ gcum, int H, int Hk,
-                                          __nv_bfloat16* __restrict__ out, const int* __restrict__ list,
-                                          int* __restrict__ counters) {
+extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
+    const float* __restrict__ qn, const float* __restrict__ Kt, const float* __restrict__ U,
+    const float* __restrict__ Sc, const float* __restrict__ gcum, int H, int Hk, __nv_bfloat16* __restrict__ out,
+    const int* __restrict__ list, int* __restrict__ counters) {
     extern __shared__ __align__(128) float out_smem[];
-    float* Qb = out_smem;          // [2][64][LK] q (two buffers: AHEAD)
+    float* Qb = out_smem;          // [2][64][LK] q (two buffers)
     float* Ks = Qb + 2 * CH * LK;  // [64][LK]    k
     float* Ps = Ks + CH * LK;      // [64][LC]    P
     float* gb = Ps + CH * LC;      // [2][64]     G
@@ -841,12 +839,10 @@ __device__ __forceinline__ void chunk_out(const float* __restrict__ qn, const fl
     }
     __syncthreads();
     if (upcoming >= 0) {
+        const ChunkItem nx = chunk_item(upcoming, upcoming_desc, H);
         copy_out_states(Ss, Us, Sc, U, upcoming);
-        if (AHEAD) {
-            const ChunkItem nx = chunk_item(upcoming, upcoming_desc, H);
-            copy_out_rows(Qb, gb, qn, gcum, nx, H, Hk);
-            copy_tile<NTO, D>(Ks, LK, Kt + ((long)nx.slot * Hk + nx.h / (H / Hk)) * CH * D);
-        }
+        copy_out_rows(Qb, gb, qn, gcum, nx, H, Hk);
+        copy_tile<NTO, D>(Ks, LK, Kt + ((long)nx.slot * Hk + nx.h / (H / Hk)) * CH * D);
     }
     cp_async_commit();
     ChunkItem job;
@@ -857,15 +853,10 @@ __device__ __forceinline__ void chunk_out(const float* __restrict__ qn, const fl
         const Lane l = lane_of();
         const Seg& s = job.s;
         const int r0 = c * CH;
-        const int b = AHEAD ? taken & 1 : 0;
+        const int b = taken & 1;
         float* Qs = Qb + b * CH * LK;
         const float* gs = gb + b * CH;
 
-        if (!AHEAD) {
-            copy_tile<NTO, D>(Ks, LK, Kt + ((long)job.slot * Hk + h / (H / Hk)) * CH * D);  // the solve's K tile
-            copy_out_rows(Qs, gb, qn, gcum, job, H, Hk);
-            cp_async_commit();
-        }
         tickets.prefetch();
         cp_async_wait<0>();
         __syncthreads();
@@ -892,11 +883,9 @@ __device__ __forceinline__ void chunk_out(const float* __restrict__ qn, const fl
         __syncthreads();  // S_c and U are in registers: the next item's copy in while this one computes
         ChunkItem nx;
         if (upcoming >= 0) {
+            nx = chunk_item(upcoming, upcoming_desc, H);
             copy_out_states(Ss, Us, Sc, U, upcoming);
-            if (AHEAD) {
-                nx = chunk_item(upcoming, upcoming_desc, H);
-                copy_out_rows(Qb + (b ^ 1) * CH * LK, gb + (b ^ 1) * CH, qn, gcum, nx, H, Hk);
-            }
+            copy_out_rows(Qb + (b ^ 1) * CH * LK, gb + (b ^ 1) * CH, qn, gcum, nx, H, Hk);
         }
         cp_async_commit();
 
@@ -931,10 +920,8 @@ __device__ __forceinline__ void chunk_out(const float* __restrict__ qn, const fl
             }
         }
         __syncthreads();  // P is whole and every warp is done with k
-        if (AHEAD) {
-            if (upcoming >= 0) copy_tile<NTO, D>(Ks, LK, Kt + ((long)nx.slot * Hk + nx.h / (H / Hk)) * CH * D);
-            cp_async_commit();
-        }
+        if (upcoming >= 0) copy_tile<NTO, D>(Ks, LK, Kt + ((long)nx.slot * Hk + nx.h / (H / Hk)) * CH * D);
+        cp_async_commit();
 
         // O = e^G (Q S_c) + P U on the warp's 64 x 8 strip (P is zero above its diagonal tiles)
         float o[4][4];
@@ -982,14 +969,4 @@ __device__ __forceinline__ void chunk_out(const float* __restrict__ qn, const fl
     }
     finish_items(counters);
 }
-
-#define GDN_CHUNK_OUT(NAME, AHEAD)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(NTO, 1)                                                             \
-        NAME(const float* __restrict__ qn, const float* __restrict__ Kt, const float* __restrict__ U,                \
-             const float* __restrict__ Sc, const float* __restrict__ gcum, int H, int Hk,                            \
-             __nv_bfloat16* __restrict__ out, const int* __restrict__ list, int* __restrict__ counters) {            \
-        chunk_out<AHEAD>(qn, Kt, U, Sc, gcum, H, Hk, out, list, counters);                                          \
-    }
-GDN_CHUNK_OUT(gdn_chunk_out_su, false)
-GDN_CHUNK_OUT(gdn_chunk_out_all, true)
 

@@ -24,10 +24,6 @@ def gdn_tail_width(num_k_heads: int, num_v_heads: int) -> int:
 # tokens; docs/cuda-kernels.md, "The solve's serial steps, the state pass's state in registers")
 GDN_STATE_VARIANTS = ("w8", "w16")
 GDN_STATE_DEFAULT = "w8"
-# the output pass: the next item's S_c and U copied in while one computes ("su"), or all its
-# inputs ("all")
-GDN_OUT_VARIANTS = ("su", "all")
-GDN_OUT_DEFAULT = "all"
 
 
 @dataclass(frozen=True)
@@ -76,7 +72,6 @@ def gdn_chunked(
     tail_out=None,
     state_variant=GDN_STATE_DEFAULT,
     sources: ChunkSources | None = None,
-    out_variant=GDN_OUT_DEFAULT,
 ):
     """Gated delta rule over packed segments in GDN_CHUNK (64) token chunks at absolute positions
     (cuda/gdn_chunked.cu says why and how).
@@ -94,7 +89,7 @@ def gdn_chunked(
     Hk = qn.shape[1]
     N = cu_seqlens.numel() - 1
     assert v.stride(2) == 1 and v.stride(1) == GDN_DIM and H % Hk == 0 and qn.is_contiguous() and kn.is_contiguous()
-    assert state_variant in GDN_STATE_VARIANTS and out_variant in GDN_OUT_VARIANTS
+    assert state_variant in GDN_STATE_VARIANTS
     dev, width = g.device, gdn_tail_width(Hk, H)
     if sources is None:
         sources = ChunkSources.per_segment(N, H, width, dev, init_state, tail_in)
@@ -115,7 +110,7 @@ def gdn_chunked(
         gdn_chunk_state(
             geo, kt, w, u, gcum, cu_seqlens, positions, sources, level, chunk_states, final, chunk_list, state_variant
         )
-    gdn_chunk_out(geo, qn, kt, u, chunk_states, gcum, out, chunk_list, out_variant)
+    gdn_chunk_out(geo, qn, kt, u, chunk_states, gcum, out, chunk_list)
     return out, final, tail_out
 
 
@@ -224,13 +219,13 @@ def gdn_chunk_state(
     )
 
 
-def gdn_chunk_out(geo, qn, kt, u, chunk_states, gcum, out, chunk_list, variant=GDN_OUT_DEFAULT) -> None:
+def gdn_chunk_out(geo, qn, kt, u, chunk_states, gcum, out, chunk_list) -> None:
     """The output pass over every listed chunk; kt: the solve's K tiles."""
     N, H, Hk, max_chunks, width = geo
     counters, sms = gdn_schedule(kt.device)
     _launch(
         "gdn_chunked",
-        f"gdn_chunk_out_{variant}",
+        "gdn_chunk_out",
         (sms,),  # a block an SM takes the (chunk, head) items
         (traits.GDN_CHUNKED.out_threads,),
         (qn, kt, u, chunk_states, gcum, H, Hk, out, chunk_list, counters),
