@@ -43,9 +43,9 @@ from openjev.worker.runner_api import SegmentResult, SegmentRun
 DEFAULT_GRAPH_CACHE_SIZE = 128
 DEFAULT_GRAPH_CAPTURE_AFTER = 2
 # "serial": the token recurrence (gated_delta.cu), the default; "chunked": the tensor-core WY
-# form (gdn_chunked.cu), faster alone from ~256 tokens a segment but through the engine only at
-# parity from ~650 tokens and slower below (docs/cuda-kernels.md). Both take multi-level passes
-# and agree exactly across policies.
+# form (gdn_chunked.cu), faster alone from ~256 tokens a segment; through the engine 5-7% faster
+# from ~700 computed tokens and 3-8% slower on short requests (docs/cuda-kernels.md), which most
+# of the traffic is. Both take multi-level passes and agree exactly across policies.
 GDN_KERNELS = ("serial", "chunked")
 DEFAULT_PASS_DEPTH = 8  # tree levels one pass holds
 LT_ROWS = 1024  # graph passes up to this many tokens get products timed against cuBLASLt's at start
