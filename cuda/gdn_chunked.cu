@@ -807,7 +807,8 @@ __device__ __forceinline__ void copy_out_rows(float* Qs, float* gs, const float*
         const bool own = vr >= it.s.tail && vr < it.s.rows;
         cp_async16(Qs + r * LK + d, own ? qn + ((long)(it.s.start + vr - it.s.tail) * Hk + hk) * D + d : qn, own);
     }
-    if (threadIdx.x < CH / 4) cp_async16(gs + threadIdx.x * 4, gcum + ((long)it.slot * H + it.h) * CH + threadIdx.x * 4, true);
+    if (threadIdx.x < CH / 4)
+        cp_async16(gs + threadIdx.x * 4, gcum + ((long)it.slot * H + it.h) * CH + threadIdx.x * 4, true);
 }
 
 // The output pass, a block of NTO threads an SM taking (chunk, head) items by ticket, dynamic
@@ -969,4 +970,3 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     }
     finish_items(counters);
 }
-
