@@ -25,6 +25,13 @@ __device__ __forceinline__ void load8(const __nv_bfloat16* p, float* f) {
     }
 }
 
+// Four bf16 values from one 8-byte load, as fp32
+__device__ __forceinline__ float4 bf16x4_float4(uint2 raw) {
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
 __device__ __forceinline__ void store8(__nv_bfloat16* p, const float* f) {
     bf16x8 v;
 #pragma unroll

@@ -238,18 +238,17 @@ __device__ __forceinline__ void cp_async_wait_all() {
     cp_async_wait<0>();
 }
 
-// One chunk's k rows [64][LD] of key head hk from the tail or the packed rows (zeros past the
-// end), as asynchronous copies by NTH threads: the caller waits and syncs.
+// One chunk's k rows [64][LB] of key head hk from the tail or the packed rows (zeros past the
+// end), as asynchronous copies by the solve's NT threads: the caller waits and syncs.
 // Where virtual row vr of segment n comes from: a packed row (>= 0) or -1 - e, row e of the tails.
 __device__ __forceinline__ int row_source(const int* __restrict__ tail_src, const Seg& s, int n, int vr) {
     return vr < s.tail ? tail_src[n * CH + vr] : s.start + vr - s.tail;
 }
 
-template <int NTH = NT, int LD = LK>
 __device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, const int* __restrict__ tail_src,
                                        const float* __restrict__ tails, long tail_width, const Seg& s, int r0, int n,
                                        int hk, int Hk) {
-    static_assert(NTH % (D / 4) == 0, "a thread copies the same 4 columns of every row it copies");
+    static_assert(NT % (D / 4) == 0, "a thread copies the same 4 columns of every row it copies");
     if (r0 >= s.tail && r0 + CH <= s.rows) {
         // a whole chunk of packed rows (every chunk of a segment but its first and last, and those
         // too without a tail or a short end): consecutive rows, no per-row source (its lookup and
@@ -257,20 +256,20 @@ __device__ __forceinline__ void load_k(float* Ks, const float* __restrict__ kn, 
         const float* from = kn + ((long)(s.start + r0 - s.tail) * Hk + hk) * D + (threadIdx.x % (D / 4)) * 4;
         const int r = threadIdx.x / (D / 4);
 #pragma unroll
-        for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
-            const int row = r + it * (NTH / (D / 4));
-            cp_async16(Ks + row * LD + (threadIdx.x % (D / 4)) * 4, from + (long)row * Hk * D, true);
+        for (int it = 0; it < CH * (D / 4) / NT; ++it) {
+            const int row = r + it * (NT / (D / 4));
+            cp_async16(Ks + row * LB + (threadIdx.x % (D / 4)) * 4, from + (long)row * Hk * D, true);
         }
         return;
     }
 #pragma unroll
-    for (int it = 0; it < CH * (D / 4) / NTH; ++it) {
-        const int idx = threadIdx.x + it * NTH;
+    for (int it = 0; it < CH * (D / 4) / NT; ++it) {
+        const int idx = threadIdx.x + it * NT;
         const int r = idx / (D / 4), d = (idx % (D / 4)) * 4, vr = r0 + r;
         const bool ok = vr < s.rows;
         const int src = ok ? row_source(tail_src, s, n, vr) : 0;
         const float* from = src >= 0 ? kn + ((long)src * Hk + hk) * D + d : tails + (long)(-1 - src) * tail_width + hk * D + d;
-        cp_async16(Ks + r * LD + d, from, ok);
+        cp_async16(Ks + r * LB + d, from, ok);
     }
 }
 
@@ -369,7 +368,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
         const int tid = threadIdx.x, warp = tid >> 5;
         const Lane l = lane_of();
 
-        load_k<NT, LB>(Bs, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
+        load_k(Bs, kn, tail_src, tails, tail_width, s, r0, n, hk, Hk);
         constexpr int VSTEPS = CH * (D / 4) / NT;  // v rows: 4 values a thread per step
         if (r0 >= s.tail && r0 + CH <= s.rows) {
             // a whole chunk of packed rows (as in load_k): every load issued before the first
@@ -381,10 +380,8 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
                 raw[it] = *reinterpret_cast<const uint2*>(from + (long)(tid / (D / 4) + it * (NT / (D / 4))) * v_stride);
 #pragma unroll
             for (int it = 0; it < VSTEPS; ++it) {
-                const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[it].x));
-                const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[it].y));
                 const int r = tid / (D / 4) + it * (NT / (D / 4)), d = (tid % (D / 4)) * 4;
-                *reinterpret_cast<float4*>(Bs + r * LB + D + d) = make_float4(lo.x, lo.y, hi.x, hi.y);
+                *reinterpret_cast<float4*>(Bs + r * LB + D + d) = bf16x4_float4(raw[it]);
             }
         } else {
 #pragma unroll
@@ -397,10 +394,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
                     if (src < 0) {
                         x = *reinterpret_cast<const float4*>(tails + (long)(-1 - src) * tail_width + Hk * D + h * D + d);
                     } else {
-                        const uint2 raw = *reinterpret_cast<const uint2*>(v + (long)src * v_stride + h * D + d);
-                        const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-                        const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-                        x = make_float4(lo.x, lo.y, hi.x, hi.y);
+                        x = bf16x4_float4(*reinterpret_cast<const uint2*>(v + (long)src * v_stride + h * D + d));
                     }
                 }
                 *reinterpret_cast<float4*>(Bs + r * LB + D + d) = x;
@@ -838,12 +832,15 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         upcoming = tickets.upcoming();
         upcoming_desc = tickets.upcoming_desc();
     }
+    auto copy_k = [&](const ChunkItem& it) {  // the solve's K tile of an item
+        copy_tile<NTO, D>(Ks, LK, Kt + ((long)it.slot * Hk + it.h / (H / Hk)) * CH * D);
+    };
     __syncthreads();
     if (upcoming >= 0) {
         const ChunkItem nx = chunk_item(upcoming, upcoming_desc, H);
         copy_out_states(Ss, Us, Sc, U, upcoming);
         copy_out_rows(Qb, gb, qn, gcum, nx, H, Hk);
-        copy_tile<NTO, D>(Ks, LK, Kt + ((long)nx.slot * Hk + nx.h / (H / Hk)) * CH * D);
+        copy_k(nx);
     }
     cp_async_commit();
     ChunkItem job;
@@ -921,7 +918,7 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
             }
         }
         __syncthreads();  // P is whole and every warp is done with k
-        if (upcoming >= 0) copy_tile<NTO, D>(Ks, LK, Kt + ((long)nx.slot * Hk + nx.h / (H / Hk)) * CH * D);
+        if (upcoming >= 0) copy_k(nx);
         cp_async_commit();
 
         // O = e^G (Q S_c) + P U on the warp's 64 x 8 strip (P is zero above its diagonal tiles)

@@ -115,28 +115,28 @@ __device__ __forceinline__ void ldsm_a(u32 (&a)[4], const float* p, int ld) {
     ldsm4(a, p + ((m & 1) * 8 + (lane & 7)) * ld + (m >> 1) * 4);
 }
 
-// The B fragments of two 8 x 8 tiles side by side (columns n0 .. n0 + 15) whose element (k, n)
-// is p[n * ld + k] (stored n-major)
-__device__ __forceinline__ void ldsm_b2(u32 (&b0)[2], u32 (&b1)[2], const float* p, int ld) {
-    const int lane = threadIdx.x & 31, m = lane >> 3;
+// Two B fragments from one ldmatrix: tiles 0-1 into b0, tiles 2-3 into b1
+__device__ __forceinline__ void ldsm_b_pair(u32 (&b0)[2], u32 (&b1)[2], const float* row) {
     u32 r[4];
-    ldsm4(r, p + ((m >> 1) * 8 + (lane & 7)) * ld + (m & 1) * 4);
+    ldsm4(r, row);
     b0[0] = r[0];
     b0[1] = r[1];
     b1[0] = r[2];
     b1[1] = r[3];
 }
 
+// The B fragments of two 8 x 8 tiles side by side (columns n0 .. n0 + 15) whose element (k, n)
+// is p[n * ld + k] (stored n-major)
+__device__ __forceinline__ void ldsm_b2(u32 (&b0)[2], u32 (&b1)[2], const float* p, int ld) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+    ldsm_b_pair(b0, b1, p + ((m >> 1) * 8 + (lane & 7)) * ld + (m & 1) * 4);
+}
+
 // The B fragments of one 8 x 8 tile for two k steps (k0 and k0 + 8) of an n-major tile
 // (element (k, n) at p[n * ld + k])
 __device__ __forceinline__ void ldsm_b_k2(u32 (&b0)[2], u32 (&b1)[2], const float* p, int ld) {
     const int lane = threadIdx.x & 31;
-    u32 r[4];
-    ldsm4(r, p + (lane & 7) * ld + (lane >> 3) * 4);
-    b0[0] = r[0];
-    b0[1] = r[1];
-    b1[0] = r[2];
-    b1[1] = r[3];
+    ldsm_b_pair(b0, b1, p + (lane & 7) * ld + (lane >> 3) * 4);
 }
 
 // C tiles into and out of an n-major tile (element (r, n) at p[n * ld + r]), one float at a time
