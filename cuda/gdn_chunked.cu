@@ -835,11 +835,15 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     auto copy_k = [&](const ChunkItem& it) {  // the solve's K tile of an item
         copy_tile<NTO, D>(Ks, LK, Kt + ((long)it.slot * Hk + it.h / (H / Hk)) * CH * D);
     };
+    // the upcoming item's S_c and U, and its q rows and G into buffer b
+    auto copy_states_rows = [&](const ChunkItem& it, int b) {
+        copy_out_states(Ss, Us, Sc, U, upcoming);
+        copy_out_rows(Qb + b * CH * LK, gb + b * CH, qn, gcum, it, H, Hk);
+    };
     __syncthreads();
     if (upcoming >= 0) {
         const ChunkItem nx = chunk_item(upcoming, upcoming_desc, H);
-        copy_out_states(Ss, Us, Sc, U, upcoming);
-        copy_out_rows(Qb, gb, qn, gcum, nx, H, Hk);
+        copy_states_rows(nx, 0);
         copy_k(nx);
     }
     cp_async_commit();
@@ -882,8 +886,7 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         ChunkItem nx;
         if (upcoming >= 0) {
             nx = chunk_item(upcoming, upcoming_desc, H);
-            copy_out_states(Ss, Us, Sc, U, upcoming);
-            copy_out_rows(Qb + (b ^ 1) * CH * LK, gb + (b ^ 1) * CH, qn, gcum, nx, H, Hk);
+            copy_states_rows(nx, b ^ 1);
         }
         cp_async_commit();
 
