@@ -220,8 +220,8 @@ def check_chat_tokens(added_tokens: Sequence[dict], chat_prefix: str, chat_suffi
 
 
 def _all_ids(values: Iterable[object]) -> bool:
-    """Every value a JSON integer (not a bool): one set of types, ~50x faster than a test per
-    value over a 248k-token vocabulary, at every worker start."""
+    """Every value a JSON integer (not a bool): one set of types, 0.03 s where a call per value
+    took 0.3-0.4 s over Qwen3.5's 248k tokens, at every worker start."""
     return {type(value) for value in values} <= {int}
 
 
