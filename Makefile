@@ -10,6 +10,10 @@ PROTOS := protos/openjev/v1/decision.proto protos/openjev/worker/v1/worker.proto
 # some read what an earlier test of their file did (the schemathesis run's log). `make test` lists
 # its 15 slowest tests: CI's run is to stay under 15 minutes.
 TEST_WORKERS ?= 2
+# Sources compiled once, not in every process: where the environment sets PYTHONDONTWRITEBYTECODE
+# (these machines do) each of the suite's ~350 Python processes compiled every module it imported
+# again (~0.1 s of CPU a server start, ~6 s a pytest process's collection; docs/deploy.md).
+PYTEST := PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest
 
 .PHONY: run test test-all lint venv test-deps demo-model protos docs bench soak gpu-test clean proto-check proto-release compose-test compose-deps
 
@@ -53,11 +57,11 @@ lint: $(VENV)/.installed-test
 
 test: $(VENV)/.installed-test demo-model proto-check lint
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" --durations=15
+	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" --durations=15
 
 # Everything CPU-side, the slow numerical sweeps included.
 test-all: $(VENV)/.installed-test demo-model proto-check lint
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile
 
 # The benchmark on this machine (CPU, demo model); on a GPU see docs/benchmarks/index.md.
 bench: demo-model $(VENV)/.installed-test
