@@ -54,6 +54,7 @@ import os
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
+from itertools import chain
 from pathlib import Path
 from typing import TypeVar
 
@@ -236,8 +237,8 @@ def check_token_ids(vocab: dict[str, int], added: Sequence[tuple[str, int]]) -> 
             raise ExportError(
                 f"{TOKENIZER_FILE}: added token {content!r} has id {token_id}, but {where} gives it {tokens[content]}"
             )
-    count = len(tokens)
-    if not count or (len(set(tokens.values())) == count and min(tokens.values()) >= 0 and max(tokens.values()) < count):
+    count, ids = len(tokens), set(tokens.values())
+    if len(ids) == count and min(ids, default=0) >= 0 and max(ids, default=-1) < count:
         return
     for content, token_id in tokens.items():
         if not 0 <= token_id < count:
@@ -266,7 +267,7 @@ class TokenizerFile:
         vocab = document["model"]["vocab"]
         pairs = [(token["content"], token["id"]) for token in document.get("added_tokens") or ()]
         added = dict(pairs)
-        if not isinstance(vocab, dict) or not _all_ids((*vocab.values(), *(i for _, i in pairs))):
+        if not isinstance(vocab, dict) or not _all_ids(chain(vocab.values(), (i for _, i in pairs))):
             raise ExportError(f"{TOKENIZER_FILE}: model.vocab and added_tokens must map tokens to integer ids")
         check_token_ids(vocab, pairs)
         check_chat_tokens(document.get("added_tokens") or (), chat_prefix, chat_suffix)

@@ -147,8 +147,7 @@ def _refused_part_way(address: str, stop: threading.Event, sending: threading.Ev
     body = api.DecideRequest(request_json=json.dumps(OVER_TOKEN_LIMIT))
     with Client(address) as client:
         while not stop.is_set():
-            sending.wait(1.0)
-            if not sending.is_set():
+            if not sending.wait(1.0):
                 continue
             started = time.monotonic()
             try:
