@@ -226,9 +226,9 @@ def _all_ids(values: Iterable[object]) -> bool:
     return {type(value) for value in values} <= {int}
 
 
-def check_token_ids(vocab: dict[str, int], added: Sequence[tuple[str, int]]) -> None:
+def check_token_ids(vocab: dict[str, int], added: Sequence[tuple[str, int]]) -> int:
     """The ids of model.vocab and added_tokens ((content, id) in the file's order) must be exactly
-    0..N-1, N the distinct tokens (module docstring): else ExportError naming tokenizer.json and
+    0..N-1, N the distinct tokens (module docstring): N, else ExportError naming tokenizer.json and
     one offender."""
     tokens = dict(vocab)
     for content, token_id in added:
@@ -239,7 +239,7 @@ def check_token_ids(vocab: dict[str, int], added: Sequence[tuple[str, int]]) -> 
             )
     count, ids = len(tokens), set(tokens.values())
     if len(ids) == count and min(ids, default=0) >= 0 and max(ids, default=-1) < count:
-        return
+        return count
     for content, token_id in tokens.items():
         if not 0 <= token_id < count:
             raise ExportError(
@@ -251,6 +251,7 @@ def check_token_ids(vocab: dict[str, int], added: Sequence[tuple[str, int]]) -> 
         if token_id in owner:
             raise ExportError(f"{TOKENIZER_FILE}: id {token_id} is given to both {owner[token_id]!r} and {content!r}")
         owner[token_id] = content
+    raise AssertionError("unreachable: the ids are 0..N-1 unless one is out of range or repeated")
 
 
 class TokenizerFile:
@@ -269,9 +270,8 @@ class TokenizerFile:
         added = dict(pairs)
         if not isinstance(vocab, dict) or not _all_ids(chain(vocab.values(), (i for _, i in pairs))):
             raise ExportError(f"{TOKENIZER_FILE}: model.vocab and added_tokens must map tokens to integer ids")
-        check_token_ids(vocab, pairs)
+        self.num_token_ids = check_token_ids(vocab, pairs)
         check_chat_tokens(document.get("added_tokens") or (), chat_prefix, chat_suffix)
-        self.num_token_ids = len(vocab.keys() | added.keys())
         self._added = {token_id: content for content, token_id in added.items()}
         self._vocab = vocab
         self.fingerprint = tokenizer_fingerprint(data, chat_prefix, chat_suffix)
