@@ -21,7 +21,7 @@ from pathlib import Path
 from openjev import progress
 
 # Bump when the weights or files a given seed produces change: a stale build is then rebuilt.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 STAMP_FILE = ".demo_build.json"
 TENSOR_PREFIX = "model.language_model."
 WEIGHTS_FILE = "model.safetensors"
