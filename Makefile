@@ -10,22 +10,25 @@ PROTOS := protos/openjev/v1/decision.proto protos/openjev/worker/v1/worker.proto
 # some read what an earlier test of their file did (the schemathesis run's log). `make test` lists
 # its 15 slowest tests: CI's run is to stay under 15 minutes.
 TEST_WORKERS ?= 2
-# Sources compiled once, not in every process: where the environment sets PYTHONDONTWRITEBYTECODE
-# (these machines do) each of the suite's ~350 Python processes compiled every module it imported
-# again (~0.1 s of CPU a server start, ~6 s a pytest process's collection; docs/deploy.md).
-PYTEST := PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest
+# Sources compiled once, when first imported: pip does not byte-compile what it installs (56 s
+# of one core for everything `make test` installs, where the suite imports a small part of it),
+# and every process make starts writes the caches of what it imports, also where the environment
+# sets PYTHONDONTWRITEBYTECODE (these machines do; each of the suite's ~350 Python processes then
+# compiled every module it imported again: ~0.1 s of CPU a server start; docs/deploy.md).
+export PYTHONDONTWRITEBYTECODE :=
+PIP_INSTALL := $(PY) -m pip install -q --no-compile
 
 .PHONY: run test test-all lint venv test-deps demo-model protos docs bench soak gpu-test clean proto-check proto-release compose-test compose-deps
 
 # The worker extra: `make run` starts both processes from this one environment.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[worker]'
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) -e '.[worker]'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
-	$(PY) -m pip install -q -e '.[test]'
+	$(PIP_INSTALL) -e '.[test]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -57,11 +60,11 @@ lint: $(VENV)/.installed-test
 
 test: $(VENV)/.installed-test demo-model proto-check lint
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
-	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" --durations=15
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" --durations=15
 
 # Everything CPU-side, the slow numerical sweeps included.
 test-all: $(VENV)/.installed-test demo-model proto-check lint
-	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The benchmark on this machine (CPU, demo model); on a GPU see docs/benchmarks/index.md.
 bench: demo-model $(VENV)/.installed-test
