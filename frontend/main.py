@@ -218,7 +218,7 @@ def serve(args: argparse.Namespace) -> None:
         )
     meta = load_export_meta_or_exit(args.model, "openjev-frontend")
     tokenizer = or_exit(PromptTokenizer.from_export, args.model, program="openjev-frontend")
-    trim_heap()  # building it freed ~290 MiB that glibc would keep (memory.py)
+    trim_heap()  # building it freed ~90 MiB that glibc would keep (memory.py)
     servers: list[serving.Server] = []
 
     def on_worker_state(state) -> None:

@@ -7,9 +7,11 @@ first few large bodies they came from the per-thread heaps, which keep what is f
 frontend (4 MiB bodies among 12 clients, 65 threads) held 140-180 MiB more for tens of seconds
 while Python's own objects stayed at 20-36 MiB. A fixed threshold keeps them on mmap.
 
-Building the tokenizer (`tokenizers` parses Qwen's 14 MiB tokenizer.json into a document it
-then frees, in small blocks) left ~290 MiB free in the heap, which glibc kept: the frontend sat at
-~320 MiB before its first request (~145 since). `trim_heap` hands such pages back once, after start-up.
+Building the tokenizer (`tokenizers` parses Qwen's 13 MiB tokenizer.json into a document it
+then frees, in small blocks) left ~90 MiB free in the heap, which glibc kept (~200 MiB while the
+demo's file wrote its merges as [left, right] pairs): a process that built it sat at ~226 MiB,
+~139 after the trim, and a started frontend is at ~145 before its first request. `trim_heap`
+hands such pages back once, after start-up.
 """
 
 from __future__ import annotations

@@ -76,8 +76,8 @@ TOKENIZER_ONLY = textwrap.dedent(
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_started_frontend_does_not_keep_the_heap_its_tokenizer_freed(demo_model, tmp_path):
-    """Building Qwen's tokenizer frees ~290 MiB of parsed document in small blocks, which glibc
-    kept: a frontend sat at ~320 MiB before its first request, ~145 MiB since it trims its heap."""
+    """Building Qwen's tokenizer frees ~90 MiB of parsed document in small blocks, which glibc
+    kept: the control sits at ~226 MiB, a started frontend at ~145 since it trims its heap."""
     command = [sys.executable, "-c", TOKENIZER_ONLY, str(demo_model)]
     control = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -91,5 +91,5 @@ def test_a_started_frontend_does_not_keep_the_heap_its_tokenizer_freed(demo_mode
         started = rss_bytes(pair.frontend.popen.pid) / (1 << 20)
     finally:
         pair.stop()
-    assert untrimmed > 250, f"the control kept only {untrimmed:.0f} MiB: this test measures nothing"
-    assert started < untrimmed - 100, (started, untrimmed)
+    assert untrimmed > 200, f"the control kept only {untrimmed:.0f} MiB: this test measures nothing"
+    assert started < untrimmed - 60, (started, untrimmed)
