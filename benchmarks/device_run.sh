@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab attention-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead overhead-awake pdl grpc-floor grpc-idle lt-choice lt-space plan-cpu
+#   steps: tests conv conv-ab attention-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead overhead-awake pdl grpc-floor grpc-idle lt-choice lt-space plan-cpu start-ab
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes;
 #          WORKER_EXTRA='--max-launch-tokens 2048' adds worker flags to both)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
@@ -308,6 +308,12 @@ for step in "$@"; do
     lt-choice) timeout 240 python3 benchmarks/lt_choice_probe.py 2>&1 | tee $OUT/lt-choice.txt | grep -v "^  warn" | tail -40 ;;
     # cuBLASLt's unsplit algorithms with a workspace and more of the heuristic's list, against the runner's choice
     lt-space) timeout 450 python3 benchmarks/lt_space_probe.py ${LT_SPACE_ARGS:-} 2>&1 | tee $OUT/lt-space.txt | tail -30 ;;
+    # the 27B-shape worker's start to SERVING and its first 20 requests, this tree against ab-old/
+    # (one start each, ~3 min a start on an H100)
+    start-ab) ab_install || continue
+         for arm in new old; do ab_arm $arm; echo "$arm:"
+           PYTHONPATH=$P:$PYTHONPATH timeout 280 python3 benchmarks/first_request.py --starts 1 --requests 20 \
+             --worker-args "--synthetic 27b" 2>>$OUT/$step.log; done | tee $OUT/$step.md ;;
     # the idle-gap part of grpc-floor alone (~1 min)
     grpc-idle) timeout 150 python3 benchmarks/grpc_floor.py --repeats 150 --gap-ms 25 --awake --label "after idle" \
                  2>>$OUT/grpc-floor.log | tee $OUT/grpc-idle.txt ;;

@@ -1,7 +1,8 @@
 """What the first request after start costs: start worker and frontend, wait for SERVING, send
 `--requests` requests one after another (each with its own text, so nothing is cached), print each
-one's latency; `--starts` times. Work left lazy in either server (a table built on first use, a
-module imported late) shows as a first request slower than the next.
+one's latency, and the worker's seconds from spawn to SERVING; `--starts` times. Work left lazy
+in either server (a table built on first use, a module imported late) shows as a first request
+slower than the next.
 
     python3 benchmarks/first_request.py [--model .openjev/demo-model] [--starts 3] [--requests 6]
         [--worker-args "--synthetic 27b"] [--http]
@@ -72,15 +73,18 @@ def main() -> None:
             )
             try:
                 url = f"http://127.0.0.1:{port}" if args.http else None
-                rows.append(latencies_ms(pair, url, 1000 * start, args.requests))
+                rows.append((pair.worker.serving_seconds, latencies_ms(pair, url, 1000 * start, args.requests)))
             finally:
                 pair.stop()
     route = "HTTP" if args.http else "gRPC"
-    print(f"| start | first request ms ({route}) | the next {args.requests - 1}: median ms | first / median |")
-    print("|---|---|---|---|")
-    for start, ms in enumerate(rows):
+    print(
+        f"| start | worker SERVING s | first request ms ({route}) | the next {args.requests - 1}: median ms | max ms "
+        "| first / median |"
+    )
+    print("|---|---|---|---|---|---|")
+    for start, (serving, ms) in enumerate(rows):
         rest = statistics.median(ms[1:])
-        print(f"| {start + 1} | {ms[0]:.1f} | {rest:.1f} | {ms[0] / rest:.2f}x |")
+        print(f"| {start + 1} | {serving:.1f} | {ms[0]:.1f} | {rest:.1f} | {max(ms[1:]):.1f} | {ms[0] / rest:.2f}x |")
 
 
 if __name__ == "__main__":
