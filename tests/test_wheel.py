@@ -55,10 +55,11 @@ def wheel(tmp_path_factory) -> Path:
 
 
 def _fresh_env(path: Path, requirement: str) -> Path:
-    """A new virtual environment (no system site-packages) with `requirement` installed; its python."""
+    """A new virtual environment (no system site-packages) with `requirement` installed; its python.
+    Not byte-compiled at install (as `make` installs): its few processes compile what they import."""
     venv.create(path, with_pip=True)
     python = path / "bin" / "python"
-    _run(python, "-m", "pip", "install", "-q", requirement)
+    _run(python, "-m", "pip", "install", "-q", "--no-compile", requirement)
     return python
 
 

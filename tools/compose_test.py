@@ -205,6 +205,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="compose-test", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--compose", required=True, help="a Docker Compose v2 binary")
     p.add_argument("--base-image", default=os.environ.get("OPENJEV_BASE_IMAGE", ""), help="default: made locally")
+    p.add_argument(
+        "--base-rootfs",
+        default=os.environ.get("OPENJEV_BASE_ROOTFS", ""),
+        help="the base image's filesystem made before (deploy/base-image/build.sh --rootfs; .ci/run), imported "
+        "instead of made here where finished",
+    )
     p.add_argument("--workdir", type=Path, default=REPO / "build" / "compose-test")
     p.add_argument(
         "--no-gpu-image",
@@ -248,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         with step("base image"):
             if not args.base_image:
                 made_base = run(["docker", "image", "inspect", LOCAL_BASE], check=False, quiet=True).returncode != 0
-                run([*privileged(), str(DEPLOY / "base-image" / "build.sh"), LOCAL_BASE], timeout=1800)
+                made_before = [args.base_rootfs] if args.base_rootfs else []
+                run([*privileged(), str(DEPLOY / "base-image" / "build.sh"), LOCAL_BASE, *made_before], timeout=1800)
                 args.base_image = LOCAL_BASE
             env["OPENJEV_BASE_IMAGE"] = args.base_image
             engine.check_containers_run(args.base_image)
