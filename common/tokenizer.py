@@ -12,7 +12,7 @@ pattern) into a Hugging Face `tokenizers` file:
   says exactly that: one merge for every split of every token into two tokens, ordered by the
   merged token's rank (then split position), and `ignore_merges: true`. Each merge is written
   as "left right" (byte-level text has no space of its own: Ġ stands for it), which the
-  `tokenizers` library builds ~0.4 s faster at each frontend start than [left, right] pairs,
+  `tokenizers` library builds ~0.3 s faster at each frontend start than [left, right] pairs,
   and which the worker's read of the file parses without 500k lists. The usual conversion
   (one merge per token, found by replaying BPE) disagrees with the package on pieces such as
   "人力资源管理", whose tokens only form through parts of a higher rank;
