@@ -58,8 +58,10 @@ lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: $(VENV)/.installed-test demo-model proto-check lint
-	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+# The steps before pytest at once (each mostly one core: mypy, the demo's tokenizer, buf, mkdocs;
+# 35 -> 25 s from a clean clone), each one's output kept together.
+test: $(VENV)/.installed-test
+	$(MAKE) --no-print-directory -j4 --output-sync=target demo-model proto-check lint docs
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" --durations=15
 
 # Everything CPU-side, the slow numerical sweeps included.
