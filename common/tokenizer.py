@@ -270,12 +270,13 @@ class TokenizerFile:
         data = Path(tokenizer_json).read_bytes()
         document = json.loads(data)
         vocab = document["model"]["vocab"]
-        pairs = [(token["content"], token["id"]) for token in document.get("added_tokens") or ()]
+        added_tokens = document.get("added_tokens") or ()
+        pairs = [(token["content"], token["id"]) for token in added_tokens]
         added = dict(pairs)
         if not isinstance(vocab, dict) or not _all_ids(chain(vocab.values(), (i for _, i in pairs))):
             raise ExportError(f"{TOKENIZER_FILE}: model.vocab and added_tokens must map tokens to integer ids")
         self.num_token_ids = check_token_ids(vocab, pairs)
-        check_chat_tokens(document.get("added_tokens") or (), chat_prefix, chat_suffix)
+        check_chat_tokens(added_tokens, chat_prefix, chat_suffix)
         self._added = {token_id: content for content, token_id in added.items()}
         self._vocab = vocab
         self.fingerprint = tokenizer_fingerprint(data, chat_prefix, chat_suffix)
