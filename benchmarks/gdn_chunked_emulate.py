@@ -439,31 +439,37 @@ def out_pass(bx, h, n, qn, Kt, U, Sc, gcum, cu, pos, H, Hk, max_chunks, out):
             pv[t] = (ti, tj, p)
     for t, (ti, tj, p) in pv.items():
         store_c(smem, Ps + ti * 16 * LC + tj * 16 + (t & 1) * 8, LC, p)
+    OJ = D // 8 // (NTO // 32)  # 8-column tiles a warp
     for warp in range(NTO // 32):
-        col = warp * 8
-        o = [zero4() for _ in range(4)]
+        cols = [warp * 8 * OJ + 8 * j for j in range(OJ)]
+        o = [[zero4() for _ in range(OJ)] for _ in range(4)]
+        sf = [[load_b(smem, Ss + k * 8 * LKS + col, LKS, 1) for k in range(D // 8)] for col in cols]
+        uf = [[load_b(smem, Us + k * 8 * LKS + col, LKS, 1) for k in range(CH // 8)] for col in cols]
         for k in range(D // 8):
-            b = load_b(smem, Ss + k * 8 * LKS + col, LKS, 1)
             for i in range(4):
-                o[i] = mma(o[i], ldsm_a(smem, Qs + i * 16 * LK + k * 8, LK), b)
+                a = ldsm_a(smem, Qs + i * 16 * LK + k * 8, LK)
+                for j in range(OJ):
+                    o[i][j] = mma(o[i][j], a, sf[j][k])
         for i in range(4):
             lo = np.exp(smem[gs + i * 16 + gq])
             hi = np.exp(smem[gs + i * 16 + gq + 8])
-            o[i] = [o[i][0] * lo, o[i][1] * lo, o[i][2] * hi, o[i][3] * hi]
+            o[i] = [[x[0] * lo, x[1] * lo, x[2] * hi, x[3] * hi] for x in o[i]]
         for k in range(CH // 8):
-            b = load_b(smem, Us + k * 8 * LKS + col, LKS, 1)
             for i in range(4):
                 if k * 8 >= (i + 1) * 16:
                     continue
-                o[i] = mma(o[i], ldsm_a(smem, Ps + i * 16 * LC + k * 8, LC), b)
+                a = ldsm_a(smem, Ps + i * 16 * LC + k * 8, LC)
+                for j in range(OJ):
+                    o[i][j] = mma(o[i][j], a, uf[j][k])
         for i in range(4):
             for e in range(2):
                 vr = r0 + i * 16 + gq + e * 8
                 for L in range(32):
                     if s["tail"] <= vr[L] < s["rows"]:
                         row = s["start"] + vr[L] - s["tail"]
-                        out[row, h, col + 2 * tq[L]] = o[i][2 * e][L]
-                        out[row, h, col + 2 * tq[L] + 1] = o[i][2 * e + 1][L]
+                        for j, col in enumerate(cols):
+                            out[row, h, col + 2 * tq[L]] = o[i][j][2 * e][L]
+                            out[row, h, col + 2 * tq[L] + 1] = o[i][j][2 * e + 1][L]
 
 
 def run(lengths, starts, H=2, Hk=1, NTH=512, seed=0):

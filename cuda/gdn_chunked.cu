@@ -46,7 +46,8 @@
 #define D GDN_DIM             // key and value head dims
 #define NT GDN_CHUNK_THREADS  // threads a block of the solve and output kernels (8 warps)
 #define NCOL GDN_STATE_COLS   // value columns a gdn_chunk_state block owns
-#define NTO GDN_OUT_THREADS   // threads a gdn_chunk_out block (a warp an 8-column strip of all D)
+#define NTO GDN_OUT_THREADS   // threads a gdn_chunk_out block (a warp a strip of OJ 8-column tiles of all D)
+#define OJ (D / 8 / (NTO / 32))  // gdn_chunk_out: 8-column tiles a warp
 #define LK GDN_LK             // padded row strides (floats): rows start in different banks
 #define LC GDN_LC
 #define LB GDN_LB
@@ -69,7 +70,7 @@ static_assert(NCOL == CH && 2 * NCOL == D, "U~'s rows and the decayed U's (n-maj
 // tile one way only; the solve's [k | v] and T are read both ways (2-way conflicts on one of them:
 // a swizzle that removed them cost more in index arithmetic than it saved, measured 2026-12-01).
 static_assert(LK % 8 == 4 && LC % 8 == 4 && LS % 16 == 8 && LKS % 16 == 8, "conflict-free fragment strides");
-static_assert(NTO == 32 * (D / 8), "gdn_chunk_out: one warp an 8-column strip");
+static_assert(NTO / 32 * OJ * 8 == D, "gdn_chunk_out: a warp a strip of whole 8-column tiles");
 static_assert(LK >= D && LC >= CH && LB >= 2 * D && LX >= 16 && LK % 2 == 0 && LC % 2 == 0 && LB % 4 == 0 &&
                   LK % 4 == 0 && LC % 4 == 0,
               "rows hold a tile row; 16-byte copies, 8-byte fragment pairs");
@@ -807,7 +808,8 @@ __device__ __forceinline__ void copy_out_rows(float* Qs, float* gs, const float*
 
 // The output pass, a block of NTO threads an SM taking (chunk, head) items by ticket, dynamic
 // shared memory GDN_OUT_SMEM: every chunk of every head, from S_c and U of gdn_chunk_state. Warp w
-// owns the 8 value columns 8w of all 64 rows. Every input of the next item is copied in while an
+// owns the 8 OJ value columns from 8 OJ w of all 64 rows: each A fragment of q and P it loads feeds
+// OJ products (the pass is bound by shared memory: at OJ = 1, 16 warps, every warp loaded all of q). Every input of the next item is copied in while an
 // item computes, so that an item waits for no copy: its S_c and U (96 KB, the pass's largest read)
 // once this item's warps hold their fragments of them in registers, its q rows and G into the
 // other of two buffers, and its K tile once P is formed. P forms once a chunk (one block holds all
@@ -850,7 +852,7 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     ChunkItem job;
     for (int taken = 0; tickets.take(job); ++taken) {
         const int h = job.h, c = job.c;
-        const int col = (threadIdx.x >> 5) * 8;  // this warp's value columns
+        const int col = (threadIdx.x >> 5) * 8 * OJ;  // this warp's value columns
         const int tid = threadIdx.x, warp = tid >> 5;
         const Lane l = lane_of();
         const Seg& s = job.s;
@@ -863,20 +865,24 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         cp_async_wait<0>();
         __syncthreads();
         // B fragments of S_c (k = key row, n = column) and of U (k = chunk row) for this warp's strip
-        float sf[D / 8][2], uf[CH / 8][2];
+        float sf[OJ][D / 8][2], uf[OJ][CH / 8][2];
 #pragma unroll
-        for (int k = 0; k < D / 8; ++k) {
-            sf[k][0] = Ss[(k * 8 + l.t) * LKS + col + l.g];
-            sf[k][1] = Ss[(k * 8 + l.t + 4) * LKS + col + l.g];
-        }
+        for (int j = 0; j < OJ; ++j) {
 #pragma unroll
-        for (int k = 0; k < CH / 8; ++k) {
-            uf[k][0] = Us[(k * 8 + l.t) * LKS + col + l.g];
-            uf[k][1] = Us[(k * 8 + l.t + 4) * LKS + col + l.g];
+            for (int k = 0; k < D / 8; ++k) {
+                sf[j][k][0] = Ss[(k * 8 + l.t) * LKS + col + 8 * j + l.g];
+                sf[j][k][1] = Ss[(k * 8 + l.t + 4) * LKS + col + 8 * j + l.g];
+            }
+#pragma unroll
+            for (int k = 0; k < CH / 8; ++k) {
+                uf[j][k][0] = Us[(k * 8 + l.t) * LKS + col + 8 * j + l.g];
+                uf[j][k][1] = Us[(k * 8 + l.t + 4) * LKS + col + 8 * j + l.g];
+            }
         }
-        for (int idx = tid; idx < CH * D; idx += NTO) {  // q is only a tf32 operand here (k came rounded)
-            float* x = Qs + (idx / D) * LK + idx % D;
-            *x = rnd(*x);
+        for (int idx = tid; idx < CH * D / 4; idx += NTO) {  // q is only a tf32 operand here (k came rounded)
+            float4* x = reinterpret_cast<float4*>(Qs + (idx / (D / 4)) * LK + (idx % (D / 4)) * 4);
+            const float4 y = *x;
+            *x = make_float4(rnd(y.x), rnd(y.y), rnd(y.z), rnd(y.w));
         }
         if (tid == 0) {
             upcoming = tickets.upcoming();
@@ -924,37 +930,49 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         if (upcoming >= 0) copy_k(nx);
         cp_async_commit();
 
-        // O = e^G (Q S_c) + P U on the warp's 64 x 8 strip (P is zero above its diagonal tiles)
-        float o[4][4];
+        // O = e^G (Q S_c) + P U on the warp's 64 x 8 OJ strip (P is zero above its diagonal tiles);
+        // every column tile's products in the same order as at OJ = 1, so the same bits
+        float o[4][OJ][4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < OJ; ++j) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.f;
 #pragma unroll
         for (int k = 0; k < D / 8; ++k) {
-            const u32 b[2] = {__float_as_uint(sf[k][0]), __float_as_uint(sf[k][1])};  // S_c: stored rounded
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 u32 a[4];
                 ldsm_a(a, Qs + i * 16 * LK + k * 8, LK);
-                mma(o[i], a, b);
+#pragma unroll
+                for (int j = 0; j < OJ; ++j) {
+                    const u32 b[2] = {__float_as_uint(sf[j][k][0]), __float_as_uint(sf[j][k][1])};  // S_c: stored rounded
+                    mma(o[i][j], a, b);
+                }
             }
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const float lo = __expf(gs[i * 16 + l.g]), hi = __expf(gs[i * 16 + l.g + 8]);
-            o[i][0] *= lo;
-            o[i][1] *= lo;
-            o[i][2] *= hi;
-            o[i][3] *= hi;
+#pragma unroll
+            for (int j = 0; j < OJ; ++j) {
+                o[i][j][0] *= lo;
+                o[i][j][1] *= lo;
+                o[i][j][2] *= hi;
+                o[i][j][3] *= hi;
+            }
         }
 #pragma unroll
         for (int k = 0; k < CH / 8; ++k) {
-            const u32 b[2] = {__float_as_uint(uf[k][0]), __float_as_uint(uf[k][1])};  // U: stored rounded
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 if (k * 8 >= (i + 1) * 16) continue;
                 u32 a[4];
                 ldsm_a(a, Ps + i * 16 * LC + k * 8, LC);
-                mma(o[i], a, b);
+#pragma unroll
+                for (int j = 0; j < OJ; ++j) {
+                    const u32 b[2] = {__float_as_uint(uf[j][k][0]), __float_as_uint(uf[j][k][1])};  // U: stored rounded
+                    mma(o[i][j], a, b);
+                }
             }
         }
 #pragma unroll
@@ -963,8 +981,11 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
             for (int e = 0; e < 2; ++e) {
                 const int vr = r0 + i * 16 + l.g + e * 8;
                 if (vr >= s.tail && vr < s.rows)
-                    *reinterpret_cast<__nv_bfloat162*>(out + ((long)(s.start + vr - s.tail) * H + h) * D + col + 2 * l.t) =
-                        __floats2bfloat162_rn(o[i][2 * e], o[i][2 * e + 1]);
+#pragma unroll
+                    for (int j = 0; j < OJ; ++j)
+                        *reinterpret_cast<__nv_bfloat162*>(out + ((long)(s.start + vr - s.tail) * H + h) * D + col +
+                                                           8 * j + 2 * l.t) =
+                            __floats2bfloat162_rn(o[i][j][2 * e], o[i][j][2 * e + 1]);
             }
         }
     }

@@ -30,7 +30,7 @@ class GdnChunkTraits:
     chunk: int = GDN_CHUNK_TOKENS
     head_dim: int = GDN_HEAD_DIM  # key and value head dims
     threads: int = 256  # a block of the solve kernel (8 warps)
-    out_threads: int = 512  # a block of the output kernel: a warp an 8-column strip of all 128
+    out_threads: int = 256  # a block of the output kernel: a warp a 16-column strip of all 128
     plan_threads: int = 1024  # gdn_chunk_plan: a segment a thread, so a launch holds at most this many
     state_columns: int = 64  # value columns a gdn_chunk_state block owns (= chunk)
     # Floats added to shared-memory rows so that fragment loads hit 32 different banks: an A
