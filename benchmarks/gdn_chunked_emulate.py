@@ -421,24 +421,27 @@ def out_pass(bx, h, n, qn, Kt, U, Sc, gcum, cu, pos, H, Hk, max_chunks, out):
         smem[Us + r * LKS : Us + r * LKS + D] = U[(slot * CH + r) * D : (slot * CH + r) * D + D]
     pv = {}
     for warp in range(NTO // 32):
-        for q in range(-(-20 // (NTO // 32))):
+        for q in range(-(-10 // (NTO // 32))):
             t = warp + q * (NTO // 32)
-            if t >= 20:
+            if t >= 10:
                 continue
-            ti, tj = lower_tile(t >> 1)
-            n0 = tj * 16 + (t & 1) * 8
-            p = zero4()
+            ti, tj = lower_tile(t)
+            p = [zero4(), zero4()]
             for k0 in range(0, D, 16):
-                b = ldsm_b_k2(smem, Ks + n0 * LK + k0, LK)
+                a = [ldsm_a(smem, Qs + ti * 16 * LK + k0 + 8 * k, LK) for k in range(2)]
                 for half in range(2):
-                    p = mma(p, ldsm_a(smem, Qs + ti * 16 * LK + k0 + 8 * half, LK), b[half])
-            for e in range(4):
-                i = ti * 16 + gq + (e >> 1) * 8
-                j = n0 + 2 * tq + (e & 1)
-                p[e] = np.where(j <= i, np.exp(smem[gs + i] - smem[gs + j]) * p[e], 0.0)
-            pv[t] = (ti, tj, p)
-    for t, (ti, tj, p) in pv.items():
-        store_c(smem, Ps + ti * 16 * LC + tj * 16 + (t & 1) * 8, LC, p)
+                    b = ldsm_b_k2(smem, Ks + (tj * 16 + half * 8) * LK + k0, LK)
+                    for k in range(2):
+                        p[half] = mma(p[half], a[k], b[k])
+            for half in range(2):
+                n0 = tj * 16 + half * 8
+                for e in range(4):
+                    i = ti * 16 + gq + (e >> 1) * 8
+                    j = n0 + 2 * tq + (e & 1)
+                    p[half][e] = np.where(j <= i, np.exp(smem[gs + i] - smem[gs + j]) * p[half][e], 0.0)
+                pv[(t, half)] = (ti, n0, p[half])
+    for ti, n0, p in pv.values():
+        store_c(smem, Ps + ti * 16 * LC + n0, LC, p)
     OJ = D // 8 // (NTO // 32)  # 8-column tiles a warp
     for warp in range(NTO // 32):
         cols = [warp * 8 * OJ + 8 * j for j in range(OJ)]

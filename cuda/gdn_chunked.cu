@@ -896,34 +896,41 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
         }
         cp_async_commit();
 
-        // P = (q k^T) e^{G_i - G_j}, j <= i: the 10 16 x 16 tiles at or below the diagonal as 20
-        // 16 x 8 tiles (up to 2 a warp), masked and decayed in registers
-        constexpr int PT = (20 + NTO / 32 - 1) / (NTO / 32);
-        float p[PT][4];  // (the warp's tiles are stored as they finish)
+        // P = (q k^T) e^{G_i - G_j}, j <= i: the 10 16 x 16 tiles at or below the diagonal (up to
+        // PT a warp), each as two 16 x 8 halves that share its q fragments, masked and decayed in
+        // registers
+        constexpr int PT = (10 + NTO / 32 - 1) / (NTO / 32);
 #pragma unroll
         for (int q = 0; q < PT; ++q) {
             const int t = warp + q * (NTO / 32);
-            if (t < 20) {
+            if (t < 10) {
                 int ti, tj;
-                lower_tile(t >> 1, ti, tj);
-                const int n0 = tj * 16 + (t & 1) * 8;
-                p[q][0] = p[q][1] = p[q][2] = p[q][3] = 0.f;
+                lower_tile(t, ti, tj);
+                float p[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll 2
                 for (int k0 = 0; k0 < D; k0 += 16) {
-                    u32 a0[4], a1[4], b0[2], b1[2];
+                    u32 a0[4], a1[4];
                     ldsm_a(a0, Qs + ti * 16 * LK + k0, LK);
                     ldsm_a(a1, Qs + ti * 16 * LK + k0 + 8, LK);
-                    ldsm_b_k2(b0, b1, Ks + n0 * LK + k0, LK);  // (k, n) = k_n[k]
-                    mma(p[q], a0, b0);
-                    mma(p[q], a1, b1);
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        u32 b0[2], b1[2];
+                        ldsm_b_k2(b0, b1, Ks + (tj * 16 + half * 8) * LK + k0, LK);  // (k, n) = k_n[k]
+                        mma(p[half], a0, b0);
+                        mma(p[half], a1, b1);
+                    }
                 }
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int i = ti * 16 + l.g + (e >> 1) * 8, j = n0 + 2 * l.t + (e & 1);
-                    p[q][e] = j <= i ? __expf(gs[i] - gs[j]) * p[q][e] : 0.f;
+                for (int half = 0; half < 2; ++half) {
+                    const int n0 = tj * 16 + half * 8;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = ti * 16 + l.g + (e >> 1) * 8, j = n0 + 2 * l.t + (e & 1);
+                        p[half][e] = j <= i ? __expf(gs[i] - gs[j]) * p[half][e] : 0.f;
+                    }
+                    const float rp[4] = {rnd(p[half][0]), rnd(p[half][1]), rnd(p[half][2]), rnd(p[half][3])};  // a tf32 operand
+                    store_c(Ps + ti * 16 * LC + n0, LC, rp, l);
                 }
-                const float rp[4] = {rnd(p[q][0]), rnd(p[q][1]), rnd(p[q][2]), rnd(p[q][3])};  // a tf32 operand
-                store_c(Ps + ti * 16 * LC + tj * 16 + (t & 1) * 8, LC, rp, l);
             }
         }
         __syncthreads();  // P is whole and every warp is done with k
