@@ -808,13 +808,14 @@ __device__ __forceinline__ void copy_out_rows(float* Qs, float* gs, const float*
 
 // The output pass, a block of NTO threads an SM taking (chunk, head) items by ticket, dynamic
 // shared memory GDN_OUT_SMEM: every chunk of every head, from S_c and U of gdn_chunk_state. Warp w
-// owns the 8 OJ value columns from 8 OJ w of all 64 rows: each A fragment of q and P it loads feeds
-// OJ products (the pass is bound by shared memory: at OJ = 1, 16 warps, every warp loaded all of q). Every input of the next item is copied in while an
-// item computes, so that an item waits for no copy: its S_c and U (96 KB, the pass's largest read)
-// once this item's warps hold their fragments of them in registers, its q rows and G into the
-// other of two buffers, and its K tile once P is formed. P forms once a chunk (one block holds all
-// columns). out: [T, H, 128] bf16, own rows only (tail rows have no query: their outputs belong
-// to the parent).
+// owns the 8 OJ value columns from 8 OJ w of all 64 rows, so each A fragment of q and P it loads
+// feeds OJ products (the pass is bound by shared memory; OJ = 2 with 8 warps: 16 warps of one
+// column tile each loaded all of q twice as often). Every input of the next item is copied in
+// while an item computes, so that an item waits for no copy: its S_c and U (96 KB, the pass's
+// largest read) once this item's warps hold their fragments of them in registers, its q rows and
+// G into the other of two buffers, and its K tile once P is formed. P forms once a chunk (one
+// block holds all columns). out: [T, H, 128] bf16, own rows only (tail rows have no query: their
+// outputs belong to the parent).
 extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
     const float* __restrict__ qn, const float* __restrict__ Kt, const float* __restrict__ U,
     const float* __restrict__ Sc, const float* __restrict__ gcum, int H, int Hk, __nv_bfloat16* __restrict__ out,
@@ -928,7 +929,8 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
                         const int i = ti * 16 + l.g + (e >> 1) * 8, j = n0 + 2 * l.t + (e & 1);
                         p[half][e] = j <= i ? __expf(gs[i] - gs[j]) * p[half][e] : 0.f;
                     }
-                    const float rp[4] = {rnd(p[half][0]), rnd(p[half][1]), rnd(p[half][2]), rnd(p[half][3])};  // a tf32 operand
+                    // a tf32 operand
+                    const float rp[4] = {rnd(p[half][0]), rnd(p[half][1]), rnd(p[half][2]), rnd(p[half][3])};
                     store_c(Ps + ti * 16 * LC + n0, LC, rp, l);
                 }
             }
@@ -951,8 +953,8 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
                 u32 a[4];
                 ldsm_a(a, Qs + i * 16 * LK + k * 8, LK);
 #pragma unroll
-                for (int j = 0; j < OJ; ++j) {
-                    const u32 b[2] = {__float_as_uint(sf[j][k][0]), __float_as_uint(sf[j][k][1])};  // S_c: stored rounded
+                for (int j = 0; j < OJ; ++j) {  // S_c: stored rounded
+                    const u32 b[2] = {__float_as_uint(sf[j][k][0]), __float_as_uint(sf[j][k][1])};
                     mma(o[i][j], a, b);
                 }
             }
@@ -976,8 +978,8 @@ extern "C" __global__ void __launch_bounds__(NTO, 1) gdn_chunk_out(
                 u32 a[4];
                 ldsm_a(a, Ps + i * 16 * LC + k * 8, LC);
 #pragma unroll
-                for (int j = 0; j < OJ; ++j) {
-                    const u32 b[2] = {__float_as_uint(uf[j][k][0]), __float_as_uint(uf[j][k][1])};  // U: stored rounded
+                for (int j = 0; j < OJ; ++j) {  // U: stored rounded
+                    const u32 b[2] = {__float_as_uint(uf[j][k][0]), __float_as_uint(uf[j][k][1])};
                     mma(o[i][j], a, b);
                 }
             }
