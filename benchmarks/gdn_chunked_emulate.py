@@ -10,6 +10,8 @@ shared-memory bank conflicts of every fragment load and store (a float's bank: i
 64-bit accesses by half-warps) and prints them per kernel and source line.
 
     python benchmarks/gdn_chunked_emulate.py    (about a minute on one core)
+
+`pytest -m slow tests/worker/cuda/test_gdn_emulator.py` runs the same cases as a test.
 """
 
 # ruff: noqa: E701, E702, E731, E741, E501
@@ -538,13 +540,18 @@ def run(lengths, starts, H=2, Hk=1, NTH=512, seed=0):
     return rel(out, e_out.numpy()), rel(final, e_fin.numpy())
 
 
-if __name__ == "__main__":
+def worst_difference() -> float:
+    """The largest relative difference to the reference over the emulated cases."""
     worst = 0.0
     for threads in (512, 256):  # gdn_chunk_state_w16, _w8
         worst = max(worst, *run([150, 5, 70], [0, 77, 124], NTH=threads))
         worst = max(worst, *run([1, 64, 200, 3], [4095, 128, 190, 1], NTH=threads, seed=1))
     # two key heads of two value heads each: every key-head index (the state pass's K tiles among them)
-    worst = max(worst, *run([70, 130], [3, 64], H=4, Hk=2, seed=2))
+    return max(worst, *run([70, 130], [3, 64], H=4, Hk=2, seed=2))
+
+
+if __name__ == "__main__":
+    worst = worst_difference()
     print(f"worst relative difference to the reference: {worst:.2e}")
     print("shared-memory fragment accesses (warp instructions) and extra wavefronts (bank conflicts):")
     for site in sorted(ACCESSES):
