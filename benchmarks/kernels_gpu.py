@@ -247,12 +247,12 @@ def runner_capacity(shape: str = "27b") -> list[dict]:
     from openjev.worker.runner_api import SegmentRun
 
     t0 = time.perf_counter()
-    runner = CudaRunner.synthetic(shape, seed=0, graph_cache_size=0)
+    first = CudaRunner.synthetic(shape, seed=0, graph_cache_size=0)
     torch.cuda.synchronize()
     weights_gb = torch.cuda.memory_allocated() / 1e9
     rows = [dict(case=f"{shape} weights built", s=time.perf_counter() - t0, peak_gb=weights_gb)]
     gen = torch.Generator().manual_seed(0)
-    toks = lambda n: torch.randint(0, runner.config.vocab_size, (n,), generator=gen).tolist()  # noqa: E731
+    toks = lambda n: torch.randint(0, first.config.vocab_size, (n,), generator=gen).tolist()  # noqa: E731
 
     def timed(name, fn, repeat=3):
         fn()  # warm-up
@@ -271,27 +271,29 @@ def runner_capacity(shape: str = "27b") -> list[dict]:
     tails = [toks(24) for _ in range(33)]
     prefix_tokens = toks(2048)
 
-    def chained():
+    def chained(runner):
         state, res = None, None
         for i in range(4):
             res = runner.run_launch([SegmentRun(long[i * 4096 : (i + 1) * 4096], i * 4096, state, i < 3, i == 3)])
             state = res[0].state
         return res
 
-    for kernel in GDN_KERNELS:
-        runner.chunked_gdn, runner.graphs = kernel == "chunked", None
+    def one_kernel(kernel: str) -> None:
+        runner = CudaRunner.on_weights_of(first, graph_cache_size=0, gdn_kernel=kernel, gemm_min_rows=1)
+        runner.gemm_rows, runner.stream_rows, runner.lt = first.gemm_rows, first.stream_rows, first.lt  # same paths
         timed(f"{kernel}: 1 x 512 tokens", lambda: runner.run_launch([SegmentRun(p512, 0, None, False, True)]))
-        timed(f"{kernel}: 1 x 16384 (4 x 4096 chained)", chained, repeat=1)
+        timed(f"{kernel}: 1 x 16384 (4 x 4096 chained)", functools.partial(chained, runner), repeat=1)
         prefix = runner.run_launch([SegmentRun(prefix_tokens, 0, None, True, False)])[0].state
         tail_runs = [SegmentRun(t, 2048, prefix, False, True) for t in tails]
-        timed(f"{kernel}: 33 x 24-token tails on a 2048 prefix", lambda r=tail_runs: runner.run_launch(r))
+        timed(f"{kernel}: 33 x 24-token tails on a 2048 prefix", lambda: runner.run_launch(tail_runs))
         runner.graphs = GraphLauncher(runner, 8, capture_after=1)  # timed()'s warm-up call captures
         timed(
             f"{kernel}: 1 x 512 tokens, CUDA graph", lambda: runner.run_launch([SegmentRun(p512, 0, None, False, True)])
         )
-        timed(f"{kernel}: 33 tails, CUDA graph", lambda r=tail_runs: runner.run_launch(r))
-        del prefix, tail_runs
-        runner.graphs = None
+        timed(f"{kernel}: 33 tails, CUDA graph", lambda: runner.run_launch(tail_runs))
+
+    for kernel in GDN_KERNELS:
+        one_kernel(kernel)
         torch.cuda.empty_cache()
     return rows
 

@@ -32,10 +32,14 @@ from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.planner.cost import default_cost_model
 
 ARMS = {
-    "serial": {},
+    "serial": {"gdn_kernel": "serial"},
     "chunked": {"gdn_kernel": "chunked"},
-    "untiled": {"graph_tile_from": 0},  # long passes in 4 token steps an octave (before 2026-12-01c)
-    "levels": {"gdn_level_launches": True},  # the recurrence launched once a level (before 2026-12-02b)
+    "split": {"gdn_kernel": "split"},  # the recurrence before position 512, the chunked kernel from it
+    "split256": {"gdn_kernel": "split", "gdn_split_at": 256},
+    # long passes in 4 token steps an octave (before 2026-12-01c)
+    "untiled": {"gdn_kernel": "serial", "graph_tile_from": 0},
+    # the recurrence launched once a level (before 2026-12-02b)
+    "levels": {"gdn_kernel": "serial", "gdn_level_launches": True},
 }
 
 

@@ -195,10 +195,10 @@ struct ChunkTickets {
 // The launch's chunks in segment order: list[0] = their count, list[1 + n] = segment n's first
 // scratch slot, and from GDN_PLAN_DESC an int4 a scratch slot (the chunk's slot =
 // segment(...).first + c): {(n << 16) | c, the segment's first packed row, its rows (tail and
-// own), its tail}. Only the segments of the levels' ranges (0 .. level_off[levels] - 1) are
-// listed: a graph pass's pad segment after them is neither solved nor output (its rows are never
-// read, as with the recurrence), and segment(...).first counts the same chunks for every listed
-// segment. One block of GDN_PLAN_THREADS threads, a segment a thread (N <= GDN_PLAN_THREADS).
+// own), its tail}. Only the segments of the levels' ranges (level_off[0] .. level_off[levels] - 1)
+// are listed: a graph pass's pad segment after them is neither solved nor output (its rows are
+// never read, as with the recurrence), nor are the recurrence's segments before them (a split
+// pass), and segment(...).first counts the same chunks for every listed segment. One block of GDN_PLAN_THREADS threads, a segment a thread (N <= GDN_PLAN_THREADS).
 extern "C" __global__ void __launch_bounds__(GDN_PLAN_THREADS)
     gdn_chunk_plan(const int* __restrict__ cu, const int* __restrict__ pos, int max_chunks,
                    const int* __restrict__ level_off, int levels, int* __restrict__ list) {
@@ -206,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(GDN_PLAN_THREADS)
     __shared__ int first[GDN_PLAN_THREADS];
     const int n = threadIdx.x;
     int chunks = 0, a = 0, own = 0, tail = 0;
-    if (n < level_off[levels]) {  // level_off[levels] <= N
+    if (n >= level_off[0] && n < level_off[levels]) {  // level_off[levels] <= N
         a = cu[n];
         own = cu[n + 1] - a;
         tail = own > 0 ? (pos[a] & (CH - 1)) : 0;

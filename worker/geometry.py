@@ -9,6 +9,10 @@ whose kernels receive them as compile definitions (`openjev.worker.cuda.traits`)
 # is one `off` computes too (same tokens, same chunk split, hence the same rounding).
 GDN_CHUNK_TOKENS = 64
 
+# `--gdn-kernel split`: the first position the chunked GDN kernel takes by default (a multiple of
+# GDN_CHUNK_TOKENS; before it the token recurrence, faster and more accurate on short prompts).
+DEFAULT_GDN_SPLIT_AT = 512
+
 # Linear-attention (Gated DeltaNet) key and value head dim the CUDA kernels are written for.
 GDN_HEAD_DIM = 128
 

@@ -19,7 +19,7 @@ from openjev.worker.cache.sizing import CPU_DEFAULT_BYTES, build_state_cache, gp
 from openjev.worker.checkpoint.config import ModelConfig, load_model_config
 from openjev.worker.cuda.traits import GDN_CHUNKED
 from openjev.worker.engine import Engine, QuestionWork
-from openjev.worker.geometry import GDN_CHUNK_TOKENS
+from openjev.worker.geometry import DEFAULT_GDN_SPLIT_AT, GDN_CHUNK_TOKENS
 from openjev.worker.planner.cost import default_cost_model
 from openjev.worker.planner.plan import PackLimits
 from openjev.worker.scheduler import InferenceError
@@ -168,11 +168,19 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--gdn-kernel",
-        choices=("serial", "chunked"),
+        choices=("serial", "chunked", "split"),
         default="serial",
         help="cuda backend: Gated DeltaNet prefill as the token recurrence (the default: faster below "
-        "~650 tokens, where most requests are) or the chunked tensor-core form (2.5-5%% faster above, "
-        "measured on the H200; docs/cuda-kernels.md)",
+        "~650 tokens, where most requests are), the chunked tensor-core form (5-7%% faster above, "
+        "measured on an H100), or split: the recurrence before position --gdn-split-at and the "
+        "chunked form from it on (docs/cuda-kernels.md)",
+    )
+    p.add_argument(
+        "--gdn-split-at",
+        type=chunk_tokens,
+        default=DEFAULT_GDN_SPLIT_AT,
+        help="cuda backend, --gdn-kernel split: the first position the chunked form takes, a positive "
+        "multiple of 64 (default %(default)s)",
     )
     p.add_argument(
         "--state-cache-bytes",
@@ -283,10 +291,12 @@ def main(argv: list[str] | None = None) -> None:
         args.chunk_tokens = default_chunk_tokens(args.max_launch_tokens)
     elif args.chunk_tokens > args.max_launch_tokens:
         flags.error(f"--chunk-tokens {args.chunk_tokens} exceeds --max-launch-tokens {args.max_launch_tokens}")
-    if args.gdn_kernel == "chunked" and args.max_launch_sequences > GDN_CHUNKED.max_segments:
+    # split: a sequence crossing --gdn-split-at is two segments of the chunked kernel's plan
+    most = GDN_CHUNKED.max_segments // (2 if args.gdn_kernel == "split" else 1)
+    if args.gdn_kernel != "serial" and args.max_launch_sequences > most:
         flags.error(
-            f"--max-launch-sequences {args.max_launch_sequences} exceeds {GDN_CHUNKED.max_segments}, "
-            "the most segments a pass of --gdn-kernel chunked plans"
+            f"--max-launch-sequences {args.max_launch_sequences} exceeds {most}, "
+            f"the most sequences a pass of --gdn-kernel {args.gdn_kernel} plans"
         )
     if args.max_held_tokens is None:
         args.max_held_tokens = 2 * args.max_request_tokens
@@ -358,7 +368,7 @@ def serve(args: argparse.Namespace) -> None:
         from openjev.worker.cuda.runner import budget_problem, pass_budget
 
         passes = pass_budget(args.max_launch_tokens, args.max_launch_sequences, tile_from=args.graph_tile_from)
-        problem = budget_problem(passes, chunked_gdn=args.gdn_kernel == "chunked")
+        problem = budget_problem(passes, args.gdn_kernel)
         if problem:
             raise SystemExit(f"openjev-worker: {problem}")
     if args.synthetic is None:  # config.json against the tokenizer before the weights load, not after
@@ -375,6 +385,7 @@ def serve(args: argparse.Namespace) -> None:
             "graph_capture_after": args.graph_capture_after,
             "gemm_min_rows": args.gemm_min_rows,
             "gdn_kernel": args.gdn_kernel,
+            "gdn_split_at": args.gdn_split_at,
             "graph_tile_from": args.graph_tile_from,
             "max_pass_tokens": args.max_launch_tokens,
             "max_pass_segments": args.max_launch_sequences,
@@ -396,11 +407,13 @@ def serve(args: argparse.Namespace) -> None:
         raise SystemExit(f"openjev-worker: {error}") from None
     cost_model = default_cost_model("cuda" if backend == "cuda" else "torch")
     revision = meta.checkpoint_revision + (f"+synthetic-{args.synthetic}-seed{args.seed}" if args.synthetic else "")
-    # budget 0 until warm-up is over: the GPU's default is measured after it
+    # budget 0 until warm-up is over: the GPU's default is measured after it; states of another
+    # GDN kernel or split position have other bits
+    gdn = args.gdn_kernel + (f"@{args.gdn_split_at}" if args.gdn_kernel == "split" else "")
     state_cache = build_state_cache(
         runner,
         0,
-        fingerprint=f"{meta.model_id}@{revision}/{backend}/{args.gdn_kernel}/{args.gemm_min_rows}",
+        fingerprint=f"{meta.model_id}@{revision}/{backend}/{gdn}/{args.gemm_min_rows}",
         listener=metrics.StateCacheObserver(),
     )
     # a device that can run nothing more (a sticky CUDA error): stop serving and exit 1, so that a

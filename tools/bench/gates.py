@@ -227,7 +227,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--graphs", type=int, default=64, help="CUDA graph cache size (0: eager)")
     p.add_argument(
-        "--gdn-kernel", choices=("serial", "chunked"), default="serial", help="cuda backend: GDN prefill kernel"
+        "--gdn-kernel",
+        choices=("serial", "chunked", "split"),
+        default="serial",
+        help="cuda backend: GDN prefill kernel (split: the chunked one from position 512)",
     )
     p.add_argument(
         "--gemm-min-rows", type=int, default=None, help="cuda backend: pad smaller products to this many rows"

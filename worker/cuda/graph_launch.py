@@ -85,8 +85,8 @@ class PassModel(Protocol):
     device: torch.device
     gdn_layers: list[int]
     attn_layers: list[int]
-    chunked_gdn: bool
-    level_launches: bool  # whether a GDN layer's launches depend on the pass's levels (buckets.py)
+    chunked_from: int | None  # the chunked GDN kernel's first position (None: the recurrence only)
+    level_launches: bool  # whether the recurrence launches once a level (buckets.py)
 
     def forward_device(self, launch: Launch, io) -> torch.Tensor:
         """Capturable device work: hidden [R, D] bf16 of the head rows."""
@@ -102,8 +102,9 @@ class PassModel(Protocol):
 class _Statics:
     """The static buffers every graph reads and writes, at the budget's size. idx, kv_rows int32;
     kv [La, 2, T_pad max + context, Hkv, 256] bf16; win_in [L, 1+S, 3, C] bf16, st_in [L, 1+S,
-    Hv, 128, 128] fp32 and, with the chunked GDN kernel, tail_in [L, 1+S, 64, width] fp32 (slot 0
-    stays zero); win_out, st_out, tail_out [L, S, ...] (L: GDN layers, La: attention layers, S:
+    Hv, 128, 128] fp32 and, where the chunked GDN kernel runs, tail_in [L, 1+S, 64, width] fp32
+    (slot 0 stays zero; a slot whose parent has no tail keeps stale rows, which no run reads);
+    win_out, st_out, tail_out [L, S, ...] (L: GDN layers, La: attention layers, S:
     MAX_STATE_SLOTS). Layer-major, so one layer's slots are one contiguous tensor."""
 
     def __init__(self, model: PassModel, bucketing: Bucketing):
@@ -118,14 +119,14 @@ class _Statics:
         tail = (K.GDN_CHUNK, KC.gdn_tail_width(c.linear_num_key_heads, hv))
         out = {
             "idx": ((max(k.index_size for k in keys),), torch.int32),
-            "kv_rows": ((b.budget.kv_rows,), torch.int32),
+            "kv_rows": ((b.kv_rows,), torch.int32),
             "kv": ((La, 2, keys[-1].tokens + b.budget.context, c.num_key_value_heads, c.head_dim), torch.bfloat16),
             "win_in": ((L, S + 1, 3, C), torch.bfloat16),
             "st_in": ((L, S + 1, hv, 128, 128), torch.float32),
             "win_out": ((L, S, 3, C), torch.bfloat16),
             "st_out": ((L, S, hv, 128, 128), torch.float32),
         }
-        if m.chunked_gdn:
+        if m.chunked_from is not None:
             out["tail_in"] = ((L, S + 1, *tail), torch.float32)
             out["tail_out"] = ((L, S, *tail), torch.float32)
         return out
@@ -148,7 +149,8 @@ class GraphLauncher:
         if capture_after < 1:
             raise ValueError("capture_after must be at least 1")
         self.model, self.cache, self.capture_after = model, GraphCache(capacity), capture_after
-        self.bucketing = Bucketing(budget or PassBudget(), tail_rows=model.chunked_gdn, level_keys=model.level_launches)
+        chunked, split = model.chunked_from is not None, bool(model.chunked_from)
+        self.bucketing = Bucketing(budget or PassBudget(), chunked, model.level_launches, split)
         self.statics = _Statics(model, self.bucketing)
         self.hits = self.misses = self.failures = self.fallbacks = 0
         self.warmed = False
@@ -162,11 +164,12 @@ class GraphLauncher:
         return self.bucketing.key(
             tokens=len(plan.ids),
             segments=len(plan.runs),
-            levels=plan.num_levels,
+            levels=plan.recurrent_levels,
             parents=len(plan.parents),
             kept=plan.num_kept,
             base=plan.base,
             kv_rows=plan.num_kv_rows,
+            chunked_levels=plan.chunked_levels,
         )
 
     def warm_up(self) -> dict:
@@ -211,15 +214,16 @@ class GraphLauncher:
         from openjev.worker.runner_api import SegmentRun
 
         # a chain of `levels` runs, the last kept if the key keeps; at most a token a level (a
-        # 16-token key of 32 levels takes 9 to 16-level passes: fewer levels fit it too)
-        levels = min(key.levels, key.tokens)
+        # 16-token key of 32 levels takes 9 to 16-level passes: fewer levels fit it too); the
+        # chunked kernel's where the key has them (it from position 0: any valid indices do)
+        levels = min(key.chunked_levels or key.levels, key.tokens)
         n = key.tokens - levels + 1
         runs = []
         for d in range(levels):
             kept = key.kept and d == levels - 1
             parent = d - 1 if d else None
             runs.append(SegmentRun([0] * (n if d == 0 else 1), n + d - 1 if d else 0, None, kept, True, parent))
-        return plan_launch(runs, self.model.config.vocab_size, tail_sources=self.model.chunked_gdn)
+        return plan_launch(runs, self.model.config.vocab_size, chunked_from=0 if key.chunked_levels else None)
 
     # ---- one pass ---------------------------------------------------------------------------
     def _count(self, hit: bool) -> None:
@@ -303,7 +307,7 @@ class GraphLauncher:
             "cu_k": list(cu_k) + [int(cu_k[-1]) + pad] * (key.segments - N),
             "heads": plan.heads,
             "gdn_init": plan.gdn_init + [-1] * (key.segments - N),
-            "level_off": plan.level_off(key.levels),  # the pad and empty segments in no range
+            "level_off": plan.level_off(key.levels, key.chunked_levels),  # the pad and empty segments in no range
             # the pad and empty segments read slot 0's zero window
             "win_src": plan.win_src + [-1 - m for _ in range(key.segments - N) for m in range(3)],
             "tail_src": plan.tail_src,  # the pad and empty segments have no tail rows
@@ -328,17 +332,17 @@ class GraphLauncher:
                 win, st, tail = p.gdn_block
                 dst += [s["win_in"][:, slot], s["st_in"][:, slot]]
                 src += [win, st]
-                if m.chunked_gdn:
-                    assert tail is not None, "a state of the serial GDN kernel has no tail"
+                if tail is not None:
                     dst.append(s["tail_in"][:, slot])
                     src.append(tail)
                 continue
             for g, j in enumerate(m.gdn_layers):
+                win, st, tail = p.gdn[j]
                 dst += [s["win_in"][g, slot], s["st_in"][g, slot]]
-                src += [p.gdn[j][0], p.gdn[j][1]]
-                if m.chunked_gdn:
+                src += [win, st]
+                if tail is not None:
                     dst.append(s["tail_in"][g, slot])
-                    src.append(p.gdn_tail(j))
+                    src.append(tail)
         at = key.tokens
         for node in plan.nodes:  # ancestors' K/V rows, in the plan's pool order
             if node.block is not None:
@@ -376,6 +380,7 @@ class GraphLauncher:
             num_levels=key.levels,
             win_src=v["win_src"],
             tail_src=v["tail_src"] if key.tail_rows else None,
+            chunked_levels=key.chunked_levels,
         )
         return m.forward_device(launch, _StaticIO(m, s, key, v["keep"]))
 
@@ -392,7 +397,7 @@ class GraphLauncher:
         kept = [i for i, run in enumerate(plan.runs) if run.keep_state]
         for k, i in enumerate(kept):
             win, st = s["win_out"][:, k].clone(), s["st_out"][:, k].clone()  # [L, 3, C], [L, Hv, 128, 128]
-            tail = s["tail_out"][:, k].clone() if m.chunked_gdn else None
+            tail = s["tail_out"][:, k].clone() if plan.keeps_tail(i) else None
             gdn_blocks[i] = (win, st, tail)
             gdn[i] = {j: (win[g], st[g], None if tail is None else tail[g]) for g, j in enumerate(m.gdn_layers)}
         for i in plan.materialise:

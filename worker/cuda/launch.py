@@ -3,7 +3,10 @@ indices (`Launch`), and the per-segment state a kept segment leaves (CudaSegment
 
 A forest pass holds runs whose parents may be earlier runs of the same pass. The plan orders
 runs by level (stable), so each level is a contiguous range; the GDN recurrence then runs the
-whole forest in one launch (a child's work waits for its parent's), the conv kernel reads each
+whole forest in one launch (a child's work waits for its parent's). Where the chunked GDN kernel
+takes positions from `chunked_from` on (`--gdn-kernel split`), a run crossing that position is
+split there into an in-pass parent and child, and the runs from it on (the chunked kernel's)
+follow the others, ordered by their own levels; the conv kernel reads each
 run's window where it lies (an in-pass ancestor's rows or an external parent's window,
 win_src), and attention reads in-pass ancestors' keys from the pass's own pool rows (kv_rows
 just lists them)."""
@@ -50,9 +53,10 @@ class KvNode:
 @dataclass(frozen=True)
 class CudaSegmentState:
     """num_tokens: the segment's end position; gdn: per GDN layer index, (conv_window [3, C] bf16,
-    recurrent [Hv, 128, 128] fp32, tail): with the serial GDN kernel the state at the end and tail
-    None; with the chunked one the state at the last multiple of 64 positions and tail [64, width]
-    fp32, the k, v, g, beta rows after it (chunked_gdn.gdn_chunked); kv: the attention chain
+    recurrent [Hv, 128, 128] fp32, tail): where the token recurrence made the state (the serial
+    GDN kernel; the split one up to its first chunked position) the state at the end and tail
+    None; where the chunked kernel did, the state at the last multiple of 64 positions and tail
+    [64, width] fp32, the k, v, g, beta rows after it (chunked_gdn.gdn_chunked); kv: the attention chain
     (ancestors' GDN states are not kept alive by it); gdn_block: where a captured pass made the
     GDN tensors, the stacked (windows [L, 3, C], states [L, Hv, 128, 128], tails [L, 64, width] or
     None) they are views of (GDN layers in order), copied in one piece each."""
@@ -62,23 +66,28 @@ class CudaSegmentState:
     kv: KvNode
     gdn_block: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
 
-    def gdn_tail(self, layer: int) -> torch.Tensor:
-        """The GDN layer's tail: a state the chunked kernel left has one, the serial kernel's none
-        (a runner uses one kernel for all its passes)."""
-        tail = self.gdn[layer][2]
-        assert tail is not None, "a state of the serial GDN kernel has no tail"
-        return tail
+    def gdn_tail(self, layer: int) -> torch.Tensor | None:
+        """The GDN layer's tail: a state the chunked kernel left has one, the recurrence's none
+        (a runner uses one kernel, or one split position, for all its passes)."""
+        return self.gdn[layer][2]
 
 
 @dataclass
 class LaunchPlan:
     """A validated forest pass on the host, its runs ordered by level (stable), so each level is a
-    contiguous range of rows and segments. All lists are in that internal order.
+    contiguous range of rows and segments. All lists are in that internal order. With
+    chunked_from (the chunked GDN kernel's first position; None: the recurrence everywhere, 0:
+    the chunked kernel everywhere) a caller's run crossing it is two runs, the first a parent in
+    the pass ending there; runs from it on (the chunked kernel's: runs [num_recurrent, N)) follow
+    the recurrence's, and `level` counts levels within each kernel's runs.
 
-    runs: internal order; order[i]: index in the caller's runs of internal run i.
+    runs: internal order; order[i]: index in the caller's runs of internal run i (-1: the part
+    before chunked_from of a split run; its other part has the caller's index); callers: the
+    caller's runs.
     ids, positions: [T] ints; cu: [N+1] segment bounds; heads: rows the head reads (internal
     order); head_order: for the caller's reading runs in order, the index into heads (None: same).
-    level: per run its level in the pass; num_levels: 1 + the deepest.
+    level: per run its level among its kernel's runs; num_levels: 1 + the deepest;
+    num_recurrent: the recurrence's runs, internal 0 .. num_recurrent - 1.
     in_parent: per run the internal index of its in-pass parent, -1 none.
     parents: distinct external parent states, state slot s + 1 (slot 0: none); slot: per run the
     slot of its own external parent (0 none).
@@ -88,7 +97,8 @@ class LaunchPlan:
     x, < 0 row -1 - v of the slots' windows flattened [(1 + P) * 3, C] (slot 0: zeros).
     tail_src: [64N] for the chunked GDN kernel (else empty), per run and tail row r (position
     start - start % 64 + r, r < start % 64): >= 0 the packed row of an in-pass ancestor, < 0 row
-    -1 - v of the slots' tails flattened [(1 + P) * 64, width] (chunked_gdn.ChunkSources).
+    -1 - v of the slots' tails flattened [(1 + P) * 64, width] (chunked_gdn.ChunkSources); 0 for
+    the recurrence's runs.
     nodes: distinct ancestor KvNodes of kept states, `base` rows in all; ancestors[n]: (row
     among them, rows) of run n's ancestor nodes, root first; in_chain[n]: run n's in-pass
     ancestors (internal indices), root first.
@@ -97,6 +107,8 @@ class LaunchPlan:
 
     runs: list[SegmentRun]
     order: list[int]
+    callers: int
+    chunked_from: int | None
     ids: list[int]
     positions: list[int]
     cu: list[int]
@@ -104,6 +116,7 @@ class LaunchPlan:
     head_order: list[int] | None
     level: list[int]
     num_levels: int
+    num_recurrent: int
     in_parent: list[int]
     parents: list[CudaSegmentState]
     slot: list[int]
@@ -121,10 +134,29 @@ class LaunchPlan:
     def num_kept(self) -> int:
         return sum(run.keep_state for run in self.runs)
 
-    def level_off(self, levels: int) -> list[int]:
-        """[levels + 1]: the runs of level d are d's range off[d] .. off[d + 1] - 1 (levels may
-        exceed num_levels: the extra ranges are empty)."""
-        return [sum(d < k for d in self.level) for k in range(levels + 1)]
+    @property
+    def recurrent_levels(self) -> int:
+        """Levels of the recurrence's runs (0: none)."""
+        return 1 + max(self.level[: self.num_recurrent], default=-1)
+
+    @property
+    def chunked_levels(self) -> int:
+        """Levels of the chunked kernel's runs (0: none)."""
+        return 1 + max(self.level[self.num_recurrent :], default=-1)
+
+    def level_off(self, levels: int, chunked_levels: int = 0) -> list[int]:
+        """[levels + chunked_levels + 1]: the recurrence's runs of level d are off[d] .. off[d + 1]
+        - 1, then the chunked kernel's of its level d off[levels + d] .. off[levels + d + 1] - 1
+        (either count may exceed the pass's: the extra ranges are empty; off[levels] is
+        num_recurrent when levels covers the recurrence's)."""
+        r = self.num_recurrent
+        rec = [sum(d < k for d in self.level[:r]) for k in range(levels + 1)]
+        return rec + [r + sum(d < k for d in self.level[r:]) for k in range(1, chunked_levels + 1)]
+
+    def keeps_tail(self, i: int) -> bool:
+        """Whether internal run i's kept GDN state has a tail: the chunked kernel made it."""
+        run = self.runs[i]
+        return self.chunked_from is not None and run.start_position + len(run.token_ids) > self.chunked_from
 
     @property
     def num_kv_rows(self) -> int:
@@ -154,8 +186,9 @@ class Launch:
     head_idx: [R] int32 rows the head reads (None: no head rows); rope: (cos, sin) [T,
     rotary_dim/2] fp32; kv_rows: [sum S_n] int32 pool row of each segment's logical keys; cu_k:
     [N+1] int32; max_q: the attention grid's longest segment; gdn_init: [N] int32
-    (LaunchPlan); level_off: [num_levels + 1] int32 (LaunchPlan.level_off); num_levels: recurrence
-    launches per GDN layer; win_src: [3N] int32 (LaunchPlan.win_src, read by
+    (LaunchPlan); level_off: [num_levels + chunked_levels + 1] int32 (LaunchPlan.level_off);
+    num_levels: the recurrence's levels (0: no recurrence launch); chunked_levels: the chunked
+    kernel's (0: no chunked launches); win_src: [3N] int32 (LaunchPlan.win_src, read by
     kernels.causal_conv1d against each GDN layer's x and parent-slot windows); tail_src: [64N]
     int32 (LaunchPlan.tail_src), None with the serial GDN kernel."""
 
@@ -172,13 +205,45 @@ class Launch:
     num_levels: int
     win_src: torch.Tensor
     tail_src: torch.Tensor | None = None
+    chunked_levels: int = 0
 
 
-def plan_launch(runs: Sequence[SegmentRun], vocab_size: int, tail_sources: bool = False) -> LaunchPlan:
-    """Validate a forest pass and lay it out on the host: runs ordered by level, token rows,
-    segment bounds, head rows, state sources, conv window sources, the chunked GDN kernel's tail
-    row sources (tail_sources) and the attention pool (each distinct ancestor node's rows once)."""
-    depths = pass_depths(runs)
+def split_at(runs: Sequence[SegmentRun], position: int | None) -> tuple[list[SegmentRun], list[int]]:
+    """(runs, caller): each run crossing `position` (None: none is split) as two, the first
+    ending there, keeping and reading nothing, the in-pass parent of the second; caller[i]: the
+    caller's index of run i, -1 for such a first part. Children follow their parent's second part."""
+    out: list[SegmentRun] = []
+    caller: list[int] = []
+    last: list[int] = []  # per caller's run, its last part's index
+    for i, run in enumerate(runs):
+        parent = None if run.parent_in_pass is None else last[run.parent_in_pass]
+        cut = -1 if position is None else position - run.start_position
+        if position is not None and 0 < cut < len(run.token_ids):
+            out.append(SegmentRun(run.token_ids[:cut], run.start_position, run.parent_state, False, False, parent))
+            caller.append(-1)
+            run = SegmentRun(run.token_ids[cut:], position, None, run.keep_state, run.read_head, len(out) - 1)
+            parent = run.parent_in_pass
+        elif parent != run.parent_in_pass:
+            run = SegmentRun(run.token_ids, run.start_position, run.parent_state, run.keep_state, run.read_head, parent)
+        last.append(len(out))
+        out.append(run)
+        caller.append(i)
+    return out, caller
+
+
+def plan_launch(runs: Sequence[SegmentRun], vocab_size: int, chunked_from: int | None = None) -> LaunchPlan:
+    """Validate a forest pass and lay it out on the host: runs split at chunked_from and ordered
+    by kernel and level, token rows, segment bounds, head rows, state sources, conv window
+    sources, the chunked GDN kernel's tail row sources (where chunked_from is not None) and the
+    attention pool (each distinct ancestor node's rows once)."""
+    pass_depths(runs)  # validates the caller's pass
+    callers = len(runs)
+    runs, caller = split_at(runs, chunked_from)
+    chunked = [chunked_from is not None and run.start_position >= chunked_from for run in runs]
+    depths: list[int] = []  # each run's level among its kernel's runs
+    for run, ch in zip(runs, chunked, strict=True):
+        p = run.parent_in_pass
+        depths.append(0 if p is None or chunked[p] != ch else depths[p] + 1)
     for run in runs:
         parent = run.parent_state
         if len(run.token_ids) == 0:
@@ -187,7 +252,8 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int, tail_sources: bool 
             raise TypeError(f"parent_state is a {type(parent).__name__}, not a CudaRunner state")
         if run.parent_in_pass is None and run.start_position != (0 if parent is None else parent.num_tokens):
             raise ValueError("start_position must equal the parent's end position")
-    order = sorted(range(len(runs)), key=lambda i: depths[i])  # stable: parents keep preceding children
+    # stable: parents keep preceding children, the recurrence's runs the chunked kernel's
+    order = sorted(range(len(runs)), key=lambda i: (chunked[i], depths[i]))
     internal = {orig: i for i, orig in enumerate(order)}
     plan_runs = [runs[o] for o in order]
     level = [depths[o] for o in order]
@@ -221,9 +287,12 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int, tail_sources: bool 
     gdn_init = [(-2 - in_parent[i]) if in_parent[i] >= 0 else (slot[i] or -1) for i in range(len(plan_runs))]
     starts = [run.start_position for run in plan_runs]
     win_src = [_window_source(i, m - 3, in_parent, cu, slot, starts) for i in range(len(plan_runs)) for m in range(3)]
+    num_recurrent = len(runs) - sum(chunked)
     tail_src: list[int] = []
-    if tail_sources:
-        tail_src = [src for i in range(len(plan_runs)) for src in _tail_sources(i, in_parent, cu, slot, starts)]
+    if chunked_from is not None:
+        tail_src = [0] * (GDN_CHUNK_TOKENS * num_recurrent)
+        for i in range(num_recurrent, len(runs)):
+            tail_src += _tail_sources(i, in_parent, cu, slot, starts)
     nodes: list[KvNode] = []
     offsets: dict[int, int] = {}  # id(node) -> its first row in the pool
     base = 0
@@ -245,7 +314,9 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int, tail_sources: bool 
     materialise = sorted({a for i, run in enumerate(plan_runs) if run.keep_state for a in in_chain[i] + [i]})
     return LaunchPlan(
         runs=plan_runs,
-        order=order,
+        order=[caller[o] for o in order],
+        callers=callers,
+        chunked_from=chunked_from,
         ids=ids,
         positions=positions,
         cu=cu,
@@ -253,6 +324,7 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int, tail_sources: bool 
         head_order=None if head_order == list(range(len(heads))) else head_order,
         level=level,
         num_levels=1 + max(level),
+        num_recurrent=num_recurrent,
         in_parent=in_parent,
         parents=parents,
         slot=slot,

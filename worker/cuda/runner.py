@@ -5,8 +5,8 @@ torch over all rows, the CUDA kernels of `cuda/*.cu` for everything else, each s
 from its parent's state. Only the rows the head reads go through the last MLP and final norm.
 
 State (opaque to callers): per GDN layer the conv window [3, C] bf16 and the recurrent state
-[Hv, 128, 128] fp32 (with the chunked GDN kernel: at the segment's last 64-token boundary, plus
-the rows after it, see cuda/gdn_chunked.cu); per attention layer this segment's own keys/values
+[Hv, 128, 128] fp32 (where the chunked GDN kernel made it: at the segment's last 64-token
+boundary, plus the rows after it, see cuda/gdn_chunked.cu); per attention layer this segment's own keys/values
 [t, Hkv, 256] bf16 plus a link to the parent state, so ancestors' keys are shared, never copied
 into each child.
 
@@ -38,6 +38,7 @@ from openjev.worker.cuda.fused_weights import (
     shape_config,
 )
 from openjev.worker.cuda.launch import CudaSegmentState, GdnLayers, KvLayers, KvNode, Launch, LaunchPlan, plan_launch
+from openjev.worker.geometry import DEFAULT_GDN_SPLIT_AT, GDN_CHUNK_TOKENS
 from openjev.worker.runner_api import SegmentResult, SegmentRun
 
 DEFAULT_GRAPH_CACHE_SIZE = 128
@@ -45,8 +46,10 @@ DEFAULT_GRAPH_CAPTURE_AFTER = 2
 # "serial": the token recurrence (gated_delta.cu), the default; "chunked": the tensor-core WY
 # form (gdn_chunked.cu), faster alone from ~256 tokens a segment; through the engine 5-7% faster
 # from ~700 computed tokens and 3-8% slower on short requests (docs/cuda-kernels.md), which most
-# of the traffic is. Both take multi-level passes and agree exactly across policies.
-GDN_KERNELS = ("serial", "chunked")
+# of the traffic is; "split": the recurrence before position gdn_split_at, the chunked form from
+# it on (a position's bits depend on its tokens alone, so policies and caches stay exact). All
+# take multi-level passes and agree exactly across policies.
+GDN_KERNELS = ("serial", "chunked", "split")
 DEFAULT_PASS_DEPTH = 8  # tree levels one pass holds
 LT_ROWS = 1024  # graph passes up to this many tokens get products timed against cuBLASLt's at start
 
@@ -62,12 +65,22 @@ def pass_budget(
     return PassBudget(tokens=tokens, segments=max(segments, depth), depth=depth, context=context, tile_from=tile_from)
 
 
-def budget_problem(budget: PassBudget, chunked_gdn: bool) -> str | None:
+def budget_problem(budget: PassBudget, gdn_kernel: str) -> str | None:
     """Why a pass within `budget` could not launch, or None (checked before the weights load)."""
-    if chunked_gdn and budget.segments > traits.GDN_CHUNKED.max_segments:
+    bucketing = Bucketing(budget, tail_rows=gdn_kernel != "serial", split=gdn_kernel == "split")
+    if bucketing.tail_rows and bucketing.max_segments > traits.GDN_CHUNKED.max_segments:
         most = traits.GDN_CHUNKED.max_segments
-        return f"a pass of the chunked GDN kernel plans at most {most} segments, not {budget.segments}"
-    return Bucketing(budget, tail_rows=chunked_gdn).launch_problem()
+        return f"a pass of the chunked GDN kernel plans at most {most} segments, not {bucketing.max_segments}"
+    return bucketing.launch_problem()
+
+
+def chunked_from(gdn_kernel: str, gdn_split_at: int) -> int | None:
+    """The first position the chunked GDN kernel takes (None: none)."""
+    if gdn_kernel not in GDN_KERNELS:
+        raise ValueError(f"gdn_kernel must be one of {GDN_KERNELS}, not {gdn_kernel!r}")
+    if gdn_kernel == "split" and (gdn_split_at <= 0 or gdn_split_at % GDN_CHUNK_TOKENS):
+        raise ValueError(f"gdn_split_at must be a positive multiple of {GDN_CHUNK_TOKENS}, not {gdn_split_at}")
+    return {"serial": None, "chunked": 0, "split": gdn_split_at}[gdn_kernel]
 
 
 def product_weights(layers) -> list[torch.Tensor]:
@@ -93,6 +106,7 @@ class CudaRunner:
         gemm_min_rows: int | None = None,
         graph_capture_after: int = DEFAULT_GRAPH_CAPTURE_AFTER,
         gdn_kernel: str = "serial",
+        gdn_split_at: int = DEFAULT_GDN_SPLIT_AT,
         max_pass_tokens: int = 4096,
         max_pass_segments: int = 64,
         max_pass_depth: int = DEFAULT_PASS_DEPTH,
@@ -100,20 +114,21 @@ class CudaRunner:
         graph_tile_from: int = PassBudget.tile_from,
         gdn_level_launches: bool = False,
     ):
-        if gdn_kernel not in GDN_KERNELS:
-            raise ValueError(f"gdn_kernel must be one of {GDN_KERNELS}, not {gdn_kernel!r}")
-        # chunked: kept GDN states also carry their unfinished chunk's rows (a tail)
-        self.chunked_gdn = gdn_kernel == "chunked"
+        # positions from chunked_from on run the chunked kernel, and the GDN states it leaves carry
+        # their unfinished chunk's rows (a tail)
+        self.chunked_from = chunked_from(gdn_kernel, gdn_split_at)
+        self.gdn_kernel, self.gdn_split_at = gdn_kernel, gdn_split_at
+        self.chunked_gdn = self.chunked_from is not None
         # the recurrence launched once a level, as before it ran a forest in one launch (to compare)
         self.gdn_level_launches = gdn_level_launches
-        # whether a GDN layer's launches depend on a pass's levels, so its graphs keys need them
-        self.level_launches = self.chunked_gdn or gdn_level_launches
+        # whether the recurrence's launches depend on a pass's levels, so its graphs keys need them
+        self.level_launches = gdn_level_launches
         # a captured pass holds this many parents' states and kept states, and this many of
         # their ancestors' key rows (graph_launch's slots): the scheduler fills passes within them
         self.max_pass_states, self.max_pass_context = MAX_STATE_SLOTS, max_pass_context
         self.max_pass_depth = max_pass_depth
         self.budget = pass_budget(max_pass_tokens, max_pass_segments, max_pass_depth, max_pass_context, graph_tile_from)
-        problem = budget_problem(self.budget, self.chunked_gdn)
+        problem = budget_problem(self.budget, gdn_kernel)
         if problem:
             raise ValueError(problem)
         self.config, self.embed, self.layers, self.final_norm = config, embed, layers, final_norm
@@ -137,7 +152,8 @@ class CudaRunner:
         self.head_bias = float(head_bias)
         self.device = embed.device
         K.gdn_schedule(self.device)  # made now, not while a pass is captured
-        K.gdn_dependencies(self.device, self.budget.segments + 1, config.linear_num_value_heads)
+        segments = Bucketing(self.budget, self.chunked_gdn, split=bool(self.chunked_from)).max_segments
+        K.gdn_dependencies(self.device, segments + 1, config.linear_num_value_heads)
         self.gdn_layers = [j for j, layer in enumerate(layers) if layer.kind == LINEAR_ATTENTION]
         self.attn_layers = [j for j, layer in enumerate(layers) if layer.kind == FULL_ATTENTION]
         if graph_cache_size < 0:
@@ -169,7 +185,9 @@ class CudaRunner:
     @classmethod
     def on_weights_of(cls, other: CudaRunner, **options) -> CudaRunner:
         """Another runner over `other`'s weights (shared, not copied): a benchmark's arms, or
-        graph-replayed against eager passes in tests; options: the constructor's keyword arguments."""
+        graph-replayed against eager passes in tests; options: the constructor's keyword arguments
+        (the GDN kernel and split position default to `other`'s)."""
+        options = {"gdn_kernel": other.gdn_kernel, "gdn_split_at": other.gdn_split_at, **options}
         return cls(
             other.config, other.embed, other.layers, other.final_norm, other.head_weight, other.head_bias, **options
         )
@@ -220,7 +238,7 @@ class CudaRunner:
         """Final-normed hidden rows [R, D] bf16 of the reading runs and each run's state, both in
         the order of `runs`. Replayed from a CUDA graph when the cache is on and holds the pass's
         key, else eager."""
-        plan = plan_launch(runs, self.config.vocab_size, tail_sources=self.chunked_gdn)
+        plan = plan_launch(runs, self.config.vocab_size, chunked_from=self.chunked_from)
         if plan.num_levels > self.max_pass_depth:
             raise ValueError(f"a pass of {plan.num_levels} levels; this runner holds {self.max_pass_depth}")
         if self.graphs is not None:
@@ -245,10 +263,11 @@ class CudaRunner:
             cu_k=as_i32(cu_k),
             max_q=plan.max_q,
             gdn_init=as_i32(plan.gdn_init),
-            level_off=as_i32(plan.level_off(plan.num_levels)),
-            num_levels=plan.num_levels,
+            level_off=as_i32(plan.level_off(plan.recurrent_levels, plan.chunked_levels)),
+            num_levels=plan.recurrent_levels,
             win_src=as_i32(plan.win_src),
             tail_src=as_i32(plan.tail_src) if self.chunked_gdn else None,
+            chunked_levels=plan.chunked_levels,
         )
         io = _EagerIO(self, plan)
         hidden = self.forward_device(launch, io)
@@ -268,7 +287,7 @@ class CudaRunner:
             run, p = plan.runs[i], plan.in_parent[i]
             parent = nodes[p] if p >= 0 else (None if run.parent_state is None else run.parent_state.kv)
             nodes[i] = KvNode(parent, len(run.token_ids), kv[i], kv_blocks[i])
-        states: list[CudaSegmentState | None] = [None] * len(plan.runs)
+        states: list[CudaSegmentState | None] = [None] * plan.callers
         for i, run in enumerate(plan.runs):
             if run.keep_state:
                 end = run.start_position + len(run.token_ids)
@@ -316,27 +335,13 @@ class CudaRunner:
         z, b, a = proj[:, C : C + vd], proj[:, C + vd : C + vd + hv], proj[:, C + vd + hv :]
         qn, kn, g, beta, kq = K.gdn_prepare(conv, a, b, layer.a_log, layer.dt_bias, c.linear_num_key_heads)
         v = conv[:, 2 * c.linear_key_dim :].unflatten(1, (hv, 128))
-        if self.chunked_gdn:  # solve and output once, the state pass once per level
-            assert launch.tail_src is not None, "a chunked runner's launches carry tail sources"
-            N = launch.cu.numel() - 1
-            final = torch.empty(N, hv, 128, 128, dtype=torch.float32, device=h.device)
-            width = KC.gdn_tail_width(c.linear_num_key_heads, hv)
-            sources = KC.ChunkSources(
-                init_slots=final if slot_states is None else slot_states,  # no slot is read without parents
-                init_idx=launch.gdn_init,
-                tails=final.view(-1)[:width].view(1, width) if slot_tails is None else slot_tails.flatten(0, 1),
-                tail_src=launch.tail_src,
-                level_off=launch.level_off,
-                num_levels=launch.num_levels,
-            )
-            o, final, new_tails = KC.gdn_chunked(
-                qn, kn, v, g, beta, launch.cu, launch.pos, launch.max_q, final=final, sources=sources
-            )
-        else:  # one launch on a fixed grid: a child's items wait for their parent's (gated_delta.cu)
-            T, N = h.shape[0], launch.cu.numel() - 1
-            o = torch.empty(T, hv, 128, dtype=torch.bfloat16, device=h.device)
-            final = torch.empty(N, hv, 128, 128, dtype=torch.float32, device=h.device)
-            step = 1 if self.gdn_level_launches else max(launch.num_levels, 1)
+        # each kernel writes its own runs' rows of o and final: the recurrence's runs first, so a
+        # chunked run can start from the final state of a recurrence run it continues
+        T, N = h.shape[0], launch.cu.numel() - 1
+        o = torch.empty(T, hv, 128, dtype=torch.bfloat16, device=h.device)
+        final = torch.empty(N, hv, 128, 128, dtype=torch.float32, device=h.device)
+        if launch.num_levels:  # one launch on a fixed grid: a child's items wait for their parent's (gated_delta.cu)
+            step = 1 if self.gdn_level_launches else launch.num_levels
             for level in range(0, launch.num_levels, step):
                 K.gdn_recurrent(
                     qn,
@@ -354,7 +359,21 @@ class CudaRunner:
                     level=level,
                     levels=step,
                 )
-            new_tails = None
+        new_tails = None
+        if launch.chunked_levels:  # solve and output once, the state pass once per level
+            assert launch.tail_src is not None, "a chunked runner's launches carry tail sources"
+            width = KC.gdn_tail_width(c.linear_num_key_heads, hv)
+            sources = KC.ChunkSources(
+                init_slots=final if slot_states is None else slot_states,  # no slot is read without parents
+                init_idx=launch.gdn_init,
+                tails=final.view(-1)[:width].view(1, width) if slot_tails is None else slot_tails.flatten(0, 1),
+                tail_src=launch.tail_src,
+                level_off=launch.level_off[launch.num_levels :],
+                num_levels=launch.chunked_levels,
+            )
+            o, final, new_tails = KC.gdn_chunked(
+                qn, kn, v, g, beta, launch.cu, launch.pos, launch.max_q, out=o, final=final, sources=sources
+            )
         io.gdn_out(index, new_windows, final, new_tails)
         return self._linear(K.gated_rms_norm(o, z, layer.norm_weight, c.rms_norm_eps), layer.w_out)
 
@@ -396,8 +415,8 @@ class _EagerIO:
 
     def gdn_in(self, index: int):
         """(windows [1+P, 3, C] bf16, states [1+P, Hv, 128, 128] fp32 or None, tails [1+P, 64,
-        width] fp32 or None): per parent slot, slot 0 zeros; None when the pass has no external
-        parent (tails: or the serial kernel runs)."""
+        width] fp32 or None): per parent slot, slot 0 zeros (tails: and a parent without one);
+        None when the pass has no external parent (tails: or the chunked kernel never runs)."""
         c, dev, parents = self.r.config, self.r.device, self.plan.parents
         zero_window = torch.zeros(3, c.linear_conv_dim, dtype=torch.bfloat16, device=dev)
         windows = torch.stack([zero_window] + [p.gdn[index][0] for p in parents])
@@ -407,18 +426,16 @@ class _EagerIO:
         states = torch.stack([torch.zeros(hv, 128, 128, device=dev)] + [p.gdn[index][1] for p in parents])
         if not self.r.chunked_gdn:
             return windows, states, None
-        tails = torch.stack([torch.zeros(K.GDN_CHUNK, width, device=dev)] + [p.gdn_tail(index) for p in parents])
-        return windows, states, tails
+        zero_tail = torch.zeros(K.GDN_CHUNK, width, device=dev)
+        kept = [p.gdn_tail(index) for p in parents]
+        return windows, states, torch.stack([zero_tail] + [zero_tail if t is None else t for t in kept])
 
     def gdn_out(self, index: int, new_windows, final, tails):
         # per-run clones so a kept state does not pin the whole pass's buffers
         for i, layers in enumerate(self.gdn):
             if layers is not None:  # a kept run
-                layers[index] = (
-                    new_windows[i].clone(),
-                    final[i].clone(),
-                    None if tails is None else tails[i].clone(),
-                )
+                tail = tails[i].clone() if self.plan.keeps_tail(i) else None
+                layers[index] = (new_windows[i].clone(), final[i].clone(), tail)
 
     def kv_pools(self, index: int, T: int):
         """(keys, values [T + base, Hkv, 256] bf16, T): own rows from 0, ancestors' from T."""

@@ -7,7 +7,10 @@ each run exactly what running its whole prompt alone gives:
 - the recurrence run level by level from plan.gdn_init (kernels.gdn_recurrent's semantics) =
   the token recurrence over the whole prompt, bit for bit;
 - the keys kv_rows lists = the prompt's positions 0..end-1 in order;
-and results come back in the caller's order, kept chains pass through in-pass ancestors."""
+and results come back in the caller's order, kept chains pass through in-pass ancestors. With
+the chunked GDN kernel from a position (`--gdn-kernel split`), runs crossing it are split there,
+the recurrence's runs come first, and a chunked run starts from the state its parent (of either
+kind) leaves."""
 
 from __future__ import annotations
 
@@ -85,14 +88,15 @@ def kept_state(rng: torch.Generator, prompt: int, n: int) -> tuple[CudaSegmentSt
     return CudaSegmentState(n, gdn, node), f
 
 
-def random_forest(seed: int, requests: int, depth: int):
-    """Runs of one pass (parents before children, requests interleaved) and their segments."""
+def random_forest(seed: int, requests: int, depth: int, kept_rows: tuple[int, int] = (1, 9)):
+    """Runs of one pass (parents before children, requests interleaved) and their segments;
+    kept_rows: the range of a kept state's rows, where a root continues one."""
     rnd, rng = random.Random(seed), torch.Generator().manual_seed(seed)
     segs: list[Seg] = []
     for prompt in range(requests):
         ext, prefix = (None, None)
         if rnd.random() < 0.4:
-            ext, prefix = kept_state(rng, prompt, rnd.randint(1, 9))
+            ext, prefix = kept_state(rng, prompt, rnd.randint(*kept_rows))
         start = 0 if ext is None else ext.num_tokens
         root = Seg(feats(rng, rnd.randint(1, 6), start, prompt), None, ext, prefix)
         frontier, tree = [(root, start, 1)], [root]
@@ -145,26 +149,56 @@ def device_launch(plan, T_pad_rows: int = 0) -> Launch:
     )
 
 
+def internal_prompts(plan, runs, segs) -> list[dict]:
+    """Per internal run the features of its prompt up to its end (rows = positions)."""
+    whole: list = [None] * len(plan.runs)
+    for i in reversed(range(len(plan.runs))):  # a split run's first part takes its second's prompt
+        o = plan.order[i]
+        if o >= 0:
+            whole[i] = cat(prompt_of(segs[o]))
+        else:
+            child = next(j for j in range(i + 1, len(plan.runs)) if plan.in_parent[j] == i and plan.order[j] >= 0)
+            whole[i] = whole[child]
+    ends = [run.start_position + len(run.token_ids) for run in plan.runs]
+    return [{name: t[:end] for name, t in w.items()} for w, end in zip(whole, ends, strict=True)]
+
+
+@pytest.mark.parametrize("chunked_from", [0, 64])
 @pytest.mark.parametrize("seed", range(12))
-def test_forest_indices_give_each_run_its_whole_prompt(seed):
-    runs, segs = random_forest(seed, requests=1 + seed % 4, depth=1 + seed % 5)
-    plan = plan_launch(runs, vocab_size=2, tail_sources=True)
-    inner = [segs[o] for o in plan.order]
-    # levels: sorted, each run one below its in-pass parent
-    assert plan.level == sorted(plan.level)
+def test_forest_indices_give_each_run_its_whole_prompt(seed, chunked_from):
+    kept_rows = (1, 9) if chunked_from == 0 else (50, 70)  # split: runs cross 64
+    runs, segs = random_forest(seed, requests=1 + seed % 4, depth=1 + seed % 5, kept_rows=kept_rows)
+    plan = plan_launch(runs, vocab_size=2, chunked_from=chunked_from)
+    prompts = internal_prompts(plan, runs, segs)
+    starts = [run.start_position for run in plan.runs]
+    # each kernel's runs: the recurrence's wholly before chunked_from, first; each split at it
+    for i, run in enumerate(plan.runs):
+        assert (i >= plan.num_recurrent) == (starts[i] >= chunked_from)
+        assert i >= plan.num_recurrent or starts[i] + len(run.token_ids) <= chunked_from
+        if plan.order[i] < 0:  # a split run's first part
+            assert not run.keep_state and not run.read_head and starts[i] < chunked_from
+    assert sorted(o for o in plan.order if o >= 0) == list(range(len(runs))) and plan.callers == len(runs)
+    # levels: sorted within each kernel's runs, each run one below an in-pass parent of its kernel
+    r = plan.num_recurrent
+    assert plan.level[:r] == sorted(plan.level[:r]) and plan.level[r:] == sorted(plan.level[r:])
     for i, p in enumerate(plan.in_parent):
-        assert plan.level[i] == (0 if p < 0 else plan.level[p] + 1)
-        assert (p < 0) == (inner[i].parent is None) and (p < 0 or inner[p] is inner[i].parent)
-    rows = cat([s.feats for s in inner])
+        same = p >= 0 and (p >= r) == (i >= r)
+        assert plan.level[i] == (plan.level[p] + 1 if same else 0)
+        assert p < 0 or starts[p] + len(plan.runs[p].token_ids) == starts[i]
+    rows = cat([{name: t[s:] for name, t in w.items()} for w, s in zip(prompts, starts, strict=True)])
     launch = device_launch(plan)
     slot_windows = torch.stack([torch.zeros(3, C).bfloat16()] + [p.gdn[GDN_LAYER][0] for p in plan.parents])
     windows = conv_windows(rows["x"], slot_windows, launch.win_src)
     slot_states = [torch.zeros(DK, DV, dtype=torch.float64)] + [p.gdn[GDN_LAYER][1] for p in plan.parents]
-    final: list = [None] * len(inner)
-    off = plan.level_off(plan.num_levels + 1)
-    assert off[-1] == off[-2] == len(inner)
-    for level in range(plan.num_levels):  # kernels.gdn_recurrent, one launch per level
-        for i in range(off[level], off[level + 1]):
+    final: list = [None] * len(plan.runs)
+    levels, chunked_levels = plan.recurrent_levels, plan.chunked_levels
+    off = plan.level_off(levels + 1, chunked_levels + 1)
+    assert off[levels] == off[levels + 1] == r and off[-1] == off[-2] == len(plan.runs)
+    # the recurrence's levels, then the chunked kernel's: one launch a level here
+    ranges = [(off[d], off[d + 1], d) for d in range(levels)]
+    ranges += [(off[levels + 1 + d], off[levels + 2 + d], d) for d in range(chunked_levels)]
+    for a, b, level in ranges:
+        for i in range(a, b):
             assert plan.level[i] == level
             src = plan.gdn_init[i]
             init = slot_states[src] if src >= 0 else final[-2 - src] if src < -1 else torch.zeros(DK, DV).double()
@@ -176,22 +210,21 @@ def test_forest_indices_give_each_run_its_whole_prompt(seed):
     # each kept state's tail rows (its positions from its last 64-multiple), slot-major, 64 a slot
     ext_tails = torch.full(((1 + len(plan.parents)) * 64,), -1, dtype=torch.long)
     for slot, p in enumerate(plan.parents, start=1):
-        prefix = next(s.prefix for s in inner if s.ext is p)["marker"]
+        prefix = next(s.prefix for s in segs if s.ext is p)["marker"]
         first = p.num_tokens - p.num_tokens % 64
         ext_tails[slot * 64 : slot * 64 + p.num_tokens - first] = prefix[first:]
-    for i, seg in enumerate(inner):
-        whole = cat(prompt_of(seg))
-        before = whole["x"][: whole["x"].shape[0] - seg.feats["x"].shape[0]]
+    for i, whole in enumerate(prompts):
+        before = whole["x"][: starts[i]]
         assert torch.equal(windows[i], window_of(before)), (seed, i, "conv window")
         assert torch.equal(final[i], recurrence(whole, torch.zeros(DK, DV, dtype=torch.float64))), (seed, i)
         keys = pool[torch.as_tensor(kv_rows[cu_k[i] : cu_k[i + 1]], dtype=torch.long)]
         assert torch.equal(keys, whole["marker"]), (seed, i, "attention keys")
         # the chunked kernel's tail rows: positions from the 64-multiple below the start
-        start = runs[plan.order[i]].start_position
-        for r in range(start % 64):
-            src = plan.tail_src[64 * i + r]
+        start = starts[i]
+        for t in range(start % 64 if i >= r else 0):
+            src = plan.tail_src[64 * i + t]
             got = rows["marker"][src] if src >= 0 else ext_tails[-1 - src]
-            assert got == whole["marker"][start - start % 64 + r], (seed, i, r, "tail row")
+            assert got == whole["marker"][start - start % 64 + t], (seed, i, t, "tail row")
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -244,3 +277,35 @@ def test_plan_rejects_malformed_passes():
         plan_launch([SegmentRun([1], 4, state, False, True)], 2)
     plan = plan_launch([SegmentRun([1], 5, state, True, True), SegmentRun([1], 6, None, True, True, 0)], 2)
     assert plan.num_levels == 2 and plan.gdn_init == [1, -2] and plan.materialise == [0, 1]
+
+
+def test_a_run_crossing_the_split_is_two_runs():
+    """A prompt crossing chunked_from: a first part ending there (the recurrence's, keeping and
+    reading nothing) and the caller's run from there (the chunked kernel's), which keeps, reads
+    and parents the caller's children; a run from a kept state past it is the chunked kernel's."""
+    from openjev.worker.cuda.runner import CudaRunner
+
+    state, _ = kept_state(torch.Generator().manual_seed(0), 0, 70)
+    runs = [
+        SegmentRun([1] * 100, 0, None, True, True),
+        SegmentRun([1] * 5, 100, None, False, True, parent_in_pass=0),
+        SegmentRun([1] * 3, 70, state, False, True),
+        SegmentRun([1] * 30, 0, None, False, True),
+    ]
+    plan = plan_launch(runs, vocab_size=2, chunked_from=64)
+    assert plan.num_recurrent == 2 and plan.order == [-1, 3, 0, 2, 1] and plan.callers == 4
+    assert [(r.start_position, len(r.token_ids)) for r in plan.runs] == [(0, 64), (0, 30), (64, 36), (70, 3), (100, 5)]
+    assert plan.in_parent == [-1, -1, 0, -1, 2] and plan.gdn_init == [-1, -1, -2, 1, -4]
+    assert plan.level == [0, 0, 0, 0, 1] and (plan.recurrent_levels, plan.chunked_levels) == (1, 2)
+    assert plan.level_off(1, 2) == [0, 2, 4, 5] and plan.materialise == [0, 2]
+    assert not plan.runs[0].keep_state and not plan.runs[0].read_head and plan.runs[2].keep_state
+    assert plan.heads == [93, 129, 132, 137] and plan.head_order == [1, 3, 2, 0]
+    assert [plan.keeps_tail(i) for i in range(5)] == [False, False, True, True, True]
+    assert plan.tail_src[: 3 * 64] == [0] * (3 * 64)  # the recurrence's runs, and one from position 64
+    assert plan.tail_src[3 * 64 : 3 * 64 + 6] == [-1 - (64 + r) for r in range(6)]  # the kept state's tail
+    assert plan.tail_src[4 * 64 : 4 * 64 + 36] == list(range(94, 130))  # its in-pass parent's rows 64..99
+    gdn = [None, None, {GDN_LAYER: ()}, None, None]
+    states = CudaRunner.states_of(None, plan, gdn, [{ATTN_LAYER: ()}, None, {ATTN_LAYER: ()}, None, None])
+    assert len(states) == 4 and states[0] is not None and states[0].num_tokens == 100
+    assert [nd.num_rows for nd in states[0].kv.lineage()] == [64, 36]  # through the first part
+    assert -1 not in plan_launch(runs, vocab_size=2).order  # no split position: no split

@@ -26,9 +26,9 @@ def _runner(**options):
     return CudaRunner.synthetic("small", seed=5, num_layers=8, **BUDGET, **options)
 
 
-@pytest.fixture(scope="module", params=["serial", "chunked"])
-def eager(request):
-    return _runner(graph_cache_size=0, gdn_kernel=request.param)
+@pytest.fixture(scope="module", params=["serial", "chunked", "split"])
+def eager(request):  # split: the chunked kernel from position 128, so the prompts here cross it
+    return _runner(graph_cache_size=0, gdn_kernel=request.param, gdn_split_at=128)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,6 @@ def warmed(eager):
         graph_cache_size=1,
         graph_capture_after=1,
         gemm_min_rows=1,
-        gdn_kernel="chunked" if eager.chunked_gdn else "serial",
         **BUDGET,
     )  # capacity 1: warm_up must raise it to its key count
     runner.gemm_rows = dict(eager.gemm_rows)  # the same product padding as the eager runner

@@ -21,14 +21,16 @@ def _metric(name: str) -> float | None:
     return getattr(metrics, name)._value.get()
 
 
-@pytest.fixture(scope="module", params=["serial", "chunked"])
-def eager(request):
+@pytest.fixture(scope="module", params=["serial", "chunked", "split"])
+def eager(request):  # split: the chunked kernel from position 128, which the prompts here cross
     pytest.importorskip("cupy")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     from openjev.worker.cuda.runner import CudaRunner
 
-    return CudaRunner.synthetic("small", seed=3, num_layers=8, graph_cache_size=0, gdn_kernel=request.param)
+    return CudaRunner.synthetic(
+        "small", seed=3, num_layers=8, graph_cache_size=0, gdn_kernel=request.param, gdn_split_at=128
+    )
 
 
 def twin(runner, size: int, capture_after: int = 1):
@@ -39,7 +41,6 @@ def twin(runner, size: int, capture_after: int = 1):
         runner,
         graph_cache_size=size,
         graph_capture_after=capture_after,
-        gdn_kernel="chunked" if runner.chunked_gdn else "serial",
     )
 
 
@@ -288,7 +289,7 @@ def test_every_token_count_lands_on_a_warmed_key_whatever_the_tile_start():
         assert not missing, (tile_from, missing[:3])
 
 
-def _pass_model(level_launches: bool):
+def _pass_model(level_launches: bool, chunked_from: int | None = None):
     """A PassModel of the small shape on the CPU: what the launcher's keys and warm-up read."""
     from types import SimpleNamespace
 
@@ -299,7 +300,7 @@ def _pass_model(level_launches: bool):
         device=torch.device("cpu"),
         gdn_layers=[0],
         attn_layers=[3],
-        chunked_gdn=False,
+        chunked_from=chunked_from,
         level_launches=level_launches,
     )
 
@@ -328,6 +329,36 @@ def test_launches_that_ignore_levels_take_one_key_a_token_bucket():
         assert len(GraphLauncher(_pass_model(level_launches), 8).bucketing.keys()) == count
 
 
+def test_keys_of_each_gdn_kernel():
+    """The chunked kernel everywhere: no recurrence launch, its levels as the recurrence's were
+    (208 keys); split at a position: the recurrence's one launch, and the chunked kernel's levels
+    0 (no run past the split: none of its launches), 2 or the depth (192 keys). Every pass within
+    budget lands on a warm key, a split pass with up to twice the budget's segments."""
+    import random
+
+    from openjev.worker.cuda.buckets import PassBudget
+    from openjev.worker.cuda.graph_launch import GraphLauncher
+
+    budget = PassBudget()
+    chunked = GraphLauncher(_pass_model(False, chunked_from=0), 8).bucketing
+    split = GraphLauncher(_pass_model(False, chunked_from=512), 8).bucketing
+    assert len(chunked.keys()) == 208 and {k.levels for k in chunked.keys()} == {0}
+    assert {k.chunked_levels for k in chunked.keys()} == {1, 2, 4, 8}
+    assert len(split.keys()) == 3 * 64 and {k.levels for k in split.keys()} == {budget.depth}
+    assert {k.chunked_levels for k in split.keys()} == {0, 2, 8} and split.max_segments == 128
+    assert chunked.key(100, 9, 1, 0, 0, 0, 100)[0] is None  # a recurrence run: not this runner's
+    rng = random.Random(2)
+    for bucketing, most in ((chunked, 64), (split, 128)):
+        warm = set(bucketing.keys())
+        for _ in range(2000):
+            t = rng.randint(1, budget.tokens)
+            segments, chunked_levels = rng.randint(1, min(t, most)), rng.randint(1, budget.depth)
+            levels = 0 if bucketing is chunked else rng.randint(0, budget.depth)
+            args = (t, segments, levels, rng.randint(0, 8), rng.randint(0, 8), 0, t, chunked_levels)
+            key, why = bucketing.key(*args)
+            assert key in warm and key.chunked_levels >= chunked_levels and key.segments > segments, why
+
+
 def test_a_failed_capture_at_start_stops_the_worker(monkeypatch):
     """warm_up reports a capture that failed (key and error), and the worker's start ends there
     rather than serving those shapes eagerly for good."""
@@ -352,8 +383,8 @@ def test_a_failed_capture_at_start_stops_the_worker(monkeypatch):
         worker_main.warm_up(None, SimpleNamespace(warm_up=launcher.warm_up), 1.0, "shared")
 
 
-@pytest.mark.parametrize("level_launches", [True, False])
-def test_a_dummy_pass_fits_every_key_of_a_deep_budget(level_launches):
+@pytest.mark.parametrize("level_launches,chunked_from", [(True, None), (False, None), (False, 0), (False, 512)])
+def test_a_dummy_pass_fits_every_key_of_a_deep_budget(level_launches, chunked_from):
     """Keys whose levels exceed their tokens (a depth-32 budget's 16-token keys) get a dummy
     pass to capture with: it fits the key (before: a chain of negative length, and warm_up raised)."""
 
@@ -361,15 +392,16 @@ def test_a_dummy_pass_fits_every_key_of_a_deep_budget(level_launches):
     from openjev.worker.cuda.graph_launch import GraphLauncher
 
     launcher = GraphLauncher(
-        _pass_model(level_launches), 8, budget=PassBudget(tokens=256, segments=64, depth=32, context=512)
+        _pass_model(level_launches, chunked_from), 8, budget=PassBudget(tokens=256, segments=64, depth=32, context=512)
     )
     keys = launcher.bucketing.keys()
-    assert any(k.levels > k.tokens for k in keys)
+    assert any(max(k.levels, k.chunked_levels) > k.tokens for k in keys)
     for key in keys:
         plan = launcher._dummy_plan(key)
         got, why = launcher.key_of(plan)
         assert got is not None, why
         assert (got.tokens, got.kept) == (key.tokens, key.kept) and got.levels <= key.levels
+        assert got.chunked_levels <= key.chunked_levels and (got.chunked_levels > 0) == (key.chunked_levels > 0)
 
 
 def test_static_buffers_are_fixed_at_the_budget():
@@ -383,13 +415,13 @@ def test_static_buffers_are_fixed_at_the_budget():
 
     config = shape_config("small", 4)
     model = SimpleNamespace(
-        config=config, device=torch.device("cpu"), gdn_layers=[0, 1, 2], attn_layers=[3], chunked_gdn=True
+        config=config, device=torch.device("cpu"), gdn_layers=[0, 1, 2], attn_layers=[3], chunked_from=0
     )
     budget = PassBudget(tokens=300, segments=8, depth=2, context=100)
     statics = _Statics(model, Bucketing(budget))
     s = statics.ensure()
     assert statics.ensure() is s and s["kv"].shape[2] == 320 + 100  # top token bucket + context
-    assert s["kv_rows"].numel() == budget.kv_rows
+    assert s["kv_rows"].numel() == Bucketing(budget).kv_rows == 9 * (100 + 320)
     assert s["st_in"].shape[:2] == (3, MAX_STATE_SLOTS + 1) and s["st_out"].shape[:2] == (3, MAX_STATE_SLOTS)
     assert s["win_in"][1].is_contiguous() and s["st_in"][2].is_contiguous()
     assert not s["st_in"][:, 0].any() and not s["win_in"][:, 0].any() and not s["tail_in"][:, 0].any()

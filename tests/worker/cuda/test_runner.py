@@ -14,14 +14,14 @@ pytestmark = pytest.mark.gpu
 TOL = 3e-2  # bf16 weights and activations through 4 layers vs an fp32 reference
 
 
-@pytest.fixture(scope="module", params=["serial", "chunked"])
-def runner(request):
+@pytest.fixture(scope="module", params=["serial", "chunked", "split"])
+def runner(request):  # split: the chunked kernel from position 128, which the prompts here cross
     pytest.importorskip("cupy")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     from openjev.worker.cuda.runner import CudaRunner
 
-    return CudaRunner.synthetic("small", seed=0, gdn_kernel=request.param)
+    return CudaRunner.synthetic("small", seed=0, gdn_kernel=request.param, gdn_split_at=128)
 
 
 def _cpu32(obj):

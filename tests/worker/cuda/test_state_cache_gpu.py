@@ -17,7 +17,7 @@ TEMPERATURE = 2.0
 POLICIES = ("off", "default", "shared", "fixed", "auto")
 
 
-@pytest.fixture(scope="module", params=["serial-eager", "chunked-eager", "serial-graphs"])
+@pytest.fixture(scope="module", params=["serial-eager", "chunked-eager", "serial-graphs", "split-graphs"])
 def runner(request):
     pytest.importorskip("cupy")
     if not torch.cuda.is_available():
@@ -26,7 +26,8 @@ def runner(request):
 
     kernel, mode = request.param.split("-")
     graphs = dict(graph_cache_size=32, graph_capture_after=1) if mode == "graphs" else dict(graph_cache_size=0)
-    return CudaRunner.synthetic("small", seed=9, num_layers=8, gdn_kernel=kernel, **graphs)
+    # split: the chunked kernel from position 128, which the sessions here cross
+    return CudaRunner.synthetic("small", seed=9, num_layers=8, gdn_kernel=kernel, gdn_split_at=128, **graphs)
 
 
 def engines(runner, budget: int = 2 << 30):
