@@ -195,6 +195,16 @@ def cases(T: int):
             return K.tree_attention(cq, ckv[0], ckv[1], ctx_rows, ctx_cu, ctx_cu_k, max(lens), pipelined=p)
 
         out.append(("tree_attention:cached_context" + form, ctx, 2 * (T * 2 * HKV * HD), ctx_flops, "mma"))
+    # a graph pass's shape: 8 requests' segments, then the pad segment, then empty ones up to the
+    # key's min(64, T) + 1 (the runner's grid), attention over max_q = T rounded up to 64; the
+    # runner's form for that max_q
+    real = [T // 10] * 8
+    pad_lens = real + [T - sum(real)] + [0] * (min(64, T) - 8)
+    pad_cu = torch.tensor([0, *itertools.accumulate(pad_lens)], dtype=torch.int32, device=DEV)
+    max_q = 64 * -(-T // 64)
+    pass_flops = 4 * HQ * HD * sum(n * (n + 1) / 2 for n in pad_lens)
+    graph_pass = lambda: K.tree_attention(q, kv[0], kv[1], rows, pad_cu, pad_cu, max_q, gate=gate)  # noqa: E731
+    out.append(("tree_attention:graph_pass", graph_pass, att_bytes, pass_flops, "mma"))
     qt, kt, vt = q.transpose(0, 1)[None], kv[0].transpose(0, 1)[None], kv[1].transpose(0, 1)[None]
     sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)  # noqa: E731
     out.append(("torch_sdpa(ref)", sdpa, att_bytes, att_flops, "mma"))
