@@ -222,11 +222,12 @@ for step in "$@"; do
     # quick-gates: 30 requests, every kind x group but the 16,384-token case, exact; gates: 100
     # requests with the 16,384-token case, exact, and 20 of them against transformers (reported)
     quick-gates) timeout 240 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload $WL --backend cuda \
-             --synthetic 27b --layers 8 --oracle-cases 0 --limit 30 --out $OUT/gpu-gates.md >/dev/null 2>$OUT/gpu-gates.log; rc=$?
+             --synthetic 27b --layers 8 --oracle-cases 0 --limit 30 --out $OUT/gpu-gates.md ${GATES_EXTRA:-} \
+             >/dev/null 2>$OUT/gpu-gates.log; rc=$?
          sed "/^## Mixed run, per request/,\$d" $OUT/gpu-gates.md | grep -v "^$"; echo "$step: gates exit status $rc (0: every gate met)" | tee $OUT/gpu-gates.rc; tail -3 $OUT/gpu-gates.log ;;
     # (GATES_WL, GATES_LIMIT: another request file and count, e.g. the first 20 of the workload,
-    # the oracle's requests before the gates chose round-robin; GATES_EXTRA: more flags of the
-    # gates tool, e.g. --gdn-kernel chunked)
+    # the oracle's requests before the gates chose round-robin; GATES_EXTRA, here and in
+    # quick-gates: more flags of the gates tool, e.g. --gdn-kernel chunked)
     gates) timeout 450 python3 -m openjev.tools.bench.gates --model .openjev/demo-model --workload ${GATES_WL:-$WL} --backend cuda \
              --synthetic 27b --layers 8 --oracle-cases 20 --limit ${GATES_LIMIT:-100} --skip "" --out $OUT/gpu-gates.md ${GATES_EXTRA:-} \
              >/dev/null 2>$OUT/gpu-gates.log; rc=$?
