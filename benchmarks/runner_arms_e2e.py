@@ -36,6 +36,7 @@ ARMS = {
     "chunked": {"gdn_kernel": "chunked"},
     "split": {"gdn_kernel": "split"},  # the recurrence before position 512, the chunked kernel from it
     "split256": {"gdn_kernel": "split", "gdn_split_at": 256},
+    "split128": {"gdn_kernel": "split", "gdn_split_at": 128},
     # long passes in 4 token steps an octave (before 2026-12-01c)
     "untiled": {"gdn_kernel": "serial", "graph_tile_from": 0},
     # the recurrence launched once a level (before 2026-12-02b)
