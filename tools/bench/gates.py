@@ -34,6 +34,7 @@ from openjev.tools.bench import workload
 from openjev.tools.bench.gates_report import render
 from openjev.tools.bench.main import longest_tokens_fn
 from openjev.worker.engine import Engine, ExecutionResult, QuestionWork
+from openjev.worker.geometry import DEFAULT_GDN_SPLIT_AT
 from openjev.worker.planner.cost import default_cost_model
 from openjev.worker.planner.plan import PackLimits
 
@@ -180,6 +181,7 @@ def build_runners(args):
     options = {
         "graph_cache_size": args.graphs,
         "gdn_kernel": args.gdn_kernel,
+        "gdn_split_at": args.gdn_split_at,
         "max_pass_tokens": args.max_launch_tokens,
     }
     if args.gemm_min_rows is not None:
@@ -230,7 +232,13 @@ def parser() -> argparse.ArgumentParser:
         "--gdn-kernel",
         choices=("serial", "chunked", "split"),
         default="serial",
-        help="cuda backend: GDN prefill kernel (split: the chunked one from position 512)",
+        help="cuda backend: GDN prefill kernel (split: the chunked one from --gdn-split-at on)",
+    )
+    p.add_argument(
+        "--gdn-split-at",
+        type=int,
+        default=DEFAULT_GDN_SPLIT_AT,
+        help="cuda backend, --gdn-kernel split: the chunked kernel's first position",
     )
     p.add_argument(
         "--gemm-min-rows", type=int, default=None, help="cuda backend: pad smaller products to this many rows"
