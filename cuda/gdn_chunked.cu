@@ -198,7 +198,8 @@ struct ChunkTickets {
 // own), its tail}. Only the segments of the levels' ranges (level_off[0] .. level_off[levels] - 1)
 // are listed: a graph pass's pad segment after them is neither solved nor output (its rows are
 // never read, as with the recurrence), nor are the recurrence's segments before them (a split
-// pass), and segment(...).first counts the same chunks for every listed segment. One block of GDN_PLAN_THREADS threads, a segment a thread (N <= GDN_PLAN_THREADS).
+// pass), and segment(...).first counts the same chunks for every listed segment. One block of
+// GDN_PLAN_THREADS threads, a segment a thread (N <= GDN_PLAN_THREADS).
 extern "C" __global__ void __launch_bounds__(GDN_PLAN_THREADS)
     gdn_chunk_plan(const int* __restrict__ cu, const int* __restrict__ pos, int max_chunks,
                    const int* __restrict__ level_off, int levels, int* __restrict__ list) {

@@ -365,10 +365,10 @@ def serve(args: argparse.Namespace) -> None:
     tokenizer = or_exit(TokenizerFile.from_export, args.model, program="openjev-worker")
     backend = backends.resolve_backend(args.backend)
     if backend == "cuda":  # a pass budget the kernels cannot launch, refused before the weights load
-        from openjev.worker.cuda.runner import budget_problem, pass_budget
+        from openjev.worker.cuda.runner import budget_problem, chunked_from, pass_budget
 
         passes = pass_budget(args.max_launch_tokens, args.max_launch_sequences, tile_from=args.graph_tile_from)
-        problem = budget_problem(passes, args.gdn_kernel)
+        problem = budget_problem(passes, chunked_from(args.gdn_kernel, args.gdn_split_at))
         if problem:
             raise SystemExit(f"openjev-worker: {problem}")
     if args.synthetic is None:  # config.json against the tokenizer before the weights load, not after

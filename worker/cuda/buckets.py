@@ -108,17 +108,18 @@ class PassKey:
 
 class Bucketing:
     """Pass -> PassKey under one budget; None (with the reason) for passes outside it.
-    tail_rows: the chunked GDN kernel runs (everywhere, or from a position: split); level_keys:
-    whether the recurrence launches once a level (module docstring)."""
+    chunked_from: the chunked GDN kernel's first position (None: the recurrence only; 0: the
+    chunked kernel everywhere; more: the kernels split there); level_keys: whether the recurrence
+    launches once a level (module docstring)."""
 
-    def __init__(self, budget: PassBudget, tail_rows: bool = False, level_keys: bool = True, split: bool = False):
+    def __init__(self, budget: PassBudget, chunked_from: int | None = None, level_keys: bool = True):
         if budget.tokens < 1 or budget.depth < 1 or budget.segments < budget.depth or budget.context < 0:
             raise ValueError(f"bad pass budget {budget}")
-        if split and not tail_rows:
-            raise ValueError("kernels split by position need the chunked kernel's tail rows")
-        self.budget, self.tail_rows, self.level_keys, self.split = budget, tail_rows, level_keys, split
+        self.budget, self.level_keys = budget, level_keys
+        # the chunked kernel's tail sources in the index; `split`: both kernels, split at a position
+        self.tail_rows, self.split = chunked_from is not None, bool(chunked_from)
         # a pass's planned segments: a run crossing the split is two
-        self.max_segments = budget.segments * (2 if split else 1)
+        self.max_segments = budget.segments * (2 if self.split else 1)
 
     @property
     def kv_rows(self) -> int:

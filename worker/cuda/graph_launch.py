@@ -149,8 +149,7 @@ class GraphLauncher:
         if capture_after < 1:
             raise ValueError("capture_after must be at least 1")
         self.model, self.cache, self.capture_after = model, GraphCache(capacity), capture_after
-        chunked, split = model.chunked_from is not None, bool(model.chunked_from)
-        self.bucketing = Bucketing(budget or PassBudget(), chunked, model.level_launches, split)
+        self.bucketing = Bucketing(budget or PassBudget(), model.chunked_from, model.level_launches)
         self.statics = _Statics(model, self.bucketing)
         self.hits = self.misses = self.failures = self.fallbacks = 0
         self.warmed = False

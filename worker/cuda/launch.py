@@ -14,7 +14,7 @@ just lists them)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -82,8 +82,7 @@ class LaunchPlan:
     the recurrence's, and `level` counts levels within each kernel's runs.
 
     runs: internal order; order[i]: index in the caller's runs of internal run i (-1: the part
-    before chunked_from of a split run; its other part has the caller's index); callers: the
-    caller's runs.
+    before chunked_from of a split run; its other part has the caller's index).
     ids, positions: [T] ints; cu: [N+1] segment bounds; heads: rows the head reads (internal
     order); head_order: for the caller's reading runs in order, the index into heads (None: same).
     level: per run its level among its kernel's runs; num_levels: 1 + the deepest;
@@ -107,7 +106,6 @@ class LaunchPlan:
 
     runs: list[SegmentRun]
     order: list[int]
-    callers: int
     chunked_from: int | None
     ids: list[int]
     positions: list[int]
@@ -133,6 +131,11 @@ class LaunchPlan:
     @property
     def num_kept(self) -> int:
         return sum(run.keep_state for run in self.runs)
+
+    @property
+    def callers(self) -> int:
+        """The caller's runs (a split run's first part is not one)."""
+        return sum(o >= 0 for o in self.order)
 
     @property
     def recurrent_levels(self) -> int:
@@ -208,27 +211,35 @@ class Launch:
     chunked_levels: int = 0
 
 
-def split_at(runs: Sequence[SegmentRun], position: int | None) -> tuple[list[SegmentRun], list[int]]:
-    """(runs, caller): each run crossing `position` (None: none is split) as two, the first
-    ending there, keeping and reading nothing, the in-pass parent of the second; caller[i]: the
-    caller's index of run i, -1 for such a first part. Children follow their parent's second part."""
+def split_at(runs: Sequence[SegmentRun], position: int) -> tuple[list[SegmentRun], list[int]]:
+    """(runs, caller): each run crossing `position` as two, the first ending there, keeping and
+    reading nothing, the in-pass parent of the second; caller[i]: the caller's index of run i, -1
+    for such a first part. Children follow their parent's second part."""
     out: list[SegmentRun] = []
     caller: list[int] = []
     last: list[int] = []  # per caller's run, its last part's index
     for i, run in enumerate(runs):
         parent = None if run.parent_in_pass is None else last[run.parent_in_pass]
-        cut = -1 if position is None else position - run.start_position
-        if position is not None and 0 < cut < len(run.token_ids):
-            out.append(SegmentRun(run.token_ids[:cut], run.start_position, run.parent_state, False, False, parent))
+        cut = position - run.start_position
+        if 0 < cut < len(run.token_ids):
+            first = replace(run, token_ids=run.token_ids[:cut], keep_state=False, read_head=False)
+            out.append(replace(first, parent_in_pass=parent))
             caller.append(-1)
-            run = SegmentRun(run.token_ids[cut:], position, None, run.keep_state, run.read_head, len(out) - 1)
-            parent = run.parent_in_pass
-        elif parent != run.parent_in_pass:
-            run = SegmentRun(run.token_ids, run.start_position, run.parent_state, run.keep_state, run.read_head, parent)
+            run = replace(run, token_ids=run.token_ids[cut:], start_position=position, parent_state=None)
+            parent = len(out) - 1
         last.append(len(out))
-        out.append(run)
+        out.append(replace(run, parent_in_pass=parent))
         caller.append(i)
     return out, caller
+
+
+def kernel_levels(runs: Sequence[SegmentRun], chunked: Sequence[bool]) -> list[int]:
+    """Each run's level among its GDN kernel's runs (an in-pass parent of the other kernel: 0)."""
+    levels: list[int] = []
+    for run, ch in zip(runs, chunked, strict=True):
+        p = run.parent_in_pass
+        levels.append(0 if p is None or chunked[p] != ch else levels[p] + 1)
+    return levels
 
 
 def plan_launch(runs: Sequence[SegmentRun], vocab_size: int, chunked_from: int | None = None) -> LaunchPlan:
@@ -236,14 +247,13 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int, chunked_from: int |
     by kernel and level, token rows, segment bounds, head rows, state sources, conv window
     sources, the chunked GDN kernel's tail row sources (where chunked_from is not None) and the
     attention pool (each distinct ancestor node's rows once)."""
-    pass_depths(runs)  # validates the caller's pass
-    callers = len(runs)
-    runs, caller = split_at(runs, chunked_from)
-    chunked = [chunked_from is not None and run.start_position >= chunked_from for run in runs]
-    depths: list[int] = []  # each run's level among its kernel's runs
-    for run, ch in zip(runs, chunked, strict=True):
-        p = run.parent_in_pass
-        depths.append(0 if p is None or chunked[p] != ch else depths[p] + 1)
+    depths = pass_depths(runs)  # each run's level among its kernel's: one kernel, or no run split yet
+    caller = list(range(len(runs)))
+    chunked = [chunked_from is not None] * len(runs)
+    if chunked_from:  # the kernels split at a position
+        runs, caller = split_at(runs, chunked_from)
+        chunked = [run.start_position >= chunked_from for run in runs]
+        depths = kernel_levels(runs, chunked)
     for run in runs:
         parent = run.parent_state
         if len(run.token_ids) == 0:
@@ -315,7 +325,6 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int, chunked_from: int |
     return LaunchPlan(
         runs=plan_runs,
         order=[caller[o] for o in order],
-        callers=callers,
         chunked_from=chunked_from,
         ids=ids,
         positions=positions,

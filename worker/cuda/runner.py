@@ -66,9 +66,10 @@ def pass_budget(
     return PassBudget(tokens=tokens, segments=max(segments, depth), depth=depth, context=context, tile_from=tile_from)
 
 
-def budget_problem(budget: PassBudget, gdn_kernel: str) -> str | None:
-    """Why a pass within `budget` could not launch, or None (checked before the weights load)."""
-    bucketing = Bucketing(budget, tail_rows=gdn_kernel != "serial", split=gdn_kernel == "split")
+def budget_problem(budget: PassBudget, chunked_from: int | None) -> str | None:
+    """Why a pass within `budget` could not launch with the chunked GDN kernel from position
+    chunked_from on (None: never), or None (checked before the weights load)."""
+    bucketing = Bucketing(budget, chunked_from)
     if bucketing.tail_rows and bucketing.max_segments > traits.GDN_CHUNKED.max_segments:
         most = traits.GDN_CHUNKED.max_segments
         return f"a pass of the chunked GDN kernel plans at most {most} segments, not {bucketing.max_segments}"
@@ -119,7 +120,6 @@ class CudaRunner:
         # their unfinished chunk's rows (a tail)
         self.chunked_from = chunked_from(gdn_kernel, gdn_split_at)
         self.gdn_kernel, self.gdn_split_at = gdn_kernel, gdn_split_at
-        self.chunked_gdn = self.chunked_from is not None
         # the recurrence launched once a level, as before it ran a forest in one launch (to compare)
         self.gdn_level_launches = gdn_level_launches
         # whether the recurrence's launches depend on a pass's levels, so its graphs keys need them
@@ -129,7 +129,7 @@ class CudaRunner:
         self.max_pass_states, self.max_pass_context = MAX_STATE_SLOTS, max_pass_context
         self.max_pass_depth = max_pass_depth
         self.budget = pass_budget(max_pass_tokens, max_pass_segments, max_pass_depth, max_pass_context, graph_tile_from)
-        problem = budget_problem(self.budget, gdn_kernel)
+        problem = budget_problem(self.budget, self.chunked_from)
         if problem:
             raise ValueError(problem)
         self.config, self.embed, self.layers, self.final_norm = config, embed, layers, final_norm
@@ -153,7 +153,7 @@ class CudaRunner:
         self.head_bias = float(head_bias)
         self.device = embed.device
         K.gdn_schedule(self.device)  # made now, not while a pass is captured
-        segments = Bucketing(self.budget, self.chunked_gdn, split=bool(self.chunked_from)).max_segments
+        segments = Bucketing(self.budget, self.chunked_from).max_segments
         K.gdn_dependencies(self.device, segments + 1, config.linear_num_value_heads)
         self.gdn_layers = [j for j, layer in enumerate(layers) if layer.kind == LINEAR_ATTENTION]
         self.attn_layers = [j for j, layer in enumerate(layers) if layer.kind == FULL_ATTENTION]
@@ -164,6 +164,11 @@ class CudaRunner:
             from openjev.worker.cuda.graph_launch import GraphLauncher
 
             self.graphs = GraphLauncher(self, graph_cache_size, graph_capture_after, self.budget)
+
+    @property
+    def chunked_gdn(self) -> bool:
+        """Whether the chunked GDN kernel runs at all (its states then may carry tails)."""
+        return self.chunked_from is not None
 
     def device_lost(self) -> str | None:
         """Asked after a pass failed (ModelRunner): see device_fault."""

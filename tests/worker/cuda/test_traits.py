@@ -139,7 +139,7 @@ def test_the_chunked_kernels_segment_limit_is_its_plan_launchs():
     from openjev.worker.cuda.buckets import Bucketing, PassBudget
 
     def widest(segments: int) -> int:
-        keys = Bucketing(PassBudget(tokens=4096, segments=segments, depth=8), tail_rows=True).keys()
+        keys = Bucketing(PassBudget(tokens=4096, segments=segments, depth=8), chunked_from=0).keys()
         return max(key.segments for key in keys)
 
     limit = traits.GDN_CHUNKED.max_segments
@@ -156,15 +156,15 @@ def test_a_pass_budget_whose_conv_grid_passes_cudas_limit_is_refused():
     def widest_grid(budget) -> int:
         return max(traits.CONV.grid_rows(key.tokens, key.segments) for key in Bucketing(budget).keys())
 
-    assert budget_problem(pass_budget(4096, 64), "serial") is None
+    assert budget_problem(pass_budget(4096, 64), None) is None
     fits = pass_budget(20000, 20000)
-    assert budget_problem(fits, "serial") is None
+    assert budget_problem(fits, None) is None
     assert widest_grid(fits) <= traits.MAX_GRID_Y
     over = pass_budget(21400, 21400)
     assert widest_grid(over) > traits.MAX_GRID_Y
-    problem = budget_problem(over, "serial")
+    problem = budget_problem(over, None)
     assert problem is not None and "over CUDA's 65535" in problem and "--max-launch-tokens" in problem
-    assert "plans at most 1023 segments" in str(budget_problem(pass_budget(4096, 1024), "chunked"))
+    assert "plans at most 1023 segments" in str(budget_problem(pass_budget(4096, 1024), 0))
     # split: a sequence crossing the split position is two segments
-    assert budget_problem(pass_budget(4096, 511), "split") is None
-    assert "plans at most 1023 segments, not 1024" in str(budget_problem(pass_budget(4096, 512), "split"))
+    assert budget_problem(pass_budget(4096, 511), 512) is None
+    assert "plans at most 1023 segments, not 1024" in str(budget_problem(pass_budget(4096, 512), 512))
