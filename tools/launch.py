@@ -126,6 +126,7 @@ def stop_leftovers() -> list[str]:
 
 # Where free_port draws from: above the ports services usually take, below the kernel's ephemeral range.
 FIXED_PORTS_FROM = 20000
+_HANDED_OUT: set[int] = set()  # free_port's answers so far
 
 
 def ephemeral_ports() -> range:
@@ -141,16 +142,22 @@ def free_port() -> int:
     """A loopback port free now, for a server that must come back on the same address. Drawn from
     below the ephemeral range: a port the kernel handed out (bind to port 0) could be given to
     any outgoing connection before the server binds it, and in a loaded CI run one was, within
-    the 5 s a worker took to start."""
+    the 5 s a worker took to start. Never the same port twice in one process: two drawn before
+    either server binds would otherwise both look free (a CI run drew one port for a worker and
+    a frontend's metrics)."""
     low = ephemeral_ports().start
     for _ in range(200):
         port = random.randrange(FIXED_PORTS_FROM, low) if low - FIXED_PORTS_FROM >= 1000 else 0
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue  # taken, or in TIME_WAIT: another
-            return s.getsockname()[1]
+            port = s.getsockname()[1]
+        _HANDED_OUT.add(port)
+        return port
     raise LaunchError("no free loopback port below the ephemeral range")
 
 
