@@ -77,7 +77,8 @@ def note_kinds(kinds: Iterable[str]) -> None:
 
 def note_outcome(outcome: str, *, server_ended: bool = False) -> None:
     """Called by a servicer whose call ends in a way the status code does not tell (a worker
-    stream discarded without a commit ends OK, but nothing was answered). server_ended: the
+    stream discarded without a commit: INVALID_ARGUMENT, or CANCELLED where its caller left,
+    counted as DISCARDED either way). server_ended: the
     servicer cancelled the call itself, so an inactive call is not a caller that left."""
     info = _current.get()
     if info is not None:

@@ -94,6 +94,10 @@ class ReplayBudget:
             self._left += n
 
 
+class NotReplayable(Exception):
+    """Replay.again() on a stream that cannot be sent again (Replay.replayable)."""
+
+
 class Replay:
     """Passes an Execute request stream through and keeps its messages, up to max_bytes (and
     what `budget` has left), so that a request a worker refused before running it can be sent
@@ -158,12 +162,19 @@ class Replay:
 
     @property
     def replayable(self) -> bool:
+        """After a pull in progress: the batch being tokenized may end the stream on a contract
+        error (then that is the answer, not a resend) or overflow what is kept."""
+        with self._pulling:
+            return self._can_replay()
+
+    def _can_replay(self) -> bool:
         return not self._overflow and (self._committed or not self._ended)
 
     def again(self) -> Iterator[wire.ExecuteRequest]:
+        """NotReplayable where a pull since `replayable` was asked made it so."""
         with self._pulling:  # after a pull the refused call's thread may be in
-            if not self.replayable:
-                raise RuntimeError("this request stream cannot be replayed")
+            if not self._can_replay():
+                raise NotReplayable("this request stream cannot be replayed")
             self._generation += 1
             kept = list(self._kept)
         return itertools.chain(kept, self._pull(self._generation))

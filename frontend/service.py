@@ -48,16 +48,20 @@ RETRY_BACKOFF_SECONDS = 0.05
 LARGE_BODY_CHARS = 1 << 20
 # A request the contract refuses is the caller's fault: no ERROR on the `validate` span
 _VALIDATE_REFUSALS: dict[type[BaseException], str] = {ContractError: "INVALID_ARGUMENT", Abandoned: "CANCELLED"}
+# A worker call that ended so: no more time is spent on the request (checking its other candidates)
+OUT_OF_TIME = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 @dataclass
 class _Routing:
     """One request's routing over its attempts. fallback: once set, every later attempt goes
     round-robin, counted under this route. chosen: the route of the last call, recorded once
-    when the request ends."""
+    when the request ends. checked: every candidate passed the contract's length check (once a
+    request: a worker that fails each attempt part-way does not cost a check each)."""
 
     fallback: tuple[str, str] | None = None
     chosen: tuple[str, str] | None = None
+    checked: bool = False
 
 
 def answer_to_proto(question_id: str, answer: dict) -> api.Answer:
@@ -313,8 +317,15 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
             return routed(call, lambda: True)  # the request is its own replay
 
-        def send_stream(messages: Iterator[wire.ExecuteRequest], refusal: list[str]):
+        def watched(messages: Iterator[wire.ExecuteRequest]) -> Iterator[wire.ExecuteRequest]:
+            for message in messages:
+                if message.WhichOneof("item") == "commit":  # every candidate passed the checks
+                    route.checked = True
+                yield message
+
+        def send_stream(source: Iterator[wire.ExecuteRequest], refusal: list[str]):
             fields["worker_method"] = "Execute"
+            messages = watched(source)
             # With affinity the messages are kept (routing.Replay) for one round-robin resend.
             kept = None
             if self.link.affinity and route.fallback is None:
@@ -330,7 +341,16 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
             try:
                 return routed(call, lambda: kept is not None and kept.replayable, lambda: bool(refusal))
-            except (Refused, worker_calls.NotAccepted):
+            except (Refused, worker_calls.NotAccepted) as failed:
+                # the code, not the error: its traceback holds this frame (a cycle, test_no_cycles.py)
+                code = (failed.refused if isinstance(failed, worker_calls.NotAccepted) else failed).code
+                if not refusal and not route.checked and code not in OUT_OF_TIME:
+                    # The worker failed the call while the candidates were still being tokenized:
+                    # one not reached yet may fail the contract, and that is the answer, worker or
+                    # not. The request's log line keeps the worker's status.
+                    fields["worker_status"] = code.name
+                    self._check_lengths(decision, context.is_active)
+                    route.checked = True
                 if refusal:  # the stream ended early on a contract error: that is the answer
                     raise Refused(grpc.StatusCode.INVALID_ARGUMENT, refusal[0]) from None
                 raise
@@ -346,6 +366,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 except worker_calls.NoUnary:
                     self.link.note_no_execute_unary()
                     log.info("worker_no_execute_unary", request_id=request_id)
+                    route.checked = True  # tokenized whole before the unary call
                     results, summary = send_stream(worker_calls.as_stream(request), [])
             else:
                 refusal: list[str] = []
@@ -482,8 +503,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         except Refused as refused:
             if ended_early() or not (refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED and refused.unrun):
                 raise
-            if not replayable():
-                routed(routing.AFFINITY_NOT_REPLAYED)
+            if not replayable():  # asked after the batch being tokenized, which may end the stream early
+                if not ended_early():
+                    routed(routing.AFFINITY_NOT_REPLAYED)
                 raise
             # The context's worker refused it unrun (queue full): once more, round-robin.
             route.fallback = routing.FALLBACK_QUEUE_FULL
@@ -493,5 +515,10 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 raise Refused(grpc.StatusCode.CANCELLED, refused.message) from refused
             if remaining <= 0:
                 raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, refused.message) from refused
-            with self.link.traffic() as traffic:
-                return call(traffic.stub, (), remaining)
+            try:
+                with self.link.traffic() as traffic:
+                    return call(traffic.stub, (), remaining)
+            except routing.NotReplayable:  # a batch tokenized since the check ended the stream early
+                if not ended_early():
+                    routed(routing.AFFINITY_NOT_REPLAYED)
+                raise refused from None

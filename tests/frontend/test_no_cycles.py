@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_worker import FailsPartWay, fake_describe, serve_fake
 from garbage import left_in_cycles
 
 from openjev.export import load_export_meta
@@ -50,13 +51,12 @@ REFUSED = {
 }
 
 
-@pytest.fixture(scope="module")
-def servicer(demo_model, tmp_path_factory):
-    worker = launch.start_worker(demo_model, tmp_path_factory.mktemp("worker"))
+def _servicer(demo_model, address: str):
+    """A DecisionServicer in this process, linked to the worker at `address`, once SERVING."""
     meta = load_export_meta(demo_model)
     tokenizer = PromptTokenizer.from_export(demo_model)
     link = WorkerLink(
-        worker.address,
+        address,
         fingerprint=tokenizer.fingerprint,
         max_length=meta.max_length,
         model_id=meta.model_id,
@@ -65,15 +65,22 @@ def servicer(demo_model, tmp_path_factory):
     )
     link.start()
     made = DecisionServicer(meta, tokenizer, link, max_request_tokens=MAX_REQUEST_TOKENS)
+    deadline = time.monotonic() + 30
+    while link.state.problem is not None:
+        assert time.monotonic() < deadline, link.state.problem
+        time.sleep(0.05)
+    return made, link
+
+
+@pytest.fixture(scope="module")
+def servicer(demo_model, tmp_path_factory):
+    worker = launch.start_worker(demo_model, tmp_path_factory.mktemp("worker"))
     try:
-        deadline = time.monotonic() + 30
-        while link.state.problem is not None:
-            assert time.monotonic() < deadline, link.state.problem
-            time.sleep(0.05)
+        made, link = _servicer(demo_model, worker.address)
         yield made
-    finally:
         made.close()
         link.close()
+    finally:
         worker.stop()
 
 
@@ -97,3 +104,37 @@ def test_a_refused_request_leaves_no_cycle(servicer, case, monkeypatch):
 
     ours = left_in_cycles(refused, lambda frame: Path(frame.f_code.co_filename).parent.name == FRONTEND)
     assert ours == ([], [])
+
+
+def _two_batches(last_words: int) -> str:
+    """16 noul questions (the first batch, ~800 tokens) and a choice whose one candidate's
+    description is `last_words` words (the second)."""
+    questions = {f"q{i}": {"type": "noul", "instructions": "ok?"} for i in range(16)}
+    questions["last"] = {"type": "choice", "instructions": "which?", "criteria": {"a": "word " * last_words}}
+    return json.dumps({"state": "word " * 40, "questions": questions})
+
+
+# a worker that fails the stream after its first batch: the frontend then checks the candidates
+# it had not tokenized yet (valid, or over the token limit)
+PART_WAY = {
+    "valid request, the worker's refusal": (_two_batches(300), "RESOURCE_EXHAUSTED"),
+    "over the token limit after the worker's refusal": (_two_batches(1500), "INVALID_ARGUMENT"),
+}
+
+
+@pytest.mark.parametrize("case", PART_WAY)
+def test_a_request_whose_worker_failed_part_way_leaves_no_cycle(demo_model, case):
+    body, code = PART_WAY[case]
+    server, port = serve_fake(FailsPartWay(fake_describe(demo_model)))
+    try:
+        made, link = _servicer(demo_model, f"127.0.0.1:{port}")
+
+        def refused() -> None:
+            assert _refused(made, body) == code
+
+        ours = left_in_cycles(refused, lambda frame: Path(frame.f_code.co_filename).parent.name == FRONTEND)
+        assert ours == ([], [])
+        made.close()
+        link.close()
+    finally:
+        server.stop(0)

@@ -95,7 +95,7 @@ def test_replay_sends_the_same_messages_again_unless_the_source_ended_without_a_
     cut = routing.Replay(messages(3, commit=False), 1 << 20, budget)  # a contract error part-way
     list(cut)
     assert not cut.replayable
-    with pytest.raises(RuntimeError):
+    with pytest.raises(routing.NotReplayable):
         cut.again()
     large = routing.Replay(messages(3), 300, budget)  # each batch is over 100 bytes
     assert list(large) == sent

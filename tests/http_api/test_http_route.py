@@ -442,26 +442,11 @@ def test_sigterm_drains_the_request_in_flight(demo_model, tmp_path, http_pair_fa
 
 
 def test_worker_failure_is_502_and_no_worker_is_503(demo_model, tmp_path):
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    from fake_worker import fake_describe, serve_fake
 
-    from openjev import abi
-    from openjev.export import load_export_meta
-    from openjev.tokenizer import PromptTokenizer
-    from openjev.tools import launch
-    from openjev.worker.v1 import worker_pb2 as wire
     from openjev.worker.v1 import worker_pb2_grpc
 
-    meta = load_export_meta(demo_model)
-    describe = wire.DescribeResponse(
-        abi_version=abi.ABI_VERSION,
-        model_id=meta.model_id,
-        checkpoint_revision="fake",
-        temperature=meta.temperature,
-        max_length=meta.max_length,
-        tokenizer_fingerprint=PromptTokenizer.from_export(demo_model).fingerprint,
-        backend="fake",
-        limits=wire.Limits(max_questions=4096, max_candidates=65536),  # compared at connect
-    )
+    describe = fake_describe(demo_model)
 
     class Failing(worker_pb2_grpc.WorkerServiceServicer):
         def Describe(self, request, context):
@@ -473,13 +458,7 @@ def test_worker_failure_is_502_and_no_worker_is_503(demo_model, tmp_path):
             context.abort(grpc.StatusCode.INTERNAL, "inference failed: device lost")
             yield  # a generator, as the real servicer
 
-    server = grpc.server(futures.ThreadPoolExecutor(4))
-    worker_pb2_grpc.add_WorkerServiceServicer_to_server(Failing(), server)
-    health_servicer = health.HealthServicer()
-    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    worker_port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    server, worker_port = serve_fake(Failing(), threads=4)
     http_port = launch.free_port()
     frontend = launch.start_frontend(
         demo_model,

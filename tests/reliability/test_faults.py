@@ -15,7 +15,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from fake_worker import fake_describe, serve_fake
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from openjev import abi
 from openjev.client import Client
@@ -184,36 +185,6 @@ class _BadWorker(worker_pb2_grpc.WorkerServiceServicer):
             yield None, summary
 
 
-def _fake_describe(demo_model, execute_unary: bool) -> wire.DescribeResponse:
-    from openjev.export import load_export_meta
-    from openjev.tokenizer import PromptTokenizer
-
-    meta = load_export_meta(demo_model)
-    return wire.DescribeResponse(
-        abi_version=abi.ABI_VERSION,
-        model_id=meta.model_id,
-        checkpoint_revision="fake",
-        temperature=meta.temperature,
-        max_length=meta.max_length,
-        tokenizer_fingerprint=PromptTokenizer.from_export(demo_model).fingerprint,
-        backend="fake",
-        default_prefix_policy=abi.policy_to_enum("off"),  # the servicer's below: the fleet header's
-        limits=wire.Limits(max_questions=4096, max_candidates=65536),  # compared at connect
-        execute_unary=execute_unary,
-    )
-
-
-def _serve_fake(fake: _BadWorker) -> tuple[grpc.Server, int]:
-    server = grpc.server(futures.ThreadPoolExecutor(8))
-    worker_pb2_grpc.add_WorkerServiceServicer_to_server(fake, server)
-    health_servicer = health.HealthServicer()
-    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    return server, port
-
-
 @pytest.fixture(scope="module", params=["Execute", "ExecuteUnary"])
 def bad_worker(demo_model, tmp_path_factory, request):
     """The faulty worker behind a real frontend, offering ExecuteUnary or not (the path tested)."""
@@ -222,7 +193,7 @@ def bad_worker(demo_model, tmp_path_factory, request):
     from openjev.worker.service import WorkerIdentity, WorkerServicer
 
     meta = load_export_meta(demo_model)
-    describe = _fake_describe(demo_model, request.param == "ExecuteUnary")
+    describe = fake_describe(demo_model, request.param == "ExecuteUnary")
     identity = WorkerIdentity(
         meta.model_id,
         meta.alias,
@@ -243,7 +214,7 @@ def bad_worker(demo_model, tmp_path_factory, request):
     runner = _FaultyRunner()
     real = WorkerServicer(Engine(runner, queue_capacity=4), identity)
     fake = _BadWorker(describe, real)
-    server, port = _serve_fake(fake)
+    server, port = serve_fake(fake)
     frontend = launch.start_frontend(demo_model, f"127.0.0.1:{port}", tmp_path_factory.mktemp("bad-worker"))
     launch.wait_serving(frontend.address)
     yield fake, runner, frontend
@@ -306,11 +277,11 @@ def test_a_worker_that_takes_fewer_candidates_a_message_is_refused(demo_model, t
     """The frontend sends batches of 16 candidates; a worker stating fewer a message (Describe's
     max_batch_candidates) was taken as compatible, and every request of more candidates failed
     INTERNAL after its retries. It is now an incompatible worker, named, as smaller limits are."""
-    describe = _fake_describe(demo_model, execute_unary=True)
+    describe = fake_describe(demo_model, execute_unary=True)
     describe.limits.max_batch_candidates = 4
     fake = _BadWorker(describe, None)
     fake.mode = "good"
-    server, port = _serve_fake(fake)
+    server, port = serve_fake(fake)
     frontend = launch.start_frontend(demo_model, f"127.0.0.1:{port}", tmp_path)
     try:
         with Client(frontend.address) as client, pytest.raises(grpc.RpcError) as caught:
