@@ -247,6 +247,9 @@ def plan_launch(runs: Sequence[SegmentRun], vocab_size: int, chunked_from: int |
     by kernel and level, token rows, segment bounds, head rows, state sources, conv window
     sources, the chunked GDN kernel's tail row sources (where chunked_from is not None) and the
     attention pool (each distinct ancestor node's rows once)."""
+    if chunked_from is not None and (chunked_from < 0 or chunked_from % GDN_CHUNK_TOKENS):
+        # a chunked run from a recurrence's state would read tail rows nobody wrote
+        raise ValueError(f"chunked_from must be a multiple of {GDN_CHUNK_TOKENS}, not {chunked_from}")
     depths = pass_depths(runs)  # each run's level among its kernel's: one kernel, or no run split yet
     caller = list(range(len(runs)))
     chunked = [chunked_from is not None] * len(runs)

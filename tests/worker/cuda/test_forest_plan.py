@@ -309,3 +309,6 @@ def test_a_run_crossing_the_split_is_two_runs():
     assert len(states) == 4 and states[0] is not None and states[0].num_tokens == 100
     assert [nd.num_rows for nd in states[0].kv.lineage()] == [64, 36]  # through the first part
     assert -1 not in plan_launch(runs, vocab_size=2).order  # no split position: no split
+    for bad in (32, -64):  # off the chunk grid, a chunked run would start from a state with no tail
+        with pytest.raises(ValueError, match="multiple of 64"):
+            plan_launch(runs, vocab_size=2, chunked_from=bad)
