@@ -249,8 +249,9 @@ def render(
     if floors:
         lines += [
             "",
-            f"Roofline floor over the workload: mean {1e3 * statistics.fmean(floor_values):.1f} ms, "
-            f"p50 {1e3 * _percentile(floor_values, 0.5):.1f} ms (tokens of the shared tree).",
+            f"Roofline floor over this run's {len(floor_values)} cases: mean "
+            f"{1e3 * statistics.fmean(floor_values):.1f} ms, p50 {1e3 * _percentile(floor_values, 0.5):.1f} ms "
+            "(tokens of the shared tree; the split's floor is the estimate's, below).",
         ]
 
     lines += targets(results, cases, reference_arm, floors, list(more_targets), split)
@@ -337,7 +338,7 @@ def render(
     submitted = sum(t[0] for t in tokens.values())
     lines += [
         "",
-        f"Tokens in the workload: {submitted} submitted; {sum(t[1] for t in tokens.values())} "
+        f"Tokens in this run's {len(tokens)} cases: {submitted} submitted; {sum(t[1] for t in tokens.values())} "
         f"in the shared token trees.",
     ]
     lines += sections
