@@ -131,6 +131,15 @@ def test_exact_catches_a_request_split_while_sharing(tmp_path, demo_model, monke
     assert "mixed run: " in text and "differ in some bit of a head score from alone" in text
 
 
+def test_a_long_request_that_ran_whole_in_one_pass_does_not_cover_the_split_gate():
+    """Longer than a chunk is not spread over passes (a pass with room runs it whole): the gate
+    asks for a request that ran in more than one pass and shared one."""
+    base = {"requests": 3, "shared": 3, "long": 1, "split_shared": 0, "mismatches": 0, "failures": 0}
+    assert any("none ran over more than one pass" in p for p in gates.mixed_problems(base))
+    assert gates.mixed_problems(base | {"split_shared": 1}) == []
+    assert gates.mixed_problems(base | {"long": 0}) == []  # nothing longer than a chunk: nothing to split
+
+
 def test_command_line_exit_status(tmp_path, demo_model):
     """As device_run.sh runs it: 1 where a gate fails (`default` is not bit exact against `off` on
     the CPU), never an abort at exit (engines closed at the end once ended it with status 134)."""

@@ -134,8 +134,8 @@ def render(
         f"policy ({drawn or 'none'}), compared bit for bit with the same request and policy run alone:",
         "",
         f"- {m['shared']} of them shared at least one pass with another request (gate: at least one)",
-        f"- {m['long']} computed more than a chunk ({args.chunk_tokens} tokens); {m['long_shared']} of those shared "
-        "a pass (gate: at least one where there are any)",
+        f"- {m['long']} computed more than a chunk ({args.chunk_tokens} tokens); {m['split_shared']} ran over more "
+        "than one pass while sharing one (gate: at least one where any computed more than a chunk)",
         f"- {m['more_passes']} ran in more passes mixed than alone, {m['fewer_passes']} in fewer",
         f"- {m['mismatches']} differ in some bit of some head score from alone (max abs d head "
         f"{m['max_dhead']:.2e}); {m['failures']} failed",
@@ -156,7 +156,8 @@ def render(
     if graphs is not None:
         lines += [
             "",
-            f"CUDA graphs: {graphs.cache.num_captures} captures, {graphs.hits} replays, "
+            f"CUDA graphs: {graphs.cache.num_captures} captures, {graphs.hits} passes replayed a graph captured "
+            "before them, "
             f"{graphs.failures} capture failures.",
         ]
     lines += [
