@@ -7,6 +7,7 @@ route runs it, in front of a real worker on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -51,6 +52,7 @@ REFUSED = {
 }
 
 
+@contextlib.contextmanager
 def _servicer(demo_model, address: str):
     """A DecisionServicer in this process, linked to the worker at `address`, once SERVING."""
     meta = load_export_meta(demo_model)
@@ -65,21 +67,23 @@ def _servicer(demo_model, address: str):
     )
     link.start()
     made = DecisionServicer(meta, tokenizer, link, max_request_tokens=MAX_REQUEST_TOKENS)
-    deadline = time.monotonic() + 30
-    while link.state.problem is not None:
-        assert time.monotonic() < deadline, link.state.problem
-        time.sleep(0.05)
-    return made, link
+    try:
+        deadline = time.monotonic() + 30
+        while link.state.problem is not None:
+            assert time.monotonic() < deadline, link.state.problem
+            time.sleep(0.05)
+        yield made
+    finally:
+        made.close()
+        link.close()
 
 
 @pytest.fixture(scope="module")
 def servicer(demo_model, tmp_path_factory):
     worker = launch.start_worker(demo_model, tmp_path_factory.mktemp("worker"))
     try:
-        made, link = _servicer(demo_model, worker.address)
-        yield made
-        made.close()
-        link.close()
+        with _servicer(demo_model, worker.address) as made:
+            yield made
     finally:
         worker.stop()
 
@@ -127,14 +131,12 @@ def test_a_request_whose_worker_failed_part_way_leaves_no_cycle(demo_model, case
     body, code = PART_WAY[case]
     server, port = serve_fake(FailsPartWay(fake_describe(demo_model)))
     try:
-        made, link = _servicer(demo_model, f"127.0.0.1:{port}")
+        with _servicer(demo_model, f"127.0.0.1:{port}") as made:
 
-        def refused() -> None:
-            assert _refused(made, body) == code
+            def refused() -> None:
+                assert _refused(made, body) == code
 
-        ours = left_in_cycles(refused, lambda frame: Path(frame.f_code.co_filename).parent.name == FRONTEND)
+            ours = left_in_cycles(refused, lambda frame: Path(frame.f_code.co_filename).parent.name == FRONTEND)
         assert ours == ([], [])
-        made.close()
-        link.close()
     finally:
         server.stop(0)
