@@ -229,6 +229,13 @@ def _all_ids(values: Iterable[object]) -> bool:
     return {type(value) for value in values} <= {int}
 
 
+def check_no_dropout(dropout: object) -> None:
+    """BPE dropout merges at random: every request's ids (and answers) would change from call to
+    call, silently. Refused in both processes (the worker never tokenizes, but states its file)."""
+    if dropout not in (None, 0, 0.0):
+        raise ExportError(f"{TOKENIZER_FILE}: model.dropout is {dropout!r}; it must be null (tokenizing is exact)")
+
+
 def check_token_ids(vocab: dict[str, int], added: Sequence[tuple[str, int]]) -> int:
     """The ids of model.vocab and added_tokens ((content, id) in the file's order) must be exactly
     0..N-1, N the distinct tokens (module docstring): N, else ExportError naming tokenizer.json and
@@ -277,6 +284,7 @@ class TokenizerFile:
             raise ExportError(f"{TOKENIZER_FILE}: model.vocab and added_tokens must map tokens to integer ids")
         self.num_token_ids = check_token_ids(vocab, pairs)
         check_chat_tokens(added_tokens, chat_prefix, chat_suffix)
+        check_no_dropout(document["model"].get("dropout"))
         self._added = {token_id: content for content, token_id in added.items()}
         self._vocab = vocab
         self.fingerprint = tokenizer_fingerprint(data, chat_prefix, chat_suffix)
@@ -301,6 +309,7 @@ class PromptTokenizer:
         # prompt silently: ids are the whole prompt's, and too long is refused by the contract
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
+        check_no_dropout(getattr(self.tokenizer.model, "dropout", None))
         self.chat_prefix = chat_prefix
         self.chat_suffix = chat_suffix
         self._fingerprint = tokenizer_fingerprint(data, chat_prefix, chat_suffix)

@@ -86,6 +86,18 @@ def _tokenizer_json(change: Callable[[dict], object]) -> Callable[[Path], None]:
     return edit
 
 
+def _extra_tensor(name: str) -> Callable[[Path], None]:
+    """A shard beside the weights holding one tensor of that name."""
+
+    def add(export: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+
+        save_file({name: torch.zeros(4)}, export / "extra.safetensors")
+
+    return add
+
+
 def _fifo(export: Path) -> None:
     (export / "model.safetensors").unlink()
     os.mkfifo(export / "model.safetensors")
@@ -240,6 +252,26 @@ CASES = {
     "two tokens of one id": (
         _tokenizer_json(lambda t: t["model"]["vocab"].update(b=t["model"]["vocab"]["a"])),
         "tokenizer.json: id 64 is given to both 'a' and 'b'",
+        (WORKER,),
+    ),
+    "BPE dropout, which tokenizes at random": (
+        _tokenizer_json(lambda t: t["model"].update(dropout=0.5)),
+        "tokenizer.json: model.dropout is 0.5; it must be null (tokenizing is exact)",
+        (WORKER, FRONTEND),
+    ),
+    "a layer index that is a superscript digit": (
+        _extra_tensor("model.language_model.layers.\u00b2.input_layernorm.weight"),
+        "is not used by config.json (num_hidden_layers is 8)",
+        (WORKER,),
+    ),
+    "a layer index of 5,000 digits": (
+        _extra_tensor("model.language_model.layers." + "9" * 5000 + ".input_layernorm.weight"),
+        "is not used by config.json (num_hidden_layers is 8)",
+        (WORKER,),
+    ),
+    "a tensor name with a line feed": (
+        _extra_tensor("model.language_model.layers.99.input_layernorm.weight\nopenjev-worker: SERVING"),
+        "input_layernorm.weight\\nopenjev-worker: SERVING' is not used by config.json",
         (WORKER,),
     ),
     "tokenizer a FIFO": (

@@ -151,12 +151,15 @@ def _refuse_unused_layers(index: dict[str, Path], prefix: str, shapes: dict, con
         short = name[len(prefix) :] if name.startswith(prefix) else ""
         if short.startswith("layers.") and short not in shapes:
             layer = short.split(".")[1]
+            # ASCII digits of a layer index only: str.isdigit() takes "²", int() takes no such
+            # number, nor thousands of digits
+            known = layer.isascii() and layer.isdigit() and len(layer) < 10 and int(layer) < len(config.layer_types)
             where = (
                 f"layer {layer} is {config.layer_types[int(layer)]}"
-                if layer.isdigit() and int(layer) < len(config.layer_types)
+                if known
                 else f"num_hidden_layers is {len(config.layer_types)}"
             )
-            raise ExportError(f"{path.name}: tensor {name} is not used by config.json ({where})")
+            raise ExportError(f"{path.name}: tensor {name!r} is not used by config.json ({where})")
 
 
 _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}

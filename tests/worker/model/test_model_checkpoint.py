@@ -74,15 +74,15 @@ def test_missing_tensor_is_named(model_export, small, tmp_path):
     [
         (
             "fewer layers in the config",
-            r"layers\.4\.input_layernorm\.weight is not used by config\.json \(num_hidden_layers is 4\)",
+            r"layers\.4\.input_layernorm\.weight' is not used by config\.json \(num_hidden_layers is 4\)",
         ),
         (
             "a layer more in the weights",
-            r"layers\.8\.input_layernorm\.weight is not used by config\.json \(num_hidden_layers is 8\)",
+            r"layers\.8\.input_layernorm\.weight' is not used by config\.json \(num_hidden_layers is 8\)",
         ),
         (
             "attention tensors in a linear layer",
-            r"layers\.0\.self_attn\.q_norm\.weight is not used .*layer 0 is linear_attention",
+            r"layers\.0\.self_attn\.q_norm\.weight' is not used .*layer 0 is linear_attention",
         ),
         (
             "a second backbone",
