@@ -147,6 +147,11 @@ CASES = {
         "config.json: full_attention_interval must be a positive integer",
         (WORKER,),
     ),
+    "a head dimension of 401 digits": (
+        _edit_json("config.json", lambda c: _text(c).update(head_dim=10**400)),
+        "config.json: head_dim must be below 2**31, got 1000",
+        (WORKER,),
+    ),
     "a billion layers": (
         _edit_json("config.json", lambda c: [_text(c).pop("layer_types"), _text(c).update(num_hidden_layers=10**9)]),
         "config.json: num_hidden_layers=1000000000 is more than",

@@ -70,6 +70,8 @@ def _positive_int(text: dict[str, Any], key: str) -> int:
     value = text.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise _fail(f"{key} must be a positive integer, got {value!r}")
+    if value >= 2**31:  # no size is near it; far above, float products of it overflow
+        raise _fail(f"{key} must be below 2**31, got {value}")
     return value
 
 
