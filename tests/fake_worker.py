@@ -3,6 +3,7 @@ show: its Describe matches the demo export, so a real frontend pairs with it."""
 
 from __future__ import annotations
 
+import json
 from concurrent import futures
 
 import grpc
@@ -42,6 +43,14 @@ def serve_fake(servicer: worker_pb2_grpc.WorkerServiceServicer, threads: int = 8
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     return server, port
+
+
+def part_way_body(last_candidate: str, state: str) -> str:
+    """A request FailsPartWay fails part-way: 16 noul questions (the first batch), then a choice
+    whose one candidate's description is `last_candidate` (the second)."""
+    questions = {f"q{i}": {"type": "noul", "instructions": "ok?"} for i in range(16)}
+    questions["last"] = {"type": "choice", "instructions": "which?", "criteria": {"a": last_candidate}}
+    return json.dumps({"state": state, "questions": questions})
 
 
 class FailsPartWay(worker_pb2_grpc.WorkerServiceServicer):

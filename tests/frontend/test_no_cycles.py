@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_worker import FailsPartWay, fake_describe, serve_fake
+from fake_worker import FailsPartWay, fake_describe, part_way_body, serve_fake
 from garbage import left_in_cycles
 
 from openjev.export import load_export_meta
@@ -110,19 +110,14 @@ def test_a_refused_request_leaves_no_cycle(servicer, case, monkeypatch):
     assert ours == ([], [])
 
 
-def _two_batches(last_words: int) -> str:
-    """16 noul questions (the first batch, ~800 tokens) and a choice whose one candidate's
-    description is `last_words` words (the second)."""
-    questions = {f"q{i}": {"type": "noul", "instructions": "ok?"} for i in range(16)}
-    questions["last"] = {"type": "choice", "instructions": "which?", "criteria": {"a": "word " * last_words}}
-    return json.dumps({"state": "word " * 40, "questions": questions})
-
-
 # a worker that fails the stream after its first batch: the frontend then checks the candidates
 # it had not tokenized yet (valid, or over the token limit)
 PART_WAY = {
-    "valid request, the worker's refusal": (_two_batches(300), "RESOURCE_EXHAUSTED"),
-    "over the token limit after the worker's refusal": (_two_batches(1500), "INVALID_ARGUMENT"),
+    "valid request, the worker's refusal": (part_way_body("word " * 300, "word " * 40), "RESOURCE_EXHAUSTED"),
+    "over the token limit after the worker's refusal": (
+        part_way_body("word " * 1500, "word " * 40),
+        "INVALID_ARGUMENT",
+    ),
 }
 
 

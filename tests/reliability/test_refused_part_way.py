@@ -11,12 +11,10 @@ UNKNOWN (HTTP 500) from a resend of a stream that had meanwhile ended on the con
 
 from __future__ import annotations
 
-import json
-
 import grpc
 import httpx
 import pytest
-from fake_worker import FailsPartWay, fake_describe, serve_fake
+from fake_worker import FailsPartWay, fake_describe, part_way_body, serve_fake
 
 from openjev.tools import launch
 from openjev.v1 import decision_pb2 as api
@@ -26,9 +24,7 @@ TOO_LONG = "max_length=16384; no silent truncation"
 
 
 def _body(last_candidate: str) -> str:
-    questions = {f"q{i}": {"type": "noul", "instructions": "ok?"} for i in range(16)}  # the first batch
-    questions["last"] = {"type": "choice", "instructions": "which?", "criteria": {"a": last_candidate}}
-    return json.dumps({"state": "short state", "questions": questions})
+    return part_way_body(last_candidate, "short state")
 
 
 @pytest.fixture(scope="module", params=["on", "off"])
