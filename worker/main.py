@@ -274,7 +274,9 @@ def warm_up(engine: Engine, runner, temperature: float, policy: PrefixPolicy) ->
     # an engine of its own over the bare runner: the metrics count served requests only
     warming = Engine(runner, pack_limits=engine.pack_limits, cost_model=engine.cost_model)
     try:
-        warming.execute([QuestionWork("choice", ((1, 2, 3, 4), (1, 2, 3, 5)))], temperature=temperature, policy=policy)
+        top = runner.config.vocab_size - 1  # a model may have as few as 5 token ids (the chat template's)
+        ids = tuple(tuple(min(i, top) for i in c) for c in ((1, 2, 3, 4), (1, 2, 3, 5)))
+        warming.execute([QuestionWork("choice", ids)], temperature=temperature, policy=policy)
     finally:
         warming.close()
     log.info("warm", seconds=round(time.perf_counter() - started, 3))
