@@ -74,6 +74,8 @@ def check_file(path: Path, max_bytes: int, limit: str) -> None:
     """An export's file must be a regular file of at most max_bytes (`limit` says whose limit):
     else ExportError naming it. One of hundreds of MB would be read and parsed whole first."""
     if not path.exists():
+        if path.is_symlink():  # exists() follows links: a loop or a dangling link is not "missing"
+            raise ExportError(f"{path.name}: a symbolic link to no file (dangling, or a loop)")
         raise ExportError(f"{path.name}: missing from export directory {path.parent}")
     if not path.is_file():  # a device or FIFO (symlinks followed): a read could block or never end
         raise ExportError(f"{path.name}: not a regular file")

@@ -289,6 +289,16 @@ CASES = {
         "open_jev_export.json: not a regular file",
         (WORKER, FRONTEND),
     ),
+    "config a symbolic link to itself": (
+        lambda e: [(e / "config.json").unlink(), (e / "config.json").symlink_to("config.json")],
+        "config.json: a symbolic link to no file (dangling, or a loop)",
+        (WORKER, FRONTEND),
+    ),
+    "tokenizer a dangling symbolic link": (
+        lambda e: [(e / "tokenizer.json").unlink(), (e / "tokenizer.json").symlink_to("gone.json")],
+        "tokenizer.json: a symbolic link to no file (dangling, or a loop)",
+        (WORKER, FRONTEND),
+    ),
     "a stale shard beside the weights": (
         lambda e: shutil.copyfile(e / "model.safetensors", e / "zz-old.safetensors"),
         "is also in model.safetensors",
