@@ -196,12 +196,12 @@ def check_safetensors_file(path: Path) -> list[str]:
             continue
         offsets = info.get("data_offsets") if isinstance(info, dict) else None
         if not (isinstance(offsets, list) and len(offsets) == 2):
-            raise ExportError(f"{path.name}: tensor {name} has no data_offsets")
+            raise ExportError(f"{path.name}: tensor {name!r} has no data_offsets")
         if not all(type(o) is int for o in offsets) or not 0 <= offsets[0] <= offsets[1]:
-            raise ExportError(f"{path.name}: tensor {name} has data_offsets {offsets!r} (two integers, start <= end)")
+            raise ExportError(f"{path.name}: tensor {name!r} has data_offsets {offsets!r} (two integers, start <= end)")
         if offsets[1] > data_bytes:
             raise ExportError(
-                f"{path.name}: truncated safetensors file: tensor {name} ends at byte "
+                f"{path.name}: truncated safetensors file: tensor {name!r} ends at byte "
                 f"{offsets[1]} of a {data_bytes}-byte data section"
             )
         names.append(name)

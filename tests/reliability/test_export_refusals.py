@@ -98,6 +98,16 @@ def _extra_tensor(name: str) -> Callable[[Path], None]:
     return add
 
 
+def _raw_shard(header: dict) -> Callable[[Path], None]:
+    """A shard beside the weights with this safetensors header and no data."""
+
+    def add(export: Path) -> None:
+        raw = json.dumps(header).encode()
+        (export / "extra.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+
+    return add
+
+
 def _fifo(export: Path) -> None:
     (export / "model.safetensors").unlink()
     os.mkfifo(export / "model.safetensors")
@@ -299,9 +309,14 @@ CASES = {
         "tokenizer.json: a symbolic link to no file (dangling, or a loop)",
         (WORKER, FRONTEND),
     ),
+    "a tensor name with a line feed and no offsets": (
+        _raw_shard({"w\nopenjev-worker: SERVING": {"dtype": "F32", "shape": [1]}}),
+        "extra.safetensors: tensor 'w\\nopenjev-worker: SERVING' has no data_offsets",
+        (WORKER, FRONTEND),
+    ),
     "a stale shard beside the weights": (
         lambda e: shutil.copyfile(e / "model.safetensors", e / "zz-old.safetensors"),
-        "is also in model.safetensors",
+        "' is also in model.safetensors",
         (WORKER,),
     ),
 }

@@ -129,7 +129,7 @@ def _tensor_index(directory: Path) -> dict[str, Path]:
     for path in safetensors_files(directory):
         for name in check_safetensors_file(path):
             if name in index:  # a stale shard beside the export would win by its file name's order
-                raise ExportError(f"{path.name}: tensor {name} is also in {index[name].name}")
+                raise ExportError(f"{path.name}: tensor {name!r} is also in {index[name].name}")
             index[name] = path
     return index
 
