@@ -11,8 +11,15 @@
 // kv_rows: [cu_k[N]] int32;  cu_q, cu_k: [N+1] int32
 // gate:    [Tq, Hq, 256] bf16 view (strides gate_st, gate_sh in elements), used if has_gate
 // out:     [Tq, Hq, 256] bf16
-// grid (ceil(max T_n * G / BM), Hkv, N), block NT (one warpgroup: 4 warps x 16 query rows),
+// tiles:   [slots] int32, attention_tile_plan's: block x computes tile tiles[x] & 0xffff of segment
+//          tiles[x] >> 16, or nothing where tiles[x] < 0
+// grid (slots, Hkv), block NT (one warpgroup: 4 warps x 16 query rows),
 // ATTN_SMEM + 1 KiB (97 KiB) of dynamic shared memory, G = Hq / Hkv.
+//
+// Why a list of tiles rather than a grid of (max T_n tiles, Hkv, N) blocks: a graph's pass is
+// padded to fixed token and segment counts, so most of those blocks had no rows (a 256-token pass
+// of 64 segments: 6,240 blocks a layer, of which a few dozen worked), and at one or two blocks an
+// SM their launches alone took a good part of a short pass's attention time.
 //
 // A block's BM query rows are (token, head) pairs of one segment and one KV head: row r of the
 // segment is token r / G, query head hkv * G + r % G. The G heads that read one KV head share its
@@ -40,7 +47,7 @@
 // with ATTN_SMEM bytes and the pipelined one with ATTN_SMEM + 2 BN HD (two more K/V tiles), each
 // plus the 1,024 bytes that align the tiles to wgmma's swizzle atoms.
 #if !defined(ATTN_HEAD_DIM) || !defined(ATTN_BLOCK_Q) || !defined(ATTN_BLOCK_K) || !defined(ATTN_THREADS) || \
-    !defined(ATTN_SMEM)
+    !defined(ATTN_SMEM) || !defined(ATTN_PLAN_THREADS)
 #error "compile with the definitions of openjev.worker.cuda.traits"
 #endif
 #define HD ATTN_HEAD_DIM
@@ -75,7 +82,7 @@ __device__ __forceinline__ void tree_attention(
     const __nv_bfloat16* __restrict__ v_pool, const int* __restrict__ kv_rows,
     const int* __restrict__ cu_q, const int* __restrict__ cu_k, int Hq, int Hkv, float scale,
     const __nv_bfloat16* __restrict__ gate, long gate_st, long gate_sh, int has_gate,
-    __nv_bfloat16* __restrict__ out) {
+    const int* __restrict__ tiles, __nv_bfloat16* __restrict__ out) {
     static_assert(BM == 64 && BN == 64 && NT == 128 && HD % 64 == 0, "one warpgroup, m64 x n64 products");
     constexpr u32 TILE = 64 * HD * 2;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -83,13 +90,14 @@ __device__ __forceinline__ void tree_attention(
     const u32 sK0 = sQ + TILE;  // BUFFERS K tiles, then BUFFERS V tiles
     const u32 sV0 = sK0 + BUFFERS * TILE;
 
-    const int n = blockIdx.z, hkv = blockIdx.y;
+    const int entry = tiles[blockIdx.x];
+    if (entry < 0) return;
+    const int n = entry >> 16, hkv = blockIdx.y;
     const int G = Hq / Hkv;
     const int q0 = cu_q[n], Tn = cu_q[n + 1] - q0, Rn = Tn * G;
     const int k0 = cu_k[n], Sn = cu_k[n + 1] - k0;
     const int q_offset = Sn - Tn;
-    const int tile = gridDim.x - 1 - blockIdx.x;
-    const int r0 = tile * BM;
+    const int r0 = (entry & 0xffff) * BM;
     if (r0 >= Rn) return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
@@ -274,9 +282,36 @@ __device__ __forceinline__ void tree_attention(
         const __nv_bfloat16 *__restrict__ v_pool, const int *__restrict__ kv_rows,                 \
         const int *__restrict__ cu_q, const int *__restrict__ cu_k, int Hq, int Hkv, float scale,  \
         const __nv_bfloat16 *__restrict__ gate, long gate_st, long gate_sh, int has_gate,          \
-        __nv_bfloat16 *__restrict__ out
-#define ATTN_PASS q, k_pool, v_pool, kv_rows, cu_q, cu_k, Hq, Hkv, scale, gate, gate_st, gate_sh, has_gate, out
+        const int *__restrict__ tiles, __nv_bfloat16 *__restrict__ out
+#define ATTN_PASS q, k_pool, v_pool, kv_rows, cu_q, cu_k, Hq, Hkv, scale, gate, gate_st, gate_sh, has_gate, tiles, out
 extern "C" __global__ void __launch_bounds__(NT, 2) tree_attention_fwd(ATTN_ARGS) { tree_attention<1>(ATTN_PASS); }
 extern "C" __global__ void __launch_bounds__(NT, 1) tree_attention_fwd_pipelined(ATTN_ARGS) {
     tree_attention<2>(ATTN_PASS);
+}
+
+// The attention blocks' work list for a pass (tree_attention's `tiles`): segment n's
+// ceil(T_n G / BM) query tiles, the last (the most keys, under the causal mask) first, segments
+// in order, then -1 up to `slots` (at least the tiles' count: Tq G / BM + N). One block of
+// ATTN_PLAN_THREADS threads, a segment a thread, ATTN_PLAN_THREADS segments a round.
+extern "C" __global__ void __launch_bounds__(ATTN_PLAN_THREADS)
+    attention_tile_plan(const int* __restrict__ cu_q, int N, int G, int slots, int* __restrict__ tiles) {
+    __shared__ int sums[ATTN_PLAN_THREADS];
+    int base = 0;  // tiles of the rounds before
+    for (int round = 0; round < N; round += ATTN_PLAN_THREADS) {
+        const int n = round + threadIdx.x;
+        const int count = n < N ? ((cu_q[n + 1] - cu_q[n]) * G + BM - 1) / BM : 0;
+        sums[threadIdx.x] = count;
+        __syncthreads();
+        for (int step = 1; step < ATTN_PLAN_THREADS; step <<= 1) {  // inclusive prefix sum
+            const int add = threadIdx.x >= step ? sums[threadIdx.x - step] : 0;
+            __syncthreads();
+            sums[threadIdx.x] += add;
+            __syncthreads();
+        }
+        const int at = base + sums[threadIdx.x] - count;
+        for (int t = 0; t < count; ++t) tiles[at + t] = (n << 16) | (count - 1 - t);
+        base += sums[ATTN_PLAN_THREADS - 1];
+        __syncthreads();  // sums is rewritten next round
+    }
+    for (int i = base + threadIdx.x; i < slots; i += ATTN_PLAN_THREADS) tiles[i] = -1;
 }

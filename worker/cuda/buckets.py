@@ -76,7 +76,7 @@ class PassKey:
     levels: int  # the recurrence's levels (0: no recurrence launch)
     kept: bool  # kept states are copied out (MAX_STATE_SLOTS slots)
     segments: int  # N_pad
-    max_q: int  # attention grid rows (multiple of 64)
+    max_q: int  # the longest segment attention is told of, which picks its form (multiple of 64)
     tail_rows: bool = False  # the chunked GDN kernel's tail sources (64 a segment) in the index buffer
     chunked_levels: int = 0  # the chunked kernel's state-pass launches (0: no chunked launch)
 

@@ -364,18 +364,29 @@ def gdn_recurrent(
 ATTN_PIPELINED_MAX_Q = 256
 
 
-def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None, out=None, pipelined=None):
+def attention_tiles(cu_q, Tq: int, G: int) -> torch.Tensor:
+    """tree_attention's work list for segments cu_q [N+1] int32 of Tq query rows in all and G
+    query heads a KV head (tree_attention.cu, attention_tile_plan); made on the device, so
+    capturable; a pass's attention layers share it."""
+    N = cu_q.numel() - 1
+    slots = (Tq * G + traits.ATTENTION.block_q - 1) // traits.ATTENTION.block_q + N
+    tiles = torch.empty(slots, dtype=torch.int32, device=cu_q.device)
+    threads = traits.ATTENTION.plan_threads
+    _launch("tree_attention", "attention_tile_plan", (1,), (threads,), (cu_q, N, G, slots, tiles))
+    return tiles
+
+
+def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None, out=None, pipelined=None, tiles=None):
     """Causal GQA attention over packed segments whose keys are rows of shared K/V pools.
 
     q: [Tq, Hq, 256] bf16; k_pool, v_pool: [P, Hkv, 256] bf16; kv_rows: [cu_k[-1]] int32;
     cu_q, cu_k: [N+1] int32 (segment n: T_n queries, S_n >= T_n keys, own keys last);
     gate: [Tq, Hq, 256] bf16 view or None (output times sigmoid(gate)); pipelined: the kernel's
-    form (None: pipelined up to ATTN_PIPELINED_MAX_Q query tokens; both give the same bits).
-    Returns [Tq, Hq, 256] bf16.
+    form (None: pipelined up to ATTN_PIPELINED_MAX_Q query tokens; both give the same bits);
+    tiles: attention_tiles(cu_q, Tq, Hq // Hkv) (None: made here). Returns [Tq, Hq, 256] bf16.
     """
     Tq, Hq, D = q.shape
     Hkv = k_pool.shape[1]
-    N = cu_q.numel() - 1
     assert D == ATTN_HEAD_DIM and q.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous()
     out = _out(out, q.shape, torch.bfloat16, q.device)
     if gate is None:
@@ -384,8 +395,11 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
         assert gate.stride(2) == 1
         gate_t, st, sh, has_gate = gate, gate.stride(0), gate.stride(1), True
     geo = traits.ATTENTION
-    # a block's rows are (token, head) pairs of the Hq / Hkv heads that share one KV head
-    grid = ((max_q_len * (Hq // Hkv) + geo.block_q - 1) // geo.block_q, Hkv, N)
+    # a block's rows are (token, head) pairs of the Hq / Hkv heads that share one KV head; a
+    # block a listed tile of a segment
+    if tiles is None:
+        tiles = attention_tiles(cu_q, Tq, Hq // Hkv)
+    grid = (tiles.numel(), Hkv, 1)
     if pipelined is None:
         pipelined = max_q_len <= ATTN_PIPELINED_MAX_Q
     _launch(
@@ -407,6 +421,7 @@ def tree_attention(q, k_pool, v_pool, kv_rows, cu_q, cu_k, max_q_len, gate=None,
             _i64(st),
             _i64(sh),
             has_gate,
+            tiles,
             out,
         ),
         dynamic_smem=geo.launch_bytes(pipelined),

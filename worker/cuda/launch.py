@@ -188,7 +188,7 @@ class Launch:
     """A pass's device-side indices. ids: [T] int32; cu: [N+1] int32; pos: [T] int32 positions;
     head_idx: [R] int32 rows the head reads (None: no head rows); rope: (cos, sin) [T,
     rotary_dim/2] fp32; kv_rows: [sum S_n] int32 pool row of each segment's logical keys; cu_k:
-    [N+1] int32; max_q: the attention grid's longest segment; gdn_init: [N] int32
+    [N+1] int32; max_q: the longest segment (picks tree attention's form); gdn_init: [N] int32
     (LaunchPlan); level_off: [num_levels + chunked_levels + 1] int32 (LaunchPlan.level_off);
     num_levels: the recurrence's levels (0: no recurrence launch); chunked_levels: the chunked
     kernel's (0: no chunked launches); win_src: [3N] int32 (LaunchPlan.win_src, read by

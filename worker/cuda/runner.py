@@ -307,11 +307,15 @@ class CudaRunner:
         residual = self.embed.index_select(0, launch.ids)
         h, _ = K.add_rms_norm(residual, self.layers[0].input_norm, eps)
         last = len(self.layers) - 1
+        # the attention layers' blocks: each a query tile of a segment (the same for every layer)
+        tiles = K.attention_tiles(
+            launch.cu, h.shape[0], self.config.num_attention_heads // self.config.num_key_value_heads
+        )
         for index, layer in enumerate(self.layers):
             if layer.kind == LINEAR_ATTENTION:
                 mixed = self._gdn(layer, index, h, launch, io)
             elif layer.kind == FULL_ATTENTION:
-                mixed = self._attention(layer, index, h, launch, io)
+                mixed = self._attention(layer, index, h, launch, io, tiles)
             else:
                 raise ValueError(f"layer {index}: unknown layer type {layer.kind!r}")
             if index == last:
@@ -383,7 +387,7 @@ class CudaRunner:
         io.gdn_out(index, new_windows, final, new_tails)
         return self._linear(K.gated_rms_norm(o, z, layer.norm_weight, c.rms_norm_eps), layer.w_out)
 
-    def _attention(self, layer: FusedAttentionLayer, index: int, h, launch: Launch, io):
+    def _attention(self, layer: FusedAttentionLayer, index: int, h, launch: Launch, io, tiles):
         c = self.config
         hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         proj = self._linear(h, layer.w_in)  # [T, Hq*2*hd + 2*Hkv*hd]
@@ -402,7 +406,9 @@ class CudaRunner:
             dst_row0=0,
         )
         v_pool[: h.shape[0]].copy_(proj[:, qd + kvd :].unflatten(1, (hkv, hd)))
-        o = K.tree_attention(q, k_pool, v_pool, launch.kv_rows, launch.cu, launch.cu_k, launch.max_q, gate=qg[..., hd:])
+        o = K.tree_attention(
+            q, k_pool, v_pool, launch.kv_rows, launch.cu, launch.cu_k, launch.max_q, gate=qg[..., hd:], tiles=tiles
+        )
         io.kv_out(index, k_pool, v_pool)
         return self._linear(o.flatten(1), layer.w_out)
 

@@ -136,6 +136,7 @@ class AttentionTraits:
     block_k: int = 64  # keys a step
     threads: int = 128
     wgmma_align: int = 1024  # both forms round their tiles up to wgmma's 1,024-byte swizzle atoms
+    plan_threads: int = 1024  # attention_tile_plan: a segment a thread a round
 
     @property
     def smem_bytes(self) -> int:
@@ -158,6 +159,7 @@ class AttentionTraits:
             "ATTN_BLOCK_K": self.block_k,
             "ATTN_THREADS": self.threads,
             "ATTN_SMEM": self.smem_bytes,
+            "ATTN_PLAN_THREADS": self.plan_threads,
         }
 
 

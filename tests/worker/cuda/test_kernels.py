@@ -601,6 +601,22 @@ def test_tree_attention_forms_agree(K, q_lens, prefix_lens):
     assert torch.equal(one, two)
 
 
+@pytest.mark.parametrize("segments", [5, 1500])
+def test_attention_tiles_list_every_tile_once(K, segments):
+    """attention_tile_plan: each segment's query tiles once, its last first, segments in order,
+    then -1 to the end of the list; empty segments have none; more segments than a round of the
+    plan's threads."""
+    import random
+
+    rng, G, BM = random.Random(segments), 6, 64
+    lengths = [rng.choice((0, 1, 10, 11, 21, 22, 100, 300)) for _ in range(segments)]
+    cu = cu_of(lengths)
+    tiles = K.attention_tiles(cu, sum(lengths), G).tolist()
+    expected = [(n << 16) | t for n, T in enumerate(lengths) for t in reversed(range(-(-T * G // BM)))]
+    assert tiles[: len(expected)] == expected
+    assert tiles[len(expected) :] == [-1] * (len(tiles) - len(expected)) and len(tiles) >= len(expected)
+
+
 def test_tree_attention_rows_do_not_depend_on_grouping(K):
     """A segment's rows are the same bits alone, packed beside others (different block
     groupings of (token, head) rows), and split into a parent whose keys its child reads as
