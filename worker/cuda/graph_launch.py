@@ -175,10 +175,7 @@ class GraphLauncher:
         """Capture every key of the budget; from then on no pass within it captures or runs
         eagerly. Returns {"graphs", "seconds", "device_bytes", "static_bytes", "failures"} (also
         logged), and "first_failure" (key and error) where a capture failed."""
-        # largest passes first: the graphs share one memory pool, and a capture's scratch (the
-        # chunked GDN kernel's grows with the pass) then fits in blocks an earlier capture freed;
-        # in ascending order each larger size took a new block and the pool kept every one
-        keys = sorted(self.bucketing.keys(), key=lambda k: (k.tokens, k.segments), reverse=True)
+        keys = self.bucketing.keys()
         if self.cache.capacity < len(keys):
             log.info("graph cache capacity %d < %d warm-up keys: raised", self.cache.capacity, len(keys))
             self.cache.capacity = len(keys)
