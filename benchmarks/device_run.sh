@@ -296,7 +296,7 @@ for step in "$@"; do
     # whole requests (one per kind x length group) with the serial and the chunked GDN kernel (E2E_ARMS:
     # other arms of runner_arms_e2e.py, e.g. serial,split,chunked), interleaved
     gdn-e2e) timeout 400 python3 benchmarks/runner_arms_e2e.py --model .openjev/demo-model --workload $WL \
-             --arms ${E2E_ARMS:-serial,chunked} --out $OUT/gdn-e2e.md 2>&1 | grep -E "^\|" | tail -16 ;;
+             --arms ${E2E_ARMS:-serial,chunked} --out $OUT/gdn-e2e.md 2>&1 | grep -E "^\||^- device" | tail -17 ;;
     # whole requests with the recurrence in one launch a pass (default) and one launch a level, interleaved
     levels-e2e) timeout 400 python3 benchmarks/runner_arms_e2e.py --model .openjev/demo-model --workload $WL \
              --arms ${E2E_ARMS:-serial,levels} --groups 1-128,129-512,513-2048 --per-group 2 --multi 1 --rounds 9 \

@@ -147,6 +147,15 @@ def main() -> None:
             f"| {same} | {bits} |"
         )
         print(lines[-1], flush=True)
+    # arms' graph pools add up on one card: retries (a cudaMalloc that failed, the cache freed, tried
+    # again) make passes slow and erratic, not the kernels (four arms once did on an 80 GB card)
+    stats = torch.cuda.memory_stats()
+    lines += [
+        "",
+        f"- device memory: peak reserved {torch.cuda.max_memory_reserved() / 2**30:.1f} GiB of "
+        f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.1f}; allocator retries "
+        f"{stats.get('num_alloc_retries', 0)}, out-of-memory errors {stats.get('num_ooms', 0)}",
+    ]
     text = "\n".join(lines)
     print(text)
     if args.out:
