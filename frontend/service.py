@@ -491,6 +491,10 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             route.chosen = chosen
             fields["route"] = chosen[0]  # the request's log line says how it was routed
 
+        def not_replayed() -> None:  # unless the stream ended on a contract error: that answers it
+            if not ended_early():
+                routed(routing.AFFINITY_NOT_REPLAYED)
+
         if not self.link.affinity or route.fallback is not None:
             routed(route.fallback or routing.ROUND_ROBIN)
             with self.link.traffic() as traffic:
@@ -504,8 +508,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             if ended_early() or not (refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED and refused.unrun):
                 raise
             if not replayable():  # asked after the batch being tokenized, which may end the stream early
-                if not ended_early():
-                    routed(routing.AFFINITY_NOT_REPLAYED)
+                not_replayed()
                 raise
             # The context's worker refused it unrun (queue full): once more, round-robin.
             route.fallback = routing.FALLBACK_QUEUE_FULL
@@ -519,6 +522,5 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 with self.link.traffic() as traffic:
                     return call(traffic.stub, (), remaining)
             except routing.NotReplayable:  # a batch tokenized since the check ended the stream early
-                if not ended_early():
-                    routed(routing.AFFINITY_NOT_REPLAYED)
+                not_replayed()
                 raise refused from None

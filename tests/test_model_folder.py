@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
+from other_export import copied_export
 
 from openjev.export import MAX_ABS_HEAD_BIAS, MAX_TEMPERATURE, MIN_TEMPERATURE, ExportError, load_export_meta
 from openjev.tools.demo_model import TEXT_CONFIG
@@ -42,8 +42,7 @@ CONFIG_27B = {
 
 def _export(demo_model: Path, into: Path, **fields) -> Path:
     """The demo export's small files copied, the weights linked, open_jev_export.json with fields."""
-    shutil.copytree(demo_model, into, ignore=shutil.ignore_patterns("model.safetensors", ".*"))
-    (into / "model.safetensors").symlink_to(demo_model / "model.safetensors")
+    copied_export(demo_model, into)
     meta = json.loads((into / "open_jev_export.json").read_text())
     (into / "open_jev_export.json").write_text(json.dumps({**meta, **fields}))
     return into

@@ -5,8 +5,9 @@ warm-up with "token id 5 outside the vocabulary (size 5)", naming no file (a mod
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
+
+from other_export import copied_export
 
 from openjev.tools import launch
 
@@ -18,10 +19,11 @@ WORDS = ("?", "<think>", "</think>", "<|im_start|>", "<|im_end|>")
 def _small_export(demo_model: Path, into: Path) -> Path:
     from safetensors.torch import load_file, save_file
 
-    shutil.copytree(demo_model, into, ignore=shutil.ignore_patterns("model.safetensors", ".*"))
+    copied_export(demo_model, into)
     tensors = load_file(demo_model / "model.safetensors")
     embed = "model.language_model.embed_tokens.weight"
     tensors[embed] = tensors[embed][: len(WORDS)].clone()
+    (into / "model.safetensors").unlink()  # a link to the demo's weights
     save_file(tensors, into / "model.safetensors")
     config = json.loads((into / "config.json").read_text())
     config["text_config"].update(vocab_size=len(WORDS), eos_token_id=len(WORDS) - 1)

@@ -14,19 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from other_export import copied_export
 
 from openjev.tools import launch
 
 WORKER, FRONTEND = launch.WORKER_MODULE, launch.FRONTEND_MODULE
-
-
-def _copy(demo_model: Path, root: Path) -> Path:
-    """The demo export, every file but the weights copied (they are linked: cases that change
-    them replace the link)."""
-    out = root / "export"
-    shutil.copytree(demo_model, out, ignore=shutil.ignore_patterns("model.safetensors", ".*"))
-    (out / "model.safetensors").symlink_to(demo_model / "model.safetensors")
-    return out
 
 
 def _edit_json(name: str, change: Callable[[dict], object]) -> Callable[[Path], None]:
@@ -325,7 +317,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_bad_export_is_refused_in_one_line(demo_model, tmp_path, case):
     damage, line, programs = CASES[case]
-    export = _copy(demo_model, tmp_path)
+    export = copied_export(demo_model, tmp_path / "export")
     damage(export)
     for module in programs:
         args = ["--model", str(export), "--listen", "127.0.0.1:0", "--plaintext"]
@@ -350,7 +342,7 @@ def _without_root_reads() -> list[str]:
 def test_an_export_the_process_may_not_read_is_refused_in_one_line(demo_model, tmp_path, mode):
     """Mode 000 raised PermissionError (a traceback); 0111 (enter, not list) reported "no weight
     files" where the files are there."""
-    export = _copy(demo_model, tmp_path)
+    export = copied_export(demo_model, tmp_path / "export")
     export.chmod(mode)
     try:
         for module in (WORKER, FRONTEND):
