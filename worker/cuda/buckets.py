@@ -198,13 +198,17 @@ class Bucketing:
         base: int,
         kv_rows: int,
         chunked_levels: int = 0,
+        callers: int | None = None,
     ) -> tuple[PassKey | None, str]:
         """(key, "") or (None, why the pass runs eagerly); levels, chunked_levels: the
-        recurrence's and the chunked kernel's (LaunchPlan.recurrent_levels, .chunked_levels)."""
+        recurrence's and the chunked kernel's (LaunchPlan.recurrent_levels, .chunked_levels);
+        callers: the caller's runs (LaunchPlan.callers; None: not checked), which bound the
+        chunked kernel's listed segments and so its held scratch (graph_launch._Statics)."""
         b = self.budget
         checks = [
             (tokens <= b.tokens, f"{tokens} tokens > budget {b.tokens}"),
             (segments <= self.max_segments, f"{segments} segments > budget {self.max_segments}"),
+            (callers is None or callers <= b.segments, f"{callers} sequences > budget {b.segments}"),
             (max(levels, chunked_levels) <= b.depth, f"{max(levels, chunked_levels)} levels > budget {b.depth}"),
             (parents <= MAX_STATE_SLOTS, f"{parents} parent states > {MAX_STATE_SLOTS} slots"),
             (kept <= MAX_STATE_SLOTS, f"{kept} kept states > {MAX_STATE_SLOTS} slots"),

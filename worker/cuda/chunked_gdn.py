@@ -19,6 +19,53 @@ def gdn_tail_width(num_k_heads: int, num_v_heads: int) -> int:
     return -(-width // 4) * 4
 
 
+def scratch_chunks(tokens: int, segments: int) -> int:
+    """Scratch chunks a launch of `tokens` rows fills at most when at most `segments` of its
+    segments are listed: a segment's ceil((tail + own) / 64) chunks are at most (own + 126) / 64
+    (up to 63 tail rows, a partial last chunk), and only segments with rows have any (at most
+    `tokens` of them)."""
+    return (tokens + 2 * (GDN_CHUNK - 1) * min(segments, tokens)) // GDN_CHUNK + 1
+
+
+@dataclass(frozen=True)
+class ChunkScratch:
+    """The chunked kernels' scratch, fp32, a slot a chunk: W, U [chunks, H, 64, 128], gcum
+    [chunks, H, 64], the state pass's K [chunks, Hk, 64, 128], the chunk states [chunks, H, 128,
+    128]. A graph runner holds one of its budget's size that every pass and layer reuses (they
+    run one at a time on one stream): allocated in each captured pass instead, each larger pass
+    took a new block of the graphs' shared pool and the pool kept them all (docs/cuda-kernels.md,
+    "The GDN kernels split by position, built")."""
+
+    w: torch.Tensor
+    u: torch.Tensor
+    gcum: torch.Tensor
+    kt: torch.Tensor
+    states: torch.Tensor
+
+    @staticmethod
+    def shapes(chunks: int, H: int, Hk: int) -> dict[str, tuple[int, ...]]:
+        D = GDN_DIM
+        return {
+            "w": (chunks, H, GDN_CHUNK, D),
+            "u": (chunks, H, GDN_CHUNK, D),
+            "gcum": (chunks, H, GDN_CHUNK),
+            "kt": (chunks, Hk, GDN_CHUNK, D),
+            "states": (chunks, H, D, D),
+        }
+
+    @staticmethod
+    def empty(chunks: int, H: int, Hk: int, device) -> ChunkScratch:
+        shapes = ChunkScratch.shapes(chunks, H, Hk)
+        return ChunkScratch(**{n: torch.empty(s, dtype=torch.float32, device=device) for n, s in shapes.items()})
+
+    def first(self, chunks: int) -> ChunkScratch:
+        """The first `chunks` slots."""
+        assert chunks <= self.w.shape[0], f"{chunks} scratch chunks > {self.w.shape[0]} held"
+        return ChunkScratch(
+            self.w[:chunks], self.u[:chunks], self.gcum[:chunks], self.kt[:chunks], self.states[:chunks]
+        )
+
+
 # gdn_chunk_state variants: warps a block (value columns split in two halves either way); both
 # give the same bits; w8 is the faster again since the state stays in registers (3-4% from 4,096
 # tokens; docs/cuda-kernels.md, "The solve's serial steps, the state pass's state in registers")
@@ -72,6 +119,8 @@ def gdn_chunked(
     tail_out=None,
     state_variant=GDN_STATE_DEFAULT,
     sources: ChunkSources | None = None,
+    scratch: ChunkScratch | None = None,
+    listed: int | None = None,
 ):
     """Gated delta rule over packed segments in GDN_CHUNK (64) token chunks at absolute positions
     (cuda/gdn_chunked.cu says why and how).
@@ -83,7 +132,8 @@ def gdn_chunked(
     H, 128, 128] fp32 (None: zeros) and tail_in [N, 64, gdn_tail_width] fp32, segment n's first
     positions[cu[n]] % 64 rows (its parent's unfinished chunk; None when no segment has one).
     Returns (o [T, H, 128] bf16, final [N, H, 128, 128] fp32 = the state at each segment's last
-    chunk boundary, tail_out [N, 64, width] fp32 = the rows after it).
+    chunk boundary, tail_out [N, 64, width] fp32 = the rows after it). scratch: held slots to use
+    (None: allocated here); listed: at most this many segments are in sources' levels (None: N).
     """
     T, H = g.shape
     Hk = qn.shape[1]
@@ -97,20 +147,29 @@ def gdn_chunked(
     final = _out(final, (N, H, GDN_DIM, GDN_DIM), torch.float32, dev)
     tail_out = _out(tail_out, (N, GDN_CHUNK, width), torch.float32, dev)
     max_chunks = (max_q + 2 * GDN_CHUNK - 2) // GDN_CHUNK  # a segment's rows: up to 63 tail rows + max_q
-    scratch_chunks = (T + 2 * (GDN_CHUNK - 1) * N) // GDN_CHUNK + 1
-    w = torch.empty(scratch_chunks, H, GDN_CHUNK, GDN_DIM, dtype=torch.float32, device=dev)
-    u = torch.empty_like(w)  # U~ from the solve, overwritten with U by the state pass
-    gcum = torch.empty(scratch_chunks, H, GDN_CHUNK, dtype=torch.float32, device=dev)
-    kt = torch.empty(scratch_chunks, Hk, GDN_CHUNK, GDN_DIM, dtype=torch.float32, device=dev)  # the state pass's K
-    chunk_states = torch.empty(scratch_chunks, H, GDN_DIM, GDN_DIM, dtype=torch.float32, device=dev)
-    chunk_list = gdn_chunk_plan(cu_seqlens, positions, max_chunks, scratch_chunks, sources)
+    chunks = scratch_chunks(T, N if listed is None else min(N, listed))
+    # U holds U~ from the solve, overwritten with U by the state pass; kt: the state pass's K
+    sc = ChunkScratch.empty(chunks, H, Hk, dev) if scratch is None else scratch.first(chunks)
+    chunk_list = gdn_chunk_plan(cu_seqlens, positions, max_chunks, chunks, sources)
     geo = (N, H, Hk, max_chunks, width)
-    gdn_chunk_solve(geo, kn, v, g, beta, sources, tail_out, w, u, gcum, kt, chunk_list)
+    gdn_chunk_solve(geo, kn, v, g, beta, sources, tail_out, sc.w, sc.u, sc.gcum, sc.kt, chunk_list)
     for level in range(sources.num_levels):  # parents' final states before their children start
         gdn_chunk_state(
-            geo, kt, w, u, gcum, cu_seqlens, positions, sources, level, chunk_states, final, chunk_list, state_variant
+            geo,
+            sc.kt,
+            sc.w,
+            sc.u,
+            sc.gcum,
+            cu_seqlens,
+            positions,
+            sources,
+            level,
+            sc.states,
+            final,
+            chunk_list,
+            state_variant,
         )
-    gdn_chunk_out(geo, qn, kt, u, chunk_states, gcum, out, chunk_list)
+    gdn_chunk_out(geo, qn, sc.kt, sc.u, sc.states, sc.gcum, out, chunk_list)
     return out, final, tail_out
 
 

@@ -129,6 +129,11 @@ class _Statics:
         if m.chunked_from is not None:
             out["tail_in"] = ((L, S + 1, *tail), torch.float32)
             out["tail_out"] = ((L, S, *tail), torch.float32)
+            # the chunked kernel lists a caller's run at most once (a split run's second part),
+            # and a key's callers are at most the budget's sequences (Bucketing.key)
+            chunks = KC.scratch_chunks(max(k.tokens for k in keys), b.budget.segments)
+            shapes = KC.ChunkScratch.shapes(chunks, hv, c.linear_num_key_heads)
+            out.update({f"chunk_{name}": (shape, torch.float32) for name, shape in shapes.items()})
         return out
 
     def ensure(self) -> dict[str, torch.Tensor]:
@@ -163,6 +168,7 @@ class GraphLauncher:
         return self.bucketing.key(
             tokens=len(plan.ids),
             segments=len(plan.runs),
+            callers=plan.callers,
             levels=plan.recurrent_levels,
             parents=len(plan.parents),
             kept=plan.num_kept,
@@ -381,7 +387,7 @@ class GraphLauncher:
             tail_src=v["tail_src"] if key.tail_rows else None,
             chunked_levels=key.chunked_levels,
         )
-        return m.forward_device(launch, _StaticIO(m, s, key, v["keep"]))
+        return m.forward_device(launch, _StaticIO(m, s, key, v["keep"], self.bucketing.budget.segments))
 
     def _collect(self, hidden, plan: LaunchPlan, key: PassKey):
         """Copy the head rows, the kept runs' final states and materialised runs' K/V rows out
@@ -414,8 +420,8 @@ class _StaticIO:
     static slots, kept runs' final states copied into the static outputs (keep: [K] int32
     internal run indices)."""
 
-    def __init__(self, model: PassModel, s, key: PassKey, keep):
-        self.s, self.key, self.keep = s, key, keep
+    def __init__(self, model: PassModel, s, key: PassKey, keep, listed: int):
+        self.s, self.key, self.keep, self.listed = s, key, keep, listed
         self.g = {j: g for g, j in enumerate(model.gdn_layers)}
         self.a = {j: a for a, j in enumerate(model.attn_layers)}
 
@@ -424,6 +430,13 @@ class _StaticIO:
         fp32 or None): per state slot, slot 0 zeros."""
         g = self.g[index]
         return self.s["win_in"][g], self.s["st_in"][g], self.s["tail_in"][g] if "tail_in" in self.s else None
+
+    def gdn_scratch(self) -> tuple[KC.ChunkScratch | None, int | None]:
+        """The chunked kernel's held scratch and the most segments a pass lists (_Statics)."""
+        if "chunk_w" not in self.s:
+            return None, None
+        names = ("w", "u", "gcum", "kt", "states")
+        return KC.ChunkScratch(**{n: self.s[f"chunk_{n}"] for n in names}), self.listed
 
     def gdn_out(self, index: int, new_windows, final, tails) -> None:
         if self.key.kept:

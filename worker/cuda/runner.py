@@ -381,8 +381,21 @@ class CudaRunner:
                 level_off=launch.level_off[launch.num_levels :],
                 num_levels=launch.chunked_levels,
             )
+            scratch, listed = io.gdn_scratch()
             o, final, new_tails = KC.gdn_chunked(
-                qn, kn, v, g, beta, launch.cu, launch.pos, launch.max_q, out=o, final=final, sources=sources
+                qn,
+                kn,
+                v,
+                g,
+                beta,
+                launch.cu,
+                launch.pos,
+                launch.max_q,
+                out=o,
+                final=final,
+                sources=sources,
+                scratch=scratch,
+                listed=listed,
             )
         io.gdn_out(index, new_windows, final, new_tails)
         return self._linear(K.gated_rms_norm(o, z, layer.norm_weight, c.rms_norm_eps), layer.w_out)
@@ -441,6 +454,9 @@ class _EagerIO:
         zero_tail = torch.zeros(K.GDN_CHUNK, width, device=dev)
         kept = [p.gdn_tail(index) for p in parents]
         return windows, states, torch.stack([zero_tail] + [zero_tail if t is None else t for t in kept])
+
+    def gdn_scratch(self) -> tuple[None, None]:
+        return None, None  # an eager pass allocates the chunked kernel's scratch for its own size
 
     def gdn_out(self, index: int, new_windows, final, tails):
         # per-run clones so a kept state does not pin the whole pass's buffers

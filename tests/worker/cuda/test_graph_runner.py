@@ -247,6 +247,12 @@ def test_buckets_and_keys():
     ):
         key, why = b.key(**args)
         assert key is None and why, args
+    # split: a pass plans up to twice the budget's segments, but holds at most its sequences (the
+    # chunked kernel's held scratch is sized by them: graph_launch._Statics)
+    split = Bucketing(PassBudget(tokens=4096, segments=64, depth=8, context=16384), chunked_from=128)
+    pass_of = dict(tokens=2000, segments=100, levels=1, parents=0, kept=0, base=0, kv_rows=2000, chunked_levels=1)
+    assert split.key(**pass_of, callers=64)[0] is not None
+    assert split.key(**pass_of, callers=65) == (None, "65 sequences > budget 64")
     # the default: above 1,024 tokens, multiples of 128 rows, keys of levels 2 or 8 that keep
     tiled = Bucketing(PassBudget(tokens=4096, segments=64, depth=8, context=16384))
     steps = tiled.token_steps()
@@ -429,5 +435,9 @@ def test_static_buffers_are_fixed_at_the_budget():
         64,
         (config.linear_num_key_heads + config.linear_num_value_heads) * 128 + 2 * config.linear_num_value_heads,
     )
+    # the chunked kernel's scratch: 320 rows and 8 segments' tails and partial chunks
+    chunks = (320 + 2 * 63 * 8) // 64 + 1
+    assert s["chunk_w"].shape == (chunks, config.linear_num_value_heads, 64, 128)
+    assert s["chunk_states"].shape == (chunks, config.linear_num_value_heads, 128, 128)
     kv_rows = s["kv"][0, 0]
     assert kv_rows.is_contiguous() and kv_rows.shape[1:] == (config.num_key_value_heads, config.head_dim)

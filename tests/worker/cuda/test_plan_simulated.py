@@ -23,6 +23,7 @@ from unittest import mock
 import pytest
 import torch
 
+from openjev.worker.cuda import chunked_gdn as KC
 from openjev.worker.cuda.buckets import PassBudget
 from openjev.worker.cuda.launch import plan_launch
 from openjev.worker.geometry import GDN_CHUNK_TOKENS as CH
@@ -59,7 +60,8 @@ def eager_indices(plan) -> dict:
     names = ("ids", "cu", "heads", "gdn_init", "win_src", "tail_src")
     v = {name: list(getattr(plan, name)) for name in names}
     v.update(pos=plan.positions, cu_k=list(cu_k), kv_rows=list(rows), level_off=plan.level_off(levels, chunked_levels))
-    return v | {"levels": levels, "chunked_levels": chunked_levels, "anc_base": len(plan.ids)}
+    scratch = KC.scratch_chunks(len(plan.ids), len(plan.runs))  # as gdn_chunked sizes it eagerly
+    return v | {"levels": levels, "chunked_levels": chunked_levels, "anc_base": len(plan.ids), "scratch": scratch}
 
 
 def graph_indices(plan, graphs) -> dict | None:
@@ -74,7 +76,10 @@ def graph_indices(plan, graphs) -> dict | None:
     idx = s["idx"][: key.index_size].tolist()
     v = {name: idx[at : at + n] for name, (at, n) in key.layout().items()}
     v["kv_rows"] = s["kv_rows"][: v["cu_k"][-1]].tolist()
-    return v | {"levels": key.levels, "chunked_levels": key.chunked_levels, "anc_base": key.tokens}
+    # the held scratch's slots gdn_chunked takes in a captured pass (_StaticIO.gdn_scratch)
+    scratch = KC.scratch_chunks(key.tokens, min(key.segments, graphs.bucketing.budget.segments))
+    assert "chunk_w" not in s or scratch <= s["chunk_w"].shape[0], f"{key}: {scratch} scratch chunks not held"
+    return v | {"levels": key.levels, "chunked_levels": key.chunked_levels, "anc_base": key.tokens, "scratch": scratch}
 
 
 def simulate(v: dict, slots: list, pool: list) -> list[dict]:
@@ -103,6 +108,7 @@ def simulate(v: dict, slots: list, pool: list) -> list[dict]:
             seg = segs[n]
             seg.update(kernel="recurrence", init=init(n, final))
             final[n] = seg["init"] + seg["own"]
+    chunks = 0  # scratch slots: every listed segment's chunks, tail rows included (gdn_chunk_plan)
     for d in range(v["chunked_levels"]):  # the chunked kernel: a launch a level
         written = list(final)
         for n in range(off[levels + d], off[levels + d + 1]):
@@ -113,9 +119,11 @@ def simulate(v: dict, slots: list, pool: list) -> list[dict]:
             rows = v["tail_src"][CH * n : CH * n + start % CH]
             tail = tuple(ids[r] if r >= 0 else tails[-1 - r] for r in rows)
             seg.update(kernel="chunked", init=init(n, written), tail=tail)
+            chunks += -(-(len(tail) + len(seg["own"])) // CH)
             whole = seg["init"] + tail + seg["own"]
             final[n] = whole[: end - end % CH]
             seg["tail_out"] = whole[end - end % CH :] + (None,) * (CH - end % CH)
+    assert chunks <= v["scratch"], f"{chunks} chunks in {v['scratch']} scratch slots"
     for seg, f in zip(segs, final, strict=True):
         seg["final"] = f
     return segs
