@@ -387,7 +387,11 @@ class GraphLauncher:
             tail_src=v["tail_src"] if key.tail_rows else None,
             chunked_levels=key.chunked_levels,
         )
-        return m.forward_device(launch, _StaticIO(m, s, key, v["keep"], self.bucketing.budget.segments))
+        return m.forward_device(launch, self.io(key, v["keep"]))
+
+    def io(self, key: PassKey, keep) -> _StaticIO:
+        """A captured pass's state in and out (keep: the kept runs' index buffer)."""
+        return _StaticIO(self.model, self.statics.buffers, key, keep, self.bucketing.budget.segments)
 
     def _collect(self, hidden, plan: LaunchPlan, key: PassKey):
         """Copy the head rows, the kept runs' final states and materialised runs' K/V rows out

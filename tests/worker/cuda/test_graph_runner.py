@@ -436,8 +436,9 @@ def test_static_buffers_are_fixed_at_the_budget():
         (config.linear_num_key_heads + config.linear_num_value_heads) * 128 + 2 * config.linear_num_value_heads,
     )
     # the chunked kernel's scratch: 320 rows and 8 segments' tails and partial chunks
-    chunks = (320 + 2 * 63 * 8) // 64 + 1
-    assert s["chunk_w"].shape == (chunks, config.linear_num_value_heads, 64, 128)
-    assert s["chunk_states"].shape == (chunks, config.linear_num_value_heads, 128, 128)
+    chunks, hv, hk = (320 + 2 * 63 * 8) // 64 + 1, config.linear_num_value_heads, config.linear_num_key_heads
+    assert s["chunk_w"].shape == s["chunk_u"].shape == (chunks, hv, 64, 128)
+    assert s["chunk_gcum"].shape == (chunks, hv, 64) and s["chunk_kt"].shape == (chunks, hk, 64, 128)
+    assert s["chunk_states"].shape == (chunks, hv, 128, 128)
     kv_rows = s["kv"][0, 0]
     assert kv_rows.is_contiguous() and kv_rows.shape[1:] == (config.num_key_value_heads, config.head_dim)

@@ -76,9 +76,10 @@ def graph_indices(plan, graphs) -> dict | None:
     idx = s["idx"][: key.index_size].tolist()
     v = {name: idx[at : at + n] for name, (at, n) in key.layout().items()}
     v["kv_rows"] = s["kv_rows"][: v["cu_k"][-1]].tolist()
-    # the held scratch's slots gdn_chunked takes in a captured pass (_StaticIO.gdn_scratch)
-    scratch = KC.scratch_chunks(key.tokens, min(key.segments, graphs.bucketing.budget.segments))
-    assert "chunk_w" not in s or scratch <= s["chunk_w"].shape[0], f"{key}: {scratch} scratch chunks not held"
+    # the scratch slots gdn_chunked takes in a captured pass, from what the pass's io hands it
+    held, listed = graphs.io(key, None).gdn_scratch()
+    scratch = KC.scratch_chunks(key.tokens, key.segments if listed is None else min(key.segments, listed))
+    assert held is None or scratch <= held.w.shape[0], f"{key}: {scratch} scratch chunks, {held.w.shape[0]} held"
     return v | {"levels": key.levels, "chunked_levels": key.chunked_levels, "anc_base": key.tokens, "scratch": scratch}
 
 
@@ -286,3 +287,18 @@ def test_many_runs_crossing_the_split(seed, split):
     run_pass(runs, prompts, split)
     for level_launches in (False, True):
         assert run_pass(runs, prompts, split, launcher(split, level_launches, BUDGET)) is not None
+
+
+@pytest.mark.parametrize("split", [0, 128])
+def test_more_callers_than_the_budget_never_fit_the_held_scratch(split):
+    """Runs of 2 tokens after a kept state ending at 63 mod 64 (63 tail rows): 2 scratch chunks
+    a run. Up to the budget's sequences a graph key holds them; one more, none may (a split
+    pass plans up to twice the budget's segments, but the held scratch counts its sequences)."""
+    tokens = itertools.count(1)
+    prompt = tuple(next(tokens) for _ in range(191))
+    (state,) = run_pass([SegmentRun(list(prompt), 0, None, True, False)], [prompt], split)
+    for callers in (BUDGET.segments, BUDGET.segments + 1, 2 * BUDGET.segments):
+        prompts = [prompt + (next(tokens), next(tokens)) for _ in range(callers)]
+        runs = [SegmentRun(list(p[191:]), 191, state, False, True) for p in prompts]
+        fitted = run_pass(runs, prompts, split, launcher(split, False, BUDGET)) is not None
+        assert fitted == (callers <= BUDGET.segments), (callers, fitted)
