@@ -4,8 +4,9 @@ with mma.sync m16n8k8 fragments laid out as the kernel assumes (the PTX ISA's), 
 tf32 rounding. It checks the kernels' index logic without a GPU, not the hardware's layouts, and
 must be kept in step with the .cu by hand (where the kernels round an operand to tf32 once at its
 store rather than at each load, nothing changes here: no rounding is emulated). It runs each (chunk, head) and state item directly and
-reads tail rows from per-segment buffers: the kernels' work tickets, the chunk list and the tail
-row sources (tail_src) are not emulated (the GPU tests check them). It also counts the
+reads tail rows from per-segment buffers, all fp32 (the reference's layout; the kernels keep v as
+bf16 pairs, chunked_gdn.gdn_tail_width): the kernels' work tickets, the chunk list, the tail
+row sources (tail_src) and the tail's storage are not emulated (the GPU tests check them). It also counts the
 shared-memory bank conflicts of every fragment load and store (a float's bank: its index mod 32;
 64-bit accesses by half-warps) and prints them per kernel and source line.
 
@@ -22,7 +23,6 @@ import numpy as np
 import torch
 
 from openjev.worker.cuda import reference, traits
-from openjev.worker.cuda.chunked_gdn import gdn_tail_width
 
 G = traits.GDN_CHUNKED
 CH, D, NT, NTO, NCOL = G.chunk, G.head_dim, G.threads, G.out_threads, G.state_columns
@@ -490,7 +490,7 @@ def run(lengths, starts, H=2, Hk=1, NTH=512, seed=0):
     g = -rng.random((T, H)) * 0.5 - 0.01
     beta = rng.random((T, H))
     init = rng.standard_normal((N, H, D, D)) * 0.1
-    tw = gdn_tail_width(Hk, H)
+    tw = (Hk + H) * D + 2 * H  # unpacked tail rows (module docstring)
     tails = np.full((N, CH, tw), np.nan)
     for n, s0 in enumerate(starts):
         r = s0 % CH

@@ -23,9 +23,9 @@
 // A segment n starts at position pos[cu[n]]; its virtual rows are tail (pos mod 64 rows) then its
 // own cu[n+1] - cu[n] tokens. Tail row r comes from tail_src[64 n + r]: >= 0 a packed row of
 // this launch (an in-pass ancestor's token), < 0 row -1 - src of `tails`, the flattened tail
-// buffers of kept states (row layout, fp32: [k: Hk*128 | v: H*128 | g: H | beta: H], tail_width
-// floats a row, 64 rows a state; v holds bf16 values, the solve's copies of its input, which the
-// solve's U~ product takes as tf32 operands as they are). So a pass may hold parents and
+// buffers of kept states (row layout in 4-byte words: [k: Hk*128 fp32 | v: H*128 bf16, two a
+// word | g: H fp32 | beta: H fp32], tail_width words a row, 64 rows a state; v is kept in its
+// input's own precision, so exactly, in 37% less room on the 27B shape). So a pass may hold parents and
 // children: the solve and output kernels run once over all of them, the state pass once per
 // level (level_off ranges), a child starting from its in-pass parent's final state (the state at
 // that parent's last boundary, where the child's first chunk starts).
@@ -240,6 +240,16 @@ __device__ __forceinline__ void cp_async_wait_all() {
     cp_async_wait<0>();
 }
 
+// A tail row's v (bf16, after k's Hk * D words) and its g, beta (fp32, after v's H * D / 2 words).
+__device__ __forceinline__ const __nv_bfloat16* tail_v(const float* row, int Hk) {
+    return reinterpret_cast<const __nv_bfloat16*>(row + Hk * D);
+}
+__device__ __forceinline__ __nv_bfloat16* tail_v(float* row, int Hk) {
+    return reinterpret_cast<__nv_bfloat16*>(row + Hk * D);
+}
+__device__ __forceinline__ const float* tail_gb(const float* row, int H, int Hk) { return row + Hk * D + H * (D / 2); }
+__device__ __forceinline__ float* tail_gb(float* row, int H, int Hk) { return row + Hk * D + H * (D / 2); }
+
 // One chunk's k rows [64][LB] of key head hk from the tail or the packed rows (zeros past the
 // end), as asynchronous copies by the solve's NT threads: the caller waits and syncs.
 // Where virtual row vr of segment n comes from: a packed row (>= 0) or -1 - e, row e of the tails.
@@ -394,7 +404,8 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
                 if (vr < s.rows) {
                     const int src = row_source(tail_src, s, n, vr);
                     if (src < 0) {
-                        x = *reinterpret_cast<const float4*>(tails + (long)(-1 - src) * tail_width + Hk * D + h * D + d);
+                        const __nv_bfloat16* tv = tail_v(tails + (long)(-1 - src) * tail_width, Hk);
+                        x = bf16x4_float4(*reinterpret_cast<const uint2*>(tv + h * D + d));
                     } else {
                         x = bf16x4_float4(*reinterpret_cast<const uint2*>(v + (long)src * v_stride + h * D + d));
                     }
@@ -408,7 +419,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
             if (vr < s.rows) {
                 const int src = row_source(tail_src, s, n, vr);
                 if (src < 0) {
-                    const float* row = tails + (long)(-1 - src) * tail_width + Hk * D + H * D;
+                    const float* row = tail_gb(tails + (long)(-1 - src) * tail_width, H, Hk);
                     gv = row[h];
                     bv = row[H + h];
                 } else {
@@ -450,11 +461,11 @@ extern "C" __global__ void __launch_bounds__(NT, 2) gdn_chunk_solve(
             float* out = tail_out + (long)n * CH * tail_width;
             for (int idx = tid; idx < valid * D; idx += NT) {
                 const int r = idx / D, d = idx % D;
-                out[r * tail_width + Hk * D + h * D + d] = Bs[r * LB + D + d];
+                tail_v(out + r * tail_width, Hk)[h * D + d] = __float2bfloat16(Bs[r * LB + D + d]);  // bf16-exact
             }
             if (tid < valid) {
-                out[tid * tail_width + Hk * D + H * D + h] = gs[tid];
-                out[tid * tail_width + Hk * D + H * D + H + h] = bs[tid];
+                tail_gb(out + tid * tail_width, H, Hk)[h] = gs[tid];
+                tail_gb(out + tid * tail_width, H, Hk)[H + h] = bs[tid];
             }
         }
         __syncthreads();  // the tail rows above read g before it becomes G

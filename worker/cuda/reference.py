@@ -76,7 +76,8 @@ def gdn_packed(qn, kn, v, g, beta, cu_seqlens, init_state=None):
 def gdn_chunked_packed(
     qn, kn, v, g, beta, cu_seqlens, positions, init_state=None, tail_in=None, chunk=GDN_CHUNK_TOKENS
 ):
-    """Same arguments as chunked_gdn.gdn_chunked (tail rows: k [Hk*Dk] | v [H*Dv] | g [H] | beta [H]).
+    """Same arguments as chunked_gdn.gdn_chunked, but tail rows all fp32: k [Hk*Dk] | v [H*Dv] | g [H] |
+    beta [H] (the kernels keep v in bf16: chunked_gdn.unpack_tails gives these rows from theirs).
     Each segment's rows are its tail (positions[cu[n]] % chunk rows of tail_in[n]) then its own;
     from its parent's state they run through chunks counted from the first tail row.
     Returns (o [T, H, Dv] fp32 of the own rows, final [N, H, Dk, Dv] fp32 at the last chunk

@@ -44,3 +44,19 @@ def test_parent_and_child_equal_the_whole(split):
     torch.testing.assert_close(c_o, whole_o[split:], rtol=0, atol=0)
     torch.testing.assert_close(c_f, whole_f, rtol=0, atol=0)
     torch.testing.assert_close(c_t[0], whole_t[0], rtol=0, atol=0)
+
+
+def test_tail_words_hold_the_reference_rows_exactly():
+    """The kernels' tail rows (k, g, beta fp32; v as bf16 pairs, the first of a pair in a word's
+    low half, as the kernels read them) give back the reference's rows bit for bit."""
+    from openjev.worker.cuda import chunked_gdn as KC
+
+    _, kn, v, g, beta = inputs(5, H=48, Hk=16)
+    v = v.bfloat16().float()  # the kernels' v input is bf16
+    words = KC.pack_tails(kn.flatten(1), v.flatten(1), g, beta)
+    assert words.dtype == torch.float32 and words.shape == (5, KC.gdn_tail_width(16, 48)) == (5, 5216)
+    rows = torch.cat([kn.flatten(1), v.flatten(1), g, beta], dim=1)  # the reference's layout
+    assert torch.equal(KC.unpack_tails(words, 16, 48), rows)
+    pair = words[0, 16 * 128].view(torch.int32).item() & 0xFFFFFFFF
+    first, second = (x.item() & 0xFFFF for x in v[0, 0, :2].bfloat16().view(torch.int16))
+    assert pair == first | second << 16

@@ -384,16 +384,15 @@ TF32_TOL = 5e-3  # chunked GDN: tensor-core products of tf32-rounded fp32 operan
 
 
 def tail_rows(n_rows, H, Hk, width):
-    """Random tail buffers [N, 64, width]: valid k (unit rows), bf16-exact v, decays, betas in the
-    first rows; NaN beyond the width's used columns is not possible (they are padding) but rows
-    a segment must not read are NaN."""
+    """Random tail buffers [N, 64, width] in the kernels' words (KC.pack_tails): valid k (unit
+    rows), bf16 v, decays, betas in the first rows; rows a segment must not read are NaN."""
     t = torch.full((len(n_rows), 64, width), float("nan"), device=DEV)
     for n, rows in enumerate(n_rows):
         k = torch.nn.functional.normalize(torch.randn(rows, Hk, 128, device=DEV), dim=-1).flatten(1)
         v = torch.randn(rows, H * 128, device=DEV).bfloat16().float()
         g = -torch.rand(rows, H, device=DEV) * 0.5 - 0.01
         b = torch.rand(rows, H, device=DEV)
-        t[n, :rows, : (Hk + H) * 128 + 2 * H] = torch.cat([k, v, g, b], dim=1)
+        t[n, :rows] = KC.pack_tails(k, v, g, b)
     return t
 
 
@@ -410,7 +409,7 @@ def test_gdn_chunked(K, ref, with_init):
     lengths = [1, 3, 64, 65, 130, 17, 200, 63]
     starts = [0, 100, 64, 5, 190, 63, 1000, 1]  # tails of 0, 36, 0, 5, 62, 63, 40, 1 rows
     cu, qn, kn, v, g, beta, pos, init, tails = chunked_case(K, lengths, starts, with_init)
-    T, N, H = qn.shape[0], len(lengths), v.shape[1]
+    T, N, H, Hk = qn.shape[0], len(lengths), v.shape[1], kn.shape[1]
     out, fin = poisoned((T, H, 128), torch.bfloat16), poisoned((N, H, 128, 128), torch.float32)
     tail_out = poisoned(tails.shape, torch.float32)
     KC.gdn_chunked(qn, kn, v, g, beta, cu, pos, max(lengths), init, tails, out=out, final=fin, tail_out=tail_out)
@@ -423,7 +422,7 @@ def test_gdn_chunked(K, ref, with_init):
         cu.cpu(),
         pos.cpu(),
         None if init is None else init.cpu(),
-        tails.cpu(),
+        KC.unpack_tails(tails, Hk, H).cpu(),
     )
     per_segment(out, e_out, cu, BF16_TOL, "chunked gdn o")
     for n in range(N):
@@ -433,7 +432,7 @@ def test_gdn_chunked(K, ref, with_init):
             assert not fin[n].any(), f"final state {n}: zero state expected"
         rows = e_tails[n].shape[0]
         assert rows == (starts[n] + lengths[n]) % 64
-        got = tail_out[n, :rows, : e_tails[n].shape[1]].cpu()
+        got = KC.unpack_tails(tail_out[n, :rows], Hk, H).cpu()
         assert torch.equal(got, e_tails[n]), f"tail rows of segment {n} are copies of its inputs"
 
 
@@ -474,7 +473,15 @@ def test_gdn_chunked_batch_invariant(K, ref):
             rows = (starts[n] + lengths[n]) % 64
             assert torch.equal(t2[n, :rows], tail_out[n, :rows]), f"state variant {variant}: tail {n}"
     e_out, e_fin, _ = ref.gdn_chunked_packed(
-        qn.cpu(), kn.cpu(), v.cpu(), g.cpu(), beta.cpu(), cu.cpu(), pos.cpu(), init.cpu(), tails.cpu()
+        qn.cpu(),
+        kn.cpu(),
+        v.cpu(),
+        g.cpu(),
+        beta.cpu(),
+        cu.cpu(),
+        pos.cpu(),
+        init.cpu(),
+        KC.unpack_tails(tails, kn.shape[1], H).cpu(),
     )
     per_segment(out, e_out, cu, BF16_TOL, "chunked gdn o")
     c = cu.tolist()
