@@ -10,8 +10,9 @@ whose kernels receive them as compile definitions (`openjev.worker.cuda.traits`)
 GDN_CHUNK_TOKENS = 64
 
 # `--gdn-kernel split`: the first position the chunked GDN kernel takes by default (a multiple of
-# GDN_CHUNK_TOKENS; before it the token recurrence, faster and more accurate on short prompts).
-DEFAULT_GDN_SPLIT_AT = 512
+# GDN_CHUNK_TOKENS; before it the token recurrence, faster and more accurate on short prompts;
+# 128 measured best of 128, 256 and 512: docs/cuda-kernels.md).
+DEFAULT_GDN_SPLIT_AT = 128
 
 # Linear-attention (Gated DeltaNet) key and value head dim the CUDA kernels are written for.
 GDN_HEAD_DIM = 128

@@ -173,7 +173,8 @@ def parser() -> argparse.ArgumentParser:
         help="cuda backend: Gated DeltaNet prefill as the token recurrence (the default: faster below "
         "~650 tokens, where most requests are), the chunked tensor-core form (5-7%% faster above, "
         "measured on an H100), or split: the recurrence before position --gdn-split-at and the "
-        "chunked form from it on (docs/cuda-kernels.md)",
+        "chunked form from it on (~5%% faster from 2,049 tokens, ~4%% slower at 129-512, twice the "
+        "start-up and ~2.2 GiB more device memory on the 27B shape; docs/benchmarks/index.md)",
     )
     p.add_argument(
         "--gdn-split-at",
