@@ -404,26 +404,23 @@ def chunked_case(K, lengths, starts, with_init, H=48, Hk=16):
     return cu, qn, kn, v, g, beta, pos, (init if with_init else None), tails
 
 
+def chunked_reference(ref, cu, qn, kn, v, g, beta, pos, init, tails):
+    """The reference on the CPU for a chunked_case's tensors (its tail words unpacked to fp32 rows)."""
+    rows = KC.unpack_tails(tails, kn.shape[1], v.shape[1])
+    cpu = [None if x is None else x.cpu() for x in (qn, kn, v, g, beta, cu, pos, init, rows)]
+    return ref.gdn_chunked_packed(*cpu)
+
+
 @pytest.mark.parametrize("with_init", [True, False])
 def test_gdn_chunked(K, ref, with_init):
     lengths = [1, 3, 64, 65, 130, 17, 200, 63]
     starts = [0, 100, 64, 5, 190, 63, 1000, 1]  # tails of 0, 36, 0, 5, 62, 63, 40, 1 rows
     cu, qn, kn, v, g, beta, pos, init, tails = chunked_case(K, lengths, starts, with_init)
-    T, N, H, Hk = qn.shape[0], len(lengths), v.shape[1], kn.shape[1]
+    T, N, H = qn.shape[0], len(lengths), v.shape[1]
     out, fin = poisoned((T, H, 128), torch.bfloat16), poisoned((N, H, 128, 128), torch.float32)
     tail_out = poisoned(tails.shape, torch.float32)
     KC.gdn_chunked(qn, kn, v, g, beta, cu, pos, max(lengths), init, tails, out=out, final=fin, tail_out=tail_out)
-    e_out, e_fin, e_tails = ref.gdn_chunked_packed(
-        qn.cpu(),
-        kn.cpu(),
-        v.cpu(),
-        g.cpu(),
-        beta.cpu(),
-        cu.cpu(),
-        pos.cpu(),
-        None if init is None else init.cpu(),
-        KC.unpack_tails(tails, Hk, H).cpu(),
-    )
+    e_out, e_fin, e_tails = chunked_reference(ref, cu, qn, kn, v, g, beta, pos, init, tails)
     per_segment(out, e_out, cu, BF16_TOL, "chunked gdn o")
     for n in range(N):
         if e_fin[n].norm() > 0:
@@ -432,7 +429,7 @@ def test_gdn_chunked(K, ref, with_init):
             assert not fin[n].any(), f"final state {n}: zero state expected"
         rows = e_tails[n].shape[0]
         assert rows == (starts[n] + lengths[n]) % 64
-        got = KC.unpack_tails(tail_out[n, :rows], Hk, H).cpu()
+        got = KC.unpack_tails(tail_out[n, :rows], kn.shape[1], H).cpu()
         assert torch.equal(got, e_tails[n]), f"tail rows of segment {n} are copies of its inputs"
 
 
@@ -472,17 +469,7 @@ def test_gdn_chunked_batch_invariant(K, ref):
         for n in range(N):  # the rows past a tail stay NaN-poisoned
             rows = (starts[n] + lengths[n]) % 64
             assert torch.equal(t2[n, :rows], tail_out[n, :rows]), f"state variant {variant}: tail {n}"
-    e_out, e_fin, _ = ref.gdn_chunked_packed(
-        qn.cpu(),
-        kn.cpu(),
-        v.cpu(),
-        g.cpu(),
-        beta.cpu(),
-        cu.cpu(),
-        pos.cpu(),
-        init.cpu(),
-        KC.unpack_tails(tails, kn.shape[1], H).cpu(),
-    )
+    e_out, e_fin, _ = chunked_reference(ref, cu, qn, kn, v, g, beta, pos, init, tails)
     per_segment(out, e_out, cu, BF16_TOL, "chunked gdn o")
     c = cu.tolist()
     for n in range(N):
