@@ -5,7 +5,7 @@ shared launch machinery is `kernels`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -84,9 +84,12 @@ class ChunkScratch:
     def first(self, chunks: int) -> ChunkScratch:
         """The first `chunks` slots."""
         assert chunks <= self.w.shape[0], f"{chunks} scratch chunks > {self.w.shape[0]} held"
-        return ChunkScratch(
-            self.w[:chunks], self.u[:chunks], self.gcum[:chunks], self.kt[:chunks], self.states[:chunks]
-        )
+        return ChunkScratch(**{f.name: getattr(self, f.name)[:chunks] for f in fields(self)})
+
+    @staticmethod
+    def of(buffers: dict[str, torch.Tensor], prefix: str) -> ChunkScratch:
+        """The scratch held among `buffers` under prefix + each of shapes()' names."""
+        return ChunkScratch(**{f.name: buffers[prefix + f.name] for f in fields(ChunkScratch)})
 
 
 # gdn_chunk_state variants: warps a block (value columns split in two halves either way); both

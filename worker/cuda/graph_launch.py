@@ -99,6 +99,9 @@ class PassModel(Protocol):
         ...
 
 
+SCRATCH = "chunk_"  # the chunked GDN kernel's held scratch among the static buffers: its names' prefix
+
+
 class _Statics:
     """The static buffers every graph reads and writes, at the budget's size. idx, kv_rows int32;
     kv [La, 2, T_pad max + context, Hkv, 256] bf16; win_in [L, 1+S, 3, C] bf16, st_in [L, 1+S,
@@ -133,7 +136,7 @@ class _Statics:
             # and a key's callers are at most the budget's sequences (Bucketing.key)
             chunks = KC.scratch_chunks(max(k.tokens for k in keys), b.budget.segments)
             shapes = KC.ChunkScratch.shapes(chunks, hv, c.linear_num_key_heads)
-            out.update({f"chunk_{name}": (shape, torch.float32) for name, shape in shapes.items()})
+            out.update({SCRATCH + name: (shape, torch.float32) for name, shape in shapes.items()})
         return out
 
     def ensure(self) -> dict[str, torch.Tensor]:
@@ -437,10 +440,9 @@ class _StaticIO:
 
     def gdn_scratch(self) -> tuple[KC.ChunkScratch | None, int | None]:
         """The chunked kernel's held scratch and the most segments a pass lists (_Statics)."""
-        if "chunk_w" not in self.s:
+        if SCRATCH + "w" not in self.s:
             return None, None
-        names = ("w", "u", "gcum", "kt", "states")
-        return KC.ChunkScratch(**{n: self.s[f"chunk_{n}"] for n in names}), self.listed
+        return KC.ChunkScratch.of(self.s, SCRATCH), self.listed
 
     def gdn_out(self, index: int, new_windows, final, tails) -> None:
         if self.key.kept:

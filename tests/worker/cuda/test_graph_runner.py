@@ -441,7 +441,7 @@ def test_static_buffers_are_fixed_at_the_budget():
     hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
     assert s["tail_in"].shape[2:] == (64, -(-(hk * 128 + hv * 64 + 2 * hv) // 4) * 4)
     # the chunked kernel's scratch: 320 rows and 8 segments' tails and partial chunks
-    chunks, hv, hk = (320 + 2 * 63 * 8) // 64 + 1, config.linear_num_value_heads, config.linear_num_key_heads
+    chunks = (320 + 2 * 63 * 8) // 64 + 1
     assert s["chunk_w"].shape == s["chunk_u"].shape == (chunks, hv, 64, 128)
     assert s["chunk_gcum"].shape == (chunks, hv, 64) and s["chunk_kt"].shape == (chunks, hk, 64, 128)
     assert s["chunk_states"].shape == (chunks, hv, 128, 128)
