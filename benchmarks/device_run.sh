@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab attention-ab attention-pass-ab elementwise gdn gdn-ab gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead overhead-awake pdl grpc-floor grpc-idle lt-choice lt-space plan-cpu start-ab
+#   steps: tests conv conv-ab attention-ab attention-pass-ab elementwise gdn gdn-ab gdn-rec-ab gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead overhead-awake pdl grpc-floor grpc-idle lt-choice lt-space plan-cpu start-ab
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes;
 #          WORKER_EXTRA='--max-launch-tokens 2048' adds worker flags to both)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
@@ -101,6 +101,22 @@ for step in "$@"; do
             python3 -c "import torch; a, b = torch.load('/tmp/gdn-ab-new.pt'), torch.load('/tmp/gdn-ab-old.pt'); \
               print('outputs bit-equal to ab-old:', len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)))" \
               | tee -a $OUT/gdn-ab.md ;;
+    # the recurrence of this tree against ab-old/'s in a graph pass's launch (the budget's 8 levels,
+    # those past the given ones empty; GDN_LEVELS: gdn_in_pass.py's --levels): alternating
+    # processes, two runs each, then the two builds' outputs compared bit for bit
+    gdn-rec-ab) cp benchmarks/gdn_in_pass.py ab-old/benchmarks/gdn_in_pass.py  # the same probe for both
+            ab_install || exit 1
+            for i in 1 2; do for arm in new old; do
+              ab_arm $arm
+              PYTHONPATH=$P:$PYTHONPATH timeout 150 python3 $B/gdn_in_pass.py --ab --depth 8 \
+                --levels ${GDN_LEVELS:-1x20,1x96,1x100+7x25,4x60,1x676} --out $OUT/gdn-rec-ab-$arm-$i.json \
+                --save /tmp/gdn-rec-$arm.pt > /dev/null 2>>$OUT/gdn-rec-ab.log
+            done; done
+            python3 benchmarks/kernels_ab.py new=$(ls $OUT/gdn-rec-ab-new-*.json | paste -sd,) \
+              old=$(ls $OUT/gdn-rec-ab-old-*.json | paste -sd,) | tee $OUT/gdn-rec-ab.md
+            python3 -c "import torch; a, b = torch.load('/tmp/gdn-rec-new.pt'), torch.load('/tmp/gdn-rec-old.pt'); \
+              print('outputs bit-equal to ab-old:', a.keys() == b.keys() and all(torch.equal(x, y) for k in a \
+              for x, y in zip(a[k], b[k])))" | tee -a $OUT/gdn-rec-ab.md ;;
     # the conv and elementwise kernels' GPU tests, then their timings against ab-old/'s (as
     # gdn-ab; AB_OPS: the kernels_gpu.py ops timed, conv1d unless set)
     conv-ab) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py -k "conv or silu or norm" > $OUT/conv-tests.txt 2>&1; rc=$?

@@ -3,9 +3,14 @@ from CUDA graphs, timed with CUDA events, arms interleaved; medians and spreads 
 - alone: the level's segments only;
 - in a pass's grid: the same segments first among `--segments` (a graph's padded segment
   count), the level's range covering only them.
-Levels: `--levels`, each COUNTxTOKENS. `--variants` times each recurrence shape of
+Levels: `--levels`, each COUNTxTOKENS, or a parent level and its children in one launch,
+PxTOKENS+CxTOKENS (every child of the first parent, as a question's candidates under its
+prefix). `--depth D` launches with D levels, those past the given ones empty, as a graph pass of
+the budget's depth does. `--variants` times each recurrence shape of
 `kernels.GDN_VARIANTS` in the pass's grid, each segment starting from a kept state as a child
 does, and checks that every variant's outputs and final states are bit-equal to the first's.
+`--ab` times only the pass's grid (rows named for benchmarks/kernels_ab.py, so that two builds'
+runs compare) and `--save FILE` keeps its outputs, for a bit comparison between builds.
 
 Earlier forms of this script: commit 07f4a3a timed one 676-token segment after an idle GPU and
 after 24 down products (the same 0.26 ms: the clock was not why the recurrence ran slower in a
@@ -13,8 +18,8 @@ pass); commit 122dca5 timed the grid of one block per (segment, column block, he
 without a cap of 2 blocks an SM, segments along the grid's z or x (docs/cuda-kernels.md), which
 led to the work-taking schedule of gated_delta.cu.
 
-    python3 benchmarks/gdn_in_pass.py [--levels 1x676,7x30,2x300,33x20] [--segments 65] [--rounds 30]
-        [--variants s8c32x2,s8c16x1b6,...] [--out FILE.json]
+    python3 benchmarks/gdn_in_pass.py [--levels 1x676,7x30,2x300,33x20,1x100+7x25] [--segments 65]
+        [--rounds 30] [--depth 8] [--variants s8c32x2,s8c16x1b6,...] [--ab] [--save FILE.pt] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -31,10 +36,14 @@ H, HK, D = 48, 16, 128
 DEV = "cuda"
 
 
-def level_inputs(lengths: list[int], pad_to: int, init: bool = False):
-    """Inputs of one level: `lengths` segments, then empty ones up to `pad_to` segments; with
-    `init`, each starts from a state of its own (as a child starts from its parent's)."""
+def level_inputs(lengths: list[int], pad_to: int, init: bool = False, depth: int = 1, parents: int = 0):
+    """Inputs of one launch: `lengths` segments, then empty ones up to `pad_to` segments; with
+    `init`, each starts from a state of its own (as a child starts from its parent's); the first
+    `parents` form a level of their own and the others are children of the first; `depth`
+    levels in all (the ones past those empty)."""
     T = sum(lengths)
+    bounds = [0, parents, len(lengths)] if parents else [0, len(lengths)]
+    level_off = bounds + [len(lengths)] * (depth + 1 - len(bounds))
     cu = torch.tensor([0] + [sum(lengths[: i + 1]) for i in range(len(lengths))] + [T] * (pad_to - len(lengths)))
     qn = torch.nn.functional.normalize(torch.randn(T, HK, D, device=DEV), dim=-1) * D**-0.5
     kn = torch.nn.functional.normalize(torch.randn(T, HK, D, device=DEV), dim=-1)
@@ -47,8 +56,14 @@ def level_inputs(lengths: list[int], pad_to: int, init: bool = False):
         g=-torch.rand(T, H, device=DEV) * 0.5 - 0.01,
         beta=torch.rand(T, H, device=DEV),
         cu_seqlens=cu.to(torch.int32).to(DEV),
-        level_off=torch.tensor([0, len(lengths)], dtype=torch.int32, device=DEV),
+        level_off=torch.tensor(level_off, dtype=torch.int32, device=DEV),
         init_state=torch.randn(pad_to, H, D, D, device=DEV) * 0.1 if init else None,
+        # with `parents`, children read the first parent's final state (row 0 of this launch's)
+        init_idx=torch.tensor(
+            [(n if init else -1) if n < parents or not parents else -2 for n in range(pad_to)],
+            dtype=torch.int32,
+            device=DEV,
+        ),
     )
 
 
@@ -65,7 +80,9 @@ def captured(inputs: dict, variant: str = K.GDN_DEFAULT) -> tuple[torch.cuda.CUD
         a["cu_seqlens"],
         init_state=a["init_state"],
         variant=variant,
+        init_idx=a["init_idx"],
         level_off=a["level_off"],
+        levels=a["level_off"].numel() - 1,
     )
     run()  # compiles
     graph = torch.cuda.CUDAGraph()
@@ -80,22 +97,29 @@ def main() -> None:
     p.add_argument("--segments", type=int, default=65)
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--variants", default="", help="NAME,...: time these shapes in the pass's grid (first: reference)")
+    p.add_argument("--depth", type=int, default=1, help="levels a launch has (those past the given ones empty)")
+    p.add_argument("--ab", action="store_true", help="only the pass's grid, rows for benchmarks/kernels_ab.py")
+    p.add_argument("--save", default="", help="FILE: the pass grid's outputs (torch.save), for a bit comparison")
     p.add_argument("--out", default="")
     args = p.parse_args()
-    levels = [[int(n) for n in spec.split("x")] for spec in args.levels.split(",")]
+    torch.manual_seed(0)  # the same inputs in every run and build (--save compares builds' outputs)
     variants = [v for v in args.variants.split(",") if v]
     graphs, outputs, keep = {}, {}, []
-    for level, lengths in ((f"{count} x {length}", [length] * count) for count, length in levels):
+    for spec in args.levels.split(","):
+        parts = [[int(n) for n in part.split("x")] for part in spec.split("+")]
+        lengths = [length for count, length in parts for _ in range(count)]
+        level, parents = spec.replace("x", " x ").replace("+", " + "), parts[0][0] if len(parts) > 1 else 0
         if variants:
-            inputs = level_inputs(lengths, args.segments, init=True)
+            inputs = level_inputs(lengths, args.segments, init=True, depth=args.depth, parents=parents)
             keep.append(inputs)  # a graph holds its inputs' addresses, not the tensors
             for variant in variants:
                 graphs[(level, variant)], outputs[(level, variant)] = captured(inputs, variant)
             continue
-        for grid, pad_to in (("alone", len(lengths)), (f"in a {args.segments}-segment grid", args.segments)):
-            inputs = level_inputs(lengths, pad_to)
+        arms = [] if args.ab else [("alone", len(lengths))]
+        for grid, pad_to in arms + [(f"in a {args.segments}-segment grid", args.segments)]:
+            inputs = level_inputs(lengths, pad_to, depth=args.depth, parents=parents)
             keep.append(inputs)
-            graphs[(level, grid)], _ = captured(inputs)
+            graphs[(level, grid)], outputs[(level, grid)] = captured(inputs)
     times: dict[tuple, list[float]] = {arm: [] for arm in graphs}
     for _ in range(args.rounds + 3):
         for arm, graph in graphs.items():  # interleaved: drift lands on every arm alike
@@ -107,11 +131,16 @@ def main() -> None:
             torch.cuda.synchronize()
             times[arm].append(start.elapsed_time(end))
     mismatches = []
-    for (level, variant), (o, final) in outputs.items():  # replayed last with the inputs they hold
+    real = {level: sum(int(p.split(" x ")[0]) for p in level.split(" + ")) for level, _ in outputs}  # segments
+    for (level, variant), (o, final) in outputs.items() if variants else ():  # replayed last with their inputs
         o_ref, final_ref = outputs[(level, variants[0])]
-        N = int(level.split(" x ")[0])
+        N = real[level]
         if not (torch.equal(o, o_ref) and torch.equal(final[:N], final_ref[:N])):
             mismatches.append(f"{level} {variant}")
+    if args.save:
+        torch.save(
+            {f"{level} {arm}": (o, final[: real[level]]) for (level, arm), (o, final) in outputs.items()}, args.save
+        )
     what = "variants in the pass's grid, segments from kept states" if variants else f"gdn_recurrent_{K.GDN_DEFAULT}"
     print(f"{torch.cuda.get_device_name()}: {what}, ms")
     print(f"{'level':<12} {'arm':<24} {'median':>8} {'min':>8} {'max':>8}")
@@ -119,7 +148,10 @@ def main() -> None:
     for (level, grid), ts in times.items():
         ts = ts[3:]
         med = statistics.median(ts)
+        tokens = sum(int(a) * int(b) for a, b in (p.split(" x ") for p in level.split(" + ")))
         rows.append(dict(level=level, grid=grid, median_ms=med, min_ms=min(ts), max_ms=max(ts)))
+        if args.ab:  # kernels_ab.py's keys
+            rows[-1].update(op=f"gdn_recurrent {level} depth {args.depth}", tokens=tokens, ms=med)
         print(f"{level:<12} {grid:<24} {med:>8.4f} {min(ts):>8.4f} {max(ts):>8.4f}")
     if variants:
         verdict = "DIFFER: " + ", ".join(mismatches) if mismatches else "equal in every level"
