@@ -77,7 +77,9 @@ rm -rf /tmp/oj-old  # a warm machine keeps /tmp: ab-old/ may be another tree now
 for step in "$@"; do
   case $step in
     # a failing GPU test ends the call: what follows would measure a broken build
-    tests) timeout 300 python3 -m pytest -q -x -m gpu tests/worker/cuda > $OUT/gpu-tests.txt 2>&1; rc=$?
+    # GPU_TESTS: pytest paths or node ids instead of all of tests/worker/cuda (a plain pytest after
+    # the steps would miss the environment they set up: a call of the forty-sixth session did)
+    tests) timeout 300 python3 -m pytest -q -x -m gpu ${GPU_TESTS:-tests/worker/cuda} > $OUT/gpu-tests.txt 2>&1; rc=$?
            tail -30 $OUT/gpu-tests.txt | grep -E "Error|assert|FAILED|passed|failed" | tail -15; [ $rc = 0 ] || exit 1 ;;
     # the GDN kernels only: their tests (kernels, runner with each), then their timings, which run
     # even after a failed test (speed and correctness of a new kernel from one call); exit 1 then
