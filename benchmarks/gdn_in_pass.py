@@ -105,10 +105,12 @@ def main() -> None:
     torch.manual_seed(0)  # the same inputs in every run and build (--save compares builds' outputs)
     variants = [v for v in args.variants.split(",") if v]
     graphs, outputs, keep = {}, {}, []
+    sizes = {}  # level -> (segments, tokens)
     for spec in args.levels.split(","):
         parts = [[int(n) for n in part.split("x")] for part in spec.split("+")]
         lengths = [length for count, length in parts for _ in range(count)]
         level, parents = spec.replace("x", " x ").replace("+", " + "), parts[0][0] if len(parts) > 1 else 0
+        sizes[level] = (len(lengths), sum(lengths))
         if variants:
             inputs = level_inputs(lengths, args.segments, init=True, depth=args.depth, parents=parents)
             keep.append(inputs)  # a graph holds its inputs' addresses, not the tensors
@@ -131,15 +133,14 @@ def main() -> None:
             torch.cuda.synchronize()
             times[arm].append(start.elapsed_time(end))
     mismatches = []
-    real = {level: sum(int(p.split(" x ")[0]) for p in level.split(" + ")) for level, _ in outputs}  # segments
     for (level, variant), (o, final) in outputs.items() if variants else ():  # replayed last with their inputs
         o_ref, final_ref = outputs[(level, variants[0])]
-        N = real[level]
+        N = sizes[level][0]
         if not (torch.equal(o, o_ref) and torch.equal(final[:N], final_ref[:N])):
             mismatches.append(f"{level} {variant}")
     if args.save:
         torch.save(
-            {f"{level} {arm}": (o, final[: real[level]]) for (level, arm), (o, final) in outputs.items()}, args.save
+            {f"{level} {arm}": (o, final[: sizes[level][0]]) for (level, arm), (o, final) in outputs.items()}, args.save
         )
     what = "variants in the pass's grid, segments from kept states" if variants else f"gdn_recurrent_{K.GDN_DEFAULT}"
     print(f"{torch.cuda.get_device_name()}: {what}, ms")
@@ -148,10 +149,9 @@ def main() -> None:
     for (level, grid), ts in times.items():
         ts = ts[3:]
         med = statistics.median(ts)
-        tokens = sum(int(a) * int(b) for a, b in (p.split(" x ") for p in level.split(" + ")))
         rows.append(dict(level=level, grid=grid, median_ms=med, min_ms=min(ts), max_ms=max(ts)))
         if args.ab:  # kernels_ab.py's keys
-            rows[-1].update(op=f"gdn_recurrent {level} depth {args.depth}", tokens=tokens, ms=med)
+            rows[-1].update(op=f"gdn_recurrent {level} depth {args.depth}", tokens=sizes[level][1], ms=med)
         print(f"{level:<12} {grid:<24} {med:>8.4f} {min(ts):>8.4f} {max(ts):>8.4f}")
     if variants:
         verdict = "DIFFER: " + ", ".join(mismatches) if mismatches else "equal in every level"

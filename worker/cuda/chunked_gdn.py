@@ -13,19 +13,23 @@ from openjev.worker.cuda import traits
 from openjev.worker.cuda.kernels import GDN_CHUNK, GDN_DIM, _i64, _launch, _out, gdn_schedule
 
 
+def _tail_words(num_k_heads: int, num_v_heads: int) -> tuple[int, int]:
+    """The words of a tail row's k and of its v (bf16 pairs); g and beta follow them."""
+    return num_k_heads * GDN_DIM, num_v_heads * GDN_DIM // 2
+
+
 def gdn_tail_width(num_k_heads: int, num_v_heads: int) -> int:
     """4-byte words a row of a GDN tail buffer: k (Hk*128 fp32) | v (H*128 bf16, two a word: v is
     a bf16 input, kept exactly in 37% less room on the 27B shape) | g (H fp32) | beta (H fp32),
     padded to 4 words. The buffers are fp32 tensors; pack_tails / unpack_tails convert."""
-    width = num_k_heads * GDN_DIM + num_v_heads * GDN_DIM // 2 + 2 * num_v_heads
-    return -(-width // 4) * 4
+    return -(-(sum(_tail_words(num_k_heads, num_v_heads)) + 2 * num_v_heads) // 4) * 4
 
 
 def pack_tails(k, v, g, beta) -> torch.Tensor:
     """Tail rows [..., gdn_tail_width] fp32 words from k [..., Hk*128] fp32, v [..., H*128]
     (bf16-exact), g, beta [..., H] (tests: the rows the kernels write and read)."""
     Hk, H = k.shape[-1] // GDN_DIM, g.shape[-1]
-    kd, vd = Hk * GDN_DIM, H * GDN_DIM // 2
+    kd, vd = _tail_words(Hk, H)
     out = k.new_zeros(*k.shape[:-1], gdn_tail_width(Hk, H), dtype=torch.float32)
     out[..., :kd] = k
     out[..., kd : kd + vd] = v.to(torch.bfloat16).contiguous().view(torch.float32)
@@ -37,7 +41,7 @@ def pack_tails(k, v, g, beta) -> torch.Tensor:
 def unpack_tails(t, num_k_heads: int, num_v_heads: int) -> torch.Tensor:
     """The rows [..., (Hk + H)*128 + 2H] fp32 (k | v | g | beta: reference.gdn_chunked_packed's
     layout) of tail words t [..., gdn_tail_width]."""
-    kd, vd, H = num_k_heads * GDN_DIM, num_v_heads * GDN_DIM // 2, num_v_heads
+    (kd, vd), H = _tail_words(num_k_heads, num_v_heads), num_v_heads
     v = t[..., kd : kd + vd].contiguous().view(torch.bfloat16).float()
     return torch.cat([t[..., :kd], v, t[..., kd + vd : kd + vd + 2 * H]], dim=-1)
 
