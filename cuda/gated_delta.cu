@@ -128,8 +128,8 @@ extern "C" __global__ void gdn_prepare(const __nv_bfloat16* __restrict__ conv_ou
 // form that loaded 16 tokens and then waited for them was 1.25x slower at 1,024-4,096 tokens).
 // Every k and q value a thread reads from shared memory feeds its CC columns (with one column a
 // thread, shared memory was 71% busy on the H200; two columns gained 8%: docs/cuda-kernels.md).
-// Tokens past the segment's end are zero-filled: k = q = v = 0, g = 0 (e^g = 1), beta = 0, an
-// exact no-op on S, so the token loop has a fixed trip count and unrolls.
+// Whole buffers of 8 tokens run unrolled; a segment's last, partial buffer runs only its own
+// tokens (zero-filled past the segment's end, which would be an exact no-op on S).
 template <int PARTS, int NCOLS, int CC, bool SCATTER = false>
 __device__ __forceinline__ void gdn_recurrent(
     const float* __restrict__ qn, const float* __restrict__ kn, const float* __restrict__ kq,
@@ -253,88 +253,99 @@ __device__ __forceinline__ void gdn_recurrent(
     #pragma unroll
             for (int c = 0; c < CC; ++c) S[i][c] = src != -1 ? __ldcg(init + (long)(part * R + i) * DV + col0 + c0 + c) : 0.f;
 
-        int buf = 0;
-        for (int cs = start; cs < end; cs += CP) {
+        int buf = 0, cs = start;
+        // token t of buffer buf: token cs + t of the sequence
+        auto token = [&](int t) {
+            const float eg = __expf(gbk_s[buf][0][t]);
+            float kr[R];
+            float a[CC][2], b[CC][2];
+#pragma unroll
+            for (int c = 0; c < CC; ++c) a[c][0] = a[c][1] = b[c][0] = b[c][1] = 0.f;
+#pragma unroll
+            for (int i = 0; i < R; i += 4) {
+                const float4 k4 = *reinterpret_cast<const float4*>(&k_s[buf][t][part * RP + i]);
+                const float4 q4 = *reinterpret_cast<const float4*>(&q_s[buf][t][part * RP + i]);
+                kr[i] = k4.x; kr[i + 1] = k4.y; kr[i + 2] = k4.z; kr[i + 3] = k4.w;
+#pragma unroll
+                for (int c = 0; c < CC; ++c) {
+                    a[c][0] = fmaf(S[i][c], k4.x, a[c][0]); a[c][1] = fmaf(S[i + 1][c], k4.y, a[c][1]);
+                    b[c][0] = fmaf(S[i][c], q4.x, b[c][0]); b[c][1] = fmaf(S[i + 1][c], q4.y, b[c][1]);
+                    a[c][0] = fmaf(S[i + 2][c], k4.z, a[c][0]); a[c][1] = fmaf(S[i + 3][c], k4.w, a[c][1]);
+                    b[c][0] = fmaf(S[i + 2][c], q4.z, b[c][0]); b[c][1] = fmaf(S[i + 3][c], q4.w, b[c][1]);
+                }
+            }
+            float kv[CC], sq[CC];
+#pragma unroll
+            for (int c = 0; c < CC; ++c) { kv[c] = a[c][0] + a[c][1]; sq[c] = b[c][0] + b[c][1]; }
+            if constexpr (SCATTER) {
+                // The four sums reduced over the 8 lanes as each lane's share: 4 shuffles, then 3
+                // to hand kv to every lane and sq to the writer, where the butterfly below takes
+                // 12. The pairs added are the butterfly's (lanes 1, 2, 4 apart), and a + b is b + a
+                // bit for bit, so every sum has the butterfly's bits.
+                static_assert(!SCATTER || (CC == 2 && PARTS == 8), "scatter: two columns over 8 lanes");
+                const bool odd = part & 1, hi = part & 2;
+                // lanes 1 apart: even lanes keep the S^T k sums, odd ones the S^T q sums
+                const float w0 = (odd ? sq[0] : kv[0]) + __shfl_xor_sync(0xffffffffu, odd ? kv[0] : sq[0], 1);
+                const float w1 = (odd ? sq[1] : kv[1]) + __shfl_xor_sync(0xffffffffu, odd ? kv[1] : sq[1], 1);
+                // lanes 2 apart: column 0 stays where bit 1 is clear, column 1 where it is set
+                float x = (hi ? w1 : w0) + __shfl_xor_sync(0xffffffffu, hi ? w0 : w1, 2);
+                x += __shfl_xor_sync(0xffffffffu, x, 4);
+                // part p holds (p & 1 ? sq : kv) of column (p >> 1) & 1
+                kv[0] = __shfl_sync(0xffffffffu, x, 0, PARTS);
+                kv[1] = __shfl_sync(0xffffffffu, x, 2, PARTS);
+                sq[1] = __shfl_sync(0xffffffffu, x, 3, PARTS);
+                sq[0] = x;  // part 1's (the writer's); the other parts' sq is not read
+            } else {
+#pragma unroll
+                for (int o = 1; o < PARTS; o <<= 1)
+#pragma unroll
+                    for (int c = 0; c < CC; ++c) {
+                        kv[c] += __shfl_xor_sync(0xffffffffu, kv[c], o);
+                        sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], o);
+                    }
+            }
+            constexpr int WRITER = SCATTER ? 1 : 0;  // the part that holds the sums of S^T q
+            const float bt = gbk_s[buf][1][t], kqt = gbk_s[buf][2][t];
+            float delta[CC];
+            if constexpr (CC == 2) {  // one 4-byte load of v and one store of o
+                const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v_s[buf][t][c0]));
+                delta[0] = bt * (vv.x - eg * kv[0]);
+                delta[1] = bt * (vv.y - eg * kv[1]);
+                if (part == WRITER)
+                    *reinterpret_cast<__nv_bfloat162*>(out_row + (long)(cs + t) * H * DV) =
+                        __floats2bfloat162_rn(fmaf(eg, sq[0], kqt * delta[0]), fmaf(eg, sq[1], kqt * delta[1]));
+            } else {
+#pragma unroll
+                for (int c = 0; c < CC; ++c) {
+                    delta[c] = bt * (__bfloat162float(v_s[buf][t][c0 + c]) - eg * kv[c]);
+                    if (part == 0)
+                        out[((long)(cs + t) * H + h) * DV + col0 + c0 + c] = __float2bfloat16(fmaf(eg, sq[c], kqt * delta[c]));
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < R; ++i)
+#pragma unroll
+                for (int c = 0; c < CC; ++c) S[i][c] = fmaf(S[i][c], eg, kr[i] * delta[c]);
+        };
+        // whole buffers of CP tokens, unrolled; then a segment's last, partial buffer, only its own
+        // tokens (its rest is zero-filled, an exact no-op on S: skipped, 7 of 32 token slots of a
+        // 25-token candidate, where a level of many children is bound by instructions)
+        for (; cs + CP <= end; cs += CP) {
             if (cs + CP < end) stage(buf ^ 1, cs + CP);
             else cp_async_commit();  // an empty group keeps the wait count below uniform
             cp_async_wait<1>();
             __syncthreads();  // buffer buf landed for every thread
-            const int cnt = min(CP, end - cs);
     #pragma unroll
-            for (int t = 0; t < CP; ++t) {
-                const float eg = __expf(gbk_s[buf][0][t]);
-                float kr[R];
-                float a[CC][2], b[CC][2];
-    #pragma unroll
-                for (int c = 0; c < CC; ++c) a[c][0] = a[c][1] = b[c][0] = b[c][1] = 0.f;
-    #pragma unroll
-                for (int i = 0; i < R; i += 4) {
-                    const float4 k4 = *reinterpret_cast<const float4*>(&k_s[buf][t][part * RP + i]);
-                    const float4 q4 = *reinterpret_cast<const float4*>(&q_s[buf][t][part * RP + i]);
-                    kr[i] = k4.x; kr[i + 1] = k4.y; kr[i + 2] = k4.z; kr[i + 3] = k4.w;
-    #pragma unroll
-                    for (int c = 0; c < CC; ++c) {
-                        a[c][0] = fmaf(S[i][c], k4.x, a[c][0]); a[c][1] = fmaf(S[i + 1][c], k4.y, a[c][1]);
-                        b[c][0] = fmaf(S[i][c], q4.x, b[c][0]); b[c][1] = fmaf(S[i + 1][c], q4.y, b[c][1]);
-                        a[c][0] = fmaf(S[i + 2][c], k4.z, a[c][0]); a[c][1] = fmaf(S[i + 3][c], k4.w, a[c][1]);
-                        b[c][0] = fmaf(S[i + 2][c], q4.z, b[c][0]); b[c][1] = fmaf(S[i + 3][c], q4.w, b[c][1]);
-                    }
-                }
-                float kv[CC], sq[CC];
-    #pragma unroll
-                for (int c = 0; c < CC; ++c) { kv[c] = a[c][0] + a[c][1]; sq[c] = b[c][0] + b[c][1]; }
-                if constexpr (SCATTER) {
-                    // The four sums reduced over the 8 lanes as each lane's share: 4 shuffles, then 3
-                    // to hand kv to every lane and sq to the writer, where the butterfly below takes
-                    // 12. The pairs added are the butterfly's (lanes 1, 2, 4 apart), and a + b is b + a
-                    // bit for bit, so every sum has the butterfly's bits.
-                    static_assert(!SCATTER || (CC == 2 && PARTS == 8), "scatter: two columns over 8 lanes");
-                    const bool odd = part & 1, hi = part & 2;
-                    // lanes 1 apart: even lanes keep the S^T k sums, odd ones the S^T q sums
-                    const float w0 = (odd ? sq[0] : kv[0]) + __shfl_xor_sync(0xffffffffu, odd ? kv[0] : sq[0], 1);
-                    const float w1 = (odd ? sq[1] : kv[1]) + __shfl_xor_sync(0xffffffffu, odd ? kv[1] : sq[1], 1);
-                    // lanes 2 apart: column 0 stays where bit 1 is clear, column 1 where it is set
-                    float x = (hi ? w1 : w0) + __shfl_xor_sync(0xffffffffu, hi ? w0 : w1, 2);
-                    x += __shfl_xor_sync(0xffffffffu, x, 4);
-                    // part p holds (p & 1 ? sq : kv) of column (p >> 1) & 1
-                    kv[0] = __shfl_sync(0xffffffffu, x, 0, PARTS);
-                    kv[1] = __shfl_sync(0xffffffffu, x, 2, PARTS);
-                    sq[1] = __shfl_sync(0xffffffffu, x, 3, PARTS);
-                    sq[0] = x;  // part 1's (the writer's); the other parts' sq is not read
-                } else {
-    #pragma unroll
-                    for (int o = 1; o < PARTS; o <<= 1)
-    #pragma unroll
-                        for (int c = 0; c < CC; ++c) {
-                            kv[c] += __shfl_xor_sync(0xffffffffu, kv[c], o);
-                            sq[c] += __shfl_xor_sync(0xffffffffu, sq[c], o);
-                        }
-                }
-                constexpr int WRITER = SCATTER ? 1 : 0;  // the part that holds the sums of S^T q
-                const float bt = gbk_s[buf][1][t], kqt = gbk_s[buf][2][t];
-                float delta[CC];
-                if constexpr (CC == 2) {  // one 4-byte load of v and one store of o
-                    const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v_s[buf][t][c0]));
-                    delta[0] = bt * (vv.x - eg * kv[0]);
-                    delta[1] = bt * (vv.y - eg * kv[1]);
-                    if (part == WRITER && t < cnt)
-                        *reinterpret_cast<__nv_bfloat162*>(out_row + (long)(cs + t) * H * DV) =
-                            __floats2bfloat162_rn(fmaf(eg, sq[0], kqt * delta[0]), fmaf(eg, sq[1], kqt * delta[1]));
-                } else {
-    #pragma unroll
-                    for (int c = 0; c < CC; ++c) {
-                        delta[c] = bt * (__bfloat162float(v_s[buf][t][c0 + c]) - eg * kv[c]);
-                        if (part == 0 && t < cnt)
-                            out[((long)(cs + t) * H + h) * DV + col0 + c0 + c] = __float2bfloat16(fmaf(eg, sq[c], kqt * delta[c]));
-                    }
-                }
-    #pragma unroll
-                for (int i = 0; i < R; ++i)
-    #pragma unroll
-                    for (int c = 0; c < CC; ++c) S[i][c] = fmaf(S[i][c], eg, kr[i] * delta[c]);
-            }
+            for (int t = 0; t < CP; ++t) token(t);
             __syncthreads();  // every thread is done with buf before the next round refills it
             buf ^= 1;
+        }
+        if (cs < end) {  // staged by the loop's last round (or before it, for a segment under CP tokens)
+            cp_async_wait<0>();
+            __syncthreads();
+    #pragma unroll 1
+            for (int t = 0; t < end - cs; ++t) token(t);
+            __syncthreads();  // done with buf before the next item's first copies
         }
         const long state_base = ((long)n * H + h) * DK * DV;
     #pragma unroll
