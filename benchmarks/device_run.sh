@@ -48,8 +48,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c "import torch, cupy, transformers; print('torch', torch.__version__, 'cupy', cupy.__version__, 'transformers', transformers.__version__)" | tee -a $OUT/env.txt
 python3 -m openjev.tools.demo_model --out .openjev/demo-model >/dev/null || exit 1
 WL=benchmarks/workload.jsonl
-# ab-old/ (an earlier commit's tree) installed beside this one, and kernels_gpu.py --ops $1 at
-# tokens $2 of both builds in alternating processes, two runs each: $OUT/$3.md (medians, ratio)
+# ab-old/ (an earlier commit's tree) installed beside this one (ab_install).
 # A warm machine keeps /tmp/oj-old from the call before, whose ab-old/ may have been another tree:
 # installed again unless its files' digest (less what the install writes there) is the one recorded.
 ab_install() {
@@ -62,17 +61,25 @@ ab_install() {
 ab_arm() {
   if [ $1 = new ]; then P=/tmp/oj; B=benchmarks; else P=/tmp/oj-old; B=ab-old/benchmarks; fi
 }
-ab_times() {
+# ab_runs NAME SAVE SCRIPT ARGS...: each build's own benchmarks/SCRIPT ARGS --out JSON in
+# alternating processes, two runs each: $OUT/NAME.md (kernels_ab.py's medians and ratios); with
+# SAVE=1 each run also gets --save /tmp/NAME-ARM.pt and the two builds' outputs are compared bit
+# for bit (bits_equal.py)
+ab_runs() {
+  local name=$1 save=$2 script=$3; shift 3
   ab_install || return 1
   for i in 1 2; do for arm in new old; do
     ab_arm $arm
-    PYTHONPATH=$P:$PYTHONPATH timeout 150 python3 $B/kernels_gpu.py --ops $1 --tokens $2 \
-      --out $OUT/$3-$arm-$i.json > /dev/null 2>>$OUT/$3.log
+    PYTHONPATH=$P:$PYTHONPATH timeout 150 python3 $B/$script "$@" --out $OUT/$name-$arm-$i.json \
+      $([ $save = 1 ] && echo --save /tmp/$name-$arm.pt) > /dev/null 2>>$OUT/$name.log
   done; done
-  python3 benchmarks/kernels_ab.py new=$(ls $OUT/$3-new-*.json | paste -sd,) \
-    old=$(ls $OUT/$3-old-*.json | paste -sd,) | tee $OUT/$3.md
-  tar -czf $OUT/$3-json.tgz -C $OUT $(cd $OUT && ls $3-*.json) && rm $OUT/$3-*.json
+  python3 benchmarks/kernels_ab.py new=$(ls $OUT/$name-new-*.json | paste -sd,) \
+    old=$(ls $OUT/$name-old-*.json | paste -sd,) | tee $OUT/$name.md
+  tar -czf $OUT/$name-json.tgz -C $OUT $(cd $OUT && ls $name-*.json) && rm $OUT/$name-*.json || return 1
+  if [ $save = 1 ]; then python3 benchmarks/bits_equal.py /tmp/$name-new.pt /tmp/$name-old.pt | tee -a $OUT/$name.md; fi
 }
+# ab_times OPS TOKENS NAME: kernels_gpu.py --ops OPS --tokens TOKENS of both builds
+ab_times() { ab_runs $3 0 kernels_gpu.py --ops $1 --tokens $2; }
 rm -rf /tmp/oj-old  # a warm machine keeps /tmp: ab-old/ may be another tree now
 for step in "$@"; do
   case $step in
@@ -100,25 +107,13 @@ for step in "$@"; do
                 --save /tmp/gdn-ab-$arm.pt 2>>$OUT/gdn-ab.log
             done
             ab_times gdn_chunked,fla_chunk 512,4096,16384 gdn-ab
-            python3 -c "import torch; a, b = torch.load('/tmp/gdn-ab-new.pt'), torch.load('/tmp/gdn-ab-old.pt'); \
-              print('outputs bit-equal to ab-old:', len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)))" \
-              | tee -a $OUT/gdn-ab.md ;;
+            python3 benchmarks/bits_equal.py /tmp/gdn-ab-new.pt /tmp/gdn-ab-old.pt | tee -a $OUT/gdn-ab.md ;;
     # the recurrence of this tree against ab-old/'s in a graph pass's launch (the budget's 8 levels,
     # those past the given ones empty; GDN_LEVELS: gdn_in_pass.py's --levels): alternating
     # processes, two runs each, then the two builds' outputs compared bit for bit
     gdn-rec-ab) cp benchmarks/gdn_in_pass.py ab-old/benchmarks/gdn_in_pass.py  # the same probe for both
-            ab_install || exit 1
-            for i in 1 2; do for arm in new old; do
-              ab_arm $arm
-              PYTHONPATH=$P:$PYTHONPATH timeout 150 python3 $B/gdn_in_pass.py --ab --depth 8 \
-                --levels ${GDN_LEVELS:-1x20,1x96,1x100+7x25,4x60,1x676} --out $OUT/gdn-rec-ab-$arm-$i.json \
-                --save /tmp/gdn-rec-$arm.pt > /dev/null 2>>$OUT/gdn-rec-ab.log
-            done; done
-            python3 benchmarks/kernels_ab.py new=$(ls $OUT/gdn-rec-ab-new-*.json | paste -sd,) \
-              old=$(ls $OUT/gdn-rec-ab-old-*.json | paste -sd,) | tee $OUT/gdn-rec-ab.md
-            python3 -c "import torch; a, b = torch.load('/tmp/gdn-rec-new.pt'), torch.load('/tmp/gdn-rec-old.pt'); \
-              print('outputs bit-equal to ab-old:', a.keys() == b.keys() and all(torch.equal(x, y) for k in a \
-              for x, y in zip(a[k], b[k])))" | tee -a $OUT/gdn-rec-ab.md ;;
+            ab_runs gdn-rec-ab 1 gdn_in_pass.py --ab --depth 8 --levels ${GDN_LEVELS:-1x20,1x96,1x100+7x25,4x60,1x676} \
+              || exit 1 ;;
     # the conv and elementwise kernels' GPU tests, then their timings against ab-old/'s (as
     # gdn-ab; AB_OPS: the kernels_gpu.py ops timed, conv1d unless set)
     conv-ab) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py -k "conv or silu or norm" > $OUT/conv-tests.txt 2>&1; rc=$?
