@@ -60,7 +60,7 @@ def level_inputs(lengths: list[int], pad_to: int, init: bool = False, depth: int
         init_state=torch.randn(pad_to, H, D, D, device=DEV) * 0.1 if init else None,
         # with `parents`, children read the first parent's final state (row 0 of this launch's)
         init_idx=torch.tensor(
-            [(n if init else -1) if n < parents or not parents else -2 for n in range(pad_to)],
+            [-2 if parents and n >= parents else n if init else -1 for n in range(pad_to)],
             dtype=torch.int32,
             device=DEV,
         ),
