@@ -34,9 +34,12 @@ from openjev.worker.planner.cost import default_cost_model
 ARMS = {
     "serial": {"gdn_kernel": "serial"},
     "chunked": {"gdn_kernel": "chunked"},
-    "split": {"gdn_kernel": "split"},  # the recurrence before position 512, the chunked kernel from it
-    "split256": {"gdn_kernel": "split", "gdn_split_at": 256},
+    # the recurrence before the position (the worker's default without a number), the chunked kernel from it
+    "split": {"gdn_kernel": "split"},
     "split128": {"gdn_kernel": "split", "gdn_split_at": 128},
+    "split256": {"gdn_kernel": "split", "gdn_split_at": 256},
+    "split512": {"gdn_kernel": "split", "gdn_split_at": 512},
+    "split1024": {"gdn_kernel": "split", "gdn_split_at": 1024},
     # long passes in 4 token steps an octave (before 2026-12-01c)
     "untiled": {"gdn_kernel": "serial", "graph_tile_from": 0},
     # the recurrence launched once a level (before 2026-12-02b)
