@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab attention-ab attention-pass-ab elementwise gdn gdn-ab gdn-rec-ab gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead overhead-awake pdl grpc-floor grpc-idle lt-choice lt-space plan-cpu start-ab
+#   steps: tests conv conv-ab attention-ab attention-pass-ab elementwise gdn gdn-ab gdn-rec-ab gdn-stamps gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead overhead-awake pdl grpc-floor grpc-idle lt-choice lt-space plan-cpu start-ab
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes;
 #          WORKER_EXTRA='--max-launch-tokens 2048' adds worker flags to both)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
@@ -111,6 +111,9 @@ for step in "$@"; do
     # the recurrence of this tree against ab-old/'s in a graph pass's launch (the budget's 8 levels,
     # those past the given ones empty; GDN_LEVELS: gdn_in_pass.py's --levels): alternating
     # processes, two runs each, then the two builds' outputs compared bit for bit
+    # where a recurrence launch's time goes beyond its tokens: block time stamps (a GDN_STAMPS build)
+    gdn-stamps) timeout 300 python3 benchmarks/gdn_stamps.py --levels ${GDN_LEVELS:-1x20,1x96,1x100+7x25,4x60,33x20,1x676} \
+              > $OUT/gdn-stamps.txt 2>&1; rc=$?; cat $OUT/gdn-stamps.txt; [ $rc = 0 ] || exit 1 ;;
     gdn-rec-ab) cp benchmarks/gdn_in_pass.py ab-old/benchmarks/gdn_in_pass.py  # the same probe for both
             ab_runs gdn-rec-ab 1 gdn_in_pass.py --ab --depth 8 --levels ${GDN_LEVELS:-1x20,1x96,1x100+7x25,4x60,1x676} \
               || exit 1 ;;

@@ -20,6 +20,24 @@
 #define DK GDN_DIM
 #define DV GDN_DIM
 
+// Timing probe only (benchmarks/gdn_stamps.py compiles this file with GDN_STAMPS defined; the
+// worker never does): thread 0 of each of the first GDN_STAMP_BLOCKS blocks records
+// %globaltimer (ns) at the points STAMP names, for its first item, and how many items it took.
+#if defined(GDN_STAMPS)
+#define GDN_STAMP_BLOCKS 1024
+enum { ST_START, ST_ROLE, ST_TICKET, ST_PARENT, ST_BUFFER, ST_TOKENS, ST_FLAG, ST_LOOP, ST_EXIT, ST_ITEMS, ST_N };
+__device__ unsigned long long gdn_stamps[GDN_STAMP_BLOCKS][ST_N];
+__device__ __forceinline__ unsigned long long gdn_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define STAMP(k, first) \
+    if (tid == 0 && (first) && blockIdx.x < GDN_STAMP_BLOCKS) gdn_stamps[blockIdx.x][k] = gdn_now()
+#else
+#define STAMP(k, first)
+#endif
+
 // conv_out: [T, conv_stride] bf16 whose first 2*Hk*DK columns are q then k.
 // a, b:     [T, H] bf16 with row stride ab_stride (views into the fused projection)
 // A_log, dt_bias: [H] fp32
@@ -152,6 +170,10 @@ __device__ __forceinline__ void gdn_recurrent(
     __shared__ float gbk_s[2][3][CP];  // g, beta, q.k as given
 
     const int tid = threadIdx.x, c0 = (tid / PARTS) * CC, part = tid % PARTS;
+    STAMP(ST_START, true);
+#if defined(GDN_STAMPS)
+    int taken = 0;  // items this block ran
+#endif
     const int first = level_off[level], nseg = level_off[level_end] - first;
     constexpr int CB = DV / NCOLS;  // column blocks a head
     const int items = nseg * CB * H;
@@ -173,6 +195,7 @@ __device__ __forceinline__ void gdn_recurrent(
         if (!s_worker) atomicSub(&sched[2 + smid], 1);
     }
     __syncthreads();
+    STAMP(ST_ROLE, true);
     while (s_worker) {
         if (tid == 0) {
             // rank 0 always takes one, so the tickets run out; a worker leaves only then
@@ -187,6 +210,7 @@ __device__ __forceinline__ void gdn_recurrent(
         const int item = s_item;
         __syncthreads();  // every thread read s_item before thread 0 takes the next ticket
         if (item >= items) break;
+        STAMP(ST_TICKET, taken == 0);
         const int n = first + item / (CB * H), h = item / CB % H, hk = h / (H / Hk);
         const int col0 = item % CB * NCOLS;
         const int start = cu_seqlens[n], end = cu_seqlens[n + 1];
@@ -208,6 +232,7 @@ __device__ __forceinline__ void gdn_recurrent(
                 __syncthreads();
             }
         }
+        STAMP(ST_PARENT, taken == 0);
         const float* init = src >= 0    ? init_state + (long)src * init_stride + (long)h * DK * DV
                             : src < -1 ? final_state + ((long)(-2 - src) * H + h) * DK * DV
                                        : init_state;  // not read
@@ -335,6 +360,7 @@ __device__ __forceinline__ void gdn_recurrent(
             else cp_async_commit();  // an empty group keeps the wait count below uniform
             cp_async_wait<1>();
             __syncthreads();  // buffer buf landed for every thread
+            STAMP(ST_BUFFER, taken == 0 && cs == start);
     #pragma unroll
             for (int t = 0; t < CP; ++t) token(t);
             __syncthreads();  // every thread is done with buf before the next round refills it
@@ -343,10 +369,12 @@ __device__ __forceinline__ void gdn_recurrent(
         if (cs < end) {  // staged by the loop's last round (or before it, for a segment under CP tokens)
             cp_async_wait<0>();
             __syncthreads();
+            STAMP(ST_BUFFER, taken == 0 && cs == start);
     #pragma unroll 1
             for (int t = 0; t < end - cs; ++t) token(t);
             __syncthreads();  // done with buf before the next item's first copies
         }
+        STAMP(ST_TOKENS, taken == 0);
         const long state_base = ((long)n * H + h) * DK * DV;
     #pragma unroll
         for (int i = 0; i < R; ++i)
@@ -355,7 +383,12 @@ __device__ __forceinline__ void gdn_recurrent(
         __threadfence();  // the state is in L2 before the flag says so
         __syncthreads();
         if (tid == 0) flags[((long)n * H + h) * CB + col0 / NCOLS] = s_done;
+        STAMP(ST_FLAG, taken == 0);
+#if defined(GDN_STAMPS)
+        ++taken;
+#endif
     }
+    STAMP(ST_LOOP, true);
     if (tid == 0) {
         if (s_worker) atomicSub(&sched[2 + smid], 1);
         __threadfence();
@@ -364,6 +397,10 @@ __device__ __forceinline__ void gdn_recurrent(
             *deps = s_done;
         }
     }
+    STAMP(ST_EXIT, true);
+#if defined(GDN_STAMPS)
+    if (tid == 0 && blockIdx.x < GDN_STAMP_BLOCKS) gdn_stamps[blockIdx.x][ST_ITEMS] = taken;
+#endif
 }
 
 #define GDN_ARGS                                                                               \
