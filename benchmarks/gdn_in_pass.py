@@ -91,6 +91,17 @@ def captured(inputs: dict, variant: str = K.GDN_DEFAULT) -> tuple[torch.cuda.CUD
     return graph, outputs
 
 
+def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+    """One replay of `graph`, event to event (ms), queued while the GPU is busy."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # the host queues the replay while the GPU is busy
+    start.record()
+    graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--levels", default="1x676,7x30,2x300,33x20", help="COUNTxTOKENS, ...: segments of one level")
@@ -125,13 +136,7 @@ def main() -> None:
     times: dict[tuple, list[float]] = {arm: [] for arm in graphs}
     for _ in range(args.rounds + 3):
         for arm, graph in graphs.items():  # interleaved: drift lands on every arm alike
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(1_000_000)  # the host queues the replay while the GPU is busy
-            start.record()
-            graph.replay()
-            end.record()
-            torch.cuda.synchronize()
-            times[arm].append(start.elapsed_time(end))
+            times[arm].append(replay_ms(graph))
     mismatches = []
     for (level, variant), (o, final) in outputs.items() if variants else ():  # replayed last with their inputs
         o_ref, final_ref = outputs[(level, variants[0])]

@@ -20,7 +20,7 @@ import statistics
 
 import numpy as np
 import torch
-from gdn_in_pass import captured, level_inputs  # run from benchmarks/
+from gdn_in_pass import captured, level_inputs, replay_ms  # run from benchmarks/
 
 from openjev.worker.cuda import kernels as K
 
@@ -40,16 +40,6 @@ def stamps_view():
 
     pointer = K._module("gated_delta").get_global("gdn_stamps")
     return cupy.ndarray((BLOCKS, len(FIELDS)), dtype=cupy.uint64, memptr=pointer)
-
-
-def timed(graph: torch.cuda.CUDAGraph) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1_000_000)  # the host queues the replay while the GPU is busy
-    start.record()
-    graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000.0
 
 
 def reduce(stamps, grid: int) -> dict[str, float]:
@@ -97,7 +87,7 @@ def main() -> None:
     tiny = torch.cuda.CUDAGraph()
     with torch.cuda.graph(tiny):
         tiny_in.add_(1)
-    tiny_us = [timed(tiny) for _ in range(args.rounds + 3)][3:]
+    tiny_us = [replay_ms(tiny) * 1000.0 for _ in range(args.rounds + 3)][3:]
     print(f"{torch.cuda.get_device_name()}: gdn_recurrent_{K.GDN_DEFAULT} with time stamps, grid {grid}")
     print(f"a graph of one tiny kernel, event to event: {statistics.median(tiny_us):.2f} us (median of {args.rounds})")
     table: dict[str, dict[str, float]] = {}
@@ -112,7 +102,7 @@ def main() -> None:
         for r in range(args.rounds + 3):
             view.fill(0)
             torch.cuda.synchronize()
-            event_us = timed(graph)
+            event_us = replay_ms(graph) * 1000.0
             if r >= 3:
                 row = reduce(view.get(), grid)
                 row["event to event"] = event_us
