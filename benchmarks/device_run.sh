@@ -108,12 +108,12 @@ for step in "$@"; do
             done
             ab_times gdn_chunked,fla_chunk 512,4096,16384 gdn-ab
             python3 benchmarks/bits_equal.py /tmp/gdn-ab-new.pt /tmp/gdn-ab-old.pt | tee -a $OUT/gdn-ab.md ;;
-    # the recurrence of this tree against ab-old/'s in a graph pass's launch (the budget's 8 levels,
-    # those past the given ones empty; GDN_LEVELS: gdn_in_pass.py's --levels): alternating
-    # processes, two runs each, then the two builds' outputs compared bit for bit
     # where a recurrence launch's time goes beyond its tokens: block time stamps (a GDN_STAMPS build)
     gdn-stamps) timeout 300 python3 benchmarks/gdn_stamps.py --levels ${GDN_LEVELS:-1x20,1x96,1x100+7x25,4x60,33x20,1x676} \
               > $OUT/gdn-stamps.txt 2>&1; rc=$?; cat $OUT/gdn-stamps.txt; [ $rc = 0 ] || exit 1 ;;
+    # the recurrence of this tree against ab-old/'s in a graph pass's launch (the budget's 8 levels,
+    # those past the given ones empty; GDN_LEVELS: gdn_in_pass.py's --levels): alternating
+    # processes, two runs each, then the two builds' outputs compared bit for bit
     gdn-rec-ab) cp benchmarks/gdn_in_pass.py ab-old/benchmarks/gdn_in_pass.py  # the same probe for both
             ab_runs gdn-rec-ab 1 gdn_in_pass.py --ab --depth 8 --levels ${GDN_LEVELS:-1x20,1x96,1x100+7x25,4x60,1x676} \
               || exit 1 ;;
