@@ -22,7 +22,8 @@
 
 // Timing probe only (benchmarks/gdn_stamps.py compiles this file with GDN_STAMPS defined; the
 // worker never does): thread 0 of each of the first GDN_STAMP_BLOCKS blocks records
-// %globaltimer (ns) at the points STAMP names, for its first item, and how many items it took.
+// %globaltimer (ns) at the points STAMP names (those inside the work loop for its first item
+// only) and how many items it took.
 #if defined(GDN_STAMPS)
 #define GDN_STAMP_BLOCKS 1024
 enum { ST_START, ST_ROLE, ST_TICKET, ST_PARENT, ST_BUFFER, ST_TOKENS, ST_FLAG, ST_LOOP, ST_EXIT, ST_ITEMS, ST_N };
