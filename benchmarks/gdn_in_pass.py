@@ -91,6 +91,14 @@ def captured(inputs: dict, variant: str = K.GDN_DEFAULT) -> tuple[torch.cuda.CUD
     return graph, outputs
 
 
+def parse_level(spec: str) -> tuple[list[int], int, str]:
+    """--levels entry COUNTxTOKENS[+COUNTxTOKENS] -> (segment lengths, parents, label): with a
+    `+`, the first part's segments are parents and the rest their children (level_inputs)."""
+    parts = [[int(n) for n in part.split("x")] for part in spec.split("+")]
+    lengths = [length for count, length in parts for _ in range(count)]
+    return lengths, parts[0][0] if len(parts) > 1 else 0, spec.replace("x", " x ").replace("+", " + ")
+
+
 def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
     """One replay of `graph`, event to event (ms), queued while the GPU is busy."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -118,9 +126,7 @@ def main() -> None:
     graphs, outputs, keep = {}, {}, []
     sizes = {}  # level -> (segments, tokens)
     for spec in args.levels.split(","):
-        parts = [[int(n) for n in part.split("x")] for part in spec.split("+")]
-        lengths = [length for count, length in parts for _ in range(count)]
-        level, parents = spec.replace("x", " x ").replace("+", " + "), parts[0][0] if len(parts) > 1 else 0
+        lengths, parents, level = parse_level(spec)
         sizes[level] = (len(lengths), sum(lengths))
         if variants:
             inputs = level_inputs(lengths, args.segments, init=True, depth=args.depth, parents=parents)

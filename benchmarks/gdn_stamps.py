@@ -20,7 +20,7 @@ import statistics
 
 import numpy as np
 import torch
-from gdn_in_pass import captured, level_inputs, replay_ms  # run from benchmarks/
+from gdn_in_pass import captured, level_inputs, parse_level, replay_ms  # run from benchmarks/
 
 from openjev.worker.cuda import kernels as K
 
@@ -92,9 +92,7 @@ def main() -> None:
     print(f"a graph of one tiny kernel, event to event: {statistics.median(tiny_us):.2f} us (median of {args.rounds})")
     table: dict[str, dict[str, float]] = {}
     for spec in args.levels.split(","):
-        parts = [[int(n) for n in part.split("x")] for part in spec.split("+")]
-        lengths = [length for count, length in parts for _ in range(count)]
-        parents = parts[0][0] if len(parts) > 1 else 0
+        lengths, parents, label = parse_level(spec)
         inputs = level_inputs(lengths, args.segments, depth=args.depth, parents=parents)
         graph, _ = captured(inputs)
         view = stamps_view()
@@ -107,9 +105,7 @@ def main() -> None:
                 row = reduce(view.get(), grid)
                 row["event to event"] = event_us
                 rows.append(row)
-        table[spec.replace("x", " x ").replace("+", " + ")] = {
-            k: statistics.median(r[k] for r in rows) for k in rows[0]
-        }
+        table[label] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     names = list(table)
     print("\nmedians over replays, us (worker blocks' first item for the per-item rows)\n")
     print("| | " + " | ".join(names) + " |")
