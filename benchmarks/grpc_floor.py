@@ -1,6 +1,7 @@
 """The floor a Python gRPC round trip puts under every request on this host: a unary call to a
 server that answers at once, the server in another process (as frontend and worker are) and in
-this one, called as a future (as the frontend calls its worker) and blocking (as a client does).
+this one, called as a future, blocking (as a client does) and as a stream of one reply read on
+the calling thread (a SingleThreadedUnaryStream channel: as the frontend calls its worker).
 
     python3 benchmarks/grpc_floor.py [--repeats 400] [--label TEXT]
 
@@ -25,7 +26,7 @@ import time
 
 import grpc
 from cpu_awake import Spinners
-from service_overhead import bare_unary_server
+from service_overhead import bare_unary_server, one_reply_call
 
 
 def hold_dma_latency() -> int | None:
@@ -104,6 +105,7 @@ def main() -> None:
             call = grpc.insecure_channel(f"127.0.0.1:{port}").unary_unary("/bare.Bare/U")
             calls[f"{where}, future"] = lambda call=call: call.future(b"q").result()
             calls[f"{where}, blocking"] = lambda call=call: call(b"q")
+            calls[f"{where}, one-reply stream"] = one_reply_call(port)
         ways = idlers(args.gap_ms, spinners)
         times: dict[tuple[str, str], list[float]] = {(w, name): [] for w in ways for name in calls}
         for rep in range(args.repeats + 20):

@@ -35,6 +35,7 @@ from concurrent import futures
 from dataclasses import dataclass, replace
 
 import grpc
+import grpc.experimental  # not imported by `import grpc`: ChannelOptions
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from openjev import abi, logs, metrics, serving
