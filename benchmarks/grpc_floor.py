@@ -1,7 +1,8 @@
 """The floor a Python gRPC round trip puts under every request on this host: a unary call to a
 server that answers at once, the server in another process (as frontend and worker are) and in
-this one, called as a future, blocking (as a client does) and as a stream of one reply read on
-the calling thread (a SingleThreadedUnaryStream channel: as the frontend calls its worker).
+this one, called as a future (as the frontend calls its worker), blocking (as a client does) and
+as a stream of one reply read on the calling thread (a SingleThreadedUnaryStream channel: as fast
+as blocking and cancellable, but a call cancelled locally is never freed: grpc_cancel_leak.py).
 
     python3 benchmarks/grpc_floor.py [--repeats 400] [--label TEXT]
 
@@ -25,8 +26,17 @@ import sys
 import time
 
 import grpc
+import grpc.experimental  # not imported by `import grpc`: ChannelOptions
 from cpu_awake import Spinners
-from service_overhead import bare_unary_server, one_reply_call
+from service_overhead import bare_unary_server
+
+
+def one_reply_call(port: int):
+    """/bare.Bare/U at `port` as a stream of one reply, read on the calling thread."""
+    options = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
+    call = channel.unary_stream("/bare.Bare/U")
+    return lambda channel=channel: list(call(b"q"))  # the default keeps the channel open
 
 
 def hold_dma_latency() -> int | None:

@@ -34,14 +34,12 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
-import grpc.experimental  # not imported by `import grpc`: ChannelOptions
 from cpu_awake import Spinners
 
 from openjev import abi
 from openjev.contract.request import parse_request
 from openjev.export import load_export_meta
 from openjev.frontend.batches import iter_candidate_batches
-from openjev.frontend.worker_link import WorkerStub
 from openjev.serving import channel_options
 from openjev.tokenizer import PromptTokenizer
 from openjev.tools import launch
@@ -110,10 +108,9 @@ def via_worker(address: str, messages: list[wire.ExecuteRequest]):
 
 
 def via_worker_unary(address: str, request: wire.ExecuteUnaryRequest):
-    """An arm: ExecuteUnary straight to the worker at `address`, called as the frontend calls it."""
-    options = [*channel_options(), (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
-    stub = WorkerStub(grpc.insecure_channel(address, options=options))
-    return lambda: list(stub.execute_unary(request, timeout=30))[0].summary.inference_seconds
+    """An arm: ExecuteUnary straight to the worker at `address` (a future, as the frontend calls it)."""
+    stub = worker_pb2_grpc.WorkerServiceStub(grpc.insecure_channel(address, options=channel_options()))
+    return lambda: stub.ExecuteUnary.future(request, timeout=30).result().summary.inference_seconds
 
 
 def serves_unary(address: str) -> bool:
@@ -150,19 +147,11 @@ def bare_unary_server() -> tuple[grpc.Server, int]:
     return server, port
 
 
-def one_reply_call(port: int):
-    """/bare.Bare/U at `port` as the frontend calls ExecuteUnary (worker_link.WorkerStub): a
-    stream of one reply, read on the calling thread."""
-    options = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
-    call = channel.unary_stream("/bare.Bare/U")
-    return lambda channel=channel: list(call(b"q"))  # the default keeps the channel open
-
-
 def bare_unary():
-    """A bare unary server, called as the frontend calls its worker."""
+    """A bare unary server, called as a future, as the frontend does."""
     server, port = bare_unary_server()
-    return server, one_reply_call(port)
+    call = grpc.insecure_channel(f"127.0.0.1:{port}").unary_unary("/bare.Bare/U")
+    return server, lambda: call.future(b"q").result()
 
 
 def main() -> None:
@@ -221,7 +210,7 @@ def main() -> None:
         arms |= {
             f"bare gRPC stream, {len(first)} up / {num_down} down": no_model(bare),
             "bare gRPC stream, 1 up / 1 down": no_model(single),
-            "bare gRPC unary (one-reply stream)": no_model(unary),
+            "bare gRPC unary (future)": no_model(unary),
         }
         # (name, call, CPUs kept awake)
         order = [(name, fn, False) for name, fn in arms.items()]

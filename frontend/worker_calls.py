@@ -169,22 +169,19 @@ def call_stream(stub, requests, metadata, timeout: float, context, num_questions
 
 
 def call_unary(stub, request, metadata, timeout: float, context, num_questions: int):
-    """One ExecuteUnary call (`WorkerStub.execute_unary`: taken on this thread, cancelled when
-    the client goes away): as `call_stream`, or NoUnary when the worker does not serve it."""
-    call = stub.execute_unary(request, timeout=max(timeout, 0.001), metadata=metadata)
-    cancel_with_client(context, call.cancel)
+    """One ExecuteUnary call: as `_call`, or NoUnary when the worker does not serve it. A
+    future, not a blocking call: only a future can be cancelled when the client goes away."""
+    future = stub.ExecuteUnary.future(request, timeout=max(timeout, 0.001), metadata=metadata)
+    cancel_with_client(context, future.cancel)
     try:
-        replies = list(call)
-    except grpc.RpcError as error:
+        response = future.result()
+    except (grpc.RpcError, grpc.FutureCancelledError) as error:
         error.__traceback__ = None  # grpc raises the call itself: a cycle through every frame of this request
-        code = error.code()
-        if code == grpc.StatusCode.UNIMPLEMENTED and not accepted(call):
+        code = future.code()
+        if code == grpc.StatusCode.UNIMPLEMENTED and not accepted(future):
             raise NoUnary() from None
         # whatever failed, no result came: a reply is all or nothing
-        raise failure(call, code, error.details(), unrun=True, client_active=context.is_active()) from None
-    if len(replies) != 1:  # a unary method's server sends one; anything else is not an answer
-        raise Refused(grpc.StatusCode.INTERNAL, f"worker sent {len(replies)} replies to ExecuteUnary")
-    (response,) = replies
+        raise failure(future, code, future.details(), unrun=True, client_active=context.is_active()) from None
     results: list[wire.QuestionResult | None] = [None] * num_questions
     for question in response.questions:
         place(results, question)

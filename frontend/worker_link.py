@@ -35,7 +35,6 @@ from concurrent import futures
 from dataclasses import dataclass, replace
 
 import grpc
-import grpc.experimental  # not imported by `import grpc`: ChannelOptions
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from openjev import abi, logs, metrics, serving
@@ -90,8 +89,6 @@ def traffic_channel_options(balancing: dict = ROUND_ROBIN) -> list[tuple[str, ob
         ("grpc.client_idle_timeout_ms", 2**31 - 1),
         # gRPC's minimum connect timeout (the option's other meaning): routing.CONNECT_TIMEOUT_MS
         ("grpc.min_reconnect_backoff_ms", routing.CONNECT_TIMEOUT_MS),
-        # a unary-stream call's replies are taken by the thread that reads them (WorkerStub)
-        (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
     ]
 
 
@@ -125,26 +122,6 @@ class LinkState:
         computed once a state, not once a call; None before any worker was described."""
         d = self.describe
         return None if d is None else abi.expected_fleet(d.checkpoint_revision, d.default_prefix_policy)
-
-
-_EXECUTE_UNARY = wire.DESCRIPTOR.services_by_name["WorkerService"].methods_by_name["ExecuteUnary"]
-
-
-class WorkerStub(worker_pb2_grpc.WorkerServiceStub):
-    """The generated stub, and `execute_unary`: ExecuteUnary called as a stream of its one reply.
-    On a traffic channel (SingleThreadedUnaryStream) the thread that reads the reply takes it off
-    the wire itself, where a future's reply waits for the channel's polling thread to hand it over
-    (~0.2-0.4 ms a request, docs/benchmarks/index.md), and unlike a blocking call it can still be
-    cancelled from another thread when the client goes away. The wire is the same: the worker
-    cannot tell the two apart."""
-
-    def __init__(self, channel: grpc.Channel):
-        super().__init__(channel)
-        self.execute_unary = channel.unary_stream(
-            f"/{_EXECUTE_UNARY.containing_service.full_name}/{_EXECUTE_UNARY.name}",
-            request_serializer=wire.ExecuteUnaryRequest.SerializeToString,
-            response_deserializer=wire.ExecuteUnaryResponse.FromString,
-        )
 
 
 def _channel(target: str, options: list, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
@@ -206,14 +183,14 @@ class _Traffic:
         on_ready: Callable[[], None],
     ):
         self.channel = _channel(target, [*traffic_channel_options(), *tls_options], credentials)
-        self.stub = WorkerStub(self.channel)
+        self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
         # Context affinity: the same workers on a ring_hash channel. It connects to a worker only
         # when a call is hashed to it, so readiness stays the round-robin channel's.
         self.affinity_channel: grpc.Channel | None = None
-        self.affinity_stub: WorkerStub | None = None
+        self.affinity_stub: worker_pb2_grpc.WorkerServiceStub | None = None
         if affinity:
             self.affinity_channel = _channel(target, [*affinity_channel_options(), *tls_options], credentials)
-            self.affinity_stub = WorkerStub(self.affinity_channel)
+            self.affinity_stub = worker_pb2_grpc.WorkerServiceStub(self.affinity_channel)
         self.connectivity = grpc.ChannelConnectivity.IDLE
         self.ready = threading.Event()
         self._calls = 0

@@ -191,9 +191,10 @@ class _ClientGone:
 
 @pytest.mark.parametrize("method", ["ExecuteUnary", "Execute"])
 def test_a_client_gone_before_the_worker_call_is_not_run_for_nobody(busy_pair, method):
-    from openjev.frontend import worker_calls, worker_link
+    from openjev.frontend import worker_calls
     from openjev.frontend.worker_calls import Refused
     from openjev.worker.v1 import worker_pb2 as wire
+    from openjev.worker.v1 import worker_pb2_grpc
 
     request_id = rid("gone")
     header = wire.ExecuteHeader(
@@ -203,9 +204,8 @@ def test_a_client_gone_before_the_worker_call_is_not_run_for_nobody(busy_pair, m
     )
     candidates = [wire.Candidate(question_index=0, candidate_index=c, token_ids=[1000 + c] * 2000) for c in range(16)]
     metadata = [("x-request-id", request_id)]
-    # the frontend's own channel and stub
-    with grpc.insecure_channel(busy_pair.worker.address, options=worker_link.traffic_channel_options()) as channel:
-        worker = worker_link.WorkerStub(channel)
+    with grpc.insecure_channel(busy_pair.worker.address) as channel:
+        worker = worker_pb2_grpc.WorkerServiceStub(channel)
         with pytest.raises(Refused) as caught:
             if method == "ExecuteUnary":
                 request = wire.ExecuteUnaryRequest(header=header, candidates=candidates)
