@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import threading
 import time
 from concurrent import futures
 
 import grpc
 import grpc.experimental  # not imported by `import grpc`: ChannelOptions
+
+from openjev.tools.soak import rss_bytes
 
 
 def held(request, context):
@@ -30,11 +33,6 @@ def held(request, context):
     while context.is_active() and time.monotonic() - started < 2:
         time.sleep(0.002)
     return request
-
-
-def rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2**20
 
 
 def main() -> None:
@@ -65,12 +63,12 @@ def main() -> None:
         for _ in range(300):  # warm: grpcio's and the allocator's one-off growth
             cancelled(way)
         gc.collect()
-        before = rss_mib()
+        before = rss_bytes(os.getpid()) / 2**20
         for _ in range(args.calls):
             cancelled(way)
         gc.collect()
         time.sleep(1)
-        grown = rss_mib() - before
+        grown = rss_bytes(os.getpid()) / 2**20 - before
         print(
             f"{way}: {args.calls} calls cancelled, resident {before:.1f} -> {before + grown:.1f} MiB "
             f"({grown * 2**20 / args.calls / 1024:.1f} KiB a call)"
