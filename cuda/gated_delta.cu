@@ -35,8 +35,11 @@ __device__ __forceinline__ unsigned long long gdn_now() {
 }
 #define STAMP(k, first) \
     if (tid == 0 && (first) && blockIdx.x < GDN_STAMP_BLOCKS) gdn_stamps[blockIdx.x][k] = gdn_now()
+#define STAMP_ITEMS(n) \
+    if (tid == 0 && blockIdx.x < GDN_STAMP_BLOCKS) gdn_stamps[blockIdx.x][ST_ITEMS] = (n)
 #else
 #define STAMP(k, first)
+#define STAMP_ITEMS(n)
 #endif
 
 // conv_out: [T, conv_stride] bf16 whose first 2*Hk*DK columns are q then k.
@@ -172,9 +175,7 @@ __device__ __forceinline__ void gdn_recurrent(
 
     const int tid = threadIdx.x, c0 = (tid / PARTS) * CC, part = tid % PARTS;
     STAMP(ST_START, true);
-#if defined(GDN_STAMPS)
-    int taken = 0;  // items this block ran
-#endif
+    [[maybe_unused]] int taken = 0;  // items this block ran (read by the stamps only)
     const int first = level_off[level], nseg = level_off[level_end] - first;
     constexpr int CB = DV / NCOLS;  // column blocks a head
     const int items = nseg * CB * H;
@@ -385,9 +386,7 @@ __device__ __forceinline__ void gdn_recurrent(
         __syncthreads();
         if (tid == 0) flags[((long)n * H + h) * CB + col0 / NCOLS] = s_done;
         STAMP(ST_FLAG, taken == 0);
-#if defined(GDN_STAMPS)
         ++taken;
-#endif
     }
     STAMP(ST_LOOP, true);
     if (tid == 0) {
@@ -399,9 +398,7 @@ __device__ __forceinline__ void gdn_recurrent(
         }
     }
     STAMP(ST_EXIT, true);
-#if defined(GDN_STAMPS)
-    if (tid == 0 && blockIdx.x < GDN_STAMP_BLOCKS) gdn_stamps[blockIdx.x][ST_ITEMS] = taken;
-#endif
+    STAMP_ITEMS(taken);
 }
 
 #define GDN_ARGS                                                                               \
