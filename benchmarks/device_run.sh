@@ -4,6 +4,7 @@
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
 #   steps: tests conv conv-ab attention-ab attention-pass-ab elementwise gdn gdn-ab gdn-rec-ab gdn-stamps gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead overhead-awake pdl grpc-floor grpc-idle lt-choice lt-space plan-cpu start-ab
+#          mixed-ab
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes;
 #          WORKER_EXTRA='--max-launch-tokens 2048' adds worker flags to both)
 #          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
@@ -289,6 +290,15 @@ for step in "$@"; do
              tail -3 $OUT/bench-load.log
              [ -f $OUT/bench-load/report.md ] || python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
                --out $OUT/bench-load --report-only >/dev/null 2>>$OUT/bench-load.log ;;
+    # bench-load's mixed run alone under two --shared-launch-tokens values (MIXED_SHARED, default
+    # "4096 2048": the pass budget, i.e. the default, and half of it; the chunk is half of each),
+    # alternating, two runs each (~100 s a run: the worker's start, 2 x 20 s of traffic)
+    mixed-ab) for i in 1 2; do for c in ${MIXED_SHARED:-4096 2048}; do
+                timeout 140 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
+                  --out $OUT/mixed-$c-$i --worker-args "--synthetic 27b --shared-launch-tokens $c" --arms auto \
+                  --blocks 0 --sweep '' --mixed-clients 8 --mixed-seconds 20 --timeout 120 >/dev/null 2>$OUT/mixed-$c-$i.log
+                echo "shared $c run $i: $(grep -E '^mixed:' $OUT/mixed-$c-$i.log)"
+              done; done ;;
     # Issue 17 (expected ~5-6 min: two worker start-ups of ~115 s each, graph capture included; then a
     # warm-up and 2 timed blocks of 6 agents x 4-8 requests over one 500-4,000-token state each, every
     # step sent to the cache-off worker, the cache-on worker and, with no state, the cache-off worker:

@@ -91,12 +91,19 @@ def parser() -> argparse.ArgumentParser:
         help="pass budget: most tokens one forward pass carries, across requests",
     )
     p.add_argument(
+        "--shared-launch-tokens",
+        type=chunk_tokens,
+        default=None,
+        help="most tokens of a pass while several requests wait: shorter passes answer the requests "
+        "riding beside a long prompt's chunks sooner (a multiple of 64; default: the pass budget)",
+    )
+    p.add_argument(
         "--chunk-tokens",
         type=chunk_tokens,
         default=None,
         help="longer prompt parts run as chunks of this many tokens over successive passes, "
-        "leaving room in each pass for other requests (a multiple of 64; default: half the pass "
-        "budget, 2048)",
+        "leaving room in each pass for other requests (a multiple of 64; default: half of "
+        "--shared-launch-tokens, else of the pass budget: 2048)",
     )
     p.add_argument("--max-questions", type=positive_int, default=4096, help="questions a request may hold")
     p.add_argument(
@@ -288,12 +295,18 @@ def main(argv: list[str] | None = None) -> None:
     args = config.parse_with_env(flags, argv)
     # the pass budget before anything loads: a bad one is a usage error (status 2), not a refusal
     # after the weights have loaded
+    if args.shared_launch_tokens is not None and args.shared_launch_tokens > args.max_launch_tokens:
+        flags.error(
+            f"--shared-launch-tokens {args.shared_launch_tokens} exceeds --max-launch-tokens {args.max_launch_tokens}"
+        )
+    shared = shared_pass_tokens(args)
     if args.chunk_tokens is None:
-        if args.max_launch_tokens < GDN_CHUNK_TOKENS:
+        if shared < GDN_CHUNK_TOKENS:
             flags.error(f"--max-launch-tokens {args.max_launch_tokens} is below {GDN_CHUNK_TOKENS}, the smallest chunk")
-        args.chunk_tokens = default_chunk_tokens(args.max_launch_tokens)
-    elif args.chunk_tokens > args.max_launch_tokens:
-        flags.error(f"--chunk-tokens {args.chunk_tokens} exceeds --max-launch-tokens {args.max_launch_tokens}")
+        args.chunk_tokens = default_chunk_tokens(shared)
+    elif args.chunk_tokens > shared:
+        what = "--max-launch-tokens" if args.shared_launch_tokens is None else "--shared-launch-tokens"
+        flags.error(f"--chunk-tokens {args.chunk_tokens} exceeds {what} {shared}")
     # split: a sequence crossing --gdn-split-at is two segments of the chunked kernel's plan
     most = GDN_CHUNKED.max_segments // (2 if args.gdn_kernel == "split" else 1)
     if args.gdn_kernel != "serial" and args.max_launch_sequences > most:
@@ -326,6 +339,11 @@ def started_collecting() -> None:
     gc.enable()
 
 
+def shared_pass_tokens(args: argparse.Namespace) -> int:
+    """Most tokens of a pass while several requests wait."""
+    return args.max_launch_tokens if args.shared_launch_tokens is None else args.shared_launch_tokens
+
+
 def default_chunk_tokens(max_launch_tokens: int) -> int:
     """Half the pass budget, on the 64-token grid: a chunk that fills a whole pass leaves other
     requests no room beside a long prompt (bench-load with a 2,048-token budget and 2,048-token
@@ -337,13 +355,15 @@ def serve(args: argparse.Namespace) -> None:
     """Check the flags' files, load the model, warm up, serve until SIGTERM (main has checked
     the pass budget and set chunk_tokens)."""
     config.log_config("openjev.worker", args)
-    if args.chunk_tokens > args.max_launch_tokens // 2:
+    shared = shared_pass_tokens(args)
+    if args.chunk_tokens > shared // 2:
         log.warning(
             "chunk_fills_pass",
             chunk_tokens=args.chunk_tokens,
             max_launch_tokens=args.max_launch_tokens,
+            shared_launch_tokens=shared,
             hint="a long prompt's chunk leaves other requests little or no room in its passes; "
-            "a --chunk-tokens of at most half --max-launch-tokens keeps room",
+            "a --chunk-tokens of at most half --shared-launch-tokens (or --max-launch-tokens) keeps room",
         )
     try:
         credentials = security.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
@@ -402,9 +422,13 @@ def serve(args: argparse.Namespace) -> None:
         forced_policy = args.prefix_policy = "off"  # it cannot start from a parent's state
         args.max_launch_tokens = max(args.max_launch_tokens, meta.max_length)  # whole prompts, no chunks
         args.chunk_tokens = args.max_launch_tokens
+        args.shared_launch_tokens = None
     try:
         limits = PackLimits(
-            max_sequences=args.max_launch_sequences, max_tokens=args.max_launch_tokens, chunk_tokens=args.chunk_tokens
+            max_sequences=args.max_launch_sequences,
+            max_tokens=args.max_launch_tokens,
+            chunk_tokens=args.chunk_tokens,
+            shared_tokens=args.shared_launch_tokens,
         )
     except ValueError as error:
         raise SystemExit(f"openjev-worker: {error}") from None

@@ -86,6 +86,18 @@ def test_a_busy_metrics_port_exits_with_one_line(demo_model):
         (launch.WORKER_MODULE, ["--max-launch-tokens", "32"], {}, "--max-launch-tokens 32 is below 64"),
         (
             launch.WORKER_MODULE,
+            ["--shared-launch-tokens", "8192"],
+            {},
+            "--shared-launch-tokens 8192 exceeds --max-launch-tokens 4096",
+        ),
+        (
+            launch.WORKER_MODULE,
+            ["--shared-launch-tokens", "1024", "--chunk-tokens", "2048"],
+            {},
+            "--chunk-tokens 2048 exceeds --shared-launch-tokens 1024",
+        ),
+        (
+            launch.WORKER_MODULE,
             ["--max-request-tokens", "100", "--max-held-tokens", "99"],
             {},
             "--max-held-tokens 99 is below --max-request-tokens 100",
@@ -515,6 +527,14 @@ def test_the_chunk_defaults_to_half_the_pass_budget(demo_model, tmp_path):
     try:
         config, events = _config_and_events(worker.log_text())
         assert config["chunk_tokens"] == 512 and "chunk_fills_pass" in events
+    finally:
+        worker.stop()
+    # a shorter shared pass: the chunk defaults to half of it
+    worker = launch.start_worker(demo_model, tmp_path, ["--shared-launch-tokens", "1024"], name="shared")
+    try:
+        config, events = _config_and_events(worker.log_text())
+        assert config["chunk_tokens"] == 512 and config["shared_launch_tokens"] == 1024
+        assert "chunk_fills_pass" not in events
     finally:
         worker.stop()
 

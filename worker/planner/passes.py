@@ -84,13 +84,15 @@ def fill_pass(
     candidates leave room for the requests behind them; then the requests the first round gave
     nothing, then the others, each in arrival order, fill whatever room is left (in plain arrival
     order a request whose segment was over half the room waited while later ones took it; None:
-    one round, the whole budget). room: the pass's room for states, or None (the runner has no
-    such limit)."""
+    one round, the whole budget). Where several wait, the pass holds at most
+    limits.pass_tokens_shared tokens. room: the pass's room for states, or None (the runner has
+    no such limit)."""
     fill = _Fill(trees, limits, max_depth, room)
     everyone = list(range(len(trees)))
     if tokens_per_request is None:
         fill.round(everyone, limits.max_tokens, limits.max_sequences)
     else:
+        fill.tokens_left = limits.pass_tokens_shared
         fill.round(everyone, tokens_per_request, max(1, limits.max_sequences // 2), halves=True)
         took = {p.owner for p in fill.picked}
         fill.round([o for o in everyone if o not in took] + sorted(took), limits.max_tokens, limits.max_sequences)

@@ -23,17 +23,31 @@ class Reader:
 class PackLimits:
     """The pass budget: most segments and tokens one forward pass may carry, and the length of
     the pieces a longer tree node is cut into (they carry their state from pass to pass, and
-    other requests' segments ride in the same passes)."""
+    other requests' segments ride in the same passes). shared_tokens: most tokens of a pass
+    while several requests wait (None: max_tokens); a shorter pass answers the requests that
+    ride in it sooner, beside a long prompt's chunks."""
 
     max_sequences: int = 64
     max_tokens: int = 4096
     chunk_tokens: int = 2048
+    shared_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_sequences < 1 or self.max_tokens < 1 or self.chunk_tokens < 1:
             raise ValueError(f"pack limits must be positive, got {self}")
         if self.chunk_tokens > self.max_tokens:
             raise ValueError(f"chunk_tokens {self.chunk_tokens} exceeds the pass budget {self.max_tokens}")
+        if self.shared_tokens is not None and not self.chunk_tokens <= self.shared_tokens <= self.max_tokens:
+            # a chunk over the shared pass would never run beside another request
+            raise ValueError(
+                f"shared_tokens {self.shared_tokens} must lie between chunk_tokens {self.chunk_tokens} "
+                f"and the pass budget {self.max_tokens}"
+            )
+
+    @property
+    def pass_tokens_shared(self) -> int:
+        """Most tokens of a pass while several requests wait."""
+        return self.max_tokens if self.shared_tokens is None else self.shared_tokens
 
 
 @dataclass(frozen=True)

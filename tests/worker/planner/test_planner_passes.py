@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from openjev.worker.planner.passes import PendingTree, StateRoom, fill_pass, kept_after_pass
 from openjev.worker.planner.plan import PackLimits, Reader, Segment
 
@@ -59,6 +61,35 @@ def test_the_first_round_share_still_holds_back_a_long_prompt():
     long, short = PendingTree(chunks), _star(5, [])
     picked = fill_pass([long, short], LIMITS, max_depth=8, tokens_per_request=LIMITS.chunk_tokens)
     assert _taken(picked, 0) == [0] and _taken(picked, 1) == [0]
+
+
+def test_a_shared_pass_holds_at_most_its_shared_tokens():
+    """With shared_tokens, a pass that several requests wait for stops there: a long prompt's
+    1,024-token chunks and short requests beside them share passes of at most 2,048 tokens, so
+    each pass (and each short request riding in it) is over sooner; alone, the long prompt's
+    chunks fill the whole budget as before."""
+    limits = PackLimits(max_sequences=64, max_tokens=4096, chunk_tokens=1024, shared_tokens=2048)
+    chain = [Segment(i, i - 1 if i else None, tuple(range(1024)), 1024 * i, (), True) for i in range(16)]
+    shorts = [_star(300, [40, 40]) for _ in range(5)]
+    picked = fill_pass([PendingTree(chain), *shorts], limits, 8, limits.chunk_tokens)
+    tokens = sum((chain if p.owner == 0 else shorts[p.owner - 1].segments)[p.segment].num_tokens for p in picked)
+    assert tokens <= 2048 and _taken(picked, 0) == [0] and _taken(picked, 1) == [0, 1, 2]
+    unshared = fill_pass([PendingTree(chain), *shorts], LIMITS, 8, LIMITS.chunk_tokens)
+    assert (
+        sum(len((chain if p.owner == 0 else shorts[p.owner - 1].segments)[p.segment].token_ids) for p in unshared)
+        > 2048
+    )  # without the cap the same queue fills more of the budget
+    alone = fill_pass([PendingTree(chain)], limits, 8)
+    assert _taken(alone, 0) == [0, 1, 2, 3]  # one request: the whole budget
+
+
+def test_shared_tokens_lie_between_the_chunk_and_the_budget():
+    """A chunk longer than the shared pass would never run beside another request."""
+    for shared in (512, 8192):
+        with pytest.raises(ValueError, match="shared_tokens"):
+            PackLimits(max_tokens=4096, chunk_tokens=1024, shared_tokens=shared)
+    assert PackLimits(max_tokens=4096, chunk_tokens=1024, shared_tokens=1024).pass_tokens_shared == 1024
+    assert PackLimits(max_tokens=4096, chunk_tokens=1024).pass_tokens_shared == 4096
 
 
 def _hanging(start: int, tail: int) -> PendingTree:
