@@ -292,11 +292,12 @@ for step in "$@"; do
                --out $OUT/bench-load --report-only >/dev/null 2>>$OUT/bench-load.log ;;
     # bench-load's mixed run alone under two --shared-launch-tokens values (MIXED_SHARED, default
     # "4096 2048": the pass budget, i.e. the default, and half of it; the chunk is half of each),
-    # alternating, two runs each (~100 s a run: the worker's start, 2 x 20 s of traffic)
-    mixed-ab) for i in 1 2; do for c in ${MIXED_SHARED:-4096 2048}; do
+    # alternating, MIXED_ROUNDS runs each (default 2; ~100 s a run: the worker's start, 2 x MIXED_SECONDS
+    # of traffic, default 20)
+    mixed-ab) for i in $(seq ${MIXED_ROUNDS:-2}); do for c in ${MIXED_SHARED:-4096 2048}; do
                 timeout 140 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
                   --out $OUT/mixed-$c-$i --worker-args "--synthetic 27b --shared-launch-tokens $c" --arms auto \
-                  --blocks 0 --sweep '' --mixed-clients 8 --mixed-seconds 20 --timeout 120 >/dev/null 2>$OUT/mixed-$c-$i.log
+                  --blocks 0 --sweep '' --mixed-clients 8 --mixed-seconds ${MIXED_SECONDS:-20} --timeout 120 >/dev/null 2>$OUT/mixed-$c-$i.log
                 echo "shared $c run $i: $(grep -E '^mixed:' $OUT/mixed-$c-$i.log)"
               done; done ;;
     # Issue 17 (expected ~5-6 min: two worker start-ups of ~115 s each, graph capture included; then a
