@@ -95,7 +95,8 @@ def parser() -> argparse.ArgumentParser:
         type=chunk_tokens,
         default=None,
         help="most tokens of a pass while several requests wait: shorter passes answer the requests "
-        "riding beside a long prompt's chunks sooner (a multiple of 64; default: the pass budget)",
+        "riding beside a long prompt's chunks sooner, and the long prompt later (a multiple of 64; "
+        "default: the pass budget)",
     )
     p.add_argument(
         "--chunk-tokens",
