@@ -96,15 +96,15 @@ def test_a_shared_tree_runs_in_one_pass(torch_runner):
     )
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_answers_are_bit_identical_alone_and_sharing_passes(torch_runner, seed):
+@pytest.mark.parametrize(("seed", "shared_tokens"), [(0, None), (1, None), (2, None), (3, 256)])
+def test_answers_are_bit_identical_alone_and_sharing_passes(torch_runner, seed, shared_tokens):
     rng = random.Random(seed)
     contexts = [[rng.randrange(1000, 5000) for _ in range(rng.randint(20, 200))] for _ in range(3)]
     requests = [random_request(rng, rng.choice(contexts)) for _ in range(6)]
     policies = [rng.choice(["off", "default", "shared", "fixed", "auto"]) for _ in requests]
     # A small budget so that requests split across passes in varying company; the same budget
-    # alone, since it decides where long nodes are cut.
-    limits = PackLimits(max_sequences=7, max_tokens=600, chunk_tokens=128)
+    # alone, since it decides where long nodes are cut (shared_tokens: shorter shared passes).
+    limits = PackLimits(max_sequences=7, max_tokens=600, chunk_tokens=128, shared_tokens=shared_tokens)
     alone = Engine(torch_runner, cost_model=CPU_COST_MODEL, pack_limits=limits)
     expected = [alone.execute(r, temperature=TEMPERATURE, policy=p) for r, p in zip(requests, policies, strict=True)]
     mixed = Engine(PassLog(torch_runner), cost_model=CPU_COST_MODEL, pack_limits=limits)
@@ -591,6 +591,35 @@ def test_a_long_prompt_leaves_room_for_short_requests(torch_runner):
     # the short request rode in the second pass, beside one chunk, not after the last chunk
     assert next(i for i, p in enumerate(log.passes) if (3, None) in p) == 1
     assert log.passes[1] == [(256, None), (3, None)]
+
+
+def test_a_shared_pass_is_shorter_beside_a_long_prompt(torch_runner):
+    """With shared_tokens, a long prompt alone fills the whole budget with its chunks, and a pass
+    it shares with a short request holds at most shared_tokens: one chunk and the short request."""
+    gate = threading.Event()
+    log = PassLog(torch_runner, gate)
+    limits = PackLimits(max_sequences=8, max_tokens=512, chunk_tokens=128, shared_tokens=256)
+    engine = Engine(log, cost_model=CPU_COST_MODEL, pack_limits=limits)
+    long_work = [QuestionWork("noul", (tuple(range(1000, 3000)),))]  # 2,000 tokens: 16 chunks
+    short_work = [QuestionWork("noul", ((5, 6, 7),))]
+    results: dict[str, object] = {}
+    long_thread = threading.Thread(
+        target=lambda: results.setdefault("long", engine.execute(long_work, temperature=TEMPERATURE, policy="off"))
+    )
+    long_thread.start()
+    wait_until(lambda: _started(engine))  # its first pass is held at the gate
+    short_thread = threading.Thread(
+        target=lambda: results.setdefault("short", engine.execute(short_work, temperature=TEMPERATURE, policy="off"))
+    )
+    short_thread.start()
+    wait_until(lambda: engine.scheduler.depth == 2)
+    gate.set()
+    short_thread.join(60)
+    long_thread.join(60)
+    assert results["short"].num_shared_passes == 1  # type: ignore[attr-defined]
+    assert sum(n for n, _ in log.passes[0]) == 512  # alone: four chunks chained in one pass
+    assert log.passes[1] == [(128, None), (3, None)]  # shared: within 256 tokens
+    assert sum(n for n, _ in log.passes[2]) == 512  # alone again
 
 
 def test_a_pass_with_nothing_to_run_fails_its_requests_rather_than_spinning(torch_runner, monkeypatch):
