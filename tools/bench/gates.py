@@ -265,6 +265,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chunk-tokens", type=int, default=2048, help="a request's most tokens in a shared pass (the worker's default)"
     )
+    p.add_argument(
+        "--shared-launch-tokens",
+        type=int,
+        default=None,
+        help="most tokens of a pass while several requests wait (the worker's flag; default: the pass budget)",
+    )
     return p
 
 
@@ -294,7 +300,9 @@ def run_gates(argv: list[str] | None = None) -> int:
     kinds = {k for k in args.kinds.split(",") if k} or None
     cases = select_cases(everything, args.limit, args.seed, skip, kinds)
     runner, oracle, exact = build_runners(args)
-    limits = PackLimits(max_tokens=args.max_launch_tokens, chunk_tokens=args.chunk_tokens)
+    limits = PackLimits(
+        max_tokens=args.max_launch_tokens, chunk_tokens=args.chunk_tokens, shared_tokens=args.shared_launch_tokens
+    )
     engine = Engine(runner, pack_limits=limits, cost_model=default_cost_model(args.backend))
     # transformers scores whole prompts only (no chunks, no parent states): as the worker runs it
     whole = PackLimits(

@@ -54,7 +54,8 @@ def render(
         + (", the synthetic weights)" if args.synthetic else ")"),
         f"- gate: {mode}; every mixed-run request's head scores bit for bit those of the same request run alone",
         f"- pass budget {args.max_launch_tokens} tokens, chunks of {args.chunk_tokens} tokens (a request's most "
-        "tokens in a pass it shares)",
+        "tokens in a pass it shares)"
+        + (f", shared passes of at most {args.shared_launch_tokens}" if args.shared_launch_tokens else ""),
         f"- {len(cases)} of {len(everything)} workload requests, round-robin over kind x group in a seeded order "
         f"(left out: {args.skip or 'none'}{'; kinds ' + args.kinds if args.kinds else ''}); "
         f"{submitted} tokens submitted per policy",
