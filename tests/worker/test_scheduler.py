@@ -561,33 +561,39 @@ def wait_until(condition, timeout: float = 30.0) -> None:
         time.sleep(0.005)
 
 
-def test_a_long_prompt_leaves_room_for_short_requests(torch_runner):
-    """A prompt longer than a chunk runs over several passes; a short request sent meanwhile
-    rides in one of them instead of waiting for the long one to finish."""
+def _long_then_short(torch_runner, limits: PackLimits) -> tuple[dict[str, ExecutionResult], PassLog]:
+    """A 2,000-token prompt, then a 3-token request sent while the prompt's first pass is held:
+    their results and the passes run."""
     gate = threading.Event()
     log = PassLog(torch_runner, gate)
-    engine = Engine(
-        log, cost_model=CPU_COST_MODEL, pack_limits=PackLimits(max_sequences=8, max_tokens=512, chunk_tokens=256)
-    )
-    long_work = [QuestionWork("noul", (tuple(range(1000, 3000)),))]  # 2,000 tokens: 8 chunks
-    short_work = [QuestionWork("noul", ((5, 6, 7),))]
-    results: dict[str, object] = {}
-    long_thread = threading.Thread(
-        target=lambda: results.setdefault("long", engine.execute(long_work, temperature=TEMPERATURE, policy="off"))
-    )
-    long_thread.start()
+    engine = Engine(log, cost_model=CPU_COST_MODEL, pack_limits=limits)
+    work = {"long": [QuestionWork("noul", (tuple(range(1000, 3000)),))], "short": [QuestionWork("noul", ((5, 6, 7),))]}
+    results: dict[str, ExecutionResult] = {}
+
+    def send(name: str) -> threading.Thread:
+        thread = threading.Thread(
+            target=lambda: results.setdefault(name, engine.execute(work[name], temperature=TEMPERATURE, policy="off"))
+        )
+        thread.start()
+        return thread
+
+    long_thread = send("long")
     wait_until(lambda: _started(engine))  # its first pass is held at the gate
-    short_thread = threading.Thread(
-        target=lambda: results.setdefault("short", engine.execute(short_work, temperature=TEMPERATURE, policy="off"))
-    )
-    short_thread.start()
+    short_thread = send("short")
     wait_until(lambda: engine.scheduler.depth == 2)
     gate.set()
     short_thread.join(60)
     long_thread.join(60)
+    return results, log
+
+
+def test_a_long_prompt_leaves_room_for_short_requests(torch_runner):
+    """A prompt longer than a chunk runs over several passes; a short request sent meanwhile
+    rides in one of them instead of waiting for the long one to finish."""
+    results, log = _long_then_short(torch_runner, PackLimits(max_sequences=8, max_tokens=512, chunk_tokens=256))
     short, long = results["short"], results["long"]
-    assert short.num_launches == 1 and short.num_shared_passes == 1  # type: ignore[attr-defined]
-    assert long.num_launches >= 4  # type: ignore[attr-defined]
+    assert short.num_launches == 1 and short.num_shared_passes == 1
+    assert long.num_launches >= 4  # 8 chunks
     # the short request rode in the second pass, beside one chunk, not after the last chunk
     assert next(i for i, p in enumerate(log.passes) if (3, None) in p) == 1
     assert log.passes[1] == [(256, None), (3, None)]
@@ -596,27 +602,9 @@ def test_a_long_prompt_leaves_room_for_short_requests(torch_runner):
 def test_a_shared_pass_is_shorter_beside_a_long_prompt(torch_runner):
     """With shared_tokens, a long prompt alone fills the whole budget with its chunks, and a pass
     it shares with a short request holds at most shared_tokens: one chunk and the short request."""
-    gate = threading.Event()
-    log = PassLog(torch_runner, gate)
     limits = PackLimits(max_sequences=8, max_tokens=512, chunk_tokens=128, shared_tokens=256)
-    engine = Engine(log, cost_model=CPU_COST_MODEL, pack_limits=limits)
-    long_work = [QuestionWork("noul", (tuple(range(1000, 3000)),))]  # 2,000 tokens: 16 chunks
-    short_work = [QuestionWork("noul", ((5, 6, 7),))]
-    results: dict[str, object] = {}
-    long_thread = threading.Thread(
-        target=lambda: results.setdefault("long", engine.execute(long_work, temperature=TEMPERATURE, policy="off"))
-    )
-    long_thread.start()
-    wait_until(lambda: _started(engine))  # its first pass is held at the gate
-    short_thread = threading.Thread(
-        target=lambda: results.setdefault("short", engine.execute(short_work, temperature=TEMPERATURE, policy="off"))
-    )
-    short_thread.start()
-    wait_until(lambda: engine.scheduler.depth == 2)
-    gate.set()
-    short_thread.join(60)
-    long_thread.join(60)
-    assert results["short"].num_shared_passes == 1  # type: ignore[attr-defined]
+    results, log = _long_then_short(torch_runner, limits)
+    assert results["short"].num_shared_passes == 1
     assert sum(n for n, _ in log.passes[0]) == 512  # alone: four chunks chained in one pass
     assert log.passes[1] == [(128, None), (3, None)]  # shared: within 256 tokens
     assert sum(n for n, _ in log.passes[2]) == 512  # alone again
