@@ -70,15 +70,18 @@ def test_a_shared_pass_holds_at_most_its_shared_tokens():
     chunks fill the whole budget as before."""
     limits = PackLimits(max_sequences=64, max_tokens=4096, chunk_tokens=1024, shared_tokens=2048)
     chain = [Segment(i, i - 1 if i else None, tuple(range(1024)), 1024 * i, (), True) for i in range(16)]
-    shorts = [_star(300, [40, 40]) for _ in range(5)]
-    picked = fill_pass([PendingTree(chain), *shorts], limits, 8, limits.chunk_tokens)
-    tokens = sum((chain if p.owner == 0 else shorts[p.owner - 1].segments)[p.segment].num_tokens for p in picked)
-    assert tokens <= 2048 and _taken(picked, 0) == [0] and _taken(picked, 1) == [0, 1, 2]
-    unshared = fill_pass([PendingTree(chain), *shorts], LIMITS, 8, LIMITS.chunk_tokens)
-    assert (
-        sum(len((chain if p.owner == 0 else shorts[p.owner - 1].segments)[p.segment].token_ids) for p in unshared)
-        > 2048
-    )  # without the cap the same queue fills more of the budget
+
+    def queue() -> list[PendingTree]:
+        return [PendingTree(chain)] + [_star(300, [40, 40]) for _ in range(5)]
+
+    def tokens(trees: list[PendingTree], picked) -> int:
+        return sum(trees[p.owner].segments[p.segment].num_tokens for p in picked)
+
+    trees = queue()
+    picked = fill_pass(trees, limits, 8, limits.chunk_tokens)
+    assert tokens(trees, picked) <= 2048 and _taken(picked, 0) == [0] and _taken(picked, 1) == [0, 1, 2]
+    trees = queue()
+    assert tokens(trees, fill_pass(trees, LIMITS, 8, LIMITS.chunk_tokens)) > 2048  # without the cap
     alone = fill_pass([PendingTree(chain)], limits, 8)
     assert _taken(alone, 0) == [0, 1, 2, 3]  # one request: the whole budget
 
