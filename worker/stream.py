@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import structlog
 
 from openjev import abi, interceptors
@@ -149,21 +150,24 @@ class _Collector:
             length = len(candidate.token_ids)
             if not 1 <= length <= limits.max_length:
                 raise BadStream(f"candidate ({q}, {c}) has {length} tokens; expected 1 to {limits.max_length}")
-            # one copy out of the message as ints, checked there, then packed (faster than
-            # packing first: max() over an array makes every int again)
-            ids = list(candidate.token_ids)
-            top = max(ids)
+            # one copy out of the message, checked there, then packed: protobuf's upb container
+            # hands numpy its ids without a Python int each (0.02 against 1.5 ms for 34,000 ids
+            # through a list)
+            ids = np.asarray(candidate.token_ids, dtype=np.uintc)  # the C unsigned int of array("I")
+            top = int(ids.max())
             if top >= limits.num_token_ids:
                 raise BadStream(
                     f"candidate ({q}, {c}) has token id {top}, outside the tokenizer's "
                     f"range 0..{limits.num_token_ids - 1}"
                 )
-            self.num_tokens += len(ids)
+            self.num_tokens += length
             if limits.max_tokens is not None and self.num_tokens > limits.max_tokens:
                 raise BadStream(f"request exceeds the worker's limit of {limits.max_tokens} tokens")
             if self.hold is not None:  # after every check: a request's own faults come first
-                self.hold.take(len(ids))
-            slots[q][c] = array("I", ids)
+                self.hold.take(length)
+            packed = array("I")
+            packed.frombytes(ids.tobytes())
+            slots[q][c] = packed
             self.missing -= 1
 
     def finish(self, where: str) -> Collected:
