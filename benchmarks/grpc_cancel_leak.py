@@ -22,7 +22,7 @@ import time
 from concurrent import futures
 
 import grpc
-import grpc.experimental  # not imported by `import grpc`: ChannelOptions
+from grpc_floor import one_reply_channel  # run from benchmarks/
 
 from openjev.tools.soak import rss_bytes
 
@@ -45,8 +45,7 @@ def main() -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("held.Held", {"U": handler}),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    options = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
+    channel = one_reply_channel(port)
     unary, one_reply = channel.unary_unary("/held.Held/U"), channel.unary_stream("/held.Held/U")
 
     def cancelled(way: str) -> None:

@@ -31,10 +31,15 @@ from cpu_awake import Spinners
 from service_overhead import bare_unary_server
 
 
+def one_reply_channel(port: int) -> grpc.Channel:
+    """A channel to 127.0.0.1:`port` whose unary-stream calls are read on the calling thread."""
+    options = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
+    return grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
+
+
 def one_reply_call(port: int):
     """/bare.Bare/U at `port` as a stream of one reply, read on the calling thread."""
-    options = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
+    channel = one_reply_channel(port)
     call = channel.unary_stream("/bare.Bare/U")
     return lambda channel=channel: list(call(b"q"))  # the default keeps the channel open
 

@@ -87,12 +87,12 @@ def fill_pass(
     one round, the whole budget). Where several wait, the pass holds at most
     limits.pass_tokens_shared tokens. room: the pass's room for states, or None (the runner has
     no such limit)."""
-    fill = _Fill(trees, limits, max_depth, room)
+    shared = tokens_per_request is not None
+    fill = _Fill(trees, limits, max_depth, room, limits.pass_tokens_shared if shared else limits.max_tokens)
     everyone = list(range(len(trees)))
     if tokens_per_request is None:
         fill.round(everyone, limits.max_tokens, limits.max_sequences)
     else:
-        fill.tokens_left = limits.pass_tokens_shared
         fill.round(everyone, tokens_per_request, max(1, limits.max_sequences // 2), halves=True)
         took = {p.owner for p in fill.picked}
         fill.round([o for o in everyone if o not in took] + sorted(took), limits.max_tokens, limits.max_sequences)
@@ -104,12 +104,14 @@ def fill_pass(
 class _Fill:
     """A pass being filled: what it holds, and where each tree's picked segments sit in it."""
 
-    def __init__(self, trees: Sequence[PendingTree], limits: PackLimits, max_depth: int, room: StateRoom | None):
+    def __init__(
+        self, trees: Sequence[PendingTree], limits: PackLimits, max_depth: int, room: StateRoom | None, tokens: int
+    ):
         self.trees, self.limits, self.max_depth, self.room = trees, limits, max_depth, room
         self.outside: set[tuple[int, int]] = set()  # (owner, parent segment) read from earlier passes
         self.context = 0  # their ancestor rows, counted per parent
         self.picked: list[Picked] = []
-        self.tokens_left = limits.max_tokens
+        self.tokens_left = tokens  # the pass's token room
         self.position: list[dict[int, int]] = [{} for _ in trees]  # segment -> its position in the pass
         self.depth: list[dict[int, int]] = [{} for _ in trees]
 
