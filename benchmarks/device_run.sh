@@ -7,7 +7,7 @@
 #          mixed-ab
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes;
 #          WORKER_EXTRA='--max-launch-tokens 2048' adds worker flags to both)
-#          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes)
+#          agent-sessions (issue 17's benchmark: a device call of its own, ~6 minutes; WORKER_EXTRA too, to both workers)
 # How long each step takes on an H200: docs/benchmarks/index.md ("Running on a GPU"); give
 # bench-full a call of its own.
 # The device has no package registry: carry these wheels in .whl/ (in .gitignore: a checkout
@@ -310,7 +310,7 @@ for step in "$@"; do
     # cache-on one's default budget (half the memory free after its start-up) is measured with both
     # loaded. A run cut short keeps its finished blocks in report.md / results.json.
     agent-sessions) timeout 540 python3 -m openjev.tools.bench.agent_sessions --model .openjev/demo-model --workload $WL \
-             --out $OUT/agent-sessions --worker-args "--synthetic 27b" --agents 6 --blocks 2 --timeout 120 \
+             --out $OUT/agent-sessions --worker-args "--synthetic 27b${WORKER_EXTRA:+ $WORKER_EXTRA}" --agents 6 --blocks 2 --timeout 120 \
              2>$OUT/agent-sessions.log | tail -30; tail -4 $OUT/agent-sessions.log
              grep -h '"state_cache"\|"graphs_ready"\|"peak_memory"' /tmp/openjev-sessions-*/*/worker.log \
                | tee -a $OUT/agent-sessions.log ;;
