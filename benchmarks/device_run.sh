@@ -293,15 +293,19 @@ for step in "$@"; do
     # bench-load's mixed run alone under two --shared-launch-tokens values (MIXED_SHARED, default
     # "4096 2048": the pass budget, i.e. the default, and half of it; the chunk is half of each),
     # alternating, MIXED_ROUNDS runs each (default 2; ~60-100 s a run: the worker's start, 2 x
-    # MIXED_SECONDS of traffic, default 20). Each run's mixed table goes to $OUT/mixed-ab.md (a call
-    # brings back only so many files: the reports of two arms of four were left out once).
+    # MIXED_SECONDS of traffic, default 20). MIXED_SWEEP (e.g. 16,32; default none) adds the
+    # closed-loop sweep at those client counts on the split and its <= 512-token requests, 10 s a
+    # level (~40 s more a run at two levels: keep rounds x arms x run time under 10 minutes). Each
+    # run's tables go to $OUT/mixed-ab.md (a call brings back only so many files: the reports of
+    # two arms of four were left out once).
     mixed-ab) for i in $(seq ${MIXED_ROUNDS:-2}); do for c in ${MIXED_SHARED:-4096 2048}; do
-                timeout 140 python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
+                timeout ${MIXED_TIMEOUT:-140} python3 -m openjev.tools.bench.main --model .openjev/demo-model --workload $WL \
                   --out /tmp/mixed-$c-$i --worker-args "--synthetic 27b --shared-launch-tokens $c" --arms auto \
-                  --blocks 0 --sweep '' --mixed-clients 8 --mixed-seconds ${MIXED_SECONDS:-20} --timeout 120 \
-                  >/dev/null 2>>$OUT/mixed-ab.log
-                { echo "## --shared-launch-tokens $c, run $i"; grep -A3 "^| short requests |" /tmp/mixed-$c-$i/report.md; echo; } \
-                  | tee -a $OUT/mixed-ab.md
+                  --blocks 0 --sweep "${MIXED_SWEEP:-}" --sweep-seconds 10 --mixed-clients 8 --mixed-seconds ${MIXED_SECONDS:-20} \
+                  --timeout 120 >/dev/null 2>>$OUT/mixed-ab.log
+                { echo "## --shared-launch-tokens $c, run $i"; grep -A3 "^| short requests |" /tmp/mixed-$c-$i/report.md
+                  grep "^| set \|^|---|---|---|---|---|---|---|---|---|---|---|---|\|^| JevBench split \|^| split, <= 512" \
+                    /tmp/mixed-$c-$i/report.md; echo; } | tee -a $OUT/mixed-ab.md
               done; done ;;
     # Issue 17 (expected ~5-6 min: two worker start-ups of ~115 s each, graph capture included; then a
     # warm-up and 2 timed blocks of 6 agents x 4-8 requests over one 500-4,000-token state each, every
