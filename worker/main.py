@@ -21,7 +21,7 @@ from openjev.worker.cuda.traits import GDN_CHUNKED
 from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.geometry import DEFAULT_GDN_SPLIT_AT, GDN_CHUNK_TOKENS
 from openjev.worker.planner.cost import default_cost_model
-from openjev.worker.planner.plan import PackLimits
+from openjev.worker.planner.plan import PackLimits, default_chunk_tokens
 from openjev.worker.scheduler import InferenceError
 from openjev.worker.service import WorkerIdentity, WorkerServicer
 from openjev.worker.v1 import worker_pb2, worker_pb2_grpc
@@ -343,13 +343,6 @@ def started_collecting() -> None:
 def shared_pass_tokens(args: argparse.Namespace) -> int:
     """Most tokens of a pass while several requests wait."""
     return args.max_launch_tokens if args.shared_launch_tokens is None else args.shared_launch_tokens
-
-
-def default_chunk_tokens(max_launch_tokens: int) -> int:
-    """Half the pass budget, on the 64-token grid: a chunk that fills a whole pass leaves other
-    requests no room beside a long prompt (bench-load with a 2,048-token budget and 2,048-token
-    chunks: short requests waited for the whole 16,384-token request, docs/benchmarks/index.md)."""
-    return max(GDN_CHUNK_TOKENS, max_launch_tokens // 2 // GDN_CHUNK_TOKENS * GDN_CHUNK_TOKENS)
 
 
 def serve(args: argparse.Namespace) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from openjev.tools.bench import gates, gates_report, workload
 from openjev.worker.engine import ExecutionResult
+from openjev.worker.planner.plan import PackLimits
 from openjev.worker.scheduler import Scheduler
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,6 +61,23 @@ def test_selection_is_stratified_and_seeded():
     everything = gates.select_cases(cases, None, 0, set(), None)
     assert len(everything) == len(cases)
     assert everything[len(strata)].group == "16k"  # the slow case last of the first round
+
+
+@pytest.mark.parametrize(
+    ("flags", "chunk"),
+    [
+        ((), 2048),
+        (("--shared-launch-tokens", "2048"), 1024),
+        (("--max-launch-tokens", "512"), 256),
+        (("--shared-launch-tokens", "1024", "--chunk-tokens", "128"), 128),
+    ],
+)
+def test_chunk_default_follows_the_pass_as_the_workers_does(flags, chunk):
+    """Without --chunk-tokens the gates plan with the chunk the worker would take for the same
+    budget and shared pass (a fixed 2,048 once made --shared-launch-tokens 1024 a ValueError)."""
+    args = gates.parse_args(["--model", "m", "--workload", "w", *flags])
+    assert args.chunk_tokens == chunk
+    PackLimits(max_tokens=args.max_launch_tokens, chunk_tokens=chunk, shared_tokens=args.shared_launch_tokens)
 
 
 def test_report_covers_kinds_and_passes(tmp_path, demo_model):

@@ -36,7 +36,7 @@ from openjev.tools.bench.main import longest_tokens_fn
 from openjev.worker.engine import Engine, ExecutionResult, QuestionWork
 from openjev.worker.geometry import DEFAULT_GDN_SPLIT_AT
 from openjev.worker.planner.cost import default_cost_model
-from openjev.worker.planner.plan import PackLimits
+from openjev.worker.planner.plan import PackLimits, default_chunk_tokens
 
 # Every policy but the reference it is compared against.
 POLICIES: tuple[PrefixPolicy, ...] = tuple(p for p in PREFIX_POLICIES if p != "off")
@@ -263,7 +263,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-launch-tokens", type=int, default=4096, help="pass budget (the worker's default)")
     p.add_argument(
-        "--chunk-tokens", type=int, default=2048, help="a request's most tokens in a shared pass (the worker's default)"
+        "--chunk-tokens",
+        type=int,
+        default=None,
+        help="a request's most tokens in a shared pass (default: the worker's, half of --shared-launch-tokens, "
+        "else of --max-launch-tokens)",
     )
     p.add_argument(
         "--shared-launch-tokens",
@@ -279,6 +283,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.exact is None:
         args.exact = args.backend == "cuda"
+    if args.chunk_tokens is None:  # as the worker derives it (worker/main.py)
+        args.chunk_tokens = default_chunk_tokens(args.shared_launch_tokens or args.max_launch_tokens)
     args.policies = tuple(x for x in args.policies.split(",") if x)
     unknown = [x for x in args.policies if x not in POLICIES]
     if unknown or not args.policies:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from openjev.contract.literals import ExecutedPolicy, PrefixPolicy, PrefixScope
+from openjev.worker.geometry import GDN_CHUNK_TOKENS
 
 
 @dataclass(frozen=True, order=True)
@@ -48,6 +49,14 @@ class PackLimits:
     def pass_tokens_shared(self) -> int:
         """Most tokens of a pass while several requests wait."""
         return self.max_tokens if self.shared_tokens is None else self.shared_tokens
+
+
+def default_chunk_tokens(pass_tokens: int) -> int:
+    """Half the pass's tokens (the shared pass's where it is capped), on the 64-token grid: a chunk
+    that fills a whole pass leaves other requests no room beside a long prompt (bench-load with a
+    2,048-token budget and 2,048-token chunks: short requests waited for the whole 16,384-token
+    request, docs/benchmarks/index.md)."""
+    return max(GDN_CHUNK_TOKENS, pass_tokens // 2 // GDN_CHUNK_TOKENS * GDN_CHUNK_TOKENS)
 
 
 @dataclass(frozen=True)
