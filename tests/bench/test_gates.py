@@ -72,7 +72,7 @@ def test_selection_is_stratified_and_seeded():
         (("--shared-launch-tokens", "1024", "--chunk-tokens", "128"), 128),
     ],
 )
-def test_chunk_default_follows_the_pass_as_the_workers_does(flags, chunk):
+def test_chunk_default_is_the_workers_for_the_same_flags(flags, chunk):
     """Without --chunk-tokens the gates plan with the chunk the worker would take for the same
     budget and shared pass (a fixed 2,048 once made --shared-launch-tokens 1024 a ValueError)."""
     args = gates.parse_args(["--model", "m", "--workload", "w", *flags])
