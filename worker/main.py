@@ -21,7 +21,7 @@ from openjev.worker.cuda.traits import GDN_CHUNKED
 from openjev.worker.engine import Engine, QuestionWork
 from openjev.worker.geometry import DEFAULT_GDN_SPLIT_AT, GDN_CHUNK_TOKENS
 from openjev.worker.planner.cost import default_cost_model
-from openjev.worker.planner.plan import PackLimits, default_chunk_tokens
+from openjev.worker.planner.plan import PackLimits, default_chunk_tokens, shared_pass_tokens
 from openjev.worker.scheduler import InferenceError
 from openjev.worker.service import WorkerIdentity, WorkerServicer
 from openjev.worker.v1 import worker_pb2, worker_pb2_grpc
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
         flags.error(
             f"--shared-launch-tokens {args.shared_launch_tokens} exceeds --max-launch-tokens {args.max_launch_tokens}"
         )
-    shared = shared_pass_tokens(args)
+    shared = shared_pass_tokens(args.max_launch_tokens, args.shared_launch_tokens)
     if args.chunk_tokens is None:
         if shared < GDN_CHUNK_TOKENS:
             flags.error(f"--max-launch-tokens {args.max_launch_tokens} is below {GDN_CHUNK_TOKENS}, the smallest chunk")
@@ -340,16 +340,11 @@ def started_collecting() -> None:
     gc.enable()
 
 
-def shared_pass_tokens(args: argparse.Namespace) -> int:
-    """Most tokens of a pass while several requests wait."""
-    return args.max_launch_tokens if args.shared_launch_tokens is None else args.shared_launch_tokens
-
-
 def serve(args: argparse.Namespace) -> None:
     """Check the flags' files, load the model, warm up, serve until SIGTERM (main has checked
     the pass budget and set chunk_tokens)."""
     config.log_config("openjev.worker", args)
-    shared = shared_pass_tokens(args)
+    shared = shared_pass_tokens(args.max_launch_tokens, args.shared_launch_tokens)
     if args.chunk_tokens > shared // 2:
         log.warning(
             "chunk_fills_pass",

@@ -36,7 +36,7 @@ from openjev.tools.bench.main import longest_tokens_fn
 from openjev.worker.engine import Engine, ExecutionResult, QuestionWork
 from openjev.worker.geometry import DEFAULT_GDN_SPLIT_AT
 from openjev.worker.planner.cost import default_cost_model
-from openjev.worker.planner.plan import PackLimits, default_chunk_tokens
+from openjev.worker.planner.plan import PackLimits, default_chunk_tokens, shared_pass_tokens
 
 # Every policy but the reference it is compared against.
 POLICIES: tuple[PrefixPolicy, ...] = tuple(p for p in PREFIX_POLICIES if p != "off")
@@ -284,7 +284,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.exact is None:
         args.exact = args.backend == "cuda"
     if args.chunk_tokens is None:  # as the worker derives it (worker/main.py)
-        args.chunk_tokens = default_chunk_tokens(args.shared_launch_tokens or args.max_launch_tokens)
+        args.chunk_tokens = default_chunk_tokens(shared_pass_tokens(args.max_launch_tokens, args.shared_launch_tokens))
     args.policies = tuple(x for x in args.policies.split(",") if x)
     unknown = [x for x in args.policies if x not in POLICIES]
     if unknown or not args.policies:

@@ -48,7 +48,13 @@ class PackLimits:
     @property
     def pass_tokens_shared(self) -> int:
         """Most tokens of a pass while several requests wait."""
-        return self.max_tokens if self.shared_tokens is None else self.shared_tokens
+        return shared_pass_tokens(self.max_tokens, self.shared_tokens)
+
+
+def shared_pass_tokens(max_tokens: int, shared_tokens: int | None) -> int:
+    """Most tokens of a pass while several requests wait (shared_tokens None: the whole budget);
+    the worker's flags are checked with it before a PackLimits exists."""
+    return max_tokens if shared_tokens is None else shared_tokens
 
 
 def default_chunk_tokens(pass_tokens: int) -> int:
