@@ -80,6 +80,22 @@ def test_chunk_default_is_the_workers_for_the_same_flags(flags, chunk):
     PackLimits(max_tokens=args.max_launch_tokens, chunk_tokens=chunk, shared_tokens=args.shared_launch_tokens)
 
 
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [
+        (("--shared-launch-tokens", "8192"), "shared_tokens 8192 must lie between chunk_tokens 4096 and the pass"),
+        (("--shared-launch-tokens", "1024", "--chunk-tokens", "2048"), "1024 must lie between chunk_tokens 2048"),
+        (("--max-launch-tokens", "0"), "expected an integer >= 1"),
+    ],
+)
+def test_budget_the_worker_would_refuse_is_a_usage_error(flags, why, capsys):
+    """The worker refuses these flags at start; the gates say so before loading anything."""
+    with pytest.raises(SystemExit) as e:
+        gates.parse_args(["--model", "m", "--workload", "w", *flags])
+    assert e.value.code == 2
+    assert why in capsys.readouterr().err
+
+
 def test_report_covers_kinds_and_passes(tmp_path, demo_model):
     rc, text = run(tmp_path, demo_model, "--limit", "8", "--oracle-cases", "2", "--policies", "default,fixed")
     assert rc == 0, text

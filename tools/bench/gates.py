@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from openjev.config import positive_int
 from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
 from openjev.tools.bench import workload
 from openjev.tools.bench.gates_report import render
@@ -261,17 +262,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mixed-clients", type=int, default=8, help="batch invariance: requests sent at once, sharing passes"
     )
-    p.add_argument("--max-launch-tokens", type=int, default=4096, help="pass budget (the worker's default)")
+    p.add_argument("--max-launch-tokens", type=positive_int, default=4096, help="pass budget (the worker's default)")
     p.add_argument(
         "--chunk-tokens",
-        type=int,
+        type=positive_int,
         default=None,
         help="a request's most tokens in a shared pass (default: the worker's, half of --shared-launch-tokens, "
         "else of --max-launch-tokens)",
     )
     p.add_argument(
         "--shared-launch-tokens",
-        type=int,
+        type=positive_int,
         default=None,
         help="most tokens of a pass while several requests wait (the worker's flag; default: the pass budget)",
     )
@@ -285,6 +286,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.exact = args.backend == "cuda"
     if args.chunk_tokens is None:  # as the worker derives it (worker/main.py)
         args.chunk_tokens = default_chunk_tokens(shared_pass_tokens(args.max_launch_tokens, args.shared_launch_tokens))
+    try:  # a combination the worker would refuse is a usage error here too, not a traceback later
+        args.pack_limits = PackLimits(
+            max_tokens=args.max_launch_tokens, chunk_tokens=args.chunk_tokens, shared_tokens=args.shared_launch_tokens
+        )
+    except ValueError as e:
+        p.error(f"--max-launch-tokens, --chunk-tokens, --shared-launch-tokens: {e}")
     args.policies = tuple(x for x in args.policies.split(",") if x)
     unknown = [x for x in args.policies if x not in POLICIES]
     if unknown or not args.policies:
@@ -306,9 +313,7 @@ def run_gates(argv: list[str] | None = None) -> int:
     kinds = {k for k in args.kinds.split(",") if k} or None
     cases = select_cases(everything, args.limit, args.seed, skip, kinds)
     runner, oracle, exact = build_runners(args)
-    limits = PackLimits(
-        max_tokens=args.max_launch_tokens, chunk_tokens=args.chunk_tokens, shared_tokens=args.shared_launch_tokens
-    )
+    limits = args.pack_limits
     engine = Engine(runner, pack_limits=limits, cost_model=default_cost_model(args.backend))
     # transformers scores whole prompts only (no chunks, no parent states): as the worker runs it
     whole = PackLimits(
