@@ -65,7 +65,7 @@ def test_the_estimate_takes_each_group_at_its_full_floor():
     floor = statistics.fmean(floors.values())
     assert f"| mean <= 1.5x floor | {3e3 * floor:.1f} ms / {1e3 * floor:.1f} ms = 3.00x | missed: 100% over" in text
     noul = statistics.fmean(f for n, f in floors.items() if n.startswith("noul-"))
-    assert f"| noul mean <= 40 ms | {3e3 * noul:.1f} ms |" in text
+    assert f"| noul mean <= 40 ms | {3e3 * noul:.1f} ms (its floor {1e3 * noul:.1f} ms: 3.00x) |" in text
     short = statistics.fmean(floors[n] for n in groups["choice 1-128"])
     assert f"| choice 1-128 mean <= 1.4x its floor | {3e3 * short:.1f} ms / {1e3 * short:.1f} ms = 3.00x" in text
     # p50: each measured sample scaled to its group's mean floor, weighed by the group's count
@@ -114,7 +114,7 @@ def test_a_group_without_samples_and_a_workload_without_a_split():
     results = harness.Results(_samples(cases, "ours-auto", lambda c: 0.020))
     text = "\n".join(report.targets(results, cases, "ours-auto", floors, split=Split(groups, floors)))
     assert "| mean <= 1.5x floor | no answered samples in score 513-2048 | not measured |" in text
-    assert "| noul mean <= 40 ms | 20.0 ms | met |" in text  # the noul groups are all there
+    assert "| noul mean <= 40 ms | 20.0 ms (its floor 10.0 ms: 2.00x) | met |" in text  # the noul groups are all there
     multi = [c for c in workload.read_jsonl(WORKLOAD) if c.kind == "multi"]
     results = harness.Results(_samples(multi, "ours-auto", lambda c: 0.020))
     text = "\n".join(report.targets(results, multi, "ours-auto", None, split=Split({}, None, "no split requests")))

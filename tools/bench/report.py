@@ -193,7 +193,11 @@ def _split_estimate(results: Results, arm: str, split: Split, unmet: str | None 
     noul_groups = [g for g in everything if g.startswith("noul ")]
     if noul_groups:
         noul = split.mean(ours, noul_groups)
-        row("noul mean <= 40 ms", noul_groups, f"{1e3 * noul:.1f} ms", noul, 0.040)
+        shown = f"{1e3 * noul:.1f} ms"
+        if floors:  # how near the fixed target sits to what the card allows at all
+            noul_floor = split.mean(floors, noul_groups)
+            shown += f" (its floor {1e3 * noul_floor:.1f} ms: {noul / noul_floor:.2f}x)"
+        row("noul mean <= 40 ms", noul_groups, shown, noul, 0.040)
     return lines
 
 
