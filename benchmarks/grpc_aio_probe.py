@@ -1,9 +1,10 @@
-"""Would an asyncio gRPC server (grpc.aio) take less time around a request than the thread-pool
-server the worker and frontend run? Both serve one unary method whose handler hands the work to
-another thread (as the worker hands a request to its scheduler's thread) and waits for it; the
-work sleeps `--work-ms` (a pass waiting on the GPU releases the GIL). Each server runs in a
-process of its own; the client calls them in a shuffled order, each call after `--gap-ms` idle
-(as a request's hops idle through a pass), and prints the time above the work, ms.
+"""Would an asyncio gRPC server (grpc.aio), or a Unix socket instead of TCP loopback, take less
+time around a request than the thread-pool server on TCP that the worker and frontend run? Each
+serves one unary method whose handler hands the work to another thread (as the worker hands a
+request to its scheduler's thread) and waits for it; the work sleeps `--work-ms` (a pass waiting
+on the GPU releases the GIL). Each server runs in a process of its own; the client calls them in
+a shuffled order, each call after `--gap-ms` idle (as a request's hops idle through a pass), and
+prints the time above the work, ms.
 
     .venv/bin/python benchmarks/grpc_aio_probe.py [--repeats 300] [--work-ms 8] [--gap-ms 20]
 """
@@ -15,6 +16,8 @@ import asyncio
 import multiprocessing
 import queue
 import random
+import shutil
+import tempfile
 import threading
 import time
 from concurrent import futures
@@ -45,7 +48,7 @@ def _handlers(method) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler("probe.P", {"M": unary})
 
 
-def _serve_threads(work_s: float, ports: multiprocessing.Queue) -> None:
+def _serve_threads(work_s: float, address: str, ports: multiprocessing.Queue) -> None:
     jobs = _work_thread(work_s)
 
     def method(request, context):
@@ -56,12 +59,12 @@ def _serve_threads(work_s: float, ports: multiprocessing.Queue) -> None:
 
     server = grpc.server(futures.ThreadPoolExecutor(8))
     server.add_generic_rpc_handlers((_handlers(method),))
-    ports.put(server.add_insecure_port("127.0.0.1:0"))
+    ports.put(server.add_insecure_port(address))
     server.start()
     server.wait_for_termination()
 
 
-def _serve_aio(work_s: float, ports: multiprocessing.Queue) -> None:
+def _serve_aio(work_s: float, address: str, ports: multiprocessing.Queue) -> None:
     jobs = _work_thread(work_s)
 
     async def method(request, context):
@@ -74,7 +77,7 @@ def _serve_aio(work_s: float, ports: multiprocessing.Queue) -> None:
     async def main() -> None:
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((_handlers(method),))
-        ports.put(server.add_insecure_port("127.0.0.1:0"))
+        ports.put(server.add_insecure_port(address))
         await server.start()
         await server.wait_for_termination()
 
@@ -90,12 +93,19 @@ def main() -> None:
     work_s = args.work_ms / 1e3
     spawn = multiprocessing.get_context("spawn")
     calls, servers = {}, []
-    for name, target in (("thread pool", _serve_threads), ("grpc.aio", _serve_aio)):
+    socket_dir = tempfile.mkdtemp(prefix="grpc-probe-")
+    arms = (
+        ("thread pool", _serve_threads, "127.0.0.1:0"),
+        ("grpc.aio", _serve_aio, "127.0.0.1:0"),
+        ("thread pool, Unix socket", _serve_threads, f"unix:{socket_dir}/probe.sock"),
+    )
+    for name, target, address in arms:
         ports: multiprocessing.Queue = spawn.Queue()
-        server = spawn.Process(target=target, args=(work_s, ports), daemon=True)
+        server = spawn.Process(target=target, args=(work_s, address, ports), daemon=True)
         server.start()
         servers.append(server)
-        channel = grpc.insecure_channel(f"127.0.0.1:{ports.get(timeout=30)}")
+        port = ports.get(timeout=30)
+        channel = grpc.insecure_channel(address if address.startswith("unix:") else f"127.0.0.1:{port}")
         calls[name] = channel.unary_unary("/probe.P/M", request_serializer=_same, response_deserializer=_same)
     try:
         for call in calls.values():
@@ -111,6 +121,7 @@ def main() -> None:
     finally:
         for server in servers:
             server.kill()
+        shutil.rmtree(socket_dir, ignore_errors=True)
     print(f"ms above {args.work_ms} ms of work, {args.repeats} calls each after {args.gap_ms} ms idle")
     print("| server | p10 | p50 | p90 |")
     print("|---|---|---|---|")
