@@ -5,7 +5,8 @@ Walking the plan's segments parents first, each one:
   grid (or at its end): the pieces before it are done, the state is their last piece's, and a
   hit at the end of a segment whose candidates read it needs a cached head score too;
 - if it has children (a branch point or a chunk boundary, `keep_state`), deposits its end state
-  (when it is at least a grid long) and the states at a few grid points before the end (the last
+  (when its node is at least a grid long: the segment, or the long node it is the last chunk
+  of) and the states at a few grid points before the end (the last
   one before the end, then ever farther back: 1, 2, 4, ... grids), where a later request that
   shares only part of it can hang; a prompt that runs alone from its start (a leaf at the root,
   e.g. a noul question, or the last piece of such a prompt longer than `chunk_tokens`, whose
@@ -103,7 +104,9 @@ def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None 
             children[s.parent] += 1
     for seg in segments:
         parent = root if seg.parent is None else paths[seg.parent]
-        solo = seg.parent is None or (parent.solo and children[seg.parent] == 1 and not segments[seg.parent].readers)
+        # its parent is the same tree node, cut at a multiple of chunk_tokens (a long prompt's pieces)
+        continues = seg.parent is not None and children[seg.parent] == 1 and not segments[seg.parent].readers
+        solo = seg.parent is None or (parent.solo and continues)
         start, end = seg.start_position, seg.end_position
         if not parent.cached and not seg.keep_state and not solo:  # a leaf under computed work: runs as planned
             pieces.append((parent.last_piece, seg.token_ids, start, seg.readers))
@@ -128,7 +131,9 @@ def prepare(segments: Sequence[Segment], cache: StateCache, fit: PassFit | None 
         points: list[int] = []
         base = parent.depth if hit == start else 0  # the level its first running piece takes
         if digests and (seg.keep_state or solo) and parent.chain is not None:
-            points = [q for q in _deposit_points(cache, seg, grid, hit, anchor, key) if key(q) not in planned]
+            points = [
+                q for q in _deposit_points(cache, seg, grid, hit, anchor, key, continues) if key(q) not in planned
+            ]
             if room is not None:  # each cut is one piece and one level more: keep those that fit
                 later = len(segments) - seg.index - 1  # plan segments still to come, a piece each at most
                 levels = room.max_depth - base - heights[seg.index]
@@ -203,13 +208,18 @@ def _deepest_hit(
     return seg.start_position, None
 
 
-def _deposit_points(cache: StateCache, seg: Segment, grid: list[int], hit: int, anchor: int, key: _Keys) -> list[int]:
-    """Where this segment leaves states: its end (if it is at least a grid long) and up to
-    `deposits_per_segment` grid points before it, spaced 1, 2, 4, ... grids back; none at or
-    before the hit, none already cached."""
+def _deposit_points(
+    cache: StateCache, seg: Segment, grid: list[int], hit: int, anchor: int, key: _Keys, continues: bool
+) -> list[int]:
+    """Where this segment leaves states: its end (if its node is at least a grid long: the
+    segment, or the long node whose last chunk it is) and up to `deposits_per_segment` grid
+    points before it, spaced 1, 2, 4, ... grids back; none at or before the hit, none already
+    cached."""
     rule, end = cache.rule, seg.end_position
-    # a leaf's end (a whole prompt) serves only an identical prompt: its grid points serve more
-    points = [end] if seg.keep_state and seg.num_tokens >= rule.grid else []
+    # a leaf's end (a whole prompt) serves only an identical prompt: its grid points serve more;
+    # a short node's end is left out (it would keep a state at every tiny branch), but a long
+    # node's last chunk may be a few tokens, and without its end nothing below it is reachable
+    points = [end] if seg.keep_state and (seg.num_tokens >= rule.grid or continues) else []
     for k in range(cache.deposits_per_segment):
         position = rule.floor(end - 1 - rule.grid * ((1 << k) - 1), anchor)
         if position <= hit:

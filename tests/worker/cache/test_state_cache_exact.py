@@ -191,6 +191,23 @@ def test_nothing_is_kept_below_a_node_no_lookup_can_pass(torch_runner):
     same_bits(again, Engine(torch_runner).execute(work, temperature=TEMPERATURE, policy="shared"))
 
 
+@pytest.mark.parametrize("state_tokens", [4100, 4160])
+def test_a_long_node_whose_last_chunk_is_short_keeps_its_end(torch_runner, state_tokens):
+    """A 4,100-token state three questions share runs as chunks of 2,048, 2,048 and 4 tokens: the
+    last piece is shorter than a grid, and its end (the branch point) was not kept, so nothing
+    below it was either and a repeat recomputed every question (found by a review helper; 4,160,
+    whose last piece is a grid long, was fine). Now a repeat hangs at every question's end."""
+    rng = random.Random(7)
+    toks = lambda n: [rng.randrange(1000, 5000) for _ in range(n)]  # noqa: E731
+    state, questions = toks(state_tokens), [toks(300) for _ in range(3)]
+    work = [QuestionWork("choice", tuple(tuple(state + q + toks(5)) for _ in range(4))) for q in questions]
+    engine = cached_engine(torch_runner)
+    engine.execute(work, temperature=TEMPERATURE, policy="shared")
+    again = engine.execute(work, temperature=TEMPERATURE, policy="shared")
+    assert again.cache_hit_tokens == state_tokens + 3 * 300
+    same_bits(again, Engine(torch_runner).execute(work, temperature=TEMPERATURE, policy="shared"))
+
+
 def test_a_node_kept_without_a_score_gains_one(torch_runner):
     """A node first kept where no candidate read its score: the first request that reads one
     there deposits it again with the score, so later ones hang at the node's end (they fell back
