@@ -148,10 +148,13 @@ def log_config(name: str, args: argparse.Namespace) -> None:
     )
 
 
-def add_server_flags(p: argparse.ArgumentParser, *, client: str) -> None:
+def add_server_flags(p: argparse.ArgumentParser, *, client: str, watch_streams: int = 32) -> None:
     """The flags both servers take: call caps of the idle-prone kinds, shutdown, port file,
-    metrics, TLS (or --plaintext, asked for), tracing, logging. client: who connects (named in the help)."""
-    p.add_argument("--max-watch-streams", type=positive_int, default=32, help="concurrent health Watch streams")
+    metrics, TLS (or --plaintext, asked for), tracing, logging. client: who connects (named in the help);
+    watch_streams: the default cap of health Watch streams."""
+    p.add_argument(
+        "--max-watch-streams", type=positive_int, default=watch_streams, help="concurrent health Watch streams"
+    )
     p.add_argument("--max-reflection-streams", type=positive_int, default=8, help="concurrent reflection streams")
     p.add_argument("--grace-seconds", type=non_negative_float, default=10.0, help="drain time on SIGTERM")
     p.add_argument(

@@ -33,6 +33,14 @@ log = logs.get("openjev.worker")
 # demo model on 2 CPU cores; the largest request the contract allows (65,536 short candidates) and
 # a capacity case (33 candidates of 16,384 tokens) fit, the 18-million-token requests seen do not.
 DEFAULT_MAX_REQUEST_TOKENS = 1 << 22
+
+# Health Watch streams the worker admits: every frontend holds one on each worker for each of its
+# traffic channels (round robin, and the affinity ring), and while a channel is replaced the old
+# one's stays until its last call ends, so up to 4 a frontend. A refused Watch leaves that
+# frontend's channel unhealthy and the frontend NOT_SERVING for as long as it lasts: at the
+# public port's 32 the 17th frontend never served. Each stream holds one idle pool thread; 256
+# serve 64 frontends through a rolling restart.
+WATCH_STREAMS = 256
 # The shapes of cuda/fused_weights.SHAPES a served model can take: their vocabularies hold the
 # tokenizer's ids ("small" there is the kernel tests' shape, with a 4,096-entry table).
 SYNTHETIC_SHAPES = ("27b", "9b")
@@ -205,7 +213,7 @@ def parser() -> argparse.ArgumentParser:
         help="ask frontends to reconnect this often, so that they re-resolve a DNS name "
         "and spread over workers added since (0: never)",
     )
-    config.add_server_flags(p, client="frontend")
+    config.add_server_flags(p, client="frontend", watch_streams=WATCH_STREAMS)
     return p
 
 

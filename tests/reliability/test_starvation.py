@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from openjev.client import Client
+from openjev.frontend.worker_link import traffic_channel_options
 from openjev.tools import launch
 from openjev.tools.soak import log_events, outcome_counts
 from openjev.v1 import decision_pb2 as api
@@ -196,6 +197,30 @@ def test_full_queue_is_resource_exhausted_with_default_threads(demo_model, tmp_p
         assert max(exhausted) < 3.0, "refused at once, not after waiting"
     finally:
         started_pair.stop()
+
+
+def test_the_worker_admits_the_health_watches_of_many_frontends(demo_model, tmp_path):
+    """Every frontend's traffic channels hold a health Watch on each worker (gRPC's client-side
+    health checking), two a frontend with affinity. At the public port's cap of 32 a 17th
+    frontend's Watch was refused, its channel stayed unhealthy and the frontend NOT_SERVING for
+    good, while the worker served (a review helper's finding). 40 traffic channels (20 frontends'
+    worth) all connect, and a frontend started after them serves."""
+    worker = launch.start_worker(demo_model, tmp_path, [])
+    channels: list[grpc.Channel] = []
+    frontend = None
+    try:
+        for i in range(40):  # the frontend's own channel options; a distinct id: no shared subchannel
+            channels.append(grpc.insecure_channel(worker.address, [*traffic_channel_options(), ("openjev.test", i)]))
+            grpc.channel_ready_future(channels[-1]).result(timeout=20)
+        frontend = launch.start_frontend(demo_model, worker.address, tmp_path)
+        reply = _decide(frontend.address)
+        assert len(reply.answers) == 1 and reply.answers[0].WhichOneof("kind") == "noul"
+    finally:
+        for channel in channels:
+            channel.close()
+        if frontend is not None:
+            frontend.stop()
+        worker.stop()
 
 
 @contextlib.contextmanager
