@@ -255,8 +255,14 @@ class WorkerLink:
         self.affinity = affinity
         if affinity:
             routing.enable_request_hash_header()
+        # The workers the probes describe: a name's last addresses that resolved. A failed lookup
+        # keeps them, as gRPC's resolver keeps a channel's (a DNS hiccup of a second refused every
+        # request for a refresh period and rebuilt both traffic channels, which stayed connected
+        # throughout); workers gone for good fail their probes.
+        self._endpoints: list[str] = self.targets.endpoints() or []
+        self._lookup_failed = False
         # A name's addresses when the traffic channels were built, as the probes saw them (None: IPs).
-        self._resolved = None if self.targets.fixed is not None else frozenset(self.targets.endpoints())
+        self._resolved = None if self.targets.fixed is not None else frozenset(self._endpoints)
         # The probes answer on their own channels; after a worker restarts they can say SERVING
         # while the traffic channel still waits out its reconnect backoff, so readiness needs both.
         # A link state computed while a channel was still connecting says UNAVAILABLE ("its
@@ -346,7 +352,11 @@ class WorkerLink:
         self._pool.shutdown(wait=False)
 
     def refresh(self) -> LinkState:
-        endpoints = self.targets.endpoints()
+        found = self.targets.endpoints()
+        if found is None and not self._lookup_failed and self._endpoints:  # once, not every period
+            log.warning("worker_lookup_failed", target=self.target, keeping=self._endpoints)
+        self._lookup_failed = found is None
+        self._endpoints = endpoints = self._endpoints if found is None else found
         with self._probes_lock:
             if self._stop.is_set():
                 return self._state

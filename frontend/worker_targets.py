@@ -71,14 +71,15 @@ class WorkerTargets:
     name: str = ""
     port: int = 0
 
-    def endpoints(self) -> list[str]:
-        """Each worker's own HOST:PORT now. A name that does not resolve (yet) has none."""
+    def endpoints(self) -> list[str] | None:
+        """Each worker's own HOST:PORT now; None where the name's lookup failed (does not resolve,
+        or not now)."""
         if self.fixed is not None:
             return list(self.fixed)
         try:
             infos = socket.getaddrinfo(self.name, self.port, type=socket.SOCK_STREAM)
         except socket.gaierror:
-            return []
+            return None
         return sorted({_endpoint(str(info[4][0]), self.port) for info in infos})
 
 

@@ -120,3 +120,42 @@ def test_a_name_that_resolves_late_moves_or_gains_a_worker_is_followed(demo_mode
     finally:
         for process in reversed(processes):
             process.stop(timeout_seconds=10)
+
+
+def test_a_name_that_fails_to_resolve_for_a_moment_keeps_its_workers(demo_model, tmp_path):
+    """The name stops resolving for 1.5 s (a DNS hiccup) while requests flow: the traffic channel
+    stays connected (gRPC keeps a name's last addresses), and so does the frontend's view. Before,
+    the refresh that saw no address refused every request UNAVAILABLE for a period, health said
+    NOT_SERVING and both traffic channels were rebuilt (a review helper's finding)."""
+    good = "127.0.0.1 localhost\n127.0.0.1 wk\n"
+    hosts = tmp_path / "hosts"
+    hosts.write_text(good)
+    python = in_namespace(tmp_path, hosts)
+    port = launch.free_port()
+    processes = []
+    try:
+        worker = launch.start_worker(demo_model, tmp_path, [*WORKER_ARGS, "--listen", f"127.0.0.1:{port}"])
+        processes.append(worker)
+        frontend = launch.start_frontend(
+            demo_model, f"dns:///wk:{port}", tmp_path, ["--worker-refresh-seconds", "0.5"], python=python
+        )
+        processes.append(frontend)
+        launch.wait_serving(frontend.address)
+        with Client(frontend.address) as c:
+            c.decide(noul("Before."), timeout=30)
+            hosts.write_text("127.0.0.1 localhost\n")  # in place: the bind mount shows it
+            ended = time.monotonic() + 1.5
+            answered = 0
+            while time.monotonic() < ended:
+                assert c.decide(noul(f"During {answered}."), timeout=30)["answers"]["q"]["type"] == "noul"
+                answered += 1
+            hosts.write_text(good)
+            time.sleep(1.0)  # a refresh with the name back: the same addresses, no new channels
+            c.decide(noul("After."), timeout=30)
+        assert answered > 0
+        events = log_events(frontend.log_text(), "worker_lookup_failed")
+        assert len(events) == 1 and events[0]["keeping"] == [f"127.0.0.1:{port}"], events
+        assert not log_events(frontend.log_text(), "worker_channels"), "the traffic channels were rebuilt"
+    finally:
+        for process in reversed(processes):
+            process.stop(timeout_seconds=10)
