@@ -18,7 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from openjev.client import Client
 from openjev.tools import launch
+from openjev.tools.soak import log_events
 
+# ~64,000 tokens computed one prompt after another: many seconds on a CPU
+SLOW = {
+    "state": "A customer message that goes on. " * 250,
+    "questions": {"q": {"type": "choice", "instructions": "Pick.", "criteria": {f"o{i}": None for i in range(32)}}},
+}
 GRACE_SECONDS = 10
 # About half a second each on CI's CPU; the worker runs them one after another.
 REQUEST = {
@@ -238,20 +244,38 @@ def test_sigint_while_starting_is_a_shutdown_line_not_a_traceback(tmp_path):
     assert '"event": "shutdown"' in err and "start-up" in err, err
 
 
+def test_a_worker_call_cut_off_by_the_worker_grace_period_is_logged_as_the_servers(demo_model, tmp_path):
+    """A request still running on a worker when its grace period ends: the worker's `execute`
+    line says SERVER_SHUTDOWN, as its metrics do (it said CANCELLED, "request cancelled before it
+    finished": a client's cancel; a review helper's finding)."""
+    pair = launch.start_pair(demo_model, tmp_path, worker_args=["--grace-seconds", "1", "--log-level", "debug"])
+    try:
+        with Client(pair.frontend.address) as c, futures.ThreadPoolExecutor(1) as pool:
+            call = pool.submit(c.decide, SLOW, policy="off", timeout=120, request_id="cut-worker")
+            deadline = time.monotonic() + 30
+            while '"execute_started"' not in pair.worker.log_text():
+                assert time.monotonic() < deadline, "the request never started"
+                time.sleep(0.02)
+            pair.worker.popen.send_signal(signal.SIGTERM)
+            with pytest.raises(grpc.RpcError):
+                call.result(timeout=60)
+        pair.worker.popen.wait(timeout=15)
+        (line,) = [e for e in log_events(pair.worker.log_text(), "execute") if e.get("request_id") == "cut-worker"]
+        assert line["outcome"] == "SERVER_SHUTDOWN", line
+    finally:
+        pair.stop()
+
+
 def test_a_request_cut_off_by_the_grace_period_counts_as_the_servers(demo_model, tmp_path):
     """A request still running when the frontend's grace period ends is ended by the server: its
     log line and metrics say SERVER_SHUTDOWN (they said CLIENT_CANCELLED, which alerts leave out,
     so requests lost in a restart went unseen)."""
     worker = launch.start_worker(demo_model, tmp_path, ["--log-level", "debug"])  # logs execute_started
     frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--grace-seconds", "1"])
-    slow = {  # ~64,000 tokens computed one prompt after another: many seconds on a CPU
-        "state": "A customer message that goes on. " * 250,
-        "questions": {"q": {"type": "choice", "instructions": "Pick.", "criteria": {f"o{i}": None for i in range(32)}}},
-    }
     try:
         launch.wait_serving(frontend.address)
         with Client(frontend.address) as c, futures.ThreadPoolExecutor(1) as pool:
-            call = pool.submit(c.decide, slow, policy="off", timeout=120, request_id="cut-off")
+            call = pool.submit(c.decide, SLOW, policy="off", timeout=120, request_id="cut-off")
             deadline = time.monotonic() + 30
             while '"execute_started"' not in worker.log_text():
                 assert time.monotonic() < deadline, "the request never started"

@@ -87,6 +87,15 @@ def _refuse_full(context, error: QueueFull, fields: dict) -> None:
     context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
 
 
+def _log_gone(context, reason: str, fields: dict) -> None:
+    """A request that ended because its caller went: the status and outcome its metrics give it
+    (the caller's deadline is DEADLINE_EXCEEDED, a shutdown's cut SERVER_SHUTDOWN), as the
+    frontend's `decide` line does; a plain cancel stays CANCELLED."""
+    status = interceptors.caller_status("CANCELLED", context)
+    outcome = interceptors.refused_outcome("CANCELLED", context)
+    log.info("execute", status=status, outcome=outcome, reason=reason, **fields)
+
+
 @contextmanager
 def _refused_unrun(context, fields: dict, what: str):
     """Reading a request: a malformed one is INVALID_ARGUMENT ("malformed execute {what}: ..."),
@@ -229,8 +238,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             while context.is_active() and time.monotonic() < gone_by:
                 time.sleep(0.005)
             reason = "stream ended without commit" if context.is_active() else "client went away before commit"
-            log.info("execute", status="DISCARDED", reason=reason, **fields)
             interceptors.note_outcome("DISCARDED")
+            outcome = interceptors.refused_outcome("DISCARDED", context)  # a caller gone: its deadline or cancel
+            log.info("execute", status="DISCARDED", outcome=outcome, reason=reason, **fields)
             if context.is_active():  # a caller still there must not read an empty OK as an answer
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed execute stream: ended without a commit")
         return collected
@@ -263,7 +273,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         try:
             context.send_initial_metadata(((abi.ACCEPTED_METADATA_KEY, "1"),))
         except grpc.RpcError:  # the caller left while the request was read and checked
-            log.info("execute", status="CANCELLED", reason="client went away before acceptance", **fields)
+            _log_gone(context, "client went away before acceptance", fields)
             context.abort(grpc.StatusCode.CANCELLED, "client went away before acceptance")
 
         # Spans: the wait for the first pass (ended by the scheduler's thread) beside the execution.
@@ -286,8 +296,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 )
         except QueueFull as error:
             _refuse_full(context, error, fields)
-        except Cancelled as error:
-            log.info("execute", status="CANCELLED", reason=str(error), **fields)
+        except Cancelled as error:  # the caller's cancel, its deadline, or a shutdown: say which
+            _log_gone(context, str(error), fields)
             context.abort(grpc.StatusCode.CANCELLED, str(error))
         except InferenceError as error:
             log.error("execute", status="INTERNAL", reason=str(error), **fields)

@@ -337,6 +337,9 @@ def test_a_caller_gone_before_acceptance_gets_its_log_line(bad_worker):
         def is_active(self):
             return False
 
+        def time_remaining(self):  # no deadline: the caller cancelled
+            return None
+
     request = wire.ExecuteUnaryRequest(header=wire.ExecuteHeader(request_id="gone-before-acceptance"))
     request.header.questions.add(kind=abi.kind_to_enum("noul"), num_candidates=1)
     request.candidates.add(question_index=0, candidate_index=0, token_ids=[1, 2, 3])

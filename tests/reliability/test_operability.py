@@ -380,7 +380,9 @@ def test_a_caller_deadline_seen_as_a_cancel_is_still_its_deadline():
 
 def test_client_deadlines_through_the_servers_are_counted_and_logged_as_deadlines(demo_model, tmp_path):
     """Decide calls whose own 1 s deadline passes while the worker computes: the frontend counts
-    and logs each as DEADLINE_EXCEEDED (4 of 6 were CLIENT_CANCELLED, every log line CANCELLED)."""
+    and logs each as DEADLINE_EXCEEDED (4 of 6 were CLIENT_CANCELLED, every log line CANCELLED), and
+    so does the worker's `execute` line, as its metrics did (it said CANCELLED, no outcome: a review
+    helper's finding)."""
     from openjev.tools.soak import log_events, outcome_counts
 
     metrics_port = launch.free_port()
@@ -404,6 +406,11 @@ def test_client_deadlines_through_the_servers_are_counted_and_logged_as_deadline
         assert outcome_counts(url, "openjev_frontend_request_seconds_count") == {"DEADLINE_EXCEEDED": 4.0}
         statuses = [(e["status"], e["outcome"]) for e in log_events(pair.frontend.log_text(), "decide")]
         assert statuses == [("DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED")] * 4
+        while len(log_events(pair.worker.log_text(), "execute")) < 4:  # each ends at its next pass
+            assert time.monotonic() < deadline + 20
+            time.sleep(0.1)
+        worker = [(e["status"], e["outcome"]) for e in log_events(pair.worker.log_text(), "execute")]
+        assert worker == [("DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED")] * 4, worker
     finally:
         pair.stop()
 

@@ -105,7 +105,8 @@ def test_deadline_propagates_and_work_stops_at_next_launch(busy_pair, stub, long
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert time.monotonic() - started < 3
     line = worker_line(busy_pair.worker, long_id)
-    assert line["status"] == "CANCELLED" and "before it finished" in line["reason"]  # stopped mid-request
+    # stopped mid-request; the caller's deadline, as the worker's metrics count it
+    assert line["status"] == line["outcome"] == "DEADLINE_EXCEEDED" and "before it finished" in line["reason"]
     assert line["seen_at"] - started < LONG_SECONDS  # at a launch boundary, well before the end
     assert frontend_method(busy_pair, long_id) == method
     small_started = time.monotonic()
@@ -121,7 +122,7 @@ def test_client_cancel_propagates_to_the_worker(busy_pair, stub, long, method):
     cancelled_at = time.monotonic()
     assert future.cancel()
     line = worker_line(busy_pair.worker, long_id)
-    assert line["status"] == "CANCELLED"
+    assert line["status"] == "CANCELLED" and line["outcome"] == "CLIENT_CANCELLED"
     assert line["seen_at"] - cancelled_at < 2.5
     assert frontend_method(busy_pair, long_id) == method
     started = time.monotonic()
@@ -165,7 +166,7 @@ def test_timed_out_request_leaves_the_queue(busy_pair, stub):
         queued.result()
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     line = worker_line(busy_pair.worker, queued_id)
-    assert line["status"] == "CANCELLED" and line["reason"] == "client went away while queued"
+    assert line["status"] == "DEADLINE_EXCEEDED" and line["reason"] == "client went away while queued"
     # Both waiting places are free again: two more wait, a third is refused.
     later = [send(stub, SMALL, rid("later")) for _ in range(2)]
     wait_admitted(busy_pair, 3)
