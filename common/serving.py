@@ -150,6 +150,14 @@ class Health(health.HealthServicer):
 
         return callback
 
+    def end_watches(self) -> None:
+        """End every Watch stream (each was just sent NOT_SERVING): an open one is a call in flight
+        to the server's stop, which then waited the whole grace period with nothing else running."""
+        with self._lock:
+            callbacks = [callback for watchers in self._send_response_callbacks.values() for callback in watchers]
+        for callback in callbacks:
+            callback(None)
+
 
 def build_server(
     listen: str,
@@ -295,6 +303,7 @@ def serve_until_signal(
     log.info("shutdown", grace_seconds=grace_seconds)
     # NOT_SERVING for good: a later set_serving (a frontend's link refresh) changes nothing
     server.health.enter_graceful_shutdown()
+    server.health.end_watches()
     on_signal()
     stopped = server.grpc_server.stop(grace_seconds)
     log.info("draining", grace_seconds=grace_seconds)  # new calls are refused from here on

@@ -104,6 +104,33 @@ def test_sigterm_drains_in_flight_and_refuses_new(demo_model, tmp_path):
         worker.stop()
 
 
+def test_an_idle_server_with_an_open_health_watch_stops_at_once(demo_model, tmp_path):
+    """Nothing in flight but a client's health Watch stream: the stream gets NOT_SERVING and
+    ends, and the frontend exits at once. It stayed open, and the server's stop counted it as a
+    call in flight, so every SIGTERM waited the whole grace period (a review helper's finding)."""
+    worker = launch.start_worker(demo_model, tmp_path)
+    frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--grace-seconds", str(GRACE_SECONDS)])
+    watched: list[int] = []
+    try:
+        launch.wait_serving(frontend.address)
+        watcher = threading.Thread(target=_watch_health, args=(frontend.address, watched), daemon=True)
+        watcher.start()
+        deadline = time.monotonic() + 30
+        while not watched:
+            assert time.monotonic() < deadline, "no health status on the Watch stream"
+            time.sleep(0.02)
+        signalled = time.monotonic()
+        frontend.popen.send_signal(signal.SIGTERM)
+        frontend.popen.wait(timeout=GRACE_SECONDS + 5)
+        assert frontend.popen.returncode == 0
+        assert time.monotonic() - signalled < 3, f"an idle frontend took {time.monotonic() - signalled:.1f} s"
+        watcher.join(5)
+        assert watched[-1] == health_pb2.HealthCheckResponse.NOT_SERVING, watched
+    finally:
+        frontend.stop()
+        worker.stop()
+
+
 def _watch_health(address: str, into: list[int]) -> None:
     with grpc.insecure_channel(address) as channel:
         try:
