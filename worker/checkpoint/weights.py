@@ -171,8 +171,12 @@ def _finite(tensor: Tensor) -> bool:
     return not tensor.numel() or all(bool(torch.isfinite(x)) for x in torch.aminmax(tensor))
 
 
-def load_tensors(directory: str | Path, config: ModelConfig, dtype: torch.dtype) -> dict[str, Tensor]:
-    """Unprefixed name -> tensor upcast to dtype, for exactly the tensors expected_shapes lists."""
+def load_tensors(
+    directory: str | Path, config: ModelConfig, dtype: torch.dtype, *, own: bool = False
+) -> dict[str, Tensor]:
+    """Unprefixed name -> tensor upcast to dtype, for exactly the tensors expected_shapes lists.
+    own: every tensor in memory of its own; otherwise one already in `dtype` may be a view of the
+    file's memory map (what a runner that copies to the GPU wants: no second copy in RAM)."""
     directory = Path(directory)
     index = _tensor_index(directory)
     prefix = _prefix(index, directory)
@@ -202,7 +206,7 @@ def load_tensors(directory: str | Path, config: ModelConfig, dtype: torch.dtype)
                     # and so would a finite F64/F32 weight that overflows the compute dtype
                     if not _finite(tensor):
                         raise ExportError(f"{path.name}: tensor {prefix + name} has NaN or infinite values")
-                    converted = tensor.to(dtype)
+                    converted = tensor.to(dtype, copy=own)
                     if converted is not tensor and not _finite(converted):
                         stored = _SAFETENSORS_DTYPES.get(tensor.dtype, tensor.dtype)
                         raise ExportError(
@@ -255,8 +259,10 @@ def _layer(t: dict[str, Tensor], p: str, kind: LayerKind) -> LayerWeights:
     return AttentionLayerWeights(mixer=_attention(t, p + "self_attn."), **rest)
 
 
-def load_weights(directory: str | Path, config: ModelConfig, dtype: torch.dtype = torch.float32) -> ModelWeights:
-    """All backbone weights of an export, upcast (bf16 -> dtype) on CPU."""
-    t = load_tensors(directory, config, dtype)
+def load_weights(
+    directory: str | Path, config: ModelConfig, dtype: torch.dtype = torch.float32, *, own: bool = False
+) -> ModelWeights:
+    """All backbone weights of an export, upcast (bf16 -> dtype) on CPU (own: load_tensors')."""
+    t = load_tensors(directory, config, dtype, own=own)
     layers = [_layer(t, f"layers.{i}.", kind) for i, kind in enumerate(config.layer_types)]
     return ModelWeights(embed_tokens=t[_EMBED], layers=tuple(layers), final_norm=t["norm.weight"])

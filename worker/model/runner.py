@@ -35,7 +35,10 @@ class TorchRunner:
         self.meta: ExportMeta = load_export_meta(model_dir)
         self.config: ModelConfig = load_model_config(model_dir)
         self.dtype = dtype
-        self.weights = load_weights(model_dir, self.config, dtype)
+        # weights it serves from, so in memory of their own: an F32 export's stayed views of the
+        # file's map, so an export rewritten in place changed answers and a truncated one killed
+        # the worker (SIGBUS)
+        self.weights = load_weights(model_dir, self.config, dtype, own=True)
         self.head_weight = torch.tensor(self.meta.head_weight, dtype=torch.float32)
 
     def _check(self, run: SegmentRun) -> None:

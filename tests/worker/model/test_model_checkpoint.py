@@ -155,6 +155,27 @@ def test_a_weight_past_the_compute_dtype_is_named(model_export, small, tmp_path,
         load_tensors(export, load_model_config(export), dtype)
 
 
+def test_weights_stored_in_the_compute_dtype_do_not_follow_the_file(model_export, small, tmp_path):
+    """An F32 export on the CPU runner (fp32): its weights were views of the file's memory map, so
+    the file rewritten in place (same inode, as `cp` over it does) changed the answers of a
+    running worker, and truncating it killed the worker (a review helper's finding)."""
+    tensors, text_config = small
+    export = write_export(
+        model_export, tmp_path / "f32", {k: v.float() for k, v in tensors.items()}, nested(text_config)
+    )
+    runner = TorchRunner(export)
+    ids = list(range(3, 40))
+    [before] = runner.run_launch([SegmentRun(ids, 0, None, keep_state=False, read_head=True)])
+    path = export / "model.safetensors"
+    with open(path, "r+b") as f:  # every tensor byte zeroed in place
+        header = int.from_bytes(f.read(8), "little")
+        f.seek(8 + header)
+        f.write(bytes(path.stat().st_size - 8 - header))
+    [after] = runner.run_launch([SegmentRun(ids, 0, None, keep_state=False, read_head=True)])
+    assert after.head_score == before.head_score
+    assert runner.weights.embed_tokens.abs().sum() > 0
+
+
 def test_an_f8_weight_is_refused_by_name(model_export, small, tmp_path):
     """An F8 weight is refused by its dtype and name (torch's finiteness check fails on it, which
     named only the file)."""
