@@ -208,18 +208,20 @@ CHAT_TEMPLATE_TOKENS = ("<|im_start|>", "<|im_end|>")
 
 def check_chat_tokens(added_tokens: Sequence[dict], chat_prefix: str, chat_suffix: str) -> None:
     """Each of CHAT_TEMPLATE_TOKENS in the chat template must be an added token of tokenizer.json
-    (matched whole, so one id), and not single_word (which is not matched beside the template's
-    text): else ExportError naming both files."""
+    (matched whole, so one id), and none of single_word (not matched beside the template's text),
+    lstrip or rstrip (which take the template's line feeds into the token, dropping their ids from
+    every prompt): else ExportError naming both files."""
     by_content = {token.get("content"): token for token in added_tokens}
     for text in CHAT_TEMPLATE_TOKENS:
         if text not in chat_prefix and text not in chat_suffix:
             continue
         token = by_content.get(text)
-        if token is None or token.get("single_word"):
-            why = "is single_word" if token is not None else "is not one of its added tokens"
+        flags = [flag for flag in ("single_word", "lstrip", "rstrip") if token is not None and token.get(flag)]
+        if token is None or flags:
+            why = f"is {flags[0]}" if flags else "is not one of its added tokens"
             raise ExportError(
-                f"{TOKENIZER_FILE}: {text}, in the chat template of {EXPORT_MANIFEST}, {why}, so it is not "
-                "encoded as one token id: the tokenizer is not this model's"
+                f"{TOKENIZER_FILE}: {text}, in the chat template of {EXPORT_MANIFEST}, {why}, so the template "
+                "is not encoded as this model's: the tokenizer is not this model's"
             )
 
 

@@ -295,10 +295,15 @@ def test_the_workers_reading_refuses_a_chat_template_token_that_is_not_one_id(tm
         "no_start.json": ([("<|other|>", 2), specials[1]], "<|im_start|>", "is not one of its added tokens"),
         "no_end.json": ([specials[0], ("<|other|>", 3)], "<|im_end|>", "is not one of its added tokens"),
         "single_word.json": (specials, "<|im_end|>", "is single_word"),
+        # these take the template's line feeds into the token: every prompt's ids change (a review
+        # helper's finding: accepted, and frontend and worker agreed, both reading the same file)
+        "lstrip.json": (specials, "<|im_end|>", "is lstrip"),
+        "rstrip.json": (specials, "<|im_end|>", "is rstrip"),
     }
     for name, (added, _, _) in cases.items():
         document = json.loads(_numbered({"a": 0, "b": 1}, added))
-        document["added_tokens"][1]["single_word"] = name == "single_word.json"
+        for flag in ("single_word", "lstrip", "rstrip"):
+            document["added_tokens"][1][flag] = name == f"{flag}.json"
         (tmp_path / name).write_text(json.dumps(document))
     words = {"model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1, "[UNK]": 2}, "unk_token": "[UNK]"}}
     (tmp_path / "words.json").write_text(json.dumps(words))
