@@ -125,7 +125,11 @@ def _layer_types(text: dict[str, Any], num_layers: int) -> tuple[LayerKind, ...]
 def _rope(text: dict[str, Any]) -> tuple[float, float]:
     """(rope_theta, partial_rotary_factor). Text-only Qwen3.5 feeds the same 1-D position to all
     three mrope sections, so mrope collapses to ordinary rotary and mrope_section is irrelevant."""
-    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    given, legacy = text.get("rope_parameters"), text.get("rope_scaling")
+    # transformers reads rope_scaling where both are given: serving the other would differ from it
+    if given and legacy and given != legacy:
+        raise _fail("rope_parameters and rope_scaling are both given and differ: give one of them")
+    rope = given or legacy or {}
     if not isinstance(rope, dict):
         raise _fail("rope_parameters must be an object")
     rope_type = rope.get("rope_type", rope.get("type", "default"))

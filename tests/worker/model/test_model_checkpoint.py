@@ -254,3 +254,10 @@ def test_real_27b_config_shape_parses():
     assert config.linear_conv_dim == 2 * 16 * 128 + 48 * 128
     with pytest.raises(ExportError, match="config.json: model_type"):
         parse_model_config({**text, "model_type": "llama"})
+    # rope_scaling beside rope_parameters: the same is fine, another (transformers would read it,
+    # yarn or another theta, where the worker served rope_parameters: a review helper's finding) refused
+    same = {**text, "rope_scaling": dict(text["rope_parameters"])}
+    assert parse_model_config({"model_type": "qwen3_5", "text_config": same}).rope_theta == 1e7
+    for other in ({"rope_type": "yarn", "factor": 4.0}, {"rope_type": "default", "rope_theta": 10000}):
+        with pytest.raises(ExportError, match="rope_parameters and rope_scaling are both given and differ"):
+            parse_model_config({"model_type": "qwen3_5", "text_config": {**text, "rope_scaling": other}})
