@@ -16,6 +16,7 @@ import time
 import uvicorn
 
 from openjev import logs
+from openjev.frontend.http import guard
 from openjev.frontend.http.app import HttpApi
 from openjev.frontend.http.guard import UVICORN_MALFORMED, GuardedH11Protocol
 
@@ -77,7 +78,23 @@ class HttpServer:
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
 
     def _run(self) -> None:
-        asyncio.run(self._server.serve(sockets=[self._socket]))
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        # On a TLS port the guard's head deadline starts only once the handshake is done: a
+        # connection that never sends its ClientHello was held for asyncio's 60 s, so silent
+        # connections piled up to the process's file descriptor limit again. uvicorn passes no
+        # handshake timeout, so this loop's create_server gets the head deadline as one.
+        loop = asyncio.get_running_loop()
+        create_server = loop.create_server
+
+        def with_handshake_deadline(*args, **kwargs):
+            if kwargs.get("ssl") is not None:
+                kwargs.setdefault("ssl_handshake_timeout", guard.HEAD_SECONDS)
+            return create_server(*args, **kwargs)
+
+        loop.create_server = with_handshake_deadline  # type: ignore[method-assign]
+        await self._server.serve(sockets=[self._socket])
 
     def start(self, timeout_seconds: float = 30.0) -> None:
         self._thread.start()

@@ -754,6 +754,32 @@ def test_a_connection_that_never_finishes_its_head_is_closed(max_body_bytes, mon
         server.wait_stopped()
 
 
+def test_a_tls_connection_that_never_finishes_its_handshake_is_closed(max_body_bytes, pki, monkeypatch):
+    """On a TLS port the head deadline starts after the handshake: a connection that sent nothing
+    was held for asyncio's 60 s, so silent connections could again take every file descriptor
+    (a review helper's finding). The handshake has the head deadline too."""
+    from openjev.frontend.http import guard
+    from openjev.frontend.http.app import HttpApi
+    from openjev.frontend.http.server import HttpServer
+
+    monkeypatch.setattr(guard, "HEAD_SECONDS", 0.5)
+    quick = _Blocking()
+    quick.release.set()
+    api = HttpApi(quick, lambda: None, max_body_bytes=max_body_bytes)  # type: ignore[arg-type]
+    tls = {"tls_cert": str(pki["ca-server"]), "tls_key": str(pki["ca-server-key"])}
+    server = HttpServer(api, "127.0.0.1:0", grace_seconds=1, **tls)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as silent:
+            started = time.monotonic()
+            assert silent.recv(4096) == b""  # closed by the server
+            assert time.monotonic() - started < 5
+        verify = ssl.create_default_context(cafile=str(pki["ca"]))
+        assert httpx.get(f"https://127.0.0.1:{server.port}/health", verify=verify, timeout=10).status_code == 200
+    finally:
+        server.wait_stopped()
+
+
 def test_connections_past_the_cap_are_closed_unanswered(max_body_bytes, monkeypatch):
     """Past guard.MAX_CONNECTIONS open connections (here 2) a new one is closed at once."""
     from openjev.frontend.http import guard
