@@ -54,10 +54,21 @@ def expected_worker(tokenizer_fingerprint: str, max_length: int, model_id: str, 
 EXPECT_FLEET_METADATA_KEY = "openjev-expect-fleet"
 
 
-def expected_fleet(checkpoint_revision: str, default_prefix_policy: int) -> str:
+def expected_fleet(checkpoint_revision: str, default_prefix_policy: int, weights_fingerprint: str = "") -> str:
     """A digest of what the workers behind one frontend must agree on (the policy as its enum
-    value: what Describe says)."""
+    value: what Describe says); without a weights fingerprint (a worker from before it), the
+    digest such a worker computes."""
     described = f"{checkpoint_revision}\n{default_prefix_policy}"
+    if weights_fingerprint:
+        described += f"\n{weights_fingerprint}"
+    return hashlib.sha256(described.encode()).hexdigest()[:32]
+
+
+def weights_fingerprint(model_config: str, head_weight: tuple[float, ...], head_bias: float) -> str:
+    """A digest of what a worker's answers depend on beside its tokenizer and declared revision:
+    the model's parsed config (its repr) and the export's head. Two heads under one revision
+    answered a request by whichever worker it reached."""
+    described = f"{model_config}\n{head_weight!r}\n{head_bias!r}"
     return hashlib.sha256(described.encode()).hexdigest()[:32]
 
 

@@ -108,20 +108,23 @@ class LinkState:
     """describe: a compatible worker's last answer (None: none yet), never an incompatible one's.
     problem: why requests are refused (None: traffic may flow). workers: each known worker -> its
     problem (None: usable). execute_unary: every worker that answered Describe serves
-    ExecuteUnary (a request may land on any of them)."""
+    ExecuteUnary (a request may land on any of them). weights: their weights fingerprint where
+    every one gave it ("" where one is from before it: the expected digest is then the one such a
+    worker computes, which the newer ones accept too)."""
 
     describe: wire.DescribeResponse | None
     problem: str | None
     status: grpc.StatusCode
     workers: tuple[tuple[str, str | None], ...] = ()
     execute_unary: bool = False
+    weights: str = ""
 
     @functools.cached_property
     def expected_fleet(self) -> str | None:
         """What every worker call expects its worker to have agreed on (the expect-fleet header),
         computed once a state, not once a call; None before any worker was described."""
         d = self.describe
-        return None if d is None else abi.expected_fleet(d.checkpoint_revision, d.default_prefix_policy)
+        return None if d is None else abi.expected_fleet(d.checkpoint_revision, d.default_prefix_policy, self.weights)
 
 
 def _channel(target: str, options: list, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
@@ -442,8 +445,10 @@ class WorkerLink:
         for disagreement, value in (
             ("serve different checkpoint revisions", lambda d: repr(d.checkpoint_revision)),
             ("have different default prefix policies", lambda d: _policy_name(d.default_prefix_policy)),
+            # one revision, another config.json or head (a worker from before the field: not compared)
+            ("serve different weights (config.json or head) under one revision", lambda d: d.weights_fingerprint),
         ):
-            values = {endpoint: value(describe) for endpoint, describe in reached}
+            values = {endpoint: shown for endpoint, describe in reached if (shown := value(describe))}
             if len(set(values.values())) > 1:
                 named = ", ".join(f"{endpoint} {shown}" for endpoint, shown in sorted(values.items()))
                 problem = f"workers at {self.target} {disagreement}: {named}"
@@ -461,7 +466,8 @@ class WorkerLink:
                     )
                 described = [d for d, _p, _r in answers if d is not None]
                 unary = all(d.execute_unary for d in described)
-                return LinkState(describe, None, grpc.StatusCode.OK, workers, execute_unary=unary)
+                weights = describe.weights_fingerprint if all(d.weights_fingerprint for d in described) else ""
+                return LinkState(describe, None, grpc.StatusCode.OK, workers, execute_unary=unary, weights=weights)
         if not answers:
             problem = f"worker at {self.target} is unavailable: no address resolved"
         elif len(answers) == 1:

@@ -324,6 +324,32 @@ def test_workers_of_two_checkpoints_under_one_model_id_are_refused(demo_model, t
             process.stop(timeout_seconds=10)
 
 
+def test_workers_of_two_heads_under_one_revision_are_refused(demo_model, tmp_path):
+    """Two workers of one model id, tokenizer, temperature and revision but another head: the
+    frontend balanced between them and the same request alternated between two answers (a
+    review helper's finding). Describe now carries a digest of the parsed config and the head."""
+    ports = [launch.free_port(), launch.free_port()]
+    other = other_export(demo_model, tmp_path / "head", head_bias=3.0)
+    workers = [start_worker(demo_model, tmp_path, ports[0], "first"), start_worker(other, tmp_path, ports[1], "head")]
+    frontend = launch.start_frontend(
+        demo_model, frontend_target(workers), tmp_path, ["--worker-refresh-seconds", "0.5"]
+    )
+    try:
+        failed = grpc.StatusCode.FAILED_PRECONDITION
+        wait_for(lambda: refused_with(frontend.address, failed), 30, "the frontend to refuse the two heads")
+        error = refusal(frontend.address)
+        assert error is not None
+        assert (
+            f"workers at {frontend_target(workers)} serve different weights (config.json or head) under one revision: "
+            in (error.details())
+        )
+        workers[1].stop(timeout_seconds=10)
+        wait_for(lambda: refusal(frontend.address) is None, 30, "the frontend to serve the one head left")
+    finally:
+        for process in (frontend, *workers):
+            process.stop(timeout_seconds=10)
+
+
 def frontend_target(workers) -> str:
     return ",".join(w.address for w in workers)
 
@@ -358,6 +384,11 @@ RESTARTS = {
     "another default policy": (
         lambda export, tmp: (export, ["--prefix-policy", "off"]),
         "have different default prefix policies",
+    ),
+    # another head under the same revision (an export relabelled wrongly): its answers differ too
+    "another head, one revision": (
+        lambda export, tmp: (other_export(export, tmp / "head", head_bias=3.0), []),
+        "serve different weights (config.json or head) under one revision",
     ),
     "not a worker": (None, "is not an Open-Jev worker (Describe is UNIMPLEMENTED)"),
 }

@@ -124,3 +124,17 @@ if __name__ == "__main__":
         json.dumps({"abi_version": abi.ABI_VERSION, "fields": sorted(wire_fields(worker_pb2.DESCRIPTOR))}, indent=0)
         + "\n"
     )
+
+
+def test_the_fleet_digest_without_a_weights_fingerprint_is_an_older_workers():
+    """A worker from before `weights_fingerprint` (Describe leaves it empty) computes the fleet
+    digest from the revision and the policy alone; a frontend that met one expects that digest,
+    which newer workers accept beside their own (a rolling upgrade keeps serving)."""
+    import hashlib
+
+    older = hashlib.sha256(b"rev\n2").hexdigest()[:32]
+    assert abi.expected_fleet("rev", 2) == abi.expected_fleet("rev", 2, "") == older
+    assert abi.expected_fleet("rev", 2, "w1") not in (older, abi.expected_fleet("rev", 2, "w2"))
+    head = (0.5, -1.0)
+    assert abi.weights_fingerprint("cfg", head, 0.25) != abi.weights_fingerprint("cfg", head, 3.0)
+    assert abi.weights_fingerprint("cfg", head, 0.25) != abi.weights_fingerprint("cfg2", head, 0.25)

@@ -467,6 +467,7 @@ def serve(args: argparse.Namespace) -> None:
         max_length=meta.max_length,
         vocab_size=runner.config.vocab_size,
         tokenizer_fingerprint=tokenizer.fingerprint,
+        weights_fingerprint=abi.weights_fingerprint(repr(runner.config), meta.head_weight, meta.head_bias),
         backend=backend,
         default_policy=args.prefix_policy,
         max_questions=args.max_questions,

@@ -31,6 +31,7 @@ class WorkerIdentity:
     max_length: int
     vocab_size: int
     tokenizer_fingerprint: str
+    weights_fingerprint: str  # abi.weights_fingerprint
     backend: str
     default_policy: PrefixPolicy
     max_questions: int
@@ -140,9 +141,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self._expected = abi.expected_worker(
             identity.tokenizer_fingerprint, identity.max_length, identity.model_id, identity.temperature
         )
-        self._expected_fleet = abi.expected_fleet(
-            identity.checkpoint_revision, abi.policy_to_enum(identity.default_policy)
-        )
+        policy = abi.policy_to_enum(identity.default_policy)
+        # a frontend from before the weights fingerprint expects the digest without it
+        self._expected_fleet = {
+            abi.expected_fleet(identity.checkpoint_revision, policy, identity.weights_fingerprint),
+            abi.expected_fleet(identity.checkpoint_revision, policy),
+        }
 
     def _call_fields(self, context) -> dict:
         """A call's log fields (its request id), once it is one for this worker: a frontend that
@@ -161,16 +165,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         for key, mine, differs in (
             (
                 abi.EXPECT_METADATA_KEY,
-                self._expected,
+                {self._expected},
                 "another ABI version, tokenizer, max_length, model or temperature",
             ),
             (
                 abi.EXPECT_FLEET_METADATA_KEY,
                 self._expected_fleet,
-                "another checkpoint revision or default prefix policy",
+                "another checkpoint revision, default prefix policy, config or head",
             ),
         ):
-            if (expected := metadata.get(key)) is not None and expected != mine:
+            if (expected := metadata.get(key)) is not None and expected not in mine:
                 log.warning("execute", status="UNAVAILABLE", reason="the frontend expects another worker", header=key)
                 context.abort(
                     grpc.StatusCode.UNAVAILABLE, f"this worker is not the one the frontend described ({differs})"
@@ -184,6 +188,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             model_id=i.model_id,
             alias=i.alias or "",
             checkpoint_revision=i.checkpoint_revision,
+            weights_fingerprint=i.weights_fingerprint,
             temperature=i.temperature,
             max_length=i.max_length,
             limits=wire.Limits(

@@ -202,6 +202,7 @@ def bad_worker(demo_model, tmp_path_factory, request):
         meta.max_length,
         10**6,
         describe.tokenizer_fingerprint,
+        describe.weights_fingerprint,
         "torch",
         "off",
         4096,
@@ -451,7 +452,7 @@ def test_work_calls_before_the_warm_up_is_over_are_unavailable_and_unaccepted():
     from openjev.worker.engine import Engine
     from openjev.worker.service import WorkerIdentity, WorkerServicer
 
-    identity = WorkerIdentity("m", None, "r", 1.0, 64, 1000, "fp", "torch", "off", 4, 64, 16, 16, 4096, 4)
+    identity = WorkerIdentity("m", None, "r", 1.0, 64, 1000, "fp", "wfp", "torch", "off", 4, 64, 16, 16, 4096, 4)
     servicer = WorkerServicer(Engine(_ConstantRunner(), queue_capacity=4), identity, ready=False)
     server = grpc.server(futures.ThreadPoolExecutor(4))
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)

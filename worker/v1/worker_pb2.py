@@ -25,43 +25,43 @@ _sym_db = _symbol_database.Default()
 from openjev.v1 import decision_pb2 as openjev_dot_v1_dot_decision__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eopenjev/worker/v1/worker.proto\x12\x11openjev.worker.v1\x1a\x19openjev/v1/decision.proto\"\x11\n\x0f\x44\x65scribeRequest\"\xc2\x01\n\x06Limits\x12\x15\n\rmax_questions\x18\x01 \x01(\r\x12\x16\n\x0emax_candidates\x18\x02 \x01(\r\x12\x1c\n\x14max_batch_candidates\x18\x03 \x01(\r\x12\x1c\n\x14max_launch_sequences\x18\x04 \x01(\r\x12\x19\n\x11max_launch_tokens\x18\x05 \x01(\r\x12\x16\n\x0equeue_capacity\x18\x06 \x01(\r\x12\x1a\n\x12max_request_tokens\x18\x07 \x01(\x04\"\xb9\x02\n\x10\x44\x65scribeResponse\x12\x13\n\x0b\x61\x62i_version\x18\x01 \x01(\r\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\r\n\x05\x61lias\x18\x03 \x01(\t\x12\x1b\n\x13\x63heckpoint_revision\x18\x04 \x01(\t\x12\x13\n\x0btemperature\x18\x05 \x01(\x01\x12\x12\n\nmax_length\x18\x06 \x01(\r\x12)\n\x06limits\x18\x07 \x01(\x0b\x32\x19.openjev.worker.v1.Limits\x12\x1d\n\x15tokenizer_fingerprint\x18\x08 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\t \x01(\t\x12\x37\n\x15\x64\x65\x66\x61ult_prefix_policy\x18\n \x01(\x0e\x32\x18.openjev.v1.PrefixPolicy\x12\x15\n\rexecute_unary\x18\x0b \x01(\x08\"V\n\rQuestionShape\x12-\n\x04kind\x18\x01 \x01(\x0e\x32\x1f.openjev.worker.v1.QuestionKind\x12\x16\n\x0enum_candidates\x18\x02 \x01(\r\"\x89\x01\n\rExecuteHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\rprefix_policy\x18\x02 \x01(\x0e\x32\x18.openjev.v1.PrefixPolicy\x12\x33\n\tquestions\x18\x03 \x03(\x0b\x32 .openjev.worker.v1.QuestionShape\"O\n\tCandidate\x12\x16\n\x0equestion_index\x18\x01 \x01(\r\x12\x17\n\x0f\x63\x61ndidate_index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\"B\n\x0e\x43\x61ndidateBatch\x12\x30\n\ncandidates\x18\x01 \x03(\x0b\x32\x1c.openjev.worker.v1.Candidate\"\x08\n\x06\x43ommit\"\xad\x01\n\x0e\x45xecuteRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .openjev.worker.v1.ExecuteHeaderH\x00\x12\x32\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32!.openjev.worker.v1.CandidateBatchH\x00\x12+\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x19.openjev.worker.v1.CommitH\x00\x42\x06\n\x04item\"T\n\x0eQuestionResult\x12\x16\n\x0equestion_index\x18\x01 \x01(\r\x12\x15\n\rprobabilities\x18\x02 \x03(\x01\x12\x13\n\x0bhead_scores\x18\x03 \x03(\x02\"\xc0\x02\n\x10\x45xecutionSummary\x12(\n\x06policy\x18\x01 \x01(\x0e\x32\x18.openjev.v1.PrefixPolicy\x12\x31\n\x0f\x65xecuted_policy\x18\x02 \x01(\x0e\x32\x18.openjev.v1.PrefixPolicy\x12\x16\n\x0eprefix_enabled\x18\x03 \x01(\x08\x12&\n\x05scope\x18\x04 \x01(\x0e\x32\x17.openjev.v1.PrefixScope\x12\x14\n\x0csaved_tokens\x18\x05 \x01(\x04\x12\x17\n\x0f\x63omputed_tokens\x18\x06 \x01(\x04\x12\x18\n\x10submitted_tokens\x18\x07 \x01(\x04\x12\x14\n\x0cnum_launches\x18\x08 \x01(\r\x12\x19\n\x11inference_seconds\x18\t \x01(\x01\x12\x15\n\rqueue_seconds\x18\n \x01(\x01\"\x88\x01\n\x0f\x45xecuteResponse\x12\x35\n\x08question\x18\x01 \x01(\x0b\x32!.openjev.worker.v1.QuestionResultH\x00\x12\x36\n\x07summary\x18\x02 \x01(\x0b\x32#.openjev.worker.v1.ExecutionSummaryH\x00\x42\x06\n\x04item\"y\n\x13\x45xecuteUnaryRequest\x12\x30\n\x06header\x18\x01 \x01(\x0b\x32 .openjev.worker.v1.ExecuteHeader\x12\x30\n\ncandidates\x18\x02 \x03(\x0b\x32\x1c.openjev.worker.v1.Candidate\"\x82\x01\n\x14\x45xecuteUnaryResponse\x12\x34\n\tquestions\x18\x01 \x03(\x0b\x32!.openjev.worker.v1.QuestionResult\x12\x34\n\x07summary\x18\x02 \x01(\x0b\x32#.openjev.worker.v1.ExecutionSummary*x\n\x0cQuestionKind\x12\x1d\n\x19QUESTION_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14QUESTION_KIND_CHOICE\x10\x01\x12\x17\n\x13QUESTION_KIND_SCORE\x10\x02\x12\x16\n\x12QUESTION_KIND_NOUL\x10\x03\x32\x9b\x02\n\rWorkerService\x12S\n\x08\x44\x65scribe\x12\".openjev.worker.v1.DescribeRequest\x1a#.openjev.worker.v1.DescribeResponse\x12T\n\x07\x45xecute\x12!.openjev.worker.v1.ExecuteRequest\x1a\".openjev.worker.v1.ExecuteResponse(\x01\x30\x01\x12_\n\x0c\x45xecuteUnary\x12&.openjev.worker.v1.ExecuteUnaryRequest\x1a\'.openjev.worker.v1.ExecuteUnaryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eopenjev/worker/v1/worker.proto\x12\x11openjev.worker.v1\x1a\x19openjev/v1/decision.proto\"\x11\n\x0f\x44\x65scribeRequest\"\xc2\x01\n\x06Limits\x12\x15\n\rmax_questions\x18\x01 \x01(\r\x12\x16\n\x0emax_candidates\x18\x02 \x01(\r\x12\x1c\n\x14max_batch_candidates\x18\x03 \x01(\r\x12\x1c\n\x14max_launch_sequences\x18\x04 \x01(\r\x12\x19\n\x11max_launch_tokens\x18\x05 \x01(\r\x12\x16\n\x0equeue_capacity\x18\x06 \x01(\r\x12\x1a\n\x12max_request_tokens\x18\x07 \x01(\x04\"\xd6\x02\n\x10\x44\x65scribeResponse\x12\x13\n\x0b\x61\x62i_version\x18\x01 \x01(\r\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\r\n\x05\x61lias\x18\x03 \x01(\t\x12\x1b\n\x13\x63heckpoint_revision\x18\x04 \x01(\t\x12\x13\n\x0btemperature\x18\x05 \x01(\x01\x12\x12\n\nmax_length\x18\x06 \x01(\r\x12)\n\x06limits\x18\x07 \x01(\x0b\x32\x19.openjev.worker.v1.Limits\x12\x1d\n\x15tokenizer_fingerprint\x18\x08 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\t \x01(\t\x12\x37\n\x15\x64\x65\x66\x61ult_prefix_policy\x18\n \x01(\x0e\x32\x18.openjev.v1.PrefixPolicy\x12\x15\n\rexecute_unary\x18\x0b \x01(\x08\x12\x1b\n\x13weights_fingerprint\x18\x0c \x01(\t\"V\n\rQuestionShape\x12-\n\x04kind\x18\x01 \x01(\x0e\x32\x1f.openjev.worker.v1.QuestionKind\x12\x16\n\x0enum_candidates\x18\x02 \x01(\r\"\x89\x01\n\rExecuteHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\rprefix_policy\x18\x02 \x01(\x0e\x32\x18.openjev.v1.PrefixPolicy\x12\x33\n\tquestions\x18\x03 \x03(\x0b\x32 .openjev.worker.v1.QuestionShape\"O\n\tCandidate\x12\x16\n\x0equestion_index\x18\x01 \x01(\r\x12\x17\n\x0f\x63\x61ndidate_index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\"B\n\x0e\x43\x61ndidateBatch\x12\x30\n\ncandidates\x18\x01 \x03(\x0b\x32\x1c.openjev.worker.v1.Candidate\"\x08\n\x06\x43ommit\"\xad\x01\n\x0e\x45xecuteRequest\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .openjev.worker.v1.ExecuteHeaderH\x00\x12\x32\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32!.openjev.worker.v1.CandidateBatchH\x00\x12+\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x19.openjev.worker.v1.CommitH\x00\x42\x06\n\x04item\"T\n\x0eQuestionResult\x12\x16\n\x0equestion_index\x18\x01 \x01(\r\x12\x15\n\rprobabilities\x18\x02 \x03(\x01\x12\x13\n\x0bhead_scores\x18\x03 \x03(\x02\"\xc0\x02\n\x10\x45xecutionSummary\x12(\n\x06policy\x18\x01 \x01(\x0e\x32\x18.openjev.v1.PrefixPolicy\x12\x31\n\x0f\x65xecuted_policy\x18\x02 \x01(\x0e\x32\x18.openjev.v1.PrefixPolicy\x12\x16\n\x0eprefix_enabled\x18\x03 \x01(\x08\x12&\n\x05scope\x18\x04 \x01(\x0e\x32\x17.openjev.v1.PrefixScope\x12\x14\n\x0csaved_tokens\x18\x05 \x01(\x04\x12\x17\n\x0f\x63omputed_tokens\x18\x06 \x01(\x04\x12\x18\n\x10submitted_tokens\x18\x07 \x01(\x04\x12\x14\n\x0cnum_launches\x18\x08 \x01(\r\x12\x19\n\x11inference_seconds\x18\t \x01(\x01\x12\x15\n\rqueue_seconds\x18\n \x01(\x01\"\x88\x01\n\x0f\x45xecuteResponse\x12\x35\n\x08question\x18\x01 \x01(\x0b\x32!.openjev.worker.v1.QuestionResultH\x00\x12\x36\n\x07summary\x18\x02 \x01(\x0b\x32#.openjev.worker.v1.ExecutionSummaryH\x00\x42\x06\n\x04item\"y\n\x13\x45xecuteUnaryRequest\x12\x30\n\x06header\x18\x01 \x01(\x0b\x32 .openjev.worker.v1.ExecuteHeader\x12\x30\n\ncandidates\x18\x02 \x03(\x0b\x32\x1c.openjev.worker.v1.Candidate\"\x82\x01\n\x14\x45xecuteUnaryResponse\x12\x34\n\tquestions\x18\x01 \x03(\x0b\x32!.openjev.worker.v1.QuestionResult\x12\x34\n\x07summary\x18\x02 \x01(\x0b\x32#.openjev.worker.v1.ExecutionSummary*x\n\x0cQuestionKind\x12\x1d\n\x19QUESTION_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14QUESTION_KIND_CHOICE\x10\x01\x12\x17\n\x13QUESTION_KIND_SCORE\x10\x02\x12\x16\n\x12QUESTION_KIND_NOUL\x10\x03\x32\x9b\x02\n\rWorkerService\x12S\n\x08\x44\x65scribe\x12\".openjev.worker.v1.DescribeRequest\x1a#.openjev.worker.v1.DescribeResponse\x12T\n\x07\x45xecute\x12!.openjev.worker.v1.ExecuteRequest\x1a\".openjev.worker.v1.ExecuteResponse(\x01\x30\x01\x12_\n\x0c\x45xecuteUnary\x12&.openjev.worker.v1.ExecuteUnaryRequest\x1a\'.openjev.worker.v1.ExecuteUnaryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'openjev.worker.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_QUESTIONKIND']._serialized_start=1979
-  _globals['_QUESTIONKIND']._serialized_end=2099
+  _globals['_QUESTIONKIND']._serialized_start=2008
+  _globals['_QUESTIONKIND']._serialized_end=2128
   _globals['_DESCRIBEREQUEST']._serialized_start=80
   _globals['_DESCRIBEREQUEST']._serialized_end=97
   _globals['_LIMITS']._serialized_start=100
   _globals['_LIMITS']._serialized_end=294
   _globals['_DESCRIBERESPONSE']._serialized_start=297
-  _globals['_DESCRIBERESPONSE']._serialized_end=610
-  _globals['_QUESTIONSHAPE']._serialized_start=612
-  _globals['_QUESTIONSHAPE']._serialized_end=698
-  _globals['_EXECUTEHEADER']._serialized_start=701
-  _globals['_EXECUTEHEADER']._serialized_end=838
-  _globals['_CANDIDATE']._serialized_start=840
-  _globals['_CANDIDATE']._serialized_end=919
-  _globals['_CANDIDATEBATCH']._serialized_start=921
-  _globals['_CANDIDATEBATCH']._serialized_end=987
-  _globals['_COMMIT']._serialized_start=989
-  _globals['_COMMIT']._serialized_end=997
-  _globals['_EXECUTEREQUEST']._serialized_start=1000
-  _globals['_EXECUTEREQUEST']._serialized_end=1173
-  _globals['_QUESTIONRESULT']._serialized_start=1175
-  _globals['_QUESTIONRESULT']._serialized_end=1259
-  _globals['_EXECUTIONSUMMARY']._serialized_start=1262
-  _globals['_EXECUTIONSUMMARY']._serialized_end=1582
-  _globals['_EXECUTERESPONSE']._serialized_start=1585
-  _globals['_EXECUTERESPONSE']._serialized_end=1721
-  _globals['_EXECUTEUNARYREQUEST']._serialized_start=1723
-  _globals['_EXECUTEUNARYREQUEST']._serialized_end=1844
-  _globals['_EXECUTEUNARYRESPONSE']._serialized_start=1847
-  _globals['_EXECUTEUNARYRESPONSE']._serialized_end=1977
-  _globals['_WORKERSERVICE']._serialized_start=2102
-  _globals['_WORKERSERVICE']._serialized_end=2385
+  _globals['_DESCRIBERESPONSE']._serialized_end=639
+  _globals['_QUESTIONSHAPE']._serialized_start=641
+  _globals['_QUESTIONSHAPE']._serialized_end=727
+  _globals['_EXECUTEHEADER']._serialized_start=730
+  _globals['_EXECUTEHEADER']._serialized_end=867
+  _globals['_CANDIDATE']._serialized_start=869
+  _globals['_CANDIDATE']._serialized_end=948
+  _globals['_CANDIDATEBATCH']._serialized_start=950
+  _globals['_CANDIDATEBATCH']._serialized_end=1016
+  _globals['_COMMIT']._serialized_start=1018
+  _globals['_COMMIT']._serialized_end=1026
+  _globals['_EXECUTEREQUEST']._serialized_start=1029
+  _globals['_EXECUTEREQUEST']._serialized_end=1202
+  _globals['_QUESTIONRESULT']._serialized_start=1204
+  _globals['_QUESTIONRESULT']._serialized_end=1288
+  _globals['_EXECUTIONSUMMARY']._serialized_start=1291
+  _globals['_EXECUTIONSUMMARY']._serialized_end=1611
+  _globals['_EXECUTERESPONSE']._serialized_start=1614
+  _globals['_EXECUTERESPONSE']._serialized_end=1750
+  _globals['_EXECUTEUNARYREQUEST']._serialized_start=1752
+  _globals['_EXECUTEUNARYREQUEST']._serialized_end=1873
+  _globals['_EXECUTEUNARYRESPONSE']._serialized_start=1876
+  _globals['_EXECUTEUNARYRESPONSE']._serialized_end=2006
+  _globals['_WORKERSERVICE']._serialized_start=2131
+  _globals['_WORKERSERVICE']._serialized_end=2414
 # @@protoc_insertion_point(module_scope)

@@ -42,7 +42,7 @@ class Limits(_message.Message):
     def __init__(self, max_questions: _Optional[int] = ..., max_candidates: _Optional[int] = ..., max_batch_candidates: _Optional[int] = ..., max_launch_sequences: _Optional[int] = ..., max_launch_tokens: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., max_request_tokens: _Optional[int] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("abi_version", "model_id", "alias", "checkpoint_revision", "temperature", "max_length", "limits", "tokenizer_fingerprint", "backend", "default_prefix_policy", "execute_unary")
+    __slots__ = ("abi_version", "model_id", "alias", "checkpoint_revision", "temperature", "max_length", "limits", "tokenizer_fingerprint", "backend", "default_prefix_policy", "execute_unary", "weights_fingerprint")
     ABI_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ALIAS_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class DescribeResponse(_message.Message):
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_PREFIX_POLICY_FIELD_NUMBER: _ClassVar[int]
     EXECUTE_UNARY_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     abi_version: int
     model_id: str
     alias: str
@@ -65,7 +66,8 @@ class DescribeResponse(_message.Message):
     backend: str
     default_prefix_policy: _decision_pb2.PrefixPolicy
     execute_unary: bool
-    def __init__(self, abi_version: _Optional[int] = ..., model_id: _Optional[str] = ..., alias: _Optional[str] = ..., checkpoint_revision: _Optional[str] = ..., temperature: _Optional[float] = ..., max_length: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., tokenizer_fingerprint: _Optional[str] = ..., backend: _Optional[str] = ..., default_prefix_policy: _Optional[_Union[_decision_pb2.PrefixPolicy, str]] = ..., execute_unary: _Optional[bool] = ...) -> None: ...
+    weights_fingerprint: str
+    def __init__(self, abi_version: _Optional[int] = ..., model_id: _Optional[str] = ..., alias: _Optional[str] = ..., checkpoint_revision: _Optional[str] = ..., temperature: _Optional[float] = ..., max_length: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., tokenizer_fingerprint: _Optional[str] = ..., backend: _Optional[str] = ..., default_prefix_policy: _Optional[_Union[_decision_pb2.PrefixPolicy, str]] = ..., execute_unary: _Optional[bool] = ..., weights_fingerprint: _Optional[str] = ...) -> None: ...
 
 class QuestionShape(_message.Message):
     __slots__ = ("kind", "num_candidates")
