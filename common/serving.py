@@ -151,8 +151,8 @@ class Health(health.HealthServicer):
         return callback
 
     def end_watches(self) -> None:
-        """End every Watch stream (each was just sent NOT_SERVING): an open one is a call in flight
-        to the server's stop, which then waited the whole grace period with nothing else running."""
+        """End every Watch stream (each was just sent NOT_SERVING): the server's stop counts an open
+        one as a call in flight, and waited out the whole grace period with nothing else running."""
         with self._lock:
             callbacks = [callback for watchers in self._send_response_callbacks.values() for callback in watchers]
         for callback in callbacks:
