@@ -41,6 +41,7 @@ DEFAULT_MAX_REQUEST_TOKENS = 1 << 22
 # public port's 32 the 17th frontend never served. Each stream holds one idle pool thread; 256
 # serve 64 frontends through a rolling restart.
 WATCH_STREAMS = 256
+
 # The shapes of cuda/fused_weights.SHAPES a served model can take: their vocabularies hold the
 # tokenizer's ids ("small" there is the kernel tests' shape, with a 4,096-entry table).
 SYNTHETIC_SHAPES = ("27b", "9b")
