@@ -92,3 +92,62 @@ def test_stop_leftovers_kills_what_a_failed_test_left(tmp_path):
     assert done.stdout.split("\n")[0] == "['left-behind'] []"
     [pid] = _pids(tmp_path / "w")
     assert not _running(pid)
+
+
+def _silent_python(tmp_path: Path) -> Path:
+    """A stand-in interpreter that writes its pid beside the port file and never a port."""
+    script = tmp_path / "silent-python"
+    script.write_text(
+        "#!/bin/sh\n"
+        'while [ $# -gt 0 ]; do [ "$1" = --port-file ] && file=$2; shift; done\n'
+        'echo $$ > "$file.pid"\n'
+        "exec sleep 600\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def test_an_interrupted_start_stops_the_server(tmp_path):
+    """Ctrl-C while start() waits for the port (a worker loading its model): the server, in a
+    session of its own, was left running (a review helper's finding: `make run` interrupted)."""
+    code = (
+        "import signal, sys; from pathlib import Path; from openjev.tools import launch\n"
+        "def interrupt(*_): raise KeyboardInterrupt\n"
+        "signal.signal(signal.SIGALRM, interrupt); signal.alarm(1)\n"
+        "launch.start('interrupted', 'any', [], workdir=Path(sys.argv[1]), python=sys.argv[2])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "w"), str(_silent_python(tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "KeyboardInterrupt" in done.stderr, done.stderr
+    [pid] = _pids(tmp_path / "w")
+    assert not _running(pid)
+
+
+def test_make_run_stopped_by_sigterm_stops_both_servers(demo_model, tmp_path):
+    """`make run` ended by SIGTERM (a `timeout`, a CI job's end) while its servers start: both were
+    left running (a review helper's finding); now it exits 143 and stops them."""
+    import signal
+    import time
+
+    request = Path(__file__).resolve().parents[1] / "examples" / "contract_example.json"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "openjev.tools.demo_run", "--model", str(demo_model), "--request", str(request)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert demo.stderr is not None
+    first = demo.stderr.readline()  # "starting worker and frontend (logs in DIR) ..."
+    workdir = first.split("logs in ")[1].split(")")[0]
+    deadline = time.monotonic() + 30
+    while not list(Path(workdir).glob("worker-*.port")):  # the worker is spawned and loading
+        assert time.monotonic() < deadline, first
+        time.sleep(0.02)
+    demo.send_signal(signal.SIGTERM)
+    assert demo.wait(timeout=60) == 143
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", workdir], capture_output=True, text=True).stdout.split()
+    assert left == [], left

@@ -72,7 +72,6 @@ def _wait_port(popen: subprocess.Popen, port_file: Path, log_path: Path, timeout
         if port_file.exists() and port_file.read_text().strip():
             return int(port_file.read_text())
         time.sleep(0.05)
-    popen.kill()
     raise LaunchError(f"not listening after {timeout_seconds} s:\n{log_path.read_text(errors='replace')[-4000:]}")
 
 
@@ -103,7 +102,13 @@ def start(
     )
     log_file.close()
     _STARTED.append((name, popen))
-    port = _wait_port(popen, port_file, log_path, timeout_seconds)
+    try:
+        port = _wait_port(popen, port_file, log_path, timeout_seconds)
+    except BaseException:  # a timeout, or Ctrl-C meanwhile: the server runs in a session of its own
+        if popen.poll() is None:
+            popen.kill()
+        popen.wait()
+        raise
     return Process(name, popen, port, log_path, started_at)
 
 

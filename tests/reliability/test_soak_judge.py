@@ -86,6 +86,23 @@ def test_memory_is_judged_at_the_peak_and_without_a_hostile_mix():
     assert "openjev_frontend_in_flight_requests is 1.0 after the run (a request was not freed)" in failures(report)
 
 
+def test_a_worker_gone_at_the_end_is_a_failure_not_a_crash():
+    """A worker whose restart failed: its pid is the killed one's, and reading that process's RSS
+    raised, so the judge crashed with a traceback and no verdict (a review helper's finding)."""
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    run = _run(None, [_outcome("OK", NOW - 2, NOW - 1, 1)])
+    run.pids, run.peak = {"worker": gone.pid}, {"worker": 800.0}
+    report = Report(clients=1)
+    report.rss = {"before_mib": {"worker": 700.0}, "bound_mib": 128.0}
+    judge(run, report, frontend_log=None, metrics_ports=None)
+    assert report.rss["after_mib"] == {"worker": None}
+    assert failures(report) == ["worker was not running when the run was judged"]
+    assert "RSS worker MiB: before 700.0  after None" in soak.format_report(report)
+
+
 def test_every_unexpected_outcome_is_counted_and_a_second_baseline_must_agree():
     run = _run(None, [_outcome("INTERNAL", NOW - 2, NOW - 1, i, ok=False) for i in range(30)])
     report = Report(clients=1)

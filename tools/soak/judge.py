@@ -54,7 +54,7 @@ def judge(run: Run, report: Report, *, frontend_log: Path | None, metrics_ports:
     if run.hostile:
         report.hostile = _hostile_summary(run, finished, stream_bound)
     report.after_drain = _drain(metrics_ports)
-    report.rss["after_mib"] = {name: round(rss_bytes(pid) / 2**20, 1) for name, pid in run.pids.items()}
+    report.rss["after_mib"] = {name: _rss_mib(pid) for name, pid in run.pids.items()}
     report.rss["peak_mib"] = run.peak
     if frontend_log is not None:
         report.log_check = _log_check(run, finished, frontend_log)
@@ -130,6 +130,15 @@ def _hostile_summary(run: Run, finished: list[Outcome], stream_bound: float) -> 
         if "idle" in run.parts
         else {},
     }
+
+
+def _rss_mib(pid: int) -> float | None:
+    """None where the process is gone (a worker whose restart failed: its pid is the killed one's),
+    which the report counts as a failure rather than the judge crashing before its verdict."""
+    try:
+        return round(rss_bytes(pid) / 2**20, 1)
+    except OSError:
+        return None
 
 
 def _drain(metrics_ports: dict[str, int] | None) -> dict[str, float | None]:

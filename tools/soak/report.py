@@ -63,8 +63,12 @@ def failures(report: Report) -> list[str]:
             problems.append(f"{done} of {asked} kills done (the clients ended before the rest were due)")
     bound = report.rss.get("bound_mib")
     for name, before in report.rss.get("before_mib", {}).items():
+        after = report.rss["after_mib"][name]
+        if after is None:
+            problems.append(f"{name} was not running when the run was judged")
+            continue
         # the peak too: a worker killed and restarted is gone by the end, its growth with it
-        growth = max(report.rss["after_mib"][name], report.rss["peak_mib"][name]) - before
+        growth = max(after, report.rss["peak_mib"][name]) - before
         if bound is not None and growth > bound:
             problems.append(f"{name} RSS grew {growth:.1f} MiB at its peak (bound {bound:g})")
     return problems
@@ -106,7 +110,11 @@ def format_report(report: Report) -> str:
         before, after, peak = (report.rss[k][name] for k in ("before_mib", "after_mib", "peak_mib"))
         lines.append(
             f"  RSS {name} MiB: before {before}  after {after}  peak {peak}"
-            + (f"  (growth at the peak {max(after, peak) - before:+.1f}, bound {bound:g})" if bound is not None else "")
+            + (
+                f"  (growth at the peak {max(after, peak) - before:+.1f}, bound {bound:g})"
+                if bound is not None and after is not None
+                else ""
+            )
         )
     problems = failures(report)
     lines.append("  verdict: " + ("PASS" if not problems else "FAIL: " + "; ".join(problems)))
