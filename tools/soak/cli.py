@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.addr:
         report = run_load(args.addr, **kwargs)
     else:
+        from openjev.tools import launch
+
         workdir = Path(tempfile.mkdtemp(prefix="openjev-soak-"))
         pair, worker, metrics = start_soak_pair(args.model, workdir, hostile)
         try:
@@ -139,6 +141,9 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             pair.frontend.stop()
             worker.stop()
+            # a worker a kill's restart started after `worker` was read (the run ended, or Ctrl-C,
+            # meanwhile): it was left running
+            launch.stop_leftovers()
     print(format_report(report))
     print(json.dumps(report.as_dict(), sort_keys=True))
     if args.json:
