@@ -170,4 +170,4 @@ def test_report_only_computes_the_whole_split_floors(tmp_path, demo_model):
     saved["tokens"][first] = [1, 1]
     (tmp_path / "results.json").write_text(json.dumps(saved))
     text = render_saved(tmp_path, everything, candidates_of)
-    assert "unscaled (the tokenizer of --model does not give the run's token counts)" in text
+    assert "unscaled (its token counts are not the run's: another --workload file" in text

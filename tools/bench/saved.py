@@ -131,7 +131,12 @@ def split_of(saved: dict, cases: list[Case], candidates_of, config=None) -> Spli
     tokens = prepare.token_counts(split, candidates_of)
     own = [n for n in saved["tokens"] if n in tokens]
     if any(tuple(saved["tokens"][n]) != tokens[n] for n in own):
-        return Split(groups, None, "the tokenizer of --model does not give the run's token counts")
+        return Split(
+            groups,
+            None,
+            "its token counts are not the run's: another --workload file (before 2026-12-04: "
+            "826f768's), or another tokenizer in --model",
+        )
     ceilings = roofline.Ceilings(rates["copy_bytes_per_second"], rates["matmul_flops_per_second"], "")
     floors = {n: roofline.size_floor_seconds(size, t[1], ceilings) for n, t in tokens.items()}
     if any(abs(floors[n] / saved["floors"][n] - 1) > 1e-9 for n in own if n in (saved.get("floors") or {})):
