@@ -40,18 +40,28 @@ def test_ports_drawn_before_any_server_binds_are_all_different():
     assert len(set(ports)) == len(ports)
 
 
-def _listening_never_serving(tmp_path: Path) -> Path:
-    """A stand-in interpreter: it writes a port file as a server does (a port nothing serves) and
-    its pid beside it, then sleeps as a server that never says SERVING."""
+def _listening_never_serving(tmp_path: Path, port: bool = True) -> Path:
+    """A stand-in interpreter: it writes a port file as a server does (a port nothing serves; none
+    at all with port=False, as a worker still loading) and its pid beside it, then sleeps as a
+    server that never says SERVING."""
     script = tmp_path / "fake-python"
+    writes_port = '; echo 1 > "$file"' if port else ""
     script.write_text(
         "#!/bin/sh\n"
         'while [ $# -gt 0 ]; do [ "$1" = --port-file ] && file=$2; shift; done\n'
-        'echo $$ > "$file.pid"; echo 1 > "$file"\n'
+        f'echo $$ > "$file.pid"{writes_port}\n'
         "exec sleep 600\n"
     )
     script.chmod(0o755)
     return script
+
+
+def _launcher(tmp_path: Path, code: str, port: bool = True) -> subprocess.CompletedProcess:
+    """`code` in a process of its own, its argv the workdir and a stand-in interpreter."""
+    python = _listening_never_serving(tmp_path, port)
+    return subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "w"), str(python)], capture_output=True, text=True, timeout=60
+    )
 
 
 def _pids(workdir: Path) -> list[int]:
@@ -82,29 +92,11 @@ def test_stop_leftovers_kills_what_a_failed_test_left(tmp_path):
         "launch.start('left-behind', 'any', [], workdir=Path(sys.argv[1]), python=sys.argv[2])\n"
         "print(launch.stop_leftovers(), launch.stop_leftovers())\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "w"), str(_listening_never_serving(tmp_path))],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _launcher(tmp_path, code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "['left-behind'] []"
     [pid] = _pids(tmp_path / "w")
     assert not _running(pid)
-
-
-def _silent_python(tmp_path: Path) -> Path:
-    """A stand-in interpreter that writes its pid beside the port file and never a port."""
-    script = tmp_path / "silent-python"
-    script.write_text(
-        "#!/bin/sh\n"
-        'while [ $# -gt 0 ]; do [ "$1" = --port-file ] && file=$2; shift; done\n'
-        'echo $$ > "$file.pid"\n'
-        "exec sleep 600\n"
-    )
-    script.chmod(0o755)
-    return script
 
 
 def test_an_interrupted_start_stops_the_server(tmp_path):
@@ -116,12 +108,7 @@ def test_an_interrupted_start_stops_the_server(tmp_path):
         "signal.signal(signal.SIGALRM, interrupt); signal.alarm(1)\n"
         "launch.start('interrupted', 'any', [], workdir=Path(sys.argv[1]), python=sys.argv[2])\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "w"), str(_silent_python(tmp_path))],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _launcher(tmp_path, code, port=False)
     assert done.returncode != 0 and "KeyboardInterrupt" in done.stderr, done.stderr
     [pid] = _pids(tmp_path / "w")
     assert not _running(pid)
@@ -143,9 +130,11 @@ def test_make_run_stopped_by_sigterm_stops_both_servers(demo_model, tmp_path):
     first = demo.stderr.readline()  # "starting worker and frontend (logs in DIR) ..."
     workdir = first.split("logs in ")[1].split(")")[0]
     deadline = time.monotonic() + 30
-    while not list(Path(workdir).glob("worker-*.port")):  # the worker is spawned and loading
+    spawned = ["pgrep", "-f", f"port-file {workdir}"]
+    while subprocess.run(spawned, capture_output=True).returncode:  # the worker runs, loading its model
         assert time.monotonic() < deadline, first
         time.sleep(0.02)
+    time.sleep(0.2)  # Popen has returned (a signal inside it still leaks the child: launch.start)
     demo.send_signal(signal.SIGTERM)
     assert demo.wait(timeout=60) == 143
     time.sleep(0.5)

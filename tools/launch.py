@@ -95,19 +95,26 @@ def start(
     if "--listen" not in args:
         command += ["--listen", "127.0.0.1:0"]
     command += ["--port-file", str(port_file)]
-    log_file = open(log_path, "ab")
     started_at = time.monotonic()
-    popen = subprocess.Popen(
-        command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
-    )
-    log_file.close()
-    _STARTED.append((name, popen))
+    popen: subprocess.Popen | None = None
+    # A timeout, or Ctrl-C (SIGTERM in `make run`) meanwhile: the server runs in a session of its
+    # own, so nothing else stops it. (A signal inside Popen itself, after the fork, still leaks.)
     try:
+        with open(log_path, "ab") as log_file:
+            popen = subprocess.Popen(
+                command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+        _STARTED.append((name, popen))
         port = _wait_port(popen, port_file, log_path, timeout_seconds)
-    except BaseException:  # a timeout, or Ctrl-C meanwhile: the server runs in a session of its own
-        if popen.poll() is None:
-            popen.kill()
-        popen.wait()
+    except BaseException:
+        if popen is not None:
+            if popen.poll() is None:
+                popen.kill()
+            popen.wait()
         raise
     return Process(name, popen, port, log_path, started_at)
 
