@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,22 @@ def test_a_worker_that_never_serves_is_stopped(tmp_path):
         launch.start_worker(tmp_path, tmp_path / "w", python=_listening_never_serving(tmp_path), timeout_seconds=1)
     [pid] = _pids(tmp_path / "w")
     assert not _running(pid)
+
+
+def test_a_server_that_exits_after_its_port_fails_at_once(tmp_path):
+    """A server that wrote its port file and then died: start_worker waited out its whole timeout
+    and said "not SERVING", without the exit code or the log (a review helper's finding)."""
+    script = tmp_path / "dying-python"
+    script.write_text(
+        "#!/bin/sh\n"
+        'while [ $# -gt 0 ]; do [ "$1" = --port-file ] && file=$2; shift; done\n'
+        'echo 1 > "$file"; sleep 1; echo "it went wrong"; exit 3\n'
+    )
+    script.chmod(0o755)
+    started = time.monotonic()
+    with pytest.raises(launch.LaunchError, match="worker exited with 3 before SERVING:\n.*it went wrong"):
+        launch.start_worker(tmp_path, tmp_path / "w", python=script, timeout_seconds=60)
+    assert time.monotonic() - started < 10
 
 
 def test_stop_leftovers_kills_what_a_failed_test_left(tmp_path):

@@ -173,8 +173,17 @@ def free_port() -> int:
     raise LaunchError("no free loopback port below the ephemeral range")
 
 
-def wait_serving(address: str, timeout_seconds: float = 60.0, service: str = "", credentials=None, options=()) -> None:
-    """Until the server's health says SERVING (credentials, options: a TLS channel's)."""
+def wait_serving(
+    address: str,
+    timeout_seconds: float = 60.0,
+    service: str = "",
+    credentials=None,
+    options=(),
+    process: Process | None = None,
+) -> None:
+    """Until the server's health says SERVING (credentials, options: a TLS channel's). process: the
+    server, where this interpreter started it: one that exits meanwhile fails at once with its
+    log's end (it was waited for to the timeout, then "not SERVING")."""
     deadline = time.monotonic() + timeout_seconds
     channel = (
         grpc.insecure_channel(address, options=options)
@@ -184,6 +193,9 @@ def wait_serving(address: str, timeout_seconds: float = 60.0, service: str = "",
     with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
+            if process is not None and process.popen.poll() is not None:
+                tail = process.log_text()[-4000:]
+                raise LaunchError(f"{process.name} exited with {process.popen.returncode} before SERVING:\n{tail}")
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -231,7 +243,7 @@ def start_worker(
         timeout_seconds=timeout_seconds,
     )
     try:
-        wait_serving(worker.address, timeout_seconds)
+        wait_serving(worker.address, timeout_seconds, process=worker)
     except BaseException:  # listening but never SERVING (or interrupted): not left running
         worker.stop()
         raise
@@ -265,7 +277,7 @@ def start_pair(
     frontend = None
     try:
         frontend = start_frontend(model, worker.address, workdir, frontend_args, python=python)
-        wait_serving(frontend.address)
+        wait_serving(frontend.address, process=frontend)
     except BaseException:  # neither server outlives a failed start (each runs in its own session)
         if frontend is not None:
             frontend.stop()
