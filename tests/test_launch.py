@@ -101,6 +101,21 @@ def test_a_server_that_exits_after_its_port_fails_at_once(tmp_path):
     assert time.monotonic() - started < 10
 
 
+def test_a_start_leaves_no_descriptor_open(tmp_path):
+    """start() kept the port file's descriptor from mkstemp open, one a start."""
+    python = _listening_never_serving(tmp_path)
+    for i in range(3):
+        launch.start(f"s{i}", "any", [], workdir=tmp_path / "w", python=python).kill()
+    fds = Path("/proc/self/fd")
+    held = []
+    for fd in fds.iterdir():
+        try:
+            held.append(os.readlink(fd))
+        except OSError:  # closed meanwhile (listing the folder opened one)
+            continue
+    assert not [target for target in held if target.endswith(".port")], held
+
+
 def test_stop_leftovers_kills_what_a_failed_test_left(tmp_path):
     """In a process of its own, as pytest's session end (conftest) calls it: it may not touch the
     servers of this one."""

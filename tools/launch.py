@@ -88,8 +88,9 @@ def start(
     """Run `python -m module args --listen 127.0.0.1:0 --port-file ...` and wait for its port.
     `python`: the interpreter of the environment the server is installed in (default: this one)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port_file = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".port", dir=workdir)[1])
-    port_file.write_text("")
+    descriptor, path = tempfile.mkstemp(prefix=f"{name}-", suffix=".port", dir=workdir)
+    os.close(descriptor)  # one leaked a start (a soak restarts its worker again and again)
+    port_file = Path(path)
     log_path = workdir / f"{name}.log"
     command = [str(python), "-m", module, *args]
     if "--listen" not in args:
