@@ -168,6 +168,11 @@ def caller_status(status: str, context: grpc.ServicerContext) -> str:
     return status
 
 
+def log_status(status: str, context: grpc.ServicerContext) -> dict[str, str]:
+    """A refused or abandoned call's log fields, `status` and `outcome`, as its metrics give them."""
+    return {"status": caller_status(status, context), "outcome": refused_outcome(status, context)}
+
+
 def ended_outcome(status: str, info: RequestInfo, remaining: float | None, active: bool) -> str:
     """The outcome label of a call that did not simply end OK (gRPC and the HTTP route): the
     caller's own deadline or cancel first, unless the server ended the call itself."""

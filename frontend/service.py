@@ -171,8 +171,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             level = log.error if refused.code == grpc.StatusCode.INTERNAL else log.info
             level(
                 "decide",
-                status=interceptors.caller_status(refused.code.name, context),
-                outcome=interceptors.refused_outcome(refused.code.name, context),  # the metrics' label
+                **interceptors.log_status(refused.code.name, context),  # the metrics' label
                 reason=refused.message,  # the whole reason, which the caller may not see
                 latency_ms=round((time.perf_counter() - started) * 1e3, 3),
                 **fields,

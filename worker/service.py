@@ -92,9 +92,7 @@ def _log_gone(context, reason: str, fields: dict) -> None:
     """A request that ended because its caller went: the status and outcome its metrics give it
     (the caller's deadline is DEADLINE_EXCEEDED, a shutdown's cut SERVER_SHUTDOWN), as the
     frontend's `decide` line does; a plain cancel stays CANCELLED."""
-    status = interceptors.caller_status("CANCELLED", context)
-    outcome = interceptors.refused_outcome("CANCELLED", context)
-    log.info("execute", status=status, outcome=outcome, reason=reason, **fields)
+    log.info("execute", **interceptors.log_status("CANCELLED", context), reason=reason, **fields)
 
 
 @contextmanager
