@@ -32,6 +32,15 @@ def uses_tls(service: dict) -> bool:
     return any("_TLS_" in var for var in service.get("environment", {}))
 
 
+def mounts_certificates(service: dict) -> bool:
+    return any(v.get("target") == "/certs" for v in service.get("volumes", []))
+
+
+def makes_host_folders(service: dict) -> bool:
+    """A bind that would create a missing host folder (empty, root's) instead of failing `up`."""
+    return any(v["type"] == "bind" and v.get("bind", {}).get("create_host_path") for v in service.get("volumes", []))
+
+
 def gpus(service: dict) -> list[str]:
     return [i for d in service["deploy"]["resources"]["reservations"]["devices"] for i in d["device_ids"]]
 
@@ -43,8 +52,11 @@ def check(compose: str) -> list[str]:
     extra = ["docker-compose.gpus.yml"]
     for profile in ("gpu", "cpu"):
         for name, s in config(compose, plain, profile).items():
-            if uses_tls(s):
-                problems.append(f"plaintext override, {profile} profile: {name} still sets a certificate")
+            if uses_tls(s) or mounts_certificates(s):
+                problems.append(f"plaintext override, {profile} profile: {name} still sets or mounts a certificate")
+        for name, s in config(compose, base, profile).items():
+            if makes_host_folders(s):
+                problems.append(f"{profile} profile: {name} binds a host folder that `up` would create if missing")
     tls = config(compose, base + extra, "gpu")
     if gpus(tls["worker"]) != ["0"] or gpus(tls["worker-1"]) != ["1"]:
         problems.append(f"several GPUs: worker {gpus(tls['worker'])}, worker-1 {gpus(tls['worker-1'])}")
@@ -52,7 +64,8 @@ def check(compose: str) -> list[str]:
         problems.append("several GPUs: worker-1 lacks the network alias `worker`")
     both = config(compose, plain + extra + ["docker-compose.gpus.plaintext.yml"], "gpu")
     for name in ("worker", "worker-1"):
-        if both[name]["environment"].get("OPENJEV_PLAINTEXT") != "1" or uses_tls(both[name]):
+        plaintext = both[name]["environment"].get("OPENJEV_PLAINTEXT") == "1"
+        if not plaintext or uses_tls(both[name]) or mounts_certificates(both[name]):
             problems.append(f"several GPUs in plaintext: {name} is not plaintext")
     return problems
 

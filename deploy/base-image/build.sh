@@ -38,7 +38,10 @@ if [[ ${1:-} == --rootfs ]]; then
 fi
 TAG=${1:-openjev-base:bookworm}
 if docker image inspect "$TAG" >/dev/null 2>&1; then
-  echo "base image $TAG exists"; exit 0
+  echo "base image $TAG exists"
+  # a finished filesystem handed in is not needed: removed, as an import would have
+  if [[ -n ${2:-} && -f $2.done ]]; then rm -rf "$2" "$2.done"; fi
+  exit 0
 fi
 if [[ -n ${2:-} && -f $2.done ]]; then
   ROOT=$2

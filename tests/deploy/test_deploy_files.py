@@ -138,13 +138,23 @@ def mounts(service: dict) -> list[tuple[str, str, bool]]:
     return found
 
 
-def test_a_missing_model_folder_is_not_made_empty():
+def test_a_missing_host_folder_is_not_made_empty():
     """Compose's short bind syntax creates a missing host folder (empty, root's): the GPU worker
-    then restarted until `up` gave up after its start period. The model binds must exist."""
+    then restarted until `up` gave up after its start period, and a certificate folder made so
+    could not be filled by make-dev-certs.sh afterwards. Every host folder bound must exist."""
     services = compose()["services"]
     for name in ("worker", "frontend"):
         bind = next(v for v in services[name]["volumes"] if isinstance(v, dict) and v["target"] == "/models/open-jev")
-        assert bind["type"] == "bind" and bind["read_only"] and bind["bind"] == {"create_host_path": False}, name
+        assert bind["type"] == "bind" and bind["read_only"], name
+    binds = 0
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            # a short entry names a host path (./, /, $) or a named volume (demo-model:/models)
+            assert isinstance(volume, dict) or not volume.startswith((".", "/", "$")), (name, volume)
+            if isinstance(volume, dict) and volume["type"] == "bind":
+                assert volume["bind"] == {"create_host_path": False}, (name, volume)
+                binds += 1
+    assert binds == 6  # the model (GPU worker, frontend) and the certificates (all four services)
 
 
 def test_compose_brings_up_worker_then_frontend_healthy():
@@ -292,7 +302,7 @@ def test_compose_serves_tls_with_mounted_certificates():
         module = ENTRY[process]
         env = service["environment"]
         assert TLS_ENV[module] <= set(env)
-        assert f"${{OPENJEV_CERTS_DIR:-./certs}}/{process}:/certs:ro" in service["volumes"]
+        assert (f"${{OPENJEV_CERTS_DIR:-./certs}}/{process}", "/certs", True) in mounts(service)
         paths = [env[k] for k in TLS_ENV[module] | (HEALTHCHECK_ENV & set(env)) if not k.endswith("_SERVER_NAME")]
         assert all(path.startswith("/certs/") for path in paths)
         if process == "frontend":  # each worker is probed by IP: the certificate's name is set
@@ -315,6 +325,8 @@ def test_compose_plaintext_override_removes_every_tls_setting():
         assert reset == {k for k in base[name]["environment"] if k in TLS_ENV[ENTRY[process]] | HEALTHCHECK_ENV}
         assert {k: v for k, v in env.items() if v is not RESET} == {PLAINTEXT_ENV: "1"}
         assert PLAINTEXT_ENV in env_vars(ENTRY[process])
+        # its volumes replace the base's (`!override`): the model's alone, no certificate folder
+        assert mounts(override[name]) == [m for m in mounts(base[name]) if m[1] != "/certs"], name
 
 
 def test_dev_certificate_script_layout(tmp_path):
@@ -358,3 +370,30 @@ def test_healthcheck_command_against_real_servers(pair):
         timeout=60,
     )
     assert down.returncode == 1
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_base_image_build_removes_a_finished_filesystem_when_the_image_exists(tmp_path, finished):
+    """CI hands build.sh the filesystem it made beside `make test`; with the image already there
+    nothing imports it, and it was left behind (a Debian root filesystem in /var/tmp). One still
+    being made (no .done marker) is not touched."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text("#!/bin/sh\nexit 0\n")  # `docker image inspect TAG`: it exists
+    (fake / "docker").chmod(0o755)
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    if finished:
+        (tmp_path / "rootfs.done").touch()
+    env = {"PATH": f"{fake}:/usr/bin:/bin"}
+    out = subprocess.run(
+        ["bash", str(DEPLOY / "base-image" / "build.sh"), "openjev-base:test", str(rootfs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "exists" in out.stdout
+    assert rootfs.exists() is not finished
+    assert not (tmp_path / "rootfs.done").exists()

@@ -31,8 +31,8 @@ def tls_env(service: str, certs: Path) -> dict[str, str]:
     """The service's TLS variables, /certs replaced by its folder of `certs` (the name the
     frontend expects the workers' certificate to carry stays: the script's certificate has it)."""
     compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"][service]
-    mount = next(v for v in compose["volumes"] if v.endswith(":/certs:ro"))
-    folder = certs / mount.split(":/certs")[0].rsplit("/", 1)[1]
+    mount = next(v for v in compose["volumes"] if isinstance(v, dict) and v["target"] == "/certs")
+    folder = certs / mount["source"].rsplit("/", 1)[1]
     env = {k: str(v) for k, v in compose["environment"].items() if "_TLS_" in k}
     return {k: str(folder / Path(v).name) if v.startswith("/certs/") else v for k, v in env.items()}
 
@@ -41,6 +41,7 @@ def plaintext_env(service: str) -> dict[str, str]:
     """What docker-compose.plaintext.yml leaves of the service's TLS settings: its own variables."""
     loader = type("ComposeLoader", (yaml.SafeLoader,), {})
     loader.add_constructor("!reset", lambda loader, node: None)
+    loader.add_constructor("!override", lambda loader, node: loader.construct_sequence(node, deep=True))
     override = yaml.load((DEPLOY / "docker-compose.plaintext.yml").read_text(), Loader=loader)
     return {k: v for k, v in override["services"][service]["environment"].items() if v is not None}
 
