@@ -75,7 +75,7 @@ def conv_plan(spans: Sequence[tuple[int, int]], sources: Sequence[object], num_t
             context = list(range(first, first + width))
             outside.append(index)
         inputs = context + list(range(start, end))  # the segment's inputs, from K-1 before its first row
-        windows.append(inputs[-width:])
+        windows.append(inputs[len(inputs) - width :])  # not [-width:]: with K = 1 that is all of them
         for j in range(width):  # row start + i, tap j reads inputs[i + j]; only i + j < K-1 lies before
             for i in range(min(width - j, end - start)):
                 shifted[j][start + i] = context[i + j]

@@ -108,7 +108,7 @@ def causal_conv1d(x: Tensor, weight: Tensor, window: Tensor | None) -> tuple[Ten
         window = x.new_zeros(num_taps - 1, x.shape[1])
     padded = torch.cat([window.to(x.dtype), x], dim=0)  # [T + K - 1, C]
     out = conv_taps([padded[j : j + seq_len] for j in range(num_taps)], weight)
-    return out, padded[-(num_taps - 1) :].clone()
+    return out, padded[padded.shape[0] - (num_taps - 1) :].clone()  # K = 1: empty, not [-0:]
 
 
 def gated_delta_rule_recurrent(

@@ -66,3 +66,44 @@ def test_golden_demo_score(runner, oracle_last_hidden, model_export):
     from_oracle = reference_head_score(model_export, oracle_last_hidden(GOLDEN_IDS))
     for score in (result.head_score, from_oracle):
         assert abs(score - GOLDEN_SCORE) <= TOLERANCE * abs(GOLDEN_SCORE), (score, GOLDEN_SCORE)
+
+
+@pytest.mark.parametrize("taps", [1, 2])
+def test_conv_kernels_other_than_four_match_transformers(model_export, tmp_path, taps):
+    """config.json may give any positive linear_conv_kernel_dim (the torch backend runs it; the
+    cuda backend refuses all but 4). With 1 a window of K-1 = 0 inputs was sliced as [-0:], all of
+    them: every request failed and the worker did not start."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen3_5TextConfig, Qwen3_5TextModel
+
+    from openjev.worker.model.runner import TorchRunner
+
+    export = tmp_path / "export"
+    export.mkdir()
+    for name in ("open_jev_export.json", "tokenizer.json"):
+        (export / name).write_bytes((model_export / name).read_bytes())
+    config = json.loads((model_export / "config.json").read_text())
+    config["text_config"]["linear_conv_kernel_dim"] = taps
+    (export / "config.json").write_text(json.dumps(config))
+    tensors = load_file(model_export / "model.safetensors")
+    tensors = {n: t[..., -taps:].contiguous() if n.endswith("conv1d.weight") else t for n, t in tensors.items()}
+    save_file(tensors, str(export / "model.safetensors"), metadata={"format": "pt"})
+
+    oracle = Qwen3_5TextModel(Qwen3_5TextConfig(**config["text_config"])).float().eval()
+    oracle.load_state_dict({n.removeprefix("model.language_model."): t.float() for n, t in tensors.items()})
+    ids = random_ids(9)
+    with torch.no_grad():
+        want = oracle(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
+    runner = TorchRunner(export, num_threads=2)
+    hidden, _ = runner.final_hidden([whole(ids)])
+    assert rel_err(hidden[0], want) < TOLERANCE
+    # the same prompt as a chain of segments, each continuing the one before's kept state
+    state = None
+    for start, end in ((0, 1), (1, 3), (3, 9)):
+        run = SegmentRun(ids[start:end], start, state, keep_state=True, read_head=end == 9)
+        [result] = runner.run_launch([run])
+        state = result.state
+    [alone] = runner.run_launch([whole(ids)])
+    assert abs(result.head_score - alone.head_score) <= TOLERANCE * max(1.0, abs(alone.head_score))
