@@ -293,6 +293,35 @@ def test_a_worker_call_cut_off_by_the_worker_grace_period_is_logged_as_the_serve
         pair.stop()
 
 
+def test_a_queued_call_cut_off_by_the_worker_grace_period_does_not_blame_the_client(demo_model, tmp_path):
+    """A request still queued behind another when the worker's grace period ends: its `execute`
+    line says SERVER_SHUTDOWN and a reason that does not name the client (it said "client went
+    away while queued" beside SERVER_SHUTDOWN; a review helper's finding)."""
+    worker_args = ["--grace-seconds", "1", "--log-level", "debug", "--max-launch-sequences", "1"]
+    pair = launch.start_pair(demo_model, tmp_path, worker_args=[*worker_args, "--state-cache-bytes", "0"])
+    try:
+        with Client(pair.frontend.address) as c, futures.ThreadPoolExecutor(2) as pool:
+            calls = [pool.submit(c.decide, SLOW, policy="off", timeout=120, request_id="run")]
+            deadline = time.monotonic() + 30
+            while '"execute_started"' not in pair.worker.log_text():
+                assert time.monotonic() < deadline, "the request never started"
+                time.sleep(0.02)
+            calls.append(pool.submit(c.decide, SLOW, policy="off", timeout=120, request_id="queued"))
+            while '"queued"' not in pair.worker.log_text():  # its execute_accepted line
+                assert time.monotonic() < deadline, "the second request never reached the worker"
+                time.sleep(0.02)
+            time.sleep(0.3)  # admitted behind the first (one sequence a pass)
+            pair.worker.popen.send_signal(signal.SIGTERM)
+            for call in calls:
+                with pytest.raises(grpc.RpcError):
+                    call.result(timeout=60)
+        pair.worker.popen.wait(timeout=15)
+        (line,) = [e for e in log_events(pair.worker.log_text(), "execute") if e.get("request_id") == "queued"]
+        assert line["outcome"] == "SERVER_SHUTDOWN" and line["reason"] == "cancelled while queued", line
+    finally:
+        pair.stop()
+
+
 def test_a_request_cut_off_by_the_grace_period_counts_as_the_servers(demo_model, tmp_path):
     """A request still running when the frontend's grace period ends is ended by the server: its
     log line and metrics say SERVER_SHUTDOWN (they said CLIENT_CANCELLED, which alerts leave out,

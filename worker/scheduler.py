@@ -113,8 +113,9 @@ class _Job:
 
 def _cancel_reason(job: _Job) -> str:
     # The loop may see a client's deadline before the request's own thread does: a request that
-    # never entered a pass left the queue either way.
-    return "client went away while queued" if job.started_at is None else "request cancelled before it finished"
+    # never entered a pass left the queue either way. Who cancelled (the client, its deadline, a
+    # shutdown) is the log line's status and outcome, so the reason does not guess.
+    return "cancelled while queued" if job.started_at is None else "cancelled before it finished"
 
 
 class _Pass(NamedTuple):

@@ -166,7 +166,7 @@ def test_timed_out_request_leaves_the_queue(busy_pair, stub):
         queued.result()
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     line = worker_line(busy_pair.worker, queued_id)
-    assert line["status"] == "DEADLINE_EXCEEDED" and line["reason"] == "client went away while queued"
+    assert line["status"] == "DEADLINE_EXCEEDED" and line["reason"] == "cancelled while queued"
     # Both waiting places are free again: two more wait, a third is refused.
     later = [send(stub, SMALL, rid("later")) for _ in range(2)]
     wait_admitted(busy_pair, 3)

@@ -260,7 +260,7 @@ def test_a_request_that_leaves_while_queued_is_logged_as_queued(torch_runner):
     gate.set()
     second.join(30)
     first.join(30)
-    assert [str(e) for e in errors] == ["client went away while queued"]
+    assert [str(e) for e in errors] == ["cancelled while queued"]
 
 
 def test_a_queued_request_leaving_while_a_pass_is_chosen_fails_no_one_else(torch_runner, monkeypatch):
