@@ -317,9 +317,11 @@ def main(argv: list[str] | None = None) -> None:
     elif args.chunk_tokens > shared:
         what = "--max-launch-tokens" if args.shared_launch_tokens is None else "--shared-launch-tokens"
         flags.error(f"--chunk-tokens {args.chunk_tokens} exceeds {what} {shared}")
-    # split: a sequence crossing --gdn-split-at is two segments of the chunked kernel's plan
+    # split: a sequence crossing --gdn-split-at is two segments of the chunked kernel's plan. Only
+    # for --backend cuda named: the torch runner has no such kernel, and with auto serve() checks
+    # the budget once the backend is known (budget_problem).
     most = GDN_CHUNKED.max_segments // (2 if args.gdn_kernel == "split" else 1)
-    if args.gdn_kernel != "serial" and args.max_launch_sequences > most:
+    if args.backend == "cuda" and args.gdn_kernel != "serial" and args.max_launch_sequences > most:
         flags.error(
             f"--max-launch-sequences {args.max_launch_sequences} exceeds {most}, "
             f"the most sequences a pass of --gdn-kernel {args.gdn_kernel} plans"
@@ -391,7 +393,8 @@ def serve(args: argparse.Namespace) -> None:
         passes = pass_budget(args.max_launch_tokens, args.max_launch_sequences, tile_from=args.graph_tile_from)
         problem = budget_problem(passes, chunked_from(args.gdn_kernel, args.gdn_split_at))
         if problem:
-            raise SystemExit(f"openjev-worker: {problem}")
+            budget = f"--max-launch-tokens {args.max_launch_tokens} --max-launch-sequences {args.max_launch_sequences}"
+            raise SystemExit(f"openjev-worker: {budget} (--gdn-kernel {args.gdn_kernel}): {problem}")
     if args.synthetic is None:  # config.json against the tokenizer before the weights load, not after
         check_model_tokens(tokenizer, or_exit(load_model_config, args.model, program="openjev-worker"))
     runner = or_exit(

@@ -104,7 +104,7 @@ def test_a_busy_metrics_port_exits_with_one_line(demo_model):
         ),
         (
             launch.WORKER_MODULE,
-            ["--gdn-kernel", "chunked", "--max-launch-sequences", "1024"],
+            ["--backend", "cuda", "--gdn-kernel", "chunked", "--max-launch-sequences", "1024"],
             {},
             "--max-launch-sequences 1024 exceeds 1023",
         ),
@@ -117,6 +117,17 @@ def test_bad_flags_are_one_line_errors(demo_model, module, args, env, names):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "error:" in lines[0] and names in lines[0], done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+
+
+def test_the_chunked_kernels_segment_limit_is_the_cuda_backends_alone(demo_model, tmp_path):
+    """--gdn-kernel is a cuda backend flag: a torch worker given a pass of more sequences than the
+    chunked kernel plans serves (it exited 2, while a budget cuda cannot launch otherwise passed)."""
+    args = ["--model", str(demo_model), "--backend", "torch", "--plaintext", "--gdn-kernel", "chunked"]
+    worker = launch.start("worker", launch.WORKER_MODULE, [*args, "--max-launch-sequences", "2000"], workdir=tmp_path)
+    try:
+        assert worker.popen.poll() is None, worker.log_text()
+    finally:
+        worker.stop()
 
 
 def test_an_empty_environment_variable_is_unset(demo_model, tmp_path):
