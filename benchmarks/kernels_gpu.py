@@ -111,6 +111,31 @@ def _fla_case(qn, kn, v, g, beta, init):
     )
 
 
+def _fla_stages(qn, kn, v, g, beta, init):
+    """fla's forward as the four launches its chunk_gated_delta_rule_fwd makes (the decays' cumsum;
+    k k^T, the solve and W, U: "intra"; the state pass; the output pass), each timed alone on the
+    outputs of the one before: which of ours (solve, state, out) is furthest behind its match."""
+    try:
+        from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+        from fla.ops.common.chunk_o import chunk_fwd_o
+        from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+        from fla.ops.utils import chunk_local_cumsum
+        from fla.ops.utils.constant import RCP_LN2
+    except Exception:  # noqa: BLE001 - an optional comparison (_fla_case says why)
+        return []
+    q, k, vv, bb = qn.bfloat16()[None], kn.bfloat16()[None], v.contiguous()[None], beta[None]
+    cumsum = lambda: chunk_local_cumsum(g[None], chunk_size=64, scale=RCP_LN2)  # noqa: E731
+    gc = cumsum()
+    intra = lambda: chunk_gated_delta_rule_fwd_intra(k=k, v=vv, g=gc, beta=bb, chunk_size=64)  # noqa: E731
+    w, u, _ = intra()
+    state = lambda: chunk_gated_delta_rule_fwd_h(  # noqa: E731
+        k=k, w=w, u=u, g=gc, initial_state=init, output_final_state=True, chunk_size=64
+    )
+    h, v_new, _ = state()
+    out = lambda: chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=gc, scale=1.0, chunk_size=64)  # noqa: E731
+    return [("cumsum", cumsum), ("intra", intra), ("state", state), ("out", out)]
+
+
 def cases(T: int):
     """(name, fn, bytes, flops, rate_kind) for the 27B shapes at T tokens (one segment)."""
     r = lambda *s: torch.randn(*s, device=DEV).bfloat16()  # noqa: E731
@@ -167,6 +192,7 @@ def cases(T: int):
     fla = _fla_case(qn, kn, v, g, beta, init)
     if fla is not None:
         out.append(("fla_chunk_gdn", fla, gdn_bytes, chunk_flops, "tf32"))
+        out += [(f"fla_chunk_gdn:{n}", fn, 0, 0, "bw") for n, fn in _fla_stages(qn, kn, v, g, beta, init)]
     q, kv, gate = r(T, HQ, HD), r(2, T, HKV, HD), r(T, HQ, 2 * HD)[..., HD:]
     rows = torch.arange(T, dtype=torch.int32, device=DEV)
     att_flops = 4 * HQ * HD * T * (T + 1) / 2
