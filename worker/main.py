@@ -393,8 +393,8 @@ def serve(args: argparse.Namespace) -> None:
         passes = pass_budget(args.max_launch_tokens, args.max_launch_sequences, tile_from=args.graph_tile_from)
         problem = budget_problem(passes, chunked_from(args.gdn_kernel, args.gdn_split_at))
         if problem:
-            budget = f"--max-launch-tokens {args.max_launch_tokens} --max-launch-sequences {args.max_launch_sequences}"
-            raise SystemExit(f"openjev-worker: {budget} (--gdn-kernel {args.gdn_kernel}): {problem}")
+            given = f"--max-launch-tokens {args.max_launch_tokens} --max-launch-sequences {args.max_launch_sequences}"
+            raise SystemExit(f"openjev-worker: {given} (--gdn-kernel {args.gdn_kernel}): {problem}")
     if args.synthetic is None:  # config.json against the tokenizer before the weights load, not after
         check_model_tokens(tokenizer, or_exit(load_model_config, args.model, program="openjev-worker"))
     runner = or_exit(
