@@ -5,8 +5,10 @@ user's folder, it deleted the user's files (found by a review)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,19 @@ def test_an_empty_folder_or_an_earlier_build_is_replaced(tmp_path):
     with pytest.raises(NotADemoBuild, match="holds no demo build"):
         build_demo_model(out, seed=7, with_tokenizer=False)
     assert (out / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_build_stopped_by_a_signal_leaves_no_temporary_folder(tmp_path, signum):
+    out = tmp_path / "demo"
+    build = subprocess.Popen([sys.executable, "-m", "openjev.tools.demo_model", "--out", str(out)])
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".demo.tmp-*")):  # the build has begun writing
+            assert build.poll() is None and time.monotonic() < deadline, "no build under way to stop"
+            time.sleep(0.005)
+        build.send_signal(signum)
+        assert build.wait(timeout=60) == 128 + signum
+    finally:
+        build.kill()
+    assert list(tmp_path.iterdir()) == []

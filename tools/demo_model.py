@@ -15,6 +15,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -186,8 +187,12 @@ def build_demo_model(out_dir: str | Path, seed: int = 0, *, with_tokenizer: bool
         return out_dir
     _check_replaceable(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    # a stop (main's SIGTERM/SIGHUP exit) waits until the folder is one the except below removes
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    tmp = None
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         _write(tmp, seed, with_tokenizer)
         (tmp / STAMP_FILE).write_text(json.dumps(stamp) + "\n")
         os.chmod(tmp, 0o755)
@@ -205,7 +210,9 @@ def build_demo_model(out_dir: str | Path, seed: int = 0, *, with_tokenizer: bool
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
 
@@ -217,8 +224,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGHUP}
+
+
+def _exit_on(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    # stopped (a container's SIGTERM, a closed terminal): an exit, so the build's half-written
+    # temporary folder beside --out is removed (the default action left ~65 MB there)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _exit_on)
     try:
         print(build_demo_model(args.out, args.seed))
     except NotADemoBuild as error:
