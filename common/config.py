@@ -1,7 +1,8 @@
 """Flags with environment-variable equivalents, printed once at start.
 
 Every long flag `--some-flag` of a server can also be set as `OPENJEV_SOME_FLAG` (set empty: as
-if unset); the flag wins.
+if unset; an on/off flag takes 1/0, true/false, yes/no or on/off); the flag wins, also over a
+variable with a bad value.
 A bad value, from a flag or the environment, ends the program with one line naming it (exit
 status 2), never a traceback; `positive_int` and friends are the value checks the flags share.
 """
@@ -108,7 +109,35 @@ def log_level(text: str) -> str:
     return text.lower()
 
 
+ON_WORDS, OFF_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+class _BadVariable:
+    """An action's default while its variable's value is bad: refused unless the flag is given."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+def _from_env(action: argparse.Action, value: str):
+    """The variable's value as the action's default; ValueError naming what was expected."""
+    if isinstance(action, argparse._StoreTrueAction):  # an on/off flag: anything else is a mistake
+        word = value.strip().lower()
+        if word not in ON_WORDS + OFF_WORDS:
+            raise ValueError(f"expected one of {', '.join(ON_WORDS + OFF_WORDS)}, got {value!r}")
+        return word in ON_WORDS
+    try:
+        converted = action.type(value) if callable(action.type) else value
+    except (argparse.ArgumentTypeError, ValueError, TypeError) as error:
+        raise ValueError(str(error)) from None
+    if action.choices is not None and converted not in action.choices:
+        raise ValueError(f"{value!r} is not one of {', '.join(map(str, action.choices))}")
+    return converted
+
+
 def parse_with_env(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The flags, each defaulting to its OPENJEV_* variable. A bad variable is refused (one line,
+    exit 2) only where its flag is not given: the flag wins, as over a good one."""
     for action in parser._actions:
         if not action.option_strings or action.dest == "help":
             continue
@@ -116,17 +145,16 @@ def parse_with_env(parser: argparse.ArgumentParser, argv: list[str] | None) -> a
         value = os.environ.get(name)
         if not value:  # unset, or set empty (how a deployment blanks an inherited value): the default
             continue
-        if isinstance(action, argparse._StoreTrueAction):
-            action.default = value.lower() in ("1", "true", "yes", "on")
-            continue
         try:
-            action.default = action.type(value) if callable(action.type) else value
-        except (argparse.ArgumentTypeError, ValueError, TypeError) as error:
-            parser.error(f"environment variable {name}: {error}")
-        if action.choices is not None and action.default not in action.choices:
-            parser.error(f"environment variable {name}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+            action.default = _from_env(action, value)
+        except ValueError as error:
+            action.default = _BadVariable(f"environment variable {name}: {error}")
         action.required = False
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for value in vars(args).values():
+        if isinstance(value, _BadVariable):  # its flag was not given
+            parser.error(value.message)
+    return args
 
 
 # A flag whose name has one of these words is logged as "<redacted>" (none today; a future

@@ -129,3 +129,31 @@ def test_only_spaces_and_tabs_may_surround_a_presented_token():
     for header in ("Bearer tok-one\xa0", "Bearer tok-one\x85", "Bearer \x1ctok-one", "Bearer tok-one\x1f"):
         assert not auth.allowed(header), repr(header)
     assert not auth.allowed("Bearer tok-on")
+
+
+@pytest.mark.parametrize("value", ["enabled", "y", "garbage"])
+def test_an_on_off_variable_with_another_value_is_refused(monkeypatch, capsys, value):
+    """OPENJEV_HTTP_METRICS=enabled was silently off (anything but 1/true/yes/on was)."""
+    monkeypatch.setenv("OPENJEV_HTTP_METRICS", value)
+    with pytest.raises(SystemExit) as exit_:
+        config.parse_with_env(frontend_parser(), ["--model", "m"])
+    assert exit_.value.code == 2
+    assert (
+        f"environment variable OPENJEV_HTTP_METRICS: expected one of 1, true, yes, on, 0, false, no, off, got {value!r}"
+        in (capsys.readouterr().err)
+    )
+
+
+@pytest.mark.parametrize(("value", "on"), [("1", True), ("TRUE", True), (" on ", True), ("0", False), ("off", False)])
+def test_an_on_off_variable_reads_both_ways(monkeypatch, value, on):
+    monkeypatch.setenv("OPENJEV_HTTP_METRICS", value)
+    assert config.parse_with_env(frontend_parser(), ["--model", "m"]).http_metrics is on
+
+
+def test_a_flag_given_wins_over_a_bad_variable(monkeypatch):
+    """docs/deploy.md: "a flag on the command line wins"; a bad inherited variable stopped the
+    server even where the flag set the value."""
+    monkeypatch.setenv("OPENJEV_METRICS_PORT", "garbage")
+    monkeypatch.setenv("OPENJEV_HTTP_METRICS", "enabled")
+    args = config.parse_with_env(frontend_parser(), ["--model", "m", "--metrics-port", "9090", "--http-metrics"])
+    assert args.metrics_port == 9090 and args.http_metrics is True
