@@ -89,3 +89,18 @@ def test_cli_into_a_closed_pipe_exits_quietly(pair, tmp_path):
     finally:
         os.close(write)
     assert done.returncode == 141 and b"Traceback" not in done.stderr, done.stderr.decode()
+
+
+def test_cli_into_an_output_it_cannot_write_says_so_in_one_line(pair, tmp_path):
+    """A full disk (/dev/full) or a closed stdout ended in a traceback (the computed answer lost
+    either way); now one error line and exit 1."""
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(REQUEST), encoding="utf-8")
+    command = [sys.executable, "-m", "openjev.tools.cli", "decide", str(path), "--addr", pair.frontend.address]
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, timeout=120)
+    lines = done.stderr.decode().strip().splitlines()
+    assert done.returncode == 1 and lines == ["error: cannot write the output: No space left on device"], lines
+    closed = subprocess.run(["sh", "-c", '"$@" >&-', "sh", *command], stderr=subprocess.PIPE, timeout=120)
+    lines = closed.stderr.decode().strip().splitlines()
+    assert closed.returncode == 1 and lines == ["error: cannot write the output: standard output is closed"], lines

@@ -130,9 +130,18 @@ def cmd_tokenize(args) -> int:
 
 def _write(text: str) -> None:
     """UTF-8 whatever the terminal's encoding, as the input is read (print() encoded with the
-    locale's and lost a computed answer to UnicodeEncodeError)."""
-    sys.stdout.buffer.write((text + "\n").encode("utf-8"))
-    sys.stdout.flush()
+    locale's and lost a computed answer to UnicodeEncodeError). An output that cannot be written
+    (a full disk, a closed stdout) is one error line, not a traceback."""
+    if sys.stdout is None:
+        raise SystemExit("error: cannot write the output: standard output is closed")
+    try:
+        sys.stdout.buffer.write((text + "\n").encode("utf-8"))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would fail again
+        raise SystemExit(f"error: cannot write the output: {error.strerror or error}") from None
 
 
 def parser() -> argparse.ArgumentParser:
