@@ -59,8 +59,14 @@ def _check_pair(cert: Path, key: Path, flags: str) -> None:
     try:  # an encrypted key gets an empty password (never a prompt): gRPC cannot use one either
         ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=b"")
     except ssl.SSLError as error:
+        reason = error.reason or "unreadable"  # an encrypted key's error has no reason
+        try:
+            if b"ENCRYPTED" in key.read_bytes():  # PKCS#8's BEGIN ENCRYPTED, or the old Proc-Type
+                reason = "the key is encrypted"
+        except OSError:
+            pass
         raise SecurityError(
-            f"{flags} {cert} and {key}: not a PEM certificate and its unencrypted private key ({error.reason})"
+            f"{flags} {cert} and {key}: not a PEM certificate and its unencrypted private key ({reason})"
         ) from None
 
 

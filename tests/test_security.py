@@ -226,6 +226,20 @@ def test_a_certificate_and_key_that_do_not_go_together_refuse_at_once(demo_model
     assert line.startswith(f"openjev-frontend: --worker-tls-ca {pki['ca-client-key']}: not a PEM CA certificate")
 
 
+def test_an_encrypted_key_is_refused_as_one(pki, tmp_path):
+    """The refusal ended in "(None)": an encrypted key's error has no reason."""
+    from openjev import security
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _cert("enc", key, _name("enc"), key, ca=False)
+    encrypted = serialization.BestAvailableEncryption(b"passphrase")
+    key_file = tmp_path / "enc.key"
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encrypted))
+    with pytest.raises(security.SecurityError) as refused:
+        security._check_pair(_write(tmp_path / "enc.pem", cert=cert), key_file, "--tls-cert/--tls-key")
+    assert str(refused.value).endswith("its unencrypted private key (the key is encrypted)"), refused.value
+
+
 def _plaintext_warnings(log_text: str) -> list[dict]:
     return [r for r in log_events(log_text, "plaintext") if r.get("level") == "warning"]
 
