@@ -7,8 +7,10 @@ import datetime
 import ipaddress
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -164,6 +166,21 @@ def test_tls_and_bearer_token_on_the_public_port(tls_pair, pki):
         decision_pb2_grpc.DecisionServiceStub(channel).Decide(api.DecideRequest(request_json="{}"), timeout=5)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # no plaintext on a TLS port
     assert TOKEN not in frontend.log_text()
+
+
+def test_failed_handshakes_leave_no_plain_text_lines_in_the_logs(tls_pair):
+    """gRPC's C core wrote a plain-text INFO line to stderr for every failed TLS handshake, which
+    any peer can cause (junk on the port): unthrottled, among the servers' JSON lines."""
+    for process in tls_pair:
+        host, port = process.address.rsplit(":", 1)
+        for _ in range(20):
+            with socket.create_connection((host, int(port)), timeout=5) as junk:
+                junk.sendall(b"GET / HTTP/1.1\r\n\r\n")
+                junk.recv(100)  # the server's alert or close: the handshake has failed
+    time.sleep(0.5)
+    for process in tls_pair:
+        for line in process.log_text().splitlines():
+            json.loads(line)  # a server's log lines are JSON, one object a line
 
 
 def test_worker_requires_a_client_certificate_from_its_ca(tls_pair, pki):
