@@ -88,6 +88,22 @@ def _refuse_full(context, error: QueueFull, fields: dict) -> None:
     context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
 
 
+def _noting_header(fields: dict):
+    """collect's on_header: the call's log fields and metric kinds from its checked header, so
+    that a refusal after it (the held-token budget, no commit, the commit timeout) is logged and
+    counted under the request's kinds, not `unknown` (reserved for calls refused before)."""
+
+    def noted(header: wire.ExecuteHeader, kinds) -> None:
+        fields.update(
+            questions=len(kinds),
+            candidates=sum(q.num_candidates for q in header.questions),
+            kinds=sorted(set(kinds)),
+        )
+        interceptors.note_kinds(fields["kinds"])
+
+    return noted
+
+
 def _log_gone(context, reason: str, fields: dict) -> None:
     """A request that ended because its caller went: the status and outcome its metrics give it
     (the caller's deadline is DEADLINE_EXCEEDED, a shutdown's cut SERVER_SHUTDOWN), as the
@@ -221,14 +237,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         timer = CommitTimer(self.commit_timeout_seconds, context.cancel)
         try:
             with _refused_unrun(context, fields, "stream"):  # its abort is no RpcError: not caught below
-                collected = collect(request_iterator, self._stream_limits, hold)
+                collected = collect(request_iterator, self._stream_limits, hold, _noting_header(fields))
         except grpc.RpcError:  # the stream was cancelled while being read
             collected = None
         finally:
             timer.stop()
         if timer.expired:
-            log.info("execute", status="CANCELLED", reason="no commit in time", **fields)
-            interceptors.note_outcome(interceptors.COMMIT_TIMEOUT, server_ended=True)
+            outcome = interceptors.COMMIT_TIMEOUT
+            log.info("execute", status="CANCELLED", outcome=outcome, reason="no commit in time", **fields)
+            interceptors.note_outcome(outcome, server_ended=True)
             context.abort(
                 grpc.StatusCode.CANCELLED, f"execute stream not committed within {self.commit_timeout_seconds} s"
             )
@@ -254,7 +271,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         fields = self._call_fields(context)
         with self.held.hold() as hold:
             with _refused_unrun(context, fields, "request"):
-                collected = collect_unary(request, self._stream_limits, hold)
+                collected = collect_unary(request, self._stream_limits, hold, _noting_header(fields))
             result = self._run(collected, context, started, fields)
         return wire.ExecuteUnaryResponse(questions=list(_question_results(result)), summary=_summary(result))
 
@@ -263,12 +280,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         header = collected.header
         work = [QuestionWork(kind, ids) for kind, ids in zip(collected.kinds, collected.candidates, strict=True)]
         policy = self.forced_policy or abi.policy_from_enum(header.prefix_policy)
-        fields.update(
-            questions=len(work),
-            candidates=sum(len(q.candidates) for q in work),
-            kinds=sorted({q.kind for q in work}),
-        )
-        interceptors.note_kinds(fields["kinds"])
         # Response headers now mark the request as accepted: the frontend tries an UNAVAILABLE
         # Execute again on another worker only without them, so one this worker was about to run
         # (queued or executing) fails UNAVAILABLE if it dies, never runs twice silently.

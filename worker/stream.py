@@ -78,19 +78,27 @@ class Collected:
     num_tokens: int
 
 
+OnHeader = Callable[[wire.ExecuteHeader, tuple[QuestionKind, ...]], None]
+
+
 def collect(
-    messages: Iterable[wire.ExecuteRequest], limits: StreamLimits, hold: Hold | None = None
+    messages: Iterable[wire.ExecuteRequest],
+    limits: StreamLimits,
+    hold: Hold | None = None,
+    on_header: OnHeader | None = None,
 ) -> Collected | None:
     """Read the stream up to its commit. None when it ended without one (the frontend found the
     request invalid part-way through tokenizing, or the client went away). hold: the worker's
-    budget of held tokens, taken from as candidates arrive (QueueFull when it is spent)."""
+    budget of held tokens, taken from as candidates arrive (QueueFull when it is spent).
+    on_header(header, kinds): once the header has passed its checks (what a later refusal of the
+    call is logged and counted under)."""
     collector: _Collector | None = None
     for message in messages:
         item = message.WhichOneof("item")
         if item == "header":
             if collector is not None:
                 raise BadStream("second header")
-            collector = _Collector(message.header, limits, hold)
+            collector = _Collector(message.header, limits, hold, on_header=on_header)
         elif item == "batch":
             if collector is None:
                 raise BadStream("batch before header")
@@ -104,13 +112,15 @@ def collect(
     return None
 
 
-def collect_unary(request: wire.ExecuteUnaryRequest, limits: StreamLimits, hold: Hold | None = None) -> Collected:
+def collect_unary(
+    request: wire.ExecuteUnaryRequest, limits: StreamLimits, hold: Hold | None = None, on_header: OnHeader | None = None
+) -> Collected:
     """An ExecuteUnary request: its header and candidates, checked as a committed stream's."""
     if not request.HasField("header"):
         raise BadStream("no header")
     # the whole request is here: the budget keeps room for its own total, not the header's bound
     total = sum(len(candidate.token_ids) for candidate in request.candidates) if hold is not None else None
-    collector = _Collector(request.header, limits, hold, total)
+    collector = _Collector(request.header, limits, hold, total, on_header)
     collector.add(request.candidates)
     return collector.finish("")
 
@@ -118,9 +128,18 @@ def collect_unary(request: wire.ExecuteUnaryRequest, limits: StreamLimits, hold:
 class _Collector:
     """One request's candidates as they arrive, each checked against the header and the limits."""
 
-    def __init__(self, header: wire.ExecuteHeader, limits: StreamLimits, hold: Hold | None, total: int | None = None):
+    def __init__(
+        self,
+        header: wire.ExecuteHeader,
+        limits: StreamLimits,
+        hold: Hold | None,
+        total: int | None = None,
+        on_header: OnHeader | None = None,
+    ):
         self.header = header
         self.kinds = _check_header(header, limits)
+        if on_header is not None:
+            on_header(header, self.kinds)
         self.limits = limits
         self.hold = hold
         if hold is not None:  # the most it may send: the room the budget keeps while it is the oldest arriving

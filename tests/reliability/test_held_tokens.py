@@ -160,6 +160,10 @@ def test_uncommitted_streams_count_and_a_candidate_past_the_budget_is_refused(pa
     wait_held(pair.worker_metrics, 0)
     logged = [r for r in log_events(pair.worker.log_text(), "execute") if r.get("status") == "RESOURCE_EXHAUSTED"]
     assert len(logged) >= 2 and all("kept for the oldest request" in r["reason"] for r in logged)
+    # its header had been read and checked: logged and counted under its kinds, not `unknown`
+    assert all(r["kinds"] and r["candidates"] >= 1 for r in logged), logged
+    text = urllib.request.urlopen(pair.worker_metrics, timeout=5).read().decode()
+    assert 'openjev_worker_execute_seconds_count{kind="unknown",outcome="RESOURCE_EXHAUSTED"}' not in text
 
 
 def test_a_malformed_or_uncommitted_stream_gives_back_what_it_held(pair, stub):

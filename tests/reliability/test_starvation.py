@@ -10,6 +10,7 @@ import contextlib
 import json
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -139,6 +140,11 @@ def test_uncommitted_execute_is_cancelled_after_the_commit_timeout(demo_model, t
         ) == {} and time.monotonic() < deadline:
             time.sleep(0.1)
         assert outcomes == {"COMMIT_TIMEOUT": 1.0}
+        # under its header's kind, and the log line names the outcome the metric counts
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        assert 'openjev_worker_execute_seconds_count{kind="noul",outcome="COMMIT_TIMEOUT"} 1.0' in text
+        (line,) = [r for r in log_events(worker.log_text(), "execute") if r.get("reason") == "no commit in time"]
+        assert line["outcome"] == "COMMIT_TIMEOUT" and line["kinds"] == ["noul"], line
         # a caller whose deadline passes before its commit went away; the log says so
         with grpc.insecure_channel(worker.address) as channel, pytest.raises(grpc.RpcError) as caught:
             list(worker_pb2_grpc.WorkerServiceStub(channel).Execute(_blocked(header, release), timeout=0.3))
