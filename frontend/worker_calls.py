@@ -93,9 +93,18 @@ def failure(call, code: grpc.StatusCode, details: str | None, *, unrun: bool, cl
 
 def cancel_with_client(context, cancel: Callable[[], object]) -> None:
     """The client going away cancels the worker's work. A client gone already (while the request
-    was validated or tokenized) has run its callbacks: gRPC refuses new ones, so cancel now."""
-    if not context.add_callback(cancel):
-        cancel()
+    was validated or tokenized) has run its callbacks: gRPC refuses new ones, so cancel now. A
+    client whose deadline passed is not cancelled for: the worker call carries the same deadline
+    and ends DEADLINE_EXCEEDED there too (a cancel reached a busy worker that had received the
+    call late before its copy of the deadline, and was counted a client's cancel)."""
+
+    def on_done() -> None:
+        remaining = context.time_remaining()
+        if remaining is None or remaining > 0:
+            cancel()
+
+    if not context.add_callback(on_done):
+        on_done()
 
 
 def place(results: list, question: wire.QuestionResult) -> None:

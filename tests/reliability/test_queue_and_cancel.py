@@ -189,6 +189,41 @@ class _ClientGone:
     def is_active(self) -> bool:
         return False
 
+    def time_remaining(self) -> float | None:
+        return None  # a cancel, not a deadline
+
+
+class _ClientTimedOut(_ClientGone):
+    """The same, gone because its deadline passed."""
+
+    def time_remaining(self) -> float | None:
+        return 0.0
+
+
+def test_a_client_whose_deadline_passed_is_not_cancelled_for(busy_pair):
+    """The worker call carries the client's deadline and ends DEADLINE_EXCEEDED there by itself;
+    the frontend's cancel reached a busy worker, which had received the call late, before its copy
+    of the deadline, and was counted and logged a client's cancel (2 of 30 in a review's run)."""
+    from openjev.frontend import worker_calls
+    from openjev.frontend.worker_calls import Refused
+    from openjev.worker.v1 import worker_pb2 as wire
+    from openjev.worker.v1 import worker_pb2_grpc
+
+    request_id = rid("late")
+    header = wire.ExecuteHeader(
+        request_id=request_id,
+        prefix_policy=api.PREFIX_POLICY_OFF,
+        questions=[wire.QuestionShape(kind=wire.QUESTION_KIND_CHOICE, num_candidates=16)],
+    )
+    candidates = [wire.Candidate(question_index=0, candidate_index=c, token_ids=[1000 + c] * 2000) for c in range(16)]
+    request = wire.ExecuteUnaryRequest(header=header, candidates=candidates)
+    with grpc.insecure_channel(busy_pair.worker.address) as channel, pytest.raises(Refused) as caught:
+        worker = worker_pb2_grpc.WorkerServiceStub(channel)
+        worker_calls.call_unary(worker, request, [("x-request-id", request_id)], 1.0, _ClientTimedOut(), 1)
+    assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    line = worker_line(busy_pair.worker, request_id)
+    assert line["status"] == "DEADLINE_EXCEEDED" and line["outcome"] == "DEADLINE_EXCEEDED", line
+
 
 @pytest.mark.parametrize("method", ["ExecuteUnary", "Execute"])
 def test_a_client_gone_before_the_worker_call_is_not_run_for_nobody(busy_pair, method):
