@@ -193,6 +193,19 @@ class _ClientGone:
         return None  # a cancel, not a deadline
 
 
+def _long_worker_request(request_id: str):
+    """LONG as the frontend sends it to a worker: its header and 16 candidates of 2,000 tokens."""
+    from openjev.worker.v1 import worker_pb2 as wire
+
+    header = wire.ExecuteHeader(
+        request_id=request_id,
+        prefix_policy=api.PREFIX_POLICY_OFF,
+        questions=[wire.QuestionShape(kind=wire.QUESTION_KIND_CHOICE, num_candidates=16)],
+    )
+    candidates = [wire.Candidate(question_index=0, candidate_index=c, token_ids=[1000 + c] * 2000) for c in range(16)]
+    return header, candidates
+
+
 class _ClientTimedOut(_ClientGone):
     """The same, gone because its deadline passed."""
 
@@ -210,12 +223,7 @@ def test_a_client_whose_deadline_passed_is_not_cancelled_for(busy_pair):
     from openjev.worker.v1 import worker_pb2_grpc
 
     request_id = rid("late")
-    header = wire.ExecuteHeader(
-        request_id=request_id,
-        prefix_policy=api.PREFIX_POLICY_OFF,
-        questions=[wire.QuestionShape(kind=wire.QUESTION_KIND_CHOICE, num_candidates=16)],
-    )
-    candidates = [wire.Candidate(question_index=0, candidate_index=c, token_ids=[1000 + c] * 2000) for c in range(16)]
+    header, candidates = _long_worker_request(request_id)
     request = wire.ExecuteUnaryRequest(header=header, candidates=candidates)
     with grpc.insecure_channel(busy_pair.worker.address) as channel, pytest.raises(Refused) as caught:
         worker = worker_pb2_grpc.WorkerServiceStub(channel)
@@ -233,12 +241,7 @@ def test_a_client_gone_before_the_worker_call_is_not_run_for_nobody(busy_pair, m
     from openjev.worker.v1 import worker_pb2_grpc
 
     request_id = rid("gone")
-    header = wire.ExecuteHeader(
-        request_id=request_id,
-        prefix_policy=api.PREFIX_POLICY_OFF,
-        questions=[wire.QuestionShape(kind=wire.QUESTION_KIND_CHOICE, num_candidates=16)],
-    )
-    candidates = [wire.Candidate(question_index=0, candidate_index=c, token_ids=[1000 + c] * 2000) for c in range(16)]
+    header, candidates = _long_worker_request(request_id)
     metadata = [("x-request-id", request_id)]
     with grpc.insecure_channel(busy_pair.worker.address) as channel:
         worker = worker_pb2_grpc.WorkerServiceStub(channel)
