@@ -169,10 +169,12 @@ _REQUEST_ID_HEADER = {
 }
 
 _ERRORS = {
-    "400": "x-timeout-seconds is not a decimal number of seconds in (0, 86400], or the request carries both "
-    "content-length and transfer-encoding",
+    "400": "x-timeout-seconds is not a decimal number of seconds in (0, 86400], the request carries two "
+    "content-type or x-timeout-seconds headers, or both content-length and transfer-encoding, or it is no "
+    "HTTP request that parses",
     "401": "bearer token missing or unknown (only where the server is given tokens)",
     "408": "the body did not arrive within 60 s",
+    "405": "a method other than POST (the allow header names it)",
     "413": "the body is over the server's limit",
     "415": "the body is not application/json in UTF-8, or it is compressed (a content-encoding other than identity)",
     "422": "the request breaks the contract (the same message as gRPC INVALID_ARGUMENT)",
@@ -185,10 +187,16 @@ _ERRORS = {
 }
 
 
-def _error_response(description: str) -> dict[str, Any]:
+_HEADERS = {
+    "405": {"allow": {"description": "the methods the route takes", "schema": {"type": "string"}}},
+    "503": {"retry-after": {"description": "seconds to wait before trying again", "schema": {"type": "integer"}}},
+}
+
+
+def _error_response(code: str, description: str) -> dict[str, Any]:
     return {
         "description": description,
-        "headers": {"x-request-id": _REQUEST_ID_HEADER},
+        "headers": {"x-request-id": _REQUEST_ID_HEADER, **_HEADERS.get(code, {})},
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
     }
 
@@ -249,7 +257,7 @@ def openapi_document(
                                 "application/json": {"schema": {"$ref": "#/components/schemas/DecideResponse"}}
                             },
                         },
-                        **{code: _error_response(text) for code, text in _ERRORS.items()},
+                        **{code: _error_response(code, text) for code, text in _ERRORS.items()},
                     },
                 }
             },
