@@ -39,6 +39,9 @@ def test_verdicts_say_how_far_from_the_limit_and_which_way():
     """X is relative to the limit: over it for an "at most" target, under it for an "at least" one."""
     assert report._verdict(1.95, 1.3, True) == "missed: 50% over the limit"
     assert report._verdict(0.50, 0.55, False) == "missed: 9% under the target"
+    # a miss under 1% is not printed as 0%
+    assert report._verdict(1.304, 1.3, True) == "missed: 0.3% over the limit"
+    assert report._verdict(1.3001, 1.3, True) == "missed: <0.1% over the limit"
     assert report._verdict(1.3, 1.3, True) == report._verdict(0.6, 0.6, False) == "met"
     assert report._verdict(float("nan"), 1.3, True) == "not measured"
 

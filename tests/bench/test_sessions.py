@@ -79,7 +79,7 @@ def test_ratios_from_given_timings():
     assert summary["errors"] == 1
     assert summary["target_met"]
     text = sessions.render(summary, ["# t"], [])
-    assert "| cache on | 4 | 1.15x |" in text and "met" in text
+    assert "| cache on | 4 | 1.15x |" in text and "(p50 of the paired ratios): 1.150x, met." in text
     timings[-2].seconds = 10.0  # agent 1's last later request far over: p50 moves past the target
     timings[-5].seconds = 10.0
     assert not sessions.summarize(timings)["target_met"]

@@ -39,9 +39,10 @@ def _verdict(value: float, limit: float, below: bool) -> str:
         return "met"
     if limit == 0:
         return "missed"
-    if below:
-        return f"missed: {100 * (value / limit - 1):.0f}% over the limit"
-    return f"missed: {100 * (1 - value / limit):.0f}% under the target"
+    off = 100 * (value / limit - 1) if below else 100 * (1 - value / limit)
+    # a miss under 1% in tenths: whole percents printed "0% over the limit" beside "missed"
+    text = f"{off:.0f}" if off >= 0.95 else f"{off:.1f}" if off >= 0.05 else "<0.1"
+    return f"missed: {text}% over the limit" if below else f"missed: {text}% under the target"
 
 
 MIN_P95_SAMPLES = 20  # below this a p95 is one of the few slowest samples, not a percentile
