@@ -219,8 +219,10 @@ class Scheduler:
             raise QueueFull("worker is shutting down")
         waiting = sum(j.started_at is None for j in self._jobs)
         # an idle worker always admits: its next pass takes the request at once
-        if self._jobs and (waiting >= self.capacity or len(self._jobs) >= self.max_admitted):
+        if self._jobs and waiting >= self.capacity:
             raise QueueFull(f"worker queue is full ({self.capacity} waiting)")
+        if self._jobs and len(self._jobs) >= self.max_admitted:  # few wait, but as many run as a pass holds
+            raise QueueFull(f"worker queue is full ({len(self._jobs)} admitted, the most it holds)")
 
     def _admit(self, job: _Job) -> _Job:
         with self._cond:

@@ -714,3 +714,20 @@ def test_a_start_notice_that_raises_fails_no_request(torch_runner):
     finally:
         gate.set()
         engine.close()
+
+
+def test_a_refusal_by_the_admitted_cap_says_so(torch_runner):
+    """Few waiting but as many admitted as the worker holds (queue capacity plus a pass's
+    sequences, every one started): the refusal named the waiting capacity, which was not full."""
+    from types import SimpleNamespace
+
+    engine = Engine(torch_runner, cost_model=CPU_COST_MODEL, queue_capacity=2, pack_limits=PackLimits(max_sequences=3))
+    scheduler = engine.scheduler
+    scheduler._jobs = [SimpleNamespace(started_at=1.0) for _ in range(scheduler.max_admitted)]  # all running
+    with pytest.raises(QueueFull, match=r"^worker queue is full \(5 admitted, the most it holds\)$"):
+        scheduler.check_room()
+    scheduler._jobs = [SimpleNamespace(started_at=None) for _ in range(2)]
+    with pytest.raises(QueueFull, match=r"^worker queue is full \(2 waiting\)$"):
+        scheduler.check_room()
+    scheduler._jobs = []
+    engine.close()
