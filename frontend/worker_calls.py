@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -91,6 +92,10 @@ def failure(call, code: grpc.StatusCode, details: str | None, *, unrun: bool, cl
     return refused
 
 
+# a client gone this close to its deadline is taken for one that reached it
+_DEADLINE_SLACK_SECONDS = 0.001
+
+
 def cancel_with_client(context, cancel: Callable[[], object]) -> None:
     """The client going away cancels the worker's work. A client gone already (while the request
     was validated or tokenized) has run its callbacks: gRPC refuses new ones, so cancel now. A
@@ -98,9 +103,12 @@ def cancel_with_client(context, cancel: Callable[[], object]) -> None:
     and ends DEADLINE_EXCEEDED there too (a cancel reached a busy worker that had received the
     call late before its copy of the deadline, and was counted a client's cancel)."""
 
+    remaining = context.time_remaining()
+    # the deadline as a number: a callback holding the context would make a cycle through it
+    deadline = None if remaining is None else time.monotonic() + remaining - _DEADLINE_SLACK_SECONDS
+
     def on_done() -> None:
-        remaining = context.time_remaining()
-        if remaining is None or remaining > 0:
+        if deadline is None or time.monotonic() < deadline:
             cancel()
 
     if not context.add_callback(on_done):
