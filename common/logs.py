@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
 
 import structlog
+
+
+def quiet_grpc_core() -> None:
+    """gRPC's C core writes its own lines to stderr, plain text among the servers' JSON lines: one
+    at INFO for every failed TLS handshake, which any peer can cause without a limit. Its errors
+    only, unless the operator sets GRPC_VERBOSITY. The variable is read at grpc's first import, so
+    the servers' and the CLI's entry modules call this before theirs (not a package: a program
+    that imports the client library keeps gRPC's default)."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 
 # The one attribute of a library's record that its JSON line carries beyond event, level, logger
 # and timestamp (ThrottledLines sets it).

@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from openjev import config, interceptors, logs, metrics, security, serving, tracing
+from openjev import logs
+
+logs.quiet_grpc_core()  # before grpc's first import (by the modules below): its variable is read then
+
+from openjev import config, interceptors, metrics, security, serving, tracing
 from openjev.config import positive_float, positive_int
 from openjev.contract.request import MAX_CANDIDATES, MAX_QUESTIONS, MAX_RENDERED_BYTES
 from openjev.export import load_export_meta_or_exit, or_exit

@@ -25,6 +25,10 @@ import os
 import sys
 from pathlib import Path
 
+from openjev import logs
+
+logs.quiet_grpc_core()  # before grpc's first import: its variable is read then (one line a failed handshake)
+
 import grpc
 
 from openjev import security

@@ -8,7 +8,11 @@ import threading
 import time
 from pathlib import Path
 
-from openjev import abi, config, interceptors, logs, metrics, security, serving, tracing
+from openjev import logs
+
+logs.quiet_grpc_core()  # before grpc's first import (by the modules below): its variable is read then
+
+from openjev import abi, config, interceptors, metrics, security, serving, tracing
 from openjev.config import non_negative_float, non_negative_int, positive_float, positive_int
 from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
 from openjev.export import load_export_meta_or_exit, or_exit
