@@ -118,6 +118,9 @@ class _BadVariable:
     def __init__(self, message: str):
         self.message = message
 
+    def __str__(self) -> str:  # what --help prints as its default (it exits before the refusal)
+        return f"<{self.message}>"
+
 
 def _from_env(action: argparse.Action, value: str):
     """The variable's value as the action's default; ValueError naming what was expected."""
@@ -143,7 +146,7 @@ def parse_with_env(parser: argparse.ArgumentParser, argv: list[str] | None) -> a
             continue
         name = env_name(action.dest)
         value = os.environ.get(name)
-        if not value:  # unset, or set empty (how a deployment blanks an inherited value): the default
+        if not value or value.isspace():  # unset, or set empty (how a deployment blanks an inherited value)
             continue
         try:
             action.default = _from_env(action, value)

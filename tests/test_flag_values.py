@@ -157,3 +157,15 @@ def test_a_flag_given_wins_over_a_bad_variable(monkeypatch):
     monkeypatch.setenv("OPENJEV_HTTP_METRICS", "enabled")
     args = config.parse_with_env(frontend_parser(), ["--model", "m", "--metrics-port", "9090", "--http-metrics"])
     assert args.metrics_port == 9090 and args.http_metrics is True
+
+
+def test_help_shows_a_bad_variable_as_its_message_and_blank_is_unset(monkeypatch, capsys):
+    """--help exits before a bad variable is refused; the flag's default then reads as the refusal
+    (it printed a placeholder object's repr)."""
+    monkeypatch.setenv("OPENJEV_GDN_SPLIT_AT", "abc")
+    monkeypatch.setenv("OPENJEV_HTTP_METRICS", "  ")  # blank: as if unset, not a bad on/off word
+    with pytest.raises(SystemExit) as exit_:
+        config.parse_with_env(worker_parser(), ["--help"])
+    assert exit_.value.code == 0
+    assert "(default <environment variable OPENJEV_GDN_SPLIT_AT: " in " ".join(capsys.readouterr().out.split())
+    assert config.parse_with_env(frontend_parser(), ["--model", "m"]).http_metrics is False

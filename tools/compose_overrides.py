@@ -41,6 +41,10 @@ def makes_host_folders(service: dict) -> bool:
     return any(v["type"] == "bind" and v.get("bind", {}).get("create_host_path") for v in service.get("volumes", []))
 
 
+def mounts_the_model(service: dict) -> bool:
+    return any(v.get("target") == "/models/open-jev" for v in service.get("volumes", []))
+
+
 def gpus(service: dict) -> list[str]:
     return [i for d in service["deploy"]["resources"]["reservations"]["devices"] for i in d["device_ids"]]
 
@@ -67,6 +71,8 @@ def check(compose: str) -> list[str]:
         plaintext = both[name]["environment"].get("OPENJEV_PLAINTEXT") == "1"
         if not plaintext or uses_tls(both[name]) or mounts_certificates(both[name]):
             problems.append(f"several GPUs in plaintext: {name} is not plaintext")
+        if not mounts_the_model(both[name]):  # its volumes are the override's (`!override`)
+            problems.append(f"several GPUs in plaintext: {name} does not mount the model")
     return problems
 
 

@@ -210,9 +210,12 @@ def build_demo_model(out_dir: str | Path, seed: int = 0, *, with_tokenizer: bool
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # a second stop must not cut the removal short
+        try:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         raise
     return out_dir
 

@@ -12,7 +12,8 @@ same bytes; only the transport and the status mapping differ:
 | body not `application/json`, or compressed | 415  |
 | body over `--http-max-body-bytes`          | 413  |
 | body not in within 60 s                    | 408  |
-| bad `x-timeout-seconds` header             | 400  |
+| bad `x-timeout-seconds` header, or two     | 400  |
+| two Content-Type headers                   | 400  |
 | contract violation (INVALID_ARGUMENT)      | 422, the same message |
 | both Content-Length and Transfer-Encoding  | 400  |
 | worker queue full (RESOURCE_EXHAUSTED)     | 503 + Retry-After |
