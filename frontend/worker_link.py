@@ -287,6 +287,8 @@ class WorkerLink:
         self._refresh_seconds = refresh_seconds
         self._probe_timeout = max(refresh_seconds, MIN_PROBE_TIMEOUT_SECONDS)
         self._state = LinkState(None, f"worker at {target} has not answered yet", grpc.StatusCode.UNAVAILABLE)
+        # (expected_fleet, revision) of the last state that served: what the workers agreed on then
+        self._served: tuple[str, str] | None = None
         self._probes: dict[str, _Probe] = {}
         self._probes_lock = threading.Lock()  # refresh (the link's thread) against close
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="worker-probe")
@@ -392,6 +394,8 @@ class WorkerLink:
             )
         with self._state_lock:
             self._state = state
+            if state.status == grpc.StatusCode.OK and state.describe is not None and state.expected_fleet:
+                self._served = (state.expected_fleet, state.describe.checkpoint_revision)
         self._on_state(state)
         return state
 
@@ -453,6 +457,8 @@ class WorkerLink:
                 named = ", ".join(f"{endpoint} {shown}" for endpoint, shown in sorted(values.items()))
                 problem = f"workers at {self.target} {disagreement}: {named}"
                 return LinkState(self._state.describe, problem, grpc.StatusCode.FAILED_PRECONDITION, workers)
+        if changed := self._changed_while_away(endpoints, answers, reached):
+            return LinkState(self._state.describe, changed, grpc.StatusCode.FAILED_PRECONDITION, workers)
         for describe, problem, _reachable in answers:
             if problem is None:
                 connectivity = self._traffic.connectivity
@@ -475,6 +481,27 @@ class WorkerLink:
         else:
             problem = f"no worker at {self.target} is serving: " + "; ".join(p for _d, p, _r in answers)
         return LinkState(self._state.describe, problem, grpc.StatusCode.UNAVAILABLE, workers)
+
+    def _changed_while_away(self, endpoints: list[str], answers: list, reached: list) -> str | None:
+        """Why the workers that answer may not serve yet (None: they may): they agree on another
+        checkpoint, default policy or weights than the fleet served before, while a worker of it
+        cannot be reached. Those alone would become the fleet (a worker restarted with another
+        export while the other was down answered in the model's name), and then, once the other
+        came back, the fleet would disagree: another checkpoint is served once every worker
+        answers (or the unreachable ones leave the --worker list or DNS)."""
+        away = [endpoint for endpoint, (_d, _p, reachable) in zip(endpoints, answers, strict=True) if not reachable]
+        if not away or not reached or self._served is None:
+            return None
+        first = reached[0][1]
+        described = [d for d, _p, _r in answers if d is not None]
+        weights = first.weights_fingerprint if all(d.weights_fingerprint for d in described) else ""
+        if abi.expected_fleet(first.checkpoint_revision, first.default_prefix_policy, weights) == self._served[0]:
+            return None
+        return (
+            f"workers at {self.target} answer with revision {first.checkpoint_revision!r} (or another default "
+            f"policy or weights) where the fleet served {self._served[1]!r}, and {', '.join(sorted(away))} cannot "
+            "be reached: another checkpoint is served only once every worker answers"
+        )
 
     def _incompatibility(self, endpoint: str, d: wire.DescribeResponse) -> str | None:
         """Why that worker cannot serve this frontend (None: it can), naming it: one of several

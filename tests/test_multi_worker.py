@@ -324,6 +324,37 @@ def test_workers_of_two_checkpoints_under_one_model_id_are_refused(demo_model, t
             process.stop(timeout_seconds=10)
 
 
+def test_another_checkpoint_is_not_served_while_a_worker_of_the_fleet_is_away(demo_model, tmp_path):
+    """One worker of two killed, the other restarted with another checkpoint: it alone was the
+    fleet, and its answers were served in the model's name, until the first came back and the
+    fleet disagreed (a review helper's finding). Now the frontend refuses, naming the worker it
+    waits for; once every worker answers with the new checkpoint, it serves that."""
+    ports = [launch.free_port(), launch.free_port()]
+    retrained = other_export(demo_model, tmp_path / "retrained", checkpoint_revision="retrained")
+    workers = [start_worker(demo_model, tmp_path, port, f"w{i}") for i, port in enumerate(ports)]
+    frontend = launch.start_frontend(
+        demo_model, frontend_target(workers), tmp_path, ["--worker-refresh-seconds", "0.5", "--worker-affinity", "off"]
+    )
+    later: list[launch.Process] = []
+    try:
+        launch.wait_serving(frontend.address)
+        workers[0].popen.kill()
+        workers[1].stop(timeout_seconds=10)
+        later.append(start_worker(retrained, tmp_path, ports[1], "retrained-1"))
+        failed = grpc.StatusCode.FAILED_PRECONDITION
+        wait_for(lambda: refused_with(frontend.address, failed), 30, "the frontend to refuse the lone new checkpoint")
+        time.sleep(1.5)  # several descriptions later: still refused
+        error = refusal(frontend.address)
+        assert error is not None and error.code() == failed, error
+        assert f"127.0.0.1:{ports[0]} cannot be reached" in error.details(), error.details()
+        assert log_events(later[0], "execute", "OK") == []  # it answered nothing in the fleet's name
+        later.append(start_worker(retrained, tmp_path, ports[0], "retrained-0"))
+        wait_for(lambda: refusal(frontend.address) is None, 30, "the frontend to serve the new checkpoint")
+    finally:
+        for process in (frontend, *workers, *later):
+            process.stop(timeout_seconds=10)
+
+
 def test_workers_of_two_heads_under_one_revision_are_refused(demo_model, tmp_path):
     """Two workers of one model id, tokenizer, temperature and revision but another head: the
     frontend balanced between them and the same request alternated between two answers (a
