@@ -55,6 +55,11 @@ KEEPALIVE_MS = 10_000
 # two shared cores). A worker that is gone fails its probe at once (connection refused).
 MIN_PROBE_TIMEOUT_SECONDS = 2.0
 KEEPALIVE_TIMEOUT_MS = 5_000
+# While the fleet is refused (FAILED_PRECONDITION: a worker of another model or checkpoint), the
+# workers are described again at least this often: its end (that worker replaced or gone) comes
+# with no READY while the traffic channel stays ready through the others, and the refusal lasted
+# a whole --worker-refresh-seconds (7-20 s at 10-30 s in a review helper's run).
+FLEET_RECHECK_SECONDS = 1.0
 
 
 ROUND_ROBIN: dict = {"round_robin": {}}
@@ -554,7 +559,8 @@ class WorkerLink:
 
     def _loop(self) -> None:
         while True:
-            self._wake.wait(self._refresh_seconds)
+            refused = self._state.status == grpc.StatusCode.FAILED_PRECONDITION
+            self._wake.wait(min(self._refresh_seconds, FLEET_RECHECK_SECONDS) if refused else self._refresh_seconds)
             self._wake.clear()
             if self._stop.is_set():
                 return

@@ -355,6 +355,27 @@ def test_another_checkpoint_is_not_served_while_a_worker_of_the_fleet_is_away(de
             process.stop(timeout_seconds=10)
 
 
+def test_a_fleet_refusal_ends_soon_after_its_cause_is_gone(demo_model, tmp_path):
+    """Two checkpoints, then the other one stopped: the refusal lasted until the next periodic
+    description (here 30 s); while refused the frontend describes its workers every second."""
+    ports = [launch.free_port(), launch.free_port()]
+    retrained = other_export(demo_model, tmp_path / "retrained", checkpoint_revision="retrained")
+    workers = [start_worker(demo_model, tmp_path, ports[0], "first"), start_worker(retrained, tmp_path, ports[1], "r")]
+    frontend = launch.start_frontend(
+        demo_model, frontend_target(workers), tmp_path, ["--worker-refresh-seconds", "30", "--worker-affinity", "off"]
+    )
+    try:
+        failed = grpc.StatusCode.FAILED_PRECONDITION
+        wait_for(lambda: refused_with(frontend.address, failed), 60, "the frontend to refuse the two checkpoints")
+        workers[1].stop(timeout_seconds=10)
+        stopped = time.monotonic()
+        wait_for(lambda: refusal(frontend.address) is None, 15, "the frontend to serve the one checkpoint left")
+        assert time.monotonic() - stopped < 15
+    finally:
+        for process in (frontend, *workers):
+            process.stop(timeout_seconds=10)
+
+
 def test_workers_of_two_heads_under_one_revision_are_refused(demo_model, tmp_path):
     """Two workers of one model id, tokenizer, temperature and revision but another head: the
     frontend balanced between them and the same request alternated between two answers (a
