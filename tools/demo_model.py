@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from openjev import progress
+from openjev.tools.stop_signals import STOP_SIGNALS, exit_on_stop_signals
 
 # Bump when the weights or files a given seed produces change: a stale build is then rebuilt.
 BUILDER_VERSION = 2
@@ -227,19 +228,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGHUP}
-
-
-def _exit_on(signum, _frame) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    # stopped (a container's SIGTERM, a closed terminal): an exit, so the build's half-written
-    # temporary folder beside --out is removed (the default action left ~65 MB there)
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, _exit_on)
+    # the build's half-written temporary folder beside --out is removed (it left ~65 MB there)
+    exit_on_stop_signals()
     try:
         print(build_demo_model(args.out, args.seed))
     except NotADemoBuild as error:

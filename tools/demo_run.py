@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -13,6 +12,7 @@ import grpc
 from openjev.client import Client
 from openjev.contract.render import dumps_exact
 from openjev.tools import launch
+from openjev.tools.stop_signals import exit_on_stop_signals
 
 
 def parser() -> argparse.ArgumentParser:
@@ -22,16 +22,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _exit_on(signum: int, _frame) -> None:
-    raise SystemExit(128 + signum)  # the `finally`s run: the servers are stopped
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    # a `timeout`, a CI job's end or a closed terminal: stop both servers as Ctrl-C does (each runs
-    # in a session of its own, so no signal reaches them; both were left running)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _exit_on)
+    # each server runs in a session of its own, so no signal reaches them: both were left running
+    exit_on_stop_signals()
     try:  # before starting anything
         request = args.request.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
