@@ -132,6 +132,12 @@ class LinkState:
         return None if d is None else abi.expected_fleet(d.checkpoint_revision, d.default_prefix_policy, self.weights)
 
 
+def _weights(answers: list) -> str:
+    """The described workers' weights fingerprint (they agree), or "" where one is from before it."""
+    described = [d for d, _p, _r in answers if d is not None]
+    return described[0].weights_fingerprint if described and all(d.weights_fingerprint for d in described) else ""
+
+
 def _channel(target: str, options: list, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
     if credentials is None:
         return grpc.insecure_channel(target, options=options)
@@ -292,8 +298,7 @@ class WorkerLink:
         self._refresh_seconds = refresh_seconds
         self._probe_timeout = max(refresh_seconds, MIN_PROBE_TIMEOUT_SECONDS)
         self._state = LinkState(None, f"worker at {target} has not answered yet", grpc.StatusCode.UNAVAILABLE)
-        # (expected_fleet, revision) of the last state that served: what the workers agreed on then
-        self._served: tuple[str, str] | None = None
+        self._served: LinkState | None = None  # the last state that served: what the workers agreed on then
         self._probes: dict[str, _Probe] = {}
         self._probes_lock = threading.Lock()  # refresh (the link's thread) against close
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="worker-probe")
@@ -399,8 +404,8 @@ class WorkerLink:
             )
         with self._state_lock:
             self._state = state
-            if state.status == grpc.StatusCode.OK and state.describe is not None and state.expected_fleet:
-                self._served = (state.expected_fleet, state.describe.checkpoint_revision)
+            if state.status == grpc.StatusCode.OK:
+                self._served = state
         self._on_state(state)
         return state
 
@@ -475,10 +480,10 @@ class WorkerLink:
                         grpc.StatusCode.UNAVAILABLE,
                         workers,
                     )
-                described = [d for d, _p, _r in answers if d is not None]
-                unary = all(d.execute_unary for d in described)
-                weights = describe.weights_fingerprint if all(d.weights_fingerprint for d in described) else ""
-                return LinkState(describe, None, grpc.StatusCode.OK, workers, execute_unary=unary, weights=weights)
+                unary = all(d.execute_unary for d, _p, _r in answers if d is not None)
+                return LinkState(
+                    describe, None, grpc.StatusCode.OK, workers, execute_unary=unary, weights=_weights(answers)
+                )
         if not answers:
             problem = f"worker at {self.target} is unavailable: no address resolved"
         elif len(answers) == 1:
@@ -495,17 +500,17 @@ class WorkerLink:
         came back, the fleet would disagree: another checkpoint is served once every worker
         answers (or the unreachable ones leave the --worker list or DNS)."""
         away = [endpoint for endpoint, (_d, _p, reachable) in zip(endpoints, answers, strict=True) if not reachable]
-        if not away or not reached or self._served is None:
+        served = self._served
+        if not away or not reached or served is None or served.describe is None:
             return None
         first = reached[0][1]
-        described = [d for d, _p, _r in answers if d is not None]
-        weights = first.weights_fingerprint if all(d.weights_fingerprint for d in described) else ""
-        if abi.expected_fleet(first.checkpoint_revision, first.default_prefix_policy, weights) == self._served[0]:
+        agreed = LinkState(first, None, grpc.StatusCode.OK, weights=_weights(answers))
+        if agreed.expected_fleet == served.expected_fleet:
             return None
         return (
             f"workers at {self.target} answer with revision {first.checkpoint_revision!r} (or another default "
-            f"policy or weights) where the fleet served {self._served[1]!r}, and {', '.join(sorted(away))} cannot "
-            "be reached: another checkpoint is served only once every worker answers"
+            f"policy or weights) where the fleet served {served.describe.checkpoint_revision!r}, and "
+            f"{', '.join(sorted(away))} cannot be reached: another checkpoint is served only once every worker answers"
         )
 
     def _incompatibility(self, endpoint: str, d: wire.DescribeResponse) -> str | None:
