@@ -16,6 +16,10 @@ import os
 import sys
 from pathlib import Path
 
+from openjev import logs
+
+logs.quiet_grpc_core()  # before grpc's first import; the failure's cause goes to stderr below instead
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -31,8 +35,9 @@ def check(
     timeout_seconds: float = 2.0,
     credentials: grpc.ChannelCredentials | None = None,
     server_name: str | None = None,
-) -> str:
-    """The status name (SERVING, NOT_SERVING, ...) or the gRPC error code name."""
+) -> tuple[str, str]:
+    """The status name (SERVING, NOT_SERVING, ...) or the gRPC error code name, and the error's
+    details ('' for a status)."""
     if credentials is None:
         channel = grpc.insecure_channel(address)
     else:
@@ -44,8 +49,8 @@ def check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_seconds
             )
         except grpc.RpcError as error:
-            return error.code().name
-    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            return error.code().name, error.details() or ""
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status), ""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -73,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             raise  # p.error exits
 
     credentials, _ = security.client_tls(args, p.error, read)  # check() sets the server name itself
-    status = check(args.address, args.service, args.timeout, credentials, args.tls_server_name)
+    status, details = check(args.address, args.service, args.timeout, credentials, args.tls_server_name)
     print(status)
+    if details:  # why it failed (a refused handshake, no listener), one line
+        print(details, file=sys.stderr)
     return 0 if status == "SERVING" else 1
 
 

@@ -100,6 +100,8 @@ def test_health_checks_pass_over_tls_and_fail_without_it(tls_stack):
         assert (ok.returncode, ok.stdout.strip()) == (0, "SERVING"), ok.stderr
         plain = healthcheck(address, {})
         assert (plain.returncode, plain.stdout.strip()) == (1, "UNAVAILABLE")
+        # the cause on one line of stderr, not gRPC core's own log lines
+        assert len(plain.stderr.splitlines()) == 1 and "failed to connect" in plain.stderr, plain.stderr
     # The name the check verifies, not the address it dials: the certificate names 127.0.0.1 and
     # `worker`, not 127.0.0.2 (a certificate from one's own CA need name no address at all).
     other = f"127.0.0.2:{worker.port}"
@@ -109,6 +111,7 @@ def test_health_checks_pass_over_tls_and_fail_without_it(tls_stack):
     # The worker requires a client certificate: the CA alone is not enough.
     no_cert = healthcheck(worker.address, {"OPENJEV_HEALTHCHECK_TLS_CA": worker_env["OPENJEV_HEALTHCHECK_TLS_CA"]})
     assert (no_cert.returncode, no_cert.stdout.strip()) == (1, "UNAVAILABLE")
+    assert len(no_cert.stderr.splitlines()) == 1, no_cert.stderr
 
 
 def test_contract_example_over_tls_on_grpc_and_http(tls_stack):
