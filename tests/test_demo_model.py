@@ -82,3 +82,41 @@ def test_a_build_stopped_by_a_signal_leaves_no_temporary_folder(tmp_path, signum
     finally:
         build.kill()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stop_during_the_swap_waits_for_its_end(tmp_path):
+    """A SIGTERM that lands between the swap's renames (injected: sent by the first rename, the
+    old build's move aside) used to leave no build at --out and the old one beside it."""
+    out = tmp_path / "demo"
+    build_demo_model(out, seed=1, with_tokenizer=False)
+    script = f"""
+import os, signal
+from openjev.tools import demo_model
+from openjev.tools.stop_signals import exit_on_stop_signals
+real = os.replace
+def replace(src, dst):
+    if str(src) == {str(out)!r}:
+        os.kill(os.getpid(), signal.SIGTERM)
+    real(src, dst)
+demo_model.os.replace = replace
+exit_on_stop_signals()
+demo_model.build_demo_model({str(out)!r}, seed=2, with_tokenizer=False)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-2000:]
+    assert json.loads((out / STAMP_FILE).read_text())["seed"] == 2  # the new build, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["demo"]
+
+
+def test_a_damaged_build_is_built_again(tmp_path):
+    out = tmp_path / "demo"
+    build_demo_model(out, seed=3, with_tokenizer=False)
+    weights = out / "model.safetensors"
+    size = weights.stat().st_size
+    with weights.open("r+b") as f:
+        f.truncate(size // 2)  # a copy cut short
+    build_demo_model(out, seed=3, with_tokenizer=False)
+    assert weights.stat().st_size == size
+    (out / "config.json").unlink()
+    build_demo_model(out, seed=3, with_tokenizer=False)
+    assert (out / "config.json").is_file()

@@ -5,7 +5,9 @@ tokenizer.json, open_jev_export.json). Its answers are meaningless; every mechan
     python -m openjev.tools.demo_model --out .openjev/demo-model [--seed 0]
 
 An existing --out folder is replaced only when it is empty or an earlier demo build (it holds
-the build's stamp file); any other folder is left alone and the build exits 1 naming it.
+the build's stamp file); any other folder is left alone and the build exits 1 naming it. A build
+of the same seed is kept while each file the stamp lists is there at its size; one missing or
+cut short is rebuilt.
 """
 
 from __future__ import annotations
@@ -15,12 +17,11 @@ import json
 import math
 import os
 import shutil
-import signal
 import tempfile
 from pathlib import Path
 
 from openjev import progress
-from openjev.tools.stop_signals import STOP_SIGNALS, exit_on_stop_signals
+from openjev.tools.stop_signals import exit_on_stop_signals, stops_deferred
 
 # Bump when the weights or files a given seed produces change: a stale build is then rebuilt.
 BUILDER_VERSION = 2
@@ -120,9 +121,12 @@ def _stamp(seed: int, with_tokenizer: bool) -> dict:
 
 
 def _is_current(out_dir: Path, stamp: dict) -> bool:
+    """The same build, each of its files still there at the size it was written with."""
     try:
-        return json.loads((out_dir / STAMP_FILE).read_text()) == stamp
-    except (OSError, json.JSONDecodeError):
+        found = json.loads((out_dir / STAMP_FILE).read_text())
+        files = found.pop("files")
+        return found == stamp and all((out_dir / name).stat().st_size == size for name, size in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
 
@@ -178,6 +182,25 @@ def _check_replaceable(out_dir: Path) -> None:
     )
 
 
+def _swap(tmp: Path, out_dir: Path, stamp: dict) -> None:
+    stale = None
+    if out_dir.exists():
+        _check_replaceable(out_dir)  # again: the build took seconds, the folder may have changed
+        # Move the stale build aside first: a rename cannot replace a nonempty directory.
+        stale = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+        os.replace(out_dir, stale / "old")
+    try:
+        os.replace(tmp, out_dir)
+    except OSError:
+        # Another process finished the same build between our check and our rename.
+        if not _is_current(out_dir, stamp):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if stale is not None:
+            shutil.rmtree(stale, ignore_errors=True)
+
+
 def build_demo_model(out_dir: str | Path, seed: int = 0, *, with_tokenizer: bool = True) -> Path:
     """Build the demo export into out_dir (atomically; skipped when an identical build is there).
     with_tokenizer=False leaves tokenizer.json out (model-only tests; not a loadable export).
@@ -188,35 +211,22 @@ def build_demo_model(out_dir: str | Path, seed: int = 0, *, with_tokenizer: bool
         return out_dir
     _check_replaceable(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    # a stop (main's SIGTERM/SIGHUP exit) waits until the folder is one the except below removes
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     tmp = None
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        with stops_deferred():  # a stop (main's SIGTERM/SIGHUP exit) waits until the except below knows tmp
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
         _write(tmp, seed, with_tokenizer)
-        (tmp / STAMP_FILE).write_text(json.dumps(stamp) + "\n")
+        files = {path.name: path.stat().st_size for path in tmp.iterdir()}
+        (tmp / STAMP_FILE).write_text(json.dumps({**stamp, "files": files}) + "\n")
         os.chmod(tmp, 0o755)
-        if out_dir.exists():
-            _check_replaceable(out_dir)  # again: the build took seconds, the folder may have changed
-            # Move the stale build aside first: a rename cannot replace a nonempty directory.
-            stale = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.replace(out_dir, stale / "old")
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.replace(tmp, out_dir)
-        except OSError:
-            # Another process finished the same build between our check and our rename.
-            if not _is_current(out_dir, stamp):
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
+        # A stop waits for the swap's end: between its renames it would leave the old build beside
+        # --out (~65 MB), or no build at all.
+        with stops_deferred():
+            _swap(tmp, out_dir, stamp)
     except BaseException:
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # a second stop must not cut the removal short
-        try:
+        with stops_deferred():  # a second stop must not cut the removal short
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         raise
     return out_dir
 
