@@ -3,7 +3,7 @@
 # GPU tests, the numerical gates on the 27B widths, and the benchmark. Results land in $OUT.
 # Usage (device tool): OPENJEV_COMMIT=<local short commit> bash benchmarks/device_run.sh STEP...
 #   (the device copy's git does not know the commit; reports print OPENJEV_COMMIT)
-#   steps: tests conv conv-ab attention-ab attention-pass-ab elementwise gdn gdn-ab gdn-rec-ab gdn-stamps gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead overhead-awake pdl grpc-floor grpc-idle lt-choice lt-space plan-cpu start-ab
+#   steps: tests sanitize conv conv-ab attention-ab attention-pass-ab elementwise gdn gdn-ab gdn-rec-ab gdn-stamps gdn-serial gdn-cross gdn-in-pass gdn-shapes ncu-gdn ncu-pass ncu-chunked ncu-state ncu-attn gates-chunked kernels capacity sweep gemm gemm-split gemm-stream gates-ROWS gates-ws0 quick-gates gates bench-quick bench-full bench-hf bench-verify profile profile-mid profile-host gdn-e2e tile-e2e levels-e2e state-hit attention overhead overhead-awake pdl grpc-floor grpc-idle lt-choice lt-space plan-cpu start-ab
 #          mixed-ab
 #          bench-c1 bench-load (issue 13's benchmarks: one step per device call, each under 10 minutes;
 #          WORKER_EXTRA='--max-launch-tokens 2048' adds worker flags to both)
@@ -89,6 +89,16 @@ for step in "$@"; do
     # the steps would miss the environment they set up: a call of the forty-sixth session did)
     tests) timeout 300 python3 -m pytest -q -x -m gpu ${GPU_TESTS:-tests/worker/cuda} > $OUT/gpu-tests.txt 2>&1; rc=$?
            tail -30 $OUT/gpu-tests.txt | grep -E "Error|assert|FAILED|passed|failed" | tail -15; [ $rc = 0 ] || exit 1 ;;
+    # the kernel tests under compute-sanitizer (SANITIZE_TOOLS, default memcheck racecheck
+    # synccheck; SANITIZE_TESTS: pytest paths or -k expressions). torch's caching allocator off:
+    # inside one of its blocks a write past a tensor's end lands in another tensor, unseen
+    sanitize) for T in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+             PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SANITIZE_SECONDS:-200} compute-sanitizer --tool $T \
+               --error-exitcode 86 --print-limit 40 --target-processes all python3 -m pytest -q -p no:cacheprovider \
+               -m gpu ${SANITIZE_TESTS:-tests/worker/cuda/test_kernels.py tests/worker/cuda/test_gemm_stream.py} \
+               > $OUT/sanitize-$T.txt 2>&1
+             echo "$T: exit $? (86: the tool found errors; 124: out of time)" | tee -a $OUT/sanitize.txt
+             grep -E "ERROR SUMMARY|passed|failed" $OUT/sanitize-$T.txt | tail -3 | tee -a $OUT/sanitize.txt; done ;;
     # the GDN kernels only: their tests (kernels, runner with each), then their timings, which run
     # even after a failed test (speed and correctness of a new kernel from one call); exit 1 then
     gdn) timeout 120 python3 -m pytest -q -m gpu tests/worker/cuda/test_kernels.py tests/worker/cuda/test_runner.py -k "gdn or runner" \
