@@ -31,7 +31,7 @@ def stops_deferred() -> Iterator[None]:
         yield
         return
     came: list[int] = []
-    previous = {signum: signal.signal(signum, lambda s, _f: came.append(s)) for signum in STOP_SIGNALS}
+    previous = {int(signum): signal.signal(signum, lambda s, _f: came.append(s)) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
