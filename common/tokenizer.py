@@ -54,7 +54,6 @@ import functools
 import hashlib
 import json
 import os
-import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from itertools import chain
@@ -170,9 +169,15 @@ def tokenizer_fingerprint(tokenizer_json: bytes, chat_prefix: str, chat_suffix: 
     return digest.hexdigest()
 
 
-def longest_token_bytes(tokenizer: Tokenizer) -> int:
+def longest_token_bytes(tokenizer: Tokenizer) -> int | None:
     """UTF-8 bytes of the longest token (128 for Qwen3.5's vocabulary): every token covers at most
-    this many bytes of the normalized text."""
+    this many bytes of the normalized text. None where no such bound holds: a model other than
+    byte-level BPE without an unknown token (a word-level vocabulary's token is a whole word of any
+    length, an unknown token stands for any text)."""
+    pre = tokenizer.pre_tokenizer
+    byte_level = pre is not None and '"ByteLevel"' in pre.__getstate__().decode()
+    if type(tokenizer.model).__name__ != "BPE" or tokenizer.model.unk_token is not None or not byte_level:
+        return None
     byte_chars = frozenset(_bytes_to_unicode().values())
     # id_to_token over the ranks and a set test in C: 0.24 s at every start of either program,
     # where get_vocab's dict and a per-character test took 0.5 s
@@ -236,6 +241,18 @@ def check_no_dropout(dropout: object) -> None:
     call, silently. Refused in both processes (the worker never tokenizes, but states its file)."""
     if dropout not in (None, 0, 0.0):
         raise ExportError(f"{TOKENIZER_FILE}: model.dropout is {dropout!r}; it must be null (tokenizing is exact)")
+
+
+def check_adds_no_tokens(tokenizer: Tokenizer) -> None:
+    """A post-processor that adds tokens (a template's BOS) is refused: the reference service
+    encodes each whole prompt with them added, and this service encodes prompts in pieces (and
+    with none added), so its ids would differ from the reference's. Qwen3.5's adds none."""
+    with_added = tokenizer.encode("a", add_special_tokens=True).ids
+    if with_added != tokenizer.encode("a", add_special_tokens=False).ids:
+        raise ExportError(
+            f"{TOKENIZER_FILE}: its post_processor adds tokens to every text ({with_added} for 'a'); "
+            "prompts are encoded with none added"
+        )
 
 
 def check_token_ids(vocab: dict[str, int], added: Sequence[tuple[str, int]]) -> int:
@@ -312,6 +329,7 @@ class PromptTokenizer:
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
         check_no_dropout(getattr(self.tokenizer.model, "dropout", None))
+        check_adds_no_tokens(self.tokenizer)
         self.chat_prefix = chat_prefix
         self.chat_suffix = chat_suffix
         self._fingerprint = tokenizer_fingerprint(data, chat_prefix, chat_suffix)
@@ -321,6 +339,8 @@ class PromptTokenizer:
         self.pieces = PieceEncoder.for_tokenizer(self.tokenizer, QWEN3_5_PAT_STR, self._encode_whole)
         # a walk over the vocabulary (~0.5 s): here at load, not in the first request's time
         self.max_token_bytes = longest_token_bytes(self.tokenizer)
+        normalizer = self.tokenizer.normalizer
+        self._nfc_or_none = normalizer is None or json.loads(normalizer.__getstate__()) == {"type": "NFC"}
 
     @classmethod
     def from_export(cls, export_dir: str | Path) -> PromptTokenizer:
@@ -333,19 +353,26 @@ class PromptTokenizer:
         return self._fingerprint
 
     def surely_too_long(self, prompt: str, max_length: int) -> int | None:
-        """The wrapped prompt's NFC bytes where they alone put it over max_length tokens (each token
-        covers at most max_token_bytes), else None. A 60 MB prompt took the tokenizer 100 s and
-        14 GB to find its count; this refuses it first, in a normalization's time and memory."""
+        """The wrapped prompt's normalized bytes where they alone put it over max_length tokens
+        (each token covers at most max_token_bytes), else None (also where the vocabulary has no
+        such bound). A 60 MB prompt took the tokenizer 100 s and 14 GB to find its count; this
+        refuses it first, in a normalization's time and memory."""
+        if self.max_token_bytes is None:
+            return None
+        most = max_length * self.max_token_bytes
         wrapped = len(prompt) + len(self.chat_prefix) + len(self.chat_suffix)
         # at most 4 bytes a character and 3 characters from one under NFC: short prompts skip it
-        if 12 * wrapped <= max_length * self.max_token_bytes:
+        if 12 * wrapped <= most:
             return None
-        if prompt.isascii() and self.chat_prefix.isascii() and self.chat_suffix.isascii():
+        if self._nfc_or_none and prompt.isascii() and self.chat_prefix.isascii() and self.chat_suffix.isascii():
             size = wrapped  # NFC leaves ASCII as it is, a byte a character: no copies of a large prompt
-            return size if size > max_length * self.max_token_bytes else None
+            return size if size > most else None
         text = chat_wrap(prompt, self.chat_prefix, self.chat_suffix)
-        size = len(unicodedata.normalize("NFC", text).encode("utf-8"))
-        return size if size > max_length * self.max_token_bytes else None
+        # the file's own normalizer, in linear time: Python's NFC reorders a run of combining marks
+        # by insertion sort, 25 s for 180k characters of alternating marks, the GIL held throughout
+        normalizer = self.tokenizer.normalizer
+        size = len((text if normalizer is None else normalizer.normalize_str(text)).encode("utf-8"))
+        return size if size > most else None
 
     def encode(self, prompts: Sequence[str]) -> list[list[int]]:
         """Chat-wrap each prompt (already stripped, as compiled) and encode it with special

@@ -340,3 +340,71 @@ def test_a_prompt_surely_too_long_is_measured_as_its_nfc_bytes(prompt_tokenizer)
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20, f"{peak} bytes allocated to measure a {len(large)}-character prompt"
+
+
+def test_a_run_of_combining_marks_is_measured_in_linear_time(prompt_tokenizer):
+    """Python's NFC reorders a run of combining marks by insertion sort: 180k characters of
+    alternating classes (230, 220) took 25 s, the GIL held, stalling every request of the frontend
+    (a review, 2026-12-07). The file's own normalizer counts the same bytes in milliseconds."""
+    import time
+
+    tokenizer = prompt_tokenizer
+    prompt = "a" + "\u0301\u0316" * 90_000
+    limit = 100  # so that the count is needed: 360 KB over 100 x 128 bytes
+    wrapped = chat_wrap(prompt, tokenizer.chat_prefix, tokenizer.chat_suffix)
+    started = time.perf_counter()
+    size = tokenizer.surely_too_long(prompt, limit)
+    seconds = time.perf_counter() - started
+    assert size == len(unicodedata.normalize("NFC", wrapped).encode("utf-8"))
+    assert seconds < 3.0, f"{seconds:.1f} s to measure {len(prompt)} characters"
+
+
+def _edited_tokenizer(tokenizer_json: Path, into: Path, **changes) -> Path:
+    document = json.loads(tokenizer_json.read_bytes())
+    document.update(changes)
+    path = into / "tokenizer.json"
+    path.write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def test_a_word_level_vocabulary_is_not_refused_by_its_bytes(tokenizer_json, tmp_path):
+    """Each token covers at most max_token_bytes bytes only in byte-level BPE without an unknown
+    token: a word-level vocabulary's one word of 250,000 bytes is one token, and was refused as
+    more tokens than max_length before it was tokenized."""
+    path = _edited_tokenizer(
+        tokenizer_json,
+        tmp_path,
+        normalizer=None,
+        pre_tokenizer={"type": "Whitespace"},
+        post_processor=None,
+        decoder=None,
+        model={"type": "WordLevel", "vocab": {"?": 0}, "unk_token": "?"},
+        added_tokens=[
+            {"id": i, "content": w, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False}
+            | {"special": True}
+            for i, w in enumerate(("<|im_start|>", "<|im_end|>"), start=1)
+        ],
+    )
+    words = PromptTokenizer(path, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
+    assert words.max_token_bytes is None
+    prompt = "x" * 250_000
+    assert words.surely_too_long(prompt, 16384) is None
+    assert len(words.encode([prompt])[0]) < 100
+
+
+def test_a_post_processor_that_adds_tokens_is_refused(tokenizer_json, tmp_path):
+    """The reference encodes each whole prompt with the post-processor's tokens added; this
+    service encodes prompts in pieces with none added, so such a file would give other ids."""
+    bos = {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}
+    path = _edited_tokenizer(
+        tokenizer_json,
+        tmp_path,
+        post_processor={
+            "type": "TemplateProcessing",
+            "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [248044], "tokens": ["<|endoftext|>"]}},
+        },
+    )
+    with pytest.raises(ExportError, match=r"^tokenizer.json: its post_processor adds tokens to every text"):
+        PromptTokenizer(path, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
