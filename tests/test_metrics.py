@@ -53,8 +53,14 @@ def scrape(url: str) -> dict[tuple[str, tuple], float]:
     }
 
 
-def value(samples: dict, name: str, **labels) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+def value(samples: dict, name: str, missing: float | None = None, **labels) -> float:
+    """The series' value; one that is not there fails the test (a renamed or dropped series would
+    otherwise read as 0) unless `missing` gives its value (a labelled series before its first use)."""
+    key = (name, tuple(sorted(labels.items())))
+    if key not in samples and missing is not None:
+        return missing
+    assert key in samples, f"no series {name} {labels}"
+    return samples[key]
 
 
 def test_a_fresh_worker_counts_no_pass(served):
@@ -76,7 +82,7 @@ def test_series_move_with_traffic(served):
     frontend, worker = scrape(served["frontend_url"]), scrape(served["worker_url"])
 
     def moved(samples, before, name, **labels):
-        return value(samples, name, **labels) - value(before, name, **labels)
+        return value(samples, name, **labels) - value(before, name, missing=0.0, **labels)
 
     latency = "openjev_frontend_request_seconds_count"
     assert moved(frontend, frontend_before, latency, kind="mixed", outcome="OK") == 1

@@ -497,18 +497,19 @@ SIX = {
 
 
 @pytest.mark.parametrize(
-    ("worker", "env"),
+    ("worker", "env", "why"),
     [
-        ("dns://10.0.0.2/worker:50052", {}),  # a DNS server: was mangled into dns://///10.0.0.2/...
-        ("DNS:///worker:50052", {}),  # was taken for a host name
-        ("127.0.0.1:99999", {}),
-        ("127.0.0.1:0", {}),
-        (None, {"OPENJEV_WORKER": "worker/a:50052"}),
-        ("dns:///worker..openjev:50052", {}),  # an empty label: the resolver's traceback
-        (f"dns:///{'w' * 64}.openjev:50052", {}),  # a label over 63 characters: the same
+        # a DNS server: was mangled into dns://///10.0.0.2/...
+        ("dns://10.0.0.2/worker:50052", {}, "a DNS server (dns://AUTHORITY/) is not supported"),
+        ("DNS:///worker:50052", {}, "'DNS:///worker' is not a host name"),  # was taken for a host name
+        ("127.0.0.1:99999", {}, "is not HOST:PORT (a port 1-65535)"),
+        ("127.0.0.1:0", {}, "is not HOST:PORT (a port 1-65535)"),
+        (None, {"OPENJEV_WORKER": "worker/a:50052"}, "'worker/a' is not a host name"),
+        ("dns:///worker..openjev:50052", {}, "'worker..openjev' is not a host name"),  # an empty label: a traceback
+        (f"dns:///{'w' * 64}.openjev:50052", {}, ".openjev' is not a host name"),  # a label over 63 characters
     ],
 )
-def test_a_bad_worker_target_is_a_one_line_error(demo_model, worker, env):
+def test_a_bad_worker_target_is_a_one_line_error(demo_model, worker, env, why):
     """Like every other bad flag: one line, exit 2, nothing served (they were accepted and never served)."""
     args = ["--model", str(demo_model), "--plaintext", "--listen", "127.0.0.1:0"]
     done = subprocess.run(
@@ -521,3 +522,4 @@ def test_a_bad_worker_target_is_a_one_line_error(demo_model, worker, env):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr
     assert len(lines) == 1 and "error:" in lines[0] and ("--worker" in lines[0] or "OPENJEV_WORKER" in lines[0]), lines
+    assert why in lines[0], lines

@@ -114,9 +114,10 @@ def test_nothing_is_returned_for_a_too_long_request(tokenizer):
 
 
 def test_invalid_arguments(tokenizer):
-    with pytest.raises(ValueError):
+    # match: a ContractError is a ValueError too, and a max_length of 0 makes every prompt too long
+    with pytest.raises(ValueError, match="^batch_size must be positive$"):
         next(iter_candidate_batches(golden_request(), tokenizer, 16384, batch_size=0))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^max_length must be positive$"):
         next(iter_candidate_batches(golden_request(), tokenizer, 0))
 
 

@@ -29,7 +29,17 @@ def test_names_resolve_to_every_address(text):
     assert targets.endpoints() and all(e.endswith(":50052") for e in targets.endpoints())
 
 
-@pytest.mark.parametrize("text", ["", "host-a:1,host-b:1", "127.0.0.1:1,[::1]:1", "127.0.0.1", "dns:///x"])
-def test_refused(text):
-    with pytest.raises(TargetError):
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "^empty$"),
+        ("host-a:1,host-b:1", "a list of workers must use IP addresses"),
+        ("127.0.0.1:1,[::1]:1", "do not mix IPv4 and IPv6 addresses"),
+        ("127.0.0.1", r"is not HOST:PORT \(a port 1-65535\)"),
+        ("dns:///x", r"'x' is not HOST:PORT"),
+        ("dns://1.2.3.4/x:1", r"a DNS server \(dns://AUTHORITY/\) is not supported"),
+    ],
+)
+def test_refused(text, why):
+    with pytest.raises(TargetError, match=why):
         parse_worker_targets(text)

@@ -175,6 +175,7 @@ def test_a_malformed_or_uncommitted_stream_gives_back_what_it_held(pair, stub):
     with pytest.raises(grpc.RpcError) as refused:
         list(stub.Execute(bad(), timeout=30))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "candidate (0, 0) sent twice" in refused.value.details()  # not the missing commit
     wait_held(pair.worker_metrics, 0)
 
     def half_closed():  # ends without a commit
@@ -184,6 +185,7 @@ def test_a_malformed_or_uncommitted_stream_gives_back_what_it_held(pair, stub):
     with pytest.raises(grpc.RpcError) as refused:
         list(stub.Execute(half_closed(), timeout=30))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == "malformed execute stream: ended without a commit"
     wait_held(pair.worker_metrics, 0)
 
 
