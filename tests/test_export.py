@@ -4,6 +4,7 @@ message naming the file. Uses a tiny synthetic export (the check never loads wei
 from __future__ import annotations
 
 import json
+import struct
 import sys
 from pathlib import Path
 
@@ -104,6 +105,9 @@ def test_truncated_safetensors_is_named(export):
         ({"temperature": -1.0}, "temperature must be positive"),
         ({"model_id": ""}, "model_id must be a nonempty string"),
         ({"head_bias": "0.1"}, "head_bias must be a finite number"),
+        # a string of hidden_size characters: without the list check each character is a "weight"
+        ({"head_weight": "0" * HIDDEN}, "head_weight must be a list of numbers"),
+        ({"chat_prefix": None}, "chat_prefix must be a string, got None"),
     ],
 )
 def test_bad_metadata_is_named(export, changes, message):
@@ -115,4 +119,69 @@ def test_bad_metadata_is_named(export, changes, message):
 def test_unparseable_metadata_is_named(export):
     (export / "open_jev_export.json").write_text("{not json")
     with pytest.raises(ExportError, match="^open_jev_export.json: not readable JSON"):
+        load_export_meta(export)
+
+
+@pytest.mark.parametrize("name", ["open_jev_export.json", "config.json"])
+def test_json_that_is_not_an_object_is_named(export, name):
+    (export / name).write_text("[]")
+    with pytest.raises(ExportError, match=f"^{name}: top level must be a JSON object"):
+        load_export_meta(export)
+
+
+@pytest.mark.parametrize(
+    ("config", "got"),
+    [
+        ({"model_type": "qwen3_5", "text_config": {"hidden_size": 0}}, "0"),
+        ({"model_type": "qwen3_5", "text_config": {"hidden_size": True}}, "True"),
+        ({"model_type": "qwen3_5", "text_config": "16"}, "None"),
+        ({"model_type": "qwen3_5_text"}, "None"),
+    ],
+)
+def test_bad_hidden_size_is_named(export, config, got):
+    (export / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match=f"^config.json: hidden_size must be a positive integer, got {got}$"):
+        load_export_meta(export)
+
+
+def test_missing_export_directory_is_named(tmp_path):
+    with pytest.raises(ExportError, match="nowhere: export directory does not exist$"):
+        load_export_meta(tmp_path / "nowhere")
+
+
+def write_safetensors(path: Path, header: bytes, data: bytes = b"") -> None:
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+
+
+def test_safetensors_header_over_100_mb_is_refused(export):
+    # The file must really be that long (sparse, so nothing is written): a header past the end
+    # is refused as truncated before the size limit is looked at.
+    header_bytes = 100_000_001
+    with (export / "model.safetensors").open("wb") as f:
+        f.write(struct.pack("<Q", header_bytes))
+        f.truncate(8 + header_bytes)
+    with pytest.raises(
+        ExportError, match=r"^model\.safetensors: safetensors header of 100000001 bytes \(at most 100 MB\)"
+    ):
+        load_export_meta(export)
+
+
+def test_safetensors_header_not_an_object_is_named(export):
+    write_safetensors(export / "model.safetensors", b"[]")
+    with pytest.raises(ExportError, match=r"^model\.safetensors: safetensors header is not an object"):
+        load_export_meta(export)
+
+
+@pytest.mark.parametrize("offsets", [[4, 0], [-4, 0], [0, 4.0]])
+def test_bad_data_offsets_are_named(export, offsets):
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": offsets}}).encode()
+    write_safetensors(export / "model.safetensors", header, bytes(4))
+    with pytest.raises(ExportError, match=r"^model\.safetensors: tensor 'w' has data_offsets .*start <= end"):
+        load_export_meta(export)
+
+
+def test_unreadable_safetensors_is_named(export):
+    (export / "model.safetensors").unlink()
+    (export / "model.safetensors").symlink_to("gone.safetensors")
+    with pytest.raises(ExportError, match=r"^model\.safetensors: not readable \(\[Errno 2\]"):
         load_export_meta(export)

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from openjev.export import ExportError
-from openjev.worker.checkpoint.config import parse_model_config
+from openjev.worker.checkpoint.config import load_model_config, parse_model_config
 from openjev.worker.model.runner import TorchRunner
 from openjev.worker.runner_api import SegmentRun
 
@@ -261,3 +261,61 @@ def test_real_27b_config_shape_parses():
     for other in ({"rope_type": "yarn", "factor": 4.0}, {"rope_type": "default", "rope_theta": 10000}):
         with pytest.raises(ExportError, match="rope_parameters and rope_scaling are both given and differ"):
             parse_model_config({"model_type": "qwen3_5", "text_config": {**text, "rope_scaling": other}})
+
+
+@pytest.fixture(scope="module")
+def demo_text_config(model_export) -> dict:
+    return json.loads((model_export / "config.json").read_text())["text_config"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"hidden_act": "gelu"}, r"hidden_act 'gelu' is not supported \(only 'silu'\)"),
+        ({"num_key_value_heads": 3}, "num_attention_heads must be a multiple of num_key_value_heads"),
+        ({"linear_num_key_heads": 3}, "linear_num_value_heads must be a multiple of linear_num_key_heads"),
+        ({"layer_types": ["linear_attention"] * 7}, "layer_types must list num_hidden_layers=8 kinds"),
+        ({"layer_types": "full_attention"}, "layer_types must list num_hidden_layers=8 kinds"),
+        ({"eos_token_id": -1}, "eos_token_id must be a token id or a list of them, got -1"),
+        ({"eos_token_id": [248046, True]}, r"eos_token_id must be a token id or a list of them, got \[248046, True\]"),
+        ({"rope_parameters": "default"}, "rope_parameters must be an object"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e7}}, "rope_type 'yarn' is not supported"),
+        ({"rope_parameters": None, "rope_scaling": {"type": "linear"}}, "rope_type 'linear' is not supported"),
+        ({"head_dim": 28}, r"rotary dim 7 \(head_dim \* partial_rotary_factor\) must be even"),
+    ],
+)
+def test_bad_text_config_is_named(demo_text_config, changes, expected):
+    """Each refusal on the demo's otherwise valid text config (parsed only, no weights)."""
+    with pytest.raises(ExportError, match=rf"^config\.json: {expected}"):
+        parse_model_config(nested({**demo_text_config, **changes}))
+
+
+# 0 and 1.5 give even rotary dims of head_dim 64 (0 and 96): only the range check refuses them
+@pytest.mark.parametrize("factor", [0, 1.5, True, "0.25"])
+def test_bad_partial_rotary_factor_is_refused(demo_text_config, factor):
+    rope = {**demo_text_config["rope_parameters"], "partial_rotary_factor": factor}
+    with pytest.raises(
+        ExportError, match=rf"^config\.json: partial_rotary_factor must be in \(0, 1\], got {factor!r}$"
+    ):
+        parse_model_config(nested({**demo_text_config, "rope_parameters": rope}))
+
+
+def test_text_config_not_an_object_is_refused(demo_text_config):
+    with pytest.raises(ExportError, match=r"^config\.json: text_config must be an object"):
+        parse_model_config(nested([demo_text_config]))
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "missing from export directory"),
+        ("{not json", r"not readable JSON \(JSONDecodeError\)"),
+        ("[]", "top level must be a JSON object"),
+    ],
+)
+def test_unreadable_config_file_is_named(tmp_path, content, expected):
+    """load_model_config on its own (the worker checks the export first, but its callers need not)."""
+    if content is not None:
+        (tmp_path / "config.json").write_text(content)
+    with pytest.raises(ExportError, match=rf"^config\.json: {expected}"):
+        load_model_config(tmp_path)
