@@ -126,12 +126,14 @@ def _rope(text: dict[str, Any]) -> tuple[float, float]:
     """(rope_theta, partial_rotary_factor). Text-only Qwen3.5 feeds the same 1-D position to all
     three mrope sections, so mrope collapses to ordinary rotary and mrope_section is irrelevant."""
     given, legacy = text.get("rope_parameters"), text.get("rope_scaling")
+    # each checked as given: an empty string, list or false was taken for "absent" and served
+    for name, value in (("rope_parameters", given), ("rope_scaling", legacy)):
+        if value is not None and not isinstance(value, dict):
+            raise _fail(f"{name} must be an object, got {value!r}")
     # transformers reads rope_scaling where both are given: serving the other would differ from it
     if given and legacy and given != legacy:
         raise _fail("rope_parameters and rope_scaling are both given and differ: give one of them")
     rope = given or legacy or {}
-    if not isinstance(rope, dict):
-        raise _fail("rope_parameters must be an object")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         raise _fail(f"rope_type {rope_type!r} is not supported (only 'default')")

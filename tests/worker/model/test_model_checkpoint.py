@@ -278,7 +278,11 @@ def demo_text_config(model_export) -> dict:
         ({"layer_types": "full_attention"}, "layer_types must list num_hidden_layers=8 kinds"),
         ({"eos_token_id": -1}, "eos_token_id must be a token id or a list of them, got -1"),
         ({"eos_token_id": [248046, True]}, r"eos_token_id must be a token id or a list of them, got \[248046, True\]"),
-        ({"rope_parameters": "default"}, "rope_parameters must be an object"),
+        ({"rope_parameters": "default"}, "rope_parameters must be an object, got 'default'"),
+        # falsy ones were taken for "absent" and served as default rope
+        ({"rope_parameters": [], "rope_theta": 1e7}, r"rope_parameters must be an object, got \[\]"),
+        ({"rope_parameters": False, "rope_theta": 1e7}, "rope_parameters must be an object, got False"),
+        ({"rope_parameters": None, "rope_scaling": "yarn"}, "rope_scaling must be an object, got 'yarn'"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e7}}, "rope_type 'yarn' is not supported"),
         ({"rope_parameters": None, "rope_scaling": {"type": "linear"}}, "rope_type 'linear' is not supported"),
         ({"head_dim": 28}, r"rotary dim 7 \(head_dim \* partial_rotary_factor\) must be even"),
