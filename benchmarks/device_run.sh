@@ -90,10 +90,12 @@ for step in "$@"; do
     tests) timeout 300 python3 -m pytest -q -x -m gpu ${GPU_TESTS:-tests/worker/cuda} > $OUT/gpu-tests.txt 2>&1; rc=$?
            tail -30 $OUT/gpu-tests.txt | grep -E "Error|assert|FAILED|passed|failed" | tail -15; [ $rc = 0 ] || exit 1 ;;
     # the kernel tests under compute-sanitizer (SANITIZE_TOOLS, default memcheck racecheck
-    # synccheck; SANITIZE_TESTS: pytest paths or -k expressions). torch's caching allocator off:
-    # inside one of its blocks a write past a tensor's end lands in another tensor, unseen
-    sanitize) for T in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
-             PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SANITIZE_SECONDS:-200} compute-sanitizer --tool $T \
+    # synccheck; SANITIZE_TESTS: pytest paths or node ids). torch's caching allocator off (inside
+    # one of its blocks a write past a tensor's end lands in another tensor, unseen) unless
+    # SANITIZE_CACHING=1: CUDA graphs (the runner's tests) need it
+    sanitize) NOCACHE=PYTORCH_NO_CUDA_MEMORY_CACHING=1; [ "${SANITIZE_CACHING:-0}" = 1 ] && NOCACHE=
+           for T in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+             env $NOCACHE timeout ${SANITIZE_SECONDS:-200} compute-sanitizer --tool $T \
                --error-exitcode 86 --print-limit 40 --target-processes all python3 -m pytest -q -p no:cacheprovider \
                -m gpu ${SANITIZE_TESTS:-tests/worker/cuda/test_kernels.py tests/worker/cuda/test_gemm_stream.py} \
                > $OUT/sanitize-$T.txt 2>&1
