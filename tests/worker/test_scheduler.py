@@ -731,3 +731,82 @@ def test_a_refusal_by_the_admitted_cap_says_so(torch_runner):
         scheduler.check_room()
     scheduler._jobs = []
     engine.close()
+
+
+def test_a_request_the_cache_answers_whole_runs_no_pass(torch_runner):
+    """Every candidate's state kept: answered at admission with no pass, its start notice given
+    once, the bits of a cold engine's answer; once closed, refused like any other request."""
+    gate = threading.Event()
+    gate.set()
+    engine = _cached_engine(torch_runner, gate, "whole-hit")
+    node = CONTEXT + [7, 8, 9]  # 203 tokens: states kept at 64, 128, 192 and at its end
+    engine.execute(
+        [QuestionWork("choice", (tuple(node), tuple(node + [10, 11])))], temperature=TEMPERATURE, policy=CACHED
+    )
+    passes = len(engine.runner.passes)
+    started: list[int] = []
+    work = [QuestionWork("choice", (tuple(node), tuple(node)))]
+    again = engine.execute(work, temperature=TEMPERATURE, policy=CACHED, on_start=lambda: started.append(1))
+    cold = Engine(torch_runner, cost_model=CPU_COST_MODEL).execute(work, temperature=TEMPERATURE, policy=CACHED)
+    assert len(engine.runner.passes) == passes and again.num_launches == 0
+    assert again.cache_hit_tokens == len(node) and started == [1]
+    assert again.head_scores == cold.head_scores
+    engine.scheduler.close()
+    with pytest.raises(QueueFull, match="shutting down"):
+        engine.execute(work, temperature=TEMPERATURE, policy=CACHED)
+
+
+def test_a_queued_request_whose_client_leaves_frees_its_place_at_once(torch_runner):
+    """Out of the queue when its thread sees the client gone, not at the end of the pass that
+    runs meanwhile: its place is free for others at once."""
+    gate = threading.Event()
+    engine = Engine(
+        PassLog(torch_runner, gate),
+        cost_model=CPU_COST_MODEL,
+        pack_limits=PackLimits(max_sequences=1, max_tokens=4096),
+    )
+    engine.scheduler._poll_seconds = 0.01
+    work = [QuestionWork("noul", ((1, 2, 3),))]
+    first = threading.Thread(target=lambda: engine.execute(work, temperature=TEMPERATURE, policy="off"))
+    first.start()
+    try:
+        wait_until(lambda: _started(engine))  # in a pass, held at the gate
+        gone = threading.Event()
+        errors: list[Exception] = []
+
+        def queued() -> None:
+            try:
+                engine.execute(work, temperature=TEMPERATURE, policy="off", should_stop=gone.is_set)
+            except Cancelled as error:
+                errors.append(error)
+
+        second = threading.Thread(target=queued)
+        second.start()
+        wait_until(lambda: engine.scheduler.depth == 2)
+        gone.set()
+        second.join(10)
+        assert [str(e) for e in errors] == ["cancelled while queued"] and engine.scheduler.depth == 1
+    finally:
+        gate.set()
+        first.join(30)
+
+
+def test_a_request_over_several_passes_starts_once(torch_runner):
+    """Its start notice once and its queue time up to its first pass, not its last: a 2,000-token
+    prompt in chunks of 256 runs 8 passes, each held 50 ms."""
+
+    class Slow(PassLog):
+        def run_launch(self, runs):
+            time.sleep(0.05)
+            return super().run_launch(runs)
+
+    engine = Engine(
+        Slow(torch_runner),
+        cost_model=CPU_COST_MODEL,
+        pack_limits=PackLimits(max_sequences=8, max_tokens=256, chunk_tokens=256),
+    )
+    started: list[int] = []
+    work = [QuestionWork("noul", (tuple(range(1000, 3000)),))]
+    result = engine.execute(work, temperature=TEMPERATURE, policy="off", on_start=lambda: started.append(1))
+    assert result.num_launches >= 8 and started == [1]
+    assert result.queue_seconds < 0.05 < result.inference_seconds / 8

@@ -3,9 +3,11 @@ listener counts, and where the grid and the anchors put cuts."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
-from openjev.worker.cache.keys import CutRule, NodeKey, token_bytes
+from openjev.worker.cache.keys import CutRule, NodeKey, advance, token_bytes
 from openjev.worker.cache.store import StateCache
 
 
@@ -137,3 +139,26 @@ def test_a_key_kept_under_one_chain_and_hung_from_under_another():
     assert key(10) in cache._entries and key(50) not in cache._entries  # 50 went instead
     assert cache.nbytes == sum(e.nbytes for e in cache._entries.values()) == 980
     assert cache.lookup(key(60), lambda: t[60]) is not None
+
+
+def test_the_measured_copy_is_kept_not_the_state_given():
+    """measure returns what to keep (the runner's compact copy: on the torch backend a root
+    segment's keys are views of the pass's buffers, which keeping the state itself would pin
+    beyond the bytes counted)."""
+    cache = StateCache(1000, "fp", CutRule(anywhere=False), lambda s: (("copy of", s), 10))
+    tokens = token_bytes(range(5))
+    assert cache.insert(key(5), "pass buffers", None, tokens)
+    assert cache.lookup(key(5), lambda: tokens).state == ("copy of", "pass buffers")
+
+
+def test_a_digest_is_of_the_whole_prefix_up_to_its_position():
+    """Each position's digest is sha256 of every token before it, whether hashed in one segment or
+    continued from a parent's hasher (a key leaving out a token would hit less, and an existing
+    key takes a new request's score without comparing tokens)."""
+    tokens = list(range(100, 300))
+    whole, end = advance(hashlib.sha256(), 0, tokens, [64, 128, 192])
+    for position, digest in whole.items():
+        assert digest == hashlib.sha256(token_bytes(tokens[:position])).digest(), position
+    assert end.digest() == hashlib.sha256(token_bytes(tokens)).digest()
+    continued, _ = advance(hashlib.sha256(token_bytes(tokens[:50])), 50, tokens[50:], [64, 128, 192])
+    assert continued == whole
