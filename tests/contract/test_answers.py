@@ -16,7 +16,7 @@ from openjev.contract.answers import (
     answers_from_scores,
     question_probabilities,
 )
-from openjev.contract.request import parse_request
+from openjev.contract.request import Question, parse_request
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "contract_cases.json").read_text())
 ACCEPTED = {"Qwen/Qwen3.8-27B", "open-jev-27b-v1.1"}
@@ -202,3 +202,39 @@ def test_softmax_against_an_independent_formula(scores, temperature):
     assert math.fsum(probabilities) == pytest.approx(1.0, abs=1e-12)
     shifted = question_probabilities("choice", [s + 5.0 for s in scores], temperature)
     assert all(abs(a - b) <= 1e-12 for a, b in zip(probabilities, shifted, strict=True))
+
+
+def test_score_confidence_weighs_each_level_by_its_distance_from_the_mode():
+    # Distances over 1 tell sum(|i - mode| * p_i) (docs/contract.md) from other weightings.
+    five = compile_one({"type": "score", "instructions": "x", "criteria": ["a", "b", "c", "d", "e"]})
+    uniform_distance = (2 + 1 + 0 + 1 + 2) / 5  # U = mean_i |i - (n-1)/2|
+    for probabilities, mode, approx in (([0.6, 0.1, 0.1, 0.1, 0.1], 0, 1 / 6), ([0.1, 0.1, 0.6, 0.1, 0.1], 2, 0.5)):
+        distance = 0.0
+        for i, p in enumerate(probabilities):
+            distance += abs(i - mode) * p
+        expected = max(0.0, 1.0 - distance / uniform_distance)
+        confidence = answer_from_probabilities(five, probabilities)["confidence"]
+        assert confidence == expected
+        assert confidence == pytest.approx(approx, abs=1e-12)
+
+
+def test_softmax_sum_is_left_to_right_to_the_last_bit():
+    # Found by search: for these scores a compensated sum (math.fsum, Python 3.12's sum())
+    # differs from the reference's plain left-to-right sum in the last bit.
+    scores = [0.0, -1.0, -2.0]
+    weights = [math.exp(s / T) for s in scores]  # the top score is 0.0
+    total = 0.0
+    for w in weights:
+        total += w
+    assert total != math.fsum(weights)
+    expected = [w / total for w in weights]
+    assert [p.hex() for p in expected] == ["0x1.e1289b68f3076p-2", "0x1.4448da2eaf334p-2", "0x1.b51d14d0bb8b1p-3"]
+    assert [p.hex() for p in question_probabilities("choice", scores, T)] == [p.hex() for p in expected]
+    answer = answers_from_scores([CHOICE3], [scores], T)["q"]
+    assert [p.hex() for p in answer["probabilities"].values()] == [p.hex() for p in expected]
+
+
+def test_answer_for_an_unknown_kind_is_an_error():
+    bogus = Question("q", "bogus", ("0", "1"), ("lo", "hi"), ("p0", "p1"))
+    with pytest.raises(ValueError, match=r"^unknown question kind 'bogus'$"):
+        answer_from_probabilities(bogus, [0.25, 0.75])

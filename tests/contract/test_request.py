@@ -6,14 +6,19 @@ The golden requests (tests/contract/data/) were produced by the reference servic
 from __future__ import annotations
 
 import json
+import math
+import re
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 
 from openjev.contract import errors
 from openjev.contract.errors import ContractError
+from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX
 from openjev.contract.request import (
     MAX_JSON_DEPTH,
+    MAX_RENDERED_BYTES,
     DecisionRequest,
     Question,
     check_json_value,
@@ -466,3 +471,159 @@ def test_subclasses_of_json_types_are_accepted():
 
     request = parse(OrderedDict(state=OrderedDict(b=Level.LOW, a=[True, None, 2.5]), questions={"q": NOUL}))
     assert request.questions[0].prompts[0].startswith('Context:\n{"a": [true, null, 2.5], "b": 1}\n')
+
+
+# --- edges: body decoding, value checks, check order, rendered size (docs/contract.md's values) ---
+
+INVALID_JSON = "request body must be valid JSON"
+
+
+def rejected_body(body, message: str, **kw) -> None:
+    with pytest.raises(ContractError, match=f"^{re.escape(message)}$"):
+        parse_request_json(body, accepted_models=ACCEPTED, **kw)
+
+
+def test_bytes_carrying_an_encoded_surrogate_are_not_utf8():
+    # ED A0 80 would decode to U+D800 under "surrogatepass"; strict UTF-8 has no surrogates
+    body = b'{"state": "\xed\xa0\x80", "questions": {"q": {"type": "noul", "instructions": "x"}}}'
+    rejected_body(body, INVALID_JSON)
+    rejected_body(bytearray(body), INVALID_JSON)
+
+
+def test_a_str_body_holding_a_lone_surrogate_is_invalid():
+    # the character itself, not an escape: no UTF-8 body can carry it
+    rejected_body('{"state": "a\ud800", "questions": {"q": {"type": "noul", "instructions": "x"}}}', INVALID_JSON)
+
+
+@pytest.mark.parametrize("kind", [bytearray, memoryview])
+def test_bytes_like_bodies_are_decoded_as_utf8(kind):
+    text = '{"state": "é ☃", "questions": {"q": {"type": "noul", "instructions": "x"}}}'
+    request = parse_request_json(kind(text.encode()), accepted_models=ACCEPTED)
+    assert request == parse_request_json(text, accepted_models=ACCEPTED)
+    assert request.state_text == "é ☃"
+    rejected_body(kind(b'{"state": "\xff", "questions": {}}'), INVALID_JSON)
+
+
+def deep_body(depth: int, escape: bool) -> str:
+    """A body `depth` containers deep with exactly `depth` brackets, every one in one chain."""
+    state = '"\\ud83d\\ude00"' if escape else '"s"'  # an escape sends the body to the full value check
+    nested = depth - 3  # the body, "questions" and "q" are the other three
+    return (
+        f'{{"state": {state}, "questions": {{"q": {{"type": "noul", "instructions": {"[" * nested}{"]" * nested}}}}}}}'
+    )
+
+
+@pytest.mark.parametrize("escape", [False, True], ids=["bracket_count_shortcut", "full_check"])
+def test_nesting_limit_is_127_containers(escape):
+    # docs/contract.md: nesting deeper than 127 containers is invalid JSON (the reference's parser)
+    accepted, refused = deep_body(127, escape), deep_body(128, escape)
+    assert accepted.count("[") + accepted.count("{") == 127
+    assert refused.count("[") + refused.count("{") == 128
+    assert parse_request_json(accepted, accepted_models=ACCEPTED).num_candidates == 1
+    rejected_body(refused, INVALID_JSON)
+    assert parse(json.loads(accepted)).num_candidates == 1
+    rejected(json.loads(refused), INVALID_JSON)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, "\ud800"], ids=["nan", "inf", "lone_surrogate"])
+def test_a_bare_value_gets_the_value_checks_before_the_object_check(value):
+    rejected(value, INVALID_JSON)
+
+
+class _Text(str):
+    pass
+
+
+class _Number(float):
+    pass
+
+
+class _Items(list):
+    pass
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        _Text("\udc00"),
+        ["ok", _Text("\udc00")],
+        OrderedDict(a=math.nan),
+        {"k": OrderedDict(a=[math.inf])},
+        _Items([math.nan]),
+        [_Items(["\ud800"])],
+        [_Number("nan")],
+        {"k": _Number("-inf")},
+    ],
+    ids=["str", "str_in_list", "ordereddict", "nested_ordereddict", "list", "nested_list", "float", "float_in_dict"],
+)
+def test_subclasses_of_json_types_get_the_value_checks(state):
+    rejected({"state": state, "questions": {"q": NOUL}}, INVALID_JSON)
+
+
+def test_an_integer_past_the_digit_limit_passes_the_full_value_check():
+    # the escaped pair sends the body through check_json_value, which must accept the kept digits
+    digits = "9" * 5000  # over Python's default 4,300-digit conversion limit
+    body = f'{{"state": ["\\ud83d\\ude00", {digits}], "questions": {{"q": {{"type": "noul", "instructions": "x"}}}}}}'
+    request = parse_request_json(body, accepted_models=ACCEPTED)
+    assert request.state_text == f'["\U0001f600", {digits}]'
+
+
+@pytest.mark.parametrize(
+    "criteria",
+    [{"true": "yes", "maybe": "no"}, {"true": None}, {"true": 5, "maybe": "no"}],
+    ids=["true_and_another_key", "true_null_alone", "bad_true_and_another_key"],
+)
+def test_noul_keys_are_checked_before_their_descriptions(criteria):
+    rejected(
+        one({"type": "noul", "instructions": "x", "criteria": criteria}),
+        "Noul criteria must contain true and false descriptions",
+    )
+
+
+@pytest.mark.parametrize("criteria", [[], "", ["a"] * 256], ids=["empty_list", "empty_str", "long_list"])
+def test_choice_object_is_checked_before_the_count(criteria):
+    rejected(one({"type": "choice", "instructions": "x", "criteria": criteria}), "Choice requires an object")
+
+
+RENDERED_LIMIT = "request exceeds the rendered size limit"
+SIZED = {
+    "state": "État ☃",
+    "questions": {
+        "c": {"type": "choice", "instructions": "Lequel?", "criteria": {"é": None, "b": "ü", "c": {"k": "😀"}}},
+        "n": {"type": "noul", "instructions": "Oui?"},
+    },
+}
+
+
+def sized_bytes() -> int:
+    """The UTF-8 bytes of SIZED's prompts, counted from the prompts themselves."""
+    return sum(len(p.encode("utf-8")) for q in parse(SIZED).questions for p in q.prompts)
+
+
+def test_default_rendered_size_limit_is_64_mib():
+    assert MAX_RENDERED_BYTES == 64 * 1024 * 1024  # docs/contract.md, check 13a: --max-rendered-bytes (64 MiB)
+
+
+def test_rendered_size_limit_is_inclusive_for_parsed_objects_and_bodies():
+    size = sized_bytes()
+    assert parse(SIZED, max_rendered_bytes=size).rendered_bytes == size
+    rejected(SIZED, RENDERED_LIMIT, max_rendered_bytes=size - 1)
+    body = json.dumps(SIZED)
+    assert parse_request_json(body, accepted_models=ACCEPTED, max_rendered_bytes=size).rendered_bytes == size
+    rejected_body(body, RENDERED_LIMIT, max_rendered_bytes=size - 1)
+
+
+def test_rendered_size_limit_counts_the_chat_template_once_per_candidate():
+    template = len((DEFAULT_CHAT_PREFIX + DEFAULT_CHAT_SUFFIX).encode("utf-8"))
+    limit = sized_bytes() + 4 * template  # four candidates: three choice, one noul
+    body = json.dumps(SIZED)
+    assert parse_request_json(body, accepted_models=ACCEPTED, max_rendered_bytes=limit, chat_template_bytes=template)
+    rejected_body(body, RENDERED_LIMIT, max_rendered_bytes=limit - 1, chat_template_bytes=template)
+
+
+def test_prefix_policy_is_checked_before_the_rendered_size():
+    rejected(
+        {**SIZED, "prefix_policy": "bad"},
+        "prefix_policy must be off, default, shared, fixed or auto",
+        max_rendered_bytes=1,
+    )

@@ -13,7 +13,7 @@ from openjev.contract.literals import PREFIX_POLICIES
 from openjev.worker.planner import CostModel, PackLimits, build_tree, plan_request
 from openjev.worker.planner.packing import split_into_segments
 from openjev.worker.planner.passes import pack_passes
-from openjev.worker.planner.plan import Reader
+from openjev.worker.planner.plan import Reader, default_chunk_tokens
 from openjev.worker.planner.tree import TreeNode
 
 BALANCED = CostModel(seconds_per_launch=1e-3, seconds_per_token=1e-5, seconds_per_attention_pair=1e-9)
@@ -178,3 +178,33 @@ def test_planning_allocates_little_beyond_the_ids(policy):
     finally:
         tracemalloc.stop()
     assert peak <= 3 * ids_bytes, f"{peak / 2**20:.1f} MiB allocated while planning {ids_bytes / 2**20:.0f} MiB of ids"
+
+
+def test_empty_tree_nodes_are_refused():
+    """An empty node has no last token to read or state to keep."""
+    root = TreeNode(None, 0, array("I", [1, 2]), (Reader(0, 0),))
+    for nodes in (
+        [TreeNode(None, 0, array("I"), (Reader(0, 0),))],
+        [root, TreeNode(0, 2, array("I"), (Reader(0, 1),))],
+    ):
+        with pytest.raises(ValueError, match="must not be empty"):
+            split_into_segments(nodes, 2048)
+
+
+def test_pack_limits_refuse_a_chunk_over_the_budget_or_below_one_token():
+    assert PackLimits(max_tokens=4096, chunk_tokens=4096).chunk_tokens == 4096
+    with pytest.raises(ValueError, match="exceeds the pass budget"):
+        PackLimits(max_tokens=4096, chunk_tokens=4097)
+    for chunk in (0, -64):
+        with pytest.raises(ValueError, match="must be positive"):
+            PackLimits(chunk_tokens=chunk)
+
+
+@pytest.mark.parametrize(
+    "pass_tokens, chunk",
+    [(4096, 2048), (4032, 1984), (4000, 1984), (2048, 1024), (2112, 1024), (192, 64), (128, 64), (64, 64)],
+)
+def test_the_default_chunk_is_half_the_pass_down_to_the_64_token_grid(pass_tokens, chunk):
+    """Half the pass, cut down to a multiple of 64 (`fixed` stays aligned only on that grid, and
+    a chunk over half the pass leaves no room beside it); never below 64, the smallest chunk."""
+    assert default_chunk_tokens(pass_tokens) == chunk

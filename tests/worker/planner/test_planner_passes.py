@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from openjev.worker.planner.passes import PendingTree, StateRoom, fill_pass, kept_after_pass
+from openjev.worker.planner import passes
+from openjev.worker.planner.passes import PendingTree, Picked, StateRoom, fill_pass, kept_after_pass, pack_passes
 from openjev.worker.planner.plan import PackLimits, Reader, Segment
 
 LIMITS = PackLimits(max_sequences=64, max_tokens=4096, chunk_tokens=2048)
@@ -209,3 +210,74 @@ def test_a_full_pass_stops_scanning_where_nothing_left_fits():
     segments = _CountedSegments([Segment(i, None, tuple(range(65)), 0, (Reader(i, 0),), False) for i in range(60_000)])
     picked = fill_pass([PendingTree(segments)], LIMITS, max_depth=1)
     assert len(picked) == 63 and segments.looked_at == 64
+
+
+def test_the_room_left_goes_to_a_skipped_request_before_one_that_took_its_share():
+    """A 4,000-token star takes 2,000 tokens of its 2,048 share (root and one child); a 1,500-token request
+    behind it is over half the room left and is skipped; in the second round the skipped one
+    comes first, so it rides in this pass instead of the star taking all of it."""
+    picked = fill_pass([_star(1000, [1000] * 3), _star(1500, [])], LIMITS, 8, LIMITS.chunk_tokens)
+    assert (_taken(picked, 0), _taken(picked, 1)) == ([0, 1], [0])
+
+
+def test_the_first_round_share_holds_back_a_segment_that_fits_the_pass():
+    """The star's 2,000-token child fits the pass but not the 1,048 tokens left of its share: it
+    waits (its 10-token sibling behind it does not), and the 1,500-token request behind gets half
+    the room left (taking the child first left it 543)."""
+    picked = fill_pass([_star(1000, [2000, 10]), _star(1500, [])], LIMITS, 8, LIMITS.chunk_tokens)
+    assert (_taken(picked, 0), _taken(picked, 1)) == ([0, 2], [0])
+
+
+def test_the_first_round_share_holds_back_a_segment_over_half_the_pass_segments():
+    """With 2 sequences a pass, a request's first share is 1 segment: its root runs, and the
+    request behind it takes the other slot before the root's children."""
+    limits = PackLimits(max_sequences=2, max_tokens=4096, chunk_tokens=2048)
+    picked = fill_pass([_star(10, [5, 5]), _star(10, [])], limits, 8, limits.chunk_tokens)
+    assert (_taken(picked, 0), _taken(picked, 1)) == ([0], [0])
+
+
+def test_parents_rows_may_fill_the_context_room_exactly():
+    """Two parents of 500 rows each fill a room of 1,000 rows: both run (at most `context`);
+    one row more and the second waits."""
+    room = StateRoom(states=8, context=1000)
+    picked = fill_pass([_hanging(500, 20), _hanging(500, 20)], LIMITS, 8, LIMITS.chunk_tokens, room)
+    assert [p.owner for p in picked] == [0, 1]
+    picked = fill_pass([_hanging(500, 20), _hanging(501, 20)], LIMITS, 8, LIMITS.chunk_tokens, room)
+    assert [p.owner for p in picked] == [0]
+
+
+def test_siblings_reading_one_earlier_parent_take_one_state():
+    """Two candidates continue the same 300-token context that ran earlier: its state is one of
+    the room's states whoever reads it, so with room for one both run."""
+    tree = PendingTree(_star(300, [20, 20]).segments)
+    tree.mark_done(0)
+    picked = fill_pass([tree], LIMITS, 8, room=StateRoom(states=1, context=10**6))
+    assert _taken(picked, 0) == [1, 2]
+
+
+def test_a_pass_with_no_room_to_keep_states_still_runs_its_first_segment():
+    """A long prompt's chunks with no room for kept states: the pass drops back to its first
+    chunk, which keeps one state (the most a lone segment can), never to an empty pass."""
+    chunks = [Segment(i, i - 1 if i else None, tuple(range(2048)), 2048 * i, (), True) for i in range(4)]
+    picked = fill_pass([PendingTree(chunks)], LIMITS, 8, room=StateRoom(states=0, context=10**6))
+    assert picked == [Picked(0, 0, None)]
+
+
+def test_pack_passes_refuses_segments_over_the_budget_or_before_their_parent(monkeypatch):
+    """Either would never run (pack_passes would loop for good): refused before any pass is
+    filled."""
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("filled a pass for input that should be refused")
+
+    limits = PackLimits(max_sequences=8, max_tokens=256, chunk_tokens=128)
+    fits = Segment(0, None, tuple(range(256)), 0, (Reader(0, 0),), False)
+    assert pack_passes([fits], limits, 8) == [(0,)]
+    monkeypatch.setattr(passes, "fill_pass", no_pass)
+    with pytest.raises(ValueError, match="257 tokens > 256"):
+        pack_passes([Segment(0, None, tuple(range(257)), 0, (Reader(0, 0),), False)], limits, 8)
+    root = Segment(0, None, (1, 2), 0, (), True)
+    for parent in (1, 2):  # itself, or a later segment
+        child = Segment(1, parent, (3, 4), 2, (Reader(0, 0),), False)
+        with pytest.raises(ValueError, match="parents before children"):
+            pack_passes([root, child], limits, 8)

@@ -13,6 +13,7 @@ from openjev.worker.planner import (
     CostModel,
     PackLimits,
     Reader,
+    default_cost_model,
     plan_request,
 )
 from openjev.worker.planner.cost import off_seconds_at_least
@@ -272,3 +273,30 @@ def test_rejects_bad_input():
         plan_request([], "off")
     with pytest.raises(ValueError):
         PackLimits(max_sequences=0)
+
+
+def test_default_shares_a_common_prefix_of_one_token():
+    """Any nonempty common prefix is shared, one token included."""
+    plan = plan_request([[[7, 1, 2], [7, 3, 4]]], "default")
+    assert [(s.parent, list(s.token_ids)) for s in plan.segments] == [(None, [7]), (0, [1, 2]), (0, [3, 4])]
+    assert (plan.num_saved_tokens, plan.scope) == (1, "within_question")
+
+
+def test_scope_is_across_questions_wherever_in_the_tree_questions_share():
+    """Question 0 shares nothing and its prompt sorts first in the trie; questions 1 and 2 share
+    [5, 6, 7] further on: the request's scope is still across_questions."""
+    plan = plan_request([[[1, 2]], [[5, 6, 7, 1]], [[5, 6, 7, 2]]], "shared")
+    assert list(plan.segments[0].token_ids) == [1, 2]  # the shared node is not segment 0
+    assert (plan.num_saved_tokens, plan.scope) == (3, "across_questions")
+
+
+def test_a_question_without_candidates_is_refused():
+    with pytest.raises(ValueError, match="at least one question with one candidate"):
+        plan_request([[[1, 2]], []], "shared")
+
+
+def test_the_default_cost_model_of_cuda_is_the_gpu_one():
+    assert default_cost_model("cuda") is GPU_COST_MODEL and GPU_COST_MODEL != CPU_COST_MODEL
+    assert default_cost_model("torch") is CPU_COST_MODEL
+    with pytest.raises(ValueError, match="no default cost model"):
+        default_cost_model("tpu")
