@@ -230,37 +230,46 @@ def test_a_full_queue_refuses_before_planning(torch_runner, monkeypatch):
     engine.close()
 
 
-def test_a_request_that_leaves_while_queued_is_logged_as_queued(torch_runner):
+@pytest.mark.parametrize("seen_by", ["the loop", "its own thread"])
+def test_a_request_that_leaves_while_queued_is_logged_as_queued(torch_runner, seen_by):
     """Whichever thread sees the client gone first (the request's own, or the scheduler's loop
-    before its next pass), a request that never entered a pass left the queue."""
+    before its next pass), a request that never entered a pass left the queue; seen by its own
+    thread it leaves at once, not at the end of the pass that runs meanwhile, so its place is free
+    for others."""
     gate = threading.Event()
     engine = Engine(
         PassLog(torch_runner, gate),
         cost_model=CPU_COST_MODEL,
         pack_limits=PackLimits(max_sequences=1, max_tokens=4096),
     )
-    engine.scheduler._poll_seconds = 60.0  # the waiting thread does not look: the loop must
+    # 60 s: the waiting thread does not look, the loop must
+    engine.scheduler._poll_seconds = 60.0 if seen_by == "the loop" else 0.01
     work = [QuestionWork("noul", ((1, 2, 3),))]
     first = threading.Thread(target=lambda: engine.execute(work, temperature=TEMPERATURE, policy="off"))
     first.start()
-    wait_until(lambda: _started(engine))  # in a pass, held at the gate
-    gone = threading.Event()
-    errors: list[Exception] = []
+    try:
+        wait_until(lambda: _started(engine))  # in a pass, held at the gate
+        gone = threading.Event()
+        errors: list[Exception] = []
 
-    def queued() -> None:
-        try:
-            engine.execute(work, temperature=TEMPERATURE, policy="off", should_stop=gone.is_set)
-        except Cancelled as error:
-            errors.append(error)
+        def queued() -> None:
+            try:
+                engine.execute(work, temperature=TEMPERATURE, policy="off", should_stop=gone.is_set)
+            except Cancelled as error:
+                errors.append(error)
 
-    second = threading.Thread(target=queued)
-    second.start()
-    wait_until(lambda: engine.scheduler.depth == 2)
-    gone.set()
-    gate.set()
-    second.join(30)
-    first.join(30)
-    assert [str(e) for e in errors] == ["cancelled while queued"]
+        second = threading.Thread(target=queued)
+        second.start()
+        wait_until(lambda: engine.scheduler.depth == 2)
+        gone.set()
+        if seen_by == "the loop":
+            gate.set()
+        second.join(30)
+        assert [str(e) for e in errors] == ["cancelled while queued"]
+        assert seen_by == "the loop" or engine.scheduler.depth == 1  # while the first's pass still runs
+    finally:
+        gate.set()
+        first.join(30)
 
 
 def test_a_queued_request_leaving_while_a_pass_is_chosen_fails_no_one_else(torch_runner, monkeypatch):
@@ -754,41 +763,6 @@ def test_a_request_the_cache_answers_whole_runs_no_pass(torch_runner):
     engine.scheduler.close()
     with pytest.raises(QueueFull, match="shutting down"):
         engine.execute(work, temperature=TEMPERATURE, policy=CACHED)
-
-
-def test_a_queued_request_whose_client_leaves_frees_its_place_at_once(torch_runner):
-    """Out of the queue when its thread sees the client gone, not at the end of the pass that
-    runs meanwhile: its place is free for others at once."""
-    gate = threading.Event()
-    engine = Engine(
-        PassLog(torch_runner, gate),
-        cost_model=CPU_COST_MODEL,
-        pack_limits=PackLimits(max_sequences=1, max_tokens=4096),
-    )
-    engine.scheduler._poll_seconds = 0.01
-    work = [QuestionWork("noul", ((1, 2, 3),))]
-    first = threading.Thread(target=lambda: engine.execute(work, temperature=TEMPERATURE, policy="off"))
-    first.start()
-    try:
-        wait_until(lambda: _started(engine))  # in a pass, held at the gate
-        gone = threading.Event()
-        errors: list[Exception] = []
-
-        def queued() -> None:
-            try:
-                engine.execute(work, temperature=TEMPERATURE, policy="off", should_stop=gone.is_set)
-            except Cancelled as error:
-                errors.append(error)
-
-        second = threading.Thread(target=queued)
-        second.start()
-        wait_until(lambda: engine.scheduler.depth == 2)
-        gone.set()
-        second.join(10)
-        assert [str(e) for e in errors] == ["cancelled while queued"] and engine.scheduler.depth == 1
-    finally:
-        gate.set()
-        first.join(30)
 
 
 def test_a_request_over_several_passes_starts_once(torch_runner):
