@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
 from openjev.contract.render import (
     DEFAULT_CHAT_PREFIX,
     DEFAULT_CHAT_SUFFIX,
+    BigInt,
     candidate_prompt,
     chat_wrap,
     dumps_exact,
@@ -17,6 +19,7 @@ from openjev.contract.render import (
     prompt_head,
     render_value,
 )
+from openjev.contract.request import decode_request_json
 
 
 @pytest.mark.parametrize(
@@ -89,3 +92,23 @@ def test_integers_past_pythons_digit_limit_render_exactly_and_in_one_pass():
     value = json.loads(body, parse_int=parse_int)
     assert render_value(value) == '{"a": "text", "b": [1, {"x": null}], "z": [' + ", ".join(huge * 300) + "]}"
     assert dumps_exact(value["z"][:2], sort_keys=False, indent=1) == "[\n " + huge[0] + ",\n " + huge[1] + "\n]"
+
+
+DIGIT_LIMIT = sys.get_int_max_str_digits()  # Python's int <-> str limit (4,300 by default)
+
+
+@pytest.mark.parametrize("digits", ["1" * DIGIT_LIMIT, "-" + "9" * DIGIT_LIMIT])
+def test_integers_within_pythons_digit_limit_decode_as_int(digits):
+    """Only an integer past the limit is a BigInt; one Python can convert (sign not counted) is an int."""
+    assert type(parse_int(digits)) is int
+    value = decode_request_json('{"n": ' + digits + "}")["n"]
+    assert type(value) is int
+    assert value == int(digits)
+
+
+def test_integers_past_the_limit_compare_by_their_digits():
+    one, two = "1" * (DIGIT_LIMIT + 1), "2" * (DIGIT_LIMIT + 1)
+    assert BigInt(one) == BigInt(one)
+    assert BigInt(one) != BigInt(two)
+    assert decode_request_json(f"[{one}]") == decode_request_json(f"[{one}]")
+    assert decode_request_json(f"[{one}]") != decode_request_json(f"[{two}]")

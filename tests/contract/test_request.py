@@ -627,3 +627,16 @@ def test_prefix_policy_is_checked_before_the_rendered_size():
         "prefix_policy must be off, default, shared, fixed or auto",
         max_rendered_bytes=1,
     )
+
+
+@pytest.mark.parametrize(
+    ("question_type", "criteria"), [("choice", {"a": None, "b": None}), ("score", ["x", "y"]), ("noul", None)]
+)
+def test_prompts_never_equal_a_sequence_of_another_length(question_type, criteria):
+    body = {"state": "s", "questions": {"q": {"type": question_type, "instructions": "i", "criteria": criteria}}}
+    prompts = parse_request(body, accepted_models=()).questions[0].prompts
+    as_list = list(prompts)
+    assert prompts == as_list
+    assert (prompts == as_list[:-1]) is False
+    assert (prompts == [*as_list, as_list[-1]]) is False
+    assert prompts != as_list[:-1]
