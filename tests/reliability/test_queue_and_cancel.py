@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from openjev.client import Client
+from openjev.tools import launch
 from openjev.tools.soak import log_events, rss_bytes
 from openjev.v1 import decision_pb2 as api
 
@@ -319,3 +320,25 @@ def test_cancelled_or_failed_request_frees_its_states(demo_model):
         gc.collect()
         assert refs and not [r for r in refs if r() is not None]
     engine.close()
+
+
+def test_a_stream_cut_by_the_frontends_worker_deadline_is_not_tokenized_on(demo_model, tmp_path):
+    """The frontend's own cap on the worker call ends a stream while its 1,000 candidates are
+    still being tokenized: the answer is DEADLINE_EXCEEDED at once, not the contract error of an
+    over-long candidate at the end, which tokenizing the rest after the deadline would find (a
+    review's mutant of the check showed no test pinned it)."""
+    worker = launch.start_worker(demo_model, tmp_path)
+    frontend = launch.start_frontend(demo_model, worker.address, tmp_path, ["--worker-deadline-seconds", "0.05"])
+    questions = {
+        f"q{q}": {"type": "choice", "instructions": "pick", "criteria": {f"k{i}": None for i in range(250)}}
+        for q in range(4)
+    }
+    questions["q4"] = {"type": "noul", "instructions": "word " * 40_000}  # over max_length, last
+    try:
+        launch.wait_serving(frontend.address)
+        with Client(frontend.address) as client, pytest.raises(grpc.RpcError) as caught:
+            client.decide({"state": "s", "questions": questions}, timeout=60, request_id=rid("capped"))
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, caught.value.details()
+    finally:
+        frontend.stop()
+        worker.stop()
