@@ -174,8 +174,8 @@ def longest_token_bytes(tokenizer: Tokenizer) -> int | None:
     this many bytes of the normalized text. None where no such bound holds: a model other than
     byte-level BPE without an unknown token (a word-level vocabulary's token is a whole word of any
     length, an unknown token stands for any text)."""
-    pre = tokenizer.pre_tokenizer
-    byte_level = pre is not None and '"ByteLevel"' in pre.__getstate__().decode()
+    pre = {} if tokenizer.pre_tokenizer is None else json.loads(tokenizer.pre_tokenizer.__getstate__())
+    byte_level = any(step.get("type") == "ByteLevel" for step in pre.get("pretokenizers", [pre]))
     if type(tokenizer.model).__name__ != "BPE" or tokenizer.model.unk_token is not None or not byte_level:
         return None
     byte_chars = frozenset(_bytes_to_unicode().values())

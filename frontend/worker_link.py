@@ -128,8 +128,12 @@ class LinkState:
     def expected_fleet(self) -> str | None:
         """What every worker call expects its worker to have agreed on (the expect-fleet header),
         computed once a state, not once a call; None before any worker was described."""
-        d = self.describe
-        return None if d is None else abi.expected_fleet(d.checkpoint_revision, d.default_prefix_policy, self.weights)
+        return None if self.describe is None else _fleet(self.describe, self.weights)
+
+
+def _fleet(d: wire.DescribeResponse, weights: str) -> str:
+    """The expect-fleet digest of workers that answer d with that weights fingerprint."""
+    return abi.expected_fleet(d.checkpoint_revision, d.default_prefix_policy, weights)
 
 
 def _weights(answers: list) -> str:
@@ -504,8 +508,7 @@ class WorkerLink:
         if not away or not reached or served is None or served.describe is None:
             return None
         first = reached[0][1]
-        agreed = LinkState(first, None, grpc.StatusCode.OK, weights=_weights(answers))
-        if agreed.expected_fleet == served.expected_fleet:
+        if _fleet(first, _weights(answers)) == served.expected_fleet:
             return None
         return (
             f"workers at {self.target} answer with revision {first.checkpoint_revision!r} (or another default "
