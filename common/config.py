@@ -47,6 +47,12 @@ def non_negative_int(text: str) -> int:
     return _number(int, text, lambda v: v >= 0, "an integer >= 0")
 
 
+def message_bytes(text: str) -> int:
+    """A gRPC message size limit: gRPC's channel options are 32-bit (2**31 ended the start in a
+    traceback from inside gRPC)."""
+    return _number(int, text, lambda v: 1 <= v <= 2**31 - 1, "an integer from 1 to 2147483647")
+
+
 def positive_float(text: str) -> float:
     return _number(float, text, lambda v: 0 < v < float("inf"), "a number > 0")
 

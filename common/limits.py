@@ -27,6 +27,7 @@ would flood the log too).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import OrderedDict
@@ -160,16 +161,21 @@ class LimitCalls(grpc.ServerInterceptor):
 FIRST_MESSAGE_SECONDS = 60.0
 # How long a read that ended without a message waits to learn whether its call ended
 ENDED_WAIT_SECONDS = 0.05
+# A call counts as waiting from its handler's start until grpcio hands it the message, which in a
+# burst of valid calls took up to 80 ms (1,000 health checks at once): the count cancels only calls
+# that have waited longer than this, or it cancelled calls whose message had come
+FIRST_MESSAGE_GRACE_SECONDS = 0.25
 
 
 class FirstMessage(grpc.ServerInterceptor):
     """Methods with one request message read it under a bound: at most `most` calls wait for it at
     once (a new one beyond that cancels the oldest; a real client's message follows its headers
-    within milliseconds, so only calls that send nothing stay waiting), none longer than
-    `seconds` (a sweeper thread, as a port whose slots are all held sees no new call)."""
+    within milliseconds, so only calls that send nothing stay waiting; of those, only calls older
+    than `grace`), none longer than `seconds` (a sweeper thread, as a port whose slots are all held
+    sees no new call; it also cancels by the count those that were too young when a call came)."""
 
-    def __init__(self, most: int, seconds: float = FIRST_MESSAGE_SECONDS):
-        self.most, self.seconds = max(1, most), seconds
+    def __init__(self, most: int, seconds: float = FIRST_MESSAGE_SECONDS, grace: float = FIRST_MESSAGE_GRACE_SECONDS):
+        self.most, self.seconds, self.grace = max(1, most), seconds, grace
         self._waiting: OrderedDict[int, tuple[float, grpc.ServicerContext, str]] = OrderedDict()
         self._lock = threading.Lock()
         self._next = 0
@@ -207,11 +213,10 @@ class FirstMessage(grpc.ServerInterceptor):
             self._next += 1
             key = self._next
             self._waiting[key] = (time.monotonic(), context, method)
-            evicted = [self._waiting.popitem(last=False)[1] for _ in range(len(self._waiting) - self.most)]
+            evicted = self._over_count()
             if self._sweeper is None:
                 self._sweeper = threading.Thread(target=self._sweep, name="first-message", daemon=True)
                 self._sweeper.start()
-            self._evicted += len(evicted)
         for _, old, _ in evicted:
             old.cancel()
         try:
@@ -233,6 +238,16 @@ class FirstMessage(grpc.ServerInterceptor):
             with self._lock:
                 self._waiting.pop(key, None)
 
+    def _over_count(self) -> list[tuple[float, grpc.ServicerContext, str]]:
+        """Under the lock: the oldest calls beyond `most` that have waited at least `grace`, taken
+        out (counted for the sweeper's line); the caller cancels them."""
+        young = time.monotonic() - self.grace
+        over = len(self._waiting) - self.most
+        keys = [key for key, (since, _, _) in itertools.islice(self._waiting.items(), max(0, over)) if since <= young]
+        evicted = [self._waiting.pop(key) for key in keys]
+        self._evicted += len(evicted)
+        return evicted
+
     def _ended(self, key: int, context) -> None:
         with self._lock:
             mine = self._waiting.pop(key, None)  # None: cancelled here, and logged so
@@ -248,9 +263,10 @@ class FirstMessage(grpc.ServerInterceptor):
             with self._lock:
                 late = [key for key, (since, _, _) in self._waiting.items() if since < cutoff]
                 expired = [self._waiting.pop(key) for key in late]
+                over = self._over_count()
                 evicted, self._evicted = self._evicted, 0
             self._log(expired, f"no request message within {self.seconds:g} s", "CANCELLED")
-            for _, context, _ in expired:
+            for _, context, _ in [*expired, *over]:
                 context.cancel()
             if evicted:
                 reason = f"more than {self.most} calls waited for their request message; the oldest cancelled"

@@ -20,13 +20,14 @@ from __future__ import annotations
 import hmac
 import os
 import ssl
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import grpc
 
 from openjev import logs
-from openjev.interceptors import REQUEST_ID_KEY
+from openjev.interceptors import REQUEST_ID_KEY, valid_request_id
 
 log = logs.get("openjev.security")
 
@@ -99,11 +100,14 @@ def server_credentials(cert: Path | None, key: Path | None, client_ca: Path | No
     return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
 
 
-def channel_credentials(ca: Path | None, cert: Path | None, key: Path | None) -> grpc.ChannelCredentials | None:
-    """None (plaintext) when no CA is given; a client certificate when cert and key are."""
+def channel_credentials(
+    ca: Path | None, cert: Path | None, key: Path | None, server_name: str | None = None
+) -> grpc.ChannelCredentials | None:
+    """None (plaintext) when no CA is given; a client certificate when cert and key are.
+    server_name: only checked here (a name for certificates on a plaintext link was ignored)."""
     if ca is None:
-        if cert is not None or key is not None:
-            raise SecurityError("--worker-tls-cert and --worker-tls-key need --worker-tls-ca")
+        if cert is not None or key is not None or server_name is not None:
+            raise SecurityError("--worker-tls-cert, --worker-tls-key and --worker-tls-server-name need --worker-tls-ca")
         return None
     if (cert is None) != (key is None):
         raise SecurityError("--worker-tls-cert and --worker-tls-key go together")
@@ -175,12 +179,14 @@ def load_tokens(token_file: Path | None, environ: Mapping[str, str] | None = Non
             # lines end at "\n" only (splitlines also cut at VT, FF, FS, NEL ...: a stray one split
             # a token into shorter ones, each accepted); a Windows editor's BOM and CRs are dropped
             lines = text.decode("utf-8-sig").split("\n")
-            tokens += [(f"auth token file {token_file}", line.strip(HEADER_BLANKS)) for line in lines]
+            stripped = (line.strip(HEADER_BLANKS) for line in lines)
+            tokens += [(f"auth token file {token_file}", t) for t in stripped if not t.startswith("#")]
         except UnicodeDecodeError:
             raise SecurityError(f"auth token file {token_file}: not UTF-8 text") from None
     given = env.get(AUTH_TOKENS_ENV)
     tokens += [(f"${AUTH_TOKENS_ENV}", part.strip(HEADER_BLANKS)) for part in (given or "").split(",")]
-    kept = [(where, t) for where, t in tokens if t and not t.startswith("#")]
+    # `#` comments are the file's only: a variable's token that starts with `#` is a token
+    kept = [(where, t) for where, t in tokens if t]
     if not kept and (token_file is not None or (given or "").strip()):
         # tokens were asked for: none would mean an open port, and nobody would be told
         source = f"auth token file {token_file}" if token_file is not None else f"${AUTH_TOKENS_ENV}"
@@ -232,11 +238,13 @@ class BearerAuth(grpc.ServerInterceptor):
         method = handler_call_details.method
 
         def refuse(request, context):
-            # the request id the interceptors gave the call (its own, or one made up), as Decide
-            # returns it: a refused caller can quote it too
+            # the request id the interceptors gave the call (Decide's: its own, or one made up), as
+            # Decide returns it: a refused caller can quote it too. Other methods pass no
+            # interceptor that checks or makes one, so the same rule applies here.
             request_id = dict(context.invocation_metadata() or ()).get(REQUEST_ID_KEY)
-            if request_id:
-                context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
+            if not isinstance(request_id, str) or not valid_request_id(request_id):
+                request_id = uuid.uuid4().hex
+            context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
             # logged as the HTTP route logs its 401s (token guessing over gRPC left no trail), with
             # the peer: whom to block
             log.info(

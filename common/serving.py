@@ -43,6 +43,9 @@ def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[st
     ]
 
 
+_malformed = logs.Throttle()
+
+
 class ParseRequests(grpc.ServerInterceptor):
     """Request bytes that are not the method's message (garbage, a string field that is not
     UTF-8) are the caller's fault: INVALID_ARGUMENT naming the message, where gRPC itself would
@@ -58,7 +61,15 @@ class ParseRequests(grpc.ServerInterceptor):
             try:
                 return parse(raw)
             except Exception as error:  # DecodeError, UnicodeDecodeError, ...
-                log.warning("malformed_request", method=handler_call_details.method, reason=repr(error))
+                # garbage is free to send, health Check's included (no token): throttled, each counted
+                if (dropped := _malformed.admit("malformed")) is not None:
+                    log.warning(
+                        "malformed_request",
+                        method=handler_call_details.method,
+                        peer=context.peer(),
+                        reason=repr(error),
+                        dropped=dropped,
+                    )
                 context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message for {handler_call_details.method}"
                 )
@@ -128,7 +139,9 @@ def server_options(max_message_bytes: int, max_connection_age_seconds: float) ->
     ]
     if max_connection_age_seconds > 0:
         options += [
-            ("grpc.max_connection_age_ms", int(max_connection_age_seconds * 1000)),
+            # gRPC's options are 32-bit: a longer age (30 days ended the start in a traceback) is
+            # its longest, ~24.8 days
+            ("grpc.max_connection_age_ms", min(int(max_connection_age_seconds * 1000), 2**31 - 1)),
             ("grpc.max_connection_age_grace_ms", 2**31 - 1),
         ]
     return options
@@ -183,6 +196,8 @@ def build_server(
     threads = limits.threads if limits is not None else max_workers
     # outermost: no interceptor's code runs before a one-message call's message has come
     first = FirstMessage(most=max(1, threads // 4))
+    if limits is not None:  # the calls it lets wait hold a thread and a slot outside every class's cap
+        threads += first.most
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
         options=options,

@@ -83,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-message-bytes",
-        type=positive_int,
+        type=config.message_bytes,
         default=serving.MAX_MESSAGE_BYTES,
         help="the largest gRPC message on the public port, either way: a larger request is refused "
         "RESOURCE_EXHAUSTED by gRPC, a larger answer INVALID_ARGUMENT by the frontend before it is sent",
@@ -190,7 +190,9 @@ def serve(args: argparse.Namespace) -> None:
     config.log_config("openjev.frontend", args)
     try:
         public_credentials = security.server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
-        worker_credentials = security.channel_credentials(args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key)
+        worker_credentials = security.channel_credentials(
+            args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key, args.worker_tls_server_name
+        )
         security.require_tls(
             public_credentials, plaintext=args.plaintext, link="the public port", flags="--tls-cert and --tls-key"
         )

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from openjev import config, security
+from openjev import config, security, serving
 from openjev.frontend.main import parser as frontend_parser
 from openjev.tools.cli import parser as cli_parser
 from openjev.worker.main import parser as worker_parser
@@ -169,3 +169,44 @@ def test_help_shows_a_bad_variable_as_its_message_and_blank_is_unset(monkeypatch
     assert exit_.value.code == 0
     assert "(default <environment variable OPENJEV_GDN_SPLIT_AT: " in " ".join(capsys.readouterr().out.split())
     assert config.parse_with_env(frontend_parser(), ["--model", "m"]).http_metrics is False
+
+
+def test_a_message_size_past_grpcs_32_bits_is_refused_in_one_line(capsys):
+    """gRPC's channel options are 32-bit: 2**31 passed the flag and ended the start in an
+    OverflowError traceback from inside gRPC (a review helper's finding)."""
+    assert frontend_parser().parse_args(["--model", "m", "--max-message-bytes", str(2**31 - 1)]).max_message_bytes
+    with pytest.raises(SystemExit) as exit_:
+        frontend_parser().parse_args(["--model", "m", "--max-message-bytes", str(2**31)])
+    assert exit_.value.code == 2
+    assert "--max-message-bytes: expected an integer from 1 to 2147483647" in capsys.readouterr().err
+
+
+def test_a_connection_age_past_grpcs_32_bits_is_its_longest():
+    """30 days (2.6e9 ms) passed the flag and, after the model loaded, ended the worker's start in a
+    traceback: the age is capped at gRPC's longest, ~24.8 days."""
+    options = dict(serving.server_options(serving.MAX_MESSAGE_BYTES, 30 * 24 * 3600.0))
+    assert options["grpc.max_connection_age_ms"] == 2**31 - 1
+    assert dict(serving.server_options(serving.MAX_MESSAGE_BYTES, 1.5))["grpc.max_connection_age_ms"] == 1500
+    server = serving.build_server("127.0.0.1:0", lambda s: None, [], max_connection_age_seconds=30 * 24 * 3600.0)
+    try:
+        assert server.port > 0
+    finally:
+        server.grpc_server.stop(0)
+
+
+def test_a_worker_tls_server_name_without_a_ca_is_refused():
+    """The name the workers' certificates carry means nothing on a plaintext link: it was taken
+    and ignored, where the CLI and the health check refuse the same combination."""
+    with pytest.raises(security.SecurityError, match="--worker-tls-server-name need --worker-tls-ca"):
+        security.channel_credentials(None, None, None, "worker.internal")
+    assert security.channel_credentials(None, None, None, None) is None
+
+
+def test_a_token_that_starts_with_a_hash_is_a_token_in_the_variable(tmp_path):
+    """`#` comments are the token file's: in OPENJEV_AUTH_TOKENS such a token was dropped without a
+    word, and its clients refused."""
+    given = {"OPENJEV_AUTH_TOKENS": "first-token-aaaaaaaa,#second-token-bbbbbbbb"}
+    assert security.load_tokens(None, given) == (b"first-token-aaaaaaaa", b"#second-token-bbbbbbbb")
+    token_file = tmp_path / "tokens"
+    token_file.write_text("# a comment\nfile-token-cccccccc\n  # an indented comment\n")
+    assert security.load_tokens(token_file, {}) == (b"file-token-cccccccc",)

@@ -7,6 +7,7 @@ import datetime
 import ipaddress
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -166,6 +167,26 @@ def test_tls_and_bearer_token_on_the_public_port(tls_pair, pki):
         decision_pb2_grpc.DecisionServiceStub(channel).Decide(api.DecideRequest(request_json="{}"), timeout=5)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # no plaintext on a TLS port
     assert TOKEN not in frontend.log_text()
+
+
+@pytest.mark.parametrize("sent", [None, "A" * 3000, "a b c", "described-1"], ids=["none", "long", "spaces", "valid"])
+def test_a_refused_describe_model_carries_a_valid_request_id(tls_pair, pki, sent):
+    """DescribeModel passes no interceptor that checks or makes request ids: its refusal carried
+    none, or echoed (and logged) whatever the caller sent, 3,000 characters or spaces included."""
+    _worker, frontend = tls_pair
+    metadata = None if sent is None else [("x-request-id", sent)]
+    with grpc.secure_channel(frontend.address, _creds(pki)) as channel, pytest.raises(grpc.RpcError) as caught:
+        decision_pb2_grpc.DecisionServiceStub(channel).DescribeModel(
+            api.DescribeModelRequest(), timeout=10, metadata=metadata
+        )
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    given = dict(caught.value.trailing_metadata() or ()).get("x-request-id")
+    if sent == "described-1":
+        assert given == sent
+    else:
+        assert given is not None and re.fullmatch("[0-9a-f]{32}", given), given
+    lines = [json.loads(line) for line in frontend.log_text().splitlines() if given in line]
+    assert any(line["event"] == "refused" and line["method"].endswith("/DescribeModel") for line in lines)
 
 
 def test_failed_handshakes_leave_no_plain_text_lines_in_the_logs(tls_pair):

@@ -343,3 +343,112 @@ def test_a_read_that_ends_as_its_call_ends_is_no_half_close(active_for, code, lo
     mine = [line for line in lines if line["event"] == "first_message_missing" and line.get("peer") == PEER]
     assert [line["reason"] for line in mine] == logged
     assert first.waiting() == 0
+
+
+CHECK = "/grpc.health.v1.Health/Check"
+
+
+def _until(done, what: str, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_calls_waiting_for_their_message_leave_every_class_its_threads(monkeypatch):
+    """The calls FirstMessage lets wait hold a pool thread and a gRPC slot each, outside every
+    class's cap: with the pool sized to the caps alone, header-only calls (no token needed) and a
+    class at its cap left no thread, so a work call below its cap and health were refused
+    `Concurrent RPC limit exceeded` (a review helper's finding)."""
+    from openjev import limits, serving
+
+    made: list[limits.FirstMessage] = []
+
+    class Kept(limits.FirstMessage):  # the server's own instance, to see its calls wait
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(serving, "FirstMessage", Kept)
+    release, started = threading.Event(), []
+
+    def work(request, context):
+        started.append(1)
+        release.wait(30)
+        return b"done"
+
+    def register(server):
+        handlers = {"Work": grpc.unary_unary_rpc_method_handler(work)}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.S", handlers),))
+
+    caps = limits.CallLimits(work=32, watch=1, reflection=1, unary=1, work_methods=("/t.S/Work",))
+    server = serving.build_server("127.0.0.1:0", register, [], limits=caps)
+    server.set_serving(True)
+    address = f"127.0.0.1:{server.port}"
+    try:
+        with grpc.insecure_channel(address) as hostile, grpc.insecure_channel(address) as channel:
+            first = made[0]
+            held = [hostile.stream_unary(CHECK, bytes, bytes).future(_silent(), timeout=30) for _ in range(first.most)]
+            _until(lambda: first.waiting() == first.most, "the header-only calls wait")
+            calls = [channel.unary_unary("/t.S/Work").future(b"x", timeout=30) for _ in range(caps.work)]
+            _until(lambda: len(started) == caps.work or any(c.done() for c in calls), "the work calls start")
+            refused = [c.exception() for c in calls if c.done()]
+            assert not refused, [(e.code(), e.details()) for e in refused]
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            release.set()
+            assert [c.result(timeout=10) for c in calls] == [b"done"] * caps.work
+            for call in held:
+                call.cancel()
+    finally:
+        release.set()
+        server.grpc_server.stop(0)
+
+
+def test_a_call_is_cancelled_for_the_count_only_after_the_grace():
+    """In a burst of valid calls a call counts as waiting from its handler's start until grpcio
+    hands it the message: 1,000 health checks at once to a frontend had 2-3 of them CANCELLED, their
+    message sent. The count now cancels only calls that waited `grace`; the sweeper takes those
+    that were too young when the newer calls came."""
+    from openjev.limits import FirstMessage
+
+    first = FirstMessage(most=1, seconds=30, grace=2.0)
+    with _health_behind(first, threads=8) as channel:
+        check = channel.stream_unary(CHECK, bytes, bytes)
+        older = check.future(_silent(), timeout=30)
+        _until(lambda: first.waiting() == 1, "the first call waits")
+        newer = check.future(_silent(), timeout=30)
+        _until(lambda: first.waiting() == 2, "a second call beyond `most` waits, the first still young")
+        assert not older.done()
+        with pytest.raises(grpc.RpcError) as ended:
+            older.result(timeout=10)  # past the grace, the sweeper cancels the oldest beyond the count
+        assert ended.value.code() == grpc.StatusCode.CANCELLED
+        assert first.waiting() == 1 and not newer.done()
+        newer.cancel()
+
+
+def test_malformed_messages_are_logged_once_a_second_with_the_peer():
+    """Garbage is free to send, to health Check too (no token): each malformed message was one
+    warning line, 1,685 in 1.5 s from one client. Now one a second, counted, with the peer."""
+    from openjev import serving
+
+    server = serving.build_server("127.0.0.1:0", lambda s: None, [])
+    try:
+        with (
+            structlog.testing.capture_logs() as lines,
+            grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel,
+        ):
+            check = channel.unary_unary(CHECK, lambda raw: raw, lambda raw: raw)
+            for _ in range(50):
+                with pytest.raises(grpc.RpcError) as refused:
+                    check(b"\xff\xff\xff", timeout=5)
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            time.sleep(1.1)  # the throttle's second: the next line says how many were dropped
+            with pytest.raises(grpc.RpcError):
+                check(b"\xff\xff\xff", timeout=5)
+    finally:
+        server.grpc_server.stop(0)
+    malformed = [line for line in lines if line["event"] == "malformed_request"]
+    assert 2 <= len(malformed) <= 4, len(malformed)  # one a second of the run, not one a call
+    assert sum(line["dropped"] for line in malformed) + len(malformed) == 51
+    assert all(line["peer"].startswith("ipv4:127.0.0.1:") and line["method"] == CHECK for line in malformed)
