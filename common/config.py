@@ -92,6 +92,11 @@ def otlp_endpoint(text: str) -> str:
     malformed one, without a word."""
     if text:
         scheme, sep, rest = text.partition("://")
+        if "@" in rest:  # user:password@ would be written to the log with the config line
+            raise argparse.ArgumentTypeError(
+                "credentials in the URL are not taken (the config line logs it); "
+                "give them to the exporter as OTEL_EXPORTER_OTLP_HEADERS"
+            )
         try:
             if scheme not in ("http", "https") or not sep:
                 raise argparse.ArgumentTypeError(scheme)

@@ -68,6 +68,14 @@ def test_servers_refuse_an_otlp_endpoint_that_is_not_a_url(bad, capsys):
     assert "--otlp-endpoint: expected http://HOST:PORT" in capsys.readouterr().err
 
 
+def test_an_otlp_endpoint_with_credentials_is_refused(capsys):
+    """user:password@ in the URL passed the flag's check and went into the config log line."""
+    with pytest.raises(SystemExit):
+        frontend_parser().parse_args(["--model", "m", "--otlp-endpoint", "http://user:secret@collector:4317"])
+    err = capsys.readouterr().err
+    assert "credentials in the URL are not taken" in err and "secret" not in err
+
+
 def test_an_otlp_endpoint_url_is_taken_and_empty_is_off():
     for good in ("http://collector:4317", "https://10.0.0.5:4317/", ""):
         assert frontend_parser().parse_args(["--model", "m", "--otlp-endpoint", good]).otlp_endpoint == good
