@@ -171,10 +171,21 @@ def _finite(tensor: Tensor) -> bool:
     return not tensor.numel() or all(bool(torch.isfinite(x)) for x in torch.aminmax(tensor))
 
 
+# The decay parameters: g = -exp(A_log) softplus(a + dt_bias) is computed in fp32 on every path,
+# so an export that stores them in F32 keeps its bits (rounded to a bf16 compute dtype, they were
+# cast back to fp32 with the bits lost).
+_FP32_TENSORS = ("linear_attn.dt_bias", "linear_attn.A_log")
+
+
+def _compute_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if name.endswith(_FP32_TENSORS) else dtype
+
+
 def load_tensors(
     directory: str | Path, config: ModelConfig, dtype: torch.dtype, *, own: bool = False
 ) -> dict[str, Tensor]:
-    """Unprefixed name -> tensor upcast to dtype, for exactly the tensors expected_shapes lists.
+    """Unprefixed name -> tensor upcast to dtype (the decay parameters to fp32), for exactly the
+    tensors expected_shapes lists.
     own: every tensor in memory of its own; otherwise one already in `dtype` may be a view of the
     file's memory map (what a runner that copies to the GPU wants: no second copy in RAM)."""
     directory = Path(directory)
@@ -206,11 +217,12 @@ def load_tensors(
                     # and so would a finite F64/F32 weight that overflows the compute dtype
                     if not _finite(tensor):
                         raise ExportError(f"{path.name}: tensor {prefix + name} has NaN or infinite values")
-                    converted = tensor.to(dtype, copy=own)
+                    target = _compute_dtype(name, dtype)
+                    converted = tensor.to(target, copy=own)
                     if converted is not tensor and not _finite(converted):
                         stored = _SAFETENSORS_DTYPES.get(tensor.dtype, tensor.dtype)
                         raise ExportError(
-                            f"{path.name}: tensor {prefix + name} ({stored}) has values beyond {dtype}'s range"
+                            f"{path.name}: tensor {prefix + name} ({stored}) has values beyond {target}'s range"
                         )
                     tensors[name] = converted
         except ExportError:
@@ -227,9 +239,8 @@ def _gdn(t: dict[str, Tensor], p: str) -> GdnWeights:
         in_proj_b=t[p + "in_proj_b.weight"],
         in_proj_a=t[p + "in_proj_a.weight"],
         conv_weight=t[p + "conv1d.weight"][:, 0, :].contiguous(),
-        # The decay parameters stay fp32 whatever the compute dtype: g must not round to 0.
-        dt_bias=t[p + "dt_bias"].float(),
-        a_log=t[p + "A_log"].float(),
+        dt_bias=t[p + "dt_bias"],  # fp32 whatever the compute dtype (_FP32_TENSORS)
+        a_log=t[p + "A_log"],
         norm_weight=t[p + "norm.weight"],
         out_proj=t[p + "out_proj.weight"],
     )

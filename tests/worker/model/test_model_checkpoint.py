@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from openjev.export import ExportError
 from openjev.worker.checkpoint.config import load_model_config, parse_model_config
+from openjev.worker.checkpoint.weights import load_weights
 from openjev.worker.model.runner import TorchRunner
 from openjev.worker.runner_api import SegmentRun
 
@@ -323,3 +324,18 @@ def test_unreadable_config_file_is_named(tmp_path, content, expected):
         (tmp_path / "config.json").write_text(content)
     with pytest.raises(ExportError, match=rf"^config\.json: {expected}"):
         load_model_config(tmp_path)
+
+
+def test_decay_parameters_stored_in_f32_keep_their_bits_under_a_bf16_compute_dtype(model_export, small, tmp_path):
+    """g = -exp(A_log) softplus(a + dt_bias) runs in fp32 on every path, but the CUDA runner loads
+    in bf16: F32-stored decay parameters were rounded to bf16 first, then cast back to fp32."""
+    tensors, text_config = small
+    layer = next(i for i, kind in enumerate(load_model_config(model_export).layer_types) if kind == "linear_attention")
+    names = [f"layers.{layer}.linear_attn.{name}" for name in ("dt_bias", "A_log")]
+    exact = {name: tensors[name].float() + 1e-3 * torch.arange(tensors[name].numel()) for name in names}
+    assert all((t.to(torch.bfloat16).float() != t).any() for t in exact.values())  # bits bf16 lacks
+    export = write_export(model_export, tmp_path / "f32-decay", {**tensors, **exact}, nested(text_config))
+    mixer = load_weights(export, load_model_config(export), torch.bfloat16).layers[layer].mixer
+    assert mixer.dt_bias.dtype == mixer.a_log.dtype == torch.float32
+    assert torch.equal(mixer.dt_bias, exact[names[0]]) and torch.equal(mixer.a_log, exact[names[1]])
+    assert mixer.in_proj_a.dtype == torch.bfloat16
