@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 
 from openjev import abi, serving
-from openjev.contract.literals import PrefixPolicy
+from openjev.contract.literals import PREFIX_POLICIES, PrefixPolicy
 from openjev.contract.render import dumps_exact, parse_int
 from openjev.interceptors import valid_request_id
 from openjev.v1 import decision_pb2 as api
@@ -43,7 +43,8 @@ def answer_to_json(answer: api.Answer) -> dict[str, Any]:
             "confidence": answer.score.confidence,
             "legend": legend,
         }
-    raise ValueError(f"answer for {answer.question_id!r} has no kind")
+    # a kind added by a newer server (a change buf allows), or none set: the other answers stand
+    return {"type": "unknown", "probabilities": probabilities}
 
 
 def response_to_json(response: api.DecideResponse) -> dict[str, Any]:
@@ -84,6 +85,18 @@ def sendable_token(token: str) -> bool:
     return bool(token) and all(" " <= c <= "~" for c in token)
 
 
+# A frontend restarted (a rolling update) is reached within a second: gRPC's own backoff grows
+# to 120 s, and calls in it fail UNAVAILABLE at once (40 s after a 75 s restart, as measured).
+# Pings find a frontend that stops answering (a frozen host) where no deadline would.
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 10_000),  # during calls only: the frontends allow one every 5 s
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.ping_timeout_ms", 5_000),  # grpcio waits this long for a ping's answer, not the above
+)
+
+
 # gRPC turns a deadline past 2**63 ns since the epoch (about 7.4e9 s from now) into one already
 # expired, failing the call at once with DEADLINE_EXCEEDED: a longer timeout here is no deadline
 MAX_DEADLINE_SECONDS = 1e9
@@ -114,7 +127,8 @@ class Client:
             self._auth = [("authorization", f"Bearer {token}")]
         # the caller's options first: gRPC keeps the first of a repeated key
         given = {key for key, _ in options}
-        channel_options = [*options, *((k, v) for k, v in serving.channel_options() if k not in given)]
+        defaults = [*serving.channel_options(), *CHANNEL_OPTIONS]
+        channel_options = [*options, *((k, v) for k, v in defaults if k not in given)]
         self.channel = (
             grpc.insecure_channel(address, options=channel_options)
             if credentials is None
@@ -138,8 +152,10 @@ class Client:
             timeout = None  # gRPC fails a deadline past its range at once
         if request_id is not None and not valid_request_id(request_id):
             raise ValueError("request_id must be 1 to 128 visible ASCII characters (no spaces)")
+        if policy is not None and policy not in PREFIX_POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(PREFIX_POLICIES)} or None, not {policy!r}")
         enum = abi.policy_to_enum(policy)
-        # dumps_exact: integers of any length, as the servers read them (json.dumps refuses some)
+        # dumps_exact: a BigInt's digits, as the servers read them (json.dumps refuses it)
         text = request if isinstance(request, str) else dumps_exact(request, sort_keys=False)
         try:
             message = api.DecideRequest(request_json=text, prefix_policy=enum)

@@ -75,6 +75,12 @@ def host_port(text: str, lowest: int = 0) -> str:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not (port.isascii() and port.isdigit()) or not lowest <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port {lowest}..65535, got {text!r}")
+    # a URL's scheme or a bare IPv6 address passed, and every call failed UNAVAILABLE
+    # ("Misformatted domain name") instead of a usage error
+    if "/" in host or (":" in host and not (host.startswith("[") and host.endswith("]"))):
+        raise argparse.ArgumentTypeError(
+            f"expected HOST:PORT (no scheme; an IPv6 address in brackets, [::1]:PORT), got {text!r}"
+        )
     return text
 
 

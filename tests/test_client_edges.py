@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from concurrent import futures
 
+import grpc
 import pytest
 
 from openjev.client import Client, response_to_json
+from openjev.tools import launch
 from openjev.v1 import decision_pb2 as api
+from openjev.v1 import decision_pb2_grpc
 
 REQUEST = {"state": "café", "questions": {"ré😀": {"type": "noul", "instructions": "ok?"}}}
 
@@ -104,3 +110,89 @@ def test_cli_into_an_output_it_cannot_write_says_so_in_one_line(pair, tmp_path):
     closed = subprocess.run(["sh", "-c", '"$@" >&-', "sh", *command], stderr=subprocess.PIPE, timeout=120)
     lines = closed.stderr.decode().strip().splitlines()
     assert closed.returncode == 1 and lines == ["error: cannot write the output: standard output is closed"], lines
+
+
+def test_an_answer_of_a_kind_this_build_does_not_know_keeps_the_others():
+    """A kind a newer server added to the answer (a change buf allows) raised ValueError, losing
+    every answer of the response, and `openjev decide` printed a traceback."""
+    response = api.DecideResponse()
+    known = response.answers.add(question_id="q1", keys=["yes", "no"], probabilities=[0.25, 0.75])
+    known.noul.noul = 0.25
+    newer = response.answers.add(question_id="q2", keys=["a", "b"], probabilities=[0.5, 0.5])
+    answers = response_to_json(api.DecideResponse.FromString(response.SerializeToString()))["answers"]
+    assert answers["q1"] == {"type": "noul", "noul": 0.25}
+    assert answers["q2"] == {"type": "unknown", "probabilities": {"a": 0.5, "b": 0.5}}
+    assert newer.WhichOneof("kind") is None
+
+
+def test_an_unknown_policy_is_a_value_error():
+    """`policy="bogus"` (or "AUTO") raised a bare KeyError from the enum table."""
+    with Client("127.0.0.1:1") as client:
+        for policy in ("bogus", "AUTO"):
+            with pytest.raises(ValueError, match="policy must be one of off, default, shared, fixed, auto"):
+                client.decide(REQUEST, policy=policy)  # type: ignore[arg-type]
+
+
+class _Answering(decision_pb2_grpc.DecisionServiceServicer):
+    def Decide(self, request, context):
+        return api.DecideResponse(model="m")
+
+
+def _serve(port: int) -> grpc.Server:
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    decision_pb2_grpc.add_DecisionServiceServicer_to_server(_Answering(), server)
+    assert server.add_insecure_port(f"127.0.0.1:{port}") == port
+    server.start()
+    return server
+
+
+def test_a_persistent_client_reaches_a_restarted_frontend_within_seconds():
+    """gRPC's reconnect backoff grows to 120 s, and calls meanwhile fail UNAVAILABLE at once: a
+    Client kept refused 40 s after a 75 s restart. After 20 s down (the default backoff's next try
+    then ~6 s away) it answers within 3 s of the frontend's return."""
+    port = launch.free_port()
+    server = _serve(port)
+    with Client(f"127.0.0.1:{port}") as client:
+        assert client.decide(REQUEST, timeout=10)["model"] == "m"
+        server.stop(0).wait()
+        down_until = time.monotonic() + 20
+        while time.monotonic() < down_until:  # calls fail while it is down, as the backoff grows
+            with pytest.raises(grpc.RpcError):
+                client.decide(REQUEST, timeout=5)
+            time.sleep(0.5)
+        server = _serve(port)
+        back = time.monotonic()
+        try:
+            while True:
+                try:
+                    assert client.decide(REQUEST, timeout=5)["model"] == "m"
+                    break
+                except grpc.RpcError as error:
+                    assert error.code() == grpc.StatusCode.UNAVAILABLE
+                    assert time.monotonic() - back < 3.0, "still refused 3 s after the frontend came back"
+                    time.sleep(0.1)
+        finally:
+            server.stop(0).wait()
+
+
+def test_a_call_without_a_deadline_to_a_frontend_that_stopped_answering_ends(demo_model, pair, tmp_path):
+    """The channel had no keepalive: a call without a deadline to a frontend that stopped answering
+    (a frozen host: SIGSTOP here) waited for good. Pings end it UNAVAILABLE within ~15 s."""
+    frontend = launch.start_frontend(demo_model, pair.worker.address, tmp_path)
+    try:
+        with Client(frontend.address) as client:
+            assert client.decide(REQUEST, timeout=30)["answers"]
+            pool = futures.ThreadPoolExecutor(1)
+            frontend.popen.send_signal(signal.SIGSTOP)
+            started = time.monotonic()
+            try:
+                call = pool.submit(client.decide, REQUEST)  # no deadline
+                with pytest.raises(grpc.RpcError) as ended:
+                    call.result(timeout=40)
+            finally:  # resumed first: a call still waiting then ends, and so does the pool
+                frontend.popen.send_signal(signal.SIGCONT)
+                pool.shutdown(wait=True)
+        assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - started < 30
+    finally:
+        frontend.stop()

@@ -29,6 +29,14 @@ def test_host_port_refuses(bad):
         config.host_port(bad)
 
 
+@pytest.mark.parametrize("bad", ["http://127.0.0.1:50051", "::1:50051", "dns:///workers:50051", "a/b:1"])
+def test_a_url_or_a_bare_ipv6_address_is_no_host_port(bad):
+    """Both passed (the port was found after the last colon) and every call then failed UNAVAILABLE,
+    `Misformatted domain name`, where a usage error belongs."""
+    with pytest.raises(Exception, match="no scheme; an IPv6 address in brackets"):
+        config.dial_address(bad)
+
+
 def test_a_dialled_port_is_never_0():
     with pytest.raises(Exception, match="port 1..65535"):
         config.dial_address("127.0.0.1:0")
