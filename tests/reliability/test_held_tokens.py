@@ -12,11 +12,11 @@ import json
 import queue
 import re
 import threading
-import time
 import urllib.request
 
 import grpc
 import pytest
+from held_gauge import wait_held
 
 from openjev.client import Client
 from openjev.tools import launch
@@ -57,18 +57,6 @@ def pair(demo_model, tmp_path_factory):
 def stub(pair):
     with grpc.insecure_channel(pair.worker.address) as channel:
         yield worker_pb2_grpc.WorkerServiceStub(channel)
-
-
-def held(metrics_url: str) -> float:
-    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
-    return next(float(x.split()[1]) for x in text.splitlines() if x.startswith("openjev_worker_held_tokens "))
-
-
-def wait_held(metrics_url: str, tokens: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (now := held(metrics_url)) != tokens:
-        assert time.monotonic() < deadline, f"the worker holds {now} tokens, not {tokens}"
-        time.sleep(0.02)
 
 
 def choice_header() -> wire.ExecuteHeader:
