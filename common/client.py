@@ -18,7 +18,10 @@ from openjev.v1 import decision_pb2 as api
 from openjev.v1 import decision_pb2_grpc
 
 
-def answer_to_json(answer: api.Answer) -> dict[str, Any]:
+def answer_to_json(answer: api.Answer, *, newer_kinds: bool = False) -> dict[str, Any]:
+    """newer_kinds: an answer of a kind this build does not know (a newer server's, a change buf
+    allows) is `{"type": "unknown", "probabilities": ...}` (a client's view); else ValueError (the
+    frontend's own answers always have a kind)."""
     kind = answer.WhichOneof("kind")
     probabilities = dict(zip(answer.keys, answer.probabilities, strict=True))
     if kind == "noul":
@@ -43,16 +46,18 @@ def answer_to_json(answer: api.Answer) -> dict[str, Any]:
             "confidence": answer.score.confidence,
             "legend": legend,
         }
-    # a kind added by a newer server (a change buf allows), or none set: the other answers stand
-    return {"type": "unknown", "probabilities": probabilities}
+    if newer_kinds:  # the other answers stand (a ValueError lost them all)
+        return {"type": "unknown", "probabilities": probabilities}
+    raise ValueError(f"answer for {answer.question_id!r} has no kind")
 
 
-def response_to_json(response: api.DecideResponse) -> dict[str, Any]:
-    """The contract's response JSON (docs/contract.md, "Response"), answers in question order."""
+def response_to_json(response: api.DecideResponse, *, newer_kinds: bool = False) -> dict[str, Any]:
+    """The contract's response JSON (docs/contract.md, "Response"), answers in question order
+    (newer_kinds: answer_to_json's)."""
     m = response.metadata
     return {
         "model": response.model,
-        "answers": {a.question_id: answer_to_json(a) for a in response.answers},
+        "answers": {a.question_id: answer_to_json(a, newer_kinds=newer_kinds) for a in response.answers},
         "usage": {"input_tokens": response.usage.input_tokens, "output_tokens": response.usage.output_tokens},
         "metadata": {
             "method": m.method,
@@ -94,6 +99,7 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", 10_000),  # during calls only: the frontends allow one every 5 s
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.http2.ping_timeout_ms", 5_000),  # grpcio waits this long for a ping's answer, not the above
+    ("grpc.http2.max_pings_without_data", 0),  # else 2 pings, then one a minute: a unary call sends no data
 )
 
 
@@ -164,7 +170,8 @@ class Client:
                 raise
             message = api.DecideRequest(request_json=json.dumps(request), prefix_policy=enum)
         metadata = [*self._auth, *([("x-request-id", request_id)] if request_id else [])]
-        return response_to_json(self.stub.Decide(message, timeout=timeout, metadata=metadata or None))
+        reply = self.stub.Decide(message, timeout=timeout, metadata=metadata or None)
+        return response_to_json(reply, newer_kinds=True)
 
     def close(self) -> None:
         self.channel.close()

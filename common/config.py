@@ -69,12 +69,18 @@ def port_number(text: str) -> int:
     return _number(int, text, lambda v: 0 <= v <= 65535, "a port number 0..65535")
 
 
-def host_port(text: str, lowest: int = 0) -> str:
-    """HOST:PORT ([IPv6]:PORT too) with a port in lowest..65535; gRPC would take a port past it
-    modulo 65536 and a missing one as 443, and serve or dial there without a word."""
+def with_port(text: str, lowest: int) -> str:
+    """The host of SOMETHING:PORT with a port in lowest..65535 (the host unchecked)."""
     host, sep, port = text.rpartition(":")
     if not sep or not host or not (port.isascii() and port.isdigit()) or not lowest <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port {lowest}..65535, got {text!r}")
+    return host
+
+
+def host_port(text: str, lowest: int = 0) -> str:
+    """HOST:PORT ([IPv6]:PORT too) with a port in lowest..65535; gRPC would take a port past it
+    modulo 65536 and a missing one as 443, and serve or dial there without a word."""
+    host = with_port(text, lowest)
     # a URL's scheme or a bare IPv6 address passed, and every call failed UNAVAILABLE
     # ("Misformatted domain name") instead of a usage error
     if "/" in host or (":" in host and not (host.startswith("[") and host.endswith("]"))):

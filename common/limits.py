@@ -12,7 +12,8 @@ and gRPC's own `maximum_concurrent_rpcs` equals the pool size, so:
   saturated, and Decide answers while idle Watch/reflection streams are held.
 
 Classes: `work` (Decide, Execute, ExecuteUnary), `watch` (health Watch streams), `reflection`, and `unary`
-(everything else: health Check, Describe, DescribeModel).
+(everything else: health Check, Describe, DescribeModel). The pool also has threads for the calls
+`FirstMessage` lets wait for their message (serving.build_server).
 
 A call of a method that takes one request message holds its slot and thread from its headers on,
 while grpcio waits for the message, before any interceptor's code (the caps, the token check)
@@ -171,11 +172,14 @@ class FirstMessage(grpc.ServerInterceptor):
     """Methods with one request message read it under a bound: at most `most` calls wait for it at
     once (a new one beyond that cancels the oldest; a real client's message follows its headers
     within milliseconds, so only calls that send nothing stay waiting; of those, only calls older
-    than `grace`), none longer than `seconds` (a sweeper thread, as a port whose slots are all held
-    sees no new call; it also cancels by the count those that were too young when a call came)."""
+    than `grace`, and beyond twice `most` the oldest whatever its age: a flood of header-only calls
+    cannot outgrow the threads kept for them), none longer than `seconds` (a sweeper thread, as a
+    port whose slots are all held sees no new call; it also cancels by the count those that were
+    too young when a call came)."""
 
     def __init__(self, most: int, seconds: float = FIRST_MESSAGE_SECONDS, grace: float = FIRST_MESSAGE_GRACE_SECONDS):
         self.most, self.seconds, self.grace = max(1, most), seconds, grace
+        self.hard_most = 2 * self.most  # the threads a server keeps for waiting calls (serving.py)
         self._waiting: OrderedDict[int, tuple[float, grpc.ServicerContext, str]] = OrderedDict()
         self._lock = threading.Lock()
         self._next = 0
@@ -239,11 +243,12 @@ class FirstMessage(grpc.ServerInterceptor):
                 self._waiting.pop(key, None)
 
     def _over_count(self) -> list[tuple[float, grpc.ServicerContext, str]]:
-        """Under the lock: the oldest calls beyond `most` that have waited at least `grace`, taken
-        out (counted for the sweeper's line); the caller cancels them."""
+        """Under the lock: the oldest calls beyond `most` that have waited at least `grace`, and any
+        beyond `hard_most`, taken out (counted for the sweeper's line); the caller cancels them."""
         young = time.monotonic() - self.grace
-        over = len(self._waiting) - self.most
-        keys = [key for key, (since, _, _) in itertools.islice(self._waiting.items(), max(0, over)) if since <= young]
+        over, hard = len(self._waiting) - self.most, len(self._waiting) - self.hard_most
+        oldest = itertools.islice(self._waiting.items(), max(0, over))
+        keys = [key for i, (key, (since, _, _)) in enumerate(oldest) if i < hard or since <= young]
         evicted = [self._waiting.pop(key) for key in keys]
         self._evicted += len(evicted)
         return evicted

@@ -197,7 +197,7 @@ def build_server(
     # outermost: no interceptor's code runs before a one-message call's message has come
     first = FirstMessage(most=max(1, threads // 4))
     if limits is not None:  # the calls it lets wait hold a thread and a slot outside every class's cap
-        threads += first.most
+        threads += first.hard_most
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
         options=options,

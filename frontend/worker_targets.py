@@ -33,8 +33,8 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def _split_host_port(address: str) -> tuple[str, int]:
-    try:
-        config.dial_address(address)
+    try:  # the host is checked below (a bare IPv6 address is taken, as gRPC's ipv6: lists take it)
+        config.with_port(address, lowest=1)
     except argparse.ArgumentTypeError:
         raise TargetError(f"worker address {address!r} is not HOST:PORT (a port 1-65535)") from None
     host, _, port = address.rpartition(":")

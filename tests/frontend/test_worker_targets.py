@@ -14,6 +14,9 @@ from openjev.frontend.worker_targets import TargetError, parse_worker_targets
         ("127.0.0.1:1, 127.0.0.1:2", "ipv4:127.0.0.1:1,127.0.0.1:2", ["127.0.0.1:1", "127.0.0.1:2"]),
         ("ipv4:10.0.0.1:5,10.0.0.2:5", "ipv4:10.0.0.1:5,10.0.0.2:5", ["10.0.0.1:5", "10.0.0.2:5"]),
         ("[::1]:7,[::2]:7", "ipv6:[::1]:7,[::2]:7", ["[::1]:7", "[::2]:7"]),
+        # bare IPv6 addresses: their port after the last colon (a stricter HOST:PORT once refused them)
+        ("::1:50052", "ipv6:[::1]:50052", ["[::1]:50052"]),
+        ("ipv6:::1:7,fe80::1:8", "ipv6:[::1]:7,[fe80::1]:8", ["[::1]:7", "[fe80::1]:8"]),
     ],
 )
 def test_fixed_lists(text, traffic, fixed):

@@ -427,6 +427,29 @@ def test_a_call_is_cancelled_for_the_count_only_after_the_grace():
         newer.cancel()
 
 
+def test_beyond_twice_the_count_the_oldest_is_cancelled_whatever_its_age():
+    """The grace must not let a flood of header-only calls (no token needed) outgrow the threads kept
+    for waiting calls: at ~935 calls a second a grace of 0.25 s alone left health refused. Beyond
+    twice `most` the oldest goes at once, however young."""
+    from openjev.limits import FirstMessage
+
+    first = FirstMessage(most=1, seconds=30, grace=30.0)
+    with _health_behind(first, threads=8) as channel:
+        check = channel.stream_unary(CHECK, bytes, bytes)
+        calls = [check.future(_silent(), timeout=30)]
+        _until(lambda: first.waiting() == 1, "the first call waits")
+        calls.append(check.future(_silent(), timeout=30))
+        _until(lambda: first.waiting() == 2, "a second, young, waits beyond `most`")
+        calls.append(check.future(_silent(), timeout=30))  # a third: past twice `most`
+        with pytest.raises(grpc.RpcError) as ended:
+            calls[0].result(timeout=10)
+        assert ended.value.code() == grpc.StatusCode.CANCELLED
+        _until(lambda: first.waiting() == 2, "the two younger ones wait")
+        assert not calls[1].done() and not calls[2].done()
+        for call in calls[1:]:
+            call.cancel()
+
+
 def test_malformed_messages_are_logged_once_a_second_with_the_peer():
     """Garbage is free to send, to health Check too (no token): each malformed message was one
     warning line, 1,685 in 1.5 s from one client. Now one a second, counted, with the peer."""
