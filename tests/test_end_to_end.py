@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -136,6 +137,9 @@ def test_cli_error_prints_status_and_exits_nonzero(pair, tmp_path):
     out = _cli("decide", str(path), "--addr", pair.frontend.address)
     assert out.returncode != 0
     assert "INVALID_ARGUMENT: request requires state" in out.stderr
+    # with the id the frontend gave the call, which its log lines carry: what to quote to its operator
+    [request_id] = re.findall(r"\(request id (\w+)\)$", out.stderr.strip())
+    assert any(request_id in line for line in pair.frontend.log_text().splitlines() if '"decide"' in line)
 
 
 def test_cli_request_that_is_not_utf8_is_the_contracts_error(pair, tmp_path):

@@ -36,6 +36,7 @@ from openjev.client import MAX_DEADLINE_SECONDS
 from openjev.config import dial_address
 from openjev.contract.literals import PREFIX_POLICIES
 from openjev.contract.render import dumps_exact
+from openjev.interceptors import REQUEST_ID_KEY, valid_request_id
 
 TOKEN_ENV = "OPENJEV_TOKEN"
 MAX_TIMEOUT_SECONDS = MAX_DEADLINE_SECONDS  # a larger --timeout would fail at once (client.py)
@@ -104,7 +105,10 @@ def cmd_decide(args) -> int:
         try:
             response = client.decide(_read(args.request), policy=args.policy, timeout=args.timeout)
         except grpc.RpcError as error:
-            print(f"error: {error.code().name}: {error.details()}", file=sys.stderr)
+            # the id the frontend gave the call, which its log lines carry: what to quote to its operator
+            given = dict(error.trailing_metadata() or ()).get(REQUEST_ID_KEY)
+            known = f" (request id {given})" if isinstance(given, str) and valid_request_id(given) else ""
+            print(f"error: {error.code().name}: {error.details()}{known}", file=sys.stderr)
             return 1
     _write(dumps_exact(response, sort_keys=False, indent=1))
     return 0
