@@ -90,19 +90,6 @@ def sendable_token(token: str) -> bool:
     return bool(token) and all(" " <= c <= "~" for c in token)
 
 
-# A frontend restarted (a rolling update) is reached within a second: gRPC's own backoff grows
-# to 120 s, and calls in it fail UNAVAILABLE at once (40 s after a 75 s restart, as measured).
-# Pings find a frontend that stops answering (a frozen host) where no deadline would.
-CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.initial_reconnect_backoff_ms", 500),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.keepalive_time_ms", 10_000),  # during calls only: the frontends allow one every 5 s
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.http2.ping_timeout_ms", 5_000),  # grpcio waits this long for a ping's answer, not the above
-    ("grpc.http2.max_pings_without_data", 0),  # else 2 pings, then one a minute: a unary call sends no data
-)
-
-
 # gRPC turns a deadline past 2**63 ns since the epoch (about 7.4e9 s from now) into one already
 # expired, failing the call at once with DEADLINE_EXCEEDED: a longer timeout here is no deadline
 MAX_DEADLINE_SECONDS = 1e9
@@ -133,7 +120,9 @@ class Client:
             self._auth = [("authorization", f"Bearer {token}")]
         # the caller's options first: gRPC keeps the first of a repeated key
         given = {key for key, _ in options}
-        defaults = [*serving.channel_options(), *CHANNEL_OPTIONS]
+        # a restarted frontend (a rolling update) reached within a second (40 s after a 75 s restart
+        # with gRPC's backoff), a frozen one found by pings (during calls only)
+        defaults = [*serving.channel_options(), *serving.liveness_options()]
         channel_options = [*options, *((k, v) for k, v in defaults if k not in given)]
         self.channel = (
             grpc.insecure_channel(address, options=channel_options)

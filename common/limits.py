@@ -179,12 +179,16 @@ class FirstMessage(grpc.ServerInterceptor):
 
     def __init__(self, most: int, seconds: float = FIRST_MESSAGE_SECONDS, grace: float = FIRST_MESSAGE_GRACE_SECONDS):
         self.most, self.seconds, self.grace = max(1, most), seconds, grace
-        self.hard_most = 2 * self.most  # the threads a server keeps for waiting calls (serving.py)
         self._waiting: OrderedDict[int, tuple[float, grpc.ServicerContext, str]] = OrderedDict()
         self._lock = threading.Lock()
         self._next = 0
         self._sweeper: threading.Thread | None = None
         self._evicted = 0  # since the sweeper's last line: a flood of such calls logs once a sweep
+
+    @property
+    def hard_most(self) -> int:
+        """Waiting calls beyond this many go whatever their age (serving.py keeps their threads)."""
+        return 2 * self.most
 
     def waiting(self) -> int:
         with self._lock:

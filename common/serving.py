@@ -36,6 +36,33 @@ SERVER_KEEPALIVE_TIMEOUT_MS = 10_000
 MIN_CLIENT_PING_INTERVAL_MS = 5_000
 
 
+# A server that is down is tried again within this long (gRPC's default backoff reaches 120 s, and
+# calls meanwhile fail UNAVAILABLE at once): an attempt a second to a server that is down costs
+# nothing worth saving.
+MAX_RECONNECT_BACKOFF_MS = 1000
+# A server that stops answering (killed host, SIGSTOP, cut network) is found by pings within
+# KEEPALIVE_MS + KEEPALIVE_TIMEOUT_MS and its calls fail UNAVAILABLE, instead of waiting on TCP
+# (or for good, without a deadline); servers permit pings this often (MIN_CLIENT_PING_INTERVAL_MS).
+KEEPALIVE_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
+
+
+def liveness_options() -> list[tuple[str, int]]:
+    """A client channel's reconnect backoff and pings: the frontend's worker channels and the
+    public client both take these."""
+    return [
+        ("grpc.initial_reconnect_backoff_ms", 500),
+        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        # grpcio 1.84 waits for a ping's answer up to ping_timeout_ms (60 s by default), not
+        # keepalive_timeout_ms: without it a frozen worker held calls ~70 s
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        # else two pings, then one a minute: a unary call sends no data after its request
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
 def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
     return [
         ("grpc.max_send_message_length", max_message_bytes),

@@ -45,16 +45,11 @@ from openjev.worker.v1 import worker_pb2_grpc
 
 log = logs.get("openjev.frontend")
 
-# A restarted worker is tried again within this long (gRPC's default backoff reaches 120 s): a
-# refused connection attempt a second to a worker that is down costs nothing worth saving.
-MAX_RECONNECT_BACKOFF_MS = 1000
-KEEPALIVE_MS = 10_000
 # The longest a probe (Describe, health Check) waits, at least: a busy worker on a loaded host can
 # take longer than a short refresh period to answer, and one late answer marks it down for a whole
 # period, refusing every request meanwhile (seen: the hostile soak, --worker-refresh-seconds 0.5,
 # two shared cores). A worker that is gone fails its probe at once (connection refused).
 MIN_PROBE_TIMEOUT_SECONDS = 2.0
-KEEPALIVE_TIMEOUT_MS = 5_000
 # While the fleet is refused (FAILED_PRECONDITION: a worker of another model or checkpoint), the
 # workers are described again at least this often: its end (that worker replaced or gone) comes
 # with no READY while the traffic channel stays ready through the others, and the refusal lasted
@@ -77,18 +72,8 @@ def traffic_channel_options(balancing: dict = ROUND_ROBIN) -> list[tuple[str, ob
         ("grpc.service_config", service_config(balancing)),
         ("grpc.service_config_disable_resolution", 1),  # ours, not one from DNS TXT records
         ("grpc.enable_retries", 0),
-        ("grpc.initial_reconnect_backoff_ms", 500),
-        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
-        # A worker that stops answering (killed host, SIGSTOP, cut network) is found by pings
-        # within KEEPALIVE_MS + KEEPALIVE_TIMEOUT_MS and its calls fail UNAVAILABLE, instead of
-        # waiting on TCP; the worker permits pings this often (serving.MIN_CLIENT_PING_INTERVAL_MS).
-        # grpcio 1.84 waits for a ping's answer up to ping_timeout_ms (60 s by default), not
-        # keepalive_timeout_ms: without it a frozen worker held calls ~70 s.
-        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
-        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
-        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        *serving.liveness_options(),
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
         # never idle: readiness below is this channel's connectivity, and an idle channel would
         # only reconnect for traffic that a not-ready frontend no longer receives
         ("grpc.client_idle_timeout_ms", 2**31 - 1),
@@ -178,7 +163,7 @@ class _Probe:
             endpoint,
             [
                 ("grpc.initial_reconnect_backoff_ms", 500),
-                ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+                ("grpc.max_reconnect_backoff_ms", serving.MAX_RECONNECT_BACKOFF_MS),
                 *(options or []),
             ],
             credentials,

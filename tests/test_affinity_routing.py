@@ -24,7 +24,7 @@ from other_export import other_export
 from prometheus_client.parser import text_string_to_metric_families
 
 from openjev.client import Client
-from openjev.frontend.worker_link import MAX_RECONNECT_BACKOFF_MS
+from openjev.serving import MAX_RECONNECT_BACKOFF_MS
 from openjev.tools import launch
 from openjev.tools.soak import log_events
 
