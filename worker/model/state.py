@@ -10,8 +10,6 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from openjev.worker.checkpoint.config import LINEAR_ATTENTION, LayerKind, ModelConfig
-
 
 @dataclass(frozen=True)
 class GdnState:
@@ -41,22 +39,3 @@ class SegmentState:
 
     num_tokens: int
     layers: tuple[LayerState, ...]
-
-
-def gdn_state_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    return {
-        "conv_window": (config.linear_conv_kernel_dim - 1, config.linear_conv_dim),
-        "recurrent": (config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim),
-    }
-
-
-def attention_state_shapes(config: ModelConfig, num_tokens: int) -> dict[str, tuple[int, ...]]:
-    per_position = (config.num_key_value_heads, config.head_dim)
-    return {"keys": (num_tokens, *per_position), "values": (num_tokens, *per_position)}
-
-
-def state_shapes(config: ModelConfig, kind: LayerKind, num_tokens: int) -> dict[str, tuple[int, ...]]:
-    """The shapes of one layer's state after num_tokens positions."""
-    if kind == LINEAR_ATTENTION:
-        return gdn_state_shapes(config)
-    return attention_state_shapes(config, num_tokens)
