@@ -12,34 +12,16 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from small_config import SMALL
 
 from openjev.tools.bench import gates, gates_report, harness, load, prepare, report, report_load, roofline, workload
 from openjev.tools.bench.estimate import Split, weighted_median
-from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from openjev.worker.engine import Engine, ExecutionResult, QuestionWork
 from openjev.worker.model.runner import TorchRunner
 from openjev.worker.planner.cost import default_cost_model
 from openjev.worker.planner.plan import PackLimits
 
-# Two layers (one GDN, one attention), small enough to count every weight by hand.
-TINY = ModelConfig(
-    vocab_size=32,
-    hidden_size=8,
-    intermediate_size=16,
-    layer_types=(LINEAR_ATTENTION, FULL_ATTENTION),
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=4,
-    linear_num_key_heads=1,
-    linear_num_value_heads=2,
-    linear_key_head_dim=4,
-    linear_value_head_dim=4,
-    linear_conv_kernel_dim=4,
-    rms_norm_eps=1e-6,
-    rope_theta=1e4,
-    partial_rotary_factor=0.25,
-)
-# Weights of TINY by hand (d 8, MLP 16, GDN conv channels 2*4 + 2*4 = 16, value dim 8):
+# Weights of SMALL by hand (d 8, MLP 16, GDN conv channels 2*4 + 2*4 = 16, value dim 8):
 EMBED = 32 * 8
 FINAL_NORM = 8
 MLP = 3 * 8 * 16  # gate, up, down
@@ -54,11 +36,11 @@ ALL_BUT_EMBED = FINAL_NORM + 2 * (NORMS + MLP) + GDN + GDN_OTHER + ATTENTION + A
 def test_model_size_reads_every_weight_but_the_embedding_and_multiplies_all_but_the_last_mlp():
     """The read term is bf16 bytes of every weight a pass reads (the embedding is a row gather);
     the product term is what every computed token multiplies (the last MLP runs on head rows)."""
-    weight_bytes, params = roofline.model_size(TINY)
+    weight_bytes, params = roofline.model_size(SMALL)
     assert weight_bytes == 2 * ALL_BUT_EMBED == 2864
     assert params == 2 * MLP + GDN + ATTENTION - MLP == 928
-    assert roofline.token_matmul_parameters(TINY) == params
-    assert roofline.weight_bytes_resident(TINY) == 2 * (ALL_BUT_EMBED + EMBED)
+    assert roofline.token_matmul_parameters(SMALL) == params
+    assert roofline.weight_bytes_resident(SMALL) == 2 * (ALL_BUT_EMBED + EMBED)
 
 
 def test_the_floor_is_the_slower_of_one_weight_read_and_the_products():
@@ -69,8 +51,8 @@ def test_the_floor_is_the_slower_of_one_weight_read_and_the_products():
     assert roofline.size_floor_seconds(size, 400, ceilings) == pytest.approx(0.008)  # compute-bound
     # floor_seconds of a config is the same from its hand-counted size
     tiny = roofline.Ceilings(2864 / 1e-3, 2 * 928 * 1000.0, "test")  # read 1 ms; 1 ms a token
-    assert roofline.floor_seconds(TINY, 1, tiny) == pytest.approx(1e-3)
-    assert roofline.floor_seconds(TINY, 3, tiny) == pytest.approx(3e-3)
+    assert roofline.floor_seconds(SMALL, 1, tiny) == pytest.approx(1e-3)
+    assert roofline.floor_seconds(SMALL, 3, tiny) == pytest.approx(3e-3)
 
 
 def test_a_floor_counts_each_questions_shared_tree_once():

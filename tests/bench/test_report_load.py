@@ -8,31 +8,14 @@ import math
 from pathlib import Path
 
 import pytest
+from small_config import SMALL
 
 from openjev.tools.bench import harness, load, report_load, roofline, worker_log, workload
 from openjev.tools.bench.saved import render_saved
-from openjev.worker.checkpoint.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
+from openjev.worker.checkpoint.config import ModelConfig
 from openjev.worker.checkpoint.weights import expected_shapes
 
 WORKLOAD = Path(__file__).resolve().parents[2] / "benchmarks" / "workload.jsonl"
-
-SMALL = ModelConfig(
-    vocab_size=32,
-    hidden_size=8,
-    intermediate_size=16,
-    layer_types=(LINEAR_ATTENTION, FULL_ATTENTION),
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=4,
-    linear_num_key_heads=1,
-    linear_num_value_heads=2,
-    linear_key_head_dim=4,
-    linear_value_head_dim=4,
-    linear_conv_kernel_dim=4,
-    rms_norm_eps=1e-6,
-    rope_theta=1e4,
-    partial_rotary_factor=0.25,
-)
 
 
 def test_matmul_parameters_of_a_small_config():

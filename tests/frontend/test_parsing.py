@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import os
 import signal
 import threading
@@ -181,3 +182,28 @@ def test_a_child_that_ended_while_idle_is_replaced_unseen(parsers):
         time.sleep(0.01)
     assert parsers(body) == PARSE(body)
     assert len(parsers.children()) == 1 and parsers.children() != [pid]
+
+
+def test_a_child_out_of_memory_is_parse_failed_not_stopping():
+    """A MemoryError in the child (the fault: a parse that asks for 2 EiB) is PARSE_FAILED, the
+    request's own failure (RESOURCE_EXHAUSTED), not a MemoryError and not the frontend stopping."""
+    parsers = BodyParsers(functools.partial(operator.mul, 1 << 60))
+    try:
+        with pytest.raises(ParseFailed) as caught:
+            parsers("ab")
+        assert str(caught.value) == PARSE_FAILED and not caught.value.stopping
+    finally:
+        parsers.close()
+
+
+def test_close_stops_idle_children():
+    parsers = BodyParsers(PARSE)
+    body = json.dumps({"state": "s", "questions": QUESTIONS})
+    assert parsers(body) == PARSE(body)
+    [pid] = parsers.children()
+    parsers.close()
+    assert parsers.children() == []
+    deadline = time.monotonic() + 10
+    while not _gone(pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
