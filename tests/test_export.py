@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from openjev.export import ExportError, load_export_meta
+from openjev.export import ExportError, check_file, check_safetensors_file, load_export_meta
+from openjev.tools.demo_model import TEXT_CONFIG
+from openjev.worker.checkpoint.config import parse_model_config
 
 HIDDEN = 16
 
@@ -185,3 +187,86 @@ def test_unreadable_safetensors_is_named(export):
     (export / "model.safetensors").symlink_to("gone.safetensors")
     with pytest.raises(ExportError, match=r"^model\.safetensors: not readable \(\[Errno 2\]"):
         load_export_meta(export)
+
+
+def test_a_file_of_exactly_the_limit_is_accepted_and_one_byte_more_is_named(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_bytes(b" " * 10)
+    check_file(path, 10, "the test's limit")
+    path.write_bytes(b" " * 11)
+    with pytest.raises(ExportError, match=r"^config\.json: 11 bytes, more than the test's limit \(10\)$"):
+        check_file(path, 10, "the test's limit")
+
+
+def test_an_empty_chat_template_loads(export):
+    """chat_prefix and chat_suffix may be empty (a model prompted with the bare text); model ids may not."""
+    rewrite_meta(export, chat_prefix="", chat_suffix="")
+    meta = load_export_meta(export)
+    assert (meta.chat_prefix, meta.chat_suffix) == ("", "")
+
+
+@pytest.mark.parametrize(("alias", "shown"), [("", "''"), (5, "5"), (["a"], r"\['a'\]")])
+def test_a_bad_alias_is_named(export, alias, shown):
+    """The alias is a model name the servers answer to: a number or an empty one is refused, not served."""
+    rewrite_meta(export, alias=alias)
+    with pytest.raises(ExportError, match=rf"^open_jev_export\.json: alias must be a nonempty string, got {shown}$"):
+        load_export_meta(export)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        # JSON true is an int in Python: each was read as 1 (or 0)
+        ({"temperature": True}, "temperature must be a finite number, got True"),
+        ({"head_bias": False}, "head_bias must be a finite number within float32's range, got False"),
+        (
+            {"head_weight": [True] + [0.5] * (HIDDEN - 1)},
+            r"head_weight\[0\] must be a finite number within float32's range, got True",
+        ),
+        ({"max_length": True}, r"max_length must be an integer in 1\.\.16384, got True"),
+        ({"max_length": 4096.0}, r"max_length must be an integer in 1\.\.16384, got 4096\.0"),
+    ],
+    ids=["temperature", "head_bias", "head_weight", "max_length-bool", "max_length-float"],
+)
+def test_a_number_of_the_wrong_json_type_is_named(export, changes, message):
+    rewrite_meta(export, **changes)
+    with pytest.raises(ExportError, match=f"^open_jev_export\\.json: {message}$"):
+        load_export_meta(export)
+
+
+def test_a_flat_config_reads_its_own_fields_not_a_stray_text_config(export):
+    """Only a nested (`qwen3_5`) config.json keeps its text model under text_config."""
+    flat = {**TEXT_CONFIG, "hidden_size": HIDDEN, "text_config": {**TEXT_CONFIG, "hidden_size": 8}}
+    (export / "config.json").write_text(json.dumps(flat))
+    assert len(load_export_meta(export).head_weight) == HIDDEN
+    assert parse_model_config(flat).hidden_size == HIDDEN
+
+
+def _shard(path: Path, header: dict, data: bytes) -> None:
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+
+
+def test_an_empty_tensor_and_a_tensor_ending_at_the_last_byte_are_accepted(tmp_path):
+    """Offsets start <= end: an empty tensor ([0, 0]) is valid safetensors; the last tensor ends at
+    the data section's end."""
+    path = tmp_path / "model.safetensors"
+    header = {
+        "__metadata__": {"format": "pt"},
+        "empty": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]},
+        "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+    }
+    _shard(path, header, bytes(8))
+    assert check_safetensors_file(path) == ["empty", "w"]
+    _shard(path, header, bytes(7))
+    with pytest.raises(
+        ExportError, match=r"^model\.safetensors: truncated safetensors file: tensor 'w' ends at byte 8 of a 7-byte"
+    ):
+        check_safetensors_file(path)
+
+
+def test_a_shard_of_no_tensors_and_no_data_is_accepted(tmp_path):
+    """A header that ends at the end of the file is not truncated."""
+    path = tmp_path / "model.safetensors"
+    _shard(path, {"__metadata__": {"format": "pt"}}, b"")
+    assert check_safetensors_file(path) == []
