@@ -37,7 +37,7 @@ LENGTHS = [80, 76, 77, 66, 82, 80, 78]
 
 @pytest.fixture(scope="module")
 def tokenizer_json(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("qwen3_5_mutants") / "tokenizer.json"
+    path = tmp_path_factory.mktemp("qwen3_5_edges") / "tokenizer.json"
     write_tokenizer_json(path)
     return path
 
