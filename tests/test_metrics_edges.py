@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import time
-import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from test_metrics import scrape
 
 from openjev import metrics
 from openjev.client import Client
@@ -134,15 +133,6 @@ def test_the_deadline_is_a_latency_bucket_edge():
     deadline = frontend_parser().parse_args(["--model", "m"]).worker_deadline_seconds
     assert deadline in metrics.LATENCY_BUCKETS_S
     assert 1024 in metrics.PASS_BUCKETS  # 65,536 candidates at 64 segments a pass
-
-
-def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def test_a_real_worker_records_each_pass_and_its_batch_sizes(demo_model, tmp_path):

@@ -11,7 +11,6 @@ import pytest
 
 from openjev.contract import errors
 from openjev.contract.errors import ContractError
-from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX
 from openjev.contract.request import parse_request
 from openjev.frontend.batches import (
     EXPRESS_CHARS,
@@ -22,17 +21,9 @@ from openjev.frontend.batches import (
     tokenize_request,
 )
 from openjev.frontend.turns import Abandoned, Turns
-from openjev.tokenizer import PromptTokenizer, write_tokenizer_json
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "contract" / "data" / "tokenization_cases.json").read_text())
 ACCEPTED = {"Qwen/Qwen3.8-27B", "open-jev-27b-v1.1"}
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory) -> PromptTokenizer:
-    path = tmp_path_factory.mktemp("qwen3_5_batches") / "tokenizer.json"
-    write_tokenizer_json(path)  # built once per process (tokenizer_json_bytes is cached)
-    return PromptTokenizer(path, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
 
 
 def golden_request(index: int = 0):

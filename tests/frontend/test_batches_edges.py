@@ -27,24 +27,12 @@ from openjev.frontend.batches import (
 )
 from openjev.frontend.turns import Abandoned, Turns
 from openjev.pieces import MAX_PIECE_CHARS, PieceEncoder
-from openjev.tokenizer import PromptTokenizer, write_tokenizer_json
+from openjev.tokenizer import PromptTokenizer
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "contract" / "data" / "tokenization_cases.json").read_text())
 ACCEPTED = {"Qwen/Qwen3.8-27B", "open-jev-27b-v1.1"}
 # the golden request's candidates, in question/candidate order: 539 tokens in all
 LENGTHS = [80, 76, 77, 66, 82, 80, 78]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_json(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("qwen3_5_edges") / "tokenizer.json"
-    write_tokenizer_json(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tokenizer_json) -> PromptTokenizer:
-    return PromptTokenizer(tokenizer_json, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
 
 
 def golden_request():
