@@ -50,6 +50,24 @@ def no_server_outlives_the_tests():
 
 
 @pytest.fixture(scope="session")
+def tokenizer_json(tmp_path_factory) -> Path:
+    """The Qwen3.5 tokenizer.json the tokenizer and batching tests encode with."""
+    from openjev.tokenizer import write_tokenizer_json
+
+    path = tmp_path_factory.mktemp("qwen3_5") / "tokenizer.json"
+    write_tokenizer_json(path)  # built once per process (tokenizer_json_bytes is cached)
+    return path
+
+
+@pytest.fixture(scope="session")
+def prompt_tokenizer(tokenizer_json):
+    from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX
+    from openjev.tokenizer import PromptTokenizer
+
+    return PromptTokenizer(tokenizer_json, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
+
+
+@pytest.fixture(scope="session")
 def demo_model() -> Path:
     """The embedded demo export, built once (the builder skips an identical existing build)."""
     from openjev.tools.demo_model import build_demo_model

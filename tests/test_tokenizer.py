@@ -20,23 +20,10 @@ from openjev.tokenizer import (
     build_tokenizer_json,
     tokenizer_fingerprint,
     tokenizer_json_bytes,
-    write_tokenizer_json,
 )
 
 GOLDEN = json.loads((Path(__file__).parent / "contract" / "data" / "tokenization_cases.json").read_text())
 ACCEPTED = {"Qwen/Qwen3.8-27B", "open-jev-27b-v1.1"}
-
-
-@pytest.fixture(scope="session")
-def tokenizer_json(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("qwen3_5") / "tokenizer.json"
-    write_tokenizer_json(path)  # built once per process (tokenizer_json_bytes is cached)
-    return path
-
-
-@pytest.fixture(scope="session")
-def prompt_tokenizer(tokenizer_json) -> PromptTokenizer:
-    return PromptTokenizer(tokenizer_json, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
 
 
 @pytest.fixture(scope="session")

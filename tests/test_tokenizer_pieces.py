@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX
 from openjev.contract.request import parse_request
 from openjev.pieces import CUT, PieceEncoder, split_at_cuts
-from openjev.tokenizer import PromptTokenizer, write_tokenizer_json
+from openjev.tokenizer import PromptTokenizer
 
 WORKLOAD = Path(__file__).parents[1] / "benchmarks" / "workload.jsonl"
 # what the cut's proof turns on: line feeds and other whitespace (Unicode and ASCII controls that
@@ -24,18 +24,6 @@ PARTS = [
     "a", "Zeta", "é", "e\u0301", "\u0301", "\u0308x", "1", "2024", ".", "?!", "-", "'s", "'LL", "'",
     "<|im_start|>", "<|im_end|>", "<think>", "人力资源管理", "😀", "\u200b", "{", "}", '"',
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tokenizer_json(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("qwen3_5") / "tokenizer.json"
-    write_tokenizer_json(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def prompt_tokenizer(tokenizer_json) -> PromptTokenizer:
-    return PromptTokenizer(tokenizer_json, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
 
 
 def whole(tokenizer: PromptTokenizer, texts: list[str]) -> list[list[int]]:

@@ -1,22 +1,12 @@
-"""The Qwen3.5 tokenizer the frontend's batching tests encode with, built once per process."""
+"""The frontend's batching tests name the shared Qwen3.5 prompt tokenizer `tokenizer`."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from openjev.contract.render import DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX
-from openjev.tokenizer import PromptTokenizer, write_tokenizer_json
+from openjev.tokenizer import PromptTokenizer
 
 
 @pytest.fixture(scope="session")
-def tokenizer_json(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("qwen3_5_batches") / "tokenizer.json"
-    write_tokenizer_json(path)  # built once per process (tokenizer_json_bytes is cached)
-    return path
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tokenizer_json) -> PromptTokenizer:
-    return PromptTokenizer(tokenizer_json, DEFAULT_CHAT_PREFIX, DEFAULT_CHAT_SUFFIX)
+def tokenizer(prompt_tokenizer) -> PromptTokenizer:
+    return prompt_tokenizer
