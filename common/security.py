@@ -75,7 +75,8 @@ def _check_ca(ca: Path, flag: str) -> None:
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=ca)
     except ssl.SSLError as error:
-        raise SecurityError(f"{flag} {ca}: not a PEM CA certificate ({error.reason})") from None
+        reason = error.reason or "unreadable"  # a PEM block whose body is no certificate has none
+        raise SecurityError(f"{flag} {ca}: not a PEM CA certificate ({reason})") from None
 
 
 def _check_client_files(ca: Path, cert: Path | None, key: Path | None, ca_flag: str, pair_flags: str) -> None:
