@@ -77,7 +77,8 @@ def configure(service_name: str, otlp_endpoint: str | None, *, exporter: Any = N
 
         # An http:// endpoint is plaintext, https:// is TLS (the exporter reads the scheme).
         # a bounded export: an unreachable collector held every SIGTERM exit ~10 s (the default),
-        # which a drain near the grace period cannot spare
+        # which a drain near the grace period cannot spare; the exporter's timeout is what bounds
+        # it (opentelemetry-sdk 1.45's batch processor ignores export_timeout_millis)
         exporter = OTLPSpanExporter(endpoint=otlp_endpoint, timeout=EXPORT_TIMEOUT_SECONDS)
         provider.add_span_processor(BatchSpanProcessor(exporter, export_timeout_millis=EXPORT_TIMEOUT_SECONDS * 1e3))
     else:
