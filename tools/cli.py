@@ -88,8 +88,6 @@ def _token(args) -> str | None:
             token = load_tokens(args.token_file, environ={})[0].decode("utf-8")
         except SecurityError as error:  # unreadable, empty, or only comments
             raise SystemExit(f"error: {error}") from None
-        except UnicodeDecodeError:
-            raise SystemExit(f"error: {source} is not UTF-8") from None
     from openjev.client import sendable_token
 
     if token is not None and not sendable_token(token):
