@@ -35,8 +35,9 @@ class QuestionWork:
 class ExecutionResult:
     """Per question, in request order: the head score of each candidate and the probabilities
     (noul: [p_no, p_yes]); plus what the plan executed and saved, and how it was scheduled
-    (num_launches: the passes it ran in; queue_seconds: before its first pass; cache_hit_tokens:
-    tokens whose states came from the worker's state cache, not part of the plan's accounting)."""
+    (num_launches: the passes it ran in; queue_seconds: before its first pass; inference_seconds:
+    the rest of the call, its planning included; cache_hit_tokens: tokens whose states came from
+    the worker's state cache, not part of the plan's accounting)."""
 
     head_scores: list[list[float]]
     probabilities: list[list[float]]
