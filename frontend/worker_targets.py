@@ -98,6 +98,8 @@ def parse_worker_targets(text: str) -> WorkerTargets:
         if text.startswith(scheme):
             listed = text[len(scheme) :]
     addresses = [a.strip() for a in listed.split(",") if a.strip()]
+    if not addresses:
+        raise TargetError(f"{text!r}: no worker address")
     parsed = [_split_host_port(a) for a in addresses]
     versions = {_ip_version(host) for host, _ in parsed}
     if len(parsed) == 1 and versions == {None}:
@@ -111,5 +113,9 @@ def parse_worker_targets(text: str) -> WorkerTargets:
     if len(versions) != 1:
         raise TargetError(f"{text!r}: do not mix IPv4 and IPv6 addresses")
     endpoints = tuple(_endpoint(host, port) for host, port in parsed)
+    workers = [(ipaddress.ip_address(host), port) for host, port in parsed]  # [::1] is [0::1]
+    twice = sorted({e for e, w in zip(endpoints, workers, strict=True) if workers.count(w) > 1})
+    if twice:  # round robin would send such a worker twice its share
+        raise TargetError(f"{text!r}: the same worker listed twice ({', '.join(twice)})")
     scheme = "ipv6" if versions == {6} else "ipv4"
     return WorkerTargets(text, f"{scheme}:{','.join(endpoints)}", endpoints)
