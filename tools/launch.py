@@ -67,10 +67,10 @@ class Process:
 def _wait_port(popen: subprocess.Popen, port_file: Path, log_path: Path, timeout_seconds: float) -> int:
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
+        if port_file.exists() and port_file.read_text().strip():
+            return int(port_file.read_text())  # one that exited since: its wait for SERVING says so
         if popen.poll() is not None:
             raise LaunchError(f"exited with {popen.returncode}:\n{log_path.read_text(errors='replace')[-4000:]}")
-        if port_file.exists() and port_file.read_text().strip():
-            return int(port_file.read_text())
         time.sleep(0.05)
     raise LaunchError(f"not listening after {timeout_seconds} s:\n{log_path.read_text(errors='replace')[-4000:]}")
 
@@ -93,7 +93,7 @@ def start(
     port_file = Path(path)
     log_path = workdir / f"{name}.log"
     command = [str(python), "-m", module, *args]
-    if "--listen" not in args:
+    if not any(arg == "--listen" or arg.startswith("--listen=") for arg in args):
         command += ["--listen", "127.0.0.1:0"]
     command += ["--port-file", str(port_file)]
     started_at = time.monotonic()
