@@ -183,8 +183,9 @@ def parse_with_env(parser: argparse.ArgumentParser, argv: list[str] | None) -> a
     return args
 
 
-# A flag whose name has one of these words is logged as "<redacted>" (none today; a future
-# credential flag is covered without anyone remembering this function).
+# A flag whose name has one of these words is logged as "<redacted>": today only paths (the TLS
+# keys', the token file's), no secret themselves, but a future credential flag is covered without
+# anyone remembering this function.
 SECRET_WORDS = {"secret", "password", "passwd", "token", "credential", "credentials", "key", "apikey"}
 
 

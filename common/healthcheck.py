@@ -64,9 +64,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser()
-    for dest in TLS_FLAGS:  # an empty variable counts as unset
+    for dest in TLS_FLAGS:  # an empty or blank variable counts as unset, as for the servers' flags
         value = os.environ.get(ENV_PREFIX + dest.upper())
-        if value:
+        if value and not value.isspace():
             p.set_defaults(**{dest: value if dest == "tls_server_name" else Path(value)})
     args = p.parse_args(argv)
 
