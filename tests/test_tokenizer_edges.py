@@ -75,6 +75,32 @@ def test_the_longest_token_bound_holds_only_for_byte_level_bpe_without_an_unknow
         assert loaded.surely_too_long("\u00e9" * 4000, MAX_LENGTH) is None
 
 
+BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+
+
+@pytest.mark.parametrize(
+    "dropping",
+    [
+        {"type": "WhitespaceSplit"},
+        {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": False},
+    ],
+    ids=["whitespace_split", "split_removed"],
+)
+def test_no_bound_where_a_pre_tokenizer_step_drops_text(tokenizer_json, tmp_path, dropping):
+    """Bytes a step drops are covered by no token: 5,005 bytes of which 5,000 spaces are 2
+    tokens, and were refused as more than 16 tokens before they were tokenized."""
+    pre = {"type": "Sequence", "pretokenizers": [dropping, BYTE_LEVEL]}
+    loaded = PromptTokenizer(_edited_tokenizer(tokenizer_json, tmp_path, pre_tokenizer=pre), "", "")
+    prompt = "yes" + " " * 5000 + "no"
+    assert loaded.max_token_bytes is None
+    assert len(loaded.encode([prompt])[0]) == 2
+    assert loaded.surely_too_long(prompt, 16) is None
+    kept = {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, BYTE_LEVEL]}
+    (tmp_path / "kept").mkdir()
+    path = _edited_tokenizer(tokenizer_json, tmp_path / "kept", pre_tokenizer=kept)
+    assert PromptTokenizer(path, "", "").max_token_bytes == 128  # a step that keeps every byte
+
+
 def test_an_added_token_longer_than_every_vocabulary_token_is_the_bound_in_utf8_bytes(tokenizer_json, tmp_path):
     """An added token is matched whole wherever it stands: a prompt of 20 of them is 20 tokens,
     however many bytes it has, and must not be refused as more than 20 tokens before it is
